@@ -1,0 +1,156 @@
+"""The workstation side of the agent protocol (docs/agent-protocol.md).
+
+One call = one exec: the bootstrap command, then the zlib-compressed agent source and one JSON
+request written to stdin in a single write, then JSON-line events read back until the
+``result`` line. Events go to a callback as they arrive (live progress); the result is returned
+or raised as :class:`RemoteError`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from outrig.errors import ConnectError, RemoteError
+from outrig.transport import AgentChannel, Transport
+
+Event = dict[str, Any]
+EventHandler = Callable[[Event], None]
+
+AGENT_PATH = Path(__file__).resolve().parent.parent / "remote" / "agent.py"
+BOOTSTRAP = (
+    "import sys,zlib;"
+    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '+sys.version);"
+    "n=int(sys.stdin.buffer.readline());"
+    "exec(compile(zlib.decompress(sys.stdin.buffer.read(n)),'outrig-agent','exec'))"
+)
+PROTOCOL_VERSION = 1
+
+
+@lru_cache(maxsize=1)
+def agent_payload() -> bytes:
+    """The compressed agent source with its length line (cached: it never changes in a run)."""
+    try:
+        source = AGENT_PATH.read_bytes()
+    except FileNotFoundError:
+        raise RemoteError(
+            f"the remote agent {AGENT_PATH} is missing; outrig must be installed from a checkout "
+            "(pip install -e .) so that remote/agent.py is beside the package"
+        ) from None
+    packed = zlib.compress(source, 9)
+    return f"{len(packed)}\n".encode() + packed
+
+
+def agent_command(python: str) -> list[str]:
+    return [python, "-c", BOOTSTRAP]
+
+
+class AgentCall:
+    """Run one request on ``transport`` and collect its events."""
+
+    def __init__(self, transport: Transport, *, idle_timeout: float | None = None) -> None:
+        self.transport = transport
+        self.idle_timeout = idle_timeout
+        self.events: list[Event] = []
+
+    def _idle_limit(self) -> float:
+        if self.idle_timeout is not None:
+            return self.idle_timeout
+        rtt = self.transport.rtt or 0.0
+        # The agent speaks at least every progress interval while it waits; silence longer
+        # than this means the link or the box is gone.
+        return max(60.0, 40 * rtt)
+
+    def run(self, request: dict[str, Any], on_event: EventHandler | None = None) -> Event:
+        host = self.transport.host
+        body = {"v": PROTOCOL_VERSION, **request}
+        channel = self.transport.start(agent_command(host.python))
+        try:
+            channel.write(agent_payload() + json.dumps(body).encode() + b"\n")
+            return self._read_events(channel, on_event)
+        finally:
+            channel.close()
+
+    def _read_events(self, channel: AgentChannel, on_event: EventHandler | None) -> Event:
+        host = self.transport.host
+        buffer = b""
+        last_heard = time.monotonic()
+        limit = self._idle_limit()
+        while True:
+            chunk = channel.read(timeout=1.0)
+            if chunk is None:
+                silent = time.monotonic() - last_heard
+                if silent > limit or not channel.alive():
+                    raise ConnectError(
+                        f"lost contact with the agent on {host.describe()}: nothing heard for "
+                        f"{silent:.0f} s (limit {limit:.0f} s) and the link "
+                        f"{'is down' if not channel.alive() else 'may be down'}. What was "
+                        "launched keeps running on the box; check with `inv status`."
+                    )
+                continue
+            if chunk == b"":
+                break
+            last_heard = time.monotonic()
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                event = self._parse(line)
+                if event is None:
+                    continue
+                if event.get("event") == "result":
+                    return event
+                self.events.append(event)
+                if on_event is not None:
+                    on_event(event)
+        raise self._no_result(channel, buffer)
+
+    def _parse(self, line: bytes) -> Event | None:
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            return {"event": "output", "line": line.decode("utf-8", "replace")}
+        return event if isinstance(event, dict) else None
+
+    def _no_result(self, channel: AgentChannel, tail: bytes) -> RemoteError:
+        host = self.transport.host
+        status = channel.exit_status(timeout=5.0)
+        stderr = channel.stderr_text().strip()
+        lines = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
+        if status == 127 or "not found" in stderr and host.python in stderr:
+            return RemoteError(
+                f"{host.describe()} has no Python interpreter {host.python!r} (exit {status}). "
+                "Install python3 (3.8 or newer) on the box, or set python: in the host file to "
+                "an interpreter that exists there.",
+                kind="no_python", excerpt=lines,
+            )
+        if "needs Python >= 3.8" in stderr:
+            return RemoteError(
+                f"{host.describe()}: {lines[-1] if lines else 'Python too old'}. Set python: "
+                "in the host file to a Python 3.8+ interpreter.", kind="old_python",
+            )
+        return RemoteError(
+            f"the agent on {host.describe()} stopped without a result (exit status {status}). "
+            "This is a bug or the box killed it (out of memory?); its stderr follows.",
+            kind="agent_crash", excerpt=lines or [tail.decode("utf-8", "replace")[-500:]],
+        )
+
+
+def raise_for_result(result: Event, *, where: str) -> Event:
+    """Turn an ``ok: false`` result into a :class:`RemoteError` with the agent's details."""
+    if result.get("ok"):
+        return result
+    error = result.get("error") or {}
+    message = str(error.get("message") or "the agent reported a failure without details")
+    process = error.get("process")
+    return_text = f"{where}: {message}"
+    raise RemoteError(return_text, kind=str(error.get("kind") or "remote"),
+                      excerpt=[str(x) for x in error.get("excerpt") or []],
+                      exit_code=error.get("exit_code"), process=process)

@@ -1,0 +1,158 @@
+"""Hosts: ``--host`` → a typed :class:`Host`.
+
+``--host`` accepts, in this order:
+1. ``local``: run the agent on this machine, no SSH (for a box you are logged into);
+2. a file name in ``hosts/`` (``uk-node`` → ``hosts/uk-node.yaml``) or a path to a YAML file;
+3. an alias from ``~/.ssh/config`` (``Host uk-node``);
+4. ``user@host:port`` (any part but the host optional).
+Anything else is an error that lists what was tried, before any connection is made.
+
+SSH settings left unset here (user, port, identity) are filled in by ``~/.ssh/config`` when the
+connection is built (see :mod:`outrig.transport`), so the same alias works in ``ssh`` and here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from outrig.errors import ConfigError
+from outrig.yamlfile import load_yaml, validation_messages
+
+DEFAULT_WORKDIR = "~/outrig"
+_SPEC = re.compile(r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^:@/\s\[\]]+)"
+                   r"(?::(?P<port>\d{1,5}))?$")
+
+
+class HostFile(BaseModel):
+    """The format of ``hosts/NAME.yaml`` (see docs/hosts.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hostname: str = Field(description="address or ~/.ssh/config alias")
+    port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = Field(
+        None, description="known_hosts file to check and record keys in (default ~/.ssh/known_hosts)"
+    )
+    workdir: str = Field(description="absolute path on the box; everything outrig writes is here")
+    env: dict[str, str] = Field(default_factory=dict)
+    python: str = "python3"
+    gpus: Literal["auto"] | int = "auto"
+    connect_timeout: float | None = Field(None, gt=0, description="seconds; default from RTT")
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_absolute(cls, value: str) -> str:
+        if not (value.startswith("/") or value.startswith("~")):
+            raise ValueError(f"workdir {value!r} must be an absolute path (or start with ~)")
+        if value.rstrip("/") in {"", "~"}:
+            raise ValueError("workdir must be a folder of its own, not / or ~")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_count(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("gpus must be 'auto' or a count ≥ 0")
+        return value
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where to run. ``name`` is what the user typed; it keys the journal."""
+
+    name: str
+    hostname: str
+    workdir: str
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    python: str = "python3"
+    gpus: Literal["auto"] | int = "auto"
+    connect_timeout: float | None = None
+    source: str = ""
+    is_local: bool = False
+
+    def describe(self) -> str:
+        """``root@1.2.3.4:10978`` (what a person would type to ssh there)."""
+        if self.is_local:
+            return "local"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.hostname}{port}"
+
+
+def ssh_config_hostnames(path: Path | None = None) -> set[str]:
+    """Concrete ``Host`` names (no wildcards) in the user's ssh config."""
+    import paramiko
+
+    path = path or Path("~/.ssh/config").expanduser()
+    if not path.is_file():
+        return set()
+    try:
+        cfg = paramiko.SSHConfig.from_path(str(path))
+    except Exception:  # a broken ssh config is ssh's business; just don't use aliases
+        return set()
+    return {h for h in cfg.get_hostnames() if not any(c in h for c in "*?!")}
+
+
+def _host_from_file(name: str, path: Path) -> Host:
+    doc = load_yaml(path, what="host file")
+    try:
+        spec = HostFile.model_validate(doc.data)
+    except ValidationError as exc:
+        lines = validation_messages(doc, list(exc.errors()))
+        raise ConfigError(
+            f"host file {path} is not valid:\n" + "\n".join(f"  - {line}" for line in lines)
+        ) from None
+    return Host(
+        name=name, hostname=spec.hostname, port=spec.port, user=spec.user,
+        identity_file=spec.identity_file, known_hosts=spec.known_hosts, workdir=spec.workdir,
+        env=dict(spec.env), python=spec.python, gpus=spec.gpus,
+        connect_timeout=spec.connect_timeout, source=str(path),
+    )
+
+
+def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> Host:
+    """Turn a ``--host`` value into a :class:`Host` (no network)."""
+    spec = spec.strip()
+    if not spec:
+        raise ConfigError("--host is empty; pass a name from hosts/, an ssh alias or user@host:port")
+    if spec == "local":
+        return Host(name="local", hostname="localhost", workdir=workdir or DEFAULT_WORKDIR,
+                    source="local", is_local=True)
+    as_path = Path(spec).expanduser()
+    if as_path.suffix in {".yaml", ".yml"}:
+        if not as_path.is_file():
+            raise ConfigError(f"host file {as_path} does not exist")
+        return _host_from_file(as_path.stem, as_path)
+    for suffix in (".yaml", ".yml"):
+        path = hosts_dir / f"{spec}{suffix}"
+        if path.is_file():
+            return _host_from_file(spec, path)
+    if spec in ssh_config_hostnames():
+        return Host(name=spec, hostname=spec, workdir=workdir or DEFAULT_WORKDIR,
+                    source="~/.ssh/config")
+    match = _SPEC.match(spec)
+    if match and ("@" in spec or ":" in spec or "." in spec):
+        host = match.group("host").strip("[]")
+        port = int(match.group("port")) if match.group("port") else None
+        if port is not None and not 1 <= port <= 65535:
+            raise ConfigError(f"--host {spec}: port {port} is out of range 1-65535")
+        return Host(name=spec, hostname=host, port=port, user=match.group("user"),
+                    workdir=workdir or DEFAULT_WORKDIR, source="command line")
+    known = sorted(p.stem for p in hosts_dir.glob("*.y*ml")) if hosts_dir.is_dir() else []
+    hint = f" Known host files: {', '.join(known)}." if known else ""
+    raise ConfigError(
+        f"unknown host {spec!r}: there is no {hosts_dir}/{spec}.yaml and no 'Host {spec}' in "
+        f"~/.ssh/config.{hint} Create hosts/{spec}.yaml (see docs/hosts.md), add the alias to "
+        "~/.ssh/config, or pass user@host:port."
+    )

@@ -1,0 +1,98 @@
+"""The local journal: what outrig did, kept on the workstation.
+
+The box can die at any moment; the journal is how the next command (or ``migrate``) knows which
+run was where, what was planned and what the box looked like. It lives under
+``$XDG_STATE_HOME/outrig`` (default ``~/.local/state/outrig``). Every write is atomic
+(temp file + fsync + rename) so a crash or Ctrl-C never leaves half a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path("~/.local/state").expanduser())
+    return Path(base) / "outrig"
+
+
+def safe_name(text: str) -> str:
+    """A host spec such as ``root@1.2.3.4:22`` as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "host"
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+class Journal:
+    """Runs and host facts, one JSON file each."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or state_dir()
+
+    def host_path(self, host: str) -> Path:
+        return self.root / "hosts" / f"{safe_name(host)}.json"
+
+    def run_path(self, run_id: str) -> Path:
+        return self.root / "runs" / f"{safe_name(run_id)}.json"
+
+    def host_facts(self, host: str) -> dict[str, Any]:
+        data = read_json(self.host_path(host))
+        return data if isinstance(data, dict) else {}
+
+    def update_host(self, host: str, **facts: Any) -> None:
+        data = self.host_facts(host)
+        data.update(facts)
+        data["updated"] = time.time()
+        atomic_write_json(self.host_path(host), data)
+
+    def record_run(self, run_id: str, record: dict[str, Any]) -> None:
+        existing = read_json(self.run_path(run_id))
+        merged = existing if isinstance(existing, dict) else {}
+        merged.update(record)
+        merged["updated"] = time.time()
+        atomic_write_json(self.run_path(run_id), merged)
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        data = read_json(self.run_path(run_id))
+        return data if isinstance(data, dict) else None
+
+    def runs(self, *, host: str | None = None, playbook: str | None = None) -> list[dict[str, Any]]:
+        """Recorded runs, newest first."""
+        out = []
+        for path in (self.root / "runs").glob("*.json"):
+            data = read_json(path)
+            if not isinstance(data, dict):
+                continue
+            if host is not None and data.get("host") != host:
+                continue
+            if playbook is not None and data.get("playbook") != playbook:
+                continue
+            out.append(data)
+        out.sort(key=lambda r: (r.get("created", 0), r.get("run_id", "")), reverse=True)
+        return out

@@ -1,0 +1,144 @@
+"""What every op needs: where the project's files are, the host, its facts, a connection."""
+
+from __future__ import annotations
+
+import os
+import secrets as _secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from outrig.agent_client import AgentCall, raise_for_result
+from outrig.console import Reporter
+from outrig.inventory import Host, resolve_host
+from outrig.journal import Journal
+from outrig.plan import HostFacts
+from outrig.transport import Transport, transport_for
+
+
+@dataclass
+class Project:
+    """The folder holding ``hosts/`` and ``playbooks/`` (where tasks.py is)."""
+
+    root: Path
+
+    @property
+    def hosts_dir(self) -> Path:
+        return self.root / "hosts"
+
+    @property
+    def playbooks_dir(self) -> Path:
+        return self.root / "playbooks"
+
+    @classmethod
+    def discover(cls, start: Path | None = None) -> Project:
+        """The nearest folder upwards with a ``playbooks/`` or ``hosts/`` folder, else cwd."""
+        here = (start or Path.cwd()).resolve()
+        for folder in (here, *here.parents):
+            if (folder / "playbooks").is_dir() or (folder / "hosts").is_dir():
+                return cls(folder)
+        return cls(here)
+
+
+def new_run_id(playbook: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{playbook}-{stamp}-{_secrets.token_hex(2)}"
+
+
+def host_facts(host: Host, journal: Journal) -> HostFacts:
+    """GPU count declared in the host file wins; else what the box said last time."""
+    cached = journal.host_facts(host.name)
+    memory = cached.get("gpu_memory_mib")
+    if isinstance(host.gpus, int):
+        return HostFacts(gpu_count=host.gpus, gpu_memory_mib=memory,
+                         source=f"gpus: {host.gpus} in {host.source}")
+    count = cached.get("gpu_count")
+    if isinstance(count, int):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cached.get("updated", 0)))
+        return HostFacts(gpu_count=count, gpu_memory_mib=memory,
+                         source=f"seen by nvidia-smi on {when}")
+    return HostFacts(source="not known yet")
+
+
+def base_request(host: Host, op: str, **fields: Any) -> dict[str, Any]:
+    return {"op": op, "workdir": host.workdir, "env": dict(host.env), **fields}
+
+
+def remember_facts(journal: Journal, host: Host, event: dict[str, Any],
+                   rtt: float | None) -> None:
+    """Cache what the box said about itself, so the next plan can check GPU indices."""
+    gpus = event.get("gpus")
+    facts: dict[str, Any] = {"hostname": event.get("hostname"), "python": event.get("python"),
+                             "boot_id": event.get("boot_id")}
+    if isinstance(gpus, list) and not event.get("gpu_error"):
+        facts["gpu_count"] = len(gpus)
+        if gpus:
+            facts["gpu_memory_mib"] = gpus[0].get("memory_total_mib")
+            facts["gpu_name"] = gpus[0].get("name")
+    if rtt is not None:
+        facts["rtt"] = rtt
+    journal.update_host(host.name, **facts)
+
+
+class HostSession:
+    """One connection to one host for the length of an op; agent calls reuse it."""
+
+    def __init__(self, project: Project, host_spec: str, reporter: Reporter,
+                 journal: Journal | None = None) -> None:
+        self.project = project
+        self.reporter = reporter
+        self.journal = journal or Journal()
+        self.host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+        rtt_hint = self.journal.host_facts(self.host.name).get("rtt")
+        self.transport: Transport = transport_for(
+            self.host, rtt_hint=rtt_hint if isinstance(rtt_hint, float) else None,
+            notify=reporter.info)
+
+    def facts(self) -> HostFacts:
+        return host_facts(self.host, self.journal)
+
+    def call(self, op: str, *, stream: bool = True, **fields: Any) -> dict[str, Any]:
+        """Run one agent op; events stream to the reporter; a failed result raises."""
+        request = base_request(self.host, op, **fields)
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("event") == "facts":
+                remember_facts(self.journal, self.host, event, self.transport.rtt)
+            if stream:
+                self.reporter.event(event)
+
+        call = AgentCall(self.transport)
+        result = call.run(request, on_event)
+        self.last_events = call.events
+        return raise_for_result(result, where=f"{op} on {self.host.describe()}")
+
+    def close(self) -> None:
+        self.transport.close()
+        self.reporter.close()
+
+
+@contextmanager
+def host_session(project: Project, host_spec: str, reporter: Reporter,
+                 journal: Journal | None = None) -> Iterator[HostSession]:
+    session = HostSession(project, host_spec, reporter, journal)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def secret_values(names: list[str]) -> dict[str, str]:
+    """Read the playbook's secrets from this environment; a missing one is a ConfigError."""
+    from outrig.errors import ConfigError
+
+    missing = [name for name in names if not os.environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"secret{'s' if len(missing) > 1 else ''} {', '.join(missing)} (listed under "
+            "secrets: in the playbook) not set in this shell; export it before deploying. "
+            "Nothing was sent."
+        )
+    return {name: os.environ[name] for name in names}

@@ -1,0 +1,90 @@
+"""``inv demo``: the whole loop against a sandbox box on this machine.
+
+A real OpenSSH ``sshd`` on 127.0.0.1 with throwaway keys stands in for the rented box (so the
+demo exercises exactly the code path a real box does: Fabric, host-key recording, the agent
+over one exec). A fake ``nvidia-smi`` on its PATH reports GPUs. When this machine has no sshd,
+the demo installs Debian/Ubuntu's ``openssh-server`` with apt-get (as root) rather than falling
+back to an embedded SSH server: a Python SSH server would test a different server than the
+one every real box runs (docs/sandbox.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from outrig.console import Reporter
+from outrig.errors import OutrigError
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.ops.deploy import deploy
+from outrig.ops.runs import cleanup, logs, status
+
+
+def ensure_sshd(reporter: Reporter) -> str:
+    """Path of sshd; install openssh-server with apt-get when missing and allowed."""
+    from outrig.sandbox.box import SandboxError, find_sshd
+
+    try:
+        return find_sshd()
+    except SandboxError:
+        if shutil.which("apt-get") is None or os.geteuid() != 0:
+            raise
+    reporter.info("• no sshd on this machine: installing openssh-server with apt-get "
+                  "(once; needs the package mirror)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"],
+                 ["apt-get", "install", "-y", "-qq", "openssh-server"]):
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+            raise OutrigError(
+                f"could not install openssh-server ({' '.join(argv)} exited "
+                f"{proc.returncode}):\n{tail}\nInstall it by hand (apt-get install -y "
+                "openssh-server) and run `inv demo` again."
+            )
+    return find_sshd()
+
+
+def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
+             one_way_delay: float = 0.0, steps_wait: float = 3.0) -> None:
+    from outrig.sandbox.box import start_sandbox
+    from outrig.sandbox.proxy import LatencyProxy
+
+    ensure_sshd(reporter)
+    root = Path(tempfile.mkdtemp(prefix="outrig-demo-"))
+    journal = Journal()
+    proxy: LatencyProxy | None = None
+    box = None
+    try:
+        reporter.info(f"• starting the sandbox box in {root}")
+        box = start_sandbox(root, name="sandbox")
+        port = box.port
+        if one_way_delay > 0:
+            proxy = LatencyProxy(box.host, box.port, one_way_delay=one_way_delay)
+            proxy.start()
+            port = proxy.port
+            reporter.info(f"• latency proxy on port {port}: RTT {2 * one_way_delay * 1000:.0f} ms")
+        host_file = box.write_host_file(root / "sandbox.yaml", port=port)
+        reporter.info(f"• sandbox sshd on 127.0.0.1:{box.port}, host file {host_file}")
+        host = str(host_file)
+
+        deploy(project, host, "smoke", reporter, journal=journal)
+        time.sleep(steps_wait)  # let the trainer print a few metric lines
+        status(project, host, reporter, playbook="smoke", journal=journal)
+        logs(project, host, reporter, playbook="smoke", lines=8, journal=journal)
+        cleanup(project, host, reporter, playbook="smoke", journal=journal)
+        if keep:
+            reporter.info(f"sandbox kept: host file {host_file} (sshd pid file in {root}); "
+                          f"try: inv status --host {host_file}")
+    finally:
+        if not keep:
+            if proxy is not None:
+                proxy.close()
+            if box is not None:
+                box.stop()
+            shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,125 @@
+"""``inv deploy`` and ``inv plan``: plan locally, then one agent call does the rest.
+
+The plan is checked completely on the workstation first (nothing is sent when it has a
+problem). Then a single exec pushes the files, stops the previous run of this playbook,
+launches every process in its own session and waits for readiness, streaming progress.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from outrig.console import Reporter
+from outrig.errors import PlanError, RemoteError
+from outrig.inventory import resolve_host
+from outrig.journal import Journal
+from outrig.ops.base import HostSession, Project, host_facts, new_run_id, secret_values
+from outrig.playbook import find_playbook, load_job
+from outrig.plan import Plan, make_plan
+
+
+@dataclass
+class DeployResult:
+    plan: Plan
+    launched: bool
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    rtt: float | None = None
+    connect_seconds: float | None = None
+
+
+def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = False,
+               journal: Journal | None = None, run_id: str | None = None) -> Plan:
+    """Load host and playbook and plan; raise :class:`PlanError` listing every problem."""
+    journal = journal or Journal()
+    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test)
+    plan = make_plan(job, host, host_facts(host, journal), run_id or new_run_id(job.name))
+    if plan.problems:
+        raise PlanError(plan.problems, context=f"{job.name} on {host.name}")
+    return plan
+
+
+def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[str, Any]:
+    """The agent request for a plan (files read and encoded here, at the last moment)."""
+    from pathlib import Path
+
+    files = []
+    for remote, local in plan.files:
+        data = Path(local).read_bytes()
+        files.append({"path": remote, "data_b64": base64.b64encode(data).decode("ascii"),
+                      "mode": Path(local).stat().st_mode & 0o777})
+    processes = []
+    for name in plan.order:
+        proc = plan.processes[name]
+        ready = None
+        if proc.ready is not None:
+            ready = {"http": proc.ready.http, "log": proc.ready.log, "port": proc.ready.port,
+                     "exit": proc.ready.exit, "timeout": proc.ready.timeout}
+        processes.append({"name": name, "argv": proc.argv, "env": proc.env, "cwd": proc.cwd,
+                          "gpus": proc.gpus, "after": proc.after, "ready": ready,
+                          "fatal": proc.fatal, "stop_grace": proc.stop_grace})
+    manifest = plan.to_dict()
+    return {"playbook": plan.playbook, "run_id": plan.run_id, "secrets": secrets,
+            "files": files, "processes": processes, "wait": wait, "lock_timeout": 10,
+            "progress_interval": 1.0, "manifest": manifest}
+
+
+def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
+           test: bool = False, dry_run: bool = False, wait: bool = True,
+           journal: Journal | None = None) -> DeployResult:
+    """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call."""
+    journal = journal or Journal()
+    plan = build_plan(project, host_spec, playbook, test=test, journal=journal)
+    reporter.plan(plan)
+    if dry_run:
+        reporter.emit_json({"event": "plan", "plan": plan.to_dict()})
+        reporter.info("dry run: nothing was sent")
+        return DeployResult(plan=plan, launched=False)
+    secrets = secret_values(plan.secrets)
+    request = deploy_request(plan, wait=wait, secrets=secrets)
+    started = time.monotonic()
+    record: dict[str, Any] = {"run_id": plan.run_id, "host": plan.host,
+                              "playbook": plan.playbook, "created": time.time(),
+                              "test_mode": plan.test_mode, "plan": plan.to_dict(),
+                              "status": "deploying"}
+    journal.record_run(plan.run_id, record)
+    session = HostSession(project, host_spec, reporter, journal)
+    try:
+        try:
+            result = session.call("deploy", **request)
+        except RemoteError as exc:
+            journal.record_run(plan.run_id, {"status": "failed", "error": str(exc)})
+            raise
+        except BaseException as exc:
+            journal.record_run(plan.run_id, {"status": "unknown", "error": repr(exc)})
+            raise
+        seconds = time.monotonic() - started
+        processes = list(result.get("processes") or [])
+        status = "running" if wait else "launched"
+        journal.record_run(plan.run_id, {"status": status, "processes": processes,
+                                         "run_dir": result.get("run_dir")})
+        outcome = DeployResult(plan=plan, launched=True, processes=processes, seconds=seconds,
+                               rtt=session.transport.rtt,
+                               connect_seconds=getattr(session.transport, "connect_seconds", None))
+        reporter.emit_json({"event": "deployed", "run_id": plan.run_id, "ok": True,
+                            "seconds": round(seconds, 3), "processes": processes})
+        verb = "ready" if wait else "launched (not waiting for readiness)"
+        reporter.success(f"{plan.playbook} {verb} on {plan.host} in {seconds:.1f}s — run "
+                         f"{plan.run_id}. Next: inv status --host {host_spec}, "
+                         f"inv tail-logs --host {host_spec}")
+        return outcome
+    finally:
+        session.close()
+
+
+def show_plan(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
+              test: bool = False) -> Plan:
+    """``inv plan``: print the full plan; nothing is sent."""
+    plan = build_plan(project, host_spec, playbook, test=test)
+    reporter.plan(plan, full=True)
+    reporter.emit_json(plan.to_dict())
+    return plan

@@ -1,0 +1,310 @@
+"""The planner: Job × host facts → :class:`Plan`. Pure: no network, no files, no clock.
+
+Everything that can be known before contacting the box is decided and checked here, so a bad
+playbook fails in milliseconds on the workstation instead of minutes later on the box:
+GPU overlap, GPU indices the host lacks, tensor × data parallel ≠ GPU count (the
+``DP adjusted local rank 3 is out of bounds`` crash), ``after`` cycles and unknown names, and
+``${names}`` nobody defined. ``inv plan`` prints the result; deploy sends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from outrig.inventory import Host
+from outrig.playbook import Job, ProcessSpec
+from outrig.template import UndefinedName, substitute
+
+MARKER_VAR = "OUTRIG_RUN"
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What is known about the box when planning (declared, or cached from the last contact)."""
+
+    gpu_count: int | None = None
+    gpu_memory_mib: int | None = None
+    source: str = "unknown"
+
+
+@dataclass
+class ReadyPlan:
+    http: str | None = None
+    log: str | None = None
+    port: int | None = None
+    exit: bool = False
+    timeout: float = 120.0
+
+    def describe(self) -> str:
+        parts = []
+        if self.http:
+            parts.append(f"GET {self.http}")
+        if self.port is not None:
+            parts.append(f"port {self.port}")
+        if self.log:
+            parts.append(f"log /{self.log}/")
+        if self.exit:
+            parts.append("exit 0")
+        return " + ".join(parts) + f" (≤{self.timeout:g}s)" if parts else "on launch"
+
+
+@dataclass
+class ProcessPlan:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    gpus: list[int]
+    after: list[str]
+    ready: ReadyPlan | None
+    fatal: list[str]
+    stop_grace: float
+    parallel: tuple[int, int] | None = None
+
+
+@dataclass
+class Plan:
+    """The whole decision, printable with ``inv plan`` and sendable as an agent request."""
+
+    host: str
+    playbook: str
+    run_id: str
+    workdir: str
+    test_mode: bool
+    facts: HostFacts
+    order: list[str] = field(default_factory=list)
+    processes: dict[str, ProcessPlan] = field(default_factory=dict)
+    files: list[tuple[str, str]] = field(default_factory=list)  # (remote, local)
+    secrets: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def max_gpu_index(self) -> int | None:
+        indices = [g for p in self.processes.values() for g in p.gpus]
+        return max(indices) if indices else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (``inv plan --json``, the journal, the run manifest)."""
+        data = asdict(self)
+        data["processes"] = [asdict(self.processes[name]) for name in self.order] + [
+            asdict(p) for n, p in self.processes.items() if n not in self.order
+        ]
+        return data
+
+
+def builtin_params(host: Host, job: Job, run_id: str) -> dict[str, object]:
+    """Names every playbook may use without defining them."""
+    workdir = host.workdir.rstrip("/")
+    return {
+        "run_id": run_id,
+        "workdir": workdir,
+        "run_dir": f"{workdir}/runs/{run_id}",
+        "playbook": job.name,
+        "host": host.name,
+    }
+
+
+def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str) -> Plan:
+    """Build the plan and collect *every* problem (not just the first) for one clear report."""
+    spec = job.spec
+    plan = Plan(host=host.name, playbook=job.name, run_id=run_id, workdir=host.workdir,
+                test_mode=job.test_mode, facts=facts, secrets=list(spec.secrets),
+                files=[(f.remote, str(f.local)) for f in job.files])
+    params: dict[str, object] = dict(spec.params)
+    for key, value in builtin_params(host, job, run_id).items():
+        if key in params:
+            plan.problems.append(
+                f"{job.where(('params', key))}: '{key}' is a built-in name "
+                f"(set by outrig to {value!r}); rename the parameter"
+            )
+        params[key] = value
+
+    for name, proc in spec.processes.items():
+        rendered = _render_process(job, name, proc, params, plan.problems)
+        if rendered is not None:
+            plan.processes[name] = rendered
+
+    _check_after(job, plan)
+    _check_gpus(job, plan, facts)
+    _check_parallel(job, plan)
+    plan.order = _start_order(spec.processes)
+    if facts.gpu_count is None and plan.max_gpu_index() is not None:
+        plan.notes.append(
+            "GPU count unknown until the box is contacted (hosts gpus: auto); the agent checks "
+            "the GPU indices on the box before stopping or starting anything"
+        )
+    return plan
+
+
+def _sub(job: Job, keypath: tuple[object, ...], text: str, params: dict[str, object],
+         problems: list[str]) -> str:
+    try:
+        return substitute(text, params)
+    except UndefinedName as exc:
+        defined = ", ".join(sorted(params))
+        for name in exc.names:
+            problems.append(
+                f"{job.where(keypath)}: ${{{name}}} is not defined; define it under params: "
+                f"(defined names: {defined})"
+            )
+        for bad in exc.bad_syntax:
+            problems.append(
+                f"{job.where(keypath)}: {bad} is not a valid reference; use ${{name}} with a "
+                "letter or _ first, or $${ for a literal"
+            )
+        return text
+
+
+def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, object],
+                    problems: list[str]) -> ProcessPlan | None:
+    base = ("processes", name)
+    argv = [_sub(job, (*base, "command"), part, params, problems) for part in proc.argv_template()]
+    env: dict[str, str] = {}
+    for key, value in proc.env.items():
+        text = value if isinstance(value, str) else _scalar(value)
+        env[key] = _sub(job, (*base, "env", key), text, params, problems)
+    for reserved in ("CUDA_VISIBLE_DEVICES", MARKER_VAR, "OUTRIG_PROCESS"):
+        if reserved in env:
+            problems.append(
+                f"{job.where((*base, 'env', reserved))}: {reserved} is set by outrig"
+                + (" from gpus:; list the GPUs there instead" if reserved.startswith("CUDA") else "")
+            )
+    # NOTE: an empty CUDA_VISIBLE_DEVICES hides every GPU, so a CPU-only process can never
+    # grab GPU 0 by accident (torch does that when the variable is unset).
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in proc.gpus)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    cwd = _sub(job, (*base, "cwd"), proc.cwd, params, problems) if proc.cwd else None
+    ready = None
+    if proc.ready is not None:
+        r = proc.ready
+        port: int | None = None
+        if r.port is not None:
+            port_text = _sub(job, (*base, "ready", "port"), str(r.port), params, problems)
+            try:
+                port = int(port_text)
+                if not 1 <= port <= 65535:
+                    raise ValueError
+            except ValueError:
+                if "${" not in port_text:
+                    problems.append(f"{job.where((*base, 'ready', 'port'))}: {port_text!r} is "
+                                    "not a TCP port (1-65535)")
+        ready = ReadyPlan(
+            http=_sub(job, (*base, "ready", "http"), r.http, params, problems) if r.http else None,
+            log=_sub(job, (*base, "ready", "log"), r.log, params, problems) if r.log else None,
+            port=port, exit=r.exit, timeout=r.timeout,
+        )
+    parallel = (proc.parallel.tensor, proc.parallel.data) if proc.parallel else None
+    return ProcessPlan(name=name, argv=argv, env=env, cwd=cwd, gpus=list(proc.gpus),
+                       after=proc.after_names(), ready=ready, fatal=list(proc.fatal),
+                       stop_grace=proc.stop.grace, parallel=parallel)
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _check_after(job: Job, plan: Plan) -> None:
+    names = set(job.spec.processes)
+    for name, proc in job.spec.processes.items():
+        for dep in proc.after_names():
+            if dep == name:
+                plan.problems.append(f"{job.where(('processes', name, 'after'))}: {name} cannot "
+                                     "start after itself")
+            elif dep not in names:
+                plan.problems.append(
+                    f"{job.where(('processes', name, 'after'))}: unknown process {dep!r}; "
+                    f"processes are: {', '.join(sorted(names))}"
+                )
+    cycle = _find_cycle({n: [d for d in p.after_names() if d in names and d != n]
+                         for n, p in job.spec.processes.items()})
+    if cycle:
+        plan.problems.append(
+            f"{job.where(('processes', cycle[0], 'after'))}: 'after' forms a cycle "
+            f"({' → '.join([*cycle, cycle[0]])}); nothing could ever start. Remove one edge."
+        )
+
+
+def _find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """A cycle in ``graph`` (node → deps) as a node list, or None. Deterministic order."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in graph.get(node, []):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):]
+            if dep not in state:
+                found = visit(dep)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in graph:
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _start_order(processes: dict[str, ProcessSpec]) -> list[str]:
+    """Topological order, keeping the file's order among independent processes."""
+    done: list[str] = []
+    remaining = list(processes)
+    while remaining:
+        for name in remaining:
+            deps = [d for d in processes[name].after_names() if d in processes and d != name]
+            if all(d in done for d in deps):
+                done.append(name)
+                remaining.remove(name)
+                break
+        else:  # a cycle (already reported): append the rest in file order
+            done.extend(remaining)
+            break
+    return done
+
+
+def _check_gpus(job: Job, plan: Plan, facts: HostFacts) -> None:
+    owner: dict[int, str] = {}
+    for name, proc in job.spec.processes.items():
+        for gpu in proc.gpus:
+            if gpu in owner:
+                plan.problems.append(
+                    f"{job.where(('processes', name, 'gpus'))}: GPU {gpu} is given to both "
+                    f"{owner[gpu]} and {name}; two processes on one GPU starve each other of "
+                    "memory. Give each process its own GPUs."
+                )
+            else:
+                owner[gpu] = name
+            if facts.gpu_count is not None and gpu >= facts.gpu_count:
+                have = f"0-{facts.gpu_count - 1}" if facts.gpu_count else "none"
+                plan.problems.append(
+                    f"{job.where(('processes', name, 'gpus'))}: GPU {gpu} does not exist on "
+                    f"{plan.host}, which has {facts.gpu_count} GPU(s) ({have}; {facts.source}). "
+                    "Use an index that exists or another host."
+                )
+
+
+def _check_parallel(job: Job, plan: Plan) -> None:
+    for name, proc in job.spec.processes.items():
+        if proc.parallel is None:
+            continue
+        tp, dp = proc.parallel.tensor, proc.parallel.data
+        if tp * dp != len(proc.gpus):
+            plan.problems.append(
+                f"{job.where(('processes', name, 'parallel'))}: tensor {tp} × data {dp} = "
+                f"{tp * dp} GPUs, but {name} has {len(proc.gpus)} GPU(s) {proc.gpus}. vLLM would "
+                f"die minutes in with 'DP adjusted local rank N is out of bounds'. Give it "
+                f"{tp * dp} GPUs or change tensor/data so that tensor × data = {len(proc.gpus)}."
+            )

@@ -1,0 +1,261 @@
+"""Playbooks: ``playbooks/NAME.yaml`` → a typed, validated :class:`Job`.
+
+A playbook is a set of named processes (the generic layer). Everything is validated when the
+file is loaded: unknown keys are errors (a misspelt ``gpu:`` must not silently mean "no GPUs"),
+types are checked, and every error names the file, the key path and the line.
+
+``test:`` holds overrides that ``--test`` deep-merges over the file before validation (fewer
+samples, one epoch), so a test run is checked exactly like the real one.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from outrig.errors import ConfigError
+from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
+
+_PROCESS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
+ParamValue = Union[str, int, float, bool]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReadySpec(_Strict):
+    """How to know a process is up. Any combination; all given conditions must hold."""
+
+    http: str | None = Field(None, description="URL that must answer 2xx (e.g. vLLM's /health)")
+    log: str | None = Field(None, description="regex that must match a line of the process log")
+    port: int | str | None = Field(None, description="TCP port on 127.0.0.1 that must accept")
+    exit: bool = Field(False, description="one-shot step: ready when it exited with code 0")
+    timeout: float = Field(120.0, gt=0, description="seconds before the wait fails")
+
+    @field_validator("log")
+    @classmethod
+    def _regex_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_regex(value)
+        return value
+
+
+class StopSpec(_Strict):
+    """How to stop: SIGTERM to the leader, then ``grace`` seconds, then SIGKILL the group."""
+
+    grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
+
+
+class ParallelSpec(_Strict):
+    """Declared model parallelism; the planner checks tensor × data == number of GPUs."""
+
+    tensor: int = Field(1, ge=1)
+    data: int = Field(1, ge=1)
+
+
+class ProcessSpec(_Strict):
+    """One long-running (or one-shot) process of a playbook."""
+
+    command: str | list[str] = Field(description="argv as a list, or a string split like a shell")
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    cwd: str | None = None
+    gpus: list[int] = Field(default_factory=list, description="physical GPU indices")
+    parallel: ParallelSpec | None = None
+    after: str | list[str] = Field(default_factory=list)
+    ready: ReadySpec | None = None
+    fatal: list[str] = Field(default_factory=list, description="regexes that mean failure")
+    stop: StopSpec = Field(default_factory=StopSpec)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_non_negative(cls, value: list[int]) -> list[int]:
+        for index in value:
+            if index < 0:
+                raise ValueError(f"GPU index {index} is negative; use indices as nvidia-smi shows")
+        if len(set(value)) != len(value):
+            raise ValueError(f"GPU list {value} names a GPU twice")
+        return value
+
+    @field_validator("fatal")
+    @classmethod
+    def _fatal_compiles(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            _check_regex(pattern)
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str):
+            try:
+                parts = shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split the command like a shell would: {exc}") from None
+        else:
+            parts = value
+        if not parts:
+            raise ValueError("command is empty")
+        return value
+
+    def after_names(self) -> list[str]:
+        return [self.after] if isinstance(self.after, str) else list(self.after)
+
+    def argv_template(self) -> list[str]:
+        return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+
+
+class PlaybookSpec(_Strict):
+    """The whole file."""
+
+    name: str | None = None
+    description: str | None = None
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    secrets: list[str] = Field(
+        default_factory=list,
+        description="workstation environment variables passed to every process over the "
+        "SSH channel (never in argv, logs, journal or messages)",
+    )
+    processes: dict[str, ProcessSpec] = Field(min_length=1)
+    files: dict[str, str] = Field(default_factory=dict, description="remote path → local path")
+    test: dict[str, Any] | None = Field(None, description="overrides applied with --test")
+
+    @field_validator("processes")
+    @classmethod
+    def _names_ok(cls, value: dict[str, ProcessSpec]) -> dict[str, ProcessSpec]:
+        for name in value:
+            if not _PROCESS_NAME.match(name):
+                raise ValueError(
+                    f"process name {name!r} must start with a letter and hold only letters, "
+                    "digits, '-' and '_' (it names a log file on the box)"
+                )
+        return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _remote_paths_relative(cls, value: dict[str, str]) -> dict[str, str]:
+        for remote in value:
+            parts = Path(remote).parts
+            if Path(remote).is_absolute() or ".." in parts or not parts:
+                raise ValueError(
+                    f"remote file path {remote!r} must be relative to the host's workdir "
+                    "and stay inside it (no leading '/', no '..')"
+                )
+        return value
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A file to push: where it goes (relative to the workdir) and where it is here."""
+
+    remote: str
+    local: Path
+
+
+@dataclass
+class Job:
+    """A loaded playbook: the validated spec plus where it came from (for messages)."""
+
+    name: str
+    spec: PlaybookSpec
+    doc: YamlDoc
+    test_mode: bool
+    files: list[LocalFile] = field(default_factory=list)
+
+    def where(self, keypath: KeyPath) -> str:
+        return self.doc.where(keypath)
+
+
+def _check_regex(pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"regex {pattern!r} does not compile: {exc}") from None
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else (lists included) is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def find_playbook(name_or_path: str, playbooks_dir: Path) -> Path:
+    """``dflash-qwen36`` → ``playbooks/dflash-qwen36.yaml``; a path is taken as it is."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.suffix in {".yaml", ".yml"} or "/" in name_or_path:
+        if candidate.is_file():
+            return candidate
+        raise ConfigError(f"playbook file {candidate} does not exist")
+    for suffix in (".yaml", ".yml"):
+        path = playbooks_dir / f"{name_or_path}{suffix}"
+        if path.is_file():
+            return path
+    known = sorted(p.stem for p in playbooks_dir.glob("*.y*ml")) if playbooks_dir.is_dir() else []
+    hint = f" Known playbooks: {', '.join(known)}." if known else ""
+    raise ConfigError(
+        f"unknown playbook {name_or_path!r}: no {playbooks_dir}/{name_or_path}.yaml.{hint} "
+        "Pass --playbook NAME or a path to a .yaml file."
+    )
+
+
+def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None) -> Job:
+    """Load and validate a playbook file. ``test`` applies its ``test:`` overrides.
+
+    ``files:`` local paths are resolved against ``base_dir`` (default: the project root, i.e.
+    the parent of a ``playbooks/`` folder, else the playbook's own folder) and must exist.
+    """
+    doc = load_yaml(path, what="playbook")
+    raw = doc.data
+    if test:
+        overrides = raw.get("test")
+        if overrides is None:
+            raise ConfigError(
+                f"{path}: --test was given but the playbook has no 'test:' section; add one "
+                "(e.g. test: {params: {steps: 5}}) or drop --test"
+            )
+        if not isinstance(overrides, dict):
+            raise ConfigError(f"{doc.where(('test',))}: must be a mapping of overrides")
+        raw = deep_merge({k: v for k, v in raw.items() if k != "test"}, overrides)
+        raw["test"] = overrides
+    try:
+        spec = PlaybookSpec.model_validate(raw)
+    except ValidationError as exc:
+        lines = validation_messages(doc, list(exc.errors()))
+        raise ConfigError(
+            f"playbook {path} is not valid ({len(lines)} problem{'s' if len(lines) != 1 else ''}):\n"
+            + "\n".join(f"  - {line}" for line in lines)
+        ) from None
+    name = spec.name or path.stem
+    if base_dir is None:
+        base_dir = path.parent.parent if path.parent.name == "playbooks" else path.parent
+    files: list[LocalFile] = []
+    for remote, local in spec.files.items():
+        local_path = Path(local).expanduser()
+        if not local_path.is_absolute():
+            local_path = base_dir / local_path
+        if not local_path.is_file():
+            raise ConfigError(
+                f"{doc.where(('files', remote))}: local file {local_path} does not exist; "
+                "fix the path (relative paths start at the project root)"
+            )
+        files.append(LocalFile(remote=remote, local=local_path))
+    return Job(name=name, spec=spec, doc=doc, test_mode=test, files=files)

@@ -1,0 +1,185 @@
+"""outrig's command line: a thin Invoke skin over the ``outrig`` library.
+
+Each task turns flags into one call into ``outrig.ops``; errors come back as one paragraph that
+says what failed, where, and the fix (no traceback), with exit status 2 for bad input (nothing
+was sent) and 1 for failures on or while reaching the box. Run ``inv --list`` for the tasks and
+``inv --help TASK`` for each flag.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from invoke import Exit, task
+
+from outrig.console import Reporter
+from outrig.errors import OutrigError
+from outrig.ops.base import Project
+
+F = TypeVar("F", bound=Callable[..., Any])
+PROJECT = Project(Path(__file__).resolve().parent)
+
+HOST_HELP = "host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local'"
+JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
+
+
+def _reporter(json: bool) -> Reporter:
+    return Reporter(json_mode=json)
+
+
+def friendly(func: F) -> F:
+    """Print an OutrigError's message (no traceback) and exit with its status."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except OutrigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            print("interrupted: anything already launched keeps running on the box; "
+                  "see `inv status`", file=sys.stderr)
+            raise Exit(code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@task(
+    auto_shortflags=False,
+    help={
+        "host": HOST_HELP,
+        "playbook": "playbook name in playbooks/ (or a path to one); default: smoke",
+        "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
+        "dry_run": "print the plan and stop; nothing is sent",
+        "no_wait": "return as soon as every process is launched and recorded",
+        "json": JSON_HELP,
+    },
+)
+@friendly
+def deploy(c: Any, host: str, playbook: str = "smoke", test: bool = False,
+           dry_run: bool = False, no_wait: bool = False, json: bool = False) -> None:
+    """Push files, stop the previous run, launch every process and wait until it is ready.
+
+    Examples:
+        inv deploy --host uk-node --playbook dflash-qwen36
+        inv deploy --host uk-node --playbook dflash-qwen36 --test --dry-run
+    """
+    from outrig.ops.deploy import deploy as run_deploy
+
+    run_deploy(PROJECT, host, playbook, _reporter(json), test=test, dry_run=dry_run,
+               wait=not no_wait)
+
+
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP, "playbook": "playbook name in playbooks/ (or a path)",
+          "test": "plan with the playbook's test: overrides", "json": JSON_HELP},
+)
+@friendly
+def plan(c: Any, host: str, playbook: str, test: bool = False, json: bool = False) -> None:
+    """Show the plan (GPU map, full commands, env, start order); nothing is sent.
+
+    Example:
+        inv plan --host uk-node --playbook dflash-qwen36
+    """
+    from outrig.ops.deploy import show_plan
+
+    show_plan(PROJECT, host, playbook, _reporter(json), test=test)
+
+
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP, "run": "the run id to show (default: current runs)",
+          "playbook": "show the current run of this playbook",
+          "lines": "log lines to show per process (default 5)", "json": JSON_HELP},
+)
+@friendly
+def status(c: Any, host: str, run: str | None = None, playbook: str | None = None,
+           lines: int = 5, json: bool = False) -> None:
+    """Show each process (running / exited with code / killed), readiness and GPUs.
+
+    Example:
+        inv status --host uk-node
+    """
+    from outrig.ops.runs import status as run_status
+
+    run_status(PROJECT, host, _reporter(json), run_id=run, playbook=playbook, log_lines=lines)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["process"],
+    help={"host": HOST_HELP, "run": "run id (default: the current run)",
+          "playbook": "the current run of this playbook",
+          "process": "only this process (repeat for several)",
+          "lines": "how many lines from the end (default 50)", "json": JSON_HELP},
+)
+@friendly
+def tail_logs(c: Any, host: str, run: str | None = None, playbook: str | None = None,
+              process: list[str] | None = None, lines: int = 50, json: bool = False) -> None:
+    """Print the last lines of every process log of a run, prefixed with the process name.
+
+    Example:
+        inv tail-logs --host uk-node --process trainer --lines 100
+    """
+    from outrig.ops.runs import logs
+
+    logs(PROJECT, host, _reporter(json), run_id=run, playbook=playbook,
+         processes=list(process or []), lines=lines)
+
+
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP, "run": "stop this run id", "playbook": "stop this playbook's run",
+          "all": "stop every outrig run on the box", "json": JSON_HELP},
+)
+@friendly
+def cleanup(c: Any, host: str, run: str | None = None, playbook: str | None = None,
+            all: bool = False, json: bool = False) -> None:
+    """Stop exactly the processes outrig recorded (TERM, grace, KILL of their group).
+
+    Example:
+        inv cleanup --host uk-node --playbook dflash-qwen36
+    """
+    from outrig.ops.runs import cleanup as run_cleanup
+
+    run_cleanup(PROJECT, host, _reporter(json), run_id=run, playbook=playbook, all_runs=all)
+
+
+@task(auto_shortflags=False, help={"host": HOST_HELP, "json": JSON_HELP})
+@friendly
+def check(c: Any, host: str, json: bool = False) -> None:
+    """Preflight: reach the box, measure RTT, check python3, GPUs, workdir and disk.
+
+    Example:
+        inv check --host uk-node
+    """
+    from outrig.ops.runs import check as run_check
+
+    run_check(PROJECT, host, _reporter(json))
+
+
+@task(
+    auto_shortflags=False,
+    help={"keep": "leave the sandbox (sshd and processes) running and print how to reach it",
+          "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
+                   "(default 0; 120 gives a 240 ms RTT like a far-away box)"},
+)
+@friendly
+def demo(c: Any, keep: bool = False, delay: int = 0) -> None:
+    """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
+
+    Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
+    installing openssh-server with apt-get first if this machine has no sshd.
+
+    Example:
+        inv demo
+    """
+    from outrig.ops.demo import run_demo
+
+    run_demo(PROJECT, Reporter(), keep=keep, one_way_delay=delay / 1000.0)

@@ -1,0 +1,72 @@
+"""--host resolution: host files, ssh aliases, user@host:port, local; clear errors otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from outrig.errors import ConfigError
+from outrig.inventory import resolve_host
+
+HOSTS = Path(__file__).resolve().parents[2] / "hosts"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_shipped_uk_node_host_file(home: Path) -> None:
+    host = resolve_host("uk-node", hosts_dir=HOSTS)
+    assert (host.hostname, host.port, host.user) == ("217.138.104.34", 10978, "root")
+    assert host.workdir == "/workspace/dflash"
+    assert host.env["PATH"] == "/root/.local/bin:$PATH"
+    assert host.gpus == "auto"
+
+
+def test_user_host_port_spec(home: Path) -> None:
+    host = resolve_host("ubuntu@203.0.113.7:40222", hosts_dir=HOSTS)
+    assert (host.user, host.hostname, host.port) == ("ubuntu", "203.0.113.7", 40222)
+
+
+def test_ipv6_spec(home: Path) -> None:
+    host = resolve_host("root@[::1]:2222", hosts_dir=HOSTS)
+    assert (host.hostname, host.port) == ("::1", 2222)
+
+
+def test_ssh_config_alias_is_accepted(home: Path) -> None:
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "config").write_text("Host gpu-box\n  HostName 203.0.113.9\n  Port 40222\n")
+    host = resolve_host("gpu-box", hosts_dir=HOSTS)
+    assert host.hostname == "gpu-box" and host.source == "~/.ssh/config"
+
+
+def test_unknown_host_lists_what_was_tried(home: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_host("uk-nod", hosts_dir=HOSTS)
+    text = str(info.value)
+    assert "no " in text and "uk-nod.yaml" in text and "Host uk-nod" in text
+    assert "Known host files: uk-node" in text
+
+
+def test_local_host(home: Path) -> None:
+    assert resolve_host("local", hosts_dir=HOSTS).is_local
+
+
+def test_host_file_unknown_key_and_relative_workdir(tmp_path: Path, home: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("hostname: h\nworkdir: rel/dir\nportt: 22\n")
+    with pytest.raises(ConfigError) as info:
+        resolve_host(str(path), hosts_dir=HOSTS)
+    text = str(info.value)
+    assert "bad.yaml:3: portt: unknown key" in text
+    assert "bad.yaml:2: workdir" in text and "absolute" in text
+
+
+def test_host_file_bad_port(tmp_path: Path, home: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("hostname: h\nworkdir: /w\nport: 99999\n")
+    with pytest.raises(ConfigError, match="bad.yaml:3: port"):
+        resolve_host(str(path), hosts_dir=HOSTS)

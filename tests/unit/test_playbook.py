@@ -1,0 +1,114 @@
+"""Playbook loading: every bad input names the file, the key path and the line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from outrig.errors import ConfigError
+from outrig.playbook import deep_merge, find_playbook, load_job
+
+SMOKE = Path(__file__).resolve().parents[2] / "playbooks" / "smoke.yaml"
+
+
+def write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_shipped_smoke_playbook_loads_and_names_its_processes() -> None:
+    job = load_job(SMOKE)
+    assert job.name == "smoke"
+    assert list(job.spec.processes) == ["server", "trainer"]
+    assert job.spec.processes["trainer"].after_names() == ["server"]
+    assert job.files[0].remote == "train.py" and job.files[0].local.is_file()
+
+
+def test_test_overrides_are_merged_only_with_test_flag() -> None:
+    assert load_job(SMOKE).spec.params["steps"] == 60
+    assert load_job(SMOKE, test=True).spec.params["steps"] == 5
+
+
+def test_test_flag_without_test_section_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo hi\n")
+    with pytest.raises(ConfigError, match="no 'test:' section"):
+        load_job(path, test=True)
+
+
+def test_malformed_yaml_reports_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: [echo, hi\n    env: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    message = str(info.value)
+    assert "p.yaml:" in message and "malformed YAML" in message
+    assert ":4" in message or ":5" in message
+
+
+def test_unknown_key_is_an_error_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo hi\n    gpu: [0]\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert "p.yaml:4: processes.a.gpu: unknown key" in str(info.value)
+
+
+def test_unknown_top_level_key_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "proceses:\n  a:\n    command: echo\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    text = str(info.value)
+    assert "p.yaml:1: proceses: unknown key" in text
+    assert "processes: required key is missing" in text
+
+
+def test_wrong_type_names_key_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo\n    gpus: [zero]\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert "p.yaml:4: processes.a.gpus[0]" in str(info.value)
+
+
+def test_bad_regex_in_fatal_is_rejected(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo\n    fatal: ['(unclosed']\n")
+    with pytest.raises(ConfigError, match="does not compile"):
+        load_job(path)
+
+
+def test_remote_file_path_must_stay_in_workdir(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("")
+    path = write(tmp_path, "processes:\n  a:\n    command: echo\nfiles:\n  ../x.py: x.py\n")
+    with pytest.raises(ConfigError, match="stay inside it"):
+        load_job(path)
+
+
+def test_missing_local_file_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo\nfiles:\n  x.py: nope.py\n")
+    with pytest.raises(ConfigError, match=r"files\.x\.py: local file .*nope\.py does not exist"):
+        load_job(path)
+
+
+def test_duplicate_gpu_in_one_process_is_rejected(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo\n    gpus: [1, 1]\n")
+    with pytest.raises(ConfigError, match="names a GPU twice"):
+        load_job(path)
+
+
+def test_process_names_must_be_file_safe(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  ../evil:\n    command: echo\n")
+    with pytest.raises(ConfigError, match="must start with a letter"):
+        load_job(path)
+
+
+def test_find_playbook_lists_known_ones(tmp_path: Path) -> None:
+    (tmp_path / "one.yaml").write_text("")
+    with pytest.raises(ConfigError, match="Known playbooks: one"):
+        find_playbook("two", tmp_path)
+    assert find_playbook("one", tmp_path) == tmp_path / "one.yaml"
+
+
+def test_deep_merge_merges_mappings_and_replaces_lists() -> None:
+    base = {"a": {"b": 1, "c": [1, 2]}, "d": 1}
+    merged = deep_merge(base, {"a": {"c": [3]}, "e": 2})
+    assert merged == {"a": {"b": 1, "c": [3]}, "d": 1, "e": 2}
+    assert base["a"]["c"] == [1, 2]
