@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from invoke import Exit, task
+from invoke.exceptions import Exit
+from invoke.tasks import task
 
 from outrig.console import Reporter
 from outrig.errors import OutrigError

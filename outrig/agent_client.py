@@ -124,7 +124,7 @@ class AgentCall:
         status = channel.exit_status(timeout=5.0)
         stderr = channel.stderr_text().strip()
         lines = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
-        if status == 127 or "not found" in stderr and host.python in stderr:
+        if status == 127 or ("not found" in stderr and host.python in stderr):
             return RemoteError(
                 f"{host.describe()} has no Python interpreter {host.python!r} (exit {status}). "
                 "Install python3 (3.8 or newer) on the box, or set python: in the host file to "

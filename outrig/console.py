@@ -58,7 +58,7 @@ class Reporter:
             self.emit_json(event)
             return
         kind = event.get("event")
-        if kind == "waiting":
+        if kind in {"waiting", "stopping"}:
             self._waiting(event)
             return
         text = describe_event(event)
@@ -72,9 +72,14 @@ class Reporter:
     def _waiting(self, event: dict[str, Any]) -> None:
         name = event.get("process", "?")
         elapsed = float(event.get("elapsed") or 0)
-        limit = event.get("timeout")
+        if event.get("event") == "stopping":
+            limit = event.get("grace")
+            what = f"stopping {name} (SIGTERM sent; SIGKILL after the grace period)"
+        else:
+            limit = event.get("timeout")
+            what = f"waiting for {name} to be ready"
         last = str(event.get("last_line") or "")[-120:]
-        text = f"waiting for {name} to be ready: {elapsed:.0f}s" + (
+        text = f"{what}: {elapsed:.0f}s" + (
             f" / {float(limit):.0f}s" if limit else "") + (f" — {last}" if last else "")
         if self.console.is_terminal:
             if self._status is None:
@@ -161,10 +166,11 @@ def describe_event(event: dict[str, Any]) -> str | None:
                "gone": "was not running", "reused": "pid reused by another process: untouched"}
         text = how.get(str(event.get("how")), str(event.get("how")))
         extra = f", {event['stragglers']} straggler(s) killed" if event.get("stragglers") else ""
-        return (f"• previous {event.get('process')} ({event.get('run_id')}) {text} "
+        return (f"• {event.get('process')} (run {event.get('run_id')}) {text} "
                 f"in {float(event.get('seconds') or 0):.1f}s{extra}")
     if kind == "launched":
-        return f"• launched {event.get('process')} (pid {event.get('pid')}, pgid {event.get('pgid')})"
+        return (f"• launched {event.get('process')} (pid {event.get('pid')}, "
+                f"pgid {event.get('pgid')})")
     if kind == "ready":
         return (f"✓ {event.get('process')} ready after {float(event.get('elapsed') or 0):.1f}s "
                 f"({event.get('via')})")

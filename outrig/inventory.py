@@ -38,7 +38,8 @@ class HostFile(BaseModel):
     user: str | None = None
     identity_file: str | None = None
     known_hosts: str | None = Field(
-        None, description="known_hosts file to check and record keys in (default ~/.ssh/known_hosts)"
+        None, description="known_hosts file to check and record keys in "
+        "(default ~/.ssh/known_hosts)"
     )
     workdir: str = Field(description="absolute path on the box; everything outrig writes is here")
     env: dict[str, str] = Field(default_factory=dict)
@@ -125,7 +126,8 @@ def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> H
     """Turn a ``--host`` value into a :class:`Host` (no network)."""
     spec = spec.strip()
     if not spec:
-        raise ConfigError("--host is empty; pass a name from hosts/, an ssh alias or user@host:port")
+        raise ConfigError("--host is empty; pass a name from hosts/, an ssh alias or "
+                          "user@host:port")
     if spec == "local":
         return Host(name="local", hostname="localhost", workdir=workdir or DEFAULT_WORKDIR,
                     source="local", is_local=True)

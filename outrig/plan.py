@@ -172,7 +172,8 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
         if reserved in env:
             problems.append(
                 f"{job.where((*base, 'env', reserved))}: {reserved} is set by outrig"
-                + (" from gpus:; list the GPUs there instead" if reserved.startswith("CUDA") else "")
+                + (" from gpus:; list the GPUs there instead"
+                   if reserved.startswith("CUDA") else "")
             )
     # NOTE: an empty CUDA_VISIBLE_DEVICES hides every GPU, so a CPU-only process can never
     # grab GPU 0 by accident (torch does that when the variable is unset).

@@ -71,7 +71,7 @@ class ProcessSpec(_Strict):
     after: str | list[str] = Field(default_factory=list)
     ready: ReadySpec | None = None
     fatal: list[str] = Field(default_factory=list, description="regexes that mean failure")
-    stop: StopSpec = Field(default_factory=StopSpec)
+    stop: StopSpec = Field(default_factory=lambda: StopSpec())
 
     @field_validator("gpus")
     @classmethod
@@ -240,8 +240,9 @@ def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None) ->
         spec = PlaybookSpec.model_validate(raw)
     except ValidationError as exc:
         lines = validation_messages(doc, list(exc.errors()))
+        plural = "s" if len(lines) != 1 else ""
         raise ConfigError(
-            f"playbook {path} is not valid ({len(lines)} problem{'s' if len(lines) != 1 else ''}):\n"
+            f"playbook {path} is not valid ({len(lines)} problem{plural}):\n"
             + "\n".join(f"  - {line}" for line in lines)
         ) from None
     name = spec.name or path.stem

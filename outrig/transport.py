@@ -325,7 +325,8 @@ class SSHTransport(Transport):
             except paramiko.BadHostKeyException as exc:
                 conn.close()
                 path = known_hosts_path(self.host)
-                name = exc.hostname
+                # paramiko reports the bare hostname; known_hosts keys non-22 ports as [h]:p
+                name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
                 raise HostKeyError(
                     f"the host key of {name} has CHANGED: it now offers "
                     f"{fingerprint(exc.key)}, but {path} recorded {fingerprint(exc.expected_key)}."

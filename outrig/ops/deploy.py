@@ -17,8 +17,8 @@ from outrig.errors import PlanError, RemoteError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, host_facts, new_run_id, secret_values
-from outrig.playbook import find_playbook, load_job
 from outrig.plan import Plan, make_plan
+from outrig.playbook import find_playbook, load_job
 
 
 @dataclass

@@ -27,7 +27,7 @@ def test_shipped_smoke_playbook_loads_and_names_its_processes() -> None:
 
 
 def test_test_overrides_are_merged_only_with_test_flag() -> None:
-    assert load_job(SMOKE).spec.params["steps"] == 60
+    assert load_job(SMOKE).spec.params["steps"] == 400
     assert load_job(SMOKE, test=True).spec.params["steps"] == 5
 
 

@@ -1,0 +1,1880 @@
+"""outrig remote agent: the only code outrig runs on a box.
+
+One file, standard library only, Python >= 3.8, Linux only (/proc). It is never installed:
+each call sends it again and execs it (see docs/agent-protocol.md, which is the contract this
+file implements). It reads exactly one JSON line (the request) from stdin, does the whole step
+on the box and writes JSON-line events to stdout, flushed one by one. The last line is always a
+``result`` event; the agent exits 0 whenever it printed one.
+
+Ops: ``deploy``, ``cleanup``, ``status``, ``logs``, ``check``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+from typing import IO, Any, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
+
+PROTOCOL_VERSION = 1
+OPS = ("deploy", "cleanup", "status", "logs", "check")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+POLL_S = 0.05  # how often stop loops re-check /proc
+TICK_S = 0.1  # how often the readiness loop looks at logs and exits
+PROBE_EVERY_S = 0.5  # http/port readiness retry period (protocol: every 0.5 s)
+PROBE_TIMEOUT_S = 1.0  # http/port readiness per-try timeout (protocol: 1 s)
+KILL_WAIT_S = 10.0  # bounded wait for SIGKILLed processes to vanish (protocol: 10 s)
+EXCERPT_LINES = 20
+MAX_LINE_CHARS = 2000  # lines longer than this are cut in events (tqdm bars, JSON dumps)
+TAIL_MAX_BYTES = 4 << 20  # never scan more than this backwards for a tail
+FOLLOW_CHUNK = 1 << 20  # read at most this much new log per process per tick
+DEFAULT_READY_TIMEOUT = 300.0
+STOP_HEARTBEAT_S = 2.0
+DEFAULT_STOP_GRACE = 10.0
+MARKER_KEY = "OUTRIG_RUN"
+PROCESS_KEY = "OUTRIG_PROCESS"
+SWEEP_NAME = "(marker sweep)"
+
+JSONDict = Dict[str, Any]
+
+# The wrapper every process is started through. It is the session and group leader; it forwards
+# SIGTERM/SIGINT/SIGHUP to the real process and records how it ended in the exit file, so that
+# `status` can say "exited 1" instead of "gone". Python 3.8 compatible, stdlib only.
+WRAP_SOURCE = r'''"""outrig process wrapper (written by remote/agent.py; do not edit).
+
+Usage: python3 wrap.py EXIT_FILE -- ARGV...
+Runs ARGV as a child in this process group, forwards SIGTERM, SIGINT and SIGHUP to it, waits,
+then writes EXIT_FILE atomically as {"code": int|null, "signal": int|null, "ended": unix_time}
+and exits with the child's code (128+N when the child died of signal N).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def write_exit(path, code, sig):
+    data = json.dumps({"code": code, "signal": sig, "ended": time.time()}).encode()
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    if len(sys.argv) < 4 or sys.argv[2] != "--":
+        sys.stderr.write("usage: wrap.py EXIT_FILE -- ARGV...\n")
+        return 2
+    exit_file = sys.argv[1]
+    argv = sys.argv[3:]
+    state = {"child": None, "pending": []}
+
+    def forward(signum, frame):
+        child = state["child"]
+        if child is None:
+            state["pending"].append(signum)
+        elif child.returncode is None:
+            try:
+                os.kill(child.pid, signum)
+            except OSError:
+                pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    try:
+        child = subprocess.Popen(argv)
+    except (OSError, ValueError) as exc:
+        sys.stdout.write("outrig: cannot execute %r: %s\n" % (argv[0], exc))
+        sys.stdout.flush()
+        write_exit(exit_file, 127, None)
+        return 127
+    state["child"] = child
+    for signum in state["pending"]:
+        forward(signum, None)
+    rc = child.wait()
+    if rc < 0:
+        write_exit(exit_file, None, -rc)
+        return 128 - rc
+    write_exit(exit_file, rc, None)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+# --------------------------------------------------------------------------- errors and events
+
+
+class AgentError(Exception):
+    """An expected failure, reported as ``{"ok": false, "error": {...}}`` (protocol kinds)."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        process: Optional[str] = None,
+        excerpt: Optional[List[str]] = None,
+        exit_code: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.process = process
+        self.excerpt = list(excerpt or [])
+        self.exit_code = exit_code
+
+    def to_json(self) -> JSONDict:
+        """The ``error`` object of a failed result (and of a failed run.json)."""
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "process": self.process,
+            "excerpt": self.excerpt,
+            "exit_code": self.exit_code,
+        }
+
+
+def bad_request(message: str) -> AgentError:
+    """Shorthand: the request itself is wrong; nothing was touched."""
+    return AgentError("bad_request", message)
+
+
+class Emitter:
+    """Writes one JSON event per line and flushes each, so the workstation sees progress live.
+
+    If the channel is gone (the workstation disconnected), writes are dropped instead of
+    aborting: the step still finishes and leaves run.json consistent on the box.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Send ``{"event": event, "t": now, **fields}`` as one flushed line."""
+        obj: JSONDict = {"event": event, "t": round(time.time(), 3)}
+        obj.update(fields)
+        if self.broken:
+            return
+        line = json.dumps(obj, default=str) + "\n"
+        try:
+            self.stream.write(line.encode("ascii"))
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.broken = True
+
+    def step(self, msg: str) -> None:
+        """A phase starts."""
+        self.emit("step", msg=msg)
+
+    def warning(self, msg: str) -> None:
+        """Something the user should know about but that does not fail the step."""
+        self.emit("warning", msg=msg)
+
+
+# --------------------------------------------------------------------------- request validation
+
+
+def _is_num(value: Any) -> bool:
+    """JSON numbers, but not booleans (which Python counts as ints)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def get_dict(obj: JSONDict, key: str, where: str, required: bool = False) -> JSONDict:
+    """An object field (missing/null → {} unless required)."""
+    value = obj.get(key)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"{where}{key}: must be an object")
+    return value
+
+
+def get_str(obj: JSONDict, key: str, where: str) -> str:
+    """A required non-empty string field."""
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{where}{key}: must be a non-empty string")
+    return value
+
+
+def get_opt_str(obj: JSONDict, key: str, where: str) -> Optional[str]:
+    """An optional string field (missing or null → None)."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{where}{key}: must be a non-empty string or null")
+    return value
+
+
+def get_bool(obj: JSONDict, key: str, where: str, default: bool) -> bool:
+    """An optional boolean field."""
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{where}{key}: must be true or false")
+    return value
+
+
+def get_num(obj: JSONDict, key: str, where: str, default: float, positive: bool = False) -> float:
+    """An optional number field, >= 0 (or > 0 when ``positive``)."""
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not _is_num(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise bad_request(f"{where}{key}: must be a number {bound}")
+    return float(value)
+
+
+def get_int(obj: JSONDict, key: str, where: str, default: int, lo: int, hi: int) -> int:
+    """An optional integer field in [lo, hi]."""
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise bad_request(f"{where}{key}: must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def get_str_dict(obj: JSONDict, key: str, where: str) -> Dict[str, str]:
+    """An env-like mapping: keys are valid variable names, values strings without NUL.
+
+    Error messages name keys only, never values (values may be secrets).
+    """
+    raw = get_dict(obj, key, where)
+    out: Dict[str, str] = {}
+    for k, v in raw.items():
+        if not k or "=" in k or "\0" in k:
+            raise bad_request(f"{where}{key}: invalid variable name {k!r}")
+        if not isinstance(v, str) or "\0" in v:
+            raise bad_request(f"{where}{key}.{k}: must be a string without NUL bytes")
+        out[k] = v
+    return out
+
+
+def get_str_list(obj: JSONDict, key: str, where: str, nonempty: bool = False) -> List[str]:
+    """A list of strings (missing/null → [] unless ``nonempty``)."""
+    value = obj.get(key)
+    if value is None and not nonempty:
+        return []
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise bad_request(f"{where}{key}: must be a list of strings")
+    if nonempty and not value:
+        raise bad_request(f"{where}{key}: must not be empty")
+    return list(value)
+
+
+def get_name(obj: JSONDict, key: str, where: str) -> str:
+    """A name that is also used as a file name (playbook, run id, process name)."""
+    value = get_str(obj, key, where)
+    if not NAME_RE.match(value):
+        raise bad_request(
+            f"{where}{key}: {value!r} must be 1-128 characters of letters, digits, '.', '_', '-'"
+            " and start with a letter or digit"
+        )
+    return value
+
+
+def get_opt_name(obj: JSONDict, key: str, where: str) -> Optional[str]:
+    """An optional name (see :func:`get_name`)."""
+    if obj.get(key) is None:
+        return None
+    return get_name(obj, key, where)
+
+
+def compile_regex(pattern: str, field: str) -> re.Pattern[str]:
+    """Compile a user regex, turning a syntax error into a bad_request naming the field."""
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise bad_request(f"{field}: invalid regex {pattern!r}: {exc}") from None
+
+
+class ReadySpec:
+    """When a process counts as ready. Every condition that is set must hold (usually one)."""
+
+    def __init__(self, raw: JSONDict, where: str) -> None:
+        self.http = get_opt_str(raw, "http", where)
+        if self.http is not None and not self.http.startswith(("http://", "https://")):
+            raise bad_request(f"{where}http: must be an http:// or https:// URL")
+        self.log = get_opt_str(raw, "log", where)
+        self.log_re = compile_regex(self.log, where + "log") if self.log is not None else None
+        port = raw.get("port")
+        self.port: Optional[int] = None
+        if port is not None:
+            self.port = get_int(raw, "port", where, 0, 1, 65535)
+        self.exit = get_bool(raw, "exit", where, False)
+        self.timeout = get_num(raw, "timeout", where, DEFAULT_READY_TIMEOUT, positive=True)
+
+    def kinds(self) -> List[str]:
+        """The configured conditions, in a fixed order."""
+        out = []
+        if self.http is not None:
+            out.append("http")
+        if self.log is not None:
+            out.append("log")
+        if self.port is not None:
+            out.append("port")
+        if self.exit:
+            out.append("exit")
+        return out
+
+    def describe(self) -> str:
+        """Human text for timeout messages."""
+        parts = []
+        if self.http is not None:
+            parts.append(f"http {self.http}")
+        if self.log is not None:
+            parts.append(f"log /{self.log}/")
+        if self.port is not None:
+            parts.append(f"port {self.port}")
+        if self.exit:
+            parts.append("exit 0")
+        return ", ".join(parts) or "none"
+
+    def to_json(self) -> JSONDict:
+        """As recorded in the process record (and in run.json)."""
+        return {
+            "http": self.http,
+            "log": self.log,
+            "port": self.port,
+            "exit": self.exit,
+            "timeout": self.timeout,
+        }
+
+
+class ProcSpec:
+    """One process of a deploy request, validated."""
+
+    def __init__(self, raw: Any, index: int) -> None:
+        where = f"processes[{index}]."
+        if not isinstance(raw, dict):
+            raise bad_request(f"processes[{index}]: must be an object")
+        self.name = get_name(raw, "name", where)
+        self.argv = get_str_list(raw, "argv", where, nonempty=True)
+        if any("\0" in a for a in self.argv):
+            raise bad_request(f"{where}argv: arguments must not contain NUL bytes")
+        self.env = get_str_dict(raw, "env", where)
+        self.cwd = get_opt_str(raw, "cwd", where)
+        gpus = raw.get("gpus")
+        if gpus is None:
+            gpus = []
+        if not isinstance(gpus, list) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus
+        ):
+            raise bad_request(f"{where}gpus: must be a list of GPU indices (integers >= 0)")
+        self.gpus: List[int] = list(gpus)
+        self.after = get_str_list(raw, "after", where)
+        ready_raw = raw.get("ready")
+        self.ready: Optional[ReadySpec] = None
+        if ready_raw is not None:
+            if not isinstance(ready_raw, dict):
+                raise bad_request(f"{where}ready: must be an object or null")
+            self.ready = ReadySpec(ready_raw, where + "ready.")
+        self.fatal_src = get_str_list(raw, "fatal", where)
+        self.fatal = [compile_regex(p, f"{where}fatal[{i}]") for i, p in enumerate(self.fatal_src)]
+        self.stop_grace = get_num(raw, "stop_grace", where, DEFAULT_STOP_GRACE)
+
+
+class FileSpec:
+    """One file to write under the workdir, decoded up front so bad data fails before any I/O."""
+
+    def __init__(self, raw: Any, index: int) -> None:
+        where = f"files[{index}]."
+        if not isinstance(raw, dict):
+            raise bad_request(f"files[{index}]: must be an object")
+        path = get_str(raw, "path", where)
+        norm = os.path.normpath(path)
+        parts = norm.split(os.sep)
+        if os.path.isabs(path) or norm in (".", "") or ".." in parts or "\0" in path:
+            raise bad_request(f"{where}path: {path!r} must be a relative path inside the workdir")
+        if parts[0] in (".outrig", "runs"):
+            raise bad_request(f"{where}path: {path!r} is inside outrig's own '{parts[0]}/' dir")
+        self.path = norm
+        data = raw.get("data_b64")
+        if not isinstance(data, str):
+            raise bad_request(f"{where}data_b64: must be a base64 string")
+        try:
+            self.data = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request(f"{where}data_b64: not valid base64") from None
+        self.mode = get_int(raw, "mode", where, 0o644, 0, 0o7777)
+
+
+def topo_order(procs: List[ProcSpec]) -> List[ProcSpec]:
+    """Dependency order, stable with respect to the request order; cycles are a bad request."""
+    names = [p.name for p in procs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise bad_request(f"processes: duplicate name(s) {', '.join(dup)}")
+    for i, p in enumerate(procs):
+        for dep in p.after:
+            if dep not in names:
+                raise bad_request(f"processes[{i}].after: unknown process {dep!r}")
+            if dep == p.name:
+                raise bad_request(f"processes[{i}].after: {p.name!r} cannot wait for itself")
+    placed: List[ProcSpec] = []
+    done: Set[str] = set()
+    left = list(procs)
+    while left:
+        nxt = next((p for p in left if all(d in done for d in p.after)), None)
+        if nxt is None:
+            cyc = ", ".join(p.name for p in left)
+            raise bad_request(f"processes: dependency cycle among {cyc}")
+        placed.append(nxt)
+        done.add(nxt.name)
+        left.remove(nxt)
+    return placed
+
+
+class Request:
+    """The common request fields, validated; op-specific fields are read by each op."""
+
+    def __init__(self, raw: Any) -> None:
+        if not isinstance(raw, dict):
+            raise bad_request("request: must be a JSON object")
+        self.raw: JSONDict = raw
+        version = raw.get("v", PROTOCOL_VERSION)
+        if version != PROTOCOL_VERSION:
+            raise bad_request(f"v: unsupported protocol version {version!r} (agent speaks 1)")
+        op = raw.get("op")
+        if op not in OPS:
+            raise bad_request(f"op: must be one of {', '.join(OPS)}")
+        self.op: str = op
+        workdir = get_str(raw, "workdir", "")
+        if not os.path.isabs(workdir) or "\0" in workdir:
+            raise bad_request(f"workdir: {workdir!r} must be an absolute path")
+        self.workdir = os.path.normpath(workdir)
+        self.env = get_str_dict(raw, "env", "")
+
+
+def parse_request(line: bytes) -> Request:
+    """Decode the single request line."""
+    if not line.strip():
+        raise bad_request("request: expected one JSON line on stdin, got nothing")
+    try:
+        raw = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise bad_request(f"request: not valid JSON: {exc}") from None
+    return Request(raw)
+
+
+def apply_env(env: Dict[str, str]) -> None:
+    """Apply the host file's env to the agent itself, in order, expanding against the box env.
+
+    Done first so it affects tool lookup (nvidia-smi on PATH) and every launched process.
+    """
+    for key, value in env.items():
+        os.environ[key] = os.path.expandvars(value)
+
+
+# --------------------------------------------------------------------------- files and paths
+
+
+class Layout:
+    """Where things live under a workdir (one place, so every op agrees)."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.state = os.path.join(workdir, ".outrig")
+        self.lock = os.path.join(self.state, "lock")
+        self.wrap = os.path.join(self.state, "wrap.py")
+        self.current_dir = os.path.join(self.state, "current")
+        self.runs = os.path.join(workdir, "runs")
+
+    def current(self, playbook: str) -> str:
+        """The pointer file naming the current run of a playbook."""
+        return os.path.join(self.current_dir, playbook)
+
+    def run_dir(self, run_id: str) -> str:
+        """The directory of one run (run.json, logs/, exit/)."""
+        return os.path.join(self.runs, run_id)
+
+    def run_json(self, run_id: str) -> str:
+        """The run's manifest."""
+        return os.path.join(self.run_dir(run_id), "run.json")
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename durable; best effort (some filesystems refuse O_RDONLY dir fsync)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write via a tmp file in the same dir + fsync + chmod + rename: readers never see halves."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(directory)
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """run.json and friends: pretty enough for humans, written atomically."""
+    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+
+def read_json(path: str) -> Any:
+    """Parse a JSON file (errors propagate: callers decide if missing/corrupt is a warning)."""
+    with open(path, "rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def ensure_workdir(layout: Layout) -> None:
+    """Create the workdir and .outrig/ and prove we can write there (``workdir`` error if not)."""
+    path = layout.state
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".probe.{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.unlink(probe)
+    except OSError as exc:
+        text = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise AgentError(
+            "workdir", f"cannot create or write {layout.workdir}: {text} ({exc.filename or path})"
+        ) from None
+
+
+def read_pointer(layout: Layout, playbook: str) -> Optional[str]:
+    """The run id the playbook's current pointer names, if any."""
+    try:
+        with open(layout.current(playbook), encoding="utf-8") as f:
+            value = f.read().strip()
+    except OSError:
+        return None
+    return value if NAME_RE.match(value) else None
+
+
+def all_pointers(layout: Layout) -> Dict[str, str]:
+    """playbook → run id for every current pointer."""
+    try:
+        names = sorted(os.listdir(layout.current_dir))
+    except OSError:
+        return {}
+    out: Dict[str, str] = {}
+    for name in names:
+        if NAME_RE.match(name):
+            run_id = read_pointer(layout, name)
+            if run_id is not None:
+                out[name] = run_id
+    return out
+
+
+def clear_pointers(layout: Layout, run_id: str) -> None:
+    """Remove every current pointer that names this run (it has been stopped)."""
+    for playbook, rid in all_pointers(layout).items():
+        if rid == run_id:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(layout.current(playbook))
+
+
+def clean_line(raw: bytes) -> str:
+    """One log line for humans: decoded, last carriage-return segment (progress bars), capped."""
+    text = raw.decode("utf-8", errors="replace").rstrip("\r")
+    if "\r" in text:
+        text = text.rsplit("\r", 1)[-1]
+    if len(text) > MAX_LINE_CHARS:
+        text = text[:MAX_LINE_CHARS] + "…"
+    return text
+
+
+def tail_lines(path: str, count: int) -> List[str]:
+    """The last ``count`` lines of a file, reading blocks backwards from the end.
+
+    A multi-GB log is never read whole: at most TAIL_MAX_BYTES are scanned.
+    """
+    if count <= 0:
+        return []
+    chunks: List[bytes] = []
+    pos = 0
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            pos = end
+            newlines = 0
+            while pos > 0 and newlines <= count and end - pos < TAIL_MAX_BYTES:
+                size = min(8192, pos)
+                pos -= size
+                f.seek(pos)
+                chunk = f.read(size)
+                chunks.append(chunk)
+                newlines += chunk.count(b"\n")
+    except OSError:
+        return []
+    data = b"".join(reversed(chunks))
+    if pos > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1 :]  # first line is probably cut
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [clean_line(x) for x in lines[-count:]]
+
+
+class LogFollower:
+    """Follows a log from a byte offset, yielding complete lines (partial last line kept)."""
+
+    MAX_PARTIAL = 64 * 1024
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.partial = b""
+        self.last_line = ""
+
+    def read_new(self) -> List[str]:
+        """New complete lines since the last call (at most FOLLOW_CHUNK bytes per call)."""
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size < self.offset:  # truncated under us: start over
+                    self.offset = 0
+                    self.partial = b""
+                if size == self.offset:
+                    return []
+                f.seek(self.offset)
+                data = f.read(FOLLOW_CHUNK)
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        pieces = data.split(b"\n")
+        self.partial = pieces.pop()
+        if len(self.partial) > self.MAX_PARTIAL:  # a huge line without newline: treat as a line
+            pieces.append(self.partial)
+            self.partial = b""
+        lines = [clean_line(p) for p in pieces]
+        for line in reversed(lines):
+            if line.strip():
+                self.last_line = line
+                break
+        return lines
+
+    def flush(self) -> List[str]:
+        """The unterminated last line as a line (the writer has exited)."""
+        if not self.partial:
+            return []
+        line = clean_line(self.partial)
+        self.partial = b""
+        if line.strip():
+            self.last_line = line
+        return [line]
+
+    def latest(self) -> str:
+        """The most recent non-blank line seen (including an unfinished one)."""
+        if self.partial.strip():
+            return clean_line(self.partial)
+        return self.last_line
+
+
+# --------------------------------------------------------------------------- the box: facts, /proc
+
+
+def boot_id() -> str:
+    """This boot's id: pids and start ticks only mean something on the same boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _csv_int(text: str) -> Optional[int]:
+    """An nvidia-smi number; "[N/A]", "N/A" and the like become None."""
+    text = text.strip()
+    if not text or "N/A" in text or text.startswith("["):
+        return None
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def query_gpus() -> Tuple[List[JSONDict], Optional[str]]:
+    """GPUs as nvidia-smi (found on the env-extended PATH) reports them, or ([], why not)."""
+    exe = shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath))
+    if exe is None:
+        return [], "nvidia-smi not found on PATH"
+    query = "index,uuid,name,memory.total,memory.used,utilization.gpu"
+    try:
+        proc = subprocess.run(
+            [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return [], "nvidia-smi timed out after 10 s"
+    except OSError as exc:
+        return [], f"cannot run nvidia-smi: {exc}"
+    out = proc.stdout.decode("utf-8", errors="replace")
+    if proc.returncode != 0:
+        why = (proc.stderr.decode("utf-8", errors="replace") + out).strip().splitlines()
+        return [], f"nvidia-smi failed (exit {proc.returncode}): {why[0] if why else ''}".strip()
+    gpus: List[JSONDict] = []
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 6:
+            continue
+        index = _csv_int(cells[0])
+        if index is None:
+            continue
+        gpus.append(
+            {
+                "index": index,
+                "uuid": cells[1],
+                "name": ",".join(cells[2:-3]).strip(),  # names may contain commas
+                "memory_total_mib": _csv_int(cells[-3]),
+                "memory_used_mib": _csv_int(cells[-2]),
+                "utilization_pct": _csv_int(cells[-1]),
+            }
+        )
+    return gpus, None
+
+
+def gather_facts() -> JSONDict:
+    """What the box is (the ``facts`` event)."""
+    gpus, gpu_error = query_gpus()
+    return {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "boot_id": boot_id(),
+        "gpus": gpus,
+        "gpu_error": gpu_error,
+    }
+
+
+class ProcStat(NamedTuple):
+    """The fields of /proc/PID/stat that ownership decisions need."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    state: str
+
+    def live(self) -> bool:
+        """Zombies still have a stat file but are not running (PID 1 may never reap them)."""
+        return self.state not in ("Z", "X", "x")
+
+
+def read_stat(pid: int) -> Optional[ProcStat]:
+    """Parse /proc/PID/stat. comm may hold spaces and ')', so split after the last ')'."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        rest = data[data.rindex(b")") + 2 :].split()
+        return ProcStat(
+            pid=pid,
+            ppid=int(rest[1]),
+            pgid=int(rest[2]),
+            sid=int(rest[3]),
+            start_ticks=int(rest[19]),  # field 22 overall; rest starts at field 3
+            state=rest[0].decode("ascii", errors="replace"),
+        )
+    except (ValueError, IndexError):
+        return None
+
+
+def scan_procs() -> Iterator[ProcStat]:
+    """Every process visible in /proc (vanished ones are skipped)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit():
+            st = read_stat(int(name))
+            if st is not None:
+                yield st
+
+
+def read_markers(pid: int) -> Tuple[Optional[str], Optional[str]]:
+    """(OUTRIG_RUN, OUTRIG_PROCESS) from /proc/PID/environ; unreadable → (None, None)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None, None
+    run: Optional[str] = None
+    proc: Optional[str] = None
+    run_prefix = (MARKER_KEY + "=").encode()
+    proc_prefix = (PROCESS_KEY + "=").encode()
+    for entry in data.split(b"\0"):
+        if entry.startswith(run_prefix):
+            run = entry[len(run_prefix) :].decode("utf-8", errors="replace")
+        elif entry.startswith(proc_prefix):
+            proc = entry[len(proc_prefix) :].decode("utf-8", errors="replace")
+    return run, proc
+
+
+def own_lineage() -> Set[int]:
+    """The agent and all its ancestors: never signalled, whatever their environment says."""
+    out = {0, 1, os.getpid()}
+    pid = os.getppid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        st = read_stat(pid)
+        if st is None:
+            break
+        pid = st.ppid
+    return out
+
+
+# --------------------------------------------------------------------------- lock
+
+
+class WorkdirLock:
+    """``<workdir>/.outrig/lock``: one deploy/cleanup at a time per workdir.
+
+    fcntl.flock, polled until the timeout; the holder writes its pid and op in the file so a
+    waiting agent can name it. The fd is not inheritable, so launched processes never hold it.
+    """
+
+    def __init__(self, layout: Layout, op: str, timeout: float) -> None:
+        self.path = layout.lock
+        self.op = op
+        self.timeout = timeout
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> WorkdirLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    os.close(fd)
+                    raise
+            if time.monotonic() >= deadline:
+                holder = self._holder(fd)
+                os.close(fd)
+                raise AgentError(
+                    "lock",
+                    f"{self.path} is held by {holder}; waited {self.timeout:g} s"
+                    " (another deploy or cleanup is running on this workdir)",
+                )
+            time.sleep(0.1)
+        info = {"pid": os.getpid(), "op": self.op, "since": round(time.time(), 3)}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        self.fd = fd
+        return self
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        """Who holds the lock, from what it wrote into the file."""
+        try:
+            raw = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip()
+            info = json.loads(raw)
+            if isinstance(info, dict):
+                since = info.get("since")
+                when = ""
+                if _is_num(since):
+                    when = f" since {time.strftime('%H:%M:%S', time.localtime(since))}"
+                return f"pid {info.get('pid')} (op {info.get('op')}{when})"
+        except (OSError, ValueError):
+            pass
+        return "an unknown process"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)  # still holding the lock: nobody else's content
+            os.close(self.fd)  # releases the flock
+            self.fd = None
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+class Stopper:
+    """Stops runs exactly as the protocol says, signalling only what is proven ours.
+
+    ``popens`` are children of this agent (launched in this call): they are polled while
+    waiting so they do not linger as zombies.
+    """
+
+    def __init__(self, out: Emitter, popens: Optional[Dict[int, subprocess.Popen[bytes]]] = None):
+        self.out = out
+        self.popens = popens if popens is not None else {}
+        self.protected = own_lineage()
+        self.boot = boot_id()
+        self.marker_cache: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str]]] = {}
+        own_pgid = os.getpgid(0)
+        self.protected_groups = {own_pgid}
+        for pid in self.protected:
+            st = read_stat(pid)
+            if st is not None:
+                self.protected_groups.add(st.pgid)
+
+    # -- small helpers
+
+    def reap(self) -> None:
+        """Collect exited children of this agent (never blocks)."""
+        for popen in self.popens.values():
+            popen.poll()
+
+    def markers(self, st: ProcStat) -> Tuple[Optional[str], Optional[str]]:
+        """Markers of a process, cached per (pid, start ticks): environ is read once."""
+        key = (st.pid, st.start_ticks)
+        if key not in self.marker_cache:
+            self.marker_cache[key] = read_markers(st.pid)
+        return self.marker_cache[key]
+
+    def kill(self, pid: int, sig: int) -> None:
+        """Signal one proven-ours pid; vanished pids and permission errors are ignored."""
+        if pid in self.protected or pid <= 1:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+    def killpg(self, pgid: int, sig: int) -> None:
+        """Signal a proven-ours group, unless the agent or an ancestor is in it."""
+        if pgid <= 1 or pgid in self.protected_groups:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def leader_state(self, rec: JSONDict) -> str:
+        """``alive`` (ticks match), ``reused`` (pid is someone else's) or ``gone``."""
+        if rec.get("boot_id") and rec.get("boot_id") != self.boot:
+            return "gone"
+        st = read_stat(rec["pid"])
+        if st is None:
+            return "gone"
+        if st.start_ticks != rec["start_ticks"]:
+            return "reused"
+        return "alive" if st.live() else "gone"
+
+    def members(self, run_id: str, rec: JSONDict, leader: str) -> Set[int]:
+        """Live processes of this record other than its leader, by the ownership rules."""
+        pid = rec["pid"]
+        ticks = rec["start_ticks"]
+        same_boot = not rec.get("boot_id") or rec.get("boot_id") == self.boot
+        out: Set[int] = set()
+        for st in scan_procs():
+            if st.pid == pid or st.pid in self.protected or not st.live():
+                continue
+            if (
+                same_boot
+                and leader != "reused"
+                and (st.pgid == pid or st.sid == pid)
+                and st.start_ticks >= ticks
+            ):
+                out.add(st.pid)
+                continue
+            run, name = self.markers(st)
+            if run == run_id and name == rec["name"]:
+                out.add(st.pid)
+        return out
+
+    def marked(self, run_id: str) -> Set[int]:
+        """Every live process carrying OUTRIG_RUN=run_id (not the agent or its ancestors)."""
+        out: Set[int] = set()
+        for st in scan_procs():
+            if st.pid in self.protected or not st.live():
+                continue
+            if self.markers(st)[0] == run_id:
+                out.add(st.pid)
+        return out
+
+    # -- the procedure
+
+    def stop_record(self, run_id: str, rec: JSONDict) -> JSONDict:
+        """Stop one recorded process: TERM the leader, wait grace, KILL group/session/marked."""
+        t0 = time.monotonic()
+        pid: int = rec["pid"]
+        grace_raw = rec.get("stop_grace")
+        grace = DEFAULT_STOP_GRACE
+        if isinstance(grace_raw, (int, float)) and grace_raw >= 0:
+            grace = float(grace_raw)
+        leader = self.leader_state(rec)
+        how = "gone"
+        stragglers: Set[int] = set()
+        if leader == "reused":
+            return self._stopped(run_id, rec["name"], "reused", t0, 0)
+        killed_leader = False
+        if leader == "alive":
+            self.kill(pid, signal.SIGTERM)
+            deadline = t0 + grace
+            next_beat = t0 + STOP_HEARTBEAT_S
+            while self.leader_state(rec) == "alive" and time.monotonic() < deadline:
+                self.reap()
+                if time.monotonic() >= next_beat:
+                    # A trainer may take minutes to save its interrupt checkpoint; keep the
+                    # workstation informed (and its dead-link detector quiet) meanwhile.
+                    next_beat += STOP_HEARTBEAT_S
+                    self.out.emit(
+                        "stopping", process=rec["name"], run_id=run_id,
+                        elapsed=round(time.monotonic() - t0, 1), grace=grace,
+                    )
+                time.sleep(POLL_S)
+            self.reap()
+            if self.leader_state(rec) == "alive":
+                how = "kill"
+                killed_leader = True
+                rest = self.members(run_id, rec, "alive")  # counted before killpg hides them
+                stragglers |= rest
+                self.killpg(pid, signal.SIGKILL)
+                self.kill(pid, signal.SIGKILL)
+                for other in rest:
+                    self.kill(other, signal.SIGKILL)
+            else:
+                how = "term"
+        deadline = time.monotonic() + KILL_WAIT_S
+        while True:
+            self.reap()
+            state = self.leader_state(rec)
+            rest = self.members(run_id, rec, state)
+            if not rest and state != "alive":
+                break
+            if time.monotonic() >= deadline:
+                left = sorted(rest | ({pid} if state == "alive" else set()))
+                self.out.warning(
+                    f"{rec['name']} (run {run_id}): pids {left} still alive {KILL_WAIT_S:g} s"
+                    " after SIGKILL (stuck in the kernel?)"
+                )
+                break
+            how = "kill"
+            if state == "alive":
+                killed_leader = True
+                self.killpg(pid, signal.SIGKILL)
+                self.kill(pid, signal.SIGKILL)
+            for other in rest:
+                self.kill(other, signal.SIGKILL)
+            stragglers |= rest
+            time.sleep(POLL_S)
+        if killed_leader:
+            self._note_killed(rec)
+        return self._stopped(run_id, rec["name"], how, t0, len(stragglers))
+
+    def _note_killed(self, rec: JSONDict) -> None:
+        """The wrapper was SIGKILLed so it wrote no exit file: write one saying so."""
+        path = rec.get("exit_file")
+        if isinstance(path, str) and not os.path.exists(path):
+            with contextlib.suppress(OSError):
+                write_json_atomic(
+                    path, {"code": None, "signal": 9, "ended": time.time(), "by": "outrig"}
+                )
+
+    def _stopped(self, run_id: str, name: str, how: str, t0: float, stragglers: int) -> JSONDict:
+        """Emit ``stopped`` and return the per-process cleanup record."""
+        seconds = round(time.monotonic() - t0, 2)
+        self.out.emit(
+            "stopped", process=name, run_id=run_id, how=how, seconds=seconds, stragglers=stragglers
+        )
+        return {"process": name, "how": how, "seconds": seconds, "stragglers": stragglers}
+
+    def sweep(self, run_id: str, grace: float) -> Optional[JSONDict]:
+        """Stop whatever still carries the run's marker (TERM, grace, KILL); None if nothing."""
+        found = self.marked(run_id)
+        if not found:
+            return None
+        t0 = time.monotonic()
+        for pid in found:
+            self.kill(pid, signal.SIGTERM)
+        deadline = t0 + grace
+        how = "term"
+        seen = set(found)
+        while time.monotonic() < deadline:
+            self.reap()
+            if not self.marked(run_id):
+                break
+            time.sleep(POLL_S)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while True:
+            self.reap()
+            left = self.marked(run_id)
+            if not left:
+                break
+            if time.monotonic() >= deadline:
+                self.out.warning(f"run {run_id}: pids {sorted(left)} survived SIGKILL")
+                break
+            how = "kill"
+            seen |= left
+            for pid in left:
+                self.kill(pid, signal.SIGKILL)
+            time.sleep(POLL_S)
+        return self._stopped(run_id, SWEEP_NAME, how, t0, len(seen))
+
+    def stop_run(
+        self, run_id: str, records: Optional[List[JSONDict]], sweep_grace: float
+    ) -> List[JSONDict]:
+        """Stop a run's records in reverse start order, then sweep its marker."""
+        results: List[JSONDict] = []
+        for rec in reversed(records or []):
+            results.append(self.stop_record(run_id, rec))
+        swept = self.sweep(run_id, sweep_grace)
+        if swept is not None:
+            results.append(swept)
+        return results
+
+
+def valid_record(rec: Any) -> bool:
+    """A process record we can act on (pid, ticks, name of the right types)."""
+    return (
+        isinstance(rec, dict)
+        and isinstance(rec.get("name"), str)
+        and isinstance(rec.get("pid"), int)
+        and not isinstance(rec.get("pid"), bool)
+        and rec["pid"] > 1
+        and isinstance(rec.get("start_ticks"), int)
+        and not isinstance(rec.get("start_ticks"), bool)
+    )
+
+
+def load_run(layout: Layout, run_id: str, out: Emitter) -> Optional[JSONDict]:
+    """run.json of a run, or None with a warning when it is missing or corrupt."""
+    path = layout.run_json(run_id)
+    try:
+        run = read_json(path)
+    except FileNotFoundError:
+        out.warning(f"run {run_id}: {path} is missing; sweeping for its marker only")
+        return None
+    except (OSError, ValueError) as exc:
+        out.warning(f"run {run_id}: {path} is unreadable ({exc}); sweeping for its marker only")
+        return None
+    if not isinstance(run, dict) or not isinstance(run.get("processes"), list):
+        out.warning(f"run {run_id}: {path} is corrupt; sweeping for its marker only")
+        return None
+    return run
+
+
+def stop_run_by_id(
+    layout: Layout, run_id: str, stopper: Stopper, out: Emitter, sweep_grace: Optional[float]
+) -> JSONDict:
+    """Stop one run (by its run.json, or by marker only), mark it stopped, clear pointers."""
+    run = load_run(layout, run_id, out)
+    records: List[JSONDict] = []
+    if run is not None:
+        for rec in run["processes"]:
+            if valid_record(rec):
+                records.append(rec)
+            else:
+                out.warning(f"run {run_id}: skipping a malformed process record")
+    grace = sweep_grace
+    if grace is None:
+        graces = [float(r["stop_grace"]) for r in records if _is_num(r.get("stop_grace"))]
+        grace = max(graces) if graces else DEFAULT_STOP_GRACE
+    results = stopper.stop_run(run_id, records, grace)
+    if run is not None:
+        run["status"] = "stopped"
+        run["stopped_at"] = round(time.time(), 3)
+        try:
+            write_json_atomic(layout.run_json(run_id), run)
+        except OSError as exc:
+            out.warning(f"run {run_id}: cannot update run.json: {exc}")
+    clear_pointers(layout, run_id)
+    return {"run_id": run_id, "processes": results}
+
+
+# --------------------------------------------------------------------------- readiness probes
+
+
+def probe_http(url: str) -> bool:
+    """GET returns 2xx within 1 s (proxies ignored: the URL is on the box)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=PROBE_TIMEOUT_S) as resp:
+            return 200 <= int(resp.status) < 300
+    except Exception:  # URLError, HTTPError, timeouts, resets, bad status lines...
+        return False
+
+
+def probe_port(port: int) -> bool:
+    """A TCP connect to 127.0.0.1:port succeeds within 1 s."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def read_exit_file(path: str) -> Optional[Tuple[Optional[int], Optional[int]]]:
+    """(code, signal) from a wrapper's exit file, or None if absent/unreadable."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    code = data.get("code")
+    sig = data.get("signal")
+    return (
+        code if isinstance(code, int) and not isinstance(code, bool) else None,
+        sig if isinstance(sig, int) and not isinstance(sig, bool) else None,
+    )
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+class Watch:
+    """A process launched in this call, and what we know about its readiness."""
+
+    def __init__(
+        self, spec: ProcSpec, popen: subprocess.Popen[bytes], record: JSONDict, log_offset: int
+    ) -> None:
+        self.spec = spec
+        self.popen = popen
+        self.record = record
+        self.follower = LogFollower(record["log"], log_offset)
+        self.t0 = time.monotonic()
+        self.kinds = spec.ready.kinds() if spec.ready is not None else []
+        self.met: Set[str] = set()
+        self.ready = not self.kinds
+        self.ended = False
+        self.next_probe = 0.0
+
+    def elapsed(self) -> float:
+        """Seconds since launch."""
+        return round(time.monotonic() - self.t0, 2)
+
+    def exit_status(self) -> Tuple[Optional[int], Optional[int]]:
+        """(code, signal) of the ended process: the exit file, else the wrapper's own status."""
+        status = read_exit_file(self.record["exit_file"])
+        if status is not None:
+            return status
+        rc = self.popen.returncode
+        if rc is None:
+            return None, None
+        return (rc, None) if rc >= 0 else (None, -rc)
+
+
+class Deployment:
+    """Steps 6-9 of a deploy: create the run, launch in order, wait, record."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        out: Emitter,
+        run: JSONDict,
+        procs: List[ProcSpec],
+        secrets: Dict[str, str],
+        wait: bool,
+        progress_interval: float,
+    ) -> None:
+        self.layout = layout
+        self.out = out
+        self.run = run
+        self.run_id: str = run["run_id"]
+        self.run_dir = layout.run_dir(self.run_id)
+        self.procs = procs
+        self.secrets = secrets
+        self.wait = wait
+        self.progress_interval = progress_interval
+        self.popens: Dict[int, subprocess.Popen[bytes]] = {}
+        self.watches: Dict[str, Watch] = {}
+        self.order: List[str] = []
+
+    def save(self) -> None:
+        """Rewrite run.json atomically (after every change the workstation might need)."""
+        write_json_atomic(os.path.join(self.run_dir, "run.json"), self.run)
+
+    def execute(self) -> List[JSONDict]:
+        """Launch everything in dependency order, waiting where needed; return the records."""
+        needed_by_others = {dep for p in self.procs for dep in p.after}
+        for spec in topo_order(self.procs):
+            if spec.after:
+                self.wait_for(set(spec.after))
+            self.launch(spec)
+        if self.wait:
+            self.wait_for(set(self.watches))
+        else:
+            self.wait_for(needed_by_others)
+        return [self.watches[n].record for n in self.order]
+
+    def process_env(self, spec: ProcSpec) -> Dict[str, str]:
+        """Agent env + process env + secrets + the run markers (markers win)."""
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.update(self.secrets)
+        env[MARKER_KEY] = self.run_id
+        env[PROCESS_KEY] = spec.name
+        return env
+
+    def resolve_cwd(self, spec: ProcSpec) -> str:
+        """null → workdir; relative → under workdir; created if missing."""
+        cwd = self.layout.workdir
+        if spec.cwd is not None:
+            cwd = os.path.normpath(os.path.join(self.layout.workdir, spec.cwd))
+        try:
+            os.makedirs(cwd, exist_ok=True)
+        except OSError as exc:
+            raise AgentError(
+                "workdir", f"cannot create cwd {cwd} for {spec.name}: {exc.strerror}", spec.name
+            ) from None
+        return cwd
+
+    def launch(self, spec: ProcSpec) -> None:
+        """Start one process through the wrapper in its own session; record it at once."""
+        log = os.path.join(self.run_dir, "logs", f"{spec.name}.log")
+        exit_file = os.path.join(self.run_dir, "exit", f"{spec.name}.json")
+        cwd = self.resolve_cwd(spec)
+        self.out.step(f"launching {spec.name}")
+        with open(log, "ab") as logf:
+            offset = logf.seek(0, os.SEEK_END)
+            popen = subprocess.Popen(
+                [sys.executable, self.layout.wrap, exit_file, "--", *spec.argv],
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=self.process_env(spec),
+                close_fds=True,
+                start_new_session=True,
+            )
+        self.popens[popen.pid] = popen
+        # Not yet polled, so even a wrapper that already died is a zombie whose stat is readable.
+        st = read_stat(popen.pid)
+        if st is None:
+            raise RuntimeError(f"/proc/{popen.pid}/stat unreadable right after launch")
+        record: JSONDict = {
+            "name": spec.name,
+            "pid": popen.pid,
+            "pgid": st.pgid,
+            "sid": st.sid,
+            "start_ticks": st.start_ticks,
+            "boot_id": boot_id(),
+            "argv": list(spec.argv),
+            "env_keys": [*sorted(set(spec.env) | set(self.secrets)), MARKER_KEY, PROCESS_KEY],
+            "cwd": cwd,
+            "gpus": list(spec.gpus),
+            "log": log,
+            "exit_file": exit_file,
+            "started_at": round(time.time(), 3),
+            "stop_grace": spec.stop_grace,
+            "ready": spec.ready.to_json() if spec.ready is not None else None,
+        }
+        self.run["processes"].append(record)
+        self.save()
+        self.order.append(spec.name)
+        watch = Watch(spec, popen, record, offset)
+        self.watches[spec.name] = watch
+        self.out.emit("launched", process=spec.name, pid=popen.pid, pgid=st.pgid, sid=st.sid)
+        if watch.ready:
+            self.out.emit("ready", process=spec.name, elapsed=0.0, via="none")
+
+    def fail(self, watch: Watch, kind: str, message: str, code: Optional[int]) -> AgentError:
+        """An error about one process, with its last log lines."""
+        excerpt = tail_lines(watch.record["log"], EXCERPT_LINES)
+        return AgentError(kind, message, watch.spec.name, excerpt, code)
+
+    def scan_lines(self, watch: Watch, lines: List[str]) -> None:
+        """Fatal patterns (raise ``fatal_log``) and the log readiness regex, line by line."""
+        spec = watch.spec
+        log_re = spec.ready.log_re if spec.ready is not None else None
+        for line in lines:
+            for rx in spec.fatal:
+                if rx.search(line):
+                    raise self.fail(
+                        watch,
+                        "fatal_log",
+                        f"{spec.name} logged a fatal line (matches /{rx.pattern}/): {line}",
+                        None,
+                    )
+            if log_re is not None and log_re.search(line):
+                watch.met.add("log")
+
+    def check(self, watch: Watch) -> None:
+        """One look at a launched process: fatal lines, readiness, early exit (raises)."""
+        spec = watch.spec
+        ready = spec.ready
+        # Poll before reading: whatever the process wrote before it exited is then in the file.
+        exited = not watch.ended and watch.popen.poll() is not None
+        self.scan_lines(watch, watch.follower.read_new())
+        while exited:  # drain the rest, including an unterminated last line
+            more = watch.follower.read_new()
+            if not more:
+                self.scan_lines(watch, watch.follower.flush())
+                break
+            self.scan_lines(watch, more)
+        if exited:
+            watch.ended = True
+            code, sig = watch.exit_status()
+            if "exit" in watch.kinds and code == 0:
+                watch.met.add("exit")
+            elif not (watch.ready and code == 0):
+                what = f"exited with code {code}" if sig is None else f"was killed by signal {sig}"
+                when = "after it was ready" if watch.ready else "before it was ready"
+                raise self.fail(watch, "exited", f"{spec.name} {what} {when}", code)
+        if watch.ready or ready is None:
+            return
+        now = time.monotonic()
+        if ("http" in watch.kinds or "port" in watch.kinds) and now >= watch.next_probe:
+            watch.next_probe = now + PROBE_EVERY_S
+            if ready.http is not None and "http" not in watch.met and probe_http(ready.http):
+                watch.met.add("http")
+            if ready.port is not None and "port" not in watch.met and probe_port(ready.port):
+                watch.met.add("port")
+        if all(k in watch.met for k in watch.kinds):
+            watch.ready = True
+            self.out.emit(
+                "ready", process=spec.name, elapsed=watch.elapsed(), via="+".join(watch.kinds)
+            )
+        elif watch.ended:
+            code, _ = watch.exit_status()
+            raise self.fail(watch, "exited", f"{spec.name} exited before it was ready", code)
+
+    def wait_for(self, names: Set[str]) -> None:
+        """Wait until every named process is ready, watching all launched ones meanwhile."""
+        next_beat = time.monotonic() + self.progress_interval
+        while True:
+            for name in self.order:
+                self.check(self.watches[name])
+            pending = [self.watches[n] for n in self.order if n in names]
+            pending = [w for w in pending if not w.ready]
+            if not pending:
+                return
+            now = time.monotonic()
+            for w in pending:
+                assert w.spec.ready is not None  # not ready implies a spec
+                if now - w.t0 >= w.spec.ready.timeout:
+                    raise self.fail(
+                        w,
+                        "timeout",
+                        f"{w.spec.name} not ready after {w.spec.ready.timeout:g} s"
+                        f" (waiting for {w.spec.ready.describe()})",
+                        None,
+                    )
+            if now >= next_beat:
+                next_beat = now + self.progress_interval
+                for w in pending:
+                    assert w.spec.ready is not None
+                    self.out.emit(
+                        "waiting",
+                        process=w.spec.name,
+                        elapsed=w.elapsed(),
+                        timeout=w.spec.ready.timeout,
+                        last_line=w.follower.latest(),
+                    )
+            time.sleep(TICK_S)
+
+
+def check_gpus(procs: List[ProcSpec], gpus: List[JSONDict]) -> None:
+    """Every GPU index a process names must exist (only when the box reports GPUs)."""
+    if not gpus:
+        return
+    have = sorted(g["index"] for g in gpus)
+    if have == list(range(have[0], have[-1] + 1)):
+        span = f"{have[0]}-{have[-1]}" if len(have) > 1 else str(have[0])
+    else:
+        span = ",".join(str(i) for i in have)
+    for p in procs:
+        for idx in p.gpus:
+            if idx not in have:
+                raise AgentError(
+                    "gpu",
+                    f"process {p.name} wants GPU {idx} but the box has {len(have)} ({span})",
+                    p.name,
+                )
+
+
+def write_files(layout: Layout, files: List[FileSpec], out: Emitter) -> None:
+    """Step 4: wrap.py and the request's files, each atomically (``workdir`` error naming it)."""
+    todo = [(layout.wrap, WRAP_SOURCE.encode("utf-8"), 0o644)]
+    todo += [(os.path.join(layout.workdir, f.path), f.data, f.mode) for f in files]
+    if files:
+        out.step(f"writing {len(files)} file{'s' if len(files) != 1 else ''}")
+    for path, data, mode in todo:
+        try:
+            write_atomic(path, data, mode)
+        except OSError as exc:
+            text = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise AgentError("workdir", f"cannot write {path}: {text}") from None
+
+
+def op_deploy(req: Request, out: Emitter) -> JSONDict:
+    """Push files, stop the previous run of the playbook, launch, wait; see the protocol."""
+    raw = req.raw
+    playbook = get_name(raw, "playbook", "")
+    run_id = get_name(raw, "run_id", "")
+    secrets = get_str_dict(raw, "secrets", "")
+    files_raw = raw.get("files") or []
+    if not isinstance(files_raw, list):
+        raise bad_request("files: must be a list")
+    files = [FileSpec(f, i) for i, f in enumerate(files_raw)]
+    procs_raw = raw.get("processes")
+    if not isinstance(procs_raw, list):
+        raise bad_request("processes: must be a list")
+    procs = [ProcSpec(p, i) for i, p in enumerate(procs_raw)]
+    topo_order(procs)  # validate names and dependencies now, before touching anything
+    wait = get_bool(raw, "wait", "", True)
+    lock_timeout = get_num(raw, "lock_timeout", "", 10.0)
+    progress = get_num(raw, "progress_interval", "", 1.0, positive=True)
+    layout = Layout(req.workdir)
+    if os.path.lexists(layout.run_dir(run_id)):
+        raise bad_request(f"run_id: {run_id} already exists in {layout.runs}")
+    ensure_workdir(layout)
+    facts = gather_facts()
+    out.emit("facts", **facts)
+    check_gpus(procs, facts["gpus"])
+
+    with WorkdirLock(layout, "deploy", lock_timeout):
+        write_files(layout, files, out)
+        previous = read_pointer(layout, playbook)
+        if previous is not None:
+            out.step(f"stopping previous run {previous}")
+            stop_run_by_id(layout, previous, Stopper(out), out, None)
+        run_dir = layout.run_dir(run_id)
+        try:
+            os.makedirs(run_dir)
+            os.makedirs(os.path.join(run_dir, "logs"))
+            os.makedirs(os.path.join(run_dir, "exit"))
+        except FileExistsError:
+            raise bad_request(f"run_id: {run_id} already exists in {layout.runs}") from None
+        run: JSONDict = {
+            "v": PROTOCOL_VERSION,
+            "run_id": run_id,
+            "playbook": playbook,
+            "marker": f"{MARKER_KEY}={run_id}",
+            "created": round(time.time(), 3),
+            "status": "launching",
+            "processes": [],
+            "manifest": raw.get("manifest"),
+        }
+        deployment = Deployment(layout, out, run, procs, secrets, wait, progress)
+        deployment.save()
+        write_atomic(layout.current(playbook), (run_id + "\n").encode())
+        try:
+            records = deployment.execute()
+        except BaseException as exc:
+            error = exc if isinstance(exc, AgentError) else internal_error(exc)
+            out.step(f"deploy failed ({error.kind}); stopping what was launched")
+            stopper = Stopper(out, deployment.popens)
+            launched = [r for r in run["processes"] if valid_record(r)]
+            graces = [float(r["stop_grace"]) for r in launched] or [DEFAULT_STOP_GRACE]
+            stopper.stop_run(run_id, launched, max(graces))
+            run["status"] = "failed"
+            run["error"] = error.to_json()
+            deployment.save()
+            raise
+        run["status"] = "running"
+        deployment.save()
+    return {"run_id": run_id, "run_dir": run_dir, "processes": records}
+
+
+# --------------------------------------------------------------------------- other ops
+
+
+def op_cleanup(req: Request, out: Emitter) -> JSONDict:
+    """Stop the chosen run(s): run_id, else the playbook's current run, else (all) every run."""
+    raw = req.raw
+    playbook = get_opt_name(raw, "playbook", "")
+    run_id = get_opt_name(raw, "run_id", "")
+    everything = get_bool(raw, "all", "", False)
+    lock_timeout = get_num(raw, "lock_timeout", "", 10.0)
+    sweep_grace: Optional[float] = None
+    if raw.get("stop_grace") is not None:  # extension: grace for the marker sweep
+        sweep_grace = get_num(raw, "stop_grace", "", DEFAULT_STOP_GRACE)
+    if run_id is None and playbook is None and not everything:
+        raise bad_request("cleanup: give run_id, playbook or all: true")
+    layout = Layout(req.workdir)
+    ensure_workdir(layout)
+    with WorkdirLock(layout, "cleanup", lock_timeout):
+        if run_id is not None:
+            targets = [run_id]
+        elif playbook is not None:
+            current = read_pointer(layout, playbook)
+            if current is None:
+                out.warning(f"playbook {playbook} has no current run; nothing to stop")
+            targets = [current] if current is not None else []
+        else:
+            targets = runs_to_stop(layout)
+        stopper = Stopper(out)
+        runs = []
+        for rid in targets:
+            out.step(f"stopping run {rid}")
+            runs.append(stop_run_by_id(layout, rid, stopper, out, sweep_grace))
+    return {"runs": runs}
+
+
+def list_run_ids(layout: Layout) -> List[str]:
+    """Run directories under runs/, sorted by name (run ids start with a timestamp)."""
+    try:
+        names = os.listdir(layout.runs)
+    except OSError:
+        return []
+    return sorted(n for n in names if NAME_RE.match(n) and os.path.isdir(layout.run_dir(n)))
+
+
+def runs_to_stop(layout: Layout) -> List[str]:
+    """For ``all``: every run not already ``stopped`` (unreadable ones too), newest first."""
+    ids = set(all_pointers(layout).values())
+    for rid in list_run_ids(layout):
+        try:
+            run = read_json(layout.run_json(rid))
+            if isinstance(run, dict) and run.get("status") == "stopped":
+                continue
+        except (OSError, ValueError):
+            pass
+        ids.add(rid)
+    return sorted(ids, reverse=True)
+
+
+def process_state(rec: JSONDict, stopper: Stopper, log_lines: int) -> JSONDict:
+    """One process's state for ``status``: running / exited / killed / gone."""
+    now = time.time()
+    state = "gone"
+    exit_code: Optional[int] = None
+    sig: Optional[int] = None
+    uptime: Optional[float] = None
+    ready: Optional[bool] = None
+    if valid_record(rec) and stopper.leader_state(rec) == "alive":
+        state = "running"
+        started = rec.get("started_at")
+        if isinstance(started, (int, float)):
+            uptime = round(now - started, 1)
+        spec = rec.get("ready")
+        if isinstance(spec, dict):
+            checks = []
+            if isinstance(spec.get("http"), str):
+                checks.append(probe_http(spec["http"]))
+            port = spec.get("port")
+            if isinstance(port, int) and not isinstance(port, bool):
+                checks.append(probe_port(port))
+            if checks:
+                ready = all(checks)
+    else:
+        exit_file = rec.get("exit_file")
+        status = read_exit_file(exit_file) if isinstance(exit_file, str) else None
+        if status is not None:
+            exit_code, sig = status
+            state = "killed" if sig is not None else "exited"
+    log = rec.get("log")
+    return {
+        "name": rec.get("name"),
+        "pid": rec.get("pid"),
+        "state": state,
+        "exit_code": exit_code,
+        "signal": sig,
+        "uptime": uptime,
+        "ready": ready,
+        "log_tail": tail_lines(log, log_lines) if isinstance(log, str) else [],
+    }
+
+
+def resolve_run(layout: Layout, playbook: Optional[str], run_id: Optional[str]) -> str:
+    """The run named by run_id, else by the playbook's current pointer (``not_found``)."""
+    if run_id is not None:
+        if not os.path.isdir(layout.run_dir(run_id)):
+            raise AgentError("not_found", f"no run {run_id} in {layout.runs}")
+        return run_id
+    assert playbook is not None
+    current = read_pointer(layout, playbook)
+    if current is None:
+        raise AgentError("not_found", f"playbook {playbook} has no current run in {layout.workdir}")
+    return current
+
+
+def op_status(req: Request, out: Emitter) -> JSONDict:
+    """What runs and how each process is doing, with a short log tail."""
+    raw = req.raw
+    playbook = get_opt_name(raw, "playbook", "")
+    run_id = get_opt_name(raw, "run_id", "")
+    log_lines = get_int(raw, "log_lines", "", 5, 0, 10000)
+    layout = Layout(req.workdir)
+    if run_id is not None or playbook is not None:
+        targets = [(playbook, resolve_run(layout, playbook, run_id))]
+    else:
+        targets = [(pb, rid) for pb, rid in all_pointers(layout).items()]
+    stopper = Stopper(out)
+    runs = []
+    for pb, rid in targets:
+        run = load_run(layout, rid, out)
+        if run is None:
+            unknown: JSONDict = {"run_id": rid, "playbook": pb, "status": "unknown"}
+            unknown.update({"created": None, "processes": []})
+            runs.append(unknown)
+            continue
+        procs = [
+            process_state(rec, stopper, log_lines)
+            for rec in run["processes"]
+            if isinstance(rec, dict)
+        ]
+        runs.append(
+            {
+                "run_id": rid,
+                "playbook": run.get("playbook", pb),
+                "status": run.get("status"),
+                "created": run.get("created"),
+                "error": run.get("error"),
+                "processes": procs,
+            }
+        )
+    return {"facts": gather_facts(), "runs": runs}
+
+
+def op_logs(req: Request, out: Emitter) -> JSONDict:
+    """The last N lines of the run's process logs (read from the end of each file)."""
+    raw = req.raw
+    playbook = get_opt_name(raw, "playbook", "")
+    run_id = get_opt_name(raw, "run_id", "")
+    if playbook is None and run_id is None:
+        raise bad_request("logs: give run_id or playbook")
+    lines = get_int(raw, "lines", "", 50, 0, 1000000)
+    wanted: Optional[List[str]] = None
+    if raw.get("processes") is not None:
+        wanted = get_str_list(raw, "processes", "")
+    layout = Layout(req.workdir)
+    rid = resolve_run(layout, playbook, run_id)
+    run = load_run(layout, rid, out)
+    paths: Dict[str, str] = {}
+    if run is not None:
+        for rec in run["processes"]:
+            if isinstance(rec, dict) and isinstance(rec.get("name"), str):
+                log = rec.get("log")
+                paths[rec["name"]] = log if isinstance(log, str) else ""
+    else:  # fall back to whatever logs exist
+        logs_dir = os.path.join(layout.run_dir(rid), "logs")
+        try:
+            for fname in sorted(os.listdir(logs_dir)):
+                if fname.endswith(".log"):
+                    paths[fname[: -len(".log")]] = os.path.join(logs_dir, fname)
+        except OSError:
+            pass
+    if wanted is not None:
+        unknown = [n for n in wanted if n not in paths]
+        if unknown:
+            have = ", ".join(sorted(paths)) or "none"
+            raise AgentError(
+                "not_found", f"run {rid} has no process {', '.join(unknown)} (it has {have})"
+            )
+        paths = {n: paths[n] for n in wanted}
+    return {"run_id": rid, "logs": {n: tail_lines(p, lines) if p else [] for n, p in paths.items()}}
+
+
+def nearest_existing(path: str) -> str:
+    """The path itself or its closest existing ancestor (for statvfs and access checks)."""
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def op_check(req: Request, out: Emitter) -> JSONDict:
+    """Facts, whether the workdir is writable, free disk, python version. Creates nothing."""
+    facts = gather_facts()
+    out.emit("facts", **facts)
+    base = nearest_existing(req.workdir)
+    writable = False
+    if os.path.isdir(req.workdir):
+        probe = os.path.join(req.workdir, f".outrig-probe.{os.getpid()}")
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"ok")
+            os.unlink(probe)
+            writable = True
+        except OSError:
+            writable = False
+    elif os.path.isdir(base):
+        writable = os.access(base, os.W_OK | os.X_OK)
+    try:
+        st = os.statvfs(base)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = 0
+    return {
+        "workdir_writable": writable,
+        "disk_free_bytes": free,
+        "python": platform.python_version(),
+        "facts": facts,
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+def internal_error(exc: BaseException) -> AgentError:
+    """An unexpected exception as an ``internal`` error: the traceback's last line."""
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return AgentError("internal", last)
+
+
+def dispatch(req: Request, out: Emitter) -> JSONDict:
+    """Apply the host env, then run the op."""
+    apply_env(req.env)
+    if req.op == "deploy":
+        return op_deploy(req, out)
+    if req.op == "cleanup":
+        return op_cleanup(req, out)
+    if req.op == "status":
+        return op_status(req, out)
+    if req.op == "logs":
+        return op_logs(req, out)
+    return op_check(req, out)
+
+
+def main() -> None:
+    """Read one request line, run it, always finish with a ``result`` line."""
+    out = Emitter(sys.stdout.buffer)
+    try:
+        line = sys.stdin.buffer.readline()  # exactly one line: stdin may stay open
+        result = dispatch(parse_request(line), out)
+        out.emit("result", ok=True, **result)
+    except AgentError as exc:
+        out.emit("result", ok=False, error=exc.to_json())
+    except (Exception, KeyboardInterrupt) as exc:
+        traceback.print_exc(file=sys.stderr)
+        out.emit("result", ok=False, error=internal_error(exc).to_json())
+
+
+if __name__ == "__main__":
+    main()

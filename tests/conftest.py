@@ -1,0 +1,214 @@
+"""Shared fixtures: an isolated HOME, the sandbox GPU box, latency proxies, stand-ins, and
+exact cleanup of every process group a test starts.
+
+The sandbox sshd is started once per session (a few hundred ms of key generation and start-up);
+each test gets its own workdir, fake-GPU state and known_hosts on it through ``box_host``, so
+tests do not see each other's files or GPU holders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbox
+from outrig.sandbox.nvidia_smi import load_inventory, make_inventory, write_inventory
+from outrig.sandbox.proxy import LatencyProxy
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+MARK_ENV = "OUTRIG_TEST_MARK"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh HOME and XDG dirs per test: no real ~/.ssh/config, known_hosts, ssh-agent or
+    outrig state can leak into (or be written by) a test."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    for var, sub in (("XDG_STATE_HOME", ".local/state"), ("XDG_CONFIG_HOME", ".config"),
+                     ("XDG_CACHE_HOME", ".cache")):
+        path = home / sub
+        path.mkdir(parents=True)
+        monkeypatch.setenv(var, str(path))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxBox]:
+    """The sandbox box (a real sshd on 127.0.0.1), shared by the session.
+
+    Without sshd the SSH tests are skipped locally, but under CI (env ``CI`` set) that is a
+    failure: CI must not pass by skipping what it exists to check.
+    """
+    try:
+        find_sshd()
+    except SandboxError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI requires the sandbox sshd: {exc}")
+        pytest.skip(str(exc))
+    box = start_sandbox(tmp_path_factory.mktemp("sandbox"))
+    try:
+        yield box
+    finally:
+        box.stop()
+
+
+@pytest.fixture
+def box_host(sandbox: SandboxBox, tmp_path: Path) -> Path:
+    """A host YAML for the sandbox with this test's own workdir, known_hosts and fake-GPU
+    state (``tmp_path/workdir``, ``tmp_path/known_hosts``, ``tmp_path/gpu``)."""
+    if not sandbox.is_running():  # a test that stopped the box must not break the next one
+        sandbox.start()
+    gpu_dir = tmp_path / "gpu"
+    write_inventory(gpu_dir, load_inventory(sandbox.gpu_dir))
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    return sandbox.write_host_file(tmp_path / "hosts" / f"{sandbox.name}.yaml",
+                                   workdir=workdir, gpu_dir=gpu_dir,
+                                   known_hosts=tmp_path / "known_hosts")
+
+
+@pytest.fixture
+def fake_gpu_dir(tmp_path: Path, sandbox_inventory: dict[str, Any]) -> Path:
+    """A fake-GPU state dir (8 L40S by default) for tests that do not need SSH."""
+    gpu_dir = tmp_path / "fakegpu"
+    write_inventory(gpu_dir, sandbox_inventory)
+    return gpu_dir
+
+
+@pytest.fixture
+def sandbox_inventory() -> dict[str, Any]:
+    """The inventory ``start_sandbox`` writes by default, without starting anything."""
+    return make_inventory(8, 49152, "NVIDIA L40S", seed="tests")
+
+
+@pytest.fixture
+def make_proxy() -> Iterator[Callable[..., LatencyProxy]]:
+    """Factory: ``make_proxy(target_port, one_way_delay=0.12)`` → a started LatencyProxy to
+    127.0.0.1:target_port; every proxy made is closed at teardown."""
+    made: list[LatencyProxy] = []
+
+    def make(target_port: int, one_way_delay: float = 0.12,
+             target_host: str = "127.0.0.1") -> LatencyProxy:
+        proxy = LatencyProxy(target_host, target_port, one_way_delay=one_way_delay).start()
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.close()
+
+
+def standin_path(name: str) -> Path:
+    """Path of tests/standins/<name>.py (name with or without ``.py``)."""
+    path = STANDINS / (name if name.endswith(".py") else f"{name}.py")
+    if not path.is_file():
+        raise FileNotFoundError(f"no stand-in {path}")
+    return path
+
+
+@pytest.fixture
+def standin() -> Callable[[str], Path]:
+    """``standin("fake_vllm")`` → the stand-in script's path."""
+    return standin_path
+
+
+class ProcessTracker:
+    """Starts processes in their own group and kills exactly what a test started, at teardown.
+
+    What is killed: every recorded process group (``killpg``), every recorded pid, and every
+    process whose environment carries this test's marker (``OUTRIG_TEST_MARK=<uuid>``), which
+    catches children that called setsid and left the group. Nothing is matched by name.
+    """
+
+    def __init__(self) -> None:
+        self.mark = uuid.uuid4().hex
+        self.groups: list[int] = []
+        self.pids: list[int] = []
+        self.popens: list[subprocess.Popen[Any]] = []
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """os.environ + ``extra`` + this tracker's marker."""
+        env = dict(os.environ)
+        env.update(extra or {})
+        env[MARK_ENV] = self.mark
+        return env
+
+    def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
+              **kw: Any) -> subprocess.Popen[Any]:
+        """Popen in a new session (pid = pgid = sid), marked and recorded."""
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        proc: subprocess.Popen[Any] = subprocess.Popen(
+            argv, env=self.env(env), start_new_session=True, **kw)
+        self.popens.append(proc)
+        self.groups.append(proc.pid)
+        return proc
+
+    def track_group(self, pgid: int) -> None:
+        self.groups.append(pgid)
+
+    def track_pid(self, pid: int) -> None:
+        self.pids.append(pid)
+
+    def marked_pids(self) -> list[int]:
+        """Live pids whose environment holds this tracker's marker."""
+        needle = f"{MARK_ENV}={self.mark}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if needle in environ.split(b"\0"):
+                found.append(int(entry))
+        return found
+
+    def cleanup(self) -> list[int]:
+        """SIGKILL everything tracked; return the pids that were still running (for reports)."""
+        leftovers = self.marked_pids()
+        for pgid in self.groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        for pid in [*self.pids, *leftovers]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and self.marked_pids():
+            time.sleep(0.05)
+        return leftovers
+
+
+@pytest.fixture
+def procs() -> Iterator[ProcessTracker]:
+    """A :class:`ProcessTracker`; whatever it started or was told about dies at teardown."""
+    tracker = ProcessTracker()
+    try:
+        yield tracker
+    finally:
+        tracker.cleanup()
+
+
+@pytest.fixture(scope="session")
+def ssh_keygen() -> str:
+    path = shutil.which("ssh-keygen")
+    if not path:
+        pytest.skip("ssh-keygen not installed (apt-get install -y openssh-client)")
+    return path
+

@@ -1,0 +1,305 @@
+"""The sandbox box itself: real sshd with throwaway keys, the latency proxy, the fake nvidia-smi
+over SSH. Everything outrig's integration tests rely on is checked here with plain paramiko,
+so a failure points at the sandbox and not at outrig."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import paramiko
+import pytest
+import yaml
+
+from outrig.sandbox.box import SandboxBox
+from outrig.sandbox.proxy import LatencyProxy
+
+# One line of shared/reference/h200-capture/idle-gpu.csv (real H200, driver 580.159.04).
+CAPTURED_GPU_LINE = ("0, GPU-77a30507-495f-090f-c8dd-b62546cd0a77, NVIDIA H200, 143771, 0, 143156, "
+                     "0, 00000000:00:06.0, 580.159.04")
+GPU_QUERY = ("index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu,"
+             "pci.bus_id,driver_version")
+
+
+def connect(box: SandboxBox, port: int | None = None, key: Path | None = None,
+            timeout: float = 10.0) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(box.host, port or box.port, username=box.user,
+                   key_filename=str(key or box.identity_file), look_for_keys=False,
+                   allow_agent=False, timeout=timeout, banner_timeout=timeout,
+                   auth_timeout=timeout)
+    return client
+
+
+def run(client: paramiko.SSHClient, command: str, timeout: float = 10.0) -> tuple[int, str, str]:
+    _, out, err = client.exec_command(command, timeout=timeout)
+    code = out.channel.recv_exit_status()
+    return code, out.read().decode(), err.read().decode()
+
+
+@pytest.fixture
+def client(sandbox: SandboxBox) -> Iterator[paramiko.SSHClient]:
+    if not sandbox.is_running():
+        sandbox.start()
+    c = connect(sandbox)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.mark.integration
+def test_client_key_logs_in_and_execs(client: paramiko.SSHClient, sandbox: SandboxBox) -> None:
+    code, out, err = run(client, "echo ok; id -un")
+    assert (code, out.split()) == (0, ["ok", sandbox.user]), err
+    assert sandbox.host == "127.0.0.1"
+
+
+@pytest.mark.integration
+def test_other_key_is_refused(sandbox: SandboxBox, tmp_path: Path, ssh_keygen: str) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run([ssh_keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    with pytest.raises(paramiko.AuthenticationException):
+        connect(sandbox, key=other).close()
+
+
+@pytest.mark.integration
+def test_host_file_is_valid_for_outrig(box_host: Path, sandbox: SandboxBox) -> None:
+    from outrig.inventory import HostFile
+
+    data = yaml.safe_load(box_host.read_text())
+    spec = HostFile(**data)
+    assert spec.hostname == "127.0.0.1" and spec.port == sandbox.port
+    assert spec.env["PATH"] == f"{sandbox.bin_dir}:$PATH"
+    assert spec.env["OUTRIG_FAKE_GPU_DIR"] == str(box_host.parent.parent / "gpu")
+    assert Path(spec.workdir).is_dir() and not Path(str(spec.known_hosts)).exists()
+
+
+@pytest.mark.integration
+def test_exec_round_trip_through_proxy_pays_the_rtt(
+        sandbox: SandboxBox, client: paramiko.SSHClient,
+        make_proxy: Callable[..., LatencyProxy]) -> None:
+    def exec_time(c: paramiko.SSHClient) -> float:
+        started = time.monotonic()
+        code, out, _ = run(c, "echo ok")
+        assert (code, out) == (0, "ok\n")
+        return time.monotonic() - started
+
+    direct = min(exec_time(client) for _ in range(2))
+    proxy = make_proxy(sandbox.port, one_way_delay=0.12)
+    slow = connect(sandbox, port=proxy.port)
+    try:
+        through = min(exec_time(slow) for _ in range(2))
+        assert proxy.connections == 1
+    finally:
+        slow.close()
+    assert direct < 0.2, f"loopback exec took {direct:.3f}s"
+    # An exec is a channel open plus the exec reply: at least one full RTT (0.24 s) each way.
+    assert through >= 0.24, f"exec through a 240 ms RTT link took only {through:.3f}s"
+    assert through < 3.0
+
+
+@pytest.mark.integration
+def test_cut_all_breaks_live_connection_and_new_ones_work(
+        sandbox: SandboxBox, make_proxy: Callable[..., LatencyProxy]) -> None:
+    proxy = make_proxy(sandbox.port, one_way_delay=0.0)
+    live = connect(sandbox, port=proxy.port)
+    try:
+        assert run(live, "echo before")[1] == "before\n"
+        transport = live.get_transport()
+        assert transport is not None
+        assert proxy.cut_all() == 1
+        deadline = time.monotonic() + 5
+        while transport.is_active() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not transport.is_active(), "the cut connection must be seen as dead"
+        with pytest.raises((paramiko.SSHException, EOFError, OSError)):
+            run(live, "echo after", timeout=3)
+    finally:
+        live.close()
+    assert proxy.connections == 0
+    fresh = connect(sandbox, port=proxy.port)
+    try:
+        assert run(fresh, "echo again")[1] == "again\n"
+        assert proxy.accepted == 2
+    finally:
+        fresh.close()
+
+
+@pytest.mark.integration
+def test_fake_nvidia_smi_over_ssh_with_host_env(box_host: Path, sandbox: SandboxBox,
+                                                client: paramiko.SSHClient) -> None:
+    env = yaml.safe_load(box_host.read_text())["env"]
+    # What outrig does with the host file's env: expand against the box's environment
+    # (double quotes: $PATH expands, the paths themselves have nothing special in them).
+    prefix = " ".join(f'{k}="{v}"' for k, v in env.items())
+    code, out, err = run(client, f"{prefix} nvidia-smi --query-gpu={GPU_QUERY} "
+                                 "--format=csv,noheader,nounits")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 8
+    captured = CAPTURED_GPU_LINE.split(", ")
+    for i, line in enumerate(lines):
+        fields = line.split(", ")
+        assert len(fields) == len(captured) == 9
+        assert fields[0] == str(i)
+        assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                            fields[1])
+        assert fields[2] == "NVIDIA L40S"
+        total, used, free = (int(x) for x in fields[3:6])
+        assert (total, used) == (49152, 0) and 0 < free < total
+        assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.\d", fields[7])
+        assert fields[8] == captured[8] == "580.159.04"
+    # Without the host env the box has no nvidia-smi: it is the PATH entry that provides it.
+    code, _, _ = run(client, "command -v nvidia-smi")
+    assert code != 0
+
+
+@pytest.mark.integration
+def test_stop_and_start_keep_the_port(sandbox: SandboxBox) -> None:
+    port = sandbox.port
+    survivor = connect(sandbox)
+    try:
+        sandbox.stop()
+        sandbox.stop()  # idempotent
+        assert not sandbox.is_running()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        transport = survivor.get_transport()
+        assert transport is not None
+        deadline = time.monotonic() + 5
+        while transport.is_active() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not transport.is_active(), "stop() drops live sessions like a dead box"
+    finally:
+        survivor.close()
+        sandbox.start()
+    assert sandbox.port == port and sandbox.is_running()
+    c = connect(sandbox)
+    try:
+        assert run(c, "echo back")[1] == "back\n"
+    finally:
+        c.close()
+
+
+# ------------------------------------------------------------------ the proxy alone (no SSH)
+class _Echo:
+    """A loopback echo server for proxy tests."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = int(self.sock.getsockname()[1])
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    conn.shutdown(socket.SHUT_WR)
+                    return
+                conn.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def echo() -> Iterator[_Echo]:
+    server = _Echo()
+    yield server
+    server.close()
+
+
+def test_proxy_preserves_bytes_and_order_without_throttling(
+        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+    proxy = make_proxy(echo.port, one_way_delay=0.05)
+    payload = bytes(range(256)) * 16384  # 4 MiB
+    received = bytearray()
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        def reader() -> None:
+            while True:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    return
+                received.extend(chunk)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        t.join(20)
+    elapsed = time.monotonic() - started
+    assert bytes(received) == payload
+    assert 0.1 <= elapsed < 5.0, f"4 MiB echo took {elapsed:.2f}s"
+
+
+def test_proxy_delay_is_one_way_and_adjustable(
+        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+    proxy = make_proxy(echo.port, one_way_delay=0.1)
+
+    def rtt(s: socket.socket) -> float:
+        started = time.monotonic()
+        s.sendall(b"x")
+        assert s.recv(1) == b"x"
+        return time.monotonic() - started
+
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        assert 0.2 <= rtt(s) < 0.5
+        proxy.set_delay(0.0)
+        assert rtt(s) < 0.15
+
+
+def test_proxy_refuses_non_loopback_targets() -> None:
+    for target in ("10.0.0.1", "8.8.8.8", "example.com", "::2"):
+        with pytest.raises(ValueError):
+            LatencyProxy(target, 22)
+    LatencyProxy("::1", 22)  # constructing is fine; nothing is started
+    LatencyProxy("127.0.0.2", 22)
+
+
+def test_proxy_close_is_prompt_and_idempotent(echo: _Echo) -> None:
+    proxy = LatencyProxy("127.0.0.1", echo.port, one_way_delay=0.5).start()
+    s = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    s.sendall(b"pending")  # still queued in the proxy when it closes
+    deadline = time.monotonic() + 2
+    while proxy.connections == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    before = threading.active_count()
+    started = time.monotonic()
+    proxy.close()
+    proxy.close()
+    assert time.monotonic() - started < 1.5
+    assert proxy.connections == 0
+    assert threading.active_count() < before
+    s.settimeout(2)
+    with pytest.raises((ConnectionResetError, OSError)):
+        data = s.recv(10)
+        if data == b"":
+            raise ConnectionResetError("closed")
+    s.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=1).close()
+

@@ -1,0 +1,338 @@
+"""Test stand-in for ``torchrun --standalone --nproc_per_node N -m speculators.train ...``.
+
+Not product code. Reproduces what outrig reads from or relies on in the speculators trainer
+(shared/reference/speculators-and-vllm.md §1.3 and §2):
+- the verifier check against vLLM: ``GET <endpoint>/models`` and ``ValueError: An explicit model
+  name was passed (X) which doesn't match found model_id Y``;
+- checkpoint layout and resume: ``<save>/<epoch>/{config.json, model.safetensors,
+  optimizer_state_dict.pt, scheduler_state_dict.pt, training_state.json}``, ``epoch{E}_end`` and
+  ``checkpoint_best`` symlinks, ``run.yaml`` + ``train_command.txt``; resume from the highest
+  integer-named dir holding ``training_state.json``, with the real log lines;
+- the per-step metric line format (3 decimals, ``%.2e`` outside [1e-3, 999]);
+- SIGTERM: ``Received SIGTERM — interrupting training to save checkpoint`` and
+  ``<save>/interrupted/`` (which, as in speculators, is never resumed automatically);
+- one process per rank holding GPU memory on CUDA_VISIBLE_DEVICES (holder files read by the
+  fake nvidia-smi) when OUTRIG_FAKE_GPU_DIR is set.
+
+Checkpoints are written into a temp dir and renamed, so one is either complete or absent:
+outrig's sync and migrate only take complete checkpoints, and tests check that.
+Standard library only; no outrig import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional
+
+GPU_DIR_ENV = "OUTRIG_FAKE_GPU_DIR"
+STOP = threading.Event()
+
+
+def log(msg: str, level: str = "INFO") -> None:
+    """A RichHandler-like line (rank 0 only, like the real trainer)."""
+    print(f"[{time.strftime('%m/%d/%y %H:%M:%S')}] {level:<8} {msg}", flush=True)
+
+
+def fmt(key: str, value: Any) -> str:
+    """speculators' metric formatting: ints as is; lr in e-notation; floats with 3 decimals,
+    or ``%.2e`` when below 1e-3 or above 999 (in magnitude)."""
+    if isinstance(value, int):
+        return f"{key}={value}"
+    v = float(value)
+    if key.startswith("lr/") or (v != 0 and (abs(v) < 1e-3 or abs(v) > 999)):
+        return f"{key}={v:.2e}"
+    return f"{key}={v:.3f}"
+
+
+def register_holder(physical: int, mib: int) -> None:
+    """holders/<pid>.json for the fake nvidia-smi (same format as outrig.sandbox.nvidia_smi)."""
+    d = os.environ.get(GPU_DIR_ENV)
+    if not d:
+        return
+    hdir = os.path.join(d, "holders")
+    os.makedirs(hdir, exist_ok=True)
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+        ticks: Optional[int] = int(raw[raw.rfind(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        ticks = None
+    tmp = os.path.join(hdir, f".{pid}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"pid": pid, "gpu": physical, "mib": mib, "util": 90, "start_ticks": ticks}, f)
+    os.replace(tmp, os.path.join(hdir, f"{pid}.json"))
+
+
+def parse(argv: List[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="speculators.train", add_help=False)
+    p.add_argument("--verifier-name-or-path", required=True)
+    p.add_argument("--speculator-type", default="eagle3")
+    p.add_argument("--data-path", default="./output")
+    p.add_argument("--save-path", default="./output/checkpoints")
+    p.add_argument("--vllm-endpoint", default=None)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--total-seq-len", type=int, default=8192)
+    p.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--log-freq", type=int, default=1)
+    p.add_argument("--no-resume-from-checkpoint", action="store_true")
+    # torchrun's own flags, accepted so the rendered torchrun command works unchanged
+    p.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=None)
+    p.add_argument("--standalone", action="store_true")
+    p.add_argument("--fake-steps-per-epoch", type=int, default=5)
+    p.add_argument("--fake-step-seconds", type=float, default=0.2)
+    p.add_argument("--fake-mib", type=int, default=20000)
+    p.add_argument("--fake-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--fake-gpu", type=int, default=None, help=argparse.SUPPRESS)
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+# ----------------------------------------------------------------------------- ranks
+def rank_main(rank: int, physical: int, mib: int) -> None:
+    """A non-zero rank: holds its GPU until SIGTERM (torchrun forwards it) or death."""
+    signal.signal(signal.SIGTERM, lambda s, f: os._exit(0))
+    register_holder(physical, mib)
+    while True:
+        time.sleep(3600)
+
+
+def start_ranks(args: argparse.Namespace) -> List[subprocess.Popen[bytes]]:
+    """Rank 0 is this process; ranks 1.. are children in our group (like torchrun's)."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None or not os.environ.get(GPU_DIR_ENV):
+        return []
+    gpus = [int(x) for x in cvd.split(",") if x.strip() != ""]
+    if args.nproc_per_node:
+        gpus = gpus[: args.nproc_per_node]
+    if not gpus:
+        return []
+    register_holder(gpus[0], args.fake_mib)
+    children = []
+    for rank, phys in enumerate(gpus[1:], start=1):
+        children.append(subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--verifier-name-or-path", "-",
+             "--fake-rank", str(rank), "--fake-gpu", str(phys), "--fake-mib", str(args.fake_mib)],
+            stdin=subprocess.DEVNULL))
+    return children
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def find_checkpoint(save: str) -> Optional[str]:
+    """Highest integer-named dir with training_state.json (speculators' resume rule)."""
+    try:
+        names = os.listdir(save)
+    except OSError:
+        return None
+    epochs = sorted((int(n) for n in names if n.isdigit()
+                     and os.path.isfile(os.path.join(save, n, "training_state.json"))),
+                    reverse=True)
+    return os.path.join(save, str(epochs[0])) if epochs else None
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def _symlink(save: str, name: str, target: str) -> None:
+    tmp = os.path.join(save, f".{name}.tmp{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, os.path.join(save, name))
+
+
+def save_checkpoint(save: str, name: str, state: Dict[str, Any], args: argparse.Namespace) -> str:
+    """Write a complete checkpoint dir under a temp name, then rename it into place."""
+    final = os.path.join(save, name)
+    tmp = os.path.join(save, f".tmp-{name}-{os.getpid()}")
+    os.makedirs(tmp, exist_ok=True)
+    _write_json(os.path.join(tmp, "config.json"), {
+        "speculators_model_type": args.speculator_type,
+        "verifier": args.verifier_name_or_path, "block_size": args.block_size,
+        "target_layer_ids": args.target_layer_ids})
+    with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
+        f.write(os.urandom(64))
+    for fname in ("optimizer_state_dict.pt", "scheduler_state_dict.pt"):
+        with open(os.path.join(tmp, fname), "wb") as f:
+            f.write(os.urandom(16))
+    _write_json(os.path.join(tmp, "training_state.json"), state)
+    if os.path.isdir(final):  # an older copy (re-run of the same epoch): move it aside first
+        aside = f"{final}.old-{os.getpid()}"
+        os.replace(final, aside)
+        os.replace(tmp, final)
+        for root, dirs, files in os.walk(aside, topdown=False):
+            for n in files:
+                os.unlink(os.path.join(root, n))
+            for n in dirs:
+                os.rmdir(os.path.join(root, n))
+        os.rmdir(aside)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+def write_run_files(save: str, args: argparse.Namespace, argv: List[str]) -> None:
+    lines = [f"{k.replace('_', '-')}: {json.dumps(v)}" for k, v in sorted(vars(args).items())
+             if not k.startswith("fake_")]
+    with open(os.path.join(save, "run.yaml"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(save, "train_command.txt"), "w") as f:
+        f.write("torchrun -m speculators.train " + " ".join(shlex.quote(a) for a in argv) + "\n")
+
+
+# ----------------------------------------------------------------------------- vLLM check
+def check_verifier(endpoint: str, verifier: str) -> Optional[str]:
+    """None when vLLM serves ``verifier``; else the error line the real trainer dies with."""
+    url = endpoint.rstrip("/") + "/models"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            data = json.loads(resp.read())
+        found = data["data"][0]["id"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
+        return f"openai.APIConnectionError: Connection error. ({url}: {e})"
+    if found != verifier:
+        return (f"ValueError: An explicit model name was passed ({verifier}) which doesn't "
+                f"match found model_id {found}")
+    return None
+
+
+# ----------------------------------------------------------------------------- training
+def metrics(args: argparse.Namespace, epoch: int, step: int, rng: random.Random) -> List[str]:
+    loss = 6.0 * math.exp(-0.04 * step) + 0.5 + rng.random() * 0.05
+    acc = min(0.95, 1.0 - loss / 7.0)
+    items: List[str] = [fmt("train/loss", loss)]
+    if args.speculator_type == "eagle3":
+        for k in range(3):
+            items += [fmt(f"train/loss_{k}", loss * (1 + 0.1 * k)),
+                      fmt(f"train/full_acc_{k}", acc * 0.9 ** k),
+                      fmt(f"train/cond_acc_{k}", acc * 0.95 ** k)]
+    else:
+        items.append(fmt("train/full_acc", acc))
+        for pos in range(1, args.block_size):
+            items.append(fmt(f"train/position_{pos}_acc", acc * 0.93 ** pos))
+        items.append(fmt("train/eal", 1.0 + 4.0 * acc))
+    step_ms = args.fake_step_seconds * 1000
+    fetch_ms = step_ms * 0.1 * (1 + rng.random())
+    items += [fmt("profile/fetch_ms", fetch_ms), fmt("profile/fwd_ms", step_ms * 0.3),
+              fmt("profile/bwd_ms", step_ms * 0.5), fmt("profile/opt_ms", step_ms * 0.05),
+              fmt("profile/step_ms", step_ms),
+              fmt("profile/tokens_per_s", args.total_seq_len / max(step_ms / 1000, 1e-6)),
+              fmt("profile/fetch_frac", fetch_ms / step_ms if step_ms else 0.0),
+              fmt("epoch", epoch), fmt("lr/Muon", args.lr), fmt("lr/AdamW", args.lr),
+              fmt("global_step", step)]
+    return items
+
+
+def train(args: argparse.Namespace, argv: List[str]) -> int:
+    save = args.save_path
+    os.makedirs(save, exist_ok=True)
+    write_run_files(save, args, argv)
+    if args.vllm_endpoint:
+        err = check_verifier(args.vllm_endpoint, args.verifier_name_or_path)
+        if err:
+            print("Traceback (most recent call last):", flush=True)
+            print('  File "speculators/train/data.py", line 412, in _check_model', flush=True)
+            print(err, flush=True)
+            return 1
+
+    start_epoch, global_step = 0, 0
+    ckpt = None if args.no_resume_from_checkpoint else find_checkpoint(save)
+    if ckpt:
+        with open(os.path.join(ckpt, "training_state.json")) as f:
+            state = json.load(f)
+        start_epoch = int(state["epoch"]) + 1
+        global_step = int(state["global_step"])
+        log(f"Found checkpoint at {ckpt}")
+        log(f"Resuming training on epoch {start_epoch}.")
+    else:
+        log(f"No previous training checkpoint found in '{save}'. Starting fresh training run.")
+        if os.path.isdir(os.path.join(save, "interrupted")):
+            log(f"Found an interrupted checkpoint at {os.path.join(save, 'interrupted')}; it is "
+                "not resumed automatically: rename it to an epoch number (mv interrupted 5)",
+                level="WARNING")
+
+    rng = random.Random(1234 + global_step)
+    best: Optional[float] = None
+    for epoch in range(start_epoch, args.epochs):
+        log(f"Training epoch {epoch + 1}/{args.epochs} started")
+        losses: List[float] = []
+        for local in range(args.fake_steps_per_epoch):
+            if STOP.wait(args.fake_step_seconds):
+                return interrupted(save, args, epoch, local, global_step)
+            global_step += 1
+            items = metrics(args, epoch, global_step, rng)
+            losses.append(float(items[0].split("=")[1]))
+            if global_step % max(1, args.log_freq) == 0:
+                log(", ".join(items))
+            if args.max_steps is not None and global_step >= args.max_steps:
+                log(f"Reached max_steps={args.max_steps}; stopping.")
+                return 0
+        log(f"Training epoch {epoch + 1}/{args.epochs} completed")
+        loss_epoch = sum(losses) / len(losses) if losses else 0.0
+        target = os.path.join(save, str(epoch))
+        log(f"Saving checkpoint to {target}")
+        save_checkpoint(save, str(epoch), {
+            "epoch": epoch, "global_step": global_step, "local_step": 0,
+            "loss_epoch": loss_epoch, "completed": True}, args)
+        _symlink(save, f"epoch{epoch}_end", str(epoch))
+        log(f"Checkpoint saved to {target}")
+        if best is None or loss_epoch < best:
+            best = loss_epoch
+            _symlink(save, "checkpoint_best", str(epoch))
+            log(f"Updated checkpoint_best -> {epoch} (loss_epoch={loss_epoch:.3f})")
+        if STOP.is_set():
+            return interrupted(save, args, epoch + 1, 0, global_step)
+    log("Training complete.")
+    return 0
+
+
+def interrupted(save: str, args: argparse.Namespace, epoch: int, local: int, step: int) -> int:
+    """What speculators' graceful_shutdown does on SIGTERM/SIGINT: save ``interrupted/``."""
+    log("Received SIGTERM — interrupting training to save checkpoint", level="WARNING")
+    path = save_checkpoint(save, "interrupted", {
+        "epoch": epoch, "global_step": step, "local_step": local, "completed": False}, args)
+    log(f"Checkpoint saved to {path}")
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    args = parse(argv)
+    if args.fake_rank is not None:
+        rank_main(args.fake_rank, int(args.fake_gpu or 0), args.fake_mib)
+        return 0
+    signal.signal(signal.SIGTERM, lambda s, f: STOP.set())
+    signal.signal(signal.SIGINT, lambda s, f: STOP.set())
+    ranks = start_ranks(args)
+    try:
+        return train(args, argv)
+    finally:
+        for p in ranks:  # torchrun forwards the signal to its ranks and waits for them
+            if p.poll() is None:
+                p.terminate()
+        for p in ranks:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,422 @@
+"""Test stand-in for ``python -m vllm.entrypoints.cli.main serve MODEL ...`` (not product code).
+
+Reproduces the parts of vLLM that outrig depends on or must survive (see
+shared/reference/speculators-and-vllm.md §2 and §4):
+- GPU placement: DP rank d, TP rank t uses CUDA_VISIBLE_DEVICES[d*TP + t]; TP > visible fails at
+  config time ("World size ..."); TP*DP > visible fails only later, inside the engines, with
+  ``AssertionError: DP adjusted local rank N is out of bounds.`` after earlier ranks took GPUs.
+- the process tree: children started with multiprocessing's *spawn* context, renamed with
+  prctl(PR_SET_NAME) to ``VLLM::EngineCore_DP{i}`` / ``VLLM::Worker_TP{t}``, same group and session
+  as the parent, holding "GPU memory" (holder files read by the fake nvidia-smi);
+- SIGTERM to the parent terminates its children and exits 0; SIGKILL of the parent leaves them
+  alive and holding GPUs (vLLM #55510);
+- readiness: log lines, then ``/health`` and ``/v1/models`` on HOST:PORT after a startup delay;
+- stale GPU memory: ``Free memory on device cuda:X ... is less than desired GPU memory
+  utilization`` when live holders leave too little.
+
+Test knobs: ``--fake-mib``, ``--fake-startup-delay``; env ``FAKE_VLLM_SETSID_CHILD=1`` (an extra
+child that calls setsid and holds GPU memory; the parent has lost track of it),
+``FAKE_VLLM_IGNORE_TERM_CHILD=1`` (the first engine ignores SIGTERM), ``FAKE_VLLM_FATAL=text``
+(print it and exit 1 after the startup delay). Standard library only; no outrig import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Optional
+
+GPU_DIR_ENV = "OUTRIG_FAKE_GPU_DIR"
+_LOG_TAG = "APIServer"
+
+
+# ----------------------------------------------------------------------------- logging
+def log(msg: str, *, level: str = "INFO", where: str = "api_server.py:1000",
+        tag: Optional[str] = None) -> None:
+    """A vLLM-style line: ``(APIServer pid=N) INFO 11-30 03:05:00 [file.py:line] msg``."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"({tag or _LOG_TAG} pid={os.getpid()}) {level} {stamp} [{where}] {msg}", flush=True)
+
+
+def traceback_lines(tag: str, pid: int, frames: List[str], final: str) -> None:
+    """Print a Python-style traceback under a vLLM process prefix."""
+    pre = f"({tag} pid={pid}) "
+    print(pre + "Traceback (most recent call last):", flush=True)
+    for f in frames:
+        print(pre + f"  File \"{f}", flush=True)
+    print(pre + final, flush=True)
+
+
+# ----------------------------------------------------------------------------- fake GPUs
+def _gpu_dir() -> Optional[str]:
+    return os.environ.get(GPU_DIR_ENV) or None
+
+
+def _inventory() -> Dict[str, Any]:
+    d = _gpu_dir()
+    if not d:
+        return {"gpus": []}
+    try:
+        with open(os.path.join(d, "inventory.json")) as f:
+            data: Dict[str, Any] = json.load(f)
+            return data
+    except (OSError, ValueError):
+        return {"gpus": []}
+
+
+def _gpu_total_mib(physical: int) -> int:
+    for g in _inventory().get("gpus", []):
+        if int(g["index"]) == physical:
+            return int(g["memory_total_mib"])
+    return 49152
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return False
+    return raw[raw.rfind(")") + 2:].split()[0] != "Z"
+
+
+def _used_mib(physical: int) -> int:
+    """Memory live holders already hold on a GPU (what a real engine would find taken)."""
+    d = _gpu_dir()
+    if not d:
+        return 0
+    total = 0
+    hdir = os.path.join(d, "holders")
+    try:
+        names = os.listdir(hdir)
+    except OSError:
+        return 0
+    for n in names:
+        if not n.endswith(".json") or n.startswith("."):
+            continue
+        try:
+            with open(os.path.join(hdir, n)) as f:
+                rec = json.load(f)
+            if int(rec["gpu"]) == physical and _alive(int(rec["pid"])):
+                total += int(rec["mib"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return total
+
+
+def register_holder(physical: int, mib: int) -> None:
+    """Write holders/<pid>.json atomically (the same format outrig.sandbox.nvidia_smi reads)."""
+    d = _gpu_dir()
+    if not d:
+        return
+    hdir = os.path.join(d, "holders")
+    os.makedirs(hdir, exist_ok=True)
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+        ticks: Optional[int] = int(raw[raw.rfind(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        ticks = None
+    tmp = os.path.join(hdir, f".{pid}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"pid": pid, "gpu": physical, "mib": mib, "util": 0, "start_ticks": ticks}, f)
+    os.replace(tmp, os.path.join(hdir, f"{pid}.json"))
+
+
+def set_comm(name: str) -> None:
+    """Rename like vLLM's setproctitle does for comm (ps -o comm shows at most 15 bytes)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def visible_gpus() -> List[int]:
+    """Physical GPU indices CUDA would see: CUDA_VISIBLE_DEVICES, else every inventory GPU."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return [int(x) for x in cvd.split(",") if x.strip() != ""]
+    gpus = _inventory().get("gpus") or []
+    return [int(g["index"]) for g in gpus] if gpus else [0]
+
+
+# ----------------------------------------------------------------------------- children
+def _sleep_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def worker_main(title: str, physical: int, mib: int) -> None:
+    """A TP worker: rename, hold GPU memory, sleep (default SIGTERM kills it)."""
+    set_comm(title)
+    register_holder(physical, mib)
+    log(f"{title} holds {mib} MiB on GPU {physical}", where="gpu_worker.py:240",
+        tag=title.replace("VLLM::", ""))
+    _sleep_forever()
+
+
+def engine_main(title: str, gpus: List[int], mib: int, tp: int, dp_rank: int,
+                ignore_term: bool) -> None:
+    """An EngineCore: with TP=1 holds its GPU itself, else spawns one worker per TP rank.
+
+    On SIGTERM it terminates its own workers and exits, like vLLM's engine shutdown.
+    """
+    set_comm(title)
+    tag = title.replace("VLLM::", "")
+    workers: List[Any] = []
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        def on_term(signum: int, frame: Any) -> None:
+            for w in workers:
+                if w.pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(w.pid, signal.SIGTERM)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_term)
+    log(f"Initializing a V1 LLM engine with config: dp_rank={dp_rank} tp={tp}",
+        where="core.py:93", tag=tag)
+    if tp == 1:
+        register_holder(gpus[0], mib)
+    else:
+        ctx = mp.get_context("spawn")
+        for t, phys in enumerate(gpus):
+            wname = f"VLLM::Worker_TP{t}" if dp_rank < 0 else f"VLLM::Worker_DP{dp_rank}_TP{t}"
+            p = ctx.Process(target=worker_main, args=(wname, phys, mib), name=wname)
+            p.start()
+            workers.append(p)
+    _sleep_forever()
+
+
+def setsid_main(physical: int, mib: int) -> None:
+    """A child that leaves the process group and session (what ``killpg`` cannot reach)."""
+    os.setsid()
+    set_comm("VLLM::DPCoordinator")
+    register_holder(physical, mib)
+    _sleep_forever()
+
+
+# ----------------------------------------------------------------------------- HTTP
+def make_handler(served: str) -> type:
+    class Handler(BaseHTTPRequestHandler):
+        def _json(self, code: int, obj: Any) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif self.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [
+                    {"id": served, "object": "model", "owned_by": "vllm", "root": served}]})
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            if self.path == "/v1/chat/completions/render":
+                try:
+                    req = json.loads(raw or b"{}")
+                except ValueError:
+                    self._json(400, {"error": "invalid JSON"})
+                    return
+                text = json.dumps(req.get("messages", []))
+                self._json(200, {"model": served, "prompt": text,
+                                 "prompt_token_ids": [ord(c) % 1000 for c in text[:64]]})
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def log_message(self, format: str, *args: Any) -> None:
+            print(f"INFO:     {self.client_address[0]}:{self.client_address[1]} - "
+                  f"\"{self.command} {self.path}\" {args[1] if len(args) > 1 else ''}",
+                  flush=True)
+
+    return Handler
+
+
+# ----------------------------------------------------------------------------- main
+def parse(argv: List[str]) -> argparse.Namespace:
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog="vllm serve", add_help=False)
+    p.add_argument("model")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--fake-mib", type=int, default=None)
+    p.add_argument("--fake-startup-delay", type=float, default=1.0)
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+def fail(procs: List[Any], frames: List[str], final: str, *, tag: str = _LOG_TAG,
+         pid: Optional[int] = None) -> None:
+    """Print a traceback, kill the children we still track, exit 1 (like a failed start)."""
+    traceback_lines(tag, pid or os.getpid(), frames, final)
+    shutdown(procs, grace=1.0, kill=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def shutdown(procs: List[Any], *, grace: float, kill: bool) -> None:
+    """SIGTERM each tracked child (engines pass it on to their workers), wait up to ``grace``;
+    with ``kill``, SIGKILL what is left (a failed start leaves nothing behind)."""
+    for p in procs:
+        if p.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(p.pid and _alive(p.pid) for p in procs):
+        time.sleep(0.05)
+    if kill:
+        for p in procs:
+            if p.pid and _alive(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+
+
+def main(argv: List[str]) -> None:
+    args = parse(argv)
+    tp, dp, pp = args.tensor_parallel_size, args.data_parallel_size, args.pipeline_parallel_size
+    served = args.served_model_name[0] if args.served_model_name else args.model
+    log("vLLM API server version 0.27.1 (fake, outrig test stand-in)", where="utils.py:326")
+    log(f"non-default args: {{'model': {args.model!r}, 'tensor_parallel_size': {tp}, "
+        f"'data_parallel_size': {dp}, 'port': {args.port}, 'host': {args.host!r}}}",
+        where="utils.py:327")
+    vis = visible_gpus()
+
+    if tp * pp > len(vis):  # the config-time check: covers TP×PP only, never DP
+        fail([], ["/vllm/config/parallel.py\", line 489, in __post_init__"],
+             f"ValueError: World size ({tp * pp}) is larger than the number of available GPUs "
+             f"({len(vis)}) in this node. If this is intentional and you are using: - ray, "
+             "set '--distributed-executor-backend ray'.")
+
+    def mib_for(phys: int) -> int:
+        total = _gpu_total_mib(phys)
+        return args.fake_mib if args.fake_mib is not None else int(
+            total * args.gpu_memory_utilization)
+
+    # Stale memory check, per engine GPU, before anything is started (like vLLM's gpu_worker).
+    for phys in vis[: tp * dp]:
+        total = _gpu_total_mib(phys)
+        free = total - _used_mib(phys)
+        want = total * args.gpu_memory_utilization
+        if free < want:
+            cuda = vis.index(phys)
+            fail([], ["/vllm/v1/worker/gpu_worker.py\", line 239, in init_device"],
+                 f"ValueError: Free memory on device cuda:{cuda} ({free / 1024:.2f}/"
+                 f"{total / 1024:.2f} GiB) on startup is less than desired GPU memory "
+                 f"utilization ({args.gpu_memory_utilization}, {want / 1024:.2f} GiB). "
+                 "Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+                 tag="EngineCore_DP0" if dp > 1 else "EngineCore")
+
+    ctx = mp.get_context("spawn")
+    procs: List[Any] = []
+    ignore_first = os.environ.get("FAKE_VLLM_IGNORE_TERM_CHILD") == "1"
+    for d in range(dp):
+        devs = [d * tp + t for t in range(tp)]
+        if devs[-1] >= len(vis):
+            continue  # this rank's engine will fail below; the earlier ranks already hold GPUs
+        title = "VLLM::EngineCore" if dp == 1 else f"VLLM::EngineCore_DP{d}"
+        p = ctx.Process(target=engine_main, name=title,
+                        args=(title, [vis[i] for i in devs], mib_for(vis[devs[0]]), tp,
+                              -1 if dp == 1 else d, ignore_first and d == 0))
+        p.start()
+        procs.append(p)
+    if os.environ.get("FAKE_VLLM_SETSID_CHILD") == "1":
+        # Not appended to procs: the parent has lost track of it, as in the reported escapes.
+        ctx.Process(target=setsid_main, args=(vis[0], 1024), name="setsid").start()
+
+    if tp * dp > len(vis):
+        time.sleep(0.5)
+        bad = [i for i in range(tp * dp) if i >= len(vis)]
+        for rank in bad:
+            d = rank // tp
+            traceback_lines(
+                f"EngineCore_DP{d}", os.getpid() + 100 + rank,
+                ["/vllm/v1/worker/gpu_worker.py\", line 221, in init_device"],
+                f"AssertionError: DP adjusted local rank {rank} is out of bounds. ")
+        fail(procs, ["/vllm/v1/engine/utils.py\", line 1083, in wait_for_engine_startup"],
+             "RuntimeError: Engine core initialization failed. See root cause above. "
+             f"Failed core proc(s): {{'EngineCore_DP{bad[0] // tp}': 1}}")
+
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+    deadline = time.monotonic() + args.fake_startup_delay
+    while time.monotonic() < deadline and not stop.is_set():
+        time.sleep(0.05)
+    fatal = os.environ.get("FAKE_VLLM_FATAL")
+    if fatal and not stop.is_set():
+        print(fatal, flush=True)
+        fail(procs, ["/vllm/v1/engine/core.py\", line 700, in run_engine_core"],
+             "RuntimeError: Engine core initialization failed. See root cause above.")
+
+    server: Optional[ThreadingHTTPServer] = None
+    if not stop.is_set():
+        try:
+            server = ThreadingHTTPServer((args.host, args.port), make_handler(served))
+        except OSError as e:
+            fail(procs, ["/vllm/entrypoints/openai/api_server.py\", line 1901, in run_server"],
+                 f"OSError: [Errno {e.errno}] {e.strerror}")
+        assert server is not None
+        server.daemon_threads = True
+        log(f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+        log("Available routes are:", where="launcher.py:46")
+        for route, methods in (("/health", "GET"), ("/v1/models", "GET"),
+                               ("/v1/chat/completions", "POST"),
+                               ("/v1/chat/completions/render", "POST")):
+            log(f"Route: {route}, Methods: {methods}", where="launcher.py:54")
+        print(f"INFO:     Started server process [{os.getpid()}]", flush=True)
+        print("INFO:     Waiting for application startup.", flush=True)
+        print("INFO:     Application startup complete.", flush=True)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                         daemon=True).start()
+
+    while not stop.is_set():
+        time.sleep(0.1)
+
+    # SIGTERM: shut down like vLLM (terminate children, wait a little), then exit 0.
+    log("Shutting down FastAPI HTTP server.", where="launcher.py:80")
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    log("Waiting up to 2 seconds for processes to exit", where="utils.py:180")
+    # Unlike real vLLM (which SIGKILLs after its wait), a child that ignores SIGTERM is left
+    # running: that is the straggler outrig's cleanup must find.
+    shutdown(procs, grace=2.0, kill=False)
+    sys.stdout.flush()
+    # os._exit: multiprocessing's atexit would otherwise join a child that ignores SIGTERM.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,678 @@
+"""remote/agent.py run locally, as the `local` transport runs it: a subprocess, request on stdin.
+
+Every test works in its own tmp workdir with small real processes and asserts real outcomes
+(pids gone in /proc, files, exit codes). Processes are cleaned up by recorded pid (and start
+ticks) in the fixture's teardown, even when a test fails; never by name or pattern.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = ROOT / "remote" / "agent.py"
+# The agent must run on Python >= 3.8: point this at an old interpreter to check that.
+PY = os.environ.get("OUTRIG_TEST_AGENT_PYTHON", sys.executable)
+
+Event = Dict[str, Any]
+
+
+def stat_fields(pid: int) -> Optional[Tuple[str, int, int, int]]:
+    """(state, pgid, sid, start_ticks) from /proc/PID/stat, or None when the pid is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2 :].split()
+    return rest[0].decode(), int(rest[2]), int(rest[3]), int(rest[19])
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (the sandbox's PID 1 may never reap orphans)."""
+    st = stat_fields(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def wait_until(cond: Any, timeout: float = 5.0) -> bool:
+    """Poll ``cond()`` until true or timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Box:
+    """One tmp workdir plus the pids started in it, cleaned up by pid at teardown."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.workdir = tmp_path / "wd"
+        self.pids: Dict[int, int] = {}  # pid -> start ticks when recorded
+
+    def track(self, pid: int) -> None:
+        """Remember a pid (with its start ticks, so teardown never kills a reused pid)."""
+        st = stat_fields(pid)
+        if st is not None:
+            self.pids.setdefault(pid, st[3])
+
+    def track_events(self, events: List[Event]) -> None:
+        """Track every pid the agent reports as launched."""
+        for ev in events:
+            if ev["event"] == "launched":
+                self.track(ev["pid"])
+
+    def agent(self, req: Dict[str, Any], timeout: float = 40.0) -> Tuple[List[Event], Event]:
+        """Run the agent with one request line; return (events before result, result)."""
+        req.setdefault("v", 1)
+        req.setdefault("workdir", str(self.workdir))
+        req.setdefault("env", {})
+        proc = subprocess.run(
+            [PY, str(AGENT)],
+            input=(json.dumps(req) + "\n").encode(),
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+        lines = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+        assert lines, proc.stderr.decode()
+        for ev in lines:
+            assert "event" in ev and isinstance(ev["t"], float)
+        result = lines[-1]
+        assert result["event"] == "result", lines
+        events = lines[:-1]
+        self.track_events(events)
+        return events, result
+
+    def deploy(self, processes: List[Dict[str, Any]], **extra: Any) -> Tuple[List[Event], Event]:
+        """A deploy request with test-friendly defaults."""
+        req: Dict[str, Any] = {
+            "op": "deploy",
+            "playbook": "smoke",
+            "run_id": "r1",
+            "processes": processes,
+            "lock_timeout": 2,
+            "progress_interval": 0.2,
+        }
+        req.update(extra)
+        return self.agent(req)
+
+    def run_json(self, run_id: str = "r1") -> Dict[str, Any]:
+        """The run's manifest."""
+        data: Dict[str, Any] = json.loads((self.workdir / "runs" / run_id / "run.json").read_text())
+        return data
+
+    def log(self, name: str, run_id: str = "r1") -> str:
+        """A process log's text."""
+        return (self.workdir / "runs" / run_id / "logs" / f"{name}.log").read_text()
+
+    def teardown(self) -> None:
+        """Stop everything: the agent's own cleanup, then SIGKILL any recorded pid still ours."""
+        if (self.workdir / ".outrig").is_dir():
+            with contextlib.suppress(Exception):  # teardown must go on to the pid kills
+                self.agent({"op": "cleanup", "all": True, "stop_grace": 0.2}, timeout=30)
+        for pid, ticks in self.pids.items():
+            st = stat_fields(pid)
+            if st is not None and st[3] == ticks and st[0] not in ("Z", "X"):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Box]:
+    b = Box(tmp_path)
+    try:
+        yield b
+    finally:
+        b.teardown()
+
+
+def sleeper(name: str, **extra: Any) -> Dict[str, Any]:
+    """A process that just runs for a minute (ready when launched)."""
+    proc: Dict[str, Any] = {
+        "name": name,
+        "argv": [PY, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        "ready": None,
+        "stop_grace": 1,
+    }
+    proc.update(extra)
+    return proc
+
+
+def error_of(result: Event, kind: str) -> Dict[str, Any]:
+    """Assert the result failed with this kind; return the error."""
+    assert result["ok"] is False, result
+    err: Dict[str, Any] = result["error"]
+    assert err["kind"] == kind, err
+    return err
+
+
+def names(events: List[Event], kind: str) -> List[str]:
+    """``process`` of every event of one kind, in order."""
+    return [ev["process"] for ev in events if ev["event"] == kind]
+
+
+# ---------------------------------------------------------------------------------------- deploy
+
+
+def test_deploy_after_and_http_readiness(box: Box) -> None:
+    port = free_port()
+    server = {
+        "name": "server",
+        "argv": [PY, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        "ready": {"http": f"http://127.0.0.1:{port}/", "timeout": 15},
+        "stop_grace": 2,
+    }
+    client = {
+        "name": "client",
+        "argv": ["sh", "-c", 'echo "foo=$FOO tok=$HF_TOKEN"; echo client started; sleep 60'],
+        "env": {"MODE": "test"},
+        "after": ["server"],
+        "ready": {"log": r"client \w+ed", "timeout": 10},
+        "fatal": ["Traceback"],
+    }
+    secret = "hf_s3cr3t_value"
+    events, result = box.deploy(
+        [client, server],  # out of order on purpose: `after` decides
+        env={"FOO": "$HOME/x", "BAR": "${FOO}/y"},
+        secrets={"HF_TOKEN": secret},
+        files=[
+            {"path": "pkg/hello.txt", "data_b64": base64.b64encode(b"hi").decode(), "mode": 384}
+        ],
+    )
+    assert result["ok"] is True, result
+    kinds = [(ev["event"], ev.get("process")) for ev in events]
+    assert kinds.index(("ready", "server")) < kinds.index(("launched", "client"))
+    assert next(e for e in events if e["event"] == "facts")["boot_id"]
+    ready = {ev["process"]: ev["via"] for ev in events if ev["event"] == "ready"}
+    assert ready == {"server": "http", "client": "log"}
+
+    recs = {r["name"]: r for r in result["processes"]}
+    for rec in recs.values():
+        assert rec["pid"] == rec["pgid"] == rec["sid"]
+        assert alive(rec["pid"])
+        st = stat_fields(rec["pid"])
+        assert st is not None and st[3] == rec["start_ticks"]
+    assert recs["client"]["argv"][0] == "sh"
+    assert "HF_TOKEN" in recs["client"]["env_keys"] and "MODE" in recs["client"]["env_keys"]
+
+    # files written with their mode; wrapper written; pointer set; run.json running
+    hello = box.workdir / "pkg" / "hello.txt"
+    assert hello.read_bytes() == b"hi" and (hello.stat().st_mode & 0o777) == 0o600
+    assert (box.workdir / ".outrig" / "wrap.py").is_file()
+    assert (box.workdir / ".outrig" / "current" / "smoke").read_text().strip() == "r1"
+    run = box.run_json()
+    assert run["status"] == "running" and run["marker"] == "OUTRIG_RUN=r1"
+    assert result["run_dir"] == str(box.workdir / "runs" / "r1")
+
+    # env expanded against the box env; secrets reach the process but are recorded nowhere
+    assert f"foo={os.environ['HOME']}/x tok={secret}" in box.log("client")
+    assert secret not in (box.workdir / "runs" / "r1" / "run.json").read_text()
+    assert all(secret not in json.dumps(ev) for ev in [*events, result])
+    env = (Path(f"/proc/{recs['client']['pid']}/environ")).read_bytes().split(b"\0")
+    assert b"OUTRIG_RUN=r1" in env and b"OUTRIG_PROCESS=client" in env
+
+
+def test_log_readiness_with_waiting_heartbeats(box: Box) -> None:
+    script = (
+        "import time; print('loading', flush=True); time.sleep(0.8);"
+        "print('READY x', flush=True); time.sleep(60)"
+    )
+    spec = {"log": r"^READY \w$", "timeout": 10}
+    events, result = box.deploy([{"name": "svc", "argv": [PY, "-c", script], "ready": spec}])
+    assert result["ok"] is True, result
+    waiting = [ev for ev in events if ev["event"] == "waiting"]
+    assert waiting and waiting[-1]["last_line"] == "loading"
+    assert waiting[0]["timeout"] == 10
+    ready = next(ev for ev in events if ev["event"] == "ready")
+    assert ready["via"] == "log" and ready["elapsed"] >= 0.7
+
+
+def test_fatal_log_aborts_and_stops_what_was_launched(box: Box) -> None:
+    bad = (
+        "import time; print('starting', flush=True);"
+        "print('Traceback (most recent call last):', flush=True); time.sleep(60)"
+    )
+    events, result = box.deploy(
+        [
+            sleeper("first"),
+            {
+                "name": "second",
+                "argv": [PY, "-c", bad],
+                "ready": {"log": "never", "timeout": 20},
+                "fatal": ["^Traceback"],
+                "stop_grace": 1,
+            },
+        ]
+    )
+    err = error_of(result, "fatal_log")
+    assert err["process"] == "second"
+    assert "Traceback (most recent call last):" in err["excerpt"]
+    assert "starting" in err["excerpt"]
+    pids = [ev["pid"] for ev in events if ev["event"] == "launched"]
+    assert len(pids) == 2
+    assert all(not alive(p) for p in pids)
+    assert sorted(names(events, "stopped")) == ["first", "second"]
+    run = box.run_json()
+    assert run["status"] == "failed" and run["error"]["kind"] == "fatal_log"
+
+
+def test_early_exit_reports_exit_code(box: Box) -> None:
+    port = free_port()
+    _events, result = box.deploy(
+        [
+            {
+                "name": "crasher",
+                "argv": [PY, "-c", "import sys; print('boom', flush=True); sys.exit(3)"],
+                "ready": {"http": f"http://127.0.0.1:{port}/health", "timeout": 20},
+            }
+        ]
+    )
+    err = error_of(result, "exited")
+    assert err["exit_code"] == 3 and err["process"] == "crasher"
+    assert "boom" in err["excerpt"]
+    assert "code 3" in err["message"]
+    exit_file = box.workdir / "runs" / "r1" / "exit" / "crasher.json"
+    assert json.loads(exit_file.read_text())["code"] == 3
+
+
+def test_fatal_line_right_before_exit_wins_over_exit(box: Box) -> None:
+    script = "import sys; print('RuntimeError: CUDA out of memory'); sys.exit(1)"
+    _, result = box.deploy(
+        [
+            {
+                "name": "oom",
+                "argv": [PY, "-c", script],
+                "ready": {"port": free_port(), "timeout": 20},
+                "fatal": ["out of memory"],
+            }
+        ]
+    )
+    err = error_of(result, "fatal_log")
+    assert err["excerpt"] == ["RuntimeError: CUDA out of memory"]
+
+
+def test_unexecutable_argv_is_exit_127(box: Box) -> None:
+    _, result = box.deploy(
+        [{"name": "nope", "argv": ["/nonexistent/binary"], "ready": {"port": 1, "timeout": 10}}]
+    )
+    err = error_of(result, "exited")
+    assert err["exit_code"] == 127
+    assert any("cannot execute" in line for line in err["excerpt"])
+
+
+def test_exit_readiness_for_one_shot(box: Box) -> None:
+    prep = {
+        "name": "prep",
+        "argv": [PY, "-c", "open('prepared', 'w').write('x'); print('prep done')"],
+        "ready": {"exit": True, "timeout": 10},
+    }
+    check = "import os, time; assert os.path.exists('prepared'); time.sleep(60)"
+    main = sleeper("main", after=["prep"], argv=[PY, "-c", check])
+    events, result = box.deploy([main, prep])
+    assert result["ok"] is True, result
+    vias = [e["via"] for e in events if e["event"] == "ready" and e["process"] == "prep"]
+    assert vias == ["exit"]
+    assert (box.workdir / "prepared").exists()
+    main_pid = next(r["pid"] for r in result["processes"] if r["name"] == "main")
+    assert alive(main_pid)
+
+    # a failing one-shot is an `exited` error with its code
+    _, result = box.deploy(
+        [{"name": "prep", "argv": [PY, "-c", "raise SystemExit(2)"], "ready": {"exit": True}}],
+        run_id="r2",
+    )
+    assert error_of(result, "exited")["exit_code"] == 2
+    assert not alive(main_pid)  # r2 replaced r1 (same playbook) before failing
+
+
+def test_wait_false_returns_without_waiting(box: Box) -> None:
+    t0 = time.monotonic()
+    events, result = box.deploy(
+        [sleeper("slow", ready={"log": "never printed", "timeout": 30})], wait=False
+    )
+    assert result["ok"] is True, result
+    assert time.monotonic() - t0 < 5
+    assert "slow" not in names(events, "ready")
+    assert alive(result["processes"][0]["pid"])
+    assert box.run_json()["status"] == "running"
+
+
+def test_redeploy_stops_previous_run(box: Box) -> None:
+    _, first = box.deploy([sleeper("a"), sleeper("b", after=["a"])])
+    assert first["ok"] is True, first
+    old = [r["pid"] for r in first["processes"]]
+    assert all(alive(p) for p in old)
+    events, second = box.deploy([sleeper("a")], run_id="r2")
+    assert second["ok"] is True, second
+    stopped = [ev for ev in events if ev["event"] == "stopped"]
+    assert [(ev["process"], ev["run_id"]) for ev in stopped] == [("b", "r1"), ("a", "r1")]
+    assert all(not alive(p) for p in old)
+    assert box.run_json("r1")["status"] == "stopped"
+    assert (box.workdir / ".outrig" / "current" / "smoke").read_text().strip() == "r2"
+    assert alive(second["processes"][0]["pid"])
+
+
+# --------------------------------------------------------------------------------------- cleanup
+
+FAMILY = r"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+escaper = "import os, time; os.setsid(); open('escaper.up', 'w').close(); time.sleep(60)"
+stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "open('stubborn.up', 'w').close(); time.sleep(60)")
+a = subprocess.Popen([sys.executable, "-c", escaper])
+b = subprocess.Popen([sys.executable, "-c", stubborn])
+while not (os.path.exists('escaper.up') and os.path.exists('stubborn.up')):
+    time.sleep(0.02)
+open('pids.txt', 'w').write('%d %d %d' % (os.getpid(), a.pid, b.pid))
+print('family up', flush=True)
+time.sleep(60)
+"""
+
+
+def family_pids(box: Box) -> List[int]:
+    """Leader, setsid escaper, SIGTERM-ignoring child (written by FAMILY)."""
+    pids = [int(x) for x in (box.workdir / "pids.txt").read_text().split()]
+    for pid in pids:
+        box.track(pid)
+    return pids
+
+
+def test_cleanup_finds_setsid_child_and_kills_term_ignorer_after_grace(box: Box) -> None:
+    _, result = box.deploy(
+        [{"name": "fam", "argv": [PY, "-c", FAMILY], "ready": {"log": "up"}, "stop_grace": 1}]
+    )
+    assert result["ok"] is True, result
+    wrapper = result["processes"][0]["pid"]
+    leader, escaper, stubborn = family_pids(box)
+    st = stat_fields(escaper)
+    assert st is not None and st[2] == escaper  # really in its own session
+    _events, result = box.agent({"op": "cleanup", "playbook": "smoke"})
+    assert result["ok"] is True, result
+    (run,) = result["runs"]
+    (rec,) = run["processes"]
+    assert rec["process"] == "fam" and rec["how"] == "kill"
+    assert rec["seconds"] >= 1.0 and rec["stragglers"] >= 3
+    for pid in (wrapper, leader, escaper, stubborn):
+        assert not alive(pid), pid
+    assert box.run_json()["status"] == "stopped"
+    assert not (box.workdir / ".outrig" / "current" / "smoke").exists()
+    # the wrapper was SIGKILLed, so the agent wrote the exit file for it
+    _, status = box.agent({"op": "status", "run_id": "r1"})
+    assert status["runs"][0]["processes"][0]["state"] == "killed"
+
+
+def test_cleanup_leaves_reused_pid_alone(box: Box) -> None:
+    _, result = box.deploy([sleeper("svc")])
+    assert result["ok"] is True, result
+    real = result["processes"][0]["pid"]
+    stranger = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        box.track(stranger.pid)
+        st = stat_fields(stranger.pid)
+        assert st is not None
+        path = box.workdir / "runs" / "r1" / "run.json"
+        run = json.loads(path.read_text())
+        rec = run["processes"][0]
+        rec.update(pid=stranger.pid, pgid=stranger.pid, sid=stranger.pid, start_ticks=st[3] + 7)
+        path.write_text(json.dumps(run))
+        _events, result = box.agent({"op": "cleanup", "run_id": "r1", "stop_grace": 0.5})
+        assert result["ok"] is True, result
+        hows = {p["process"]: p["how"] for p in result["runs"][0]["processes"]}
+        assert hows["svc"] == "reused"
+        assert stranger.poll() is None and alive(stranger.pid)  # not ours: untouched
+        assert not alive(real)  # the real one still carried the marker: swept
+        assert "(marker sweep)" in hows
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_cleanup_with_corrupt_run_json_sweeps_marker(box: Box) -> None:
+    _, result = box.deploy(
+        [{"name": "fam", "argv": [PY, "-c", FAMILY], "ready": {"log": "up"}, "stop_grace": 1}]
+    )
+    assert result["ok"] is True, result
+    wrapper = result["processes"][0]["pid"]
+    pids = [wrapper, *family_pids(box)]
+    (box.workdir / "runs" / "r1" / "run.json").write_text("{not json")
+    events, result = box.agent({"op": "cleanup", "run_id": "r1", "stop_grace": 0.3})
+    assert result["ok"] is True, result
+    assert any(ev["event"] == "warning" and "r1" in ev["msg"] for ev in events)
+    (sweep,) = result["runs"][0]["processes"]
+    assert sweep["process"] == "(marker sweep)" and sweep["how"] == "kill"
+    assert sweep["stragglers"] == 4
+    for pid in pids:
+        assert not alive(pid), pid
+
+
+def test_cleanup_all_stops_every_live_run(box: Box) -> None:
+    _, one = box.deploy([sleeper("a")])
+    _, two = box.deploy([sleeper("b")], playbook="other", run_id="r2")
+    pids = [one["processes"][0]["pid"], two["processes"][0]["pid"]]
+    assert all(alive(p) for p in pids)
+    _, result = box.agent({"op": "cleanup", "all": True})
+    assert result["ok"] is True, result
+    assert sorted(r["run_id"] for r in result["runs"]) == ["r1", "r2"]
+    assert all(not alive(p) for p in pids)
+    assert not list((box.workdir / ".outrig" / "current").iterdir())
+    _, status = box.agent({"op": "status"})
+    assert status["runs"] == []
+
+
+def test_cleanup_without_a_run_is_ok_and_idempotent(box: Box) -> None:
+    _, result = box.agent({"op": "cleanup", "playbook": "smoke"})
+    assert result["ok"] is True and result["runs"] == []
+    _, result = box.agent({"op": "cleanup"})
+    assert "run_id" in error_of(result, "bad_request")["message"]
+
+
+# ---------------------------------------------------------------------------------- status, logs
+
+
+QUITTER = "import time; time.sleep(0.3); raise SystemExit(4)"
+VICTIM = "import os, signal, time; time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)"
+
+
+def test_status_running_exited_killed(box: Box) -> None:
+    _, result = box.deploy(
+        [
+            sleeper("runner"),
+            {"name": "quitter", "argv": [PY, "-c", QUITTER]},
+            {"name": "victim", "argv": [PY, "-c", VICTIM]},
+        ],
+        wait=False,
+    )
+    assert result["ok"] is True, result
+    exits = box.workdir / "runs" / "r1" / "exit"
+    assert wait_until(lambda: all((exits / f"{n}.json").exists() for n in ("quitter", "victim")))
+    _, status = box.agent({"op": "status", "log_lines": 3})
+    assert status["ok"] is True, status
+    assert "gpus" in status["facts"]
+    (run,) = status["runs"]
+    assert run["run_id"] == "r1" and run["status"] == "running"
+    states = {p["name"]: p for p in run["processes"]}
+    assert states["runner"]["state"] == "running" and states["runner"]["uptime"] >= 0
+    assert states["runner"]["log_tail"] == ["up"]
+    assert (states["quitter"]["state"], states["quitter"]["exit_code"]) == ("exited", 4)
+    assert (states["victim"]["state"], states["victim"]["signal"]) == ("killed", 9)
+
+
+def test_status_and_logs_of_unknown_run_are_not_found(box: Box) -> None:
+    _, result = box.agent({"op": "status", "run_id": "nope"})
+    error_of(result, "not_found")
+    _, result = box.agent({"op": "logs", "playbook": "smoke"})
+    error_of(result, "not_found")
+
+
+def test_logs_returns_last_lines(box: Box) -> None:
+    script = "import sys\nfor i in range(1, 5001): print('line %d' % i)\nprint('partial', end='')"
+    _, result = box.deploy(
+        [{"name": "talker", "argv": [PY, "-c", script], "ready": {"exit": True}}, sleeper("quiet")]
+    )
+    assert result["ok"] is True, result
+    _, logs = box.agent({"op": "logs", "playbook": "smoke", "lines": 4})
+    assert logs["ok"] is True and logs["run_id"] == "r1"
+    assert logs["logs"]["talker"] == ["line 4998", "line 4999", "line 5000", "partial"]
+    assert logs["logs"]["quiet"] == ["up"]
+    _, logs = box.agent({"op": "logs", "run_id": "r1", "processes": ["talker"], "lines": 1})
+    assert logs["logs"] == {"talker": ["partial"]}
+
+
+# ---------------------------------------------------------------------- refusals: nothing started
+
+
+def test_lock_held_is_a_lock_error(box: Box) -> None:
+    state = box.workdir / ".outrig"
+    state.mkdir(parents=True)
+    with open(state / "lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps({"pid": os.getpid(), "op": "deploy", "since": time.time()}))
+        f.flush()
+        t0 = time.monotonic()
+        events, result = box.deploy([sleeper("x")], lock_timeout=0.4)
+        assert time.monotonic() - t0 >= 0.4
+    err = error_of(result, "lock")
+    assert f"pid {os.getpid()}" in err["message"]
+    assert not names(events, "launched")
+    assert not (box.workdir / "runs" / "r1").exists()
+
+
+FAKE_SMI = """#!/bin/sh
+echo "0, GPU-aaaa, NVIDIA H200, 143771, 10, [N/A]"
+echo "1, GPU-bbbb, NVIDIA H200, 143771, 20, 7"
+"""
+
+
+def test_gpu_index_beyond_the_box(box: Box) -> None:
+    bindir = box.tmp / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    events, result = box.deploy(
+        [sleeper("ok", gpus=[0, 1]), sleeper("greedy", gpus=[1, 5])],
+        env={"PATH": f"{bindir}:$PATH"},
+    )
+    err = error_of(result, "gpu")
+    assert err["process"] == "greedy"
+    assert "wants GPU 5 but the box has 2 (0-1)" in err["message"]
+    facts = next(ev for ev in events if ev["event"] == "facts")
+    assert facts["gpu_error"] is None
+    assert facts["gpus"][0] == {
+        "index": 0,
+        "uuid": "GPU-aaaa",
+        "name": "NVIDIA H200",
+        "memory_total_mib": 143771,
+        "memory_used_mib": 10,
+        "utilization_pct": None,
+    }
+    assert not names(events, "launched")
+    assert not (box.workdir / "runs").exists()
+
+
+def test_missing_nvidia_smi_is_reported_not_fatal(box: Box) -> None:
+    events, result = box.agent({"op": "check", "env": {"PATH": str(box.tmp)}})
+    assert result["ok"] is True, result
+    facts = next(ev for ev in events if ev["event"] == "facts")
+    assert facts["gpus"] == [] and "not found" in facts["gpu_error"]
+    assert result["workdir_writable"] is True  # missing workdir, creatable parent
+    assert result["disk_free_bytes"] > 0
+    assert not box.workdir.exists()  # check creates nothing
+
+
+def test_workdir_under_a_regular_file(box: Box) -> None:
+    blocker = box.tmp / "plainfile"
+    blocker.write_text("x")
+    workdir = blocker / "wd"
+    events, result = box.deploy([sleeper("x")], workdir=str(workdir))
+    err = error_of(result, "workdir")
+    assert str(workdir) in err["message"] and "Not a directory" in err["message"]
+    assert not names(events, "launched")
+
+
+def test_bad_requests_name_the_field(box: Box) -> None:
+    _, result = box.deploy([{"name": "x", "argv": []}])
+    assert "processes[0].argv" in error_of(result, "bad_request")["message"]
+    _, result = box.deploy([sleeper("a", after=["b"])])
+    assert "processes[0].after" in error_of(result, "bad_request")["message"]
+    _, result = box.deploy([sleeper("a", after=["b"]), sleeper("b", after=["a"])])
+    assert "cycle" in error_of(result, "bad_request")["message"]
+    _, result = box.deploy([sleeper("a", fatal=["(unclosed"])])
+    assert "processes[0].fatal[0]" in error_of(result, "bad_request")["message"]
+    _, result = box.deploy([sleeper("a")], run_id="../evil")
+    assert "run_id" in error_of(result, "bad_request")["message"]
+    _, result = box.agent({"op": "deploy", "workdir": "relative/path"})
+    assert "workdir" in error_of(result, "bad_request")["message"]
+    _, result = box.agent({"op": "explode"})
+    assert "op" in error_of(result, "bad_request")["message"]
+    proc = subprocess.run(
+        [PY, str(AGENT)], input=b"this is not json\n", capture_output=True, timeout=20, check=False
+    )
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout.decode().splitlines()[-1])["error"]["kind"] == "bad_request"
+    assert not (box.workdir / "runs").exists()
+
+
+def test_shell_metacharacters_reach_the_process_literally(box: Box) -> None:
+    nasty = '"; touch X; echo $HOME `id` $(id) | cat > Y'
+    script = "import sys; open('argv.txt', 'w').write(sys.argv[1])"
+    _, result = box.deploy(
+        [{"name": "lit", "argv": [PY, "-c", script, nasty], "ready": {"exit": True}}]
+    )
+    assert result["ok"] is True, result
+    assert (box.workdir / "argv.txt").read_text() == nasty
+    assert not (box.workdir / "X").exists() and not (box.workdir / "Y").exists()
+    assert not (box.tmp / "X").exists()
+    assert result["processes"][0]["argv"][-1] == nasty
+
+
+def test_bootstrap_exec_does_not_wait_for_eof(box: Box) -> None:
+    """The way the SSH transport runs it: compressed source then the request; stdin stays open."""
+    boot = (
+        "import sys,zlib;n=int(sys.stdin.buffer.readline());"
+        'exec(compile(zlib.decompress(sys.stdin.buffer.read(n)),"outrig-agent","exec"))'
+    )
+    blob = zlib.compress(AGENT.read_bytes())
+    req = {"v": 1, "op": "check", "workdir": str(box.workdir), "env": {}}
+    proc = subprocess.Popen(
+        [PY, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"%d\n" % len(blob) + blob + (json.dumps(req) + "\n").encode())
+        proc.stdin.flush()  # and keep it open
+        assert proc.wait(timeout=20) == 0
+        lines = [json.loads(x) for x in proc.stdout.read().decode().splitlines()]
+        assert lines[-1]["event"] == "result" and lines[-1]["ok"] is True
+        assert lines[0]["event"] == "facts"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()
