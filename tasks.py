@@ -136,20 +136,35 @@ def tail_logs(c: Any, host: str, run: str | None = None, playbook: str | None = 
 
 @task(
     auto_shortflags=False,
+    iterable=["force_foreign"],
     help={"host": HOST_HELP, "run": "stop this run id", "playbook": "stop this playbook's run",
-          "all": "stop every outrig run on the box", "json": JSON_HELP},
+          "all": "stop every outrig run on the box",
+          "force_foreign": "also kill this pid that outrig did not start (repeat for several); "
+                           "it is shown before it is killed",
+          "dry_run": "show what would be signalled and who holds the GPUs; signal nothing",
+          "timeout": "seconds to wait for GPU memory to come back (default 60)",
+          "json": JSON_HELP},
 )
 @friendly
 def cleanup(c: Any, host: str, run: str | None = None, playbook: str | None = None,
-            all: bool = False, json: bool = False) -> None:
-    """Stop exactly the processes outrig recorded (TERM, grace, KILL of their group).
+            all: bool = False, force_foreign: list[str] | None = None, dry_run: bool = False,
+            timeout: float = 60.0, json: bool = False) -> None:
+    """Stop exactly what outrig started, then prove the GPUs are free (audit + wait).
 
-    Example:
+    Exit status 0 only when nothing of ours is left and the GPU memory it held is back.
+    Processes outrig did not start are listed, never killed, unless named with
+    --force-foreign.
+
+    Examples:
         inv cleanup --host uk-node --playbook dflash-qwen36
+        inv cleanup --host uk-node --all --dry-run
+        inv cleanup --host uk-node --force-foreign 4711
     """
-    from outrig.ops.runs import cleanup as run_cleanup
+    from outrig.ops.cleanup import cleanup as run_cleanup
 
-    run_cleanup(PROJECT, host, _reporter(json), run_id=run, playbook=playbook, all_runs=all)
+    run_cleanup(PROJECT, host, _reporter(json), run_id=run, playbook=playbook, all_runs=all,
+                force_foreign=list(force_foreign or []), dry_run=dry_run,
+                timeout=float(timeout))
 
 
 @task(auto_shortflags=False, help={"host": HOST_HELP, "json": JSON_HELP})

@@ -117,7 +117,7 @@ class Reporter:
             if proc.parallel:
                 gpus += f" (TP{proc.parallel[0]}×DP{proc.parallel[1]})"
             command = " ".join(_shown(a) for a in proc.argv)
-            if not full and len(command) > 100:
+            if len(command) > 100:  # with full=True the whole argv follows the table
                 command = command[:97] + "..."
             table.add_row(str(index), name, gpus, ",".join(proc.after) or "-",
                           proc.ready.describe() if proc.ready else "on launch",
@@ -127,8 +127,8 @@ class Reporter:
             for name in plan.order:
                 proc = plan.processes[name]
                 self.stdout_console.print(f"[bold]{escape(name)}[/bold] argv:")
-                for arg in proc.argv:
-                    self.stdout_console.print(f"    {escape(_shown(arg))}")
+                for line in _argv_lines(proc.argv):
+                    self.stdout_console.print(f"    {escape(line)}", soft_wrap=True)
                 env = " ".join(f"{k}={_shown(v)}" for k, v in sorted(proc.env.items()))
                 self.stdout_console.print(f"  env: {escape(env)}")
         if plan.files:
@@ -139,6 +139,18 @@ class Reporter:
                 f"secrets passed over the channel: {', '.join(plan.secrets)} (values hidden)")
         for note in plan.notes:
             self.stdout_console.print(f"[dim]note: {escape(note)}[/dim]")
+
+
+def _argv_lines(argv: list[str]) -> list[str]:
+    """Shell-quoted argv, one option per line with its values (``--flag v1 v2``), so a long
+    rendered command reads like the hand-written one it replaces."""
+    lines: list[str] = []
+    for arg in argv:
+        if lines and not (arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit()):
+            lines[-1] += " " + _shown(arg)
+        else:
+            lines.append(_shown(arg))
+    return lines
 
 
 def _shown(arg: str) -> str:

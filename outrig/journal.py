@@ -71,6 +71,22 @@ class Journal:
         data["updated"] = time.time()
         atomic_write_json(self.host_path(host), data)
 
+    def model_facts(self, host: str) -> dict[str, dict[str, Any]]:
+        """model (path or hub id) → what the box's ``model_facts`` op said, with ``seen``."""
+        models = self.host_facts(host).get("models")
+        if not isinstance(models, dict):
+            return {}
+        return {str(k): v for k, v in models.items() if isinstance(v, dict)}
+
+    def remember_models(self, host: str, reports: list[dict[str, Any]]) -> None:
+        """Cache model facts per host: a model's layer count and size do not change, so a
+        later plan can check layer ids and memory fit without contacting the box."""
+        models = self.model_facts(host)
+        for report in reports:
+            if isinstance(report.get("model"), str):
+                models[report["model"]] = {**report, "seen": time.time()}
+        self.update_host(host, models=models)
+
     def record_run(self, run_id: str, record: dict[str, Any]) -> None:
         existing = read_json(self.run_path(run_id))
         merged = existing if isinstance(existing, dict) else {}

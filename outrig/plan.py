@@ -9,12 +9,18 @@ GPU overlap, GPU indices the host lacks, tensor × data parallel ≠ GPU count (
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from outrig import recipes
 from outrig.inventory import Host
 from outrig.playbook import Job, ProcessSpec
+from outrig.recipes import ModelFacts, RecipeContext
 from outrig.template import UndefinedName, substitute
+from outrig.yamlfile import validation_messages
 
 MARKER_VAR = "OUTRIG_RUN"
 
@@ -26,6 +32,8 @@ class HostFacts:
     gpu_count: int | None = None
     gpu_memory_mib: int | None = None
     source: str = "unknown"
+    # model (path or hub id) → facts read on the box or cached; only recipes look at these
+    models: dict[str, ModelFacts] = field(default_factory=dict)
 
 
 @dataclass
@@ -35,11 +43,14 @@ class ReadyPlan:
     port: int | None = None
     exit: bool = False
     timeout: float = 120.0
+    model: str | None = None
 
     def describe(self) -> str:
         parts = []
         if self.http:
             parts.append(f"GET {self.http}")
+        if self.model:
+            parts.append(f"/v1/models serves {self.model}")
         if self.port is not None:
             parts.append(f"port {self.port}")
         if self.log:
@@ -115,6 +126,8 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str) -> Plan:
     plan = Plan(host=host.name, playbook=job.name, run_id=run_id, workdir=host.workdir,
                 test_mode=job.test_mode, facts=facts, secrets=list(spec.secrets),
                 files=[(f.remote, str(f.local)) for f in job.files])
+    job = _expand_recipe(job, host, facts, run_id, plan)
+    spec = job.spec
     params: dict[str, object] = dict(spec.params)
     for key, value in builtin_params(host, job, run_id).items():
         if key in params:
@@ -139,6 +152,41 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str) -> Plan:
             "the GPU indices on the box before stopping or starting anything"
         )
     return plan
+
+
+def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Plan) -> Job:
+    """A recipe's processes join the playbook's own, so the generic checks see them all.
+
+    Returns ``job`` itself when there is no recipe, else a copy whose spec holds the merged
+    processes (recipe ones first) and whose ``where`` maps their key paths back to the
+    recipe's section of the file.
+    """
+    spec = job.spec
+    if spec.recipe is None:
+        return job
+    ctx = RecipeContext(host=host.name, run_id=run_id, test_mode=job.test_mode,
+                        gpu_count=facts.gpu_count, gpu_memory_mib=facts.gpu_memory_mib,
+                        gpu_source=facts.source, models=facts.models, where=job.where)
+    expansion = recipes.expand(spec.recipe, getattr(spec, spec.recipe), ctx)
+    plan.problems.extend(expansion.problems)
+    plan.notes.extend(expansion.notes)
+    aliases = {**job.aliases, **expansion.origins}
+    merged: dict[str, ProcessSpec] = {}
+    for name, raw in expansion.processes.items():
+        if name in spec.processes:
+            plan.problems.append(
+                f"{job.where(('processes', name))}: the {spec.recipe} recipe already defines a "
+                f"process named {name!r}; rename yours")
+            continue
+        try:
+            merged[name] = ProcessSpec.model_validate(raw)
+        except ValidationError as exc:  # a value from the recipe section broke the process
+            prefix = aliases.get(("processes", name), (spec.recipe,))
+            plan.problems.extend(validation_messages(job.doc, list(exc.errors()),
+                                                     prefix=prefix))
+    merged.update(spec.processes)
+    return dataclasses.replace(job, spec=spec.model_copy(update={"processes": merged}),
+                               aliases=aliases)
 
 
 def _sub(job: Job, keypath: tuple[object, ...], text: str, params: dict[str, object],
@@ -198,6 +246,8 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
             http=_sub(job, (*base, "ready", "http"), r.http, params, problems) if r.http else None,
             log=_sub(job, (*base, "ready", "log"), r.log, params, problems) if r.log else None,
             port=port, exit=r.exit, timeout=r.timeout,
+            model=_sub(job, (*base, "ready", "model"), r.model, params, problems)
+            if r.model else None,
         )
     parallel = (proc.parallel.tensor, proc.parallel.data) if proc.parallel else None
     return ProcessPlan(name=name, argv=argv, env=env, cwd=cwd, gpus=list(proc.gpus),

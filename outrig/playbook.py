@@ -15,11 +15,13 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from outrig.errors import ConfigError
+from outrig.recipes import RECIPE_NAMES
+from outrig.recipes.dflash import DFlashSpec
 from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
 
 _PROCESS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
@@ -37,6 +39,8 @@ class ReadySpec(_Strict):
     log: str | None = Field(None, description="regex that must match a line of the process log")
     port: int | str | None = Field(None, description="TCP port on 127.0.0.1 that must accept")
     exit: bool = Field(False, description="one-shot step: ready when it exited with code 0")
+    model: str | None = Field(None, description="with http: the id /v1/models must serve as "
+                              "data[0].id (vLLM); another id fails the deploy at once")
     timeout: float = Field(120.0, gt=0, description="seconds before the wait fails")
 
     @field_validator("log")
@@ -122,7 +126,11 @@ class PlaybookSpec(_Strict):
         description="workstation environment variables passed to every process over the "
         "SSH channel (never in argv, logs, journal or messages)",
     )
-    processes: dict[str, ProcessSpec] = Field(min_length=1)
+    recipe: Literal["dflash"] | None = Field(
+        None, description="expand a recipe section (e.g. dflash:) into processes")
+    dflash: DFlashSpec | None = Field(None, description="the dflash recipe's parameters")
+    processes: dict[str, ProcessSpec] = Field(
+        default_factory=dict, description="required unless a recipe provides them")
     files: dict[str, str] = Field(default_factory=dict, description="remote path → local path")
     test: dict[str, Any] | None = Field(None, description="overrides applied with --test")
 
@@ -175,8 +183,16 @@ class Job:
     doc: YamlDoc
     test_mode: bool
     files: list[LocalFile] = field(default_factory=list)
+    # Processes a recipe made have no ``processes.X`` key in the file; messages about them
+    # point at the recipe's section instead (longest matching prefix wins).
+    aliases: dict[KeyPath, KeyPath] = field(default_factory=dict)
 
     def where(self, keypath: KeyPath) -> str:
+        keypath = tuple(keypath)
+        for prefix in sorted(self.aliases, key=len, reverse=True):
+            if keypath[: len(prefix)] == prefix:
+                keypath = (*self.aliases[prefix], *keypath[len(prefix):])
+                break
         return self.doc.where(keypath)
 
 
@@ -185,6 +201,26 @@ def _check_regex(pattern: str) -> None:
         re.compile(pattern)
     except re.error as exc:
         raise ValueError(f"regex {pattern!r} does not compile: {exc}") from None
+
+
+def _recipe_shape_errors(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """``processes:`` or a recipe, and a recipe with its section (pydantic-shaped errors)."""
+    recipe = raw.get("recipe")
+    errors: list[dict[str, Any]] = []
+    if recipe is None and not raw.get("processes"):
+        kind = "missing" if "processes" not in raw else "value_error"
+        errors.append({"type": kind, "loc": ("processes",),
+                       "msg": "list at least one process, or name a recipe (recipe: dflash)"})
+    if isinstance(recipe, str) and recipe in RECIPE_NAMES and raw.get(recipe) is None:
+        errors.append({"type": "value_error", "loc": ("recipe",),
+                       "msg": f"recipe: {recipe} needs a '{recipe}:' section with its "
+                              "parameters (see docs/dflash.md)"})
+    for name in RECIPE_NAMES:
+        if raw.get(name) is not None and recipe != name:
+            errors.append({"type": "value_error", "loc": (name,),
+                           "msg": f"a '{name}:' section is only used with recipe: {name}; "
+                                  "add that line or remove the section"})
+    return errors
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -227,6 +263,8 @@ def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None) ->
     raw = doc.data
     if test:
         overrides = raw.get("test")
+        if overrides is None and raw.get("recipe") is not None:
+            overrides = {}  # a recipe has its own test mode (e.g. dflash: one epoch, few samples)
         if overrides is None:
             raise ConfigError(
                 f"{path}: --test was given but the playbook has no 'test:' section; add one "
@@ -236,10 +274,15 @@ def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None) ->
             raise ConfigError(f"{doc.where(('test',))}: must be a mapping of overrides")
         raw = deep_merge({k: v for k, v in raw.items() if k != "test"}, overrides)
         raw["test"] = overrides
+    errors: list[Any] = []
+    spec: PlaybookSpec | None = None
     try:
         spec = PlaybookSpec.model_validate(raw)
     except ValidationError as exc:
-        lines = validation_messages(doc, list(exc.errors()))
+        errors = list(exc.errors())
+    errors += _recipe_shape_errors(raw)
+    if errors or spec is None:
+        lines = validation_messages(doc, errors)
         plural = "s" if len(lines) != 1 else ""
         raise ConfigError(
             f"playbook {path} is not valid ({len(lines)} problem{plural}):\n"

@@ -6,7 +6,7 @@ file implements). It reads exactly one JSON line (the request) from stdin, does 
 on the box and writes JSON-line events to stdout, flushed one by one. The last line is always a
 ``result`` event; the agent exits 0 whenever it printed one.
 
-Ops: ``deploy``, ``cleanup``, ``status``, ``logs``, ``check``.
+Ops: ``deploy``, ``cleanup``, ``status``, ``logs``, ``check``, ``model_facts``, ``follow``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.parse
 import urllib.request
 from typing import IO, Any, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 PROTOCOL_VERSION = 1
-OPS = ("deploy", "cleanup", "status", "logs", "check")
+OPS = ("deploy", "cleanup", "status", "logs", "check", "model_facts", "follow")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 POLL_S = 0.05  # how often stop loops re-check /proc
 TICK_S = 0.1  # how often the readiness loop looks at logs and exits
@@ -328,6 +329,10 @@ class ReadySpec:
             self.port = get_int(raw, "port", where, 0, 1, 65535)
         self.exit = get_bool(raw, "exit", where, False)
         self.timeout = get_num(raw, "timeout", where, DEFAULT_READY_TIMEOUT, positive=True)
+        # With http: the id that <scheme://host:port>/v1/models must serve (vLLM's data[0].id).
+        self.model = get_opt_str(raw, "model", where)
+        if self.model is not None and self.http is None:
+            raise bad_request(f"{where}model: needs http (the server whose /v1/models to ask)")
 
     def kinds(self) -> List[str]:
         """The configured conditions, in a fixed order."""
@@ -363,6 +368,7 @@ class ReadySpec:
             "port": self.port,
             "exit": self.exit,
             "timeout": self.timeout,
+            "model": self.model,
         }
 
 
@@ -1245,6 +1251,21 @@ def probe_port(port: int) -> bool:
         return False
 
 
+def probe_served_model(url: str) -> Optional[str]:
+    """``data[0].id`` of ``/v1/models`` on the origin of ``url`` (vLLM's served model id), or
+    None when it does not answer (yet) with a model list."""
+    parts = urllib.parse.urlsplit(url)
+    models_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/v1/models", "", ""))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(models_url, timeout=PROBE_TIMEOUT_S) as resp:
+            data = json.loads(resp.read(1 << 20).decode("utf-8"))
+        first = data["data"][0]["id"]
+    except Exception:  # not up, not JSON, empty list: not ready yet
+        return None
+    return first if isinstance(first, str) else None
+
+
 def read_exit_file(path: str) -> Optional[Tuple[Optional[int], Optional[int]]]:
     """(code, signal) from a wrapper's exit file, or None if absent/unreadable."""
     try:
@@ -1458,7 +1479,12 @@ class Deployment:
         now = time.monotonic()
         if ("http" in watch.kinds or "port" in watch.kinds) and now >= watch.next_probe:
             watch.next_probe = now + PROBE_EVERY_S
-            if ready.http is not None and "http" not in watch.met and probe_http(ready.http):
+            if (
+                ready.http is not None
+                and "http" not in watch.met
+                and probe_http(ready.http)
+                and (ready.model is None or self.served_model_ok(watch, ready.http, ready.model))
+            ):
                 watch.met.add("http")
             if ready.port is not None and "port" not in watch.met and probe_port(ready.port):
                 watch.met.add("port")
@@ -1470,6 +1496,23 @@ class Deployment:
         elif watch.ended:
             code, _ = watch.exit_status()
             raise self.fail(watch, "exited", f"{spec.name} exited before it was ready", code)
+
+    def served_model_ok(self, watch: Watch, url: str, expected: str) -> bool:
+        """True when /v1/models serves ``expected``; another id is an error right away (the
+        trainer would die on it minutes later); no answer yet means keep waiting."""
+        served = probe_served_model(url)
+        if served is None:
+            return False
+        if served != expected:
+            raise self.fail(
+                watch,
+                "model_mismatch",
+                f"{watch.spec.name} serves model id {served!r} at /v1/models, but "
+                f"{expected!r} is expected (the trainer's --verifier-name-or-path must equal it;"
+                " do not pass --served-model-name)",
+                None,
+            )
+        return True
 
     def wait_for(self, names: Set[str]) -> None:
         """Wait until every named process is ready, watching all launched ones meanwhile."""
@@ -1525,6 +1568,34 @@ def check_gpus(procs: List[ProcSpec], gpus: List[JSONDict]) -> None:
                 )
 
 
+def check_gpus_free(audit: JSONDict, needed: Set[int], previous: Optional[str],
+                    host_label: str) -> None:
+    """``gpu_busy`` when a GPU the deploy needs is held by anything but ``previous``."""
+    blockers = [
+        h for h in audit["holders"]
+        if h.get("gpu_index") in needed
+        and not (h.get("owner") and h["owner"]["run_id"] == previous)
+    ]
+    if not blockers:
+        return
+    foreign = sorted({h["pid"] for h in blockers if not h.get("owner")})
+    other_runs = sorted({h["owner"]["run_id"] for h in blockers if h.get("owner")})
+    fixes = []
+    if other_runs:
+        fixes += [f"inv cleanup --host {host_label} --run {rid}" for rid in other_runs]
+    if foreign:
+        fixes.append(f"inv cleanup --host {host_label} --force-foreign "
+                     + " ".join(str(p) for p in foreign)
+                     + "  (only if you are sure they may die)")
+    raise AgentError(
+        "gpu_busy",
+        f"GPU(s) {', '.join(str(i) for i in sorted(needed))} needed by this deploy are held by "
+        f"{len(blockers)} other process(es): " + "; ".join(holder_line(h) for h in blockers)
+        + ". Nothing was stopped or started. To free them: " + " ; ".join(fixes)
+        + ", or give this playbook other GPUs.",
+    )
+
+
 def write_files(layout: Layout, files: List[FileSpec], out: Emitter) -> None:
     """Step 4: wrap.py and the request's files, each atomically (``workdir`` error naming it)."""
     todo = [(layout.wrap, WRAP_SOURCE.encode("utf-8"), 0o644)]
@@ -1557,6 +1628,8 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     wait = get_bool(raw, "wait", "", True)
     lock_timeout = get_num(raw, "lock_timeout", "", 10.0)
     progress = get_num(raw, "progress_interval", "", 1.0, positive=True)
+    gpu_timeout = get_num(raw, "gpu_timeout", "", GPU_WAIT_DEFAULT_S, positive=True)
+    host_label = get_opt_str(raw, "host_label", "") or "HOST"
     layout = Layout(req.workdir)
     if os.path.lexists(layout.run_dir(run_id)):
         raise bad_request(f"run_id: {run_id} already exists in {layout.runs}")
@@ -1566,11 +1639,26 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     check_gpus(procs, facts["gpus"])
 
     with WorkdirLock(layout, "deploy", lock_timeout):
-        write_files(layout, files, out)
         previous = read_pointer(layout, playbook)
+        needed = {g for p in procs for g in p.gpus}
+        before: Optional[JSONDict] = None
+        if needed and facts["gpus"]:
+            # Refuse *before* stopping or writing anything when a GPU we need is held by
+            # anything but the run this deploy replaces.
+            before = gpu_audit(layout, Stopper(out))
+            check_gpus_free(before, needed, previous, host_label)
+        write_files(layout, files, out)
         if previous is not None:
             out.step(f"stopping previous run {previous}")
-            stop_run_by_id(layout, previous, Stopper(out), out, None)
+            stopper = Stopper(out)
+            stop_run_by_id(layout, previous, stopper, out, None)
+            if before is not None:
+                release = wait_gpus_released(layout, stopper, out, {previous}, before,
+                                             gpu_timeout)
+                verdict = release["verdict"]
+                if not verdict["released"]:
+                    raise AgentError("gpu_stuck", f"{verdict.get('message')} Nothing was "
+                                     "started.")
         run_dir = layout.run_dir(run_id)
         try:
             os.makedirs(run_dir)
@@ -1609,39 +1697,388 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     return {"run_id": run_id, "run_dir": run_dir, "processes": records}
 
 
+# --------------------------------------------------------------------------- GPU audit
+#
+# Who holds which GPU, and is it ours? nvidia-smi --query-compute-apps gives (pid, memory,
+# gpu uuid); it shows the executable, not vLLM's renamed titles, so titles come from
+# /proc/PID/comm. In containers nvidia-smi often cannot see pids at all: an open
+# /dev/nvidia<N> file descriptor (from /proc/PID/fd) is then the only sign of a holder.
+
+NVIDIA_DEV_RE = re.compile(r"^/dev/nvidia(\d+)$")
+GPU_WAIT_DEFAULT_S = 60.0
+GPU_WAIT_BEAT_S = 2.0
+
+
+def query_compute_apps() -> Tuple[List[JSONDict], Optional[str]]:
+    """[{pid, used_mib, gpu_uuid}] from nvidia-smi, or ([], why not)."""
+    exe = shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath))
+    if exe is None:
+        return [], "nvidia-smi not found on PATH"
+    try:
+        proc = subprocess.run(
+            [exe, "--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return [], "nvidia-smi timed out after 10 s"
+    except OSError as exc:
+        return [], f"cannot run nvidia-smi: {exc}"
+    if proc.returncode != 0:
+        return [], f"nvidia-smi --query-compute-apps failed (exit {proc.returncode})"
+    return parse_compute_apps(proc.stdout.decode("utf-8", errors="replace")), None
+
+
+def parse_compute_apps(text: str) -> List[JSONDict]:
+    """Parse ``pid, used_memory, gpu_uuid`` CSV lines (noheader, nounits)."""
+    apps: List[JSONDict] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 3:
+            continue
+        pid = _csv_int(cells[0])
+        if pid is None:
+            continue
+        apps.append({"pid": pid, "used_mib": _csv_int(cells[1]), "gpu_uuid": cells[2]})
+    return apps
+
+
+def nvidia_fd_holders() -> Dict[int, List[int]]:
+    """pid → /dev/nvidia<N> minor numbers it has open (unreadable processes are skipped)."""
+    out: Dict[int, List[int]] = {}
+    for st in scan_procs():
+        if not st.live():
+            continue
+        fd_dir = f"/proc/{st.pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        minors: Set[int] = set()
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            match = NVIDIA_DEV_RE.match(target)
+            if match:
+                minors.add(int(match.group(1)))
+        if minors:
+            out[st.pid] = sorted(minors)
+    return out
+
+
+def describe_pid(pid: int) -> JSONDict:
+    """What a person needs to recognise a process: user, title, command line."""
+    info: JSONDict = {"pid": pid, "user": None, "comm": None, "cmdline": None}
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+        info["uid"] = uid
+        try:
+            import pwd
+
+            info["user"] = pwd.getpwuid(uid).pw_name
+        except (KeyError, ImportError):
+            info["user"] = str(uid)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/comm", encoding="utf-8",
+                                            errors="replace") as f:
+        info["comm"] = f.read().strip()
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        raw = f.read().replace(b"\0", b" ").strip()
+        info["cmdline"] = raw.decode("utf-8", errors="replace")[:300]
+    st = read_stat(pid)
+    if st is not None:
+        info["state"] = st.state
+        info["pgid"] = st.pgid
+    return info
+
+
+class Owners:
+    """Maps live pids to (run_id, process name) for every run recorded in the workdir.
+
+    Built once per audit from the run manifests plus the markers, with the same rules the
+    Stopper uses, so "ours" means the same thing in the audit and in cleanup.
+    """
+
+    def __init__(self, layout: Layout, stopper: Stopper) -> None:
+        self.by_pid: Dict[int, Tuple[str, str]] = {}
+        self.playbook_of: Dict[str, str] = {}
+        for run_id in list_run_ids(layout):
+            try:
+                run = read_json(layout.run_json(run_id))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(run, dict):
+                continue
+            self.playbook_of[run_id] = str(run.get("playbook") or "?")
+            for rec in run.get("processes") or []:
+                if not valid_record(rec):
+                    continue
+                state = stopper.leader_state(rec)
+                if state == "alive":
+                    self.by_pid[rec["pid"]] = (run_id, rec["name"])
+                if state != "reused":
+                    for pid in stopper.members(run_id, rec, state):
+                        self.by_pid.setdefault(pid, (run_id, rec["name"]))
+        for st in scan_procs():
+            if st.live() and st.pid not in self.by_pid and st.pid not in stopper.protected:
+                run, name = stopper.markers(st)
+                if run is not None:
+                    self.by_pid[st.pid] = (run, name or "?")
+
+    def owner(self, pid: int) -> Optional[JSONDict]:
+        found = self.by_pid.get(pid)
+        if found is None:
+            return None
+        return {"run_id": found[0], "process": found[1],
+                "playbook": self.playbook_of.get(found[0])}
+
+
+def gpu_audit(layout: Layout, stopper: Stopper) -> JSONDict:
+    """Every GPU and every process holding one, each classified as ours (which run) or foreign."""
+    gpus, gpu_error = query_gpus()
+    apps, apps_error = query_compute_apps() if not gpu_error else ([], None)
+    fds = nvidia_fd_holders()
+    owners = Owners(layout, stopper)
+    by_uuid = {g["uuid"]: g for g in gpus}
+    holders: List[JSONDict] = []
+    seen: Set[int] = set()
+    for app in apps:
+        gpu = by_uuid.get(app["gpu_uuid"])
+        holder = describe_pid(app["pid"])
+        holder.update(
+            gpu_index=gpu["index"] if gpu else None,
+            gpu_uuid=app["gpu_uuid"],
+            used_mib=app["used_mib"],
+            source="nvidia-smi",
+            owner=owners.owner(app["pid"]),
+        )
+        holders.append(holder)
+        seen.add(app["pid"])
+    for pid, minors in sorted(fds.items()):
+        if pid in seen or pid in stopper.protected:
+            continue
+        holder = describe_pid(pid)
+        holder.update(gpu_index=None, gpu_uuid=None, used_mib=None, devices=minors,
+                      source="fd", owner=owners.owner(pid))
+        holders.append(holder)
+    return {"gpus": gpus, "holders": holders, "error": gpu_error or apps_error}
+
+
+def holder_line(h: JSONDict) -> str:
+    """``GPU 0: pid 812 (alice, python3 train.py, 10240 MiB)`` for messages."""
+    where = f"GPU {h['gpu_index']}" if h.get("gpu_index") is not None else (
+        "/dev/nvidia" + ",".join(str(m) for m in h.get("devices") or []))
+    mem = f", {h['used_mib']} MiB" if h.get("used_mib") is not None else ""
+    title = h.get("cmdline") or h.get("comm") or "?"
+    if h.get("comm") and h.get("cmdline") and not str(h["cmdline"]).startswith(str(h["comm"])):
+        title = f"[{h['comm']}] {title}"
+    owner = h.get("owner")
+    whose = f"run {owner['run_id']} process {owner['process']}" if owner else "not outrig's"
+    return f"{where}: pid {h['pid']} ({h.get('user') or '?'}, {title[:120]}{mem}; {whose})"
+
+
+def wait_gpus_released(
+    layout: Layout,
+    stopper: Stopper,
+    out: Emitter,
+    run_ids: Set[str],
+    before: JSONDict,
+    timeout: float,
+    extra_pids: Optional[Set[int]] = None,
+) -> JSONDict:
+    """Wait (bounded) until no process of ``run_ids`` (or ``extra_pids``) holds a GPU and the
+    memory they held is back. Returns the final audit plus a verdict and numbers."""
+    extra = set(extra_pids or set())
+
+    def ours(h: JSONDict) -> bool:
+        owner = h.get("owner")
+        return bool(owner and owner["run_id"] in run_ids) or h["pid"] in extra
+
+    held_before: Dict[int, int] = {}
+    for h in before["holders"]:
+        if ours(h) and h.get("gpu_index") is not None and h.get("used_mib"):
+            held_before[h["gpu_index"]] = held_before.get(h["gpu_index"], 0) + h["used_mib"]
+    used_before = {g["index"]: g.get("memory_used_mib") or 0 for g in before["gpus"]}
+    t0 = time.monotonic()
+    next_beat = t0 + GPU_WAIT_BEAT_S
+    while True:
+        stopper.reap()
+        after = gpu_audit(layout, stopper)
+        left = [h for h in after["holders"] if ours(h) and read_stat(h["pid"]) is not None]
+        used_after = {g["index"]: g.get("memory_used_mib") or 0 for g in after["gpus"]}
+        missing: Dict[int, int] = {}
+        for index, held in held_before.items():
+            total = next((g.get("memory_total_mib") or 0 for g in after["gpus"]
+                          if g["index"] == index), 0)
+            slack = max(256, total // 50)
+            expected = used_before.get(index, 0) - held
+            if used_after.get(index, 0) > expected + slack:
+                missing[index] = used_after.get(index, 0) - expected
+        if not left and not missing:
+            break
+        if time.monotonic() - t0 >= timeout:
+            break
+        if time.monotonic() >= next_beat:
+            next_beat += GPU_WAIT_BEAT_S
+            out.emit("gpu_wait", elapsed=round(time.monotonic() - t0, 1), timeout=timeout,
+                     holders=len(left), missing_mib=sum(missing.values()))
+        time.sleep(0.5)
+    stuck = [h for h in left if (h.get("state") or "") == "D"]
+    freed = {
+        index: max(0, used_before.get(index, 0) - used_after.get(index, 0))
+        for index in held_before
+    }
+    verdict: JSONDict = {
+        "released": not left and not missing,
+        "seconds": round(time.monotonic() - t0, 2),
+        "held_before_mib": held_before,
+        "freed_mib": freed,
+        "still_holding": left,
+        "memory_not_back_mib": missing,
+        "stuck_in_kernel": [h["pid"] for h in stuck],
+    }
+    if left:
+        verdict["message"] = (
+            f"{len(left)} process(es) of ours still hold a GPU after {timeout:g} s: "
+            + "; ".join(holder_line(h) for h in left)
+            + (". Processes in D state are stuck in the kernel (usually the GPU driver): only "
+               "a reboot frees them." if stuck else "")
+        )
+    elif missing:
+        verdict["message"] = (
+            "no process of ours holds a GPU any more, but memory did not come back on "
+            + ", ".join(f"GPU {i} ({mib} MiB)" for i, mib in sorted(missing.items()))
+            + f" within {timeout:g} s. Look at `nvidia-smi`; if no process is listed, the "
+            "driver is holding it (a process stuck in D state): only a reboot frees it."
+        )
+    return {"audit": after, "verdict": verdict}
+
+
+def force_kill_foreign(pids: List[int], stopper: Stopper, out: Emitter,
+                       grace: float = 10.0) -> List[JSONDict]:
+    """Kill exactly the pids the user listed with --force-foreign, after saying what each is."""
+    results: List[JSONDict] = []
+    targets: List[Tuple[int, int]] = []
+    for pid in pids:
+        st = read_stat(pid)
+        info = describe_pid(pid)
+        if st is None or not st.live():
+            results.append({**info, "how": "gone"})
+            continue
+        if pid in stopper.protected or pid <= 1:
+            results.append({**info, "how": "refused",
+                            "why": "it is the agent, its SSH session or init"})
+            out.warning(f"--force-foreign {pid}: refused: it is the agent, its SSH session or "
+                        "init")
+            continue
+        out.emit("force_kill", pid=pid, user=info.get("user"), comm=info.get("comm"),
+                 cmdline=info.get("cmdline"))
+        stopper.kill(pid, signal.SIGTERM)
+        targets.append((pid, st.start_ticks))
+    deadline = time.monotonic() + grace
+    t0 = time.monotonic()
+    pending = list(targets)
+    while pending and time.monotonic() < deadline:
+        pending = [(p, t) for p, t in pending if _same_live(p, t)]
+        time.sleep(POLL_S)
+    for pid, ticks in targets:
+        how = "term"
+        if _same_live(pid, ticks):
+            stopper.kill(pid, signal.SIGKILL)
+            how = "kill"
+        end = time.monotonic() + KILL_WAIT_S
+        while _same_live(pid, ticks) and time.monotonic() < end:
+            time.sleep(POLL_S)
+        results.append({**describe_pid(pid), "pid": pid, "how": how,
+                        "seconds": round(time.monotonic() - t0, 2),
+                        "alive": _same_live(pid, ticks)})
+    return results
+
+
+def _same_live(pid: int, ticks: int) -> bool:
+    st = read_stat(pid)
+    return st is not None and st.start_ticks == ticks and st.live()
+
+
 # --------------------------------------------------------------------------- other ops
 
 
 def op_cleanup(req: Request, out: Emitter) -> JSONDict:
-    """Stop the chosen run(s): run_id, else the playbook's current run, else (all) every run."""
+    """Stop the chosen run(s): run_id, else the playbook's current run, else (all) every run.
+
+    Around the stop: a GPU audit before (who holds what, ours or foreign), the optional
+    ``force_foreign`` pids the user named, then a bounded wait until no process of the stopped
+    runs holds a GPU and the memory they held is back. ``dry_run`` only reports.
+    """
     raw = req.raw
     playbook = get_opt_name(raw, "playbook", "")
     run_id = get_opt_name(raw, "run_id", "")
     everything = get_bool(raw, "all", "", False)
+    dry_run = get_bool(raw, "dry_run", "", False)
     lock_timeout = get_num(raw, "lock_timeout", "", 10.0)
+    gpu_timeout = get_num(raw, "gpu_timeout", "", GPU_WAIT_DEFAULT_S, positive=True)
+    force = raw.get("force_foreign") or []
+    if not isinstance(force, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in force
+    ):
+        raise bad_request("force_foreign: must be a list of positive pids")
     sweep_grace: Optional[float] = None
     if raw.get("stop_grace") is not None:  # extension: grace for the marker sweep
         sweep_grace = get_num(raw, "stop_grace", "", DEFAULT_STOP_GRACE)
-    if run_id is None and playbook is None and not everything:
-        raise bad_request("cleanup: give run_id, playbook or all: true")
+    if run_id is None and playbook is None and not everything and not force:
+        raise bad_request("cleanup: give run_id, playbook, all: true or force_foreign")
     layout = Layout(req.workdir)
     ensure_workdir(layout)
+    stopper = Stopper(out)
+    before = gpu_audit(layout, stopper)
+    if run_id is not None:
+        targets = [run_id]
+    elif playbook is not None:
+        current = read_pointer(layout, playbook)
+        if current is None:
+            out.warning(f"playbook {playbook} has no current run; nothing to stop")
+        targets = [current] if current is not None else []
+    elif everything:
+        targets = runs_to_stop(layout)
+    else:
+        targets = []
+    if dry_run:
+        return {"dry_run": True, "runs": [would_stop(layout, rid, stopper) for rid in targets],
+                "force_foreign": [describe_pid(p) for p in force], "gpus_before": before}
     with WorkdirLock(layout, "cleanup", lock_timeout):
-        if run_id is not None:
-            targets = [run_id]
-        elif playbook is not None:
-            current = read_pointer(layout, playbook)
-            if current is None:
-                out.warning(f"playbook {playbook} has no current run; nothing to stop")
-            targets = [current] if current is not None else []
-        else:
-            targets = runs_to_stop(layout)
-        stopper = Stopper(out)
         runs = []
         for rid in targets:
             out.step(f"stopping run {rid}")
             runs.append(stop_run_by_id(layout, rid, stopper, out, sweep_grace))
-    return {"runs": runs}
+        forced = force_kill_foreign(force, stopper, out) if force else []
+    if targets or force:
+        out.step("checking that the GPUs are released")
+    release = wait_gpus_released(layout, stopper, out, set(targets), before, gpu_timeout,
+                                 extra_pids=set(force))
+    return {"runs": runs, "forced": forced, "gpus_before": before,
+            "gpus_after": release["audit"], "gpu": release["verdict"]}
+
+
+def would_stop(layout: Layout, run_id: str, stopper: Stopper) -> JSONDict:
+    """Dry run: what stopping ``run_id`` would signal (leaders, group members, marked)."""
+    run = None
+    with contextlib.suppress(OSError, ValueError):
+        run = read_json(layout.run_json(run_id))
+    procs: List[JSONDict] = []
+    if isinstance(run, dict):
+        for rec in run.get("processes") or []:
+            if not valid_record(rec):
+                continue
+            state = stopper.leader_state(rec)
+            members = sorted(stopper.members(run_id, rec, state)) if state != "reused" else []
+            procs.append({"process": rec["name"], "pid": rec["pid"], "leader": state,
+                          "members": members})
+    return {"run_id": run_id, "processes": procs, "marked": sorted(stopper.marked(run_id))}
 
 
 def list_run_ids(layout: Layout) -> List[str]:
@@ -1728,6 +2165,10 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
     playbook = get_opt_name(raw, "playbook", "")
     run_id = get_opt_name(raw, "run_id", "")
     log_lines = get_int(raw, "log_lines", "", 5, 0, 10000)
+    # Extensions for `inv status` (docs/logs-and-status.md): raw progress text, GPU holders.
+    progress_bytes = get_int(raw, "progress_bytes", "", 0, 0, 1 << 20)
+    markers = get_str_list(raw, "markers", "")
+    want_gpus = get_bool(raw, "gpu_holders", "", False)
     layout = Layout(req.workdir)
     if run_id is not None or playbook is not None:
         targets = [(playbook, resolve_run(layout, playbook, run_id))]
@@ -1742,11 +2183,12 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
             unknown.update({"created": None, "processes": []})
             runs.append(unknown)
             continue
-        procs = [
-            process_state(rec, stopper, log_lines)
-            for rec in run["processes"]
-            if isinstance(rec, dict)
-        ]
+        procs = []
+        for rec in run["processes"]:
+            if isinstance(rec, dict):
+                proc_state = process_state(rec, stopper, log_lines)
+                proc_state.update(status_extras(rec, proc_state, progress_bytes, markers))
+                procs.append(proc_state)
         runs.append(
             {
                 "run_id": rid,
@@ -1757,7 +2199,12 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
                 "processes": procs,
             }
         )
-    return {"facts": gather_facts(), "runs": runs}
+    if not want_gpus:
+        return {"facts": gather_facts(), "runs": runs}
+    audit = gpu_audit(layout, stopper)
+    facts = gather_facts()
+    return {"facts": facts, "runs": runs, "gpu_holders": audit["holders"],
+            "gpu_audit_error": audit["error"]}
 
 
 def op_logs(req: Request, out: Emitter) -> JSONDict:
@@ -1839,6 +2286,662 @@ def op_check(req: Request, out: Emitter) -> JSONDict:
     }
 
 
+# --------------------------------------------------------------------------- model_facts
+
+
+def hf_cache_snapshot(model_id: str) -> Optional[str]:
+    """The local snapshot dir of a hub id in the HF cache (refs/main, else the newest)."""
+    cache = os.environ.get("HF_HUB_CACHE")
+    if not cache:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.path.expanduser("~"), ".cache", "huggingface")
+        cache = os.path.join(home, "hub")
+    repo = os.path.join(cache, "models--" + model_id.replace("/", "--"))
+    snapshots = os.path.join(repo, "snapshots")
+    try:
+        with open(os.path.join(repo, "refs", "main")) as f:
+            ref = f.read().strip()
+        if ref and os.path.isdir(os.path.join(snapshots, ref)):
+            return os.path.join(snapshots, ref)
+    except OSError:
+        pass
+    try:
+        dirs = [os.path.join(snapshots, d) for d in os.listdir(snapshots)]
+    except OSError:
+        return None
+    dirs = [d for d in dirs if os.path.isdir(d)]
+    return max(dirs, key=os.path.getmtime) if dirs else None
+
+
+def model_report(model: str) -> JSONDict:
+    """Layer count and weight bytes of one model, read from its files (nothing is loaded).
+
+    ``model`` is an absolute path, or a hub id looked up in the HF cache. Layers come from
+    config.json (``text_config`` for vision-language models); weight bytes from
+    model.safetensors.index.json's ``metadata.total_size``, else the *.safetensors sizes.
+    """
+    path = model if os.path.isabs(model) else hf_cache_snapshot(model)
+    report: JSONDict = {"model": model, "path": path, "exists": False,
+                        "num_hidden_layers": None, "weight_bytes": None, "problems": []}
+    if path is None or not os.path.isdir(path):
+        return report
+    report["exists"] = True
+    try:
+        config = read_json(os.path.join(path, "config.json"))
+        layers = config.get("num_hidden_layers")
+        text = config.get("text_config")
+        if not isinstance(layers, int) and isinstance(text, dict):
+            layers = text.get("num_hidden_layers")
+        if isinstance(layers, int) and not isinstance(layers, bool):
+            report["num_hidden_layers"] = layers
+        else:
+            report["problems"].append("config.json has no num_hidden_layers")
+    except (OSError, ValueError, AttributeError) as exc:
+        report["problems"].append(f"config.json unreadable: {exc}")
+    try:
+        index = read_json(os.path.join(path, "model.safetensors.index.json"))
+        total = index["metadata"]["total_size"]
+        if isinstance(total, int) and total > 0:
+            report["weight_bytes"] = total
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if report["weight_bytes"] is None:
+        try:
+            sizes = [os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
+                     if n.endswith(".safetensors")]
+        except OSError:
+            sizes = []
+        if sizes:
+            report["weight_bytes"] = sum(sizes)
+    return report
+
+
+def op_model_facts(req: Request, out: Emitter) -> JSONDict:
+    """Read-only: the box's facts, and each requested model's layers, size and existence."""
+    models = get_str_list(req.raw, "models", "", nonempty=True)
+    facts = gather_facts()
+    out.emit("facts", **facts)
+    return {"models": [model_report(m) for m in models]}
+
+
+# --------------------------------------------------------------------------- follow (tail-logs)
+#
+# ``op: follow`` streams several logs of one run over this one channel as framed chunks. The
+# position of every byte is (inode, offset), and the *workstation* keeps the cursor: the agent
+# holds no state between calls, so a call that resumes from a cursor continues exactly after the
+# last byte the workstation made durable (docs/logs-and-status.md). Chunks are raw bytes, never
+# lines: line splitting, display and the local mirror are the workstation's business.
+
+FOLLOW_CHUNK_DEFAULT = 256 * 1024  # bytes per chunk event (before base64)
+FOLLOW_SCAN_MAX = 64 << 20  # --lines: never scan more than this backwards from the end
+FOLLOW_GAP_FILL = 1 << 20  # --lines with a cursor at most this far behind: fill the gap instead
+FOLLOW_COMPRESS_MIN = 4096  # smaller chunks are not worth zlib's header and CPU
+FOLLOW_ROTATE_QUIET_S = 1.0  # a rotated-away file must be quiet this long before we switch
+FOLLOW_RESCAN_S = 1.0  # how often the run's process list is re-read (processes launched later)
+PROGRESS_SCAN_MAX = 16 << 20  # status: how far back to look for marker lines
+
+
+def offset_of_last_lines(f: IO[bytes], size: int, count: int,
+                         limit: int = FOLLOW_SCAN_MAX) -> Tuple[int, int]:
+    """(offset where the last ``count`` lines start, bytes read to find it).
+
+    Reads 64 KiB blocks backwards from the end, so a 5 GB log costs a few blocks, not 5 GB. An
+    unterminated last line counts as a line (like ``tail -n``). If ``limit`` bytes are scanned
+    without finding enough lines, the start is the first line boundary inside the scanned part.
+    """
+    if count <= 0 or size <= 0:
+        return max(size, 0), 0
+    f.seek(size - 1)
+    scanned = 1
+    pos = size - 1 if f.read(1) == b"\n" else size
+    need = count
+    first_boundary: Optional[int] = None
+    while pos > 0:
+        block = min(65536, pos)
+        f.seek(pos - block)
+        data = f.read(block)
+        scanned += len(data)
+        idx = len(data)
+        while True:
+            idx = data.rfind(b"\n", 0, idx)
+            if idx < 0:
+                break
+            first_boundary = pos - block + idx + 1
+            need -= 1
+            if need == 0:
+                return pos - block + idx + 1, scanned
+        pos -= block
+        if scanned >= limit and pos > 0:
+            return (first_boundary if first_boundary is not None else pos), scanned
+    return 0, scanned
+
+
+def find_inode(directory: str, inode: int) -> Optional[str]:
+    """A file in ``directory`` with this inode (a log renamed by rotation), or None."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if os.stat(path).st_ino == inode:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+class FollowCursor(NamedTuple):
+    """Where the workstation's durable copy of one log ends."""
+
+    inode: int
+    offset: int
+
+
+def parse_follow_cursors(raw: Any) -> Dict[str, Dict[str, FollowCursor]]:
+    """``{run_id: {process: {"inode": int, "offset": int}}}`` (bad entries are a bad_request)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise bad_request("cursors: must be an object {run_id: {process: {inode, offset}}}")
+    out: Dict[str, Dict[str, FollowCursor]] = {}
+    for rid, procs in raw.items():
+        if not isinstance(procs, dict):
+            raise bad_request(f"cursors.{rid}: must be an object")
+        per: Dict[str, FollowCursor] = {}
+        for name, cur in procs.items():
+            where = f"cursors.{rid}.{name}."
+            if not isinstance(cur, dict):
+                raise bad_request(f"cursors.{rid}.{name}: must be an object")
+            inode = get_int(cur, "inode", where, -1, 0, 2**63)
+            offset = get_int(cur, "offset", where, -1, 0, 2**63)
+            if inode < 0 or offset < 0:
+                raise bad_request(f"{where}inode/offset: both are required")
+            per[str(name)] = FollowCursor(inode, offset)
+        out[str(rid)] = per
+    return out
+
+
+def resolve_follow_run(layout: Layout, playbook: Optional[str], run_id: Optional[str]) -> str:
+    """run_id, else the playbook's current run, else the box's only current run."""
+    if run_id is not None or playbook is not None:
+        return resolve_run(layout, playbook, run_id)
+    pointers = all_pointers(layout)
+    if len(pointers) == 1:
+        return next(iter(pointers.values()))
+    if not pointers:
+        raise AgentError("not_found", f"no current run in {layout.workdir}; give a run id")
+    listing = ", ".join(f"{pb} → {rid}" for pb, rid in sorted(pointers.items()))
+    raise bad_request(f"several current runs ({listing}); say which with a run id or playbook")
+
+
+class Tail:
+    """One log being followed: an open file, its inode and the next offset to send."""
+
+    def __init__(self, name: str, path: str) -> None:
+        self.name = name
+        self.path = path
+        self.f: Optional[IO[bytes]] = None
+        self.inode = 0
+        self.offset = 0
+        self.said_missing = False
+        self.opened_once = False
+        self.rotated_at: Optional[float] = None  # when the path started naming another file
+        self.last_data = time.monotonic()
+
+    def close(self) -> None:
+        if self.f is not None:
+            with contextlib.suppress(OSError):
+                self.f.close()
+            self.f = None
+
+
+class Follower:
+    """The ``follow`` loop: open, resume, read, detect rotation/truncation, heartbeat."""
+
+    def __init__(self, out: Emitter, layout: Layout, run_id: str, raw: JSONDict) -> None:
+        self.out = out
+        self.layout = layout
+        self.run_id = run_id
+        self.logs_dir = os.path.join(layout.run_dir(run_id), "logs")
+        self.cursors = parse_follow_cursors(raw.get("cursors")).get(run_id, {})
+        lines = raw.get("lines")
+        self.lines: Optional[int] = None
+        if lines is not None:
+            self.lines = get_int(raw, "lines", "", 0, 0, 10**9)
+        self.follow = get_bool(raw, "follow", "", True)
+        self.heartbeat = get_num(raw, "heartbeat", "", 2.0, positive=True)
+        self.poll = get_num(raw, "poll", "", 0.1, positive=True)
+        self.max_seconds = get_num(raw, "max_seconds", "", 3600.0, positive=True)
+        self.stall_limit = get_num(raw, "stall_limit", "", 120.0, positive=True)
+        self.chunk = get_int(raw, "chunk_bytes", "", FOLLOW_CHUNK_DEFAULT, 1024, 16 << 20)
+        self.compress = get_bool(raw, "compress", "", True)
+        self.wanted: Optional[List[str]] = None
+        if raw.get("processes") is not None:
+            self.wanted = get_str_list(raw, "processes", "")
+            for name in self.wanted:
+                if not NAME_RE.match(name):
+                    raise bad_request(f"processes: {name!r} is not a process name")
+        self.tails: Dict[str, Tail] = {}
+        self.last_emit = time.monotonic()
+        self.emitting_since: Optional[float] = None
+        self.next_rescan = 0.0
+
+    # -- events
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Emit and remember when we last spoke (heartbeats fill silences)."""
+        self.emitting_since = time.monotonic()
+        self.out.emit(event, **fields)
+        self.emitting_since = None
+        self.last_emit = time.monotonic()
+
+    def watchdog(self) -> None:
+        """Exit if one write has blocked too long: the workstation is gone but sshd has not
+        noticed yet, and an agent must never outlive its reader by hours."""
+        while True:
+            time.sleep(min(5.0, self.stall_limit / 4))
+            since = self.emitting_since
+            if since is not None and time.monotonic() - since > self.stall_limit:
+                os._exit(3)
+
+    def reader_gone(self) -> bool:
+        """stdin at EOF: sshd closed the channel, nobody reads what we write any more."""
+        try:
+            import select
+
+            ready, _, _ = select.select([0], [], [], 0)
+            if ready and os.read(0, 65536) == b"":
+                return True
+        except (OSError, ValueError):
+            return True
+        return False
+
+    # -- which processes
+
+    def known_names(self) -> List[str]:
+        """Process names of the run: run.json records plus any ``logs/*.log``."""
+        names: List[str] = []
+        try:
+            run = read_json(self.layout.run_json(self.run_id))
+            for rec in run.get("processes") or [] if isinstance(run, dict) else []:
+                if isinstance(rec, dict) and isinstance(rec.get("name"), str):
+                    names.append(rec["name"])
+        except (OSError, ValueError):
+            pass
+        try:
+            for fname in sorted(os.listdir(self.logs_dir)):
+                if fname.endswith(".log") and fname[:-4] not in names:
+                    names.append(fname[:-4])
+        except OSError:
+            pass
+        return [n for n in names if NAME_RE.match(n)]
+
+    def run_status(self) -> Optional[str]:
+        try:
+            run = read_json(self.layout.run_json(self.run_id))
+        except (OSError, ValueError):
+            return None
+        return run.get("status") if isinstance(run, dict) else None
+
+    def rescan(self) -> None:
+        """Add tails for processes that appeared (launched after us, when not filtered)."""
+        names = self.wanted if self.wanted is not None else self.known_names()
+        for name in names:
+            if name not in self.tails:
+                self.tails[name] = Tail(name, os.path.join(self.logs_dir, f"{name}.log"))
+
+    # -- one log
+
+    def open_tail(self, t: Tail) -> None:
+        """Open the log, choose the start offset (cursor, --lines or 0) and say so."""
+        try:
+            f = open(t.path, "rb")  # noqa: SIM115 - kept open across ticks
+        except FileNotFoundError:
+            if not t.said_missing:
+                t.said_missing = True
+                self.emit("missing", process=t.name, path=t.path)
+            return
+        except OSError as exc:
+            raise AgentError("not_found", f"cannot open {t.path}: {exc.strerror}", t.name) \
+                from None
+        st = os.fstat(f.fileno())
+        t.f, t.inode = f, st.st_ino
+        first = not t.opened_once
+        t.opened_once = True
+        cursor = self.cursors.get(t.name) if first else None
+        reason = "start" if first else "created"
+        start = 0
+        if cursor is not None:
+            if cursor.inode == st.st_ino and cursor.offset <= st.st_size:
+                start, reason = cursor.offset, "cursor"
+            elif cursor.inode == st.st_ino:
+                self.emit("truncated", process=t.name, inode=st.st_ino, old_offset=cursor.offset,
+                          size=st.st_size)
+                reason = "truncated"
+            else:
+                old = find_inode(self.logs_dir, cursor.inode)
+                if old is not None and os.path.getsize(old) >= cursor.offset:
+                    # Rotated while we were away: finish the old file first, then switch.
+                    f.close()
+                    t.f = open(old, "rb")  # noqa: SIM115
+                    t.inode = cursor.inode
+                    t.rotated_at = time.monotonic()
+                    start, reason = cursor.offset, "cursor"
+                    st = os.fstat(t.f.fileno())
+                else:
+                    self.emit("rotated", process=t.name, old_inode=cursor.inode, inode=st.st_ino,
+                              lost=True)
+                    reason = "rotated"
+        display_from = start
+        scanned = 0
+        if first and self.lines is not None and t.inode == st.st_ino:
+            assert t.f is not None
+            tail_start, scanned = offset_of_last_lines(t.f, st.st_size, self.lines)
+            display_from = tail_start
+            if reason != "cursor" or not tail_start - FOLLOW_GAP_FILL <= start:
+                start, reason = tail_start, "lines"
+            else:
+                start = min(start, tail_start)
+        t.offset = start
+        self.emit("open", process=t.name, path=t.path, inode=t.inode, offset=start,
+                  size=st.st_size, display_from=display_from, reason=reason, scanned=scanned)
+
+    def read_some(self, t: Tail) -> int:
+        """Send up to one chunk from the tail's offset; returns the bytes sent."""
+        assert t.f is not None
+        try:
+            data = os.pread(t.f.fileno(), self.chunk, t.offset)
+        except OSError:
+            return 0
+        if not data:
+            return 0
+        fields: JSONDict = {"process": t.name, "inode": t.inode, "offset": t.offset,
+                            "size": len(data)}
+        payload = data
+        if self.compress and len(data) >= FOLLOW_COMPRESS_MIN:
+            import zlib
+
+            packed = zlib.compress(data, 1)
+            if len(packed) < len(data) * 0.9:
+                payload = packed
+                fields["z"] = True
+        fields["data_b64"] = base64.b64encode(payload).decode("ascii")
+        self.emit("chunk", **fields)
+        t.offset += len(data)
+        t.last_data = time.monotonic()
+        return len(data)
+
+    def check_file(self, t: Tail) -> None:
+        """At the end of the open file: truncated? rotated (the path names another file)?"""
+        assert t.f is not None
+        try:
+            size = os.fstat(t.f.fileno()).st_size
+        except OSError:
+            size = t.offset
+        if size < t.offset:
+            self.emit("truncated", process=t.name, inode=t.inode, old_offset=t.offset, size=size)
+            t.offset = 0
+            self.emit("open", process=t.name, path=t.path, inode=t.inode, offset=0, size=size,
+                      display_from=0, reason="truncated", scanned=0)
+            return
+        try:
+            path_inode: Optional[int] = os.stat(t.path).st_ino
+        except OSError:
+            path_inode = None
+        if path_inode is None or path_inode == t.inode:
+            t.rotated_at = None
+            return
+        now = time.monotonic()
+        if t.rotated_at is None:
+            t.rotated_at = now
+        # The writer may still append to the renamed file for a moment: switch only once it
+        # has been quiet, so its last lines are not lost.
+        if now - max(t.rotated_at, t.last_data) < FOLLOW_ROTATE_QUIET_S:
+            return
+        old = t.inode
+        t.close()
+        t.rotated_at = None
+        try:
+            f = open(t.path, "rb")  # noqa: SIM115
+        except OSError:
+            return  # gone again; the next tick retries through open_tail
+        st = os.fstat(f.fileno())
+        t.f, t.inode, t.offset = f, st.st_ino, 0
+        self.emit("rotated", process=t.name, old_inode=old, inode=t.inode, lost=False)
+        self.emit("open", process=t.name, path=t.path, inode=t.inode, offset=0, size=st.st_size,
+                  display_from=0, reason="rotated", scanned=0)
+
+    # -- the loop
+
+    def cursors_now(self) -> JSONDict:
+        return {n: {"inode": t.inode, "offset": t.offset}
+                for n, t in self.tails.items() if t.opened_once}
+
+    def run(self) -> JSONDict:
+        import threading
+
+        threading.Thread(target=self.watchdog, name="follow-watchdog", daemon=True).start()
+        if self.wanted is not None:
+            known = self.known_names()
+            unknown = [n for n in self.wanted if n not in known]
+            if unknown and self.run_status() != "launching":
+                have = ", ".join(known) or "none"
+                raise AgentError(
+                    "not_found",
+                    f"run {self.run_id} has no process {', '.join(unknown)} (it has {have})")
+        self.rescan()
+        self.emit("run", run_id=self.run_id, processes=sorted(self.tails),
+                  status=self.run_status(), logs_dir=self.logs_dir)
+        started = time.monotonic()
+        reason = "eof"
+        try:
+            while True:
+                now = time.monotonic()
+                if self.follow and now >= self.next_rescan:
+                    self.next_rescan = now + FOLLOW_RESCAN_S
+                    self.rescan()
+                sent = 0
+                for t in list(self.tails.values()):
+                    if t.f is None:
+                        self.open_tail(t)
+                        if t.f is None:
+                            continue
+                    n = self.read_some(t)
+                    sent += n
+                    if n == 0:
+                        self.check_file(t)
+                if self.out.broken:
+                    reason = "reader_gone"
+                    break
+                if sent:
+                    continue  # more may be waiting: drain before sleeping
+                if not self.follow:
+                    break
+                if time.monotonic() - started >= self.max_seconds:
+                    reason = "max_seconds"
+                    break
+                if self.reader_gone():
+                    reason = "reader_gone"
+                    break
+                if time.monotonic() - self.last_emit >= self.heartbeat:
+                    self.emit("heartbeat", cursors=self.cursors_now())
+                time.sleep(self.poll)
+        finally:
+            for t in self.tails.values():
+                t.close()
+        return {"run_id": self.run_id, "cursors": self.cursors_now(), "reason": reason}
+
+
+def op_follow(req: Request, out: Emitter) -> JSONDict:
+    """Stream the run's logs as framed chunks from the client's cursors (see Follower)."""
+    raw = req.raw
+    playbook = get_opt_name(raw, "playbook", "")
+    run_id = get_opt_name(raw, "run_id", "")
+    layout = Layout(req.workdir)
+    rid = resolve_follow_run(layout, playbook, run_id)
+    return Follower(out, layout, rid, raw).run()
+
+
+# --------------------------------------------------------------------------- status extras
+#
+# What ``status`` adds for the workstation's progress parser and GPU table. The agent stays
+# dumb: it ships raw text (the log's last bytes, the last line holding a marker) and facts
+# (checkpoint dirs, HTTP answers); outrig/progress.py on the workstation does the parsing.
+
+
+def tail_text(path: str, nbytes: int) -> str:
+    """The last ``nbytes`` of a file as text, starting at a line boundary when possible."""
+    if nbytes <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - nbytes)
+            f.seek(start)
+            data = f.read(nbytes)
+    except OSError:
+        return ""
+    if start > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1 :]
+    return data.decode("utf-8", errors="replace")
+
+
+def last_lines_containing(path: str, needles: List[str],
+                          scan_max: int = PROGRESS_SCAN_MAX) -> Dict[str, Optional[str]]:
+    """For each literal needle, the last line of the file containing it (scanning backwards,
+    at most ``scan_max`` bytes), or None."""
+    found: Dict[str, Optional[str]] = {n: None for n in needles}
+    todo = [n.encode("utf-8") for n in needles]
+    if not todo:
+        return found
+    try:
+        with open(path, "rb") as f:
+            pos = f.seek(0, os.SEEK_END)
+            carry = b""
+            scanned = 0
+            while todo and pos > 0 and scanned < scan_max:
+                block = min(256 * 1024, pos)
+                pos -= block
+                f.seek(pos)
+                data = f.read(block) + carry
+                scanned += block
+                lines = data.split(b"\n")
+                carry = lines[0] if pos > 0 else b""
+                body = lines[1:] if pos > 0 else lines
+                for line in reversed(body):
+                    for needle in list(todo):
+                        if needle in line:
+                            found[needle.decode("utf-8")] = clean_line(line)
+                            todo.remove(needle)
+    except OSError:
+        pass
+    return found
+
+
+def argv_option(argv: List[str], flag: str) -> Optional[str]:
+    """The value of ``--flag X`` or ``--flag=X`` in an argv (last one wins), or None."""
+    value: Optional[str] = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
+
+
+def newest_checkpoint(save: str) -> Optional[JSONDict]:
+    """The highest ``<save>/<int>/`` holding training_state.json (the trainer's resume rule)."""
+    try:
+        names = os.listdir(save)
+    except OSError:
+        return None
+    complete = sorted((int(n) for n in names if n.isdigit()
+                       and os.path.isfile(os.path.join(save, n, "training_state.json"))),
+                      reverse=True)
+    if not complete:
+        return {"save_path": save, "path": None, "count": 0,
+                "interrupted": os.path.isdir(os.path.join(save, "interrupted"))}
+    path = os.path.join(save, str(complete[0]))
+    state_file = os.path.join(path, "training_state.json")
+    state: Any = None
+    try:
+        if os.path.getsize(state_file) <= 65536:
+            state = read_json(state_file)
+    except (OSError, ValueError):
+        state = None
+    try:
+        mtime: Optional[float] = round(os.path.getmtime(state_file), 3)
+    except OSError:
+        mtime = None
+    return {"save_path": save, "path": path, "name": str(complete[0]), "count": len(complete),
+            "mtime": mtime, "training_state": state if isinstance(state, dict) else None,
+            "interrupted": os.path.isdir(os.path.join(save, "interrupted"))}
+
+
+def http_get(url: str, timeout: float = PROBE_TIMEOUT_S) -> Tuple[Optional[int], bytes, str]:
+    """(status code or None, body (≤ 64 KiB), error text) of a GET; proxies ignored."""
+    import urllib.error
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            return int(resp.status), resp.read(65536), ""
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b"", ""
+    except Exception as exc:  # refused, timeout, reset, bad status line...
+        return None, b"", str(getattr(exc, "reason", exc))[:200]
+
+
+def server_facts(ready_url: str, argv: List[str]) -> JSONDict:
+    """/health and the served model ids for an HTTP process that looks like vLLM."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(ready_url)
+    base = f"{parts.scheme}://{parts.netloc}"
+    facts: JSONDict = {"url": ready_url, "health": None, "health_error": None, "models": None}
+    looks_vllm = parts.path.rstrip("/") in ("/health", "/v1/models") or any(
+        "vllm" in a for a in argv)
+    if not looks_vllm:
+        return facts
+    code, _, err = http_get(base + "/health")
+    facts["health"], facts["health_error"] = code, err or None
+    code, body, _ = http_get(base + "/v1/models")
+    if code == 200:
+        try:
+            data = json.loads(body.decode("utf-8"))
+            facts["models"] = [str(m.get("id")) for m in data.get("data") or []
+                               if isinstance(m, dict)]
+        except (ValueError, AttributeError):
+            facts["models"] = None
+    return facts
+
+
+def status_extras(rec: JSONDict, state: JSONDict, progress_bytes: int,
+                  markers: List[str]) -> JSONDict:
+    """Fields ``status`` adds to one process: record facts, raw progress text, checkpoint,
+    and for a running HTTP server its /health and model ids."""
+    raw_argv = rec.get("argv")
+    argv = [str(a) for a in raw_argv] if isinstance(raw_argv, list) else []
+    extra: JSONDict = {"pgid": rec.get("pgid"), "gpus": rec.get("gpus") or [],
+                       "started_at": rec.get("started_at"), "argv": argv}
+    log = rec.get("log")
+    if progress_bytes > 0 and isinstance(log, str):
+        extra["tail_text"] = tail_text(log, progress_bytes)
+        extra["markers"] = last_lines_containing(log, markers) if markers else {}
+    save = argv_option(argv, "--save-path")
+    if save is not None:
+        raw_cwd = rec.get("cwd")
+        cwd = raw_cwd if isinstance(raw_cwd, str) else "/"
+        extra["checkpoint"] = newest_checkpoint(os.path.normpath(os.path.join(cwd, save)))
+    spec = rec.get("ready")
+    if state.get("state") == "running" and isinstance(spec, dict) and isinstance(
+            spec.get("http"), str):
+        extra["server"] = server_facts(spec["http"], argv)
+    return extra
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1859,6 +2962,10 @@ def dispatch(req: Request, out: Emitter) -> JSONDict:
         return op_status(req, out)
     if req.op == "logs":
         return op_logs(req, out)
+    if req.op == "follow":
+        return op_follow(req, out)
+    if req.op == "model_facts":
+        return op_model_facts(req, out)
     return op_check(req, out)
 
 

@@ -91,6 +91,7 @@ class HostSession:
         self.project = project
         self.reporter = reporter
         self.journal = journal or Journal()
+        self.host_spec = host_spec
         self.host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
         rtt_hint = self.journal.host_facts(self.host.name).get("rtt")
         self.transport: Transport = transport_for(
@@ -102,7 +103,8 @@ class HostSession:
 
     def call(self, op: str, *, stream: bool = True, **fields: Any) -> dict[str, Any]:
         """Run one agent op; events stream to the reporter; a failed result raises."""
-        request = base_request(self.host, op, **fields)
+        # host_label lets the agent write fix commands the user can paste (--host as typed)
+        request = base_request(self.host, op, host_label=self.host_spec, **fields)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") == "facts":

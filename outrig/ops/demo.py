@@ -21,8 +21,9 @@ from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal
 from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import cleanup, logs, status
+from outrig.ops.runs import logs, status
 
 
 def ensure_sshd(reporter: Reporter) -> str:

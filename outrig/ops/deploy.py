@@ -3,6 +3,12 @@
 The plan is checked completely on the workstation first (nothing is sent when it has a
 problem). Then a single exec pushes the files, stops the previous run of this playbook,
 launches every process in its own session and waits for readiness, streaming progress.
+
+A recipe that needs facts about its model which nobody declared (layer count, weight size),
+or whose model is a local path that must exist on *this* box, costs one more exec first: the
+agent's read-only ``model_facts`` op, on the same connection (~2 RTT, ~0.5 s at 240 ms). Its
+answer is cached in the journal, and a missing model stops the deploy before anything is
+stopped or started.
 """
 
 from __future__ import annotations
@@ -12,13 +18,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from outrig import recipes
 from outrig.console import Reporter
 from outrig.errors import PlanError, RemoteError
-from outrig.inventory import resolve_host
+from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, host_facts, new_run_id, secret_values
-from outrig.plan import Plan, make_plan
-from outrig.playbook import find_playbook, load_job
+from outrig.plan import HostFacts, Plan, make_plan
+from outrig.playbook import Job, find_playbook, load_job
+from outrig.recipes import ModelFacts
 
 
 @dataclass
@@ -37,10 +45,44 @@ def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = 
     journal = journal or Journal()
     host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
     job = load_job(find_playbook(playbook, project.playbooks_dir), test=test)
-    plan = make_plan(job, host, host_facts(host, journal), run_id or new_run_id(job.name))
+    return plan_job(job, host, journal, run_id=run_id)
+
+
+def plan_job(job: Job, host: Host, journal: Journal, *, run_id: str | None = None,
+             probed: dict[str, ModelFacts] | None = None) -> Plan:
+    """Plan with what the journal knows (plus models just ``probed`` on the box)."""
+    facts = host_facts(host, journal)
+    models = cached_models(journal, host)
+    models.update(probed or {})
+    facts = HostFacts(gpu_count=facts.gpu_count, gpu_memory_mib=facts.gpu_memory_mib,
+                      source=facts.source, models=models)
+    plan = make_plan(job, host, facts, run_id or new_run_id(job.name))
     if plan.problems:
         raise PlanError(plan.problems, context=f"{job.name} on {host.name}")
     return plan
+
+
+def cached_models(journal: Journal, host: Host) -> dict[str, ModelFacts]:
+    """Model facts from an earlier contact. Whether the path *exists* is not carried over:
+    the box may have been replaced since, so only a fresh probe may say so."""
+    out: dict[str, ModelFacts] = {}
+    for model, data in journal.model_facts(host.name).items():
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(data.get("seen") or 0)))
+        facts = ModelFacts.from_json(data, f"read on the box {when}, cached")
+        out[model] = ModelFacts(model=model, num_hidden_layers=facts.num_hidden_layers,
+                                weight_bytes=facts.weight_bytes, path=facts.path,
+                                source=facts.source)
+    return out
+
+
+def probe_models(session: HostSession, models: list[str]) -> dict[str, ModelFacts]:
+    """One ``model_facts`` exec: layer count, weight bytes and existence of each model."""
+    session.reporter.info(f"• reading model facts on the box: {', '.join(models)}")
+    result = session.call("model_facts", models=models)
+    reports = [r for r in result.get("models") or [] if isinstance(r, dict)]
+    session.journal.remember_models(session.host.name, reports)
+    return {str(r.get("model")): ModelFacts.from_json(r, "read on the box just now")
+            for r in reports}
 
 
 def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[str, Any]:
@@ -59,6 +101,8 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[s
         if proc.ready is not None:
             ready = {"http": proc.ready.http, "log": proc.ready.log, "port": proc.ready.port,
                      "exit": proc.ready.exit, "timeout": proc.ready.timeout}
+            if proc.ready.model is not None:
+                ready["model"] = proc.ready.model
         processes.append({"name": name, "argv": proc.argv, "env": proc.env, "cwd": proc.cwd,
                           "gpus": proc.gpus, "after": proc.after, "ready": ready,
                           "fatal": proc.fatal, "stop_grace": proc.stop_grace})
@@ -73,22 +117,38 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
            journal: Journal | None = None) -> DeployResult:
     """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call."""
     journal = journal or Journal()
-    plan = build_plan(project, host_spec, playbook, test=test, journal=journal)
-    reporter.plan(plan)
-    if dry_run:
-        reporter.emit_json({"event": "plan", "plan": plan.to_dict()})
-        reporter.info("dry run: nothing was sent")
-        return DeployResult(plan=plan, launched=False)
-    secrets = secret_values(plan.secrets)
-    request = deploy_request(plan, wait=wait, secrets=secrets)
-    started = time.monotonic()
-    record: dict[str, Any] = {"run_id": plan.run_id, "host": plan.host,
-                              "playbook": plan.playbook, "created": time.time(),
-                              "test_mode": plan.test_mode, "plan": plan.to_dict(),
-                              "status": "deploying"}
-    journal.record_run(plan.run_id, record)
-    session = HostSession(project, host_spec, reporter, journal)
+    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test)
+    sessions: list[HostSession] = []  # opened at most once, on first need; closed at the end
+
+    def connect() -> HostSession:
+        if not sessions:
+            sessions.append(HostSession(project, host_spec, reporter, journal))
+        return sessions[0]
+
     try:
+        probed: dict[str, ModelFacts] = {}
+        if not dry_run:
+            section = getattr(job.spec, job.spec.recipe) if job.spec.recipe else None
+            wanted = recipes.models_to_probe(job.spec.recipe, section,
+                                             cached_models(journal, host))
+            if wanted:
+                probed = probe_models(connect(), wanted)
+        plan = plan_job(job, host, journal, probed=probed)
+        reporter.plan(plan)
+        if dry_run:
+            reporter.emit_json({"event": "plan", "plan": plan.to_dict()})
+            reporter.info("dry run: nothing was sent")
+            return DeployResult(plan=plan, launched=False)
+        secrets = secret_values(plan.secrets)
+        request = deploy_request(plan, wait=wait, secrets=secrets)
+        started = time.monotonic()
+        record: dict[str, Any] = {"run_id": plan.run_id, "host": plan.host,
+                                  "playbook": plan.playbook, "created": time.time(),
+                                  "test_mode": plan.test_mode, "plan": plan.to_dict(),
+                                  "status": "deploying"}
+        journal.record_run(plan.run_id, record)
+        session = connect()
         try:
             result = session.call("deploy", **request)
         except RemoteError as exc:
@@ -113,7 +173,8 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
                          f"inv tail-logs --host {host_spec}")
         return outcome
     finally:
-        session.close()
+        for opened in sessions:
+            opened.close()
 
 
 def show_plan(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,

@@ -182,12 +182,14 @@ def live_holders(gpu_dir: Path) -> List[Dict[str, Any]]:
             pid, gpu, mib = int(rec["pid"]), int(rec["gpu"]), int(rec["mib"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not pid_alive(pid):
-            continue
         ticks = rec.get("start_ticks")
-        if ticks is not None and _start_ticks(pid) != ticks:
+        alive = pid_alive(pid) and (ticks is None or _start_ticks(pid) == ticks)
+        if not alive and not rec.get("sticky"):
             continue
-        out.append({"pid": pid, "gpu": gpu, "mib": mib, "util": int(rec.get("util") or 0)})
+        # "sticky" memory stays used after its process died, and the process is no longer
+        # listed: what a real driver shows when a process is stuck in D state in nvidia_uvm.
+        out.append({"pid": pid, "gpu": gpu, "mib": mib, "util": int(rec.get("util") or 0),
+                    "dead": not alive})
     return out
 
 
@@ -236,6 +238,8 @@ def app_rows(gpu_dir: Path) -> List[Dict[str, Any]]:
     by_index = {r["index"]: r for r in gpu_rows(gpu_dir)}
     rows: List[Dict[str, Any]] = []
     for h in sorted(live_holders(gpu_dir), key=lambda h: (h["gpu"], h["pid"])):
+        if h.get("dead"):
+            continue
         g = by_index.get(h["gpu"])
         if g is None:
             continue

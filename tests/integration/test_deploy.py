@@ -21,8 +21,9 @@ from outrig.console import Reporter
 from outrig.errors import ConnectError, HostKeyError, PlanError, RemoteError
 from outrig.journal import Journal
 from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import cleanup, status
+from outrig.ops.runs import status
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,9 @@ shared/reference/speculators-and-vllm.md §2 and §4):
 Test knobs: ``--fake-mib``, ``--fake-startup-delay``; env ``FAKE_VLLM_SETSID_CHILD=1`` (an extra
 child that calls setsid and holds GPU memory; the parent has lost track of it),
 ``FAKE_VLLM_IGNORE_TERM_CHILD=1`` (the first engine ignores SIGTERM), ``FAKE_VLLM_FATAL=text``
-(print it and exit 1 after the startup delay). Standard library only; no outrig import.
+(print it and exit 1 after the startup delay), ``FAKE_VLLM_LEAK_MIB=N`` (the first engine's N MiB
+stay used after it dies, as with a process stuck in the driver).
+Standard library only; no outrig import.
 """
 
 from __future__ import annotations
@@ -113,8 +115,10 @@ def _used_mib(physical: int) -> int:
     return total
 
 
-def register_holder(physical: int, mib: int) -> None:
-    """Write holders/<pid>.json atomically (the same format outrig.sandbox.nvidia_smi reads)."""
+def register_holder(physical: int, mib: int, *, sticky: bool = False) -> None:
+    """Write holders/<pid>.json atomically (the same format outrig.sandbox.nvidia_smi reads).
+
+    ``sticky`` memory stays used after the process dies (a driver that never got it back)."""
     d = _gpu_dir()
     if not d:
         return
@@ -127,10 +131,12 @@ def register_holder(physical: int, mib: int) -> None:
         ticks: Optional[int] = int(raw[raw.rfind(")") + 2:].split()[19])
     except (OSError, ValueError, IndexError):
         ticks = None
-    tmp = os.path.join(hdir, f".{pid}.tmp")
+    name = f"{pid}-sticky" if sticky else str(pid)
+    tmp = os.path.join(hdir, f".{name}.tmp")
     with open(tmp, "w") as f:
-        json.dump({"pid": pid, "gpu": physical, "mib": mib, "util": 0, "start_ticks": ticks}, f)
-    os.replace(tmp, os.path.join(hdir, f"{pid}.json"))
+        json.dump({"pid": pid, "gpu": physical, "mib": mib, "util": 0, "start_ticks": ticks,
+                   "sticky": sticky}, f)
+    os.replace(tmp, os.path.join(hdir, f"{name}.json"))
 
 
 def set_comm(name: str) -> None:
@@ -188,6 +194,9 @@ def engine_main(title: str, gpus: List[int], mib: int, tp: int, dp_rank: int,
         signal.signal(signal.SIGTERM, on_term)
     log(f"Initializing a V1 LLM engine with config: dp_rank={dp_rank} tp={tp}",
         where="core.py:93", tag=tag)
+    leak = int(os.environ.get("FAKE_VLLM_LEAK_MIB") or 0)
+    if leak and dp_rank <= 0:  # memory the "driver" never gives back, even after death
+        register_holder(gpus[0], leak, sticky=True)
     if tp == 1:
         register_holder(gpus[0], mib)
     else:

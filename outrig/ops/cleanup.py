@@ -1,0 +1,163 @@
+"""``inv cleanup``: stop exactly what outrig started, prove the GPUs are free, touch nothing else.
+
+One agent call does it all on the box (docs/cleanup.md): a GPU audit (every GPU-holding pid,
+ours or foreign), the stop (SIGTERM to each recorded leader, its grace, then SIGKILL of its
+group, session and marked stragglers), ``--force-foreign`` pids if the user named any, and a
+bounded wait until no process of ours holds a GPU and the memory is back. There is no
+pattern-based kill anywhere: ownership is proven by record, group/session or run marker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from outrig.console import Reporter
+from outrig.errors import ConfigError, OutrigError
+from outrig.journal import Journal
+from outrig.ops.base import Project, host_session
+
+HOW = {"term": "exited on SIGTERM", "kill": "killed (SIGKILL)", "gone": "was not running",
+       "reused": "pid reused by another process: untouched", "refused": "refused"}
+
+
+class CleanupIncomplete(OutrigError):
+    """Something of ours still holds a GPU, or its memory did not come back."""
+
+
+def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
+            playbook: str | None = None, all_runs: bool = False,
+            force_foreign: Sequence[int | str] = (), dry_run: bool = False,
+            timeout: float = 60.0, journal: Journal | None = None) -> dict[str, Any]:
+    """Stop the selected run(s) (and any ``force_foreign`` pids); raise when GPUs stay held."""
+    if sum(bool(x) for x in (run_id, playbook, all_runs)) > 1:
+        raise ConfigError("give at most one of --run, --playbook and --all")
+    if not (run_id or playbook or all_runs or force_foreign):
+        raise ConfigError("say what to clean up: --run ID, --playbook NAME, --all, or "
+                          "--force-foreign PID")
+    pids = []
+    for pid in force_foreign:
+        try:
+            value = int(pid)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--force-foreign {pid!r}: not a process id") from None
+        if value <= 1:
+            raise ConfigError(f"--force-foreign {value}: not a process id that may be killed")
+        pids.append(value)
+    if timeout <= 0:
+        raise ConfigError("--timeout must be a positive number of seconds")
+    journal = journal or Journal()
+    started = time.monotonic()
+    with host_session(project, host_spec, reporter, journal) as session:
+        result = session.call("cleanup", run_id=run_id, playbook=playbook, all=all_runs,
+                              force_foreign=pids, dry_run=dry_run, gpu_timeout=timeout,
+                              lock_timeout=10)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    if not dry_run:
+        for run in result.get("runs") or []:
+            if journal.run(str(run.get("run_id"))) is not None:
+                journal.record_run(str(run.get("run_id")), {"status": "stopped"})
+    if reporter.json_mode:
+        reporter.emit_json(result)
+    elif dry_run:
+        print_dry_run(reporter, result)
+    else:
+        print_report(reporter, result)
+    verdict = result.get("gpu") or {}
+    if not dry_run and verdict and not verdict.get("released", True):
+        raise CleanupIncomplete(f"cleanup on {host_spec} is incomplete: {verdict.get('message')}")
+    return result
+
+
+def _gpu_table(title: str, audit: dict[str, Any], after: dict[str, Any] | None = None) -> Table:
+    table = Table(title=escape(title), title_justify="left")
+    cols = ["GPU", "used MiB" if after is None else "used before → after MiB", "total MiB",
+            "holders"]
+    for col in cols:
+        table.add_column(col, overflow="fold")
+    after_used = {g["index"]: g.get("memory_used_mib") for g in (after or {}).get("gpus") or []}
+    holders = (after if after is not None else audit).get("holders") or []
+    for gpu in audit.get("gpus") or []:
+        index = gpu["index"]
+        used = str(gpu.get("memory_used_mib"))
+        if after is not None:
+            used += f" → {after_used.get(index)}"
+        on_gpu = [h for h in holders if h.get("gpu_index") == index]
+        names = ", ".join(_holder(h) for h in on_gpu) or "-"
+        table.add_row(str(index), used, str(gpu.get("memory_total_mib")), escape(names))
+    return table
+
+
+def _holder(h: dict[str, Any]) -> str:
+    owner = h.get("owner")
+    whose = f"{owner['process']}@{owner['run_id']}" if owner else "FOREIGN"
+    title = h.get("comm") or "?"
+    return f"pid {h['pid']} {title} ({h.get('user') or '?'}, {h.get('used_mib')} MiB, {whose})"
+
+
+def _foreign(audit: dict[str, Any]) -> list[dict[str, Any]]:
+    return [h for h in audit.get("holders") or [] if not h.get("owner")]
+
+
+def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
+    out = reporter.stdout_console
+    runs = result.get("runs") or []
+    for run in runs:
+        table = Table(title=escape(f"stopped run {run.get('run_id')}"), title_justify="left")
+        for col in ("process", "how it ended", "seconds", "stragglers killed"):
+            table.add_column(col)
+        for proc in run.get("processes") or []:
+            table.add_row(escape(str(proc.get("process"))),
+                          HOW.get(str(proc.get("how")), str(proc.get("how"))),
+                          f"{float(proc.get('seconds') or 0):.1f}",
+                          str(proc.get("stragglers") or 0))
+        out.print(table)
+    for forced in result.get("forced") or []:
+        out.print(f"force-foreign pid {forced.get('pid')} ({escape(str(forced.get('cmdline')))}):"
+                  f" {HOW.get(str(forced.get('how')), forced.get('how'))}")
+    before = result.get("gpus_before") or {}
+    after = result.get("gpus_after") or {}
+    if before.get("gpus"):
+        out.print(_gpu_table("GPUs", before, after))
+    elif before.get("error"):
+        reporter.warn(f"GPU audit unavailable: {before['error']}")
+    foreign = _foreign(after or before)
+    if foreign:
+        reporter.warn("processes outrig did not start hold GPUs (left alone):")
+        for h in foreign:
+            out.print(f"  pid {h['pid']} user {h.get('user')} GPU {h.get('gpu_index')} "
+                      f"{h.get('used_mib')} MiB: {escape(str(h.get('cmdline') or h.get('comm')))}")
+        pids = " ".join(str(h["pid"]) for h in foreign)
+        out.print(f"  to kill them anyway: inv cleanup --host HOST --force-foreign {pids}")
+    verdict = result.get("gpu") or {}
+    count = sum(len(r.get("processes") or []) for r in runs)
+    freed = sum((verdict.get("freed_mib") or {}).values())
+    if verdict.get("released", True):
+        reporter.success(
+            f"cleanup done in {float(result.get('seconds') or 0):.1f}s: {len(runs)} run(s), "
+            f"{count} process(es); nothing of ours holds a GPU"
+            + (f"; {freed} MiB freed in {verdict.get('seconds')}s" if freed else ""))
+
+
+def print_dry_run(reporter: Reporter, result: dict[str, Any]) -> None:
+    out = reporter.stdout_console
+    out.print("dry run: nothing was signalled")
+    for run in result.get("runs") or []:
+        out.print(f"run {escape(str(run.get('run_id')))}:")
+        for proc in run.get("processes") or []:
+            members = proc.get("members") or []
+            out.print(f"  {escape(str(proc.get('process')))}: leader pid {proc.get('pid')} "
+                      f"({proc.get('leader')}), {len(members)} other process(es) in its "
+                      f"group/session/marker {members if members else ''}")
+        if run.get("marked"):
+            out.print(f"  carrying the run marker: {run.get('marked')}")
+    for info in result.get("force_foreign") or []:
+        out.print(f"would force-kill pid {info.get('pid')}: user {info.get('user')}, "
+                  f"{escape(str(info.get('cmdline') or info.get('comm')))}")
+    before = result.get("gpus_before") or {}
+    if before.get("gpus"):
+        out.print(_gpu_table("GPUs now", before))
