@@ -102,7 +102,11 @@ def plan(c: Any, host: str, playbook: str, test: bool = False, json: bool = Fals
 @friendly
 def status(c: Any, host: str, run: str | None = None, playbook: str | None = None,
            lines: int = 5, json: bool = False) -> None:
-    """Show each process (running / exited with code / killed), readiness and GPUs.
+    """Show each process (running / exited with code / killed), readiness, GPUs, progress.
+
+    One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
+    trainer's step, loss, acceptance, speed and ETA parsed from its metric lines; the newest
+    complete checkpoint; vLLM's /health and served model; the last lines of a failed process.
 
     Example:
         inv status --host uk-node
@@ -118,20 +122,42 @@ def status(c: Any, host: str, run: str | None = None, playbook: str | None = Non
     help={"host": HOST_HELP, "run": "run id (default: the current run)",
           "playbook": "the current run of this playbook",
           "process": "only this process (repeat for several)",
-          "lines": "how many lines from the end (default 50)", "json": JSON_HELP},
+          "lines": "start N lines before the end (default: resume from the saved cursor, or "
+                   "from the beginning the first time)",
+          "no_follow": "print what is there now and exit",
+          "grep": "show only lines matching this regular expression (the mirror keeps all)",
+          "since": "not supported (logs carry no reliable timestamps); use --lines",
+          "json": "JSON lines {process, line} instead of prefixed text"},
 )
 @friendly
 def tail_logs(c: Any, host: str, run: str | None = None, playbook: str | None = None,
-              process: list[str] | None = None, lines: int = 50, json: bool = False) -> None:
-    """Print the last lines of every process log of a run, prefixed with the process name.
+              process: list[str] | None = None, lines: str | None = None,
+              no_follow: bool = False, grep: str | None = None, since: str | None = None,
+              json: bool = False) -> None:
+    """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
 
-    Example:
-        inv tail-logs --host uk-node --process trainer --lines 100
+    Lines are prefixed with the process name. The mirror is kept under
+    ~/.local/state/outrig/logs/HOST/RUN/PROCESS.log with a cursor; a dropped link reconnects
+    and resumes there, and so does the next tail-logs (no line lost or repeated). Stop with
+    Ctrl-C. See docs/logs-and-status.md.
+
+    Examples:
+        inv tail-logs --host uk-node
+        inv tail-logs --host uk-node --process trainer --lines 100 --grep global_step
+        inv tail-logs --host uk-node --no-follow --json
     """
-    from outrig.ops.runs import logs
+    from outrig.errors import ConfigError
+    from outrig.ops.logs import tail_logs as run_tail
 
-    logs(PROJECT, host, _reporter(json), run_id=run, playbook=playbook,
-         processes=list(process or []), lines=lines)
+    count: int | None = None
+    if lines is not None:
+        try:
+            count = int(lines)
+        except ValueError:
+            raise ConfigError(f"--lines must be a whole number, not {lines!r}") from None
+    run_tail(PROJECT, host, _reporter(json), run_id=run, playbook=playbook,
+             processes=list(process or []), lines=count, follow=not no_follow, grep=grep,
+             since=since)
 
 
 @task(

@@ -8,6 +8,7 @@ or raised as :class:`RemoteError`.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import zlib
@@ -29,6 +30,19 @@ BOOTSTRAP = (
     "n=int(sys.stdin.buffer.readline());"
     "exec(compile(zlib.decompress(sys.stdin.buffer.read(n)),'outrig-agent','exec'))"
 )
+# The fast path: agent and request both travel in the exec'd command line. An SSH session
+# channel has a zero send window until the server has started the command, so anything written
+# to stdin waits one extra round trip for the window; the command line does not. Linux caps one
+# argument (and sshd passes the whole command to the shell as one) at 128 KiB, hence the limit;
+# requests carrying secrets always use stdin so that no secret is ever visible in argv.
+BOOTSTRAP_ARGV = (
+    "import sys,zlib,base64;"
+    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '+sys.version);"
+    "d=lambda s:zlib.decompress(base64.b64decode(s));"
+    "exec(compile(d(sys.argv[1]),'outrig-agent','exec'),"
+    "{'__name__':'__main__','OUTRIG_REQUEST':d(sys.argv[2])})"
+)
+ARGV_LIMIT = 120_000
 PROTOCOL_VERSION = 1
 
 
@@ -46,8 +60,24 @@ def agent_payload() -> bytes:
     return f"{len(packed)}\n".encode() + packed
 
 
+@lru_cache(maxsize=1)
+def agent_b64() -> str:
+    """The agent source, compressed and base64-encoded for the command line."""
+    packed = agent_payload()
+    return base64.b64encode(packed[packed.index(b"\n") + 1:]).decode("ascii")
+
+
 def agent_command(python: str) -> list[str]:
     return [python, "-c", BOOTSTRAP]
+
+
+def argv_command(python: str, request_json: bytes) -> list[str] | None:
+    """The one-exec command carrying agent and request, or None when it would be too long."""
+    request = base64.b64encode(zlib.compress(request_json, 9)).decode("ascii")
+    argv = [python, "-c", BOOTSTRAP_ARGV, agent_b64(), request]
+    if sum(len(part) + 3 for part in argv) > ARGV_LIMIT:
+        return None
+    return argv
 
 
 class AgentCall:
@@ -69,9 +99,12 @@ class AgentCall:
     def run(self, request: dict[str, Any], on_event: EventHandler | None = None) -> Event:
         host = self.transport.host
         body = {"v": PROTOCOL_VERSION, **request}
-        channel = self.transport.start(agent_command(host.python))
+        encoded = json.dumps(body).encode()
+        argv = None if body.get("secrets") else argv_command(host.python, encoded)
+        channel = self.transport.start(argv or agent_command(host.python))
         try:
-            channel.write(agent_payload() + json.dumps(body).encode() + b"\n")
+            if argv is None:
+                channel.write(agent_payload() + encoded + b"\n")
             return self._read_events(channel, on_event)
         finally:
             channel.close()

@@ -43,6 +43,8 @@ class Reporter:
         self.console.print(f"[yellow]warning:[/yellow] {escape(message)}")
 
     def success(self, message: str) -> None:
+        if self.quiet:
+            return
         self._stop_status()
         self.console.print(f"[green]✓[/green] {escape(message)}")
 
@@ -101,7 +103,7 @@ class Reporter:
 
     # --- tables ---------------------------------------------------------------------------
     def plan(self, plan: Plan, *, full: bool = False) -> None:
-        if self.json_mode:
+        if self.json_mode or self.quiet:
             return
         self._stop_status()
         mode = " (test mode)" if plan.test_mode else ""

@@ -1,4 +1,7 @@
-"""``inv status``, ``inv tail-logs --no-follow`` and ``inv cleanup``: one agent call each."""
+"""``inv status`` (progress parsed by outrig/progress.py) and ``inv cleanup``: one agent call each.
+
+``logs`` moved to :mod:`outrig.ops.logs` (``inv tail-logs``); the name stays here for callers.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +20,19 @@ def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) 
     return {"run_id": run_id, "playbook": playbook}
 
 
+PROGRESS_BYTES = 16384  # log tail shipped per process for the progress parser
+PROGRESS_MARKERS = ["Training epoch "]  # last line holding these is found further back
+
+
 def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
            playbook: str | None = None, log_lines: int = 5,
            journal: Journal | None = None) -> dict[str, Any]:
+    """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
     with host_session(project, host_spec, reporter, journal) as session:
         result = session.call("status", stream=False, log_lines=log_lines,
-                              **_selector(run_id, playbook))
+                              progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
+                              gpu_holders=True, **_selector(run_id, playbook))
+    enrich_status(result)
     if reporter.json_mode:
         reporter.emit_json(result)
     else:
@@ -30,54 +40,139 @@ def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str 
     return result
 
 
+def enrich_status(result: dict[str, Any]) -> dict[str, Any]:
+    """Turn the agent's raw status into the documented document (docs/logs-and-status.md):
+    parse each process's progress from its shipped log text (then drop the raw text), and map
+    every GPU to the processes holding it."""
+    from outrig.progress import parse_progress
+
+    holders = [h for h in result.pop("gpu_holders", None) or [] if isinstance(h, dict)]
+    for run in result.get("runs") or []:
+        for proc in run.get("processes") or []:
+            text = proc.pop("tail_text", None)
+            markers = proc.pop("markers", None) or {}
+            checkpoint = proc.get("checkpoint") or {}
+            progress = None
+            if isinstance(text, str) and text:
+                progress = parse_progress(
+                    text, argv=[str(a) for a in proc.get("argv") or []],
+                    epoch_line=markers.get("Training epoch "),
+                    training_state=checkpoint.get("training_state"))
+            proc["progress"] = progress.to_json() if progress is not None else None
+            proc["gpus_held"] = sorted({
+                h["gpu_index"] for h in holders
+                if h.get("gpu_index") is not None and (h.get("owner") or {}).get("run_id")
+                == run.get("run_id") and (h.get("owner") or {}).get("process") == proc.get("name")
+            })
+    facts = result.get("facts") or {}
+    gpus = []
+    for gpu in facts.get("gpus") or []:
+        held = []
+        for h in holders:
+            if h.get("gpu_index") != gpu.get("index"):
+                continue
+            owner = h.get("owner") or {}
+            held.append({"pid": h.get("pid"), "used_mib": h.get("used_mib"),
+                         "run_id": owner.get("run_id"), "process": owner.get("process"),
+                         "ours": bool(owner), "comm": h.get("comm"), "user": h.get("user")})
+        gpus.append({**gpu, "holders": held})
+    result["gpus"] = gpus
+    result["gpu_error"] = facts.get("gpu_error") or result.pop("gpu_audit_error", None)
+    return result
+
+
+def _age(seconds: float | None) -> str:
+    from outrig.progress import format_duration
+
+    return "-" if seconds is None else format_duration(seconds)
+
+
 def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
+    """Tables for humans: processes (state, readiness, GPUs, progress), checkpoints, GPUs."""
     from rich.markup import escape
     from rich.table import Table
 
+    from outrig.progress import Progress, summary
+
+    out = reporter.stdout_console
     runs = result.get("runs") or []
     if not runs:
         reporter.info("no outrig runs on this box")
     for run in runs:
         table = Table(title=escape(f"run {run.get('run_id')} ({run.get('playbook')}): "
                                    f"{run.get('status')}"), title_justify="left")
-        for col in ("process", "state", "pid", "uptime", "ready", "last line"):
+        for col in ("process", "state", "pid", "uptime", "ready", "GPUs", "detail"):
             table.add_column(col, overflow="fold")
+        notes: list[str] = []
         for proc in run.get("processes") or []:
+            name = str(proc.get("name"))
             state = str(proc.get("state"))
             if state == "exited":
                 state += f" ({proc.get('exit_code')})"
             elif state == "killed" and proc.get("signal"):
                 state += f" (signal {proc.get('signal')})"
-            uptime = proc.get("uptime")
             ready = proc.get("ready")
-            tail = proc.get("log_tail") or []
-            table.add_row(str(proc.get("name")), state, str(proc.get("pid") or "-"),
-                          f"{float(uptime):.0f}s" if uptime is not None else "-",
-                          "-" if ready is None else ("yes" if ready else "no"),
-                          escape(str(tail[-1])[-100:]) if tail else "")
-        reporter.stdout_console.print(table)
-    gpus = (result.get("facts") or {}).get("gpus") or []
+            detail = ""
+            raw_progress = proc.get("progress")
+            if isinstance(raw_progress, dict):
+                detail = summary(Progress.from_json(raw_progress))
+            server = proc.get("server") or {}
+            if server.get("health") is not None or server.get("health_error"):
+                health = server.get("health") or f"down ({server.get('health_error')})"
+                models = ", ".join(server.get("models") or []) or "?"
+                detail = f"/health {health}, serving {models}"
+            elif not detail and proc.get("log_tail"):
+                detail = str(proc["log_tail"][-1])[-100:]
+            checkpoint = proc.get("checkpoint")
+            if isinstance(checkpoint, dict):
+                if checkpoint.get("path"):
+                    notes.append(f"{name}: newest complete checkpoint {checkpoint['path']} "
+                                 f"({checkpoint.get('count')} in {checkpoint.get('save_path')})")
+                else:
+                    notes.append(f"{name}: no complete checkpoint yet in "
+                                 f"{checkpoint.get('save_path')}")
+            failed = (proc.get("state") == "exited" and proc.get("exit_code") not in (0, None)) \
+                or proc.get("state") == "killed"
+            if failed and proc.get("log_tail"):
+                notes.append(f"{name} {state}; last log lines:")
+                notes.extend(f"    | {line}" for line in proc["log_tail"])
+            held = ",".join(str(i) for i in proc.get("gpus_held") or []) or "-"
+            table.add_row(name, state, str(proc.get("pid") or "-"), _age(proc.get("uptime")),
+                          "-" if ready is None else ("yes" if ready else "no"), held,
+                          escape(detail))
+        out.print(table)
+        for note in notes:
+            out.print(escape(note), highlight=False)
+    gpus = result.get("gpus") or []
     if gpus:
-        used = ", ".join(f"{g.get('index')}: {g.get('memory_used_mib')}/"
-                         f"{g.get('memory_total_mib')} MiB" for g in gpus)
-        reporter.stdout_console.print(f"GPUs {escape(used)}")
+        table = Table(title="GPUs", title_justify="left")
+        for col in ("gpu", "name", "memory", "util", "held by"):
+            table.add_column(col, overflow="fold")
+        for gpu in gpus:
+            who = []
+            for h in gpu.get("holders") or []:
+                mem = f" {h['used_mib']} MiB" if h.get("used_mib") is not None else ""
+                if h.get("ours"):
+                    who.append(f"{h.get('process')} (pid {h.get('pid')}{mem})")
+                else:
+                    who.append(f"NOT OURS: pid {h.get('pid')} {h.get('comm') or ''}{mem}")
+            util = gpu.get("utilization_pct")
+            table.add_row(str(gpu.get("index")), str(gpu.get("name")),
+                          f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
+                          "-" if util is None else f"{util}%", escape("; ".join(who) or "free"))
+        out.print(table)
+    elif result.get("gpu_error"):
+        reporter.info(f"GPUs: {result['gpu_error']}")
 
 
 def logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
          playbook: str | None = None, processes: list[str] | None = None, lines: int = 50,
-         journal: Journal | None = None) -> dict[str, Any]:
-    with host_session(project, host_spec, reporter, journal) as session:
-        result = session.call("logs", stream=False, processes=processes or None, lines=lines,
-                              **_selector(run_id, playbook))
-    logs_by_process: dict[str, list[str]] = result.get("logs") or {}
-    width = max((len(name) for name in logs_by_process), default=0)
-    for name, text_lines in logs_by_process.items():
-        for line in text_lines:
-            if reporter.json_mode:
-                reporter.emit_json({"process": name, "line": line})
-            else:
-                reporter.stdout_console.out(f"{name:<{width}} | {line}", highlight=False)
-    return result
+         journal: Journal | None = None) -> Any:
+    """Moved to :mod:`outrig.ops.logs` (kept so existing callers keep working)."""
+    from outrig.ops.logs import logs as tail_once
+
+    return tail_once(project, host_spec, reporter, run_id=run_id, playbook=playbook,
+                     processes=processes, lines=lines, journal=journal)
 
 
 def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,

@@ -437,8 +437,9 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
         out.notes.append(f"{spec.model} is a local path: server and trainer run with "
                          "HF_HUB_OFFLINE=1 (nothing is pulled from the hub at launch)")
     if facts.num_hidden_layers is not None:
-        out.notes.append(f"layers: num_hidden_layers {facts.num_hidden_layers} "
-                         f"({facts.source}); vLLM extracts {vllm_ids}, trainer aux ids "
+        origin = "declared" if spec.num_hidden_layers else facts.source
+        out.notes.append(f"layers: num_hidden_layers {facts.num_hidden_layers} ({origin}); "
+                         f"vLLM extracts {vllm_ids}, the trainer gets the auxiliary ids "
                          f"{trainer_ids}")
     return out
 

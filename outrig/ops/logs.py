@@ -1,0 +1,603 @@
+"""``inv tail-logs``: every log of a run over one SSH channel, exactly once, into a local mirror.
+
+The agent's ``follow`` op streams framed chunks (process, inode, offset, bytes); the pure rules
+live in :mod:`outrig.logtail`. This module does the I/O, in an order that makes a crash or a
+dropped link harmless:
+
+1. append the new bytes to the mirror ``<state>/logs/<host>/<run>/<process>.log``;
+2. fsync the mirror;
+3. write the cursors (``cursors.json`` beside the mirrors) atomically;
+4. only then print the lines.
+
+A crash after (1) or (2) leaves mirror bytes past the durable cursor: they are cut off on the
+next start, then re-sent by the agent. A crash after (3) loses only the printing of that batch
+(the mirror has it). So the mirror never skips or repeats a byte. A dropped connection is
+noticed from the stream itself (the agent sends a heartbeat every few seconds; silence for
+three of them, or a closed transport, means the link is dead) and the tailer reconnects with
+backoff and resumes from the cursors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outrig.agent_client import PROTOCOL_VERSION, agent_command, agent_payload, raise_for_result
+from outrig.console import Reporter
+from outrig.errors import ConfigError, ConnectError, HostKeyError, RemoteError
+from outrig.journal import Journal, atomic_write_json, read_json, safe_name
+from outrig.logtail import (
+    MAX_PARTIAL,
+    Applied,
+    Cursor,
+    FramingError,
+    StreamState,
+    clean_display,
+    decode_chunk,
+    partial_tail,
+)
+from outrig.ops.base import HostSession, Project, base_request
+from outrig.transport import AgentChannel, transport_for
+
+LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)
+BATCH_BYTES = 8 << 20  # commit (fsync + cursor write) at least this often while streaming
+CURSOR_SETS = 8  # how many recent runs' cursors a request carries when the run is not given
+COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)  # ANSI foreground colours
+
+
+class LinkLost(ConnectError):
+    """The SSH link (or the channel) died mid-stream; the tailer reconnects and resumes."""
+
+
+def heartbeat_for(rtt: float | None) -> float:
+    """How often the agent must speak when idle: often enough to see a dead link within a few
+    seconds, rarely enough to cost nothing on a slow one."""
+    if rtt is None:
+        return 2.0
+    return max(1.0, min(5.0, 5 * rtt))
+
+
+def idle_limit_for(heartbeat: float, rtt: float | None) -> float:
+    """Silence longer than ~3 heartbeats (plus the link's own delay) means the link is dead."""
+    return max(3.0, 3 * heartbeat + 4 * (rtt or 0.0))
+
+
+# ------------------------------------------------------------------------------ local mirror
+
+
+class MirrorStore:
+    """The mirrors and cursors of one run of one host (``<state>/logs/<host>/<run>/``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cursor_file = root / "cursors.json"
+        self.handles: dict[str, Any] = {}
+        self.dirty: set[str] = set()
+
+    def path(self, name: str) -> Path:
+        return self.root / f"{name}.log"
+
+    def load(self) -> dict[str, Cursor]:
+        """Durable cursors; mirror bytes past a cursor (a crash before the commit) are cut."""
+        raw = read_json(self.cursor_file)
+        procs = raw.get("processes") if isinstance(raw, dict) else None
+        out: dict[str, Cursor] = {}
+        for name, entry in (procs or {}).items():
+            cursor = Cursor.from_json(entry)
+            if cursor is None:
+                continue
+            path = self.path(str(name))
+            want = cursor.offset - cursor.base
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                size = -1
+            if size < want:  # the mirror lost bytes (deleted by hand?): start a fresh segment
+                continue
+            if size > want:
+                with open(path, "r+b") as handle:
+                    handle.truncate(want)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            out[str(name)] = cursor
+        return out
+
+    def partial(self, name: str, cursor: Cursor) -> bytes:
+        """The mirror's unterminated last line: the next resume continues it on screen."""
+        size = cursor.offset - cursor.base
+        if size <= 0:
+            return b""
+        with open(self.path(name), "rb") as handle:
+            handle.seek(max(0, size - MAX_PARTIAL - 1))
+            data = handle.read()
+        if size > MAX_PARTIAL + 1 and b"\n" not in data:
+            return b""
+        return partial_tail(data)
+
+    def new_segment(self, name: str, segments: int) -> None:
+        """Archive the current mirror as ``<name>.log.<k>`` (rotation, truncation, jump)."""
+        self.close(name)
+        current = self.path(name)
+        if current.exists() and current.stat().st_size > 0:
+            current.rename(self.root / f"{name}.log.{segments}")
+
+    def append(self, name: str, data: bytes) -> None:
+        handle = self.handles.get(name)
+        if handle is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path(name), "ab")  # noqa: SIM115 - kept open while streaming
+            self.handles[name] = handle
+        handle.write(data)
+        self.dirty.add(name)
+
+    def commit(self, host: str, run_id: str, cursors: dict[str, Cursor]) -> None:
+        """fsync every mirror written since the last commit, then write the cursors."""
+        for name in sorted(self.dirty):
+            handle = self.handles[name]
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.dirty.clear()
+        atomic_write_json(self.cursor_file, {
+            "v": 1, "host": host, "run_id": run_id, "updated": time.time(),
+            "processes": {n: c.to_json() for n, c in sorted(cursors.items())}})
+
+    def close(self, name: str | None = None) -> None:
+        names = [name] if name is not None else list(self.handles)
+        for n in names:
+            handle = self.handles.pop(n, None)
+            if handle is not None:
+                handle.close()
+
+
+def mirror_root(journal: Journal, host: str, run_id: str) -> Path:
+    return journal.root / "logs" / safe_name(host) / safe_name(run_id)
+
+
+def recent_cursor_sets(journal: Journal, host: str, run_id: str | None) -> dict[str, Any]:
+    """Cursors to send: those of ``run_id``, else of the host's most recently tailed runs (the
+    agent picks the set of the run it resolves; one exec, no extra round trip)."""
+    base = journal.root / "logs" / safe_name(host)
+    if run_id is not None:
+        roots = [base / safe_name(run_id)]
+    else:
+        roots = sorted((p.parent for p in base.glob("*/cursors.json")),
+                       key=lambda p: (p / "cursors.json").stat().st_mtime, reverse=True)
+        roots = roots[:CURSOR_SETS]
+    sets: dict[str, Any] = {}
+    for root in roots:
+        raw = read_json(root / "cursors.json")
+        if not isinstance(raw, dict) or not isinstance(raw.get("run_id"), str):
+            continue
+        procs = {}
+        for name, entry in (raw.get("processes") or {}).items():
+            cursor = Cursor.from_json(entry)
+            if cursor is not None:
+                procs[str(name)] = cursor.wire()
+        sets[raw["run_id"]] = procs
+    return sets
+
+
+# ------------------------------------------------------------------------------ output
+
+
+class LinePrinter:
+    """``process | line`` (coloured per process on a terminal), or JSON lines with --json."""
+
+    def __init__(self, reporter: Reporter, grep: re.Pattern[str] | None,
+                 sink: Callable[[str, str], None] | None = None) -> None:
+        self.reporter = reporter
+        self.grep = grep
+        self.sink = sink
+        self.colour = reporter.stdout_console.is_terminal and not reporter.json_mode
+        self.width = 0
+        self.colours: dict[str, int] = {}
+
+    def names(self, names: list[str]) -> None:
+        self.width = max([self.width, *(len(n) for n in names)])
+
+    def lines(self, batch: list[tuple[str, str]]) -> None:
+        out: list[str] = []
+        for name, line in batch:
+            if self.grep is not None and not self.grep.search(line):
+                continue
+            if self.sink is not None:
+                self.sink(name, line)
+            if self.reporter.json_mode:
+                out.append(json.dumps({"process": name, "line": line}) + "\n")
+            elif self.colour:
+                code = self.colours.setdefault(name, COLOURS[len(self.colours) % len(COLOURS)])
+                out.append(f"\x1b[{code}m{name:<{self.width}}\x1b[0m | {clean_display(line)}\n")
+            else:
+                out.append(f"{name:<{self.width}} | {clean_display(line)}\n")
+        if out:
+            self.reporter.out.write("".join(out))
+            self.reporter.out.flush()
+
+
+# ------------------------------------------------------------------------------ the tailer
+
+
+@dataclass
+class TailResult:
+    run_id: str | None = None
+    lines: int = 0
+    bytes: int = 0
+    reconnects: int = 0
+    mirror_dir: Path | None = None
+    cursors: dict[str, Cursor] = field(default_factory=dict)
+    first_line_at: float | None = None  # seconds from start to the first line shown
+    opens: dict[str, dict[str, Any]] = field(default_factory=dict)  # last open event each
+
+
+class LogTailer:
+    """Follow (or read once) the logs of one run; reconnect and resume until told to stop."""
+
+    def __init__(self, session: HostSession, *, run_id: str | None = None,
+                 playbook: str | None = None, processes: list[str] | None = None,
+                 lines: int | None = None, follow: bool = True, grep: str | None = None,
+                 stop: threading.Event | None = None, heartbeat: float | None = None,
+                 idle_limit: float | None = None, give_up_after: float = 300.0,
+                 max_seconds: float | None = None, backoff: float = 0.25,
+                 sink: Callable[[str, str], None] | None = None) -> None:
+        if lines is not None and lines < 0:
+            raise ConfigError(f"--lines must be ≥ 0, not {lines}")
+        pattern = None
+        if grep is not None:
+            try:
+                pattern = re.compile(grep)
+            except re.error as exc:
+                raise ConfigError(f"--grep {grep!r} is not a valid regular expression: {exc}. "
+                                  "Nothing was sent.") from None
+        self.session = session
+        self.journal = session.journal
+        self.host_key = session.host.name
+        self.run_id = run_id
+        self.playbook = playbook
+        self.processes = processes or None
+        self.lines = lines
+        self.follow = follow
+        self.stop = stop or threading.Event()
+        self.heartbeat = heartbeat
+        self.idle_limit = idle_limit
+        self.give_up_after = give_up_after
+        self.max_seconds = max_seconds
+        self.printer = LinePrinter(session.reporter, pattern, sink)
+        self.reporter = session.reporter
+        self.store: MirrorStore | None = None
+        self.streams: dict[str, StreamState] = {}
+        self.result = TailResult()
+        self.started = time.monotonic()
+        self.first_call = True
+        self.call_worked = False  # the current call reached the agent (reset the backoff)
+        self.initial_backoff = backoff
+
+    # -- events
+
+    def _bind_run(self, run_id: str) -> None:
+        """The agent named the run: open its mirror and load the durable cursors."""
+        if self.store is not None:
+            if run_id != self.result.run_id:
+                raise FramingError(f"the agent switched runs ({self.result.run_id} → {run_id})",
+                                   kind="framing")
+            return
+        self.result.run_id = run_id
+        self.run_id = run_id  # reconnects resume this run even if a new one becomes current
+        root = mirror_root(self.journal, self.host_key, run_id)
+        self.store = MirrorStore(root)
+        self.result.mirror_dir = root
+        for name, cursor in self.store.load().items():
+            self.streams[name] = StreamState(name, cursor, self.store.partial(name, cursor))
+
+    def _stream(self, name: str) -> StreamState:
+        if name not in self.streams:
+            self.streams[name] = StreamState(name)
+        return self.streams[name]
+
+    def _apply(self, event: dict[str, Any], shown: list[tuple[str, str]]) -> bool:
+        """Apply one event; True when it changed the mirror (a commit is due)."""
+        kind = event.get("event")
+        if kind == "run":
+            self._bind_run(str(event.get("run_id")))
+            self.first_call = False  # later calls are resumes: --lines only for new logs
+            self.call_worked = True
+            names = [str(n) for n in event.get("processes") or []]
+            self.printer.names(names)
+            return False
+        if kind in ("open", "chunk") and self.store is None:
+            raise FramingError(f"{kind} event before the run was named", kind="framing")
+        assert self.store is not None or kind not in ("open", "chunk")
+        if kind == "open":
+            name = str(event["process"])
+            self.result.opens[name] = event
+            self.printer.names([name])
+            stream = self._stream(name)
+            applied = stream.on_open(int(event["inode"]), int(event["offset"]),
+                                     int(event.get("display_from", event["offset"])),
+                                     str(event.get("reason")))
+            if applied.reset:
+                # A new segment starts: archive the old mirror file and make the new (empty)
+                # segment durable at once, so a reconnect resumes from where it begins.
+                assert self.store is not None and stream.pending is not None
+                if applied.new_segment:
+                    self.store.new_segment(name, stream.pending.segments)
+                else:
+                    self.store.close(name)
+                    self.store.path(name).unlink(missing_ok=True)
+                return True
+            return False
+        if kind == "chunk":
+            chunk = decode_chunk(event)
+            target = self.streams.get(chunk.process)
+            if target is None:
+                raise FramingError(f"chunk for {chunk.process} before its open event",
+                                   kind="framing")
+            applied = target.on_chunk(chunk)
+            self._take(chunk.process, applied, shown)
+            return bool(applied.mirror)
+        if kind == "rotated":
+            lost = " (the old file's unread tail could not be found on the box)" \
+                if event.get("lost") else ""
+            self.reporter.warn(f"{event.get('process')}: log rotated (inode "
+                               f"{event.get('old_inode')} → {event.get('inode')}); following the "
+                               f"new file{lost}")
+        elif kind == "truncated":
+            self.reporter.warn(f"{event.get('process')}: log truncated (was at byte "
+                               f"{event.get('old_offset')}, now {event.get('size')} bytes); "
+                               "starting again from its beginning")
+        elif kind == "missing":
+            self.reporter.info(f"{event.get('process')}: no log yet ({event.get('path')}); "
+                               "waiting for it")
+        elif kind == "warning":
+            self.reporter.warn(str(event.get("msg")))
+        return False
+
+    def _take(self, name: str, applied: Applied, shown: list[tuple[str, str]]) -> None:
+        if applied.mirror:
+            assert self.store is not None
+            self.store.append(name, applied.mirror)
+            self.result.bytes += len(applied.mirror)
+        shown.extend((name, line) for line in applied.lines)
+
+    def _commit(self) -> None:
+        if self.store is None or self.result.run_id is None:
+            return
+        cursors = {n: s.pending for n, s in self.streams.items() if s.pending is not None}
+        self.store.commit(self.host_key, self.result.run_id, cursors)
+        for stream in self.streams.values():
+            stream.commit()
+        self.result.cursors = dict(cursors)
+
+    def _show(self, shown: list[tuple[str, str]]) -> None:
+        if not shown:
+            return
+        if self.result.first_line_at is None:
+            self.result.first_line_at = time.monotonic() - self.started
+        self.result.lines += len(shown)
+        self.printer.lines(shown)
+
+    # -- one agent call
+
+    def _request(self) -> dict[str, Any]:
+        rtt = self.session.transport.rtt
+        cursors = recent_cursor_sets(self.journal, self.host_key, self.run_id)
+        if self.store is not None and self.result.run_id is not None:
+            cursors[self.result.run_id] = {n: s.cursor.wire() for n, s in self.streams.items()
+                                           if s.cursor is not None}
+        fields: dict[str, Any] = {
+            "run_id": self.run_id, "playbook": self.playbook if self.run_id is None else None,
+            "processes": self.processes, "follow": self.follow,
+            "lines": self.lines, "lines_if_no_cursor": not self.first_call,
+            "heartbeat": self.heartbeat or heartbeat_for(rtt), "cursors": cursors,
+            "compress": True}
+        if self.max_seconds is not None:
+            fields["max_seconds"] = self.max_seconds
+        return {"v": PROTOCOL_VERSION, **base_request(self.session.host, "follow", **fields)}
+
+    def _call(self) -> dict[str, Any] | None:
+        """One follow exec. Returns its result; raises LinkLost when the link dies; None when
+        asked to stop."""
+        transport = self.session.transport
+        request = self._request()
+        heartbeat = float(request["heartbeat"])
+        channel = transport.start_with_input(
+            agent_command(self.session.host.python),
+            agent_payload() + json.dumps(request).encode() + b"\n", window_size=LOG_WINDOW)
+        limit = self.idle_limit or idle_limit_for(heartbeat, transport.rtt)
+        try:
+            return self._read(channel, limit)
+        finally:
+            channel.close()
+
+    def _read(self, channel: AgentChannel, limit: float) -> dict[str, Any] | None:
+        buffer = bytearray()
+        last_heard = time.monotonic()
+        host = self.session.host.describe()
+        while True:
+            if self.stop.is_set():
+                return None
+            data = channel.read(timeout=0.25)
+            if data is None:
+                silent = time.monotonic() - last_heard
+                if not channel.alive():
+                    raise LinkLost(f"the SSH connection to {host} closed")
+                if silent > limit:
+                    raise LinkLost(f"nothing from {host} for {silent:.1f} s (limit {limit:.1f} s,"
+                                   " ~3 agent heartbeats): the link is dead")
+                continue
+            if data == b"":
+                if channel.alive():
+                    status = channel.exit_status(timeout=2.0)
+                    if status not in (None, -1):
+                        err = channel.stderr_text().strip().splitlines()[-12:]
+                        raise RemoteError(
+                            f"the agent on {host} stopped without a result (exit {status})",
+                            kind="agent_crash", excerpt=err)
+                raise LinkLost(f"the connection to {host} dropped mid-stream")
+            last_heard = time.monotonic()
+            buffer += data
+            # Take whatever else is already here, so one commit covers many chunks.
+            while len(buffer) < BATCH_BYTES:
+                more = channel.read(timeout=0.0)
+                if not more:
+                    break
+                buffer += more
+            result = self._process(buffer)
+            if result is not None:
+                return result
+
+    def _process(self, buffer: bytearray) -> dict[str, Any] | None:
+        """Apply every complete event line in ``buffer`` (consumed in place); commit; print."""
+        shown: list[tuple[str, str]] = []
+        changed = False
+        result: dict[str, Any] | None = None
+        start = 0
+        while True:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                break
+            line = bytes(buffer[start:end]).strip()
+            start = end + 1
+            if not line:
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                self.reporter.warn(f"agent: {line.decode('utf-8', 'replace')[:200]}")
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("event") == "result":
+                result = event
+                break
+            changed |= self._apply(event, shown)
+        del buffer[:start]
+        if changed:
+            self._commit()
+        self._show(shown)
+        return result
+
+    # -- the loop
+
+    def run(self) -> TailResult:
+        """Stream until the agent is done (``--no-follow``) or ``stop`` is set."""
+        backoff = self.initial_backoff
+        outage_since: float | None = None
+        retry_on: tuple[type[BaseException], ...] = (OSError, EOFError, *_paramiko_errors())
+        try:
+            while not self.stop.is_set():
+                try:
+                    result = self._call()
+                except retry_on as exc:
+                    if not self._retryable(exc):
+                        raise
+                    if self.call_worked:  # it streamed before it broke: a fresh outage
+                        self.call_worked = False
+                        backoff, outage_since = self.initial_backoff, None
+                    now = time.monotonic()
+                    outage_since = outage_since or now
+                    if now - outage_since > self.give_up_after:
+                        raise ConnectError(
+                            f"tail-logs gave up after {now - outage_since:.0f} s without a working"
+                            f" connection to {self.session.host.describe()} (last error: {exc})."
+                            f" The mirror in {self.result.mirror_dir or 'the state dir'} is "
+                            "complete up to the saved cursor; run tail-logs again to resume."
+                        ) from None
+                    self.reporter.warn(f"{exc}; reconnecting in {backoff:.1f}s")
+                    self._reconnect(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                if result is None:
+                    break
+                raise_for_result(result, where=f"tail-logs on {self.session.host.describe()}")
+                backoff, outage_since = self.initial_backoff, None
+                if result.get("reason") == "max_seconds" and self.follow:
+                    continue  # the agent's lifetime bound: ask again on the same connection
+                break
+        finally:
+            self._finish()
+        return self.result
+
+    def _retryable(self, exc: BaseException) -> bool:
+        """Only a link that worked and then broke is retried: a wrong host, key or login
+        fails at once, as does a box that never answered in this command."""
+        if isinstance(exc, HostKeyError) or self.first_call:
+            return False
+        text = str(exc)
+        return not (isinstance(exc, ConnectError)
+                    and ("authentication failed" in text or "cannot resolve" in text))
+
+    def _reconnect(self, delay: float) -> None:
+        """Drop the dead connection, wait (with jitter), and make a fresh transport."""
+        self.result.reconnects += 1
+        try:
+            self.session.transport.close()
+        except Exception:  # a dead transport may fail to close cleanly; it is gone either way
+            pass
+        self.stop.wait(delay * random.uniform(0.8, 1.2))
+        host = self.session.host
+        rtt = self.session.transport.rtt
+        self.session.transport = transport_for(host, rtt_hint=rtt, notify=self.reporter.info)
+
+    def _finish(self) -> None:
+        """Show unterminated last lines when not following, and release the mirror files."""
+        if not self.follow:
+            shown: list[tuple[str, str]] = []
+            for name, stream in self.streams.items():
+                shown.extend((name, line) for line in stream.flush())
+            self._show(shown)
+        if self.store is not None:
+            self.store.close()
+        rtt = self.session.transport.rtt
+        if rtt is not None:
+            self.journal.update_host(self.host_key, rtt=rtt)
+
+
+def _paramiko_errors() -> tuple[type[BaseException], ...]:
+    import paramiko
+
+    return (paramiko.SSHException,)
+
+
+# ------------------------------------------------------------------------------ entry points
+
+
+def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
+              playbook: str | None = None, processes: list[str] | None = None,
+              lines: int | None = None, follow: bool = True, grep: str | None = None,
+              since: str | None = None, journal: Journal | None = None,
+              stop: threading.Event | None = None, **tuning: Any) -> TailResult:
+    """``inv tail-logs``. ``tuning`` passes LogTailer knobs (heartbeat, idle_limit, ...)."""
+    if since is not None:
+        raise ConfigError(
+            "--since is not supported: the logs of the processes outrig runs carry no reliable "
+            "timestamps (vLLM, the trainer and tqdm each print their own, or none), so a time "
+            "cannot be mapped to a byte offset. Use --lines N to start N lines before the end. "
+            "Nothing was sent.")
+    if run_id is not None and playbook is not None:
+        raise ConfigError("give at most one of --run and --playbook")
+    session = HostSession(project, host_spec, reporter, journal)
+    tailer = LogTailer(session, run_id=run_id, playbook=playbook, processes=processes,
+                       lines=lines, follow=follow, grep=grep, stop=stop, **tuning)
+    try:
+        return tailer.run()
+    except KeyboardInterrupt:
+        return tailer.result  # Ctrl-C is how one stops following; the cursor is saved
+    finally:
+        session.close()
+
+
+def logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
+         playbook: str | None = None, processes: list[str] | None = None, lines: int = 50,
+         journal: Journal | None = None) -> TailResult:
+    """The last ``lines`` lines of each log, once (``tail-logs --no-follow --lines N``)."""
+    return tail_logs(project, host_spec, reporter, run_id=run_id, playbook=playbook,
+                     processes=processes, lines=lines, follow=False, journal=journal)
+

@@ -1,0 +1,288 @@
+"""``tail-logs`` end to end: the real sshd, the latency proxy cutting the link, the local mirror.
+
+The runs here are made by hand on the sandbox box (run.json + log files under the box's
+workdir): the follow op only needs a run's process names and log files, and writing the logs
+from the test itself gives exact control over rotation, truncation and timing. The box is this
+machine, so the test can compare the mirror with the "remote" file byte for byte.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.console import Reporter
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.ops.base import HostSession
+from outrig.ops.logs import LogTailer, TailResult, tail_logs
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = Project(REPO)
+
+
+def make_run(host_file: Path, names: list[str], run_id: str = "job-20260101-000000-abcd",
+             playbook: str = "job", status: str = "running") -> Path:
+    """A run on the box as deploy leaves it (only what follow reads); returns its logs dir."""
+    workdir = Path(yaml.safe_load(host_file.read_text())["workdir"])
+    logs = workdir / "runs" / run_id / "logs"
+    logs.mkdir(parents=True)
+    (workdir / "runs" / run_id / "run.json").write_text(json.dumps({
+        "v": 1, "run_id": run_id, "playbook": playbook, "status": status,
+        "processes": [{"name": n, "log": str(logs / f"{n}.log")} for n in names]}))
+    (workdir / ".outrig" / "current").mkdir(parents=True, exist_ok=True)
+    (workdir / ".outrig" / "current" / playbook).write_text(run_id + "\n")
+    return logs
+
+
+def slow_host(host_file: Path, proxy_port: int) -> Path:
+    config = yaml.safe_load(host_file.read_text())
+    config["port"] = proxy_port
+    path = host_file.parent / "slow.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class Writer(threading.Thread):
+    """Appends numbered lines to a log at a steady rate (unbuffered, like a real process)."""
+
+    def __init__(self, path: Path, count: int, interval: float, prefix: str = "line") -> None:
+        super().__init__(daemon=True)
+        self.path, self.count, self.interval, self.prefix = path, count, interval, prefix
+
+    def run(self) -> None:
+        with open(self.path, "ab", buffering=0) as f:
+            for i in range(self.count):
+                f.write(f"{self.prefix} {i:06d} {'x' * (i % 37)}\n".encode())
+                time.sleep(self.interval)
+
+
+class Follow:
+    """The tail-logs op (``--json``) in a thread; its JSON lines land in a StringIO."""
+
+    def __init__(self, host: Path, journal: Journal, **kw: Any) -> None:
+        self.out = io.StringIO()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.result: TailResult | None = None
+        reporter = Reporter(json_mode=True, out=self.out, err=io.StringIO())
+        self.session = HostSession(PROJECT, str(host), reporter, journal)
+        self.tailer = LogTailer(self.session, stop=self.stop, **kw)
+
+        def target() -> None:
+            try:
+                self.result = self.tailer.run()
+            except BaseException as exc:
+                self.error = exc
+            finally:
+                self.session.close()
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def finish(self, timeout: float = 20.0) -> TailResult:
+        self.stop.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "tail-logs did not stop"
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+    def lines(self, process: str | None = None) -> list[str]:
+        docs = [json.loads(x) for x in self.out.getvalue().splitlines() if x.strip()]
+        return [d["line"] for d in docs if process is None or d["process"] == process]
+
+
+def mirror_dir(journal: Journal, host: Path, run_id: str) -> Path:
+    return journal.root / "logs" / host.stem / run_id
+
+
+def wait_for(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    yield Journal(tmp_path / "state")
+
+
+def file_lines(path: Path) -> list[str]:
+    return path.read_bytes().decode().splitlines()
+
+
+def test_exactly_once_through_twenty_cuts(box_host: Path, make_proxy: Any, journal: Journal) -> None:
+    logs = make_run(box_host, ["trainer", "server"])
+    config = yaml.safe_load(box_host.read_text())
+    proxy = make_proxy(config["port"], one_way_delay=0.005)
+    host = slow_host(box_host, proxy.port)
+    trainer = Writer(logs / "trainer.log", 1500, 0.003)
+    server = Writer(logs / "server.log", 300, 0.015, prefix="srv")
+    trainer.start()
+    follow = Follow(host, journal, heartbeat=0.5, backoff=0.05)
+    server.start()
+    rng = random.Random(4)
+    cuts = 0
+    wait_for(lambda: follow.lines(), 10, "the first line")
+    while cuts < 22:
+        time.sleep(rng.uniform(0.05, 0.3))
+        cuts += proxy.cut_all() > 0
+    trainer.join()
+    server.join()
+    run_dir = mirror_dir(journal, host, "job-20260101-000000-abcd")
+    for name in ("trainer", "server"):
+        want = (logs / f"{name}.log").read_bytes()
+        wait_for(lambda n=name, w=want: (run_dir / f"{n}.log").exists()
+                 and (run_dir / f"{n}.log").stat().st_size >= len(w), 30, f"{name} mirror")
+    result = follow.finish()
+    assert result.reconnects >= 20
+    for name in ("trainer", "server"):
+        remote = (logs / f"{name}.log").read_bytes()
+        assert (run_dir / f"{name}.log").read_bytes() == remote, f"{name} mirror differs"
+        assert follow.lines(name) == remote.decode().splitlines(), f"{name} lines differ"
+    cursors = json.loads((run_dir / "cursors.json").read_text())["processes"]
+    assert cursors["trainer"]["offset"] == (logs / "trainer.log").stat().st_size
+
+
+def test_silent_dead_link_is_detected_from_missing_heartbeats(
+        box_host: Path, make_proxy: Any, journal: Journal) -> None:
+    logs = make_run(box_host, ["trainer"])
+    config = yaml.safe_load(box_host.read_text())
+    proxy = make_proxy(config["port"], one_way_delay=0.005)
+    host = slow_host(box_host, proxy.port)
+    (logs / "trainer.log").write_text("before\n")
+    follow = Follow(host, journal, heartbeat=0.3, idle_limit=1.5, backoff=0.05)
+    wait_for(lambda: follow.lines() == ["before"], 10, "the first line")
+    proxy.set_delay(3600)  # packets now vanish (no RST): only silence tells
+    blackholed = time.monotonic()
+    with open(logs / "trainer.log", "a") as f:
+        f.write("during\n")
+    wait_for(lambda: follow.tailer.result.reconnects >= 1, 10, "the dead link to be noticed")
+    detected = time.monotonic() - blackholed
+    proxy.set_delay(0.005)
+    proxy.cut_all()  # drop the old connection whose bytes are parked for an hour
+    wait_for(lambda: follow.lines() == ["before", "during"], 20, "the resumed stream")
+    follow.finish()
+    assert detected < 4.0, f"dead link noticed after {detected:.1f}s"
+
+
+def test_rotation_and_truncation_mid_follow(box_host: Path, journal: Journal) -> None:
+    logs = make_run(box_host, ["rot", "trunc"])
+    rot, trunc = logs / "rot.log", logs / "trunc.log"
+    rot.write_text("r1\nr2\n")
+    trunc.write_text("t1\nt2\nt3\n")
+    follow = Follow(box_host, journal, heartbeat=0.5)
+    wait_for(lambda: len(follow.lines()) == 5, 10, "the first lines")
+    rot.rename(logs / "rot.log.1")  # logrotate: rename, then the writer reopens the path
+    rot.write_text("r3\n")
+    with open(trunc, "r+") as f:  # copytruncate: same file, cut to zero, written again
+        f.truncate(0)
+    time.sleep(0.5)
+    with open(trunc, "a") as f:
+        f.write("t4\n")
+    wait_for(lambda: follow.lines("rot") == ["r1", "r2", "r3"]
+             and follow.lines("trunc") == ["t1", "t2", "t3", "t4"], 10, "rotated lines")
+    follow.finish()
+    run_dir = mirror_dir(journal, box_host, "job-20260101-000000-abcd")
+    assert (run_dir / "rot.log.1").read_text() == "r1\nr2\n"
+    assert (run_dir / "rot.log").read_text() == "r3\n"
+    assert (run_dir / "trunc.log.1").read_text() == "t1\nt2\nt3\n"
+    assert (run_dir / "trunc.log").read_text() == "t4\n"
+
+
+def test_missing_log_is_waited_for_and_empty_log_is_fine(box_host: Path,
+                                                         journal: Journal) -> None:
+    logs = make_run(box_host, ["late", "quiet"])
+    (logs / "quiet.log").write_bytes(b"")
+    follow = Follow(box_host, journal, heartbeat=0.5)
+    time.sleep(0.8)
+    (logs / "late.log").write_text("hello\nworld\n")
+    wait_for(lambda: follow.lines("late") == ["hello", "world"], 10, "the late log")
+    result = follow.finish()
+    assert follow.lines("quiet") == []
+    assert result.opens["quiet"]["size"] == 0
+
+    # --no-follow on the same run returns at once, with nothing new to say.
+    out = io.StringIO()
+    started = time.monotonic()
+    again = tail_logs(PROJECT, str(box_host), Reporter(json_mode=True, out=out,
+                                                       err=io.StringIO()),
+                      follow=False, journal=journal)
+    assert time.monotonic() - started < 10
+    assert out.getvalue() == "" and again.bytes == 0
+
+
+def test_restart_resumes_from_the_journal_cursor(box_host: Path, journal: Journal) -> None:
+    logs = make_run(box_host, ["trainer"])
+    log = logs / "trainer.log"
+    log.write_text("a\nb\npartial")
+    first = io.StringIO()
+    tail_logs(PROJECT, str(box_host), Reporter(json_mode=True, out=first, err=io.StringIO()),
+              follow=False, journal=journal)
+    assert [json.loads(x)["line"] for x in first.getvalue().splitlines()] == ["a", "b", "partial"]
+    with open(log, "a") as f:
+        f.write(" line\nc\n")
+    second = io.StringIO()
+    tail_logs(PROJECT, str(box_host), Reporter(json_mode=True, out=second, err=io.StringIO()),
+              follow=False, journal=journal)
+    # The unterminated line continues from the mirror: shown whole once it ends.
+    assert [json.loads(x)["line"] for x in second.getvalue().splitlines()] == [
+        "partial line", "c"]
+    run_dir = mirror_dir(journal, box_host, "job-20260101-000000-abcd")
+    assert (run_dir / "trainer.log").read_bytes() == log.read_bytes()
+
+
+def test_lines_on_a_huge_file_seeks_from_the_end(box_host: Path, journal: Journal) -> None:
+    logs = make_run(box_host, ["big"])
+    big = logs / "big.log"
+    with open(big, "wb") as f:
+        f.truncate(2 << 30)  # 2 GiB of hole: reading it would take far longer than allowed
+        f.seek(0, os.SEEK_END)
+        f.write(b"".join(f"tail {i}\n".encode() for i in range(1000)))
+    out = io.StringIO()
+    started = time.monotonic()
+    result = tail_logs(PROJECT, str(box_host),
+                       Reporter(json_mode=True, out=out, err=io.StringIO()),
+                       lines=100, follow=False, processes=["big"], journal=journal)
+    elapsed = time.monotonic() - started
+    lines = [json.loads(x)["line"] for x in out.getvalue().splitlines()]
+    assert lines == [f"tail {i}" for i in range(900, 1000)]
+    assert result.opens["big"]["scanned"] < 256 * 1024, "must read only the end of the file"
+    assert result.bytes == sum(len(f"tail {i}\n") for i in range(900, 1000))
+    assert elapsed < 10
+
+
+def test_grep_and_unknown_process(box_host: Path, journal: Journal) -> None:
+    from outrig.errors import ConfigError, RemoteError
+
+    logs = make_run(box_host, ["trainer"])
+    (logs / "trainer.log").write_text("loss=1\nnoise\nloss=2\n")
+    out = io.StringIO()
+    tail_logs(PROJECT, str(box_host), Reporter(json_mode=True, out=out, err=io.StringIO()),
+              follow=False, grep=r"^loss=", journal=journal)
+    assert [json.loads(x)["line"] for x in out.getvalue().splitlines()] == ["loss=1", "loss=2"]
+    run_dir = mirror_dir(journal, box_host, "job-20260101-000000-abcd")
+    assert (run_dir / "trainer.log").read_text() == "loss=1\nnoise\nloss=2\n"  # mirror: all
+    with pytest.raises(RemoteError, match="no process nope"):
+        tail_logs(PROJECT, str(box_host), Reporter(quiet=True), follow=False,
+                  processes=["nope"], journal=journal)
+    with pytest.raises(ConfigError, match="--since"):
+        tail_logs(PROJECT, str(box_host), Reporter(quiet=True), since="1h", journal=journal)
+    with pytest.raises(ConfigError, match="--grep"):
+        tail_logs(PROJECT, str(box_host), Reporter(quiet=True), grep="(", journal=journal)

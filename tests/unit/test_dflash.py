@@ -1,0 +1,379 @@
+"""The dflash recipe: rendered commands and every check the issue lists, each with its fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.errors import ConfigError
+from outrig.inventory import Host
+from outrig.plan import HostFacts, Plan, make_plan
+from outrig.playbook import deep_merge, load_job
+from outrig.recipes import ModelFacts, models_to_probe
+
+HOST = Host(name="box", hostname="127.0.0.1", workdir="/workspace/dflash")
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "/workspace/dflash/models/Qwen3.6-27B"
+H200 = HostFacts(gpu_count=4, gpu_memory_mib=143_771, source="test")
+
+
+def base(**overrides: Any) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "model": MODEL, "source": "Qwen/Qwen3.6-27B", "num_hidden_layers": 64,
+        "model_size_gb": 55.6, "data_path": "/d/tokenized", "save_path": "/d/ckpt",
+        "epochs": 2, "lr": 6e-4,
+        "server": {"gpus": [0, 1], "tensor": 2, "data": 1, "python": "/v/bin/python"},
+        "trainer": {"gpus": [2, 3], "python": "/s/bin/python"},
+        "prepare": {"data": ["/d/convs.jsonl"]},
+    }
+    return {"name": "job", "recipe": "dflash", "dflash": deep_merge(section, overrides)}
+
+
+def plan_for(tmp_path: Path, doc: dict[str, Any], facts: HostFacts = H200, *,
+             test: bool = False) -> Plan:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return make_plan(load_job(path, test=test), HOST, facts, "run-1")
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def only_problem(plan: Plan, needle: str) -> str:
+    hits = [p for p in plan.problems if needle in p]
+    assert hits, plan.problems
+    return hits[0]
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def test_renders_server_prepare_trainer_in_order(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base())
+    assert plan.ok, plan.problems
+    assert plan.order == ["server", "prepare", "trainer"]
+    server = plan.processes["server"]
+    assert server.argv[:5] == ["/v/bin/python", "-m", "vllm.entrypoints.cli.main", "serve",
+                               MODEL]
+    spec = json.loads(flag(server.argv, "--speculative_config"))
+    assert spec["method"] == "extract_hidden_states"
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        2, 32, 61, 64]
+    kv = json.loads(flag(server.argv, "--kv_transfer_config"))
+    assert kv["kv_connector"] == "ExampleHiddenStatesConnector"
+    assert kv["kv_connector_extra_config"]["shared_storage_path"] == (
+        "/workspace/dflash/runs/run-1/hidden_states")
+    assert flag(server.argv, "--tensor-parallel-size") == "2"
+    assert flag(server.argv, "--data-parallel-size") == "1"
+    assert flag(server.argv, "--max-model-len") == "8193"
+    assert flag(server.argv, "--max-num-batched-tokens") == "8193"  # derived, never forgotten
+    assert flag(server.argv, "--host") == "127.0.0.1"
+    assert server.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert server.parallel == (2, 1)
+    assert server.ready is not None and server.ready.http == "http://127.0.0.1:8000/health"
+    assert server.ready.model == MODEL
+    assert any("DP adjusted local rank" in f for f in server.fatal)
+
+    prepare = plan.processes["prepare"]
+    assert prepare.argv[:4] == ["/s/bin/python", "-m", "speculators", "prepare-data"]
+    assert flag(prepare.argv, "--render-endpoint") == "http://127.0.0.1:8000"  # no /v1
+    assert flag(prepare.argv, "--output") == "/d/tokenized"
+    assert prepare.after == ["server"] and prepare.ready is not None and prepare.ready.exit
+    assert prepare.gpus == [] and prepare.env["CUDA_VISIBLE_DEVICES"] == ""
+
+    trainer = plan.processes["trainer"]
+    assert trainer.argv[:6] == ["/s/bin/torchrun", "--standalone", "--nproc_per_node", "2",
+                                "-m", "speculators.train"]
+    assert flag(trainer.argv, "--speculator-type") == "dflash"
+    assert flag(trainer.argv, "--vllm-endpoint") == "http://127.0.0.1:8000/v1"
+    assert flag(trainer.argv, "--data-path") == "/d/tokenized"
+    assert flag(trainer.argv, "--epochs") == "2" and flag(trainer.argv, "--lr") == "0.0006"
+    assert flag(trainer.argv, "--total-seq-len") == "8192"
+    assert trainer.after == ["prepare"]
+    assert trainer.env["COLUMNS"] == "300" and trainer.env["PYTHONUNBUFFERED"] == "1"
+    assert trainer.stop_grace >= 130
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_layer_ids_vllm_gets_aux_plus_last_trainer_aux_only(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base(target_layer_ids=[1, 16, 31, 46, 61]))
+    assert plan.ok, plan.problems
+    spec = json.loads(flag(plan.processes["server"].argv, "--speculative_config"))
+    ids = spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert ids == [1, 16, 31, 46, 61, 64]
+    argv = plan.processes["trainer"].argv
+    start = argv.index("--target-layer-ids") + 1
+    assert argv[start:start + 6] == ["1", "16", "31", "46", "61", "--block-size"]
+
+
+def test_layer_id_equal_to_l_is_valid_and_not_given_to_the_trainer(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base(target_layer_ids=[3, 64]))
+    assert plan.ok, plan.problems
+    argv = plan.processes["trainer"].argv
+    assert argv[argv.index("--target-layer-ids") + 1:][:2] == ["3", "--block-size"]
+
+
+@pytest.mark.parametrize(("ids", "needle"), [
+    ([1, 16, 16], "repeats [16]; each layer once"),
+    ([1, 65], "target_layer_ids [65] outside [0, 64]"),
+    ([-1, 5], "target_layer_ids [-1] outside [0, 64]"),
+    ([], "target_layer_ids is empty"),
+])
+def test_bad_layer_ids_are_rejected(tmp_path: Path, ids: list[int], needle: str) -> None:
+    plan = plan_for(tmp_path, base(target_layer_ids=ids))
+    problem = only_problem(plan, needle)
+    assert "job.yaml:" in problem and "dflash.target_layer_ids" in problem
+
+
+def test_unknown_layer_count_says_how_to_get_it(tmp_path: Path) -> None:
+    doc = base()
+    del doc["dflash"]["num_hidden_layers"]
+    problem = only_problem(plan_for(tmp_path, doc), "num_hidden_layers of")
+    assert "Declare it" in problem and "inv deploy" in problem
+
+
+def test_layer_count_from_the_box_cache_is_used(tmp_path: Path) -> None:
+    doc = base()
+    del doc["dflash"]["num_hidden_layers"]
+    facts = HostFacts(gpu_count=4, gpu_memory_mib=143_771, source="t", models={
+        MODEL: ModelFacts(model=MODEL, num_hidden_layers=36, source="read on the box")})
+    plan = plan_for(tmp_path, doc, facts)
+    assert plan.ok, plan.problems
+    spec = json.loads(flag(plan.processes["server"].argv, "--speculative_config"))
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        2, 18, 33, 36]  # the upstream Qwen3-8B example's ids
+
+
+# ------------------------------------------------------------------------------ placement
+
+
+def test_tp_times_dp_must_equal_server_gpus_with_recipe_key_and_line(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base(server={"data": 2}))  # TP2 × DP2 on 2 GPUs
+    problem = only_problem(plan, "tensor 2 × data 2 = 4 GPUs, but server has 2 GPU(s)")
+    assert "dflash.server.tensor" in problem and "job.yaml:" in problem
+    assert "Give it 4 GPUs" in problem
+
+
+def test_server_and_trainer_gpus_must_be_disjoint(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base(trainer={"gpus": [1, 2]}))
+    problem = only_problem(plan, "GPU 1 is given to both server and trainer")
+    assert "dflash.trainer.gpus" in problem
+
+
+def test_gpus_must_exist_on_the_host(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base(trainer={"gpus": [2, 3, 4, 5]}))
+    assert any("GPU 4 does not exist on box, which has 4 GPU(s)" in p for p in plan.problems)
+
+
+def test_eight_gpu_variant_changes_placement(tmp_path: Path) -> None:
+    job = load_job(REPO / "playbooks" / "dflash-qwen36-8x96.yaml")
+    plan = make_plan(job, HOST, HostFacts(gpu_count=8, gpu_memory_mib=97_871), "r")
+    assert plan.ok, plan.problems
+    server, trainer = plan.processes["server"], plan.processes["trainer"]
+    assert server.gpus == [0, 1, 2, 3] and server.parallel == (2, 2)
+    assert trainer.gpus == [4, 5, 6, 7] and flag(trainer.argv, "--nproc_per_node") == "4"
+
+
+# ------------------------------------------------------------------------------ memory
+
+
+def test_model_that_does_not_fit_says_by_how_much(tmp_path: Path) -> None:
+    small = HostFacts(gpu_count=4, gpu_memory_mib=24_576, source="nvidia-smi")  # 24 GiB GPUs
+    problem = only_problem(plan_for(tmp_path, base(), small), "the model does not fit")
+    assert "55.6 GB of weights ÷ tensor 2 = 25.9 GiB per GPU" in problem
+    assert "0.85 × 24.0 GiB = 20.4 GiB" in problem
+    assert "short by 9.5 GiB" in problem and "Raise tensor" in problem
+
+
+def test_model_that_fits_notes_the_kv_room(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base())
+    assert any("25.9 GiB of weights per GPU leaves" in n for n in plan.notes)
+
+
+def test_fit_without_gpu_memory_is_a_note_not_a_problem(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base(), HostFacts())
+    assert plan.ok, plan.problems
+    assert any("memory fit not checked: GPU memory not known" in n for n in plan.notes)
+
+
+# ------------------------------------------------------------------------------ budgets
+
+
+def test_max_model_len_must_hold_a_whole_sample(tmp_path: Path) -> None:
+    problem = only_problem(plan_for(tmp_path, base(server={"max_model_len": 8192})),
+                           "8192 < seq_length 8192 + 1")
+    assert "dflash.server.max_model_len" in problem and "max_model_len: 8193" in problem
+
+
+def test_batched_tokens_at_least_max_num_seqs(tmp_path: Path) -> None:
+    doc = base(server={"max_num_batched_tokens": 128, "max_num_seqs": 256})
+    problem = only_problem(plan_for(tmp_path, doc), "128 < max_num_seqs 256")
+    assert "dflash.server.max_num_batched_tokens" in problem
+
+
+def test_batched_tokens_at_least_max_model_len_without_chunked_prefill(tmp_path: Path) -> None:
+    doc = base(server={"max_num_batched_tokens": 4096, "chunked_prefill": False})
+    problem = only_problem(plan_for(tmp_path, doc), "4096 < max_model_len 8193")
+    assert "chunked_prefill" in problem
+    ok = plan_for(tmp_path, base(server={"max_num_batched_tokens": 4096}))
+    assert ok.ok, ok.problems  # with chunked prefill a smaller budget is fine
+    assert "--enable-chunked-prefill" in ok.processes["server"].argv
+
+
+# ------------------------------------------------------------------------------ names, offline
+
+
+def test_verifier_is_exactly_the_served_string(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base())
+    server, trainer = plan.processes["server"], plan.processes["trainer"]
+    assert server.ready is not None
+    assert flag(trainer.argv, "--verifier-name-or-path") == server.argv[4] == server.ready.model
+    hub = plan_for(tmp_path, base(model="Qwen/Qwen3-8B"))
+    assert flag(hub.processes["trainer"].argv, "--verifier-name-or-path") == "Qwen/Qwen3-8B"
+
+
+def test_served_model_name_in_extras_is_rejected(tmp_path: Path) -> None:
+    doc = base(server={"extra_args": ["--served-model-name", "qwen"]})
+    problem = only_problem(plan_for(tmp_path, doc), "--served-model-name is rendered")
+    assert "dflash.server.extra_args[0]" in problem and "verifier" in problem
+
+
+def test_owned_flags_in_extras_are_rejected(tmp_path: Path) -> None:
+    doc = base(server={"extra_args": ["--tensor-parallel-size=4"]},
+               trainer={"extra_args": ["--lr", "1"]})
+    plan = plan_for(tmp_path, doc)
+    assert any("--tensor-parallel-size is rendered" in p and "dflash.server.tensor" in p
+               for p in plan.problems)
+    assert any("--lr is rendered" in p for p in plan.problems)
+
+
+def test_local_path_runs_offline_hub_id_does_not(tmp_path: Path) -> None:
+    local = plan_for(tmp_path, base())
+    assert local.processes["server"].env["HF_HUB_OFFLINE"] == "1"
+    assert local.processes["trainer"].env["HF_HUB_OFFLINE"] == "1"
+    hub = plan_for(tmp_path, base(model="Qwen/Qwen3-8B"))
+    assert "HF_HUB_OFFLINE" not in hub.processes["server"].env
+
+
+def test_missing_local_model_refuses_with_the_stage_command(tmp_path: Path) -> None:
+    facts = HostFacts(gpu_count=4, models={MODEL: ModelFacts(model=MODEL, exists=False,
+                                                             source="read on the box")})
+    problem = only_problem(plan_for(tmp_path, base(), facts), "does not exist on box")
+    assert "inv stage --host box" in problem
+    assert f"huggingface-cli download Qwen/Qwen3.6-27B --local-dir {MODEL}" in problem
+
+
+def test_models_to_probe(tmp_path: Path) -> None:
+    path = tmp_path / "j.yaml"
+    path.write_text(yaml.safe_dump(base(model="Qwen/Qwen3-8B")))
+    section = load_job(path).spec.dflash
+    assert models_to_probe("dflash", section, {}) == []  # hub id, both numbers declared
+    path.write_text(yaml.safe_dump(base()))
+    assert models_to_probe("dflash", load_job(path).spec.dflash, {}) == [MODEL]  # must exist
+    assert models_to_probe(None, None, {}) == []
+
+
+def test_trainer_grace_below_130_is_rejected(tmp_path: Path) -> None:
+    problem = only_problem(plan_for(tmp_path, base(trainer={"stop_grace": 30})),
+                           "30s is too short")
+    assert "interrupted/" in problem and "≥ 130" in problem
+
+
+def test_prepare_disabled_trainer_waits_for_server(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, base(prepare={"enabled": False, "data": []}))
+    assert plan.ok, plan.problems
+    assert plan.order == ["server", "trainer"]
+    assert plan.processes["trainer"].after == ["server"]
+
+
+def test_prepare_without_inputs_is_rejected(tmp_path: Path) -> None:
+    problem = only_problem(plan_for(tmp_path, base(prepare={"data": []})), "lists no inputs")
+    assert "enabled: false" in problem
+
+
+# ------------------------------------------------------------------------------ --test
+
+
+def test_test_mode_one_epoch_few_samples_same_placement_own_dirs(tmp_path: Path) -> None:
+    real = plan_for(tmp_path, base(max_samples=50_000))
+    test = plan_for(tmp_path, base(max_samples=50_000), test=True)  # no test: section needed
+    assert test.ok, test.problems
+    trainer, prepare = test.processes["trainer"], test.processes["prepare"]
+    assert flag(trainer.argv, "--epochs") == "1"
+    assert flag(prepare.argv, "--max-samples") == "64"
+    assert flag(prepare.argv, "--output") == "/workspace/dflash/runs/run-1/test-data"
+    assert flag(trainer.argv, "--data-path") == "/workspace/dflash/runs/run-1/test-data"
+    assert flag(trainer.argv, "--save-path") == "/workspace/dflash/runs/run-1/checkpoints"
+    for name in ("server", "trainer"):
+        assert test.processes[name].gpus == real.processes[name].gpus
+    assert test.processes["server"].argv == real.processes["server"].argv
+    assert any(n.startswith("--test: one epoch") for n in test.notes)
+
+
+def test_shipped_playbook_test_section_applies(tmp_path: Path) -> None:
+    job = load_job(REPO / "playbooks" / "dflash-qwen36.yaml", test=True)
+    plan = make_plan(job, HOST, H200, "r")
+    assert plan.ok, plan.problems
+    assert flag(plan.processes["trainer"].argv, "--max-steps") == "50"
+
+
+# ------------------------------------------------------------------------------ the playbook
+
+
+def test_shipped_playbook_renders_the_issue_run() -> None:
+    job = load_job(REPO / "playbooks" / "dflash-qwen36.yaml")
+    plan = make_plan(job, HOST, HostFacts(), "r")
+    assert plan.ok, plan.problems
+    server, trainer = plan.processes["server"], plan.processes["trainer"]
+    assert server.argv[4] == MODEL and server.gpus == [0, 1] and server.parallel == (2, 1)
+    assert flag(server.argv, "--max-num-batched-tokens") == "16384"
+    assert trainer.gpus == [2, 3]
+    assert flag(trainer.argv, "--data-path") == "/workspace/dflash/data/tokenized"
+    assert flag(trainer.argv, "--save-path") == "/workspace/dflash/checkpoints"
+    assert flag(trainer.argv, "--epochs") == "1" and flag(trainer.argv, "--lr") == "0.0006"
+    assert flag(trainer.argv, "--block-size") == "16"
+    start = trainer.argv.index("--target-layer-ids") + 1
+    assert trainer.argv[start:start + 5] == ["1", "16", "31", "46", "61"]
+
+
+# ------------------------------------------------------------------------------ playbook shape
+
+
+def test_recipe_without_section_and_section_without_recipe(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("recipe: dflash\n")
+    with pytest.raises(ConfigError, match="recipe: dflash needs a 'dflash:' section"):
+        load_job(path)
+    doc = base()
+    del doc["recipe"]
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert "only used with recipe: dflash" in str(info.value)
+
+
+def test_unknown_key_in_recipe_section_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("recipe: dflash\ndflash:\n  model: /m\n  data_path: /d\n  save_path: /s\n"
+                    "  server: {gpus: [0], gpu: 1}\n  trainer: {gpus: [1]}\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert "p.yaml:6: dflash.server.gpu: unknown key" in str(info.value)
+
+
+def test_user_process_beside_the_recipe_goes_through_the_same_checks(tmp_path: Path) -> None:
+    doc = base()
+    doc["processes"] = {"monitor": {"command": "nvidia-smi dmon", "after": "trainer",
+                                    "gpus": [2]}}
+    plan = plan_for(tmp_path, doc)
+    assert plan.order[-1] == "monitor"
+    assert any("GPU 2 is given to both trainer and monitor" in p for p in plan.problems)
+    doc["processes"] = {"server": {"command": "echo"}}
+    clash = plan_for(tmp_path, doc)
+    assert any("the dflash recipe already defines a process named 'server'" in p
+               for p in clash.problems)
