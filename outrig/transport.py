@@ -199,7 +199,7 @@ class LocalTransport(Transport):
         env = dict(os.environ)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env, cwd=str(Path.home()))
+                                    stderr=subprocess.PIPE, env=env, cwd="/")
         except FileNotFoundError:
             raise OutrigError(
                 f"cannot run {argv[0]!r} on this machine: not found. Install python3 (≥3.8) "

@@ -471,9 +471,11 @@ class Request:
         if op not in OPS:
             raise bad_request(f"op: must be one of {', '.join(OPS)}")
         self.op: str = op
-        workdir = get_str(raw, "workdir", "")
+        # "~/outrig" (the default for hosts given as user@host or `local`) means the login
+        # user's home on the box, which only the box knows.
+        workdir = os.path.expanduser(get_str(raw, "workdir", ""))
         if not os.path.isabs(workdir) or "\0" in workdir:
-            raise bad_request(f"workdir: {workdir!r} must be an absolute path")
+            raise bad_request(f"workdir: {workdir!r} must be an absolute path (or start with ~)")
         self.workdir = os.path.normpath(workdir)
         self.env = get_str_dict(raw, "env", "")
 
@@ -743,32 +745,44 @@ def _csv_int(text: str) -> Optional[int]:
         return None
 
 
-def query_gpus() -> Tuple[List[JSONDict], Optional[str]]:
-    """GPUs as nvidia-smi (found on the env-extended PATH) reports them, or ([], why not)."""
+GPU_QUERY = (
+    "index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu,pci.bus_id,"
+    "driver_version"
+)
+APPS_QUERY = "pid,used_memory,gpu_uuid,process_name"
+
+
+def run_nvidia_smi(args: List[str]) -> Tuple[Optional[str], Optional[str]]:
+    """(stdout, None) or (None, why not). Found on the env-extended PATH; bounded to 10 s."""
     exe = shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath))
     if exe is None:
-        return [], "nvidia-smi not found on PATH"
-    query = "index,uuid,name,memory.total,memory.used,utilization.gpu"
+        return None, "nvidia-smi not found on PATH"
     try:
         proc = subprocess.run(
-            [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=10,
-            check=False,
+            [exe, *args], stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False
         )
     except subprocess.TimeoutExpired:
-        return [], "nvidia-smi timed out after 10 s"
+        return None, "nvidia-smi timed out after 10 s"
     except OSError as exc:
-        return [], f"cannot run nvidia-smi: {exc}"
+        return None, f"cannot run nvidia-smi: {exc}"
     out = proc.stdout.decode("utf-8", errors="replace")
     if proc.returncode != 0:
         why = (proc.stderr.decode("utf-8", errors="replace") + out).strip().splitlines()
-        return [], f"nvidia-smi failed (exit {proc.returncode}): {why[0] if why else ''}".strip()
+        return None, f"nvidia-smi failed (exit {proc.returncode}): {why[0] if why else ''}".strip()
+    return out, None
+
+
+def parse_gpu_csv(text: str) -> List[JSONDict]:
+    """Parse ``--query-gpu=GPU_QUERY --format=csv,noheader,nounits`` lines.
+
+    The same 9-field form as the real H200 captures in tests/fixtures, so the fixtures are
+    exactly what this function reads on a box. Names may contain commas: the fields after the
+    name are counted from the right.
+    """
     gpus: List[JSONDict] = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 6:
+        if len(cells) < 9:
             continue
         index = _csv_int(cells[0])
         if index is None:
@@ -777,13 +791,24 @@ def query_gpus() -> Tuple[List[JSONDict], Optional[str]]:
             {
                 "index": index,
                 "uuid": cells[1],
-                "name": ",".join(cells[2:-3]).strip(),  # names may contain commas
-                "memory_total_mib": _csv_int(cells[-3]),
-                "memory_used_mib": _csv_int(cells[-2]),
-                "utilization_pct": _csv_int(cells[-1]),
+                "name": ",".join(cells[2:-6]).strip(),
+                "memory_total_mib": _csv_int(cells[-6]),
+                "memory_used_mib": _csv_int(cells[-5]),
+                "memory_free_mib": _csv_int(cells[-4]),
+                "utilization_pct": _csv_int(cells[-3]),
+                "pci_bus_id": cells[-2],
+                "driver": cells[-1],
             }
         )
-    return gpus, None
+    return gpus
+
+
+def query_gpus() -> Tuple[List[JSONDict], Optional[str]]:
+    """GPUs as nvidia-smi reports them, or ([], why not)."""
+    out, error = run_nvidia_smi([f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"])
+    if out is None:
+        return [], error
+    return parse_gpu_csv(out), None
 
 
 def gather_facts() -> JSONDict:
@@ -1711,29 +1736,21 @@ GPU_WAIT_BEAT_S = 2.0
 
 
 def query_compute_apps() -> Tuple[List[JSONDict], Optional[str]]:
-    """[{pid, used_mib, gpu_uuid}] from nvidia-smi, or ([], why not)."""
-    exe = shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath))
-    if exe is None:
-        return [], "nvidia-smi not found on PATH"
-    try:
-        proc = subprocess.run(
-            [exe, "--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return [], "nvidia-smi timed out after 10 s"
-    except OSError as exc:
-        return [], f"cannot run nvidia-smi: {exc}"
-    if proc.returncode != 0:
-        return [], f"nvidia-smi --query-compute-apps failed (exit {proc.returncode})"
-    return parse_compute_apps(proc.stdout.decode("utf-8", errors="replace")), None
+    """[{pid, used_mib, gpu_uuid, process_name}] from nvidia-smi, or ([], why not)."""
+    out, error = run_nvidia_smi(
+        [f"--query-compute-apps={APPS_QUERY}", "--format=csv,noheader,nounits"]
+    )
+    if out is None:
+        return [], error
+    return parse_compute_apps(out), None
 
 
 def parse_compute_apps(text: str) -> List[JSONDict]:
-    """Parse ``pid, used_memory, gpu_uuid`` CSV lines (noheader, nounits)."""
+    """Parse ``pid, used_memory, gpu_uuid, process_name`` CSV lines (noheader, nounits).
+
+    nvidia-smi's process_name is the executable path, not vLLM's renamed title; titles come
+    from /proc/PID/comm (see describe_pid). A path may contain commas: it is the rest.
+    """
     apps: List[JSONDict] = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
@@ -1742,7 +1759,8 @@ def parse_compute_apps(text: str) -> List[JSONDict]:
         pid = _csv_int(cells[0])
         if pid is None:
             continue
-        apps.append({"pid": pid, "used_mib": _csv_int(cells[1]), "gpu_uuid": cells[2]})
+        apps.append({"pid": pid, "used_mib": _csv_int(cells[1]), "gpu_uuid": cells[2],
+                     "process_name": ",".join(cells[3:]).strip() or None})
     return apps
 
 
@@ -1789,7 +1807,7 @@ def describe_pid(pid: int) -> JSONDict:
                                             errors="replace") as f:
         info["comm"] = f.read().strip()
     with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
-        raw = f.read().replace(b"\0", b" ").strip()
+        raw = b" ".join(f.read().replace(b"\0", b" ").split())  # no newlines in messages
         info["cmdline"] = raw.decode("utf-8", errors="replace")[:300]
     st = read_stat(pid)
     if st is not None:

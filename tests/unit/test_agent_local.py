@@ -563,8 +563,8 @@ def test_lock_held_is_a_lock_error(box: Box) -> None:
 
 
 FAKE_SMI = """#!/bin/sh
-echo "0, GPU-aaaa, NVIDIA H200, 143771, 10, [N/A]"
-echo "1, GPU-bbbb, NVIDIA H200, 143771, 20, 7"
+echo "0, GPU-aaaa, NVIDIA H200, 143771, 10, 143146, [N/A], 00000000:00:06.0, 580.159.04"
+echo "1, GPU-bbbb, NVIDIA H200, 143771, 20, 143136, 7, 00000000:00:07.0, 580.159.04"
 """
 
 
@@ -589,7 +589,10 @@ def test_gpu_index_beyond_the_box(box: Box) -> None:
         "name": "NVIDIA H200",
         "memory_total_mib": 143771,
         "memory_used_mib": 10,
+        "memory_free_mib": 143146,
         "utilization_pct": None,
+        "pci_bus_id": "00000000:00:06.0",
+        "driver": "580.159.04",
     }
     assert not names(events, "launched")
     assert not (box.workdir / "runs").exists()

@@ -1,0 +1,37 @@
+"""``--host local``: the agent runs on this machine without SSH, workdir ``~/outrig``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from outrig.console import Reporter
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
+from outrig.ops.deploy import deploy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_deploy_and_cleanup_on_local_host_use_home_workdir(tmp_path: Path) -> None:
+    home = Path(os.environ["HOME"])  # isolated per test by conftest
+    playbook = tmp_path / "local.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "local", "processes": {"a": {
+        "command": [sys.executable, "-c", "import time; print('up', flush=True); "
+                    "time.sleep(600)"],
+        "ready": {"log": "^up$", "timeout": 20}, "stop": {"grace": 2}}}}))
+    journal = Journal(tmp_path / "state")
+    result = deploy(Project(REPO), "local", str(playbook), Reporter(quiet=True), journal=journal)
+    run_dir = home / "outrig" / "runs" / result.plan.run_id
+    assert (run_dir / "run.json").is_file()
+    pid = result.processes[0]["pid"]
+    os.kill(pid, 0)
+    report = cleanup(Project(REPO), "local", Reporter(quiet=True), playbook="local",
+                     journal=journal)
+    assert report["runs"][0]["processes"][0]["how"] == "term"
+    assert not Path(f"/proc/{pid}").exists() or \
+        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
