@@ -40,7 +40,7 @@ BOOTSTRAP_ARGV = (
     "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '+sys.version);"
     "d=lambda s:zlib.decompress(base64.b64decode(s));"
     "exec(compile(d(sys.argv[1]),'outrig-agent','exec'),"
-    "{'__name__':'__main__','OUTRIG_REQUEST':d(sys.argv[2])})"
+    "{'__name__':'__main__','OUTRIG_REQUEST':d(sys.argv[2]),'OUTRIG_AGENT_B64':sys.argv[1]})"
 )
 ARGV_LIMIT = 120_000
 PROTOCOL_VERSION = 1

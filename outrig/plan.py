@@ -164,9 +164,11 @@ def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Pl
     spec = job.spec
     if spec.recipe is None:
         return job
-    ctx = RecipeContext(host=host.name, run_id=run_id, test_mode=job.test_mode,
-                        gpu_count=facts.gpu_count, gpu_memory_mib=facts.gpu_memory_mib,
-                        gpu_source=facts.source, models=facts.models, where=job.where)
+    run_dir = str(builtin_params(host, job, run_id)["run_dir"])
+    ctx = RecipeContext(host=host.name, playbook=job.name, run_id=run_id, run_dir=run_dir,
+                        test_mode=job.test_mode, gpu_count=facts.gpu_count,
+                        gpu_memory_mib=facts.gpu_memory_mib, gpu_source=facts.source,
+                        models=facts.models, where=job.where)
     expansion = recipes.expand(spec.recipe, getattr(spec, spec.recipe), ctx)
     plan.problems.extend(expansion.problems)
     plan.notes.extend(expansion.notes)

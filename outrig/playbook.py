@@ -19,6 +19,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
 from outrig.errors import ConfigError
 from outrig.recipes import RECIPE_NAMES
 from outrig.recipes.dflash import DFlashSpec
@@ -133,6 +134,15 @@ class PlaybookSpec(_Strict):
         default_factory=dict, description="required unless a recipe provides them")
     files: dict[str, str] = Field(default_factory=dict, description="remote path → local path")
     test: dict[str, Any] | None = Field(None, description="overrides applied with --test")
+    environments: dict[str, EnvironmentSpec] = Field(
+        default_factory=dict, description="venvs `inv provision` makes on the box, with pins")
+    requires: RequiresSpec | None = Field(
+        None, description="what the box must offer: python, NVIDIA driver, free disk")
+
+    @field_validator("environments")
+    @classmethod
+    def _environment_names(cls, value: dict[str, EnvironmentSpec]) -> dict[str, EnvironmentSpec]:
+        return check_environment_names(value)
 
     @field_validator("processes")
     @classmethod

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -30,10 +31,11 @@ import time
 import traceback
 import urllib.parse
 import urllib.request
+import zlib
 from typing import IO, Any, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 PROTOCOL_VERSION = 1
-OPS = ("deploy", "cleanup", "status", "logs", "check", "model_facts", "follow")
+OPS: Tuple[str, ...] = ("deploy", "cleanup", "status", "logs", "check", "model_facts", "follow")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 POLL_S = 0.05  # how often stop loops re-check /proc
 TICK_S = 0.1  # how often the readiness loop looks at logs and exits
@@ -2394,6 +2396,816 @@ def op_model_facts(req: Request, out: Emitter) -> JSONDict:
     return {"models": [model_report(m) for m in models]}
 
 
+# --------------------------------------------------------------------------- provision, hub
+#
+# ``op: provision`` makes the playbook's Python environments exist on the box with their pinned
+# versions, and checks python, driver and disk against the playbook's ``requires:``. Finding out
+# what is already right costs one subprocess per environment (its interpreter lists what it has
+# installed), so a re-run on a provisioned box is one exec and a fraction of a second.
+# ``op: hub_download`` makes the box fetch a model or data set from the hub itself (with the HF
+# token from ``secrets`` in the child's environment only), so 50 GB never cross the slow link.
+# Both stream child output as throttled ``progress`` events (docs/provision.md).
+
+VERSION_CLAUSE_RE = re.compile(r"^(===|==|!=|~=|>=|<=|>|<)\s*([A-Za-z0-9.*+!_-]+)$")
+REQUIREMENT_RE = re.compile(
+    r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*(.*)$")
+HUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+CHILD_EXCERPT_KEEP = 200  # lines of child output kept for error classification
+PROVISION_LOCK_DEFAULT_S = 30.0
+HUB_CONNECT_TIMEOUT_S = 5.0
+
+# What the environment's own interpreter says it has: every installed distribution (first on
+# sys.path wins, as for import), its version, and whether pip is there. Python 3.8+.
+ENV_CHECK_SCRIPT = r"""
+import json, re, sys
+import importlib.util
+packages = {}
+try:
+    from importlib import metadata
+    for dist in metadata.distributions():
+        try:
+            name = dist.metadata["Name"]
+        except Exception:
+            name = None
+        if name:
+            packages.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
+except ImportError:
+    pass
+print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "packages": packages,
+                  "pip": importlib.util.find_spec("pip") is not None}))
+"""
+# The base interpreter a venv would be made from: its version, and whether ``-m venv`` can work
+# (Debian and Ubuntu ship ensurepip separately, in python3-venv / python3.X-venv).
+BASE_PROBE_SCRIPT = r"""
+import json, sys
+try:
+    import venv, ensurepip
+    ok = True
+except ImportError:
+    ok = False
+print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3],
+                  "short": "%d.%d" % sys.version_info[:2], "venv": ok}))
+"""
+
+NO_INTERNET_PATTERNS = (
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "nodename nor servname",
+    "Network is unreachable",
+    "No route to host",
+    "Connection refused",
+    "ConnectTimeoutError",
+    "Connection timed out",
+    "Max retries exceeded",
+    "connection broken by",
+    "Could not fetch URL",
+    "Read timed out",
+    "ProxyError",
+    "ConnectionError",
+    "We couldn't connect to",
+    "OfflineModeIsEnabled",
+)
+DISK_PATTERNS = ("No space left on device", "[Errno 28]", "Disk quota exceeded")
+
+
+def version_key(text: str) -> Optional[Tuple[Tuple[int, ...], int, str]]:
+    """An orderable key for a version string: release numbers (trailing zeros dropped), then
+    pre-release (-1) < final (0) < post (1), then the rest. A local label (``+cu130``) is
+    dropped. Good enough for pins and driver/python versions; not full PEP 440."""
+    public = text.strip().lower().split("+", 1)[0]
+    if public.startswith("v"):
+        public = public[1:]
+    match = re.match(r"^(\d+(?:\.\d+)*)(.*)$", public)
+    if match is None:
+        return None
+    release = [int(x) for x in match.group(1).split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    rest = match.group(2).lstrip(".-_")
+    tag = 0 if not rest else (1 if rest.startswith(("post", "rev")) else -1)
+    return tuple(release), tag, rest
+
+
+def version_satisfies(version: str, spec: str) -> Optional[bool]:
+    """Whether ``version`` meets ``spec`` (``>=3.10``, ``==0.33.0``, ``>=1,<2``, ``==2.*``);
+    None when either cannot be read."""
+    have = version_key(version)
+    if have is None:
+        return None
+    for clause in [c.strip() for c in spec.split(",") if c.strip()]:
+        match = VERSION_CLAUSE_RE.match(clause)
+        if match is None:
+            return None
+        op, want_text = match.group(1), match.group(2)
+        if op == "===":
+            if version.strip() != want_text:
+                return False
+            continue
+        if want_text.endswith(".*"):
+            parts = want_text[:-2].split(".")
+            if op not in ("==", "!=") or not all(x.isdigit() for x in parts):
+                return None
+            want_rel = [int(x) for x in parts]
+            have_rel = list(have[0]) + [0] * len(want_rel)
+            if (have_rel[: len(want_rel)] == want_rel) != (op == "=="):
+                return False
+            continue
+        want = version_key(want_text)
+        if want is None:
+            return None
+        if op == "==" and "+" in want_text:
+            ok = version.strip().lower() == want_text.lower()
+        elif op == "==":
+            ok = have == want
+        elif op == "!=":
+            ok = have != want
+        elif op == ">=":
+            ok = have >= want
+        elif op == "<=":
+            ok = have <= want
+        elif op == ">":
+            ok = have > want
+        elif op == "<":
+            ok = have < want
+        else:  # ~=: >= want, and the same release prefix without its last number
+            prefix_len = max(1, len(want[0]) - 1)
+            padded = list(have[0]) + [0] * max(0, prefix_len - len(have[0]))
+            ok = have >= want and padded[:prefix_len] == list(want[0][:prefix_len])
+        if not ok:
+            return False
+    return True
+
+
+def normalize_dist(name: str) -> str:
+    """PEP 503 name normalization (``Foo_Bar`` → ``foo-bar``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class Requirement(NamedTuple):
+    """One ``packages:`` entry as far as checking it goes: name and version specifier."""
+
+    text: str
+    name: str  # normalized
+    spec: str  # "" when any version will do (or a direct URL)
+
+
+def parse_requirement(text: str, where: str) -> Requirement:
+    """``vllm==0.33.0``, ``torch>=2.9,<2.15``, ``pkg[extra]==1``, ``pkg @ URL``, ``pkg; marker``."""
+    body = text.split(";", 1)[0].strip()
+    match = REQUIREMENT_RE.match(body)
+    if match is None or text.strip().startswith("-"):
+        raise bad_request(
+            f"{where}: {text!r} is not a requirement like 'vllm==0.33.0' (pip options go in "
+            "pip_args)"
+        )
+    rest = match.group(3).strip()
+    if rest.startswith("@"):
+        rest = ""
+    elif rest and version_satisfies("1", rest) is None:
+        raise bad_request(f"{where}: cannot read the version specifier {rest!r} of {text!r}")
+    return Requirement(text=text.strip(), name=normalize_dist(match.group(1)), spec=rest)
+
+
+class EnvSpec:
+    """One environment of a provision request, validated."""
+
+    def __init__(self, raw: Any, index: int) -> None:
+        where = f"environments[{index}]."
+        if not isinstance(raw, dict):
+            raise bad_request(f"environments[{index}]: must be an object")
+        self.name = get_name(raw, "name", where)
+        path = os.path.expanduser(get_str(raw, "path", where))
+        if not os.path.isabs(path) or "\0" in path:
+            raise bad_request(f"{where}path: {path!r} must be an absolute path (or start with ~)")
+        self.path = os.path.normpath(path)
+        self.python = get_opt_str(raw, "python", where) or "python3"
+        self.packages = [parse_requirement(p, f"{where}packages")
+                         for p in get_str_list(raw, "packages", where)]
+        self.index_url = get_opt_str(raw, "index_url", where)
+        self.extra_index_urls = get_str_list(raw, "extra_index_urls", where)
+        self.find_links = get_str_list(raw, "find_links", where)
+        self.no_index = get_bool(raw, "no_index", where, False)
+        self.pip_args = get_str_list(raw, "pip_args", where)
+
+    @property
+    def env_python(self) -> str:
+        """The environment's own interpreter."""
+        return os.path.join(self.path, "bin", "python")
+
+    def pip_argv(self) -> List[str]:
+        """``pip install`` with this environment's index options and every package."""
+        argv = [self.env_python, "-m", "pip", "install", "--disable-pip-version-check",
+                "--no-input"]
+        if self.index_url:
+            argv += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            argv += ["--extra-index-url", url]
+        for link in self.find_links:
+            argv += ["--find-links", link]
+        if self.no_index:
+            argv.append("--no-index")
+        return argv + self.pip_args + [p.text for p in self.packages]
+
+
+def redact(line: str, secrets: List[str]) -> str:
+    """A line with every secret value replaced by ``***`` (a child may echo its environment)."""
+    for value in secrets:
+        if value and value in line:
+            line = line.replace(value, "***")
+    return line
+
+
+def run_streaming(argv: List[str], out: Emitter, interval: float, fields: JSONDict,
+                  env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+                  secrets: Optional[List[str]] = None) -> Tuple[int, List[str]]:
+    """Run a child with stdout+stderr merged, splitting its output on ``\\n`` and ``\\r`` (tqdm
+    and pip redraw bars with ``\\r``), and emit ``progress`` events at most every ``interval``
+    seconds with the newest line; also when it is silent, so the workstation knows the link is
+    alive during a long wheel build. Returns (exit code, the last lines)."""
+    import collections
+    import select
+
+    hidden = [s for s in (secrets or []) if s]
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    except OSError as exc:
+        return 127, [f"cannot run {argv[0]}: {exc.strerror or exc}"]
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    lines: Any = collections.deque(maxlen=CHILD_EXCERPT_KEEP)
+    pending = b""
+    last_emit = started
+    last_line = ""
+    eof = False
+    while not eof:
+        ready, _, _ = select.select([fd], [], [], min(interval, 0.5))
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                eof = True
+            pending += chunk
+            parts = re.split(rb"[\r\n]", pending)
+            pending = b"" if eof else parts.pop()
+            for part in parts:
+                text = redact(clean_line(part), hidden).strip()
+                if text:
+                    lines.append(text)
+                    last_line = text
+        now = time.monotonic()
+        if now - last_emit >= interval and not eof:
+            last_emit = now
+            out.emit("progress", elapsed=round(now - started, 1), line=last_line, **fields)
+    code = proc.wait()
+    return code, list(lines)
+
+
+def classify_child_failure(lines: List[str]) -> Optional[str]:
+    """``no_internet`` or ``disk`` when the output says so, else None."""
+    text = "\n".join(lines)
+    if any(p in text for p in DISK_PATTERNS):
+        return "disk"
+    if any(p in text for p in NO_INTERNET_PATTERNS):
+        return "no_internet"
+    return None
+
+
+def probe_json(argv: List[str], timeout: float = 60.0) -> Tuple[Optional[JSONDict], str]:
+    """Run a small probe that prints one JSON object: (object, "") or (None, why not)."""
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"{argv[0]} did not answer within {timeout:g} s"
+    except OSError as exc:
+        return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
+    text = proc.stdout.decode("utf-8", errors="replace").strip()
+    if proc.returncode == 0 and text:
+        try:
+            data = json.loads(text.splitlines()[-1])
+            if isinstance(data, dict):
+                return data, ""
+        except ValueError:
+            pass
+    err = (proc.stderr.decode("utf-8", errors="replace") + text).strip().splitlines()
+    return None, f"{argv[0]} failed (exit {proc.returncode}): {err[-1] if err else 'no output'}"
+
+
+def inspect_env(env: EnvSpec) -> JSONDict:
+    """What the environment has now: {exists, python, pip, versions, wrong: {pkg: have|None},
+    error}. One subprocess (the environment's interpreter), none when it does not exist."""
+    state: JSONDict = {"exists": False, "python": None, "pip": False, "versions": {},
+                       "wrong": {}, "error": None}
+    if not os.path.exists(env.env_python):
+        state["wrong"] = {p.name: None for p in env.packages}
+        return state
+    state["exists"] = True
+    data, why = probe_json([env.env_python, "-c", ENV_CHECK_SCRIPT])
+    if data is None:
+        state["error"] = why
+        state["wrong"] = {p.name: None for p in env.packages}
+        return state
+    listed = data.get("packages")
+    installed: JSONDict = listed if isinstance(listed, dict) else {}
+    state["python"] = data.get("python")
+    state["pip"] = bool(data.get("pip"))
+    for req in env.packages:
+        have = installed.get(req.name)
+        if isinstance(have, str):
+            state["versions"][req.name] = have
+        good = isinstance(have, str) and (not req.spec or version_satisfies(have, req.spec) is True)
+        if not good:
+            state["wrong"][req.name] = have if isinstance(have, str) else None
+    return state
+
+
+def parse_requires(raw: JSONDict) -> JSONDict:
+    """``requires: {python, driver, disk_gb}``, validated."""
+    req = get_dict(raw, "requires", "")
+    out: JSONDict = {"python": get_opt_str(req, "python", "requires."),
+                     "driver": get_opt_str(req, "driver", "requires."),
+                     "disk_gb": None}
+    for key in ("python", "driver"):
+        spec = out[key]
+        if spec is not None and version_satisfies("1", spec) is None:
+            raise bad_request(f"requires.{key}: cannot read {spec!r}; write it like '>=3.10'")
+    if req.get("disk_gb") is not None:
+        out["disk_gb"] = get_num(req, "disk_gb", "requires.", 0.0, positive=True)
+    unknown = sorted(set(req) - {"python", "driver", "disk_gb"})
+    if unknown:
+        raise bad_request(f"requires: unknown key(s) {', '.join(unknown)}; known: python, "
+                          "driver, disk_gb")
+    return out
+
+
+def check_driver(spec: Optional[str], gpus: List[JSONDict], gpu_error: Optional[str]) -> JSONDict:
+    """The NVIDIA driver against ``requires.driver`` (``driver`` error when it falls short)."""
+    version = next((str(g.get("driver")) for g in gpus if g.get("driver")), None)
+    check: JSONDict = {"driver": version, "required": spec, "ok": True}
+    if spec is None:
+        return check
+    if version is None:
+        raise AgentError(
+            "driver",
+            f"the playbook requires NVIDIA driver {spec} but nvidia-smi gave no driver version "
+            f"({gpu_error or 'no GPUs listed'}); install the NVIDIA driver (and make nvidia-smi "
+            "reachable through the host file's env: PATH) on the box, or use another box",
+        )
+    if version_satisfies(version, spec) is not True:
+        raise AgentError(
+            "driver",
+            f"NVIDIA driver {version} on the box is older than the playbook requires ({spec}); "
+            "use a box with a newer driver (CUDA wheels such as torch+cu130 need it) or relax "
+            "requires.driver if you know the stack runs on this one",
+        )
+    return check
+
+
+def check_disk(paths: List[str], need_gb: Optional[float]) -> List[JSONDict]:
+    """Free space where each environment (and the workdir) will live, one entry per filesystem."""
+    seen: Set[int] = set()
+    checks: List[JSONDict] = []
+    for path in paths:
+        base = nearest_existing(path)
+        try:
+            st = os.stat(base)
+            usage = shutil.disk_usage(base)
+        except OSError:
+            continue
+        if st.st_dev in seen:
+            continue
+        seen.add(st.st_dev)
+        free_gb = usage.free / 1e9
+        entry = {"path": path, "checked_at": base, "free_gb": round(free_gb, 1),
+                 "required_gb": need_gb}
+        checks.append(entry)
+        if need_gb is not None and free_gb < need_gb:
+            raise AgentError(
+                "disk",
+                f"only {free_gb:.1f} GB free at {base} (for {path}); the playbook requires "
+                f"{need_gb:g} GB (requires.disk_gb). Free space (old venvs, HF cache, "
+                "checkpoints) or rent a box with a larger disk; nothing was installed",
+            )
+    return checks
+
+
+def python_error(env: EnvSpec, message: str) -> AgentError:
+    """A ``python`` error for one environment."""
+    return AgentError("python", f"environment {env.name}: {message}", process=env.name)
+
+
+def check_base_python(env: EnvSpec, spec: Optional[str]) -> JSONDict:
+    """The interpreter a new venv is made from: it must run, meet ``requires.python`` and have
+    a working venv module."""
+    exe = env.python if os.sep in env.python else shutil.which(env.python)
+    if exe is None or not os.path.exists(exe):
+        raise python_error(env, f"no interpreter {env.python!r} on the box; install it "
+                                "(e.g. apt-get install -y python3.12 python3.12-venv) or set "
+                                f"environments.{env.name}.python to one that exists")
+    data, why = probe_json([exe, "-c", BASE_PROBE_SCRIPT])
+    if data is None:
+        raise python_error(env, f"{env.python} does not run: {why}")
+    version = str(data.get("python"))
+    if spec is not None and version_satisfies(version, spec) is not True:
+        raise python_error(env, f"{env.python} is Python {version}, the playbook requires "
+                                f"{spec} (requires.python); install a newer Python (e.g. "
+                                f"apt-get install -y python3.12 python3.12-venv) and set "
+                                f"environments.{env.name}.python to it")
+    if not data.get("venv"):
+        short = data.get("short") or "3"
+        raise python_error(env, f"{env.python} (Python {version}) cannot create virtual "
+                                f"environments: its ensurepip/venv module is missing. On "
+                                f"Debian/Ubuntu: apt-get install -y python{short}-venv "
+                                "(or python3-venv)")
+    return {"python": version, "executable": exe}
+
+
+class PathLock:
+    """An flock on ``<dir>/.<name>.outrig-lock`` beside an environment, so two provisions never
+    pip-install into the same venv at once (pip would corrupt it)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        parent, base = os.path.split(path)
+        self.path = os.path.join(parent, f".{base}.outrig-lock")
+        self.timeout = timeout
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> PathLock:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    os.close(fd)
+                    raise
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "?"
+                os.close(fd)
+                raise AgentError("lock", f"{self.path} is held by pid {holder} (another provision "
+                                         f"is installing here); waited {self.timeout:g} s. Let "
+                                         "it finish, then run provision again")
+            time.sleep(0.2)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def unreachable_index(env: EnvSpec) -> Optional[str]:
+    """Why the environment's main package index cannot be reached (TCP connect, 5 s), or None.
+
+    pip reports a refused or unresolvable index only at debug level when it does not retry
+    (``--retries 0``), and then says just "No matching distribution", so a failed install asks
+    the network directly before blaming the pins."""
+    if env.no_index:
+        return None
+    url = env.index_url or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return None
+    try:
+        port = parsed.port or (80 if parsed.scheme == "http" else 443)
+    except ValueError:
+        return None
+    ok, why = hub_reachable(parsed.hostname, port)
+    return None if ok else why
+
+
+def pip_failure(env: EnvSpec, code: int, lines: List[str]) -> AgentError:
+    """Why pip failed, as ``no_internet``, ``disk`` or ``pip``, with a fix."""
+    excerpt = lines[-EXCERPT_LINES:]
+    kind = classify_child_failure(lines)
+    offline = unreachable_index(env) if kind is None else None
+    if offline is not None:
+        kind = "no_internet"
+        excerpt = [*excerpt, f"(outrig: cannot connect to the index: {offline})"]
+    where = env.index_url or ("find_links only" if env.no_index else "PyPI")
+    if kind == "disk":
+        return AgentError("disk", f"environment {env.name}: the disk filled up while pip "
+                                  f"installed into {env.path}; free space and run provision "
+                                  "again (pip resumes with what is already there)",
+                          process=env.name, excerpt=excerpt, exit_code=code)
+    if kind == "no_internet":
+        return AgentError("no_internet", f"environment {env.name}: pip cannot reach the package "
+                                         f"index ({where}) from the box. Check the box's network "
+                                         "(DNS, proxy: set HTTPS_PROXY in the host file's env:), "
+                                         "or point index_url at a reachable mirror, or pre-build "
+                                         "wheels and use find_links + no_index: true",
+                          process=env.name, excerpt=excerpt, exit_code=code)
+    missing = []
+    for line in lines:
+        match = re.search(r"No matching distribution found for (\S+)", line)
+        if match and match.group(1) not in missing:
+            missing.append(match.group(1))
+    if missing:
+        hint = (f"it is not in find_links ({', '.join(env.find_links) or 'none'}) and no_index "
+                "is set" if env.no_index else f"the index ({where}) has no such version")
+        return AgentError("pip", f"environment {env.name}: pip found no distribution for "
+                                 f"{', '.join(missing)}: {hint}. Check the name and the pin, or "
+                                 "add the index/wheel that has it",
+                          process=env.name, excerpt=excerpt, exit_code=code)
+    return AgentError("pip", f"environment {env.name}: pip install into {env.path} failed (exit "
+                             f"{code}); see its last lines below", process=env.name,
+                      excerpt=excerpt, exit_code=code)
+
+
+def provision_env(env: EnvSpec, requires: JSONDict, out: Emitter, interval: float,
+                  dry_run: bool, lock_timeout: float) -> JSONDict:
+    """Check one environment; create or update it unless it is already right."""
+    started = time.monotonic()
+    state = inspect_env(env)
+    report: JSONDict = {"name": env.name, "path": env.path, "python": state["python"],
+                        "versions": dict(state["versions"]), "seconds": 0.0,
+                        "missing": dict(state["wrong"])}
+    if state["error"] is not None:
+        raise python_error(env, f"the venv at {env.path} is broken ({state['error']}); remove "
+                                f"it (rm -rf {env.path}) and run provision again")
+    if (requires.get("python") and state["exists"]
+            and version_satisfies(str(state["python"]), requires["python"]) is not True):
+            raise python_error(env, f"the venv at {env.path} runs Python {state['python']}, the "
+                                    f"playbook requires {requires['python']}; remove it (rm -rf "
+                                    f"{env.path}), set environments.{env.name}.python to a "
+                                    "newer interpreter and run provision again")
+    if not state["wrong"] and state["exists"]:
+        report["status"] = "ok"
+        report["seconds"] = round(time.monotonic() - started, 2)
+        return report
+    if dry_run:
+        if not state["exists"]:
+            report["base"] = check_base_python(env, requires.get("python"))
+        report["status"] = "would_update" if state["exists"] else "would_create"
+        report["seconds"] = round(time.monotonic() - started, 2)
+        return report
+    fields: JSONDict = {"env": env.name}
+    child_env = dict(os.environ)
+    child_env.update({"PIP_NO_INPUT": "1", "PYTHONUNBUFFERED": "1",
+                      "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    child_env.pop("PYTHONHOME", None)
+    with PathLock(env.path, lock_timeout):
+        state = inspect_env(env)  # someone may have finished it while we waited for the lock
+        created = not state["exists"]
+        if created:
+            base = check_base_python(env, requires.get("python"))
+            out.step(f"{env.name}: creating venv {env.path} (Python {base['python']})")
+            code, lines = run_streaming([base["executable"], "-m", "venv", env.path], out,
+                                        interval, {**fields, "phase": "venv"}, env=child_env)
+            if code != 0:
+                if classify_child_failure(lines) == "disk":
+                    raise AgentError("disk", f"environment {env.name}: no space left creating "
+                                             f"{env.path}; free space and run provision again",
+                                     process=env.name, excerpt=lines[-EXCERPT_LINES:])
+                text = "\n".join(lines)
+                if "ensurepip" in text:
+                    raise python_error(env, f"{env.python} cannot create virtual environments "
+                                            "(ensurepip is missing). On Debian/Ubuntu: apt-get "
+                                            "install -y python3-venv (or python3.X-venv)")
+                raise AgentError("python", f"environment {env.name}: '{env.python} -m venv "
+                                           f"{env.path}' failed (exit {code})",
+                                 process=env.name, excerpt=lines[-EXCERPT_LINES:],
+                                 exit_code=code)
+        if state["wrong"] or created:
+            wrong = ", ".join(f"{n} ({v or 'missing'})" for n, v in sorted(state["wrong"].items()))
+            out.step(f"{env.name}: pip install {len(env.packages)} package(s)"
+                     + (f"; needed: {wrong}" if wrong and not created else ""))
+            if env.packages:
+                code, lines = run_streaming(env.pip_argv(), out, interval,
+                                            {**fields, "phase": "pip"}, env=child_env)
+                if code != 0:
+                    raise pip_failure(env, code, lines)
+            state = inspect_env(env)
+            if state["wrong"]:
+                bad = ", ".join(f"{n} is {v or 'not installed'}"
+                                for n, v in sorted(state["wrong"].items()))
+                raise AgentError("pip", f"environment {env.name}: pip finished but {bad}, not "
+                                        "what the playbook pins; another requirement may pull a "
+                                        "different version (see pip's resolver output with "
+                                        "--dry-run locally) — align the pins",
+                                 process=env.name)
+    report.update(status="created" if created else "updated", python=state["python"],
+                  versions=dict(state["versions"]), missing={},
+                  seconds=round(time.monotonic() - started, 2))
+    return report
+
+
+def op_provision(req: Request, out: Emitter) -> JSONDict:
+    """Check python/driver/disk against ``requires``; make every environment right."""
+    raw = req.raw
+    envs_raw = raw.get("environments") or []
+    if not isinstance(envs_raw, list):
+        raise bad_request("environments: must be a list")
+    envs = [EnvSpec(e, i) for i, e in enumerate(envs_raw)]
+    names = [e.name for e in envs]
+    if len(set(names)) != len(names):
+        raise bad_request("environments: names must be unique")
+    requires = parse_requires(raw)
+    dry_run = get_bool(raw, "dry_run", "", False)
+    interval = get_num(raw, "progress_interval", "", 1.0, positive=True)
+    lock_timeout = get_num(raw, "lock_timeout", "", PROVISION_LOCK_DEFAULT_S)
+    facts = gather_facts()
+    out.emit("facts", **facts)
+    checks: JSONDict = {"python": {"agent": platform.python_version(),
+                                   "required": requires["python"]}}
+    if (requires["python"] and not envs
+            and version_satisfies(platform.python_version(), requires["python"]) is not True):
+            raise AgentError("python", f"the box's Python is {platform.python_version()}, the "
+                                       f"playbook requires {requires['python']}; install a newer "
+                                       "Python or set python: in the host file")
+    checks["driver"] = check_driver(requires["driver"], facts["gpus"], facts["gpu_error"])
+    checks["disk"] = check_disk([req.workdir, *[e.path for e in envs]], requires["disk_gb"])
+    reports: List[JSONDict] = []
+    for env in envs:
+        try:
+            report = provision_env(env, requires, out, interval, dry_run, lock_timeout)
+        except AgentError as exc:
+            out.emit("environment", name=env.name, path=env.path, status="failed",
+                     versions={}, seconds=None, error=exc.kind)
+            raise
+        out.emit("environment", **report)
+        reports.append(report)
+    return {"dry_run": dry_run, "checks": checks, "environments": reports}
+
+
+def hub_endpoint(override: Optional[str]) -> Tuple[str, int, str]:
+    """(host, port, url) of the hub: the request's ``endpoint``, else $HF_ENDPOINT, else
+    https://huggingface.co."""
+    url = override or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    parsed = urllib.parse.urlsplit(url if "://" in url else f"https://{url}")
+    host = parsed.hostname or "huggingface.co"
+    try:
+        port = parsed.port or (80 if parsed.scheme == "http" else 443)
+    except ValueError:
+        raise bad_request(f"endpoint: cannot read a port in {url!r}") from None
+    return host, port, url
+
+
+def hub_reachable(host: str, port: int, timeout: float = HUB_CONNECT_TIMEOUT_S) -> Tuple[bool, str]:
+    """Whether a TCP connection to the hub succeeds (DNS + connect) within ``timeout``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True, ""
+    except OSError as exc:
+        return False, f"{host}:{port}: {exc.strerror or exc}"
+
+
+def find_hub_client(python: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(path, flavour) of the hub CLI: ``hf`` (huggingface_hub ≥ 0.34), else the older
+    ``huggingface-cli``; next to the given interpreter (its venv's bin, not resolving the
+    symlink) first, then on PATH."""
+    dirs: List[str] = []
+    if python:
+        exe = python if os.sep in python else shutil.which(python)
+        if exe:
+            dirs.append(os.path.dirname(os.path.abspath(exe)))
+    for name in ("hf", "huggingface-cli"):
+        for d in dirs:
+            cand = os.path.join(d, name)
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand, name
+    for name in ("hf", "huggingface-cli"):
+        found = shutil.which(name, path=os.environ.get("PATH", os.defpath))
+        if found:
+            return found, name
+    return None
+
+
+def hub_failure(repo: str, kind: str, code: int, lines: List[str], has_token: bool,
+                endpoint: str) -> AgentError:
+    """Map the hub CLI's output to ``auth`` / ``not_found`` / ``no_internet`` / ``disk`` /
+    ``hub`` with a fix."""
+    text = "\n".join(lines)
+    excerpt = lines[-EXCERPT_LINES:]
+    what = f"{'dataset' if kind == 'dataset' else 'model'} {repo}"
+    token_hint = ("the HF_TOKEN sent was refused or lacks access: check it on "
+                  "huggingface.co/settings/tokens and accept the repo's licence with that account"
+                  if has_token else "no HF_TOKEN was sent: export HF_TOKEN on the workstation "
+                  "(it travels over the SSH channel only)")
+    if any(p in text for p in DISK_PATTERNS):
+        return AgentError("disk", f"the disk filled up downloading {what}; free space and run "
+                                  "again (the download resumes)", excerpt=excerpt, exit_code=code)
+    missing = re.search(r"RepositoryNotFoundError|Repository Not Found|RevisionNotFound|"
+                        r"Revision Not Found|EntryNotFound|\b404\b", text)
+    if not missing and re.search(r"\b40[13]\b|GatedRepoError|Invalid (user )?token|"
+                                 r"Invalid credentials|Unauthorized|Forbidden|"
+                                 r"Access to model .* is restricted", text):
+        return AgentError("auth", f"the hub refused access to {what}: {token_hint}",
+                          excerpt=excerpt, exit_code=code)
+    if missing:
+        extra = "" if has_token else (" (a private or gated repo also looks like this without "
+                                      "HF_TOKEN)")
+        return AgentError("not_found", f"{what} (or that revision) does not exist on "
+                                       f"{endpoint}{extra}; check the id, the revision and, for "
+                                       "a data set, use hf-dataset:", excerpt=excerpt,
+                          exit_code=code)
+    if any(p in text for p in NO_INTERNET_PATTERNS):
+        return AgentError("no_internet", f"the box lost its connection to {endpoint} while "
+                                         f"downloading {what}; run again to resume, or stage it "
+                                         "through another route", excerpt=excerpt,
+                          exit_code=code)
+    return AgentError("hub", f"downloading {what} failed (exit {code}); see the last lines",
+                      excerpt=excerpt, exit_code=code)
+
+
+def dir_totals(path: str) -> Tuple[int, int]:
+    """(files, bytes) under ``path``, not counting the hub client's own ``.cache`` folder."""
+    files = total = 0
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not (root == path and d == ".cache")]
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+                files += 1
+    return files, total
+
+
+def op_hub_download(req: Request, out: Emitter) -> JSONDict:
+    """Fetch a hub repo into ``dest`` on the box with the hub's own CLI (token from secrets)."""
+    raw = req.raw
+    probe_only = get_bool(raw, "probe_only", "", False)
+    secrets = get_str_dict(raw, "secrets", "")
+    python = get_opt_str(raw, "python", "") or sys.executable
+    host, port, url = hub_endpoint(get_opt_str(raw, "endpoint", ""))
+    reachable, why = hub_reachable(host, port)
+    client = find_hub_client(python)
+    result: JSONDict = {"hub_reachable": reachable, "endpoint": url,
+                        "client": client[0] if client else None,
+                        "client_kind": client[1] if client else None}
+    if probe_only:
+        result["reach_error"] = why or None
+        return result
+    repo = get_str(raw, "repo_id", "")
+    if not HUB_REPO_RE.match(repo):
+        raise bad_request(f"repo_id: {repo!r} is not a hub id like 'Qwen/Qwen3-8B'")
+    revision = get_opt_str(raw, "revision", "")
+    kind = raw.get("kind") or "model"
+    if kind not in ("model", "dataset"):
+        raise bad_request("kind: must be 'model' or 'dataset'")
+    dest = os.path.normpath(os.path.expanduser(get_str(raw, "dest", "")))
+    if not os.path.isabs(dest):
+        raise bad_request(f"dest: {dest!r} must be an absolute path (or start with ~)")
+    patterns = get_str_list(raw, "allow_patterns", "")
+    interval = get_num(raw, "progress_interval", "", 1.0, positive=True)
+    if not reachable:
+        raise AgentError("no_internet", f"the box cannot reach the hub ({why}; tried for "
+                                        f"{HUB_CONNECT_TIMEOUT_S:g} s). Stage {repo} another way "
+                                        "(from another host or through the workstation), or fix "
+                                        "the box's network / HF_ENDPOINT")
+    if client is None:
+        raise AgentError("no_hub_client", f"no hub client on the box: neither 'hf' nor "
+                                          f"'huggingface-cli' next to {python} or on PATH. Add "
+                                          "huggingface_hub to an environment of the playbook "
+                                          "(environments: ... packages: [huggingface_hub==X]), "
+                                          "run `inv provision`, and pass that environment's "
+                                          "python")
+    exe, flavour = client
+    argv = [exe, "download", repo, "--local-dir", dest]
+    if revision:
+        argv += ["--revision", revision]
+    if kind == "dataset":
+        argv += ["--repo-type", "dataset"]
+    if patterns:  # hf (typer) repeats the option; huggingface-cli (argparse) takes a list
+        if flavour == "hf":
+            for pattern in patterns:
+                argv += ["--include", pattern]
+        else:
+            argv += ["--include", *patterns]
+    try:
+        os.makedirs(dest, exist_ok=True)
+    except OSError as exc:
+        raise AgentError("dest", f"cannot create {dest}: {exc.strerror}; pick a writable path "
+                                 "or fix its permissions") from None
+    env = dict(os.environ)
+    env.pop("HF_HUB_OFFLINE", None)  # a launch setting; this step exists to go online
+    env.pop("TRANSFORMERS_OFFLINE", None)
+    env.update(secrets)  # HF_TOKEN: in the child's environment only, never argv or events
+    env["PYTHONUNBUFFERED"] = "1"
+    out.step(f"downloading {kind} {repo}{'@' + revision if revision else ''} into {dest} "
+             f"with {flavour}")
+    started = time.monotonic()
+    code, lines = run_streaming(argv, out, interval, {"repo_id": repo, "phase": "hub"},
+                                env=env, secrets=list(secrets.values()))
+    if code != 0:
+        raise hub_failure(repo, kind, code, lines, bool(secrets.get("HF_TOKEN")), url)
+    files, total = dir_totals(dest)
+    result.update(repo_id=repo, revision=revision, kind=kind, dest=dest, files=files,
+                  bytes=total, seconds=round(time.monotonic() - started, 2))
+    return result
+
+
+PROVISION_OPS = {"provision": op_provision, "hub_download": op_hub_download}
+OPS = OPS + tuple(PROVISION_OPS)
+
+
 # --------------------------------------------------------------------------- follow (tail-logs)
 #
 # ``op: follow`` streams several logs of one run over this one channel as framed chunks. The
@@ -2984,9 +3796,577 @@ def internal_error(exc: BaseException) -> AgentError:
     return AgentError("internal", last)
 
 
+# --------------------------------------------------------------------------- transfers
+#
+# Moving model weights, data and checkpoints between boxes and the workstation. One framing
+# for every route (box → workstation → box, box → box over ssh, workstation → box):
+#   b"C" + {"path", "offset", "length"} + b"\n" + <length raw bytes>   a chunk of a file
+#   b"D" + {"path", "size", "sha256"} + b"\n"                          that file is complete
+#   b"Z" + {} + b"\n"                                                  end of stream
+# Receivers write ``<path>.outrig-part`` at the chunk's offset and rename it only after the
+# size and sha256 match, so a cut transfer resumes from the part file's size and a half
+# written file is never mistaken for a complete one. Manifests (path, size, sha256) decide
+# what is already present; sha256 sums are cached per (size, mtime) in .outrig-manifest.json.
+
+TRANSFER_CHUNK = 1 << 20
+PART_SUFFIX = ".outrig-part"
+MANIFEST_CACHE = ".outrig-manifest.json"
+STAGED_MARK = ".outrig-staged.json"
+KEY_TAG = "outrig-transfer:"
+CHECKPOINT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "optimizer_state_dict.pt",
+    "scheduler_state_dict.pt",
+    "training_state.json",
+)
+
+
+def _safe_rel(root: str, rel: str) -> str:
+    """``root/rel``, refusing absolute paths and ``..`` (a manifest must stay in its root)."""
+    if not rel or rel.startswith("/") or "\0" in rel or ".." in rel.split("/"):
+        raise bad_request(f"path {rel!r} must be relative and stay inside {root}")
+    return os.path.join(root, rel)
+
+
+def _is_internal(name: str) -> bool:
+    return name.startswith(".outrig-") or name.endswith(PART_SUFFIX)
+
+
+def sha256_file(path: str, prefix_only: Optional[int] = None) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    left = prefix_only
+    with open(path, "rb") as f:
+        while True:
+            want = TRANSFER_CHUNK if left is None else min(TRANSFER_CHUNK, left)
+            if want == 0:
+                break
+            block = f.read(want)
+            if not block:
+                break
+            digest.update(block)
+            if left is not None:
+                left -= len(block)
+    return digest.hexdigest()
+
+
+def walk_files(root: str) -> List[str]:
+    """Relative paths of regular files under root (symlinks to files followed), sorted."""
+    out: List[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not _is_internal(d))
+        for name in filenames:
+            if _is_internal(name):
+                continue
+            full = os.path.join(dirpath, name)
+            if os.path.isfile(full):
+                out.append(os.path.relpath(full, root))
+    return sorted(out)
+
+
+def dir_manifest(root: str, want_hash: bool, out: Emitter) -> JSONDict:
+    """path → {size, sha256?}; sha256 sums come from the cache when size and mtime match."""
+    cache_path = os.path.join(root, MANIFEST_CACHE)
+    try:
+        cache = read_json(cache_path)
+        if not isinstance(cache, dict):
+            cache = {}
+    except (OSError, ValueError):
+        cache = {}
+    files: Dict[str, JSONDict] = {}
+    partial: Dict[str, int] = {}
+    changed = False
+    hashed_bytes = 0
+    last_beat = time.monotonic()
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            if name.endswith(PART_SUFFIX):
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, root)[: -len(PART_SUFFIX)]
+                with contextlib.suppress(OSError):
+                    partial[rel] = os.path.getsize(full)
+    for rel in walk_files(root):
+        st = os.stat(os.path.join(root, rel))
+        entry: JSONDict = {"size": st.st_size}
+        if want_hash:
+            cached = cache.get(rel)
+            if (isinstance(cached, dict) and cached.get("size") == st.st_size
+                    and cached.get("mtime_ns") == st.st_mtime_ns and cached.get("sha256")):
+                entry["sha256"] = cached["sha256"]
+            else:
+                entry["sha256"] = sha256_file(os.path.join(root, rel))
+                cache[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                              "sha256": entry["sha256"]}
+                changed = True
+                hashed_bytes += st.st_size
+                if time.monotonic() - last_beat > 2:
+                    last_beat = time.monotonic()
+                    out.emit("progress", what=f"hashing {root}", bytes=hashed_bytes)
+        files[rel] = entry
+    if changed:
+        with contextlib.suppress(OSError):
+            write_json_atomic(cache_path, cache)
+    return {"files": files, "partial": partial}
+
+
+def staged_record(root: str) -> Optional[JSONDict]:
+    """The stage mark, if every file it lists is still there with the same size and mtime."""
+    try:
+        mark = read_json(os.path.join(root, STAGED_MARK))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(mark, dict) or not isinstance(mark.get("files"), dict):
+        return None
+    for rel, info in mark["files"].items():
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except OSError:
+            return None
+        if st.st_size != info.get("size") or st.st_mtime_ns != info.get("mtime_ns"):
+            return None
+    return mark
+
+
+def op_manifest(req: Request, out: Emitter) -> JSONDict:
+    """What is at each path: files with size (and sha256), partial files, the stage mark."""
+    raw = req.raw
+    items = raw.get("items")
+    if not isinstance(items, list):
+        raise bad_request("items: must be a list of {name, path}")
+    want_hash = get_bool(raw, "hash", "", True)
+    results = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise bad_request(f"items[{i}]: must be an object")
+        name = get_str(item, "name", f"items[{i}].")
+        path = os.path.expanduser(get_str(item, "path", f"items[{i}]."))
+        entry: JSONDict = {"name": name, "path": path, "exists": os.path.isdir(path)}
+        if entry["exists"]:
+            mark = staged_record(path)
+            entry["staged"] = mark is not None
+            entry["source"] = mark.get("source") if mark else None
+            if mark is not None and not get_bool(item, "verify", "", False):
+                entry["files"] = {rel: {"size": info["size"], "sha256": info.get("sha256")}
+                                  for rel, info in mark["files"].items()}
+                entry["partial"] = {}
+            else:
+                entry.update(dir_manifest(path, want_hash, out))
+            entry["total_bytes"] = sum(f["size"] for f in entry["files"].values())
+        elif os.path.exists(path):
+            raise AgentError("workdir", f"{path} exists but is not a directory")
+        results.append(entry)
+    return {"items": results}
+
+
+def write_frame(stream: IO[bytes], tag: bytes, header: JSONDict, data: bytes = b"") -> None:
+    stream.write(tag + json.dumps(header).encode("ascii") + b"\n")
+    if data:
+        stream.write(data)
+
+
+def send_frames(root: str, files: List[JSONDict], stream: IO[bytes]) -> int:
+    """Write the frames for ``files`` ({path, offset}) under ``root``; return bytes sent."""
+    import hashlib
+
+    sent = 0
+    for entry in files:
+        rel = entry["path"]
+        offset = int(entry.get("offset") or 0)
+        full = _safe_rel(root, rel)
+        size = os.path.getsize(full)
+        if offset > size:
+            offset = 0
+        digest = hashlib.sha256()
+        with open(full, "rb") as f:
+            if offset:
+                left = offset
+                while left:  # the prefix the receiver already has: hash it, don't send it
+                    block = f.read(min(TRANSFER_CHUNK, left))
+                    if not block:
+                        break
+                    digest.update(block)
+                    left -= len(block)
+            position = offset
+            while True:
+                block = f.read(TRANSFER_CHUNK)
+                if not block:
+                    break
+                digest.update(block)
+                write_frame(stream, b"C", {"path": rel, "offset": position,
+                                           "length": len(block)}, block)
+                position += len(block)
+                sent += len(block)
+        write_frame(stream, b"D", {"path": rel, "size": position, "sha256": digest.hexdigest()})
+        stream.flush()
+    write_frame(stream, b"Z", {})
+    stream.flush()
+    return sent
+
+
+def op_send_files(req: Request, out: Emitter) -> JSONDict:
+    """Stream frames of the requested files to stdout (the JSON result follows the Z frame)."""
+    raw = req.raw
+    root = os.path.expanduser(get_str(raw, "root", ""))
+    files = raw.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+        raise bad_request("files: must be a list of {path, offset}")
+    for f in files:
+        _safe_rel(root, str(f.get("path") or ""))
+        if not os.path.isfile(os.path.join(root, str(f["path"]))):
+            raise AgentError("not_found", f"{os.path.join(root, str(f['path']))} does not exist "
+                             "(the source changed since its manifest was read)")
+    sent = send_frames(root, files, out.stream)
+    return {"bytes": sent}
+
+
+class FrameReceiver:
+    """Consumes frames into ``root`` (part files, verify, rename); reports progress."""
+
+    def __init__(self, root: str, expect: Dict[str, JSONDict], out: Emitter) -> None:
+        self.root = root
+        self.expect = expect
+        self.out = out
+        self.bytes = 0
+        self.files: List[str] = []
+        self.started = time.monotonic()
+        self.last_beat = self.started
+        self.total = sum(int(e.get("size") or 0) for e in expect.values())
+
+    def _part(self, rel: str) -> str:
+        full = _safe_rel(self.root, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        return full + PART_SUFFIX
+
+    def consume(self, reader: IO[bytes]) -> JSONDict:
+        while True:
+            line = reader.readline()
+            if not line:
+                raise AgentError("transfer", "the stream ended before its end mark (the "
+                                 "sender died or the link was cut); run the same command "
+                                 "again to resume from what was received")
+            tag, body = line[:1], line[1:]
+            if tag == b"{":  # the sender's own result line: it failed before finishing
+                try:
+                    err = json.loads(line).get("error") or {}
+                except ValueError:
+                    err = {}
+                raise AgentError("transfer", f"the sender failed: {err.get('message', line)}")
+            header = json.loads(body)
+            if tag == b"C":
+                self._chunk(reader, header)
+            elif tag == b"D":
+                self._done(header)
+            elif tag == b"Z":
+                return {"files": self.files, "bytes": self.bytes,
+                        "seconds": round(time.monotonic() - self.started, 3)}
+            else:
+                raise AgentError("transfer", f"unexpected frame {tag!r} in the stream")
+
+    def _chunk(self, reader: IO[bytes], header: JSONDict) -> None:
+        rel, offset, length = header["path"], int(header["offset"]), int(header["length"])
+        if rel not in self.expect:
+            raise AgentError("transfer", f"the sender sent {rel}, which was not asked for")
+        part = self._part(rel)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.lseek(fd, offset, os.SEEK_SET)
+            left = length
+            while left:
+                block = reader.read(min(left, TRANSFER_CHUNK))
+                if not block:
+                    raise AgentError("transfer", "the stream was cut in the middle of a chunk; "
+                                     "run the same command again to resume")
+                view = memoryview(block)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                left -= len(block)
+                self.bytes += len(block)
+        finally:
+            os.close(fd)
+        now = time.monotonic()
+        if now - self.last_beat >= 1.0:
+            self.last_beat = now
+            rate = self.bytes / max(1e-6, now - self.started)
+            self.out.emit("progress", what=rel, bytes=self.bytes, total=self.total,
+                          rate=round(rate))
+
+    def _done(self, header: JSONDict) -> None:
+        rel = header["path"]
+        part = self._part(rel)
+        final = _safe_rel(self.root, rel)
+        want = self.expect.get(rel) or {}
+        if not os.path.exists(part):  # an empty file sends no chunk
+            open(part, "wb").close()
+        size = os.path.getsize(part)
+        digest = sha256_file(part)
+        if size != header["size"] or digest != header["sha256"] or (
+                want.get("sha256") and want["sha256"] != digest) or (
+                want.get("size") is not None and want["size"] != size):
+            os.unlink(part)
+            raise AgentError("transfer", f"{rel}: received {size} bytes with sha256 {digest[:12]}"
+                             f"…, expected {want.get('size', header['size'])} bytes "
+                             f"{str(want.get('sha256') or header['sha256'])[:12]}…; the part "
+                             "file was removed, run the command again")
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(part, final)
+        fsync_dir(os.path.dirname(final))
+        self.files.append(rel)
+        self.out.emit("file", path=rel, size=size)
+
+
+def mark_staged(root: str, expect: Dict[str, JSONDict], source: Optional[str]) -> None:
+    """Record that ``root`` holds exactly ``expect``, verified: a re-run is one exec."""
+    files: Dict[str, JSONDict] = {}
+    cache: Dict[str, JSONDict] = {}
+    for rel, info in expect.items():
+        st = os.stat(os.path.join(root, rel))
+        files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                      "sha256": info.get("sha256")}
+        if info.get("sha256"):
+            cache[rel] = dict(files[rel])
+    write_json_atomic(os.path.join(root, STAGED_MARK),
+                      {"source": source, "files": files, "staged_at": round(time.time(), 3)})
+    with contextlib.suppress(OSError, ValueError):
+        old = read_json(os.path.join(root, MANIFEST_CACHE))
+        if isinstance(old, dict):
+            old.update(cache)
+            cache = old
+    with contextlib.suppress(OSError):
+        write_json_atomic(os.path.join(root, MANIFEST_CACHE), cache)
+
+
+def _expect(raw: JSONDict) -> Dict[str, JSONDict]:
+    expect = raw.get("expect")
+    if not isinstance(expect, dict) or not all(isinstance(v, dict) for v in expect.values()):
+        raise bad_request("expect: must map relative paths to {size, sha256}")
+    return expect
+
+
+def _finish_receive(root: str, raw: JSONDict, expect: Dict[str, JSONDict]) -> None:
+    if get_bool(raw, "mark_staged", "", False):
+        missing = [rel for rel in expect if not os.path.isfile(os.path.join(root, rel))]
+        if missing:
+            raise AgentError("transfer", f"{len(missing)} file(s) still missing in {root}, "
+                             f"e.g. {missing[0]}")
+        mark_staged(root, expect, get_opt_str(raw, "source", ""))
+
+
+def op_recv_files(req: Request, out: Emitter) -> JSONDict:
+    """Receive frames on stdin into ``root``; the request itself came in argv."""
+    raw = req.raw
+    root = os.path.expanduser(get_str(raw, "root", ""))
+    expect = _expect(raw)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        raise AgentError("workdir", f"cannot create {root}: {exc.strerror}") from None
+    receiver = FrameReceiver(root, expect, out)
+    result = receiver.consume(sys.stdin.buffer) if expect else {"files": [], "bytes": 0}
+    _finish_receive(root, raw, expect)
+    return result
+
+
+def _authorized_keys() -> str:
+    return os.path.expanduser("~/.ssh/authorized_keys")
+
+
+def op_authorize_key(req: Request, out: Emitter) -> JSONDict:
+    """Let a peer box pull files from this one: a restricted, tagged authorized_keys line."""
+    raw = req.raw
+    key = get_str(raw, "public_key", "").strip()
+    tag = get_name(raw, "tag", "")
+    if not re.match(r"^(ssh-ed25519|ecdsa-sha2-nistp256|ssh-rsa) [A-Za-z0-9+/=]+$",
+                    " ".join(key.split()[:2])):
+        raise bad_request("public_key: not an OpenSSH public key line")
+    path = _authorized_keys()
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    _purge_keys(path, None, max_age=6 * 3600)
+    line = f"restrict {' '.join(key.split()[:2])} {KEY_TAG}{tag}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a", encoding="ascii") as f:
+        f.write(line)
+    return {"path": path, "tag": tag}
+
+
+def _purge_keys(path: str, tag: Optional[str], max_age: Optional[float] = None) -> int:
+    """Remove our tagged lines (one tag, or any older than ``max_age``); keep everything else."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return 0
+    keep: List[str] = []
+    removed = 0
+    for line in lines:
+        match = re.search(re.escape(KEY_TAG) + r"(\S+)\s*$", line)
+        drop = False
+        if match:
+            if tag is not None and match.group(1) == tag:
+                drop = True
+            elif max_age is not None:
+                stamp = match.group(1).split("-", 1)[0]
+                drop = stamp.isdigit() and time.time() - int(stamp) > max_age
+        if drop:
+            removed += 1
+        else:
+            keep.append(line)
+    if removed:
+        write_atomic(path, "".join(keep).encode("utf-8"), 0o600)
+    return removed
+
+
+def op_revoke_key(req: Request, out: Emitter) -> JSONDict:
+    tag = get_name(req.raw, "tag", "")
+    return {"removed": _purge_keys(_authorized_keys(), tag)}
+
+
+def _transfer_dir(req: Request, tag: str) -> str:
+    return os.path.join(Layout(req.workdir).state, "transfer", tag)
+
+
+def op_peer_keygen(req: Request, out: Emitter) -> JSONDict:
+    """A throwaway key for pulling from a peer box (kept in the workdir, deleted after)."""
+    tag = get_name(req.raw, "tag", "")
+    folder = _transfer_dir(req, tag)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    key = os.path.join(folder, "id_ed25519")
+    if not os.path.exists(key):
+        exe = shutil.which("ssh-keygen")
+        if exe is None:
+            raise AgentError("no_ssh", "ssh-keygen is not installed on this box, so it cannot "
+                             "pull from the other box directly (install openssh-client); "
+                             "outrig will copy through the workstation instead")
+        subprocess.run([exe, "-q", "-t", "ed25519", "-N", "", "-C", f"{KEY_TAG}{tag}",
+                        "-f", key], check=True, stdin=subprocess.DEVNULL, capture_output=True)
+    with open(key + ".pub", encoding="ascii") as f:
+        return {"public_key": f.read().strip(), "has_ssh": shutil.which("ssh") is not None}
+
+
+def op_peer_pull(req: Request, out: Emitter) -> JSONDict:
+    """Pull files straight from a peer box over ssh, with the key from peer_keygen.
+
+    The peer runs this same agent's ``send_files`` (the agent's own source travels in the
+    command line) and its frames are consumed here exactly as a relayed stream would be.
+    """
+    raw = req.raw
+    tag = get_name(raw, "tag", "")
+    root = os.path.expanduser(get_str(raw, "root", ""))
+    expect = _expect(raw)
+    peer = get_dict(raw, "peer", "", required=True)
+    host = get_str(peer, "host", "peer.")
+    port = get_int(peer, "port", "peer.", 22, 1, 65535)
+    user = get_opt_str(peer, "user", "peer.")
+    known = get_str(peer, "known_hosts", "peer.")
+    peer_python = get_str(peer, "python", "peer.")
+    send_request = get_dict(raw, "send", "", required=True)
+    agent_b64 = globals().get("OUTRIG_AGENT_B64")
+    if not isinstance(agent_b64, str):
+        raise bad_request("peer_pull must be sent through the command-line bootstrap")
+    folder = _transfer_dir(req, tag)
+    key = os.path.join(folder, "id_ed25519")
+    known_file = os.path.join(folder, "known_hosts")
+    write_atomic(known_file, (known.strip() + "\n").encode("ascii"), 0o600)
+    packed = base64.b64encode(zlib.compress(json.dumps(send_request).encode(), 9)).decode()
+    boot = ("import sys,zlib,base64;d=lambda s:zlib.decompress(base64.b64decode(s));"
+            "exec(compile(d(sys.argv[1]),'outrig-agent','exec'),"
+            "{'__name__':'__main__','OUTRIG_REQUEST':d(sys.argv[2])})")
+    remote = " ".join(shlex.quote(x) for x in [peer_python, "-c", boot, agent_b64, packed])
+    exe = shutil.which("ssh")
+    if exe is None:
+        raise AgentError("no_ssh", "ssh is not installed on this box (install openssh-client)")
+    argv = [exe, "-i", key, "-p", str(port), "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_file}",
+            "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=10",
+            "-o", "ServerAliveCountMax=3", "-o", "IdentitiesOnly=yes",
+            f"{user}@{host}" if user else host, remote]
+    os.makedirs(root, exist_ok=True)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        result = FrameReceiver(root, expect, out).consume(proc.stdout)
+    except AgentError as exc:
+        proc.kill()
+        err = proc.stderr.read().decode("utf-8", errors="replace").strip().splitlines()
+        raise AgentError(exc.kind if not err else "peer", exc.message
+                         + (f" (ssh said: {err[-1]})" if err else "")) from None
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    _finish_receive(root, raw, expect)
+    return result
+
+
+def op_checkpoints(req: Request, out: Emitter) -> JSONDict:
+    """The save folder's checkpoint dirs with their files, sizes, mtimes and training state."""
+    raw = req.raw
+    save = os.path.expanduser(get_str(raw, "save_path", ""))
+    log_path = get_opt_str(raw, "log", "")
+    saved_lines: Set[str] = set()
+    if log_path:
+        for line in tail_lines(log_path, 2000):
+            match = re.search(r"Checkpoint saved to (\S+)", line)
+            if match:
+                saved_lines.add(os.path.normpath(match.group(1)))
+    found: List[JSONDict] = []
+    others: List[str] = []
+    try:
+        names = sorted(os.listdir(save))
+    except OSError:
+        return {"save_path": save, "exists": False, "checkpoints": [], "others": []}
+    for name in names:
+        full = os.path.join(save, name)
+        if os.path.islink(full) or not os.path.isdir(full):
+            continue
+        if not name.isdigit():
+            others.append(name)
+            continue
+        files: Dict[str, int] = {}
+        newest = 0.0
+        for rel in walk_files(full):
+            st = os.stat(os.path.join(full, rel))
+            files[rel] = st.st_size
+            newest = max(newest, st.st_mtime)
+        state = None
+        with contextlib.suppress(OSError, ValueError):
+            state = read_json(os.path.join(full, "training_state.json"))
+        found.append({"name": name, "epoch": int(name), "path": full, "files": files,
+                      "newest_mtime": newest, "training_state": state,
+                      "logged_saved": os.path.normpath(full) in saved_lines})
+    return {"save_path": save, "exists": True, "checkpoints": found, "others": others,
+            "now": time.time()}
+
+
+TRANSFER_OPS = {
+    "manifest": op_manifest,
+    "send_files": op_send_files,
+    "recv_files": op_recv_files,
+    "authorize_key": op_authorize_key,
+    "revoke_key": op_revoke_key,
+    "peer_keygen": op_peer_keygen,
+    "peer_pull": op_peer_pull,
+    "checkpoints": op_checkpoints,
+}
+OPS = OPS + tuple(TRANSFER_OPS)
+
+
 def dispatch(req: Request, out: Emitter) -> JSONDict:
     """Apply the host env, then run the op."""
     apply_env(req.env)
+    if req.op in PROVISION_OPS:
+        return PROVISION_OPS[req.op](req, out)
+    if req.op in TRANSFER_OPS:
+        return TRANSFER_OPS[req.op](req, out)
     if req.op == "deploy":
         return op_deploy(req, out)
     if req.op == "cleanup":

@@ -20,6 +20,7 @@ backoff and resumes from the cursors.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -583,6 +584,9 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
             "Nothing was sent.")
     if run_id is not None and playbook is not None:
         raise ConfigError("give at most one of --run and --playbook")
+    # paramiko reports every reset socket through logging's last-resort stderr handler; a
+    # reconnect is expected here and is reported by us, in one line.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     session = HostSession(project, host_spec, reporter, journal)
     tailer = LogTailer(session, run_id=run_id, playbook=playbook, processes=processes,
                        lines=lines, follow=follow, grep=grep, stop=stop, **tuning)

@@ -62,7 +62,9 @@ class RecipeContext:
     """Everything a recipe may look at besides its own section. Built by the planner."""
 
     host: str
+    playbook: str
     run_id: str
+    run_dir: str
     test_mode: bool
     gpu_count: int | None
     gpu_memory_mib: int | None

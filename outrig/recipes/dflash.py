@@ -236,17 +236,19 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     if ctx.test_mode:
         data_path, save_path, epochs = TEST_DATA_DIR, TEST_SAVE_DIR, 1
         max_samples = min(spec.test_max_samples, spec.max_samples or spec.test_max_samples)
+        shown = {"${run_dir}": ctx.run_dir}
         out.notes.append(
-            f"--test: one epoch, --max-samples {max_samples}, data prepared into {data_path} "
-            f"and checkpoints in {save_path} (the real {spec.data_path} and {spec.save_path} "
-            "are not touched); same GPUs and flags as the real run")
+            f"--test: one epoch, --max-samples {max_samples}, data prepared into "
+            f"{_shown(data_path, shown)} and checkpoints in {_shown(save_path, shown)} (the "
+            f"real {spec.data_path} and {spec.save_path} are not touched); same GPUs and "
+            "flags as the real run")
 
     # --- model facts and layer ids
     if local and facts.exists is False:
         out.problems.append(
             f"{at(('dflash', 'model'))}: {spec.model} does not exist on {ctx.host} "
             f"({facts.source}). Stage it first: `inv stage --host {ctx.host} --playbook "
-            f"PLAYBOOK` (coming), or by hand on the box: `huggingface-cli download "
+            f"{ctx.playbook}` (coming), or by hand on the box: `huggingface-cli download "
             f"{spec.source or '<hub id>'} --local-dir {spec.model}`")
     vllm_ids: list[int] = []
     trainer_ids: list[int] = []
@@ -490,6 +492,12 @@ def _sibling(python: str, tool: str) -> str:
     if "/" in python:
         return posixpath.join(posixpath.dirname(python), tool)
     return tool
+
+
+def _shown(text: str, names: dict[str, str]) -> str:
+    for name, value in names.items():
+        text = text.replace(name, value)
+    return text
 
 
 def _json(value: Any) -> str:

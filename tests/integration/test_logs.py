@@ -23,8 +23,7 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import Project
-from outrig.ops.base import HostSession
+from outrig.ops.base import HostSession, Project
 from outrig.ops.logs import LogTailer, TailResult, tail_logs
 
 pytestmark = pytest.mark.integration
@@ -127,13 +126,14 @@ def file_lines(path: Path) -> list[str]:
     return path.read_bytes().decode().splitlines()
 
 
-def test_exactly_once_through_twenty_cuts(box_host: Path, make_proxy: Any, journal: Journal) -> None:
+def test_exactly_once_through_twenty_cuts(box_host: Path, make_proxy: Any,
+                                          journal: Journal) -> None:
     logs = make_run(box_host, ["trainer", "server"])
     config = yaml.safe_load(box_host.read_text())
     proxy = make_proxy(config["port"], one_way_delay=0.005)
     host = slow_host(box_host, proxy.port)
-    trainer = Writer(logs / "trainer.log", 1500, 0.003)
-    server = Writer(logs / "server.log", 300, 0.015, prefix="srv")
+    trainer = Writer(logs / "trainer.log", 2000, 0.004)
+    server = Writer(logs / "server.log", 400, 0.02, prefix="srv")
     trainer.start()
     follow = Follow(host, journal, heartbeat=0.5, backoff=0.05)
     server.start()
@@ -141,7 +141,10 @@ def test_exactly_once_through_twenty_cuts(box_host: Path, make_proxy: Any, journ
     cuts = 0
     wait_for(lambda: follow.lines(), 10, "the first line")
     while cuts < 22:
-        time.sleep(rng.uniform(0.05, 0.3))
+        # Cut at a random moment of a live stream (cuts during the reconnect itself happen
+        # too, when the random delay is short, and are retried the same way).
+        wait_for(lambda: follow.tailer.call_worked, 20, "the stream to resume")
+        time.sleep(rng.uniform(0.0, 0.25))
         cuts += proxy.cut_all() > 0
     trainer.join()
     server.join()
@@ -151,7 +154,7 @@ def test_exactly_once_through_twenty_cuts(box_host: Path, make_proxy: Any, journ
         wait_for(lambda n=name, w=want: (run_dir / f"{n}.log").exists()
                  and (run_dir / f"{n}.log").stat().st_size >= len(w), 30, f"{name} mirror")
     result = follow.finish()
-    assert result.reconnects >= 20
+    assert proxy.accepted > 20 and result.reconnects >= 10
     for name in ("trainer", "server"):
         remote = (logs / f"{name}.log").read_bytes()
         assert (run_dir / f"{name}.log").read_bytes() == remote, f"{name} mirror differs"

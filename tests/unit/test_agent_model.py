@@ -8,6 +8,7 @@ stand-in.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any, Dict
 
@@ -77,6 +78,12 @@ def test_model_facts_needs_models(box: Box) -> None:
     assert "models" in error_of(result, "bad_request")["message"]
 
 
+def unique_run() -> str:
+    """A run id nobody else uses: the marker sweep of a concurrently running test's cleanup
+    (``OUTRIG_RUN=r1`` is the harness default) must never match our processes."""
+    return f"model-{uuid.uuid4().hex[:12]}"
+
+
 def vllm_proc(port: int, expected: str, *extra: str) -> Dict[str, Any]:
     return {
         "name": "server",
@@ -89,7 +96,7 @@ def vllm_proc(port: int, expected: str, *extra: str) -> Dict[str, Any]:
 
 def test_ready_model_waits_for_the_expected_served_id(box: Box, tmp_path: Path) -> None:
     port = free_port()
-    events, result = box.deploy([vllm_proc(port, "/models/m")],
+    events, result = box.deploy([vllm_proc(port, "/models/m")], run_id=unique_run(),
                                 env={"OUTRIG_FAKE_GPU_DIR": str(tmp_path / "nogpu")})
     assert result["ok"] is True, result
     ready = [ev for ev in events if ev["event"] == "ready"]
@@ -100,18 +107,20 @@ def test_ready_model_waits_for_the_expected_served_id(box: Box, tmp_path: Path) 
 
 def test_ready_model_mismatch_fails_at_once_and_stops_the_server(box: Box) -> None:
     port = free_port()
-    events, result = box.deploy([vllm_proc(port, "/models/m", "--served-model-name", "other")])
+    run_id = unique_run()
+    events, result = box.deploy([vllm_proc(port, "/models/m", "--served-model-name", "other")],
+                                run_id=run_id)
     err = error_of(result, "model_mismatch")
     assert "serves model id 'other'" in err["message"] and "'/models/m' is expected" in err[
         "message"]
     assert "--served-model-name" in err["message"]
     pid = next(ev["pid"] for ev in events if ev["event"] == "launched")
     assert not alive(pid), "a failed deploy stops what it launched"
-    assert box.run_json()["status"] == "failed"
+    assert box.run_json(run_id)["status"] == "failed"
 
 
 def test_ready_model_without_http_is_a_bad_request(box: Box) -> None:
     proc = {"name": "a", "argv": [PY, "-c", "pass"], "ready": {"model": "x", "exit": True}}
-    _, result = box.deploy([proc])
+    _, result = box.deploy([proc], run_id=unique_run())
     assert "model: needs http" in error_of(result, "bad_request")["message"]
 

@@ -264,7 +264,7 @@ def test_missing_local_model_refuses_with_the_stage_command(tmp_path: Path) -> N
     facts = HostFacts(gpu_count=4, models={MODEL: ModelFacts(model=MODEL, exists=False,
                                                              source="read on the box")})
     problem = only_problem(plan_for(tmp_path, base(), facts), "does not exist on box")
-    assert "inv stage --host box" in problem
+    assert "inv stage --host box --playbook job" in problem
     assert f"huggingface-cli download Qwen/Qwen3.6-27B --local-dir {MODEL}" in problem
 
 
