@@ -193,6 +193,83 @@ def cleanup(c: Any, host: str, run: str | None = None, playbook: str | None = No
                 timeout=float(timeout))
 
 
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP,
+          "playbook": "playbook whose environments:/requires: to set up (default: the only "
+                      "playbook in playbooks/ that has environments:)",
+          "dry_run": "check the box and say what would be created or updated; install nothing",
+          "json": JSON_HELP},
+)
+@friendly
+def provision(c: Any, host: str, playbook: str | None = None, dry_run: bool = False,
+              json: bool = False) -> None:
+    """Idempotent environment set-up: the playbook's venvs with pinned packages.
+
+    Checks python, the NVIDIA driver and free disk against requires:, then creates or updates
+    each environment; what is already right is skipped (one exec to find out). Installed
+    versions are recorded in the journal. See docs/provision.md.
+
+    Examples:
+        inv provision --host new-node --playbook dflash-qwen36
+        inv provision --host new-node --playbook dflash-qwen36 --dry-run
+    """
+    from outrig.ops.provision import provision as run_provision
+
+    run_provision(PROJECT, host, _reporter(json), playbook=playbook, dry_run=dry_run)
+
+
+@task(
+    auto_shortflags=False,
+    name="stage",
+    help={"host": HOST_HELP, "playbook": "playbook whose model, data (and checkpoints) to stage",
+          "from_": "copy from this box (direct box-to-box when they can reach each other, "
+                       "else relayed through this workstation)",
+          "resume": "also put the newest complete checkpoint in place (from --from, "
+                    "else from this workstation's mirror)",
+          "streams": "parallel streams for copies through the workstation (default 4)",
+          "json": JSON_HELP},
+)
+@friendly
+def stage_(c: Any, host: str, playbook: str, from_: str | None = None,
+           resume: bool = False, streams: int = 4, json: bool = False) -> None:
+    """Put the model, data and (with --resume) a checkpoint on a box: fastest route, verified.
+
+    A re-run moves nothing and costs one agent call (each folder carries a verified manifest).
+    Routes: the box downloads hf: sources itself; --from copies box to box; folders on
+    this workstation are pushed in parallel streams. Cut transfers resume.
+
+    Examples:
+        inv stage --host new-node --playbook dflash-qwen36
+        inv stage --host new-node --playbook dflash-qwen36 --from uk-node --resume
+    """
+    from outrig.ops.stage import stage
+
+    stage(PROJECT, host, playbook, _reporter(json), from_host=from_, resume=resume,
+          streams=streams)
+
+
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP, "playbook": "whose checkpoints (default: the host's last run)",
+          "json": JSON_HELP},
+)
+@friendly
+def sync_checkpoints(c: Any, host: str, playbook: str | None = None, json: bool = False) -> None:
+    """Pull new complete checkpoints from a box into this workstation's mirror.
+
+    Only checkpoints that are complete (every file present, training_state.json readable, and
+    logged as saved or followed by a later epoch) are pulled; ``interrupted/`` never is. Run
+    it now and then: a dead box then loses at most the work since the last sync.
+
+    Example:
+        inv sync-checkpoints --host uk-node
+    """
+    from outrig.ops.stage import sync_checkpoints as run_sync
+
+    run_sync(PROJECT, host, _reporter(json), playbook=playbook)
+
+
 @task(auto_shortflags=False, help={"host": HOST_HELP, "json": JSON_HELP})
 @friendly
 def check(c: Any, host: str, json: bool = False) -> None:

@@ -91,12 +91,14 @@ class HandMade:
         # but it only signals the pids this benchmark recorded.
         steps["ssh cleanup"], _ = timed(lambda: self.ssh(
             f"kill $(cat {d}/server.pid {d}/trainer.pid 2>/dev/null) 2>/dev/null; true"))
+        # `cd d && nohup X > log &` would background the whole AND-list in a subshell that keeps
+        # the channel's stdout open, and ssh would hang until X exits: hence `cd d || exit; `.
         steps["ssh launch server"], _ = timed(lambda: self.ssh(
-            f"cd {d} && nohup {self.python} -m http.server {self.server_port} --bind 127.0.0.1"
-            " > server.log 2>&1 < /dev/null & echo $! > server.pid"))
+            f"cd {d} || exit 1; nohup {self.python} -m http.server {self.server_port}"
+            " --bind 127.0.0.1 > server.log 2>&1 < /dev/null & echo $! > server.pid"))
         steps["ssh launch trainer"], _ = timed(lambda: self.ssh(
-            f"cd {d} && nohup {self.python} -u train.py --steps 400 --save-path {d}/checkpoints"
-            " > run.log 2>&1 < /dev/null & echo $! > trainer.pid"))
+            f"cd {d} || exit 1; nohup {self.python} -u train.py --steps 400"
+            f" --save-path {d}/checkpoints > run.log 2>&1 < /dev/null & echo $! > trainer.pid"))
         return steps
 
     def floor(self) -> None:

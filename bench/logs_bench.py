@@ -109,15 +109,43 @@ class Bench:
         started = time.monotonic()
         session = HostSession(PROJECT, str(self.host), reporter, journal)
         tailer = LogTailer(session, lines=1, follow=False, processes=["trainer"])
+        transport: Any = session.transport
+        real_connect = transport.connect
+        spent: list[float] = []
+
+        def timed_connect() -> None:  # the whole connect: config, TCP, kex, auth
+            t0 = time.monotonic()
+            real_connect()
+            spent.append(time.monotonic() - t0)
+
+        transport.connect = timed_connect
         try:
             result = tailer.run()
         finally:
-            connect = getattr(session.transport, "connect_seconds", None) or 0.0
+            connect = spent[0] if spent else 0.0
             rtt = session.transport.rtt or 0.0
             session.close()
         assert result.first_line_at is not None
         total = result.first_line_at + (tailer.started - started)
         return {"first_line": total, "connect": connect, "rtt": rtt}
+
+    def agent_start(self) -> float:
+        """Seconds from spawning the agent (python3 + the compressed source on stdin) to its
+        first event, on this machine: the box's share of the first line."""
+        from outrig.agent_client import agent_command, agent_payload
+
+        request = {"v": 1, "op": "follow", "workdir": str(self.workdir), "env": {},
+                   "run_id": RUN_ID, "processes": ["trainer"], "lines": 1, "follow": False}
+        started = time.monotonic()
+        proc = subprocess.Popen(agent_command("python3"), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(agent_payload() + json.dumps(request).encode() + b"\n")
+        proc.stdin.flush()
+        proc.stdout.readline()
+        elapsed = time.monotonic() - started
+        proc.communicate(timeout=30)
+        return elapsed
 
     def first_line_cli(self) -> float:
         env = {**os.environ, "XDG_STATE_HOME": str(self.root / "cli-state")}
@@ -210,6 +238,7 @@ def main() -> int:
         bench.first_line()  # warm-up: imports, host key recording
         runs = [bench.first_line() for _ in range(args.repeat)]
         report["first_line"] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        report["agent_start"] = statistics.median(bench.agent_start() for _ in range(3))
         report["first_line_cli"] = statistics.median(
             bench.first_line_cli() for _ in range(args.repeat))
 
@@ -246,8 +275,14 @@ def main() -> int:
     print(f"| first line on screen (library, cold connection) | {fl['first_line']:.2f} s | "
           f"≤ connect + 2 RTT = {fl['connect'] + 2 * rtt:.2f} s |")
     print(f"| of which SSH connect (TCP, kex, auth) | {fl['connect']:.2f} s | |")
-    print(f"| after connect | {fl['first_line'] - fl['connect']:.2f} s = {extra:.1f} RTT | "
-          "≤ 2 RTT |")
+    after = fl["first_line"] - fl["connect"]
+    start = report["agent_start"]
+    print(f"| after connect | {after:.2f} s = {extra:.1f} RTT | ≤ 2 RTT |")
+    print(f"| ... of which: 2 RTT on the wire (channel open; request → first chunk) | "
+          f"{2 * rtt:.2f} s | |")
+    print(f"| ... of which: agent start on the box (python3, decompress, compile, first "
+          f"event; measured locally) | {start:.2f} s | |")
+    print(f"| ... of which: the rest (sshd exec, client) | {after - 2 * rtt - start:.2f} s | |")
     print(f"| first line via `inv tail-logs` (Python + Invoke start-up included) | "
           f"{report['first_line_cli']:.2f} s | |")
     for label, row in report["throughput"].items():

@@ -96,18 +96,32 @@ class AgentCall:
         # than this means the link or the box is gone.
         return max(60.0, 40 * rtt)
 
-    def run(self, request: dict[str, Any], on_event: EventHandler | None = None) -> Event:
+    def start(self, request: dict[str, Any], *, window_size: int | None = None) -> AgentChannel:
+        """Start the agent with ``request``; the caller may then stream more bytes to its
+        stdin (file frames) and must call :meth:`read` for its events and result."""
         host = self.transport.host
         body = {"v": PROTOCOL_VERSION, **request}
         encoded = json.dumps(body).encode()
         argv = None if body.get("secrets") else argv_command(host.python, encoded)
-        channel = self.transport.start(argv or agent_command(host.python))
-        try:
-            if argv is None:
+        channel = self.transport.start(argv or agent_command(host.python), window_size=window_size)
+        if argv is None:
+            try:
                 channel.write(agent_payload() + encoded + b"\n")
-            return self._read_events(channel, on_event)
+            except BaseException:
+                channel.close()
+                raise
+        return channel
+
+    def run(self, request: dict[str, Any], on_event: EventHandler | None = None) -> Event:
+        channel = self.start(request)
+        try:
+            return self.read(channel, on_event)
         finally:
             channel.close()
+
+    def read(self, channel: AgentChannel, on_event: EventHandler | None = None) -> Event:
+        """Events to ``on_event`` until the result line, which is returned."""
+        return self._read_events(channel, on_event)
 
     def _read_events(self, channel: AgentChannel, on_event: EventHandler | None) -> Event:
         host = self.transport.host
@@ -152,9 +166,16 @@ class AgentCall:
             return {"event": "output", "line": line.decode("utf-8", "replace")}
         return event if isinstance(event, dict) else None
 
-    def _no_result(self, channel: AgentChannel, tail: bytes) -> RemoteError:
+    def _no_result(self, channel: AgentChannel, tail: bytes) -> RemoteError | ConnectError:
         host = self.transport.host
         status = channel.exit_status(timeout=5.0)
+        if not channel.alive() or status in (None, -1):
+            # The channel ended with no exit status: the link dropped, not the agent.
+            return ConnectError(
+                f"lost contact with the agent on {host.describe()} before it finished (the "
+                "connection dropped). What was launched keeps running on the box; check with "
+                "`inv status`, and run the command again when the link is back."
+            )
         stderr = channel.stderr_text().strip()
         lines = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
         if status == 127 or ("not found" in stderr and host.python in stderr):

@@ -218,12 +218,13 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
     for key, value in proc.env.items():
         text = value if isinstance(value, str) else _scalar(value)
         env[key] = _sub(job, (*base, "env", key), text, params, problems)
-    for reserved in ("CUDA_VISIBLE_DEVICES", MARKER_VAR, "OUTRIG_PROCESS"):
+    why = {"CUDA_VISIBLE_DEVICES": " from gpus:; list the GPUs there instead",
+           "CUDA_DEVICE_ORDER": " (PCI_BUS_ID, so CUDA's indices are nvidia-smi's); remove it"}
+    for reserved in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", MARKER_VAR, "OUTRIG_PROCESS"):
         if reserved in env:
             problems.append(
                 f"{job.where((*base, 'env', reserved))}: {reserved} is set by outrig"
-                + (" from gpus:; list the GPUs there instead"
-                   if reserved.startswith("CUDA") else "")
+                + why.get(reserved, "")
             )
     # NOTE: an empty CUDA_VISIBLE_DEVICES hides every GPU, so a CPU-only process can never
     # grab GPU 0 by accident (torch does that when the variable is unset).

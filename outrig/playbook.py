@@ -116,6 +116,27 @@ class ProcessSpec(_Strict):
         return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
 
 
+class StageItemSpec(_Strict):
+    """A folder the job needs on the box (model, data, checkpoints) and where it comes from.
+
+    ``source``: ``hf:ORG/NAME[@REV]`` (the box downloads it itself), ``hf-dataset:...``, or a
+    folder on the workstation. Without a source the item can only be copied from another
+    box (``inv stage --from``, ``inv migrate``).
+    """
+
+    path: str = Field(min_length=1, description="absolute folder on the box")
+    source: str | None = Field(None, description="hf:ORG/NAME[@REV], hf-dataset:..., or a "
+                               "workstation folder")
+    kind: Literal["model", "data", "checkpoints"] = "data"
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not (value.startswith("/") or value.startswith("~")):
+            raise ValueError(f"path {value!r} must be absolute (or start with ~)")
+        return value
+
+
 class PlaybookSpec(_Strict):
     """The whole file."""
 
@@ -133,6 +154,8 @@ class PlaybookSpec(_Strict):
     processes: dict[str, ProcessSpec] = Field(
         default_factory=dict, description="required unless a recipe provides them")
     files: dict[str, str] = Field(default_factory=dict, description="remote path → local path")
+    stage: dict[str, StageItemSpec] = Field(
+        default_factory=dict, description="folders `inv stage` puts on the box, by name")
     test: dict[str, Any] | None = Field(None, description="overrides applied with --test")
     environments: dict[str, EnvironmentSpec] = Field(
         default_factory=dict, description="venvs `inv provision` makes on the box, with pins")

@@ -18,7 +18,10 @@ SSH specifics, and why:
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import hashlib
+import logging
 import os
 import random
 import selectors
@@ -35,6 +38,11 @@ from outrig.errors import ConnectError, HostKeyError, OutrigError
 from outrig.inventory import Host
 
 DEFAULT_CONNECT_TIMEOUT = 15.0
+
+# paramiko logs its own tracebacks (banner timeouts, resets) through the root logger's
+# last-resort handler; outrig reports those failures itself, in one paragraph.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 def connect_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
@@ -82,6 +90,9 @@ class AgentChannel(ABC):
         """Whether the link under the channel is still up (SSH: the transport is active)."""
         return True
 
+    def close_input(self) -> None:
+        """Send EOF on the command's stdin (the end of a file stream)."""
+
 
 class Transport(ABC):
     """One box. ``start`` runs a command there and returns its :class:`AgentChannel`."""
@@ -90,7 +101,8 @@ class Transport(ABC):
     rtt: float | None = None
 
     @abstractmethod
-    def start(self, argv: list[str]) -> AgentChannel: ...
+    def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
+        """Run ``argv``; ``window_size`` enlarges the receive window for bulk output."""
 
     def start_with_input(self, argv: list[str], data: bytes, *,
                          window_size: int | None = None) -> AgentChannel:
@@ -100,7 +112,7 @@ class Transport(ABC):
         saving one round trip) and may open the channel with a larger receive window
         (``window_size`` bytes) for bulk output. The default is :meth:`start` + write.
         """
-        channel = self.start(argv)
+        channel = self.start(argv, window_size=window_size)
         channel.write(data)
         return channel
 
@@ -152,6 +164,11 @@ class _LocalChannel(AgentChannel):
                 return chunk
         return b""
 
+    def close_input(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
     def stderr_text(self) -> str:
         assert self.proc.stderr is not None
         if self.proc.poll() is not None:
@@ -195,7 +212,7 @@ class LocalTransport(Transport):
         self.host = host
         self.rtt = 0.0
 
-    def start(self, argv: list[str]) -> AgentChannel:
+    def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
         env = dict(os.environ)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -253,6 +270,10 @@ class _SSHChannel(AgentChannel):
     def alive(self) -> bool:
         transport = self.channel.get_transport()
         return bool(transport is not None and transport.is_active())
+
+    def close_input(self) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.shutdown_write()
 
     def close(self) -> None:
         try:
@@ -380,8 +401,12 @@ class SSHTransport(Transport):
                     f"cannot resolve hostname {conn.host!r} ({exc.strerror}); fix hostname: in "
                     "the host file or the alias in ~/.ssh/config"
                 ) from None
-            except ConnectionRefusedError:
+            except (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError) as exc:
                 conn.close()
+                if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and not all(
+                        getattr(e, "errno", None) == errno.ECONNREFUSED
+                        for e in exc.errors.values()):
+                    raise ConnectError(f"could not connect to {target}: {exc}") from None
                 last = ConnectionRefusedError()
                 if attempt == self.attempts:
                     raise ConnectError(
@@ -408,30 +433,7 @@ class SSHTransport(Transport):
             time.sleep(random.uniform(0.2, 1.0))  # jitter: rented boxes reboot, links flap
         raise ConnectError(f"could not connect to {self.host.describe()}: {last}")
 
-    def start(self, argv: list[str]) -> AgentChannel:
-        self.connect()
-        transport = self.connection.transport
-        started = time.monotonic()
-        try:
-            channel = transport.open_session(timeout=connect_timeout_for(self.host, self.rtt)[0])
-        except Exception as exc:
-            raise ConnectError(f"{self.host.describe()}: could not open an SSH channel: {exc}") \
-                from None
-        # The channel-open confirmation is exactly one round trip: a free RTT measurement.
-        self.rtt = time.monotonic() - started
-        transport.set_keepalive(keepalive_interval_for(self.rtt))
-        exec_pipelined(channel, shlex.join(argv))
-        return _SSHChannel(channel)
-
-    def start_with_input(self, argv: list[str], data: bytes, *,
-                         window_size: int | None = None) -> AgentChannel:
-        """Open a session with ``window_size``, exec without waiting for the reply, send stdin.
-
-        Why: paramiko's default 2 MiB window caps one channel near 8.7 MB/s at 240 ms RTT, and
-        ``exec_command`` blocks one RTT for the server's "exec ok" although SSH lets the client
-        send stdin right behind the request (OpenSSH's own client does). A refused exec closes
-        the channel, which the reader sees as EOF without a result.
-        """
+    def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
         self.connect()
         transport = self.connection.transport
         started = time.monotonic()
@@ -441,10 +443,10 @@ class SSHTransport(Transport):
         except Exception as exc:
             raise ConnectError(f"{self.host.describe()}: could not open an SSH channel: {exc}") \
                 from None
+        # The channel-open confirmation is exactly one round trip: a free RTT measurement.
         self.rtt = time.monotonic() - started
         transport.set_keepalive(keepalive_interval_for(self.rtt))
-        _exec_nowait(channel, shlex.join(argv))
-        channel.sendall(data)
+        exec_pipelined(channel, shlex.join(argv))
         return _SSHChannel(channel)
 
     def close(self) -> None:
@@ -453,25 +455,6 @@ class SSHTransport(Transport):
                 self.connection.close()
             finally:
                 self.connection = None
-
-
-def _exec_nowait(channel: Any, command: str) -> None:
-    """Send an SSH "exec" request (want-reply) without blocking for the reply.
-
-    Mirrors ``paramiko.Channel.exec_command`` minus its ``_wait_for_event``: the reply is
-    handled by paramiko's transport thread (success sets an event nobody waits on; failure
-    closes the channel).
-    """
-    from paramiko.common import cMSG_CHANNEL_REQUEST
-    from paramiko.message import Message
-
-    message = Message()
-    message.add_byte(cMSG_CHANNEL_REQUEST)
-    message.add_int(channel.remote_chanid)
-    message.add_string("exec")
-    message.add_boolean(True)
-    message.add_string(command)
-    channel.transport._send_user_message(message)
 
 
 def transport_for(host: Host, *, rtt_hint: float | None = None,

@@ -7,6 +7,7 @@ on the box and writes JSON-line events to stdout, flushed one by one. The last l
 ``result`` event; the agent exits 0 whenever it printed one.
 
 Ops: ``deploy``, ``cleanup``, ``status``, ``logs``, ``check``, ``model_facts``, ``follow``.
+Also ``provision`` and ``hub_download`` (docs/provision.md).
 """
 
 from __future__ import annotations
@@ -1329,6 +1330,7 @@ class Watch:
         self.ready = not self.kinds
         self.ended = False
         self.next_probe = 0.0
+        self.probes = 0
 
     def elapsed(self) -> float:
         """Seconds since launch."""
@@ -1506,7 +1508,10 @@ class Deployment:
             return
         now = time.monotonic()
         if ("http" in watch.kinds or "port" in watch.kinds) and now >= watch.next_probe:
-            watch.next_probe = now + PROBE_EVERY_S
+            # Probe soon after launch, then back off to the steady period: a server that is
+            # up in 100 ms should not cost a whole period (half a second of every deploy).
+            watch.probes += 1
+            watch.next_probe = now + min(PROBE_EVERY_S, 0.05 * (2 ** (watch.probes - 1)))
             if (
                 ready.http is not None
                 and "http" not in watch.met
@@ -1662,9 +1667,18 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     if os.path.lexists(layout.run_dir(run_id)):
         raise bad_request(f"run_id: {run_id} already exists in {layout.runs}")
     ensure_workdir(layout)
-    facts = gather_facts()
-    out.emit("facts", **facts)
-    check_gpus(procs, facts["gpus"])
+    needs_gpus = any(p.gpus for p in procs)
+    facts_box: List[JSONDict] = []
+    facts_thread = threading.Thread(target=lambda: facts_box.append(gather_facts()), daemon=True)
+    facts_thread.start()
+    if needs_gpus:  # GPU indices and holders must be known before anything is touched
+        facts_thread.join(30)
+        facts: JSONDict = (facts_box[0] if facts_box
+                           else {"gpus": [], "gpu_error": "nvidia-smi hung"})
+        out.emit("facts", **facts)
+        check_gpus(procs, facts["gpus"])
+    else:  # nvidia-smi can take seconds on a real box: let it run while we launch
+        facts = {"gpus": []}  # no GPU is named: nothing to check
 
     with WorkdirLock(layout, "deploy", lock_timeout):
         previous = read_pointer(layout, playbook)
@@ -1722,6 +1736,10 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
             raise
         run["status"] = "running"
         deployment.save()
+    if not needs_gpus:
+        facts_thread.join(15)
+        if facts_box:
+            out.emit("facts", **facts_box[0])
     return {"run_id": run_id, "run_dir": run_dir, "processes": records}
 
 
@@ -4171,7 +4189,10 @@ def op_recv_files(req: Request, out: Emitter) -> JSONDict:
 
 
 def _authorized_keys() -> str:
-    return os.path.expanduser("~/.ssh/authorized_keys")
+    """The file this box's sshd reads keys from: ~/.ssh/authorized_keys unless the host's
+    env names another with OUTRIG_AUTHORIZED_KEYS (an sshd with its own AuthorizedKeysFile)."""
+    return os.path.expanduser(os.environ.get("OUTRIG_AUTHORIZED_KEYS")
+                              or "~/.ssh/authorized_keys")
 
 
 def op_authorize_key(req: Request, out: Emitter) -> JSONDict:
@@ -4347,7 +4368,25 @@ def op_checkpoints(req: Request, out: Emitter) -> JSONDict:
             "now": time.time()}
 
 
+def op_mark_staged(req: Request, out: Emitter) -> JSONDict:
+    """After a parallel copy: check every expected file is in place, then write the mark."""
+    raw = req.raw
+    root = os.path.expanduser(get_str(raw, "root", ""))
+    expect = _expect(raw)
+    wrong = []
+    for rel, info in expect.items():
+        full = _safe_rel(root, rel)
+        if not os.path.isfile(full) or os.path.getsize(full) != info.get("size"):
+            wrong.append(rel)
+    if wrong:
+        raise AgentError("transfer", f"{len(wrong)} file(s) missing or of the wrong size in "
+                         f"{root}, e.g. {wrong[0]}; run the command again")
+    mark_staged(root, expect, get_opt_str(raw, "source", ""))
+    return {"root": root, "files": len(expect)}
+
+
 TRANSFER_OPS = {
+    "mark_staged": op_mark_staged,
     "manifest": op_manifest,
     "send_files": op_send_files,
     "recv_files": op_recv_files,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets as _secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,15 +101,20 @@ class HostSession:
     def facts(self) -> HostFacts:
         return host_facts(self.host, self.journal)
 
-    def call(self, op: str, *, stream: bool = True, **fields: Any) -> dict[str, Any]:
-        """Run one agent op; events stream to the reporter; a failed result raises."""
+    def call(self, op: str, *, stream: bool = True,
+             handler: Callable[[dict[str, Any]], None] | None = None,
+             **fields: Any) -> dict[str, Any]:
+        """Run one agent op; events stream to the reporter (or to ``handler``, which an op uses
+        to show its own live progress); a failed result raises."""
         # host_label lets the agent write fix commands the user can paste (--host as typed)
         request = base_request(self.host, op, host_label=self.host_spec, **fields)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") == "facts":
                 remember_facts(self.journal, self.host, event, self.transport.rtt)
-            if stream:
+            if handler is not None:
+                handler(event)
+            elif stream:
                 self.reporter.event(event)
 
         call = AgentCall(self.transport)

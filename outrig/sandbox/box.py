@@ -148,6 +148,8 @@ class SandboxBox:
             "env": {
                 "PATH": f"{self.bin_dir}:$PATH",
                 nvidia_smi.STATE_ENV: str(gpu_dir if gpu_dir is not None else self.gpu_dir),
+                # this sshd reads keys from its own file, not ~/.ssh/authorized_keys
+                "OUTRIG_AUTHORIZED_KEYS": str(self.root / "keys" / "authorized_keys"),
             },
             "python": sys.executable,
             "gpus": "auto",

@@ -1,0 +1,448 @@
+"""``inv stage`` and ``inv sync-checkpoints``: put model, data and checkpoints where a job needs
+them, by the fastest route, verified, resumable.
+
+Route per item, first that applies:
+1. ``present``: the box already holds it and its stage mark still matches (sizes and mtimes of
+   every file recorded with its sha256). A re-run costs one agent exec and moves nothing.
+2. ``hub``: the source is ``hf:…`` and the box reaches the hub: the box downloads it itself
+   with the HF token passed over the channel (never argv).
+3. ``peer``: ``--from OLD`` holds it and the new box can ssh to the old one: the new box pulls
+   straight from the old one with a throwaway key (authorised on OLD for the copy, then
+   removed). 50 GB never cross the workstation's slow link.
+4. ``relay``: ``--from OLD`` holds it but the boxes cannot see each other: the workstation
+   pumps OLD's stream into NEW (parallel streams).
+5. ``workstation``: the source is a folder here (or the checkpoint mirror): pushed in
+   parallel streams.
+
+Every copy goes through part files verified by size and sha256, so a cut resumes where it
+stopped, and an item gets its stage mark only when every file is verified.
+"""
+
+from __future__ import annotations
+
+import secrets as _secrets
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from outrig.checkpoints import newest_complete
+from outrig.console import Reporter
+from outrig.errors import ConfigError, OutrigError, RemoteError
+from outrig.hub import parse_hub_source
+from outrig.inventory import Host
+from outrig.journal import Journal, state_dir
+from outrig.ops.base import HostSession, Project, host_session
+from outrig.plan import builtin_params
+from outrig.playbook import Job, find_playbook, load_job
+from outrig.template import UndefinedName, substitute
+from outrig.transfer import (
+    Manifest,
+    Meter,
+    agent_module,
+    box_source,
+    copy,
+    diff,
+    local_source,
+    to_box,
+    to_local,
+)
+from outrig.transport import known_hosts_path
+
+
+@dataclass(frozen=True)
+class StageItem:
+    name: str
+    path: str
+    source: str | None
+    kind: str
+
+
+def stage_items(job: Job, host: Host) -> list[StageItem]:
+    """The folders a job needs: the recipe's (model, data, checkpoints) plus ``stage:``."""
+    params: dict[str, object] = {**job.spec.params, **builtin_params(host, job, "stage")}
+    items: dict[str, StageItem] = {}
+    recipe = job.spec.dflash
+    if recipe is not None:
+        if recipe.model.startswith(("/", "~")):
+            source = recipe.source
+            if source and not source.startswith(("hf:", "hf-dataset:")) and "/" in source \
+                    and not source.startswith(("/", ".", "~")):
+                source = f"hf:{source}"
+            items["model"] = StageItem("model", recipe.model, source, "model")
+        items["data"] = StageItem("data", recipe.data_path, None, "data")
+        items["checkpoints"] = StageItem("checkpoints", recipe.save_path, None, "checkpoints")
+    for name, spec in job.spec.stage.items():
+        items[name] = StageItem(name, spec.path, spec.source, spec.kind)
+    out = []
+    for item in items.values():
+        try:
+            path = substitute(item.path, params)
+        except UndefinedName as exc:
+            raise ConfigError(f"{job.doc.path}: stage item {item.name}: ${{{exc}}} is not defined "
+                              "(run-specific names such as run_dir cannot be staged)") from None
+        out.append(StageItem(item.name, path, item.source, item.kind))
+    return out
+
+
+def mirror_root(playbook: str) -> Path:
+    """Where ``sync-checkpoints`` keeps a playbook's checkpoints on this workstation."""
+    return state_dir() / "checkpoints" / playbook
+
+
+# ----------------------------------------------------------------------------------- pieces
+
+
+def box_manifest(session: HostSession, items: list[tuple[str, str]], *,
+                 verify: bool = False) -> dict[str, dict[str, Any]]:
+    """One exec: what each (name, path) holds on the box (files, partial files, stage mark)."""
+    result = session.call("manifest", stream=False,
+                          items=[{"name": n, "path": p, "verify": verify} for n, p in items])
+    return {entry["name"]: entry for entry in result["items"]}
+
+
+def local_manifest(root: Path) -> dict[str, Any]:
+    agent = agent_module()
+    if not root.is_dir():
+        return {"exists": False, "files": {}, "partial": {}, "staged": False}
+    mark = agent.staged_record(str(root))
+    listing: dict[str, Any] = agent.dir_manifest(str(root), True, _Quiet())
+    return {"exists": True, "staged": mark is not None, **listing}
+
+
+class _Quiet:
+    def emit(self, event: str, **fields: Any) -> None:
+        """Hashing progress on the workstation is not worth a line."""
+
+
+def _sources_files(listing: dict[str, Any]) -> Manifest:
+    return {rel: {"size": info["size"], "sha256": info.get("sha256")}
+            for rel, info in (listing.get("files") or {}).items()}
+
+
+class Stager:
+    """Copies one folder at a time into a box or the local mirror, choosing the route."""
+
+    def __init__(self, reporter: Reporter, journal: Journal, streams: int = 4) -> None:
+        self.reporter = reporter
+        self.journal = journal
+        self.streams = streams
+        self.routes: list[dict[str, Any]] = []
+
+    def _meter(self, label: str, total: int) -> Meter:
+        return Meter(total, self.reporter.live, label)
+
+    def push_local(self, root: Path, dest: HostSession, path: str, dest_listing: dict[str, Any],
+                   name: str, source_label: str) -> dict[str, Any]:
+        """Workstation folder → box."""
+        listing = local_manifest(root)
+        expect = _sources_files(listing)
+        plan = diff(expect, _sources_files(dest_listing), dest_listing.get("partial") or {})
+        moved = copy(local_source(root), plan, partial(to_box, session=dest, root=path),
+                     self._meter(f"{name} → {dest.host.name}", plan.bytes), self.streams) \
+            if plan.files else {"bytes": 0, "files": 0, "seconds": 0.0, "streams": 0}
+        dest.call("mark_staged", stream=False, root=path, expect=expect, source=source_label)
+        return {**moved, "skipped": plan.skipped}
+
+    def relay(self, src: HostSession, src_path: str, src_listing: dict[str, Any],
+              dest: HostSession, path: str, dest_listing: dict[str, Any], name: str,
+              source_label: str) -> dict[str, Any]:
+        """Box → workstation → box, in parallel streams."""
+        expect = _sources_files(src_listing)
+        plan = diff(expect, _sources_files(dest_listing), dest_listing.get("partial") or {})
+        moved = copy(box_source(src, src_path), plan, partial(to_box, session=dest, root=path),
+                     self._meter(f"{name}: {src.host.name} → {dest.host.name}", plan.bytes),
+                     self.streams) if plan.files else {"bytes": 0, "files": 0, "seconds": 0.0}
+        dest.call("mark_staged", stream=False, root=path, expect=expect, source=source_label)
+        return {**moved, "skipped": plan.skipped}
+
+    def peer(self, src: HostSession, src_path: str, src_listing: dict[str, Any],
+             dest: HostSession, path: str, dest_listing: dict[str, Any], name: str,
+             source_label: str) -> dict[str, Any]:
+        """The destination box pulls straight from the source box over ssh."""
+        expect = _sources_files(src_listing)
+        plan = diff(expect, _sources_files(dest_listing), dest_listing.get("partial") or {})
+        if not plan.files:
+            dest.call("mark_staged", stream=False, root=path, expect=expect, source=source_label)
+            return {"bytes": 0, "files": 0, "seconds": 0.0, "skipped": plan.skipped}
+        tag = f"{int(time.time())}-{_secrets.token_hex(4)}"
+        keys = dest.call("peer_keygen", stream=False, tag=tag)
+        if not keys.get("has_ssh"):
+            raise RemoteError("the new box has no ssh client", kind="no_ssh")
+        src.call("authorize_key", stream=False, public_key=keys["public_key"], tag=tag)
+        try:
+            src_host = src.host
+            conn = getattr(src.transport, "connection", None)
+            host = conn.host if conn is not None else src_host.hostname
+            port = conn.port if conn is not None else (src_host.port or 22)
+            user = conn.user if conn is not None else src_host.user
+            known = _known_line(src_host, host, port)
+            meter = self._meter(f"{name}: {src.host.name} ⇒ {dest.host.name} (direct)",
+                                plan.bytes)
+            result = dest.call(
+                "peer_pull", handler=meter, tag=tag, root=path, expect=expect,
+                mark_staged=True, source=source_label,
+                peer={"host": host, "port": port, "user": user, "known_hosts": known,
+                      "python": src_host.python},
+                send={"op": "send_files", "workdir": src_host.workdir,
+                      "env": dict(src_host.env), "root": src_path, "files": plan.files})
+        finally:
+            try:
+                src.call("revoke_key", stream=False, tag=tag)
+            except OutrigError as exc:
+                self.reporter.warn(f"could not remove the transfer key from {src.host.name} "
+                                   f"(tag outrig-transfer:{tag}): {exc}; it expires in 6 h")
+        return {**result, "skipped": plan.skipped}
+
+    def pull_local(self, src: HostSession, src_path: str, src_listing: dict[str, Any],
+                   root: Path, name: str) -> dict[str, Any]:
+        """Box → workstation folder (the checkpoint mirror)."""
+        expect = _sources_files(src_listing)
+        here = local_manifest(root)
+        plan = diff(expect, _sources_files(here), here.get("partial") or {})
+        moved = copy(box_source(src, src_path), plan, partial(to_local, root=root),
+                     self._meter(f"{name} ← {src.host.name}", plan.bytes), self.streams) \
+            if plan.files else {"bytes": 0, "files": 0, "seconds": 0.0}
+        agent_module().mark_staged(str(root), expect, f"{src.host.name}:{src_path}")
+        return {**moved, "skipped": plan.skipped}
+
+
+def _known_line(host: Host, address: str, port: int) -> str:
+    """The source box's host key as the workstation recorded it, for the new box's ssh."""
+    import paramiko
+
+    name = address if port == 22 else f"[{address}]:{port}"
+    keys = paramiko.HostKeys()
+    path = known_hosts_path(host)
+    if path.is_file():
+        keys.load(str(path))
+    system = Path("~/.ssh/known_hosts").expanduser()
+    if system.is_file() and system != path:
+        keys.load(str(system))
+    entry = keys.lookup(name)
+    if not entry:
+        raise RemoteError(f"no recorded host key for {name}; connect once with outrig first",
+                          kind="peer")
+    key_type = next(iter(entry.keys()))
+    return f"{name} {key_type} {entry[key_type].get_base64()}"
+
+
+# --------------------------------------------------------------------------------- the ops
+
+
+def _trainer_log(journal: Journal, host: str, playbook: str) -> str | None:
+    for run in journal.runs(host=host, playbook=playbook):
+        for proc in run.get("processes") or []:
+            if proc.get("name") == "trainer" and proc.get("log"):
+                return str(proc["log"])
+    return None
+
+
+def _load(project: Project, host: Host, playbook: str) -> tuple[Job, list[StageItem]]:
+    job = load_job(find_playbook(playbook, project.playbooks_dir))
+    return job, stage_items(job, host)
+
+
+def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
+          from_host: str | None = None, resume: bool = False, journal: Journal | None = None,
+          streams: int = 4) -> dict[str, Any]:
+    """Put every item of the playbook on ``host_spec``; with ``resume`` also the newest complete
+    checkpoint (from ``from_host`` when given, else the local mirror)."""
+    journal = journal or Journal()
+    stager = Stager(reporter, journal, streams)
+    report: dict[str, Any] = {"host": host_spec, "playbook": playbook, "items": []}
+    with host_session(project, host_spec, reporter, journal) as dest:
+        job, items = _load(project, dest.host, playbook)
+        if not items:
+            raise ConfigError(f"playbook {job.name} names nothing to stage: add a stage: section "
+                              "(or use a recipe that has model and data paths)")
+        wanted = [i for i in items if i.kind != "checkpoints"]
+        listings = box_manifest(dest, [(i.name, i.path) for i in wanted])
+        src: HostSession | None = None
+        try:
+            if from_host:
+                src = HostSession(project, from_host, reporter, journal)
+            for item in wanted:
+                outcome = _stage_item(stager, item, dest, listings[item.name], src, from_host)
+                report["items"].append(outcome)
+                reporter.info(f"• {item.name}: {outcome['route']} — {_summary(outcome)}")
+            if resume:
+                ckpt = next((i for i in items if i.kind == "checkpoints"), None)
+                if ckpt is None:
+                    raise ConfigError(f"--resume: playbook {job.name} has no checkpoints item")
+                report["checkpoint"] = _stage_checkpoint(stager, job, ckpt, dest, src,
+                                                         journal, reporter)
+        finally:
+            if src is not None:
+                src.close()
+    journal.update_host(dest.host.name, staged={i["name"]: i for i in report["items"]})
+    if reporter.json_mode:
+        reporter.emit_json(report)
+    return report
+
+
+def _summary(outcome: dict[str, Any]) -> str:
+    if outcome["route"] == "present":
+        return f"already there and verified ({outcome.get('source') or 'unknown source'})"
+    moved = float(outcome.get("bytes") or 0)
+    secs = float(outcome.get("seconds") or 0)
+    rate = f" at {moved / secs / 1e6:.1f} MB/s" if secs > 0 and moved else ""
+    return (f"{moved / 1e6:,.1f} MB in {secs:.1f}s{rate}, "
+            f"{outcome.get('skipped', 0)} file(s) already there")
+
+
+def _stage_item(stager: Stager, item: StageItem, dest: HostSession, listing: dict[str, Any],
+                src: HostSession | None, from_host: str | None) -> dict[str, Any]:
+    base = {"name": item.name, "path": item.path}
+    if listing.get("staged"):
+        return {**base, "route": "present", "source": listing.get("source"), "bytes": 0}
+    hub = parse_hub_source(item.source, where=f"stage item {item.name}") if item.source else None
+    tried: list[str] = []
+    if hub is not None:
+        from outrig.ops.hub import hub_download, hub_probe
+
+        probe = hub_probe(dest)
+        if probe.get("hub_reachable") and probe.get("client"):
+            started = time.monotonic()
+            result = hub_download(dest, hub, item.path, handler=lambda e: stager.reporter.live(
+                f"{item.name} ← hub: {str(e.get('line') or '')[-100:]}"))
+            dest.call("manifest", stream=False,
+                      items=[{"name": item.name, "path": item.path, "verify": True}])
+            listing = box_manifest(dest, [(item.name, item.path)], verify=True)[item.name]
+            dest.call("mark_staged", stream=False, root=item.path,
+                      expect=_sources_files(listing), source=str(hub))
+            return {**base, "route": "hub", "bytes": result.get("bytes"),
+                    "seconds": round(time.monotonic() - started, 3), "source": str(hub)}
+        tried.append(f"hub: {probe.get('reach_error') or 'no hub client on the box'}")
+    if src is not None:
+        src_listing = box_manifest(src, [(item.name, item.path)], verify=False)[item.name]
+        if src_listing.get("exists") and src_listing.get("files"):
+            if not src_listing.get("staged"):
+                src_listing = box_manifest(src, [(item.name, item.path)], verify=True)[item.name]
+            label = f"{src.host.name}:{item.path}"
+            try:
+                moved = stager.peer(src, item.path, src_listing, dest, item.path, listing,
+                                    item.name, label)
+                return {**base, "route": "peer", **moved}
+            except RemoteError as exc:
+                tried.append(f"direct copy from {from_host}: {exc}")
+                stager.reporter.warn(f"{item.name}: the boxes cannot copy directly ({exc}); "
+                                     "relaying through this workstation")
+            moved = stager.relay(src, item.path, src_listing, dest, item.path, listing,
+                                 item.name, label)
+            return {**base, "route": "relay", **moved}
+        tried.append(f"{from_host} does not hold {item.path}")
+    if item.source and hub is None:
+        root = Path(item.source).expanduser()
+        if root.is_dir():
+            moved = stager.push_local(root, dest, item.path, listing, item.name, str(root))
+            return {**base, "route": "workstation", **moved}
+        tried.append(f"{root} is not a folder on this workstation")
+    raise OutrigError(
+        f"cannot stage {item.name} ({item.path}) on {dest.host.name}: "
+        + ("; ".join(tried) if tried else "it has no source")
+        + ". Give it a source (hf:ORG/NAME or a folder here) under stage: in the playbook, "
+        "or copy it from a box that has it with --from HOST."
+    )
+
+
+def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSession,
+                      src: HostSession | None, journal: Journal,
+                      reporter: Reporter) -> dict[str, Any]:
+    """The newest complete checkpoint into ``<save>/<epoch>/`` on the box."""
+    if src is not None:
+        listing = src.call("checkpoints", stream=False, save_path=item.path,
+                           log=_trainer_log(journal, src.host.name, job.name))
+        best = newest_complete(listing)
+        if best is not None:
+            target = f"{item.path.rstrip('/')}/{best.epoch}"
+            src_listing = box_manifest(src, [("ckpt", best.path)], verify=True)["ckpt"]
+            dest_listing = box_manifest(dest, [("ckpt", target)])["ckpt"]
+            if dest_listing.get("staged"):
+                return {"epoch": best.epoch, "route": "present", "bytes": 0}
+            label = f"{src.host.name}:{best.path}"
+            try:
+                moved = stager.peer(src, best.path, src_listing, dest, target, dest_listing,
+                                    f"checkpoint {best.epoch}", label)
+                route = "peer"
+            except RemoteError as exc:
+                reporter.warn(f"checkpoint: direct copy failed ({exc}); relaying")
+                moved = stager.relay(src, best.path, src_listing, dest, target, dest_listing,
+                                     f"checkpoint {best.epoch}", label)
+                route = "relay"
+            reporter.info(f"• checkpoint {best.epoch} from {src.host.name}: {route} — "
+                          f"{_summary({'route': route, **moved})}")
+            return {"epoch": best.epoch, "route": route, "from": src.host.name, **moved}
+        reporter.warn(f"{src.host.name} has no complete checkpoint; looking in the mirror")
+    mirror = mirror_root(job.name)
+    epochs = sorted((int(p.name) for p in mirror.glob("*") if p.name.isdigit()
+                     and agent_module().staged_record(str(p)) is not None), reverse=True)
+    if not epochs:
+        raise OutrigError(
+            f"no complete checkpoint of {job.name} to resume from: "
+            + (f"{src.host.name} has none, and " if src is not None else "")
+            + f"the mirror {mirror} is empty. Run `inv sync-checkpoints` while a box is alive, "
+            "or deploy without resuming."
+        )
+    epoch = epochs[0]
+    target = f"{item.path.rstrip('/')}/{epoch}"
+    dest_listing = box_manifest(dest, [("ckpt", target)])["ckpt"]
+    if dest_listing.get("staged"):
+        return {"epoch": epoch, "route": "present", "bytes": 0}
+    moved = stager.push_local(mirror / str(epoch), dest, target, dest_listing,
+                              f"checkpoint {epoch}", f"mirror:{mirror / str(epoch)}")
+    reporter.info(f"• checkpoint {epoch} from the mirror: "
+                  f"{_summary({'route': 'workstation', **moved})}")
+    return {"epoch": epoch, "route": "mirror", **moved}
+
+
+def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
+                     playbook: str | None = None, journal: Journal | None = None,
+                     streams: int = 4) -> dict[str, Any]:
+    """Pull every complete checkpoint the workstation's mirror lacks (incremental)."""
+    journal = journal or Journal()
+    stager = Stager(reporter, journal, streams)
+    with host_session(project, host_spec, reporter, journal) as session:
+        name = playbook or _latest_playbook(journal, session.host.name)
+        job, items = _load(project, session.host, name)
+        ckpt = next((i for i in items if i.kind == "checkpoints"), None)
+        if ckpt is None:
+            raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
+                              "kind: checkpoints, or the dflash recipe's save_path)")
+        listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
+                               log=_trainer_log(journal, session.host.name, job.name))
+        from outrig.checkpoints import assess
+
+        pulled: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
+        for checkpoint in assess(listing):
+            if not checkpoint.complete:
+                skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
+                continue
+            root = mirror_root(job.name) / str(checkpoint.epoch)
+            if agent_module().staged_record(str(root)) is not None:
+                continue
+            src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
+            moved = stager.pull_local(session, checkpoint.path, src_listing, root,
+                                      f"checkpoint {checkpoint.epoch}")
+            pulled.append({"epoch": checkpoint.epoch, **moved})
+            summary = _summary({"route": "pull", **moved})
+            reporter.info(f"• checkpoint {checkpoint.epoch}: {summary}")
+    report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror_root(job.name)),
+              "pulled": pulled, "not_complete": skipped,
+              "others": listing.get("others") or []}
+    for item in skipped:
+        reporter.info(f"• checkpoint {item['epoch']} skipped: {item['why']}")
+    if reporter.json_mode:
+        reporter.emit_json(report)
+    else:
+        reporter.success(f"mirror {report['mirror']}: {len(pulled)} new checkpoint(s)")
+    return report
+
+
+def _latest_playbook(journal: Journal, host: str) -> str:
+    runs = journal.runs(host=host)
+    if not runs:
+        raise ConfigError(f"no run of outrig on {host} is in the journal; pass --playbook")
+    return str(runs[0]["playbook"])
