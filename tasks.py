@@ -270,6 +270,31 @@ def sync_checkpoints(c: Any, host: str, playbook: str | None = None, json: bool 
     run_sync(PROJECT, host, _reporter(json), playbook=playbook)
 
 
+@task(
+    auto_shortflags=False,
+    help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port",
+          "to": "the new box", "playbook": "playbook to run on the new box (default: the old "
+          "box's last playbook, or the member of its family that fits the new box best)",
+          "json": JSON_HELP},
+)
+@friendly
+def migrate(c: Any, from_: str, to: str, playbook: str | None = None,
+            json: bool = False) -> None:
+    """Move a job to a fresh box and resume it from the newest complete checkpoint.
+
+    Probes the old box several times before calling it dead; provisions and stages the new
+    one; re-plans GPU placement for its hardware (old and new shown side by side); stops the
+    old run if the box is alive and copies its checkpoint box to box, else uses this
+    workstation's mirror; deploys with resume. See docs/migrate.md.
+
+    Example:
+        inv migrate --from uk-node --to new-node
+    """
+    from outrig.ops.migrate import migrate as run_migrate
+
+    run_migrate(PROJECT, from_, to, _reporter(json), playbook=playbook)
+
+
 @task(auto_shortflags=False, help={"host": HOST_HELP, "json": JSON_HELP})
 @friendly
 def check(c: Any, host: str, json: bool = False) -> None:

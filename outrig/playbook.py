@@ -132,8 +132,9 @@ class StageItemSpec(_Strict):
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: str) -> str:
-        if not (value.startswith("/") or value.startswith("~")):
-            raise ValueError(f"path {value!r} must be absolute (or start with ~)")
+        if not value.startswith(("/", "~", "${")):
+            raise ValueError(f"path {value!r} must be absolute (or start with ~ or "
+                             "${workdir})")
         return value
 
 
@@ -141,6 +142,10 @@ class PlaybookSpec(_Strict):
     """The whole file."""
 
     name: str | None = None
+    family: str | None = Field(
+        None, description="playbooks of one job for different hardware share a family: "
+        "checkpoints are mirrored per family, and `inv migrate` picks the family member that "
+        "fits the new box (default: the playbook's name)")
     description: str | None = None
     params: dict[str, ParamValue] = Field(default_factory=dict)
     secrets: list[str] = Field(

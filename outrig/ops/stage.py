@@ -51,6 +51,10 @@ from outrig.transfer import (
 from outrig.transport import known_hosts_path
 
 
+class NoCheckpoint(OutrigError):
+    """There is no complete checkpoint to resume from (anywhere we looked)."""
+
+
 @dataclass(frozen=True)
 class StageItem:
     name: str
@@ -82,13 +86,21 @@ def stage_items(job: Job, host: Host) -> list[StageItem]:
         except UndefinedName as exc:
             raise ConfigError(f"{job.doc.path}: stage item {item.name}: ${{{exc}}} is not defined "
                               "(run-specific names such as run_dir cannot be staged)") from None
+        if not path.startswith(("/", "~")):
+            raise ConfigError(f"{job.doc.path}: stage item {item.name}: {path!r} is not an "
+                              "absolute path once its ${names} are filled in")
         out.append(StageItem(item.name, path, item.source, item.kind))
     return out
 
 
-def mirror_root(playbook: str) -> Path:
-    """Where ``sync-checkpoints`` keeps a playbook's checkpoints on this workstation."""
-    return state_dir() / "checkpoints" / playbook
+def family(job: Job) -> str:
+    """The job a playbook belongs to (variants for other hardware share it)."""
+    return job.spec.family or job.name
+
+
+def mirror_root(name: str) -> Path:
+    """Where ``sync-checkpoints`` keeps a playbook family's checkpoints on this workstation."""
+    return state_dir() / "checkpoints" / name
 
 
 # ----------------------------------------------------------------------------------- pieces
@@ -246,9 +258,15 @@ def _load(project: Project, host: Host, playbook: str) -> tuple[Job, list[StageI
 
 def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
           from_host: str | None = None, resume: bool = False, journal: Journal | None = None,
-          streams: int = 4) -> dict[str, Any]:
+          streams: int = 4, source_playbook: str | None = None,
+          parts: tuple[str, ...] = ("data", "checkpoint")) -> dict[str, Any]:
     """Put every item of the playbook on ``host_spec``; with ``resume`` also the newest complete
-    checkpoint (from ``from_host`` when given, else the local mirror)."""
+    checkpoint (from ``from_host`` when given, else the local mirror).
+
+    ``source_playbook`` is the playbook the old box ran (a family member for other hardware),
+    whose paths are the ones to read there. ``parts`` lets ``migrate`` stage data first and the
+    checkpoint after it has stopped the old run.
+    """
     journal = journal or Journal()
     stager = Stager(reporter, journal, streams)
     report: dict[str, Any] = {"host": host_spec, "playbook": playbook, "items": []}
@@ -257,22 +275,32 @@ def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
         if not items:
             raise ConfigError(f"playbook {job.name} names nothing to stage: add a stage: section "
                               "(or use a recipe that has model and data paths)")
-        wanted = [i for i in items if i.kind != "checkpoints"]
-        listings = box_manifest(dest, [(i.name, i.path) for i in wanted])
+        wanted = [i for i in items if i.kind != "checkpoints"] if "data" in parts else []
+        listings = box_manifest(dest, [(i.name, i.path) for i in wanted]) if wanted else {}
         src: HostSession | None = None
         try:
+            src_items: dict[str, StageItem] = {}
+            src_job = job
             if from_host:
                 src = HostSession(project, from_host, reporter, journal)
+                if source_playbook:
+                    src_job = load_job(find_playbook(source_playbook, project.playbooks_dir))
+                src_items = {i.name: i for i in stage_items(src_job, src.host)}
             for item in wanted:
-                outcome = _stage_item(stager, item, dest, listings[item.name], src, from_host)
+                src_path = src_items[item.name].path if item.name in src_items else item.path
+                outcome = _stage_item(stager, item, dest, listings[item.name], src, from_host,
+                                      src_path)
                 report["items"].append(outcome)
                 reporter.info(f"• {item.name}: {outcome['route']} — {_summary(outcome)}")
-            if resume:
+            if resume and "checkpoint" in parts:
                 ckpt = next((i for i in items if i.kind == "checkpoints"), None)
                 if ckpt is None:
                     raise ConfigError(f"--resume: playbook {job.name} has no checkpoints item")
+                src_ckpt = next((i.path for i in src_items.values()
+                                 if i.kind == "checkpoints"), ckpt.path)
                 report["checkpoint"] = _stage_checkpoint(stager, job, ckpt, dest, src,
-                                                         journal, reporter)
+                                                         journal, reporter, src_ckpt,
+                                                         src_job.name)
         finally:
             if src is not None:
                 src.close()
@@ -293,7 +321,8 @@ def _summary(outcome: dict[str, Any]) -> str:
 
 
 def _stage_item(stager: Stager, item: StageItem, dest: HostSession, listing: dict[str, Any],
-                src: HostSession | None, from_host: str | None) -> dict[str, Any]:
+                src: HostSession | None, from_host: str | None,
+                src_path: str) -> dict[str, Any]:
     base = {"name": item.name, "path": item.path}
     if listing.get("staged"):
         return {**base, "route": "present", "source": listing.get("source"), "bytes": 0}
@@ -316,23 +345,23 @@ def _stage_item(stager: Stager, item: StageItem, dest: HostSession, listing: dic
                     "seconds": round(time.monotonic() - started, 3), "source": str(hub)}
         tried.append(f"hub: {probe.get('reach_error') or 'no hub client on the box'}")
     if src is not None:
-        src_listing = box_manifest(src, [(item.name, item.path)], verify=False)[item.name]
+        src_listing = box_manifest(src, [(item.name, src_path)], verify=False)[item.name]
         if src_listing.get("exists") and src_listing.get("files"):
             if not src_listing.get("staged"):
-                src_listing = box_manifest(src, [(item.name, item.path)], verify=True)[item.name]
-            label = f"{src.host.name}:{item.path}"
+                src_listing = box_manifest(src, [(item.name, src_path)], verify=True)[item.name]
+            label = f"{src.host.name}:{src_path}"
             try:
-                moved = stager.peer(src, item.path, src_listing, dest, item.path, listing,
+                moved = stager.peer(src, src_path, src_listing, dest, item.path, listing,
                                     item.name, label)
                 return {**base, "route": "peer", **moved}
             except RemoteError as exc:
                 tried.append(f"direct copy from {from_host}: {exc}")
                 stager.reporter.warn(f"{item.name}: the boxes cannot copy directly ({exc}); "
                                      "relaying through this workstation")
-            moved = stager.relay(src, item.path, src_listing, dest, item.path, listing,
+            moved = stager.relay(src, src_path, src_listing, dest, item.path, listing,
                                  item.name, label)
             return {**base, "route": "relay", **moved}
-        tried.append(f"{from_host} does not hold {item.path}")
+        tried.append(f"{from_host} does not hold {src_path}")
     if item.source and hub is None:
         root = Path(item.source).expanduser()
         if root.is_dir():
@@ -348,12 +377,12 @@ def _stage_item(stager: Stager, item: StageItem, dest: HostSession, listing: dic
 
 
 def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSession,
-                      src: HostSession | None, journal: Journal,
-                      reporter: Reporter) -> dict[str, Any]:
+                      src: HostSession | None, journal: Journal, reporter: Reporter,
+                      src_save: str, src_playbook: str) -> dict[str, Any]:
     """The newest complete checkpoint into ``<save>/<epoch>/`` on the box."""
     if src is not None:
-        listing = src.call("checkpoints", stream=False, save_path=item.path,
-                           log=_trainer_log(journal, src.host.name, job.name))
+        listing = src.call("checkpoints", stream=False, save_path=src_save,
+                           log=_trainer_log(journal, src.host.name, src_playbook))
         best = newest_complete(listing)
         if best is not None:
             target = f"{item.path.rstrip('/')}/{best.epoch}"
@@ -375,11 +404,11 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
                           f"{_summary({'route': route, **moved})}")
             return {"epoch": best.epoch, "route": route, "from": src.host.name, **moved}
         reporter.warn(f"{src.host.name} has no complete checkpoint; looking in the mirror")
-    mirror = mirror_root(job.name)
+    mirror = mirror_root(family(job))
     epochs = sorted((int(p.name) for p in mirror.glob("*") if p.name.isdigit()
                      and agent_module().staged_record(str(p)) is not None), reverse=True)
     if not epochs:
-        raise OutrigError(
+        raise NoCheckpoint(
             f"no complete checkpoint of {job.name} to resume from: "
             + (f"{src.host.name} has none, and " if src is not None else "")
             + f"the mirror {mirror} is empty. Run `inv sync-checkpoints` while a box is alive, "
@@ -420,7 +449,7 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
             if not checkpoint.complete:
                 skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
                 continue
-            root = mirror_root(job.name) / str(checkpoint.epoch)
+            root = mirror_root(family(job)) / str(checkpoint.epoch)
             if agent_module().staged_record(str(root)) is not None:
                 continue
             src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
@@ -429,7 +458,7 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
             pulled.append({"epoch": checkpoint.epoch, **moved})
             summary = _summary({"route": "pull", **moved})
             reporter.info(f"• checkpoint {checkpoint.epoch}: {summary}")
-    report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror_root(job.name)),
+    report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror_root(family(job))),
               "pulled": pulled, "not_complete": skipped,
               "others": listing.get("others") or []}
     for item in skipped:

@@ -1,0 +1,222 @@
+"""``inv migrate --from OLD --to NEW``: move a job to a fresh box and resume it.
+
+The runbook, in order (docs/migrate.md):
+1. Probe OLD several times, and several ways (SSH, then a bare TCP connect), before calling it
+   dead. A slow link is not a dead node; what was tried is always shown.
+2. Preflight NEW (reach, python, GPUs, disk) and provision it when the playbook names
+   environments.
+3. Re-plan for NEW's hardware: the playbook itself, or the member of its family that fits NEW
+   and uses the most GPUs. The old and new placement are shown side by side.
+4. Stage model and data on NEW (hub, box to box, or workstation; see ``inv stage``).
+5. If OLD is alive, stop its run (the trainer saves on SIGTERM; its last complete checkpoint is
+   final), then copy the newest complete checkpoint OLD → NEW. If OLD is dead, take the newest
+   one from the workstation's mirror (``inv sync-checkpoints``).
+6. Deploy on NEW; the trainer resumes from the highest complete epoch in its save path.
+7. Record the move in the journal. OLD's logs stay in the local mirror (``tail-logs``).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from outrig.console import Reporter
+from outrig.errors import ConfigError, ConnectError, OutrigError, PlanError
+from outrig.inventory import resolve_host
+from outrig.journal import Journal
+from outrig.ops.base import HostSession, Project, host_session
+from outrig.ops.cleanup import cleanup
+from outrig.ops.deploy import build_plan, deploy
+from outrig.ops.stage import NoCheckpoint, family, stage
+from outrig.plan import Plan
+from outrig.playbook import find_playbook, load_job
+from outrig.transport import SSHTransport, connect_timeout_for
+
+
+def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal, *,
+          attempts: int = 3, pause: float = 2.0) -> tuple[HostSession | None, list[str]]:
+    """Try to reach a box ``attempts`` times (with pauses) before concluding anything.
+
+    Returns an open session when any attempt worked, and the list of what was tried.
+    """
+    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    tried: list[str] = []
+    for attempt in range(1, attempts + 1):
+        session = HostSession(project, host_spec, reporter, journal)
+        if isinstance(session.transport, SSHTransport):
+            session.transport.attempts = 1  # this loop does the retrying, with pauses
+        started = time.monotonic()
+        try:
+            session.call("check", stream=False)
+            tried.append(f"ssh attempt {attempt}: ok in {time.monotonic() - started:.1f}s")
+            return session, tried
+        except (ConnectError, OutrigError) as exc:
+            session.close()
+            first = str(exc).split(". ")[0]
+            tried.append(f"ssh attempt {attempt}: {first} ({time.monotonic() - started:.1f}s)")
+        if attempt < attempts:
+            time.sleep(pause * attempt)
+    if not host.is_local:
+        timeout = connect_timeout_for(host, None)[0]
+        address = (host.hostname, host.port or 22)
+        try:
+            with socket.create_connection(address, timeout=min(timeout, 10)):
+                tried.append(f"tcp {address[0]}:{address[1]}: port open, but SSH did not "
+                             "answer (sshd hung or the box is overloaded)")
+        except OSError as exc:
+            tried.append(f"tcp {address[0]}:{address[1]}: {exc.strerror or exc}")
+    return None, tried
+
+
+def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: bool,
+                    journal: Journal) -> tuple[Plan, list[str]]:
+    """The plan for NEW: ``playbook`` if it was named explicitly, else the member of its
+    family that fits NEW and uses the most GPUs (ties: the playbook itself)."""
+    if explicit:
+        return build_plan(project, to_spec, playbook, journal=journal), [playbook]
+    base = load_job(find_playbook(playbook, project.playbooks_dir))
+    fam = family(base)
+    members = [playbook]
+    for path in sorted(project.playbooks_dir.glob("*.y*ml")):
+        try:
+            job = load_job(path)
+        except OutrigError:
+            continue
+        if family(job) == fam and job.name != base.name:
+            members.append(str(path))
+    fitting: list[tuple[int, int, Plan]] = []
+    problems: list[str] = []
+    for order, member in enumerate(members):
+        try:
+            plan = build_plan(project, to_spec, member, journal=journal)
+        except PlanError as exc:
+            problems.append(f"{member}: {'; '.join(exc.problems)}")
+            continue
+        used = sum(len(p.gpus) for p in plan.processes.values())
+        fitting.append((used, -order, plan))
+    if not fitting:
+        raise PlanError(problems, context=f"family {fam} on {to_spec}")
+    fitting.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    return fitting[0][2], members
+
+
+def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
+                    new_host: str) -> Table:
+    table = Table(title="placement: old → new", title_justify="left")
+    table.add_column("process")
+    table.add_column(escape(f"{old_host} ({(old or {}).get('playbook', '?')})"))
+    table.add_column(escape(f"{new_host} ({new.playbook})"))
+    old_procs = {p["name"]: p for p in ((old or {}).get("processes") or [])}
+
+    def cell(gpus: list[int], parallel: Any) -> str:
+        text = ",".join(str(g) for g in gpus) or "-"
+        if parallel:
+            text += f" (TP{parallel[0]}×DP{parallel[1]})"
+        return text
+
+    for name in dict.fromkeys([*old_procs, *new.order]):
+        before = old_procs.get(name)
+        after = new.processes.get(name)
+        table.add_row(name,
+                      cell(before["gpus"], before.get("parallel")) if before else "—",
+                      cell(after.gpus, after.parallel) if after else "—")
+    return table
+
+
+def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, *,
+            playbook: str | None = None, journal: Journal | None = None,
+            probe_attempts: int = 3, probe_pause: float = 2.0) -> dict[str, Any]:
+    journal = journal or Journal()
+    old_host = resolve_host(from_spec, hosts_dir=project.hosts_dir)
+    new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
+    if old_host.name == new_host.name:
+        raise ConfigError("--from and --to name the same host")
+    runs = journal.runs(host=old_host.name)
+    last = runs[0] if runs else None
+    old_playbook = str(last["playbook"]) if last else None
+    source = playbook or old_playbook
+    if source is None:
+        raise ConfigError(f"the journal has no run on {old_host.name}; pass --playbook")
+    started = time.time()
+    report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": started}
+
+    reporter.info(f"• probing {from_spec} (up to {probe_attempts} tries)")
+    old_session, tried = probe(project, from_spec, reporter, journal,
+                               attempts=probe_attempts, pause=probe_pause)
+    report["old_alive"] = old_session is not None
+    report["probes"] = tried
+    for line in tried:
+        reporter.info(f"    {line}")
+    if old_session is None:
+        reporter.warn(f"{from_spec} is unreachable after {len(tried)} checks; using the "
+                      "checkpoint mirror on this workstation")
+    else:
+        old_session.close()
+
+    with host_session(project, to_spec, reporter, journal) as new_session:
+        check = new_session.call("check", stream=False)
+        gpus = (check.get("facts") or {}).get("gpus") or []
+        reporter.info(f"• {to_spec}: python {check.get('python')}, {len(gpus)} GPU(s)"
+                      + (f" × {gpus[0].get('memory_total_mib')} MiB" if gpus else ""))
+    job = load_job(find_playbook(source, project.playbooks_dir))
+    if job.spec.environments:
+        from outrig.ops.provision import provision
+
+        provision(project, to_spec, reporter, playbook=source, journal=journal)
+    plan, considered = choose_playbook(project, to_spec, source, explicit=playbook is not None,
+                                       journal=journal)
+    old_plan = last.get("plan") if last else None
+    if not reporter.json_mode:
+        reporter.stdout_console.print(placement_table(old_plan, plan, old_host.name,
+                                                      new_host.name))
+        if len(considered) > 1:
+            reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
+                          f"(considered: {', '.join(considered)})")
+    report["playbook"] = plan.playbook
+    new_playbook = next((m for m in considered if load_job(find_playbook(
+        m, project.playbooks_dir)).name == plan.playbook), plan.playbook)
+
+    from_host = from_spec if report["old_alive"] else None
+    report["stage"] = stage(project, to_spec, new_playbook, reporter, from_host=from_host,
+                            journal=journal, source_playbook=old_playbook,
+                            parts=("data",)) if _has_data(project, new_playbook, to_spec) \
+        else {"items": []}
+    if report["old_alive"] and old_playbook:
+        reporter.info(f"• stopping {old_playbook} on {from_spec}")
+        report["old_cleanup"] = cleanup(project, from_spec, reporter, playbook=old_playbook,
+                                        journal=journal)
+    try:
+        resumed = stage(project, to_spec, new_playbook, reporter, from_host=from_host,
+                        journal=journal, resume=True, source_playbook=old_playbook,
+                        parts=("checkpoint",))
+        report["checkpoint"] = resumed.get("checkpoint")
+    except NoCheckpoint as exc:
+        reporter.warn(f"{exc} The trainer on {to_spec} starts from scratch.")
+        report["checkpoint"] = None
+    deployed = deploy(project, to_spec, new_playbook, reporter, journal=journal)
+    report["run_id"] = deployed.plan.run_id
+    report["seconds"] = round(time.time() - started, 1)
+    journal.record_run(deployed.plan.run_id, {"migrated_from": {
+        "host": old_host.name, "run_id": last.get("run_id") if last else None,
+        "playbook": old_playbook, "alive": report["old_alive"], "probes": tried,
+        "checkpoint": report["checkpoint"]}})
+    if reporter.json_mode:
+        reporter.emit_json(report)
+    else:
+        epoch = (report["checkpoint"] or {}).get("epoch")
+        reporter.success(f"migrated {plan.playbook} from {from_spec} to {to_spec} in "
+                         f"{report['seconds']:.0f}s, resuming from checkpoint {epoch} "
+                         f"({(report['checkpoint'] or {}).get('route')})")
+    return report
+
+
+def _has_data(project: Project, playbook: str, host_spec: str) -> bool:
+    from outrig.ops.stage import stage_items
+
+    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    job = load_job(find_playbook(playbook, project.playbooks_dir))
+    return any(i.kind != "checkpoints" for i in stage_items(job, host))

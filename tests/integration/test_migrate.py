@@ -1,0 +1,214 @@
+"""``migrate`` on two sandbox boxes: A (its own sshd, 4 × 48 GB) and B (8 × 96 GB).
+
+A runs the job with the vLLM and trainer stand-ins; the trainer writes checkpoints. Then
+either A "dies" (its sshd stops and its processes are killed) and migrate must find it
+unreachable, use the workstation's mirror, re-plan for B and resume; or A is alive and migrate
+copies the checkpoint box to box and cleans A up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.console import Reporter
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
+from outrig.ops.deploy import deploy
+from outrig.ops.migrate import migrate
+from outrig.ops.stage import sync_checkpoints
+from outrig.sandbox.box import SandboxBox, start_sandbox
+from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
+
+pytestmark = pytest.mark.integration
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_playbooks(root: Path, port: int) -> Project:
+    """Two members of family "mig": 4 GPUs (TP2 + 2 ranks) and 8 GPUs (TP2×DP2 + 4 ranks)."""
+    (root / "playbooks").mkdir(parents=True)
+    for name, server, parallel, trainer in (("mig-4gpu", [0, 1], [2, 1], [2, 3]),
+                                            ("mig-8gpu", [0, 1, 2, 3], [2, 2], [4, 5, 6, 7])):
+        book = {
+            "name": name, "family": "mig",
+            "params": {"port": port},
+            "stage": {"ckpt": {"path": "${workdir}/ckpt", "kind": "checkpoints"}},
+            "processes": {
+                "server": {
+                    "command": [sys.executable, str(STANDINS / "fake_vllm.py"), "serve", "m",
+                                "--tensor-parallel-size", str(parallel[0]),
+                                "--data-parallel-size", str(parallel[1]),
+                                "--port", "${port}", "--fake-startup-delay", "0.2"],
+                    "gpus": server, "parallel": {"tensor": parallel[0], "data": parallel[1]},
+                    "ready": {"http": "http://127.0.0.1:${port}/health", "timeout": 60},
+                    "stop": {"grace": 5}},
+                "trainer": {
+                    "after": "server",
+                    "command": [sys.executable, str(STANDINS / "fake_trainer.py"),
+                                "--verifier-name-or-path", "m",
+                                "--vllm-endpoint", "http://127.0.0.1:${port}/v1",
+                                "--save-path", "${workdir}/ckpt", "--epochs", "1000",
+                                "--fake-steps-per-epoch", "2", "--fake-step-seconds", "0.1"],
+                    "gpus": trainer,
+                    "ready": {"log": "global_step=", "timeout": 60},
+                    "stop": {"grace": 10}}}}
+        (root / "playbooks" / f"{name}.yaml").write_text(yaml.safe_dump(book, sort_keys=False))
+    return Project(root)
+
+
+@pytest.fixture
+def box_a(tmp_path: Path) -> Iterator[SandboxBox]:
+    box = start_sandbox(tmp_path / "box-a", name="a", gpus=4, gpu_memory_mib=49152)
+    try:
+        yield box
+    finally:
+        box.stop()
+
+
+@pytest.fixture
+def host_b(sandbox: SandboxBox, tmp_path: Path) -> Path:
+    """B on the shared sshd, with its own workdir and an 8 × 96 GB inventory."""
+    if not sandbox.is_running():
+        sandbox.start()
+    gpu_dir = tmp_path / "gpu-b"
+    write_inventory(gpu_dir, make_inventory(8, 98304, "NVIDIA H100 NVL", seed="b"))
+    (tmp_path / "workdir-b").mkdir()
+    return sandbox.write_host_file(tmp_path / "hosts" / "b.yaml", workdir=tmp_path / "workdir-b",
+                                   gpu_dir=gpu_dir, known_hosts=tmp_path / "known_hosts_b")
+
+
+def host_a(box: SandboxBox, tmp_path: Path) -> Path:
+    return box.write_host_file(tmp_path / "hosts" / "a.yaml", workdir=box.workdir)
+
+
+def wait_checkpoints(save: Path, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [p for p in save.glob("*") if p.name.isdigit()
+                and (p / "training_state.json").is_file()]
+        if len(done) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the trainer wrote fewer than {count} checkpoints in {save}")
+
+
+def kill_run(workdir: Path, run_id: str) -> None:
+    """The node dies: every process of the run goes (by recorded group, then by marker)."""
+    run = json.loads((workdir / "runs" / run_id / "run.json").read_text())
+    for proc in run["processes"]:
+        try:
+            os.killpg(proc["pgid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    needle = f"OUTRIG_RUN={run_id}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
+
+
+def trainer_log(workdir: Path, run_id: str) -> str:
+    return (workdir / "runs" / run_id / "logs" / "trainer.log").read_text()
+
+
+def marked(run_id: str) -> list[int]:
+    needle = f"OUTRIG_RUN={run_id}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if stat[0] != "Z" and needle in \
+                        Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    project = write_playbooks(tmp_path / "proj", free_port())
+    journal = Journal()
+    quiet = Reporter(quiet=True)
+    a = host_a(box_a, tmp_path)
+    first = deploy(project, str(a), "mig-4gpu", quiet, journal=journal)
+    wait_checkpoints(box_a.workdir / "ckpt", 2)
+    synced = sync_checkpoints(project, str(a), quiet, journal=journal)
+    assert synced["pulled"], "the mirror holds A's complete checkpoints"
+    newest = max(p["epoch"] for p in synced["pulled"])
+
+    box_a.stop()  # the node dies: no sshd, no processes
+    kill_run(box_a.workdir, first.plan.run_id)
+    b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+    try:
+        report = migrate(project, str(a), str(host_b), quiet, journal=journal,
+                         probe_attempts=2, probe_pause=0.2)
+        assert report["old_alive"] is False
+        assert len(report["probes"]) == 3 and "tcp" in report["probes"][-1]
+        assert report["playbook"] == "mig-8gpu", "re-planned for B's 8 GPUs"
+        assert report["checkpoint"]["route"] == "mirror"
+        assert report["checkpoint"]["epoch"] == newest
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "Resuming training on epoch" not in \
+                trainer_log(b_workdir, report["run_id"]):
+            time.sleep(0.2)
+        assert f"Resuming training on epoch {newest + 1}" in \
+            trainer_log(b_workdir, report["run_id"])
+        record = journal.run(report["run_id"])
+        assert record is not None and record["migrated_from"]["alive"] is False
+        assert record["migrated_from"]["run_id"] == first.plan.run_id
+    finally:
+        cleanup(project, str(host_b), quiet, all_runs=True, journal=journal)
+
+
+def test_live_node_copies_the_checkpoint_directly_and_is_cleaned_up(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    project = write_playbooks(tmp_path / "proj", free_port())
+    journal = Journal()
+    quiet = Reporter(quiet=True)
+    a = host_a(box_a, tmp_path)
+    first = deploy(project, str(a), "mig-4gpu", quiet, journal=journal)
+    wait_checkpoints(box_a.workdir / "ckpt", 1)
+    b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+    try:
+        report = migrate(project, str(a), str(host_b), quiet, journal=journal,
+                         playbook="mig-4gpu")
+        assert report["old_alive"] is True
+        assert report["playbook"] == "mig-4gpu", "--playbook is taken as given"
+        assert report["checkpoint"]["route"] == "peer"
+        assert marked(first.plan.run_id) == [], "A's run was stopped"
+        epoch = report["checkpoint"]["epoch"]
+        assert (b_workdir / "ckpt" / str(epoch) / "training_state.json").is_file()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "Resuming training" not in \
+                trainer_log(b_workdir, report["run_id"]):
+            time.sleep(0.2)
+        assert f"Resuming training on epoch {epoch + 1}" in \
+            trainer_log(b_workdir, report["run_id"])
+    finally:
+        cleanup(project, str(host_b), quiet, all_runs=True, journal=journal)
+        kill_run(box_a.workdir, first.plan.run_id)
