@@ -9,6 +9,7 @@ or raised as :class:`RemoteError`.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import time
 import zlib
@@ -35,13 +36,26 @@ BOOTSTRAP = (
 # to stdin waits one extra round trip for the window; the command line does not. Linux caps one
 # argument (and sshd passes the whole command to the shell as one) at 128 KiB, hence the limit;
 # requests carrying secrets always use stdin so that no secret is ever visible in argv.
-BOOTSTRAP_ARGV = (
-    "import sys,zlib,base64;"
-    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '+sys.version);"
-    "d=lambda s:zlib.decompress(base64.b64decode(s));"
-    "exec(compile(d(sys.argv[1]),'outrig-agent','exec'),"
-    "{'__name__':'__main__','OUTRIG_REQUEST':d(sys.argv[2]),'OUTRIG_AGENT_B64':sys.argv[1]})"
-)
+BOOTSTRAP_ARGV = "\n".join([
+    "import sys,zlib,base64,os,marshal",
+    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '"
+    "+sys.version)",
+    "d=lambda s:zlib.decompress(base64.b64decode(s))",
+    # Compiling the agent costs ~50 ms a call; keep its code object per (source, Python).
+    "p=os.path.expanduser('~/.cache/outrig/agent-%s-%s.bin'%(sys.argv[3],"
+    "sys.implementation.cache_tag))",
+    "try:",
+    " c=marshal.loads(open(p,'rb').read())",
+    "except Exception:",
+    " c=compile(d(sys.argv[1]),'outrig-agent','exec')",
+    " try:",
+    "  os.makedirs(os.path.dirname(p),exist_ok=True);t='%s.%d'%(p,os.getpid())",
+    "  open(t,'wb').write(marshal.dumps(c));os.replace(t,p)",
+    " except Exception:",
+    "  pass",
+    "exec(c,{'__name__':'__main__','OUTRIG_REQUEST':d(sys.argv[2]),"
+    "'OUTRIG_AGENT_B64':sys.argv[1]})",
+])
 ARGV_LIMIT = 120_000
 PROTOCOL_VERSION = 1
 
@@ -67,6 +81,12 @@ def agent_b64() -> str:
     return base64.b64encode(packed[packed.index(b"\n") + 1:]).decode("ascii")
 
 
+@lru_cache(maxsize=1)
+def agent_digest() -> str:
+    """Names the box-side cache of the compiled agent (changes with every source change)."""
+    return hashlib.sha256(AGENT_PATH.read_bytes()).hexdigest()[:20]
+
+
 def agent_command(python: str) -> list[str]:
     return [python, "-c", BOOTSTRAP]
 
@@ -74,7 +94,7 @@ def agent_command(python: str) -> list[str]:
 def argv_command(python: str, request_json: bytes) -> list[str] | None:
     """The one-exec command carrying agent and request, or None when it would be too long."""
     request = base64.b64encode(zlib.compress(request_json, 9)).decode("ascii")
-    argv = [python, "-c", BOOTSTRAP_ARGV, agent_b64(), request]
+    argv = [python, "-c", BOOTSTRAP_ARGV, agent_b64(), request, agent_digest()]
     if sum(len(part) + 3 for part in argv) > ARGV_LIMIT:
         return None
     return argv

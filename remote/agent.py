@@ -31,7 +31,6 @@ import threading
 import time
 import traceback
 import urllib.parse
-import urllib.request
 import zlib
 from typing import IO, Any, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
@@ -1263,6 +1262,8 @@ def stop_run_by_id(
 
 def probe_http(url: str) -> bool:
     """GET returns 2xx within 1 s (proxies ignored: the URL is on the box)."""
+    import urllib.request  # lazily: ~20 ms of imports that most calls never need
+
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=PROBE_TIMEOUT_S) as resp:
@@ -1283,6 +1284,8 @@ def probe_port(port: int) -> bool:
 def probe_served_model(url: str) -> Optional[str]:
     """``data[0].id`` of ``/v1/models`` on the origin of ``url`` (vLLM's served model id), or
     None when it does not answer (yet) with a model list."""
+    import urllib.request  # lazily: ~20 ms of imports that most calls never need
+
     parts = urllib.parse.urlsplit(url)
     models_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/v1/models", "", ""))
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -1582,6 +1585,99 @@ class Deployment:
             time.sleep(TICK_S)
 
 
+def expand_home_workdir(procs: List[ProcSpec], raw: str, workdir: str) -> None:
+    """A ``~/...`` workdir is rendered into commands as written (the workstation does not know
+    the box's home); there is no shell to expand it, so the agent does it here."""
+    if not raw.startswith("~"):
+        return
+    pattern = re.compile(re.escape(raw.rstrip("/")) + r"(?=/|$)")
+    for spec in procs:
+        spec.argv = [pattern.sub(lambda _m: workdir, arg) for arg in spec.argv]
+        spec.env = {key: pattern.sub(lambda _m: workdir, value)
+                    for key, value in spec.env.items()}
+        if spec.cwd:
+            spec.cwd = pattern.sub(lambda _m: workdir, spec.cwd)
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]")
+
+
+def ready_ports(spec: ProcSpec) -> List[int]:
+    """Local ports a process will listen on, as its readiness check names them."""
+    ports: List[int] = []
+    ready = spec.ready
+    if ready is None:
+        return ports
+    if ready.port is not None:
+        ports.append(ready.port)
+    if ready.http is not None:
+        parts = urllib.parse.urlsplit(ready.http)
+        if (parts.hostname or "") in LOCAL_HOSTS:
+            ports.append(parts.port or (443 if parts.scheme == "https" else 80))
+    return ports
+
+
+def listening_pids(port: int) -> List[int]:
+    """Pids with a socket listening on ``port`` (from /proc/net/tcp{,6} and /proc/*/fd)."""
+    inodes: Set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    pids: List[int] = []
+    for st in scan_procs():
+        fd_dir = f"/proc/{st.pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(os.path.join(fd_dir, fd)) in wanted:
+                    pids.append(st.pid)
+                    break
+    return sorted(pids)
+
+
+def check_ports_free(layout: Layout, procs: List[ProcSpec], previous: Optional[str],
+                     stopper: Stopper, host_label: str) -> None:
+    """``port_busy`` when a port a process will serve on is already taken by anything but the
+    run being replaced: its readiness check would otherwise talk to the stale server."""
+    owners: Optional[Owners] = None
+    for spec in procs:
+        for port in ready_ports(spec):
+            if not probe_port(port):
+                continue
+            pids = listening_pids(port)
+            if owners is None:
+                owners = Owners(layout, stopper)
+            others = [pid for pid in pids
+                      if previous is None or (owners.owner(pid) or {}).get("run_id") != previous]
+            if pids and not others:
+                continue  # the run this deploy replaces holds it; it is stopped first
+            who = "; ".join(
+                f"pid {pid} ({info.get('user') or '?'}, "
+                f"{str(info.get('cmdline') or info.get('comm') or '?')[:120]})"
+                for pid, info in ((pid, describe_pid(pid)) for pid in others)
+            ) or "a process this user cannot see"
+            fix = (f"inv cleanup --host {host_label} --force-foreign "
+                   + " ".join(str(pid) for pid in others)) if others else "stop it"
+            raise AgentError(
+                "port_busy",
+                f"port {port}, where {spec.name} is to answer, is already taken by {who}; its "
+                "readiness check would talk to that process instead. Nothing was stopped or "
+                f"started. Free the port ({fix}) or give {spec.name} another port.",
+                spec.name,
+            )
+
+
 def check_gpus(procs: List[ProcSpec], gpus: List[JSONDict]) -> None:
     """Every GPU index a process names must exist (only when the box reports GPUs)."""
     if not gpus:
@@ -1658,6 +1754,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
         raise bad_request("processes: must be a list")
     procs = [ProcSpec(p, i) for i, p in enumerate(procs_raw)]
     topo_order(procs)  # validate names and dependencies now, before touching anything
+    expand_home_workdir(procs, str(raw.get("workdir") or ""), req.workdir)
     wait = get_bool(raw, "wait", "", True)
     lock_timeout = get_num(raw, "lock_timeout", "", 10.0)
     progress = get_num(raw, "progress_interval", "", 1.0, positive=True)
@@ -1682,6 +1779,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
 
     with WorkdirLock(layout, "deploy", lock_timeout):
         previous = read_pointer(layout, playbook)
+        check_ports_free(layout, procs, previous, Stopper(out), host_label)
         needed = {g for p in procs for g in p.gpus}
         before: Optional[JSONDict] = None
         if needed and facts["gpus"]:
@@ -3746,6 +3844,7 @@ def newest_checkpoint(save: str) -> Optional[JSONDict]:
 def http_get(url: str, timeout: float = PROBE_TIMEOUT_S) -> Tuple[Optional[int], bytes, str]:
     """(status code or None, body (≤ 64 KiB), error text) of a GET; proxies ignored."""
     import urllib.error
+    import urllib.request  # lazily: ~20 ms of imports that most calls never need
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:

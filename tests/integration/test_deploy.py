@@ -454,3 +454,30 @@ def test_inv_deploy_json_and_exit_codes(box_host: Path, tmp_path: Path,
                             capture_output=True, text=True, env=env, timeout=60)
     assert failed.returncode == 2
     assert "${nope} is not defined" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_port_taken_by_a_stale_server_is_refused(box_host: Path, tmp_path: Path,
+                                                 reporter: Reporter, journal: Journal,
+                                                 teardown_runs: None) -> None:
+    """A leftover server on the port would answer the readiness check for the new one."""
+    playbook, port = http_server_playbook(tmp_path)
+    stale = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                              "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        with pytest.raises(RemoteError) as info:
+            deploy(PROJECT, str(box_host), str(playbook), reporter, journal=journal)
+        assert info.value.kind == "port_busy"
+        assert f"port {port}" in str(info.value) and f"pid {stale.pid}" in str(info.value)
+        assert "--force-foreign" in str(info.value)
+        assert not (box_workdir(box_host) / "runs").exists()
+    finally:
+        stale.kill()
+        stale.wait()

@@ -35,3 +35,20 @@ def test_deploy_and_cleanup_on_local_host_use_home_workdir(tmp_path: Path) -> No
     assert report["runs"][0]["processes"][0]["how"] == "term"
     assert not Path(f"/proc/{pid}").exists() or \
         Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_home_workdir_is_expanded_in_commands(tmp_path: Path) -> None:
+    """``${run_dir}`` of a ``~/outrig`` workdir must reach the process as a real path: there is
+    no shell on the way to expand ``~``."""
+    home = Path(os.environ["HOME"])
+    playbook = tmp_path / "tilde.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "tilde", "processes": {"a": {
+        "command": [sys.executable, "-c",
+                    "import pathlib, sys; p = pathlib.Path(sys.argv[1]); "
+                    "p.mkdir(parents=True); (p / 'ok').write_text('yes')", "${run_dir}/made"],
+        "ready": {"exit": True, "timeout": 20}}}}))
+    result = deploy(Project(REPO), "local", str(playbook), Reporter(quiet=True),
+                    journal=Journal(tmp_path / "state"))
+    made = home / "outrig" / "runs" / result.plan.run_id / "made" / "ok"
+    assert made.read_text() == "yes"
+    assert not (Path("/") / "~").exists()
