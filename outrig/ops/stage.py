@@ -61,6 +61,7 @@ class StageItem:
     path: str
     source: str | None
     kind: str
+    optional_because: str | None = None  # when set, a missing source is a note, not an error
 
 
 def stage_items(job: Job, host: Host) -> list[StageItem]:
@@ -75,7 +76,9 @@ def stage_items(job: Job, host: Host) -> list[StageItem]:
                     and not source.startswith(("/", ".", "~")):
                 source = f"hf:{source}"
             items["model"] = StageItem("model", recipe.model, source, "model")
-        items["data"] = StageItem("data", recipe.data_path, None, "data")
+        regenerated = ("the recipe's prepare step builds it on the box"
+                       if recipe.prepare.enabled else None)
+        items["data"] = StageItem("data", recipe.data_path, None, "data", regenerated)
         items["checkpoints"] = StageItem("checkpoints", recipe.save_path, None, "checkpoints")
     for name, spec in job.spec.stage.items():
         items[name] = StageItem(name, spec.path, spec.source, spec.kind)
@@ -89,7 +92,7 @@ def stage_items(job: Job, host: Host) -> list[StageItem]:
         if not path.startswith(("/", "~")):
             raise ConfigError(f"{job.doc.path}: stage item {item.name}: {path!r} is not an "
                               "absolute path once its ${names} are filled in")
-        out.append(StageItem(item.name, path, item.source, item.kind))
+        out.append(StageItem(item.name, path, item.source, item.kind, item.optional_because))
     return out
 
 
@@ -311,6 +314,8 @@ def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
 
 
 def _summary(outcome: dict[str, Any]) -> str:
+    if outcome["route"] == "skipped":
+        return f"no source to copy from; {outcome.get('why')}"
     if outcome["route"] == "present":
         return f"already there and verified ({outcome.get('source') or 'unknown source'})"
     moved = float(outcome.get("bytes") or 0)
@@ -368,6 +373,8 @@ def _stage_item(stager: Stager, item: StageItem, dest: HostSession, listing: dic
             moved = stager.push_local(root, dest, item.path, listing, item.name, str(root))
             return {**base, "route": "workstation", **moved}
         tried.append(f"{root} is not a folder on this workstation")
+    if item.optional_because:
+        return {**base, "route": "skipped", "why": item.optional_because, "bytes": 0}
     raise OutrigError(
         f"cannot stage {item.name} ({item.path}) on {dest.host.name}: "
         + ("; ".join(tried) if tried else "it has no source")
