@@ -83,19 +83,11 @@ class Reporter:
         last = str(event.get("last_line") or "")[-120:]
         text = f"{what}: {elapsed:.0f}s" + (
             f" / {float(limit):.0f}s" if limit else "") + (f" — {last}" if last else "")
-        if self.console.is_terminal:
-            if self._status is None:
-                self._status = self.console.status(escape(text))
-                self._status.start()
-            else:
-                self._status.update(escape(text))
-        elif time.monotonic() - self._last_wait_print >= 10:
-            self._last_wait_print = time.monotonic()
-            self.console.print(escape(text))
+        self.live(text)
 
     def live(self, text: str) -> None:
-        """A transient status line (pip's last line, a download's progress): redrawn in place
-        on a terminal, printed at most every 10 s otherwise, nothing in --json mode."""
+        """A transient status line (a wait, pip's last line, a transfer's rate): redrawn in
+        place on a terminal, printed at most every 10 s otherwise, nothing in --json mode."""
         if self.json_mode or self.quiet:
             return
         if self.console.is_terminal:

@@ -910,20 +910,22 @@ def own_lineage() -> Set[int]:
 # --------------------------------------------------------------------------- lock
 
 
-class WorkdirLock:
-    """``<workdir>/.outrig/lock``: one deploy/cleanup at a time per workdir.
+class FileLock:
+    """An fcntl.flock on ``path``, polled until ``timeout``.
 
-    fcntl.flock, polled until the timeout; the holder writes its pid and op in the file so a
-    waiting agent can name it. The fd is not inheritable, so launched processes never hold it.
+    The holder writes its pid and op into the file, so a waiting agent can name it. The fd is
+    not inheritable, so launched processes never hold the lock.
     """
 
-    def __init__(self, layout: Layout, op: str, timeout: float) -> None:
-        self.path = layout.lock
+    def __init__(self, path: str, op: str, timeout: float, busy: str) -> None:
+        self.path = path
         self.op = op
         self.timeout = timeout
+        self.busy = busy  # what it means that someone else holds it, and what to do
         self.fd: Optional[int] = None
 
-    def __enter__(self) -> WorkdirLock:
+    def __enter__(self) -> FileLock:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -938,10 +940,8 @@ class WorkdirLock:
                 holder = self._holder(fd)
                 os.close(fd)
                 raise AgentError(
-                    "lock",
-                    f"{self.path} is held by {holder}; waited {self.timeout:g} s"
-                    " (another deploy or cleanup is running on this workdir)",
-                )
+                    "lock", f"{self.path} is held by {holder}; waited {self.timeout:g} s"
+                            f" ({self.busy})")
             time.sleep(0.1)
         info = {"pid": os.getpid(), "op": self.op, "since": round(time.time(), 3)}
         os.ftruncate(fd, 0)
@@ -971,6 +971,14 @@ class WorkdirLock:
                 os.ftruncate(self.fd, 0)  # still holding the lock: nobody else's content
             os.close(self.fd)  # releases the flock
             self.fd = None
+
+
+class WorkdirLock(FileLock):
+    """``<workdir>/.outrig/lock``: one deploy/cleanup at a time per workdir."""
+
+    def __init__(self, layout: Layout, op: str, timeout: float) -> None:
+        super().__init__(layout.lock, op, timeout,
+                         "another deploy or cleanup is running on this workdir")
 
 
 # --------------------------------------------------------------------------- stopping
@@ -2938,44 +2946,15 @@ def check_base_python(env: EnvSpec, spec: Optional[str]) -> JSONDict:
     return {"python": version, "executable": exe}
 
 
-class PathLock:
+class PathLock(FileLock):
     """An flock on ``<dir>/.<name>.outrig-lock`` beside an environment, so two provisions never
     pip-install into the same venv at once (pip would corrupt it)."""
 
     def __init__(self, path: str, timeout: float) -> None:
         parent, base = os.path.split(path)
-        self.path = os.path.join(parent, f".{base}.outrig-lock")
-        self.timeout = timeout
-        self.fd: Optional[int] = None
-
-    def __enter__(self) -> PathLock:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    os.close(fd)
-                    raise
-            if time.monotonic() >= deadline:
-                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "?"
-                os.close(fd)
-                raise AgentError("lock", f"{self.path} is held by pid {holder} (another provision "
-                                         f"is installing here); waited {self.timeout:g} s. Let "
-                                         "it finish, then run provision again")
-            time.sleep(0.2)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        super().__init__(os.path.join(parent, f".{base}.outrig-lock"), "provision", timeout,
+                         "another provision is installing here; let it finish, then run "
+                         "provision again")
 
 
 def unreachable_index(env: EnvSpec) -> Optional[str]:

@@ -40,6 +40,7 @@ from outrig.template import UndefinedName, substitute
 from outrig.transfer import (
     Manifest,
     Meter,
+    Source,
     agent_module,
     box_source,
     copy,
@@ -148,29 +149,29 @@ class Stager:
     def _meter(self, label: str, total: int) -> Meter:
         return Meter(total, self.reporter.live, label)
 
-    def push_local(self, root: Path, dest: HostSession, path: str, dest_listing: dict[str, Any],
-                   name: str, source_label: str) -> dict[str, Any]:
-        """Workstation folder → box."""
-        listing = local_manifest(root)
-        expect = _sources_files(listing)
+    def _into_box(self, source: Source, expect: Manifest, dest: HostSession, path: str,
+                  dest_listing: dict[str, Any], label: str, source_label: str) -> dict[str, Any]:
+        """Copy what the box lacks through the workstation, then mark the folder staged."""
         plan = diff(expect, _sources_files(dest_listing), dest_listing.get("partial") or {})
-        moved = copy(local_source(root), plan, partial(to_box, session=dest, root=path),
-                     self._meter(f"{name} → {dest.host.name}", plan.bytes), self.streams) \
+        moved = copy(source, plan, partial(to_box, session=dest, root=path),
+                     self._meter(label, plan.bytes), self.streams) \
             if plan.files else {"bytes": 0, "files": 0, "seconds": 0.0, "streams": 0}
         dest.call("mark_staged", stream=False, root=path, expect=expect, source=source_label)
         return {**moved, "skipped": plan.skipped}
+
+    def push_local(self, root: Path, dest: HostSession, path: str, dest_listing: dict[str, Any],
+                   name: str, source_label: str) -> dict[str, Any]:
+        """Workstation folder → box."""
+        return self._into_box(local_source(root), _sources_files(local_manifest(root)), dest,
+                              path, dest_listing, f"{name} → {dest.host.name}", source_label)
 
     def relay(self, src: HostSession, src_path: str, src_listing: dict[str, Any],
               dest: HostSession, path: str, dest_listing: dict[str, Any], name: str,
               source_label: str) -> dict[str, Any]:
         """Box → workstation → box, in parallel streams."""
-        expect = _sources_files(src_listing)
-        plan = diff(expect, _sources_files(dest_listing), dest_listing.get("partial") or {})
-        moved = copy(box_source(src, src_path), plan, partial(to_box, session=dest, root=path),
-                     self._meter(f"{name}: {src.host.name} → {dest.host.name}", plan.bytes),
-                     self.streams) if plan.files else {"bytes": 0, "files": 0, "seconds": 0.0}
-        dest.call("mark_staged", stream=False, root=path, expect=expect, source=source_label)
-        return {**moved, "skipped": plan.skipped}
+        return self._into_box(box_source(src, src_path), _sources_files(src_listing), dest,
+                              path, dest_listing, f"{name}: {src.host.name} → {dest.host.name}",
+                              source_label)
 
     def peer(self, src: HostSession, src_path: str, src_listing: dict[str, Any],
              dest: HostSession, path: str, dest_listing: dict[str, Any], name: str,
