@@ -88,13 +88,13 @@ def agent_digest() -> str:
 
 
 def agent_command(python: str) -> list[str]:
-    return [python, "-c", BOOTSTRAP]
+    return [python, "-S", "-c", BOOTSTRAP]  # -S: no site-packages; the agent is stdlib only
 
 
 def argv_command(python: str, request_json: bytes) -> list[str] | None:
     """The one-exec command carrying agent and request, or None when it would be too long."""
     request = base64.b64encode(zlib.compress(request_json, 9)).decode("ascii")
-    argv = [python, "-c", BOOTSTRAP_ARGV, agent_b64(), request, agent_digest()]
+    argv = [python, "-S", "-c", BOOTSTRAP_ARGV, agent_b64(), request, agent_digest()]
     if sum(len(part) + 3 for part in argv) > ARGV_LIMIT:
         return None
     return argv

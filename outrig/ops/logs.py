@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outrig.agent_client import PROTOCOL_VERSION, agent_command, agent_payload, raise_for_result
+from outrig.agent_client import (
+    PROTOCOL_VERSION,
+    agent_command,
+    agent_payload,
+    argv_command,
+    raise_for_result,
+)
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError, HostKeyError, RemoteError
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
@@ -408,9 +414,16 @@ class LogTailer:
         transport = self.session.transport
         request = self._request()
         heartbeat = float(request["heartbeat"])
-        channel = transport.start_with_input(
-            agent_command(self.session.host.python),
-            agent_payload() + json.dumps(request).encode() + b"\n", window_size=LOG_WINDOW)
+        # The request rides in the command line (no stdin round trip for the send window);
+        # stdin stays open and unused: the agent ends when the workstation closes it.
+        encoded = json.dumps(request).encode()
+        argv = argv_command(self.session.host.python, encoded)
+        if argv is not None:
+            channel = transport.start(argv, window_size=LOG_WINDOW)
+        else:
+            channel = transport.start_with_input(
+                agent_command(self.session.host.python),
+                agent_payload() + encoded + b"\n", window_size=LOG_WINDOW)
         limit = self.idle_limit or idle_limit_for(heartbeat, transport.rtt)
         try:
             return self._read(channel, limit)
