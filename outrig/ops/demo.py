@@ -23,7 +23,8 @@ from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import logs, status
+from outrig.ops.logs import logs
+from outrig.ops.runs import status
 
 
 def ensure_sshd(reporter: Reporter) -> str:

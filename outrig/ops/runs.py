@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from outrig.console import Reporter
@@ -163,39 +162,6 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
         out.print(table)
     elif result.get("gpu_error"):
         reporter.info(f"GPUs: {result['gpu_error']}")
-
-
-def logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
-         playbook: str | None = None, processes: list[str] | None = None, lines: int = 50,
-         journal: Journal | None = None) -> Any:
-    """Moved to :mod:`outrig.ops.logs` (kept so existing callers keep working)."""
-    from outrig.ops.logs import logs as tail_once
-
-    return tail_once(project, host_spec, reporter, run_id=run_id, playbook=playbook,
-                     processes=processes, lines=lines, journal=journal)
-
-
-def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
-            playbook: str | None = None, all_runs: bool = False,
-            journal: Journal | None = None) -> dict[str, Any]:
-    if not (run_id or playbook or all_runs):
-        raise ConfigError("say what to clean up: --run ID, --playbook NAME or --all")
-    journal = journal or Journal()
-    started = time.monotonic()
-    with host_session(project, host_spec, reporter, journal) as session:
-        result = session.call("cleanup", all=all_runs, lock_timeout=10,
-                              **_selector(run_id, playbook, all_runs))
-    for run in result.get("runs") or []:
-        if journal.run(str(run.get("run_id"))) is not None:
-            journal.record_run(str(run.get("run_id")), {"status": "stopped"})
-    seconds = time.monotonic() - started
-    if reporter.json_mode:
-        reporter.emit_json(result)
-    else:
-        count = sum(len(r.get("processes") or []) for r in result.get("runs") or [])
-        reporter.success(f"cleanup done in {seconds:.1f}s: {len(result.get('runs') or [])} "
-                         f"run(s), {count} process(es) handled")
-    return result
 
 
 def check(project: Project, host_spec: str, reporter: Reporter,
