@@ -268,6 +268,15 @@ def copy(source: Source, plan: Plan, dest: Callable[..., dict[str, Any]],
             "seconds": round(time.monotonic() - started, 3), "streams": len(groups)}
 
 
+def human_bytes(count: float) -> str:
+    """``1.5 GB``, ``340 kB``: transfer sizes for people."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1000
+    return f"{count:,.1f} TB"
+
+
 class Meter:
     """Adds up progress events from parallel streams into one rate and ETA line."""
 
@@ -292,5 +301,5 @@ class Meter:
             elapsed = max(1e-6, time.monotonic() - self.started)
             rate = moved / elapsed
             eta = (self.total - moved) / rate if rate > 0 and self.total > moved else 0
-            self.show(f"{self.label}: {moved / 1e6:,.1f}/{self.total / 1e6:,.1f} MB at "
-                      f"{rate / 1e6:,.1f} MB/s, ETA {eta:,.0f}s, {self.done_files} file(s) done")
+            self.show(f"{self.label}: {human_bytes(moved)} of {human_bytes(self.total)} at "
+                      f"{human_bytes(rate)}/s, ETA {eta:,.0f}s, {self.done_files} file(s) done")

@@ -174,8 +174,9 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
         reporter.stdout_console.print(placement_table(old_plan, plan, old_host.name,
                                                       new_host.name))
         if len(considered) > 1:
+            names = [load_job(find_playbook(m, project.playbooks_dir)).name for m in considered]
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
-                          f"(considered: {', '.join(considered)})")
+                          f"(considered: {', '.join(names)})")
     report["playbook"] = plan.playbook
     new_playbook = next((m for m in considered if load_job(find_playbook(
         m, project.playbooks_dir)).name == plan.playbook), plan.playbook)

@@ -45,6 +45,7 @@ from outrig.transfer import (
     box_source,
     copy,
     diff,
+    human_bytes,
     local_source,
     to_box,
     to_local,
@@ -321,8 +322,8 @@ def _summary(outcome: dict[str, Any]) -> str:
         return f"already there and verified ({outcome.get('source') or 'unknown source'})"
     moved = float(outcome.get("bytes") or 0)
     secs = float(outcome.get("seconds") or 0)
-    rate = f" at {moved / secs / 1e6:.1f} MB/s" if secs > 0 and moved else ""
-    return (f"{moved / 1e6:,.1f} MB in {secs:.1f}s{rate}, "
+    rate = f" at {human_bytes(moved / secs)}/s" if secs > 0 and moved else ""
+    return (f"{human_bytes(moved)} in {secs:.1f}s{rate}, "
             f"{outcome.get('skipped', 0)} file(s) already there")
 
 
