@@ -28,7 +28,8 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.nvidia_smi import gpu_rows, register_holder
-from tests.integration.test_deploy import alive, free_port, wait_gone, write_playbook
+from tests.helpers import alive, children, free_port, marked, wait_gone
+from tests.integration.test_deploy import write_playbook
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -53,32 +54,8 @@ def used(host_file: Path) -> dict[int, int]:
     return {int(r["index"]): int(r["memory.used"]) for r in gpu_rows(gpu_dir_of(host_file))}
 
 
-def marked(run_id: str) -> list[int]:
-    """Live pids carrying the run's marker (what must be gone after cleanup)."""
-    needle = f"OUTRIG_RUN={run_id}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") \
-                        and alive(int(entry)):
-                    out.append(int(entry))
-            except OSError:
-                continue
-    return out
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 def wait_for(predicate: Any, timeout: float = 20.0) -> bool:

@@ -24,16 +24,13 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.runs import status
+from tests.helpers import alive, free_port, wait_gone
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_playbook(tmp_path: Path, body: dict[str, Any], name: str = "job") -> Path:
@@ -52,22 +49,8 @@ def run_json(host_file: Path, run_id: str) -> dict[str, Any]:
     return data
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
-def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if alive(p)]
 
 
 def http_server_playbook(tmp_path: Path, *, extra: dict[str, Any] | None = None,

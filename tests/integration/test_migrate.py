@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -28,15 +27,12 @@ from outrig.ops.migrate import migrate
 from outrig.ops.stage import sync_checkpoints
 from outrig.sandbox.box import SandboxBox, start_sandbox
 from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
+from tests.helpers import free_port, marked
 
 pytestmark = pytest.mark.integration
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_playbooks(root: Path, port: int) -> Project:
@@ -129,19 +125,6 @@ def trainer_log(workdir: Path, run_id: str) -> str:
     return (workdir / "runs" / run_id / "logs" / "trainer.log").read_text()
 
 
-def marked(run_id: str) -> list[int]:
-    needle = f"OUTRIG_RUN={run_id}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if stat[0] != "Z" and needle in \
-                        Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    out.append(int(entry))
-            except OSError:
-                continue
-    return out
 
 
 def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(

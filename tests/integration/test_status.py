@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -21,16 +20,13 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.runs import print_status, status
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_status_running_exited_killed_not_ready_with_progress_and_gpus(

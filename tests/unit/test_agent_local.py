@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "remote" / "agent.py"
@@ -57,11 +58,6 @@ def wait_until(cond: Any, timeout: float = 5.0) -> bool:
     return bool(cond())
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Box:

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import pytest
 
 from outrig.sandbox import nvidia_smi
 from tests.conftest import ProcessTracker
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # Real outputs from shared/reference/h200-capture (H200, driver 580.159.04), embedded so the
@@ -79,10 +79,6 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, every: float = 0.
         time.sleep(every)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def smi(gpu_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

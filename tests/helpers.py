@@ -1,0 +1,67 @@
+"""Small process and port helpers shared by the integration tests (test code only).
+
+Everything here looks, it never kills: tests end only what they recorded themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie (this machine's PID 1 may never reap orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """Wait until none of ``pids`` is alive; return those still alive at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def marked(run_id: str) -> list[int]:
+    """Live pids carrying the run's marker: what must be gone after a cleanup."""
+    needle = f"OUTRIG_RUN={run_id}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if needle in environ and alive(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
