@@ -589,7 +589,8 @@ def ensure_workdir(layout: Layout) -> None:
     except OSError as exc:
         text = os.strerror(exc.errno) if exc.errno else str(exc)
         raise AgentError(
-            "workdir", f"cannot create or write {layout.workdir}: {text} ({exc.filename or path})"
+            "workdir", f"cannot create or write {layout.workdir}: {text} ({exc.filename or path})."
+            " Set workdir: in the host file to a folder this user can write (e.g. ~/outrig)"
         ) from None
 
 
@@ -1700,7 +1701,9 @@ def check_gpus(procs: List[ProcSpec], gpus: List[JSONDict]) -> None:
             if idx not in have:
                 raise AgentError(
                     "gpu",
-                    f"process {p.name} wants GPU {idx} but the box has {len(have)} ({span})",
+                    f"process {p.name} wants GPU {idx} but the box has {len(have)} ({span});"
+                    " nothing was stopped or started. Use GPUs that exist there (or a playbook"
+                    " of the same family made for this box)",
                     p.name,
                 )
 
