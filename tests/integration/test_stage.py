@@ -142,7 +142,12 @@ def test_cut_transfer_resumes_from_the_part_file(
     proxy.cut_all()
     worker.join(60)
     assert errors and isinstance(errors[0], OutrigError), errors
-    had = part.stat().st_size
+    # The box-side receiver may still write what reached sshd before the cut: wait until the
+    # part file stops growing, so ``had`` is what the resumed run will start from.
+    had = -1
+    while had != part.stat().st_size:
+        had = part.stat().st_size
+        time.sleep(1.0)
     assert 0 < had < 24_000_000
 
     resumed = stage(PROJECT, str(slow), str(book), Reporter(quiet=True), journal=journal)
