@@ -137,13 +137,13 @@ def test_no_wait_returns_after_launch(box_host: Path, tmp_path: Path, reporter: 
                                       journal: Journal, teardown_runs: None) -> None:
     port = free_port()
     playbook = write_playbook(tmp_path, {"processes": {"slow": {
-        "command": [sys.executable, "-c", "import time; time.sleep(3); print('up', flush=True);"
+        "command": [sys.executable, "-c", "import time; time.sleep(30); print('up', flush=True);"
                     " time.sleep(600)"],
-        "ready": {"log": "^up$", "timeout": 30}, "stop": {"grace": 1}}},
+        "ready": {"log": "^up$", "timeout": 60}, "stop": {"grace": 1}}},
         "params": {"port": port}})
     started = time.monotonic()
     result = deploy(PROJECT, str(box_host), str(playbook), reporter, wait=False, journal=journal)
-    assert time.monotonic() - started < 2.5, "must not wait for the 3 s readiness"
+    assert time.monotonic() - started < 20, "must not wait for the 30 s readiness"
     assert journal.run(result.plan.run_id)["status"] == "launched"  # type: ignore[index]
     assert alive(result.processes[0]["pid"])
 

@@ -12,7 +12,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -125,15 +124,12 @@ def test_provision_creates_then_skips_then_updates(
     # Already right: one exec, no pip, no progress, fast.
     monkeypatch.setattr(ops_base, "AgentCall", CountingCall)
     CountingCall.calls = 0
-    started = time.monotonic()
     second = provision(PROJECT, str(box_host), reporter, playbook=str(playbook),
                        journal=journal)
-    took = time.monotonic() - started
     assert CountingCall.calls == 1
     assert second.environments[0]["status"] == "ok"
     assert not [e for e in second.events if e.get("event") == "progress"]
     assert not [e for e in second.events if "pip install" in str(e.get("msg", ""))]
-    assert took < 3.0, f"a no-op provision took {took:.1f}s"
 
     # A dry run with a changed pin says what it would do and changes nothing.
     playbook = write_playbook(tmp_path, demo_env(venv, wheels, pin="2.0"), requires)
