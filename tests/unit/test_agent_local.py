@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 import zlib
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -23,6 +24,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 
 from tests.helpers import free_port
+
+# Run ids unique to this test session: the agent's marker sweep is box-wide, so two test
+# sessions on one machine must never share a run id (real run ids carry a timestamp and
+# random bits for the same reason).
+R1 = f"r1-{uuid.uuid4().hex[:8]}"
+R2 = f"r2-{uuid.uuid4().hex[:8]}"
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "remote" / "agent.py"
@@ -108,7 +115,7 @@ class Box:
         req: Dict[str, Any] = {
             "op": "deploy",
             "playbook": "smoke",
-            "run_id": "r1",
+            "run_id": R1,
             "processes": processes,
             "lock_timeout": 2,
             "progress_interval": 0.2,
@@ -116,12 +123,12 @@ class Box:
         req.update(extra)
         return self.agent(req)
 
-    def run_json(self, run_id: str = "r1") -> Dict[str, Any]:
+    def run_json(self, run_id: str = R1) -> Dict[str, Any]:
         """The run's manifest."""
         data: Dict[str, Any] = json.loads((self.workdir / "runs" / run_id / "run.json").read_text())
         return data
 
-    def log(self, name: str, run_id: str = "r1") -> str:
+    def log(self, name: str, run_id: str = R1) -> str:
         """A process log's text."""
         return (self.workdir / "runs" / run_id / "logs" / f"{name}.log").read_text()
 
@@ -219,17 +226,17 @@ def test_deploy_after_and_http_readiness(box: Box) -> None:
     hello = box.workdir / "pkg" / "hello.txt"
     assert hello.read_bytes() == b"hi" and (hello.stat().st_mode & 0o777) == 0o600
     assert (box.workdir / ".outrig" / "wrap.py").is_file()
-    assert (box.workdir / ".outrig" / "current" / "smoke").read_text().strip() == "r1"
+    assert (box.workdir / ".outrig" / "current" / "smoke").read_text().strip() == R1
     run = box.run_json()
-    assert run["status"] == "running" and run["marker"] == "OUTRIG_RUN=r1"
-    assert result["run_dir"] == str(box.workdir / "runs" / "r1")
+    assert run["status"] == "running" and run["marker"] == f"OUTRIG_RUN={R1}"
+    assert result["run_dir"] == str(box.workdir / "runs" / R1)
 
     # env expanded against the box env; secrets reach the process but are recorded nowhere
     assert f"foo={os.environ['HOME']}/x tok={secret}" in box.log("client")
-    assert secret not in (box.workdir / "runs" / "r1" / "run.json").read_text()
+    assert secret not in (box.workdir / "runs" / R1 / "run.json").read_text()
     assert all(secret not in json.dumps(ev) for ev in [*events, result])
     env = (Path(f"/proc/{recs['client']['pid']}/environ")).read_bytes().split(b"\0")
-    assert b"OUTRIG_RUN=r1" in env and b"OUTRIG_PROCESS=client" in env
+    assert f"OUTRIG_RUN={R1}".encode() in env and b"OUTRIG_PROCESS=client" in env
 
 
 def test_log_readiness_with_waiting_heartbeats(box: Box) -> None:
@@ -291,7 +298,7 @@ def test_early_exit_reports_exit_code(box: Box) -> None:
     assert err["exit_code"] == 3 and err["process"] == "crasher"
     assert "boom" in err["excerpt"]
     assert "code 3" in err["message"]
-    exit_file = box.workdir / "runs" / "r1" / "exit" / "crasher.json"
+    exit_file = box.workdir / "runs" / R1 / "exit" / "crasher.json"
     assert json.loads(exit_file.read_text())["code"] == 3
 
 
@@ -339,7 +346,7 @@ def test_exit_readiness_for_one_shot(box: Box) -> None:
     # a failing one-shot is an `exited` error with its code
     _, result = box.deploy(
         [{"name": "prep", "argv": [PY, "-c", "raise SystemExit(2)"], "ready": {"exit": True}}],
-        run_id="r2",
+        run_id=R2,
     )
     assert error_of(result, "exited")["exit_code"] == 2
     assert not alive(main_pid)  # r2 replaced r1 (same playbook) before failing
@@ -362,13 +369,13 @@ def test_redeploy_stops_previous_run(box: Box) -> None:
     assert first["ok"] is True, first
     old = [r["pid"] for r in first["processes"]]
     assert all(alive(p) for p in old)
-    events, second = box.deploy([sleeper("a")], run_id="r2")
+    events, second = box.deploy([sleeper("a")], run_id=R2)
     assert second["ok"] is True, second
     stopped = [ev for ev in events if ev["event"] == "stopped"]
-    assert [(ev["process"], ev["run_id"]) for ev in stopped] == [("b", "r1"), ("a", "r1")]
+    assert [(ev["process"], ev["run_id"]) for ev in stopped] == [("b", R1), ("a", R1)]
     assert all(not alive(p) for p in old)
-    assert box.run_json("r1")["status"] == "stopped"
-    assert (box.workdir / ".outrig" / "current" / "smoke").read_text().strip() == "r2"
+    assert box.run_json(R1)["status"] == "stopped"
+    assert (box.workdir / ".outrig" / "current" / "smoke").read_text().strip() == R2
     assert alive(second["processes"][0]["pid"])
 
 
@@ -418,7 +425,7 @@ def test_cleanup_finds_setsid_child_and_kills_term_ignorer_after_grace(box: Box)
     assert box.run_json()["status"] == "stopped"
     assert not (box.workdir / ".outrig" / "current" / "smoke").exists()
     # the wrapper was SIGKILLed, so the agent wrote the exit file for it
-    _, status = box.agent({"op": "status", "run_id": "r1"})
+    _, status = box.agent({"op": "status", "run_id": R1})
     assert status["runs"][0]["processes"][0]["state"] == "killed"
 
 
@@ -431,12 +438,12 @@ def test_cleanup_leaves_reused_pid_alone(box: Box) -> None:
         box.track(stranger.pid)
         st = stat_fields(stranger.pid)
         assert st is not None
-        path = box.workdir / "runs" / "r1" / "run.json"
+        path = box.workdir / "runs" / R1 / "run.json"
         run = json.loads(path.read_text())
         rec = run["processes"][0]
         rec.update(pid=stranger.pid, pgid=stranger.pid, sid=stranger.pid, start_ticks=st[3] + 7)
         path.write_text(json.dumps(run))
-        _events, result = box.agent({"op": "cleanup", "run_id": "r1", "stop_grace": 0.5})
+        _events, result = box.agent({"op": "cleanup", "run_id": R1, "stop_grace": 0.5})
         assert result["ok"] is True, result
         hows = {p["process"]: p["how"] for p in result["runs"][0]["processes"]}
         assert hows["svc"] == "reused"
@@ -455,10 +462,10 @@ def test_cleanup_with_corrupt_run_json_sweeps_marker(box: Box) -> None:
     assert result["ok"] is True, result
     wrapper = result["processes"][0]["pid"]
     pids = [wrapper, *family_pids(box)]
-    (box.workdir / "runs" / "r1" / "run.json").write_text("{not json")
-    events, result = box.agent({"op": "cleanup", "run_id": "r1", "stop_grace": 0.3})
+    (box.workdir / "runs" / R1 / "run.json").write_text("{not json")
+    events, result = box.agent({"op": "cleanup", "run_id": R1, "stop_grace": 0.3})
     assert result["ok"] is True, result
-    assert any(ev["event"] == "warning" and "r1" in ev["msg"] for ev in events)
+    assert any(ev["event"] == "warning" and R1 in ev["msg"] for ev in events)
     (sweep,) = result["runs"][0]["processes"]
     assert sweep["process"] == "(marker sweep)" and sweep["how"] == "kill"
     assert sweep["stragglers"] == 4
@@ -468,12 +475,12 @@ def test_cleanup_with_corrupt_run_json_sweeps_marker(box: Box) -> None:
 
 def test_cleanup_all_stops_every_live_run(box: Box) -> None:
     _, one = box.deploy([sleeper("a")])
-    _, two = box.deploy([sleeper("b")], playbook="other", run_id="r2")
+    _, two = box.deploy([sleeper("b")], playbook="other", run_id=R2)
     pids = [one["processes"][0]["pid"], two["processes"][0]["pid"]]
     assert all(alive(p) for p in pids)
     _, result = box.agent({"op": "cleanup", "all": True})
     assert result["ok"] is True, result
-    assert sorted(r["run_id"] for r in result["runs"]) == ["r1", "r2"]
+    assert sorted(r["run_id"] for r in result["runs"]) == [R1, R2]
     assert all(not alive(p) for p in pids)
     assert not list((box.workdir / ".outrig" / "current").iterdir())
     _, status = box.agent({"op": "status"})
@@ -504,13 +511,13 @@ def test_status_running_exited_killed(box: Box) -> None:
         wait=False,
     )
     assert result["ok"] is True, result
-    exits = box.workdir / "runs" / "r1" / "exit"
+    exits = box.workdir / "runs" / R1 / "exit"
     assert wait_until(lambda: all((exits / f"{n}.json").exists() for n in ("quitter", "victim")))
     _, status = box.agent({"op": "status", "log_lines": 3})
     assert status["ok"] is True, status
     assert "gpus" in status["facts"]
     (run,) = status["runs"]
-    assert run["run_id"] == "r1" and run["status"] == "running"
+    assert run["run_id"] == R1 and run["status"] == "running"
     states = {p["name"]: p for p in run["processes"]}
     assert states["runner"]["state"] == "running" and states["runner"]["uptime"] >= 0
     assert states["runner"]["log_tail"] == ["up"]
@@ -532,10 +539,10 @@ def test_logs_returns_last_lines(box: Box) -> None:
     )
     assert result["ok"] is True, result
     _, logs = box.agent({"op": "logs", "playbook": "smoke", "lines": 4})
-    assert logs["ok"] is True and logs["run_id"] == "r1"
+    assert logs["ok"] is True and logs["run_id"] == R1
     assert logs["logs"]["talker"] == ["line 4998", "line 4999", "line 5000", "partial"]
     assert logs["logs"]["quiet"] == ["up"]
-    _, logs = box.agent({"op": "logs", "run_id": "r1", "processes": ["talker"], "lines": 1})
+    _, logs = box.agent({"op": "logs", "run_id": R1, "processes": ["talker"], "lines": 1})
     assert logs["logs"] == {"talker": ["partial"]}
 
 
@@ -555,7 +562,7 @@ def test_lock_held_is_a_lock_error(box: Box) -> None:
     err = error_of(result, "lock")
     assert f"pid {os.getpid()}" in err["message"]
     assert not names(events, "launched")
-    assert not (box.workdir / "runs" / "r1").exists()
+    assert not (box.workdir / "runs" / R1).exists()
 
 
 FAKE_SMI = """#!/bin/sh
