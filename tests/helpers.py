@@ -10,6 +10,8 @@ import socket
 import time
 from pathlib import Path
 
+from outrig.sandbox.box import children_of
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -55,13 +57,4 @@ def marked(run_id: str) -> list[int]:
 
 def children(pid: int) -> list[int]:
     """Direct children of ``pid``."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
+    return children_of(pid)

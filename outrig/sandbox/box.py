@@ -91,8 +91,8 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
 
 
-def _children_of(pid: int) -> List[int]:
-    """Pids whose parent is ``pid`` (sshd's per-connection processes)."""
+def children_of(pid: int) -> List[int]:
+    """Pids whose parent is ``pid`` (sshd's per-connection processes; tests use it too)."""
     out: List[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -195,7 +195,7 @@ class SandboxBox:
         if proc is None:
             return
         if proc.poll() is None:
-            sessions = _children_of(proc.pid) if drop_sessions else []
+            sessions = children_of(proc.pid) if drop_sessions else []
             proc.send_signal(signal.SIGTERM)
             for pid in sessions:
                 with contextlib.suppress(ProcessLookupError):

@@ -125,6 +125,15 @@ def trainer_log(workdir: Path, run_id: str) -> str:
     return (workdir / "runs" / run_id / "logs" / "trainer.log").read_text()
 
 
+def resumed_log(workdir: Path, run_id: str, timeout: float = 30) -> str:
+    """The trainer's log once it says it resumed (or whatever it holds at the deadline)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and "Resuming training" not in \
+            trainer_log(workdir, run_id):
+        time.sleep(0.2)
+    return trainer_log(workdir, run_id)
+
+
 
 
 def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
@@ -152,12 +161,8 @@ def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
         assert report["playbook"] == "mig-8gpu", "re-planned for B's 8 GPUs"
         assert report["checkpoint"]["route"] == "mirror"
         assert report["checkpoint"]["epoch"] == newest
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "Resuming training on epoch" not in \
-                trainer_log(b_workdir, report["run_id"]):
-            time.sleep(0.2)
         assert f"Resuming training on epoch {newest + 1}" in \
-            trainer_log(b_workdir, report["run_id"])
+            resumed_log(b_workdir, report["run_id"])
         record = journal.run(report["run_id"])
         assert record is not None and record["migrated_from"]["alive"] is False
         assert record["migrated_from"]["run_id"] == first.plan.run_id
@@ -185,12 +190,8 @@ def test_live_node_copies_the_checkpoint_directly_and_is_cleaned_up(
         assert marked(first.plan.run_id) == [], "A's run was stopped"
         epoch = report["checkpoint"]["epoch"]
         assert (b_workdir / "ckpt" / str(epoch) / "training_state.json").is_file()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "Resuming training" not in \
-                trainer_log(b_workdir, report["run_id"]):
-            time.sleep(0.2)
         assert f"Resuming training on epoch {epoch + 1}" in \
-            trainer_log(b_workdir, report["run_id"])
+            resumed_log(b_workdir, report["run_id"])
     finally:
         cleanup(project, str(host_b), quiet, all_runs=True, journal=journal)
         kill_run(box_a.workdir, first.plan.run_id)
