@@ -27,7 +27,8 @@ EventHandler = Callable[[Event], None]
 AGENT_PATH = Path(__file__).resolve().parent.parent / "remote" / "agent.py"
 BOOTSTRAP = (
     "import sys,zlib;"
-    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '+sys.version);"
+    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '"
+    "+sys.version.split()[0]);"
     "n=int(sys.stdin.buffer.readline());"
     "exec(compile(zlib.decompress(sys.stdin.buffer.read(n)),'outrig-agent','exec'))"
 )
@@ -39,7 +40,7 @@ BOOTSTRAP = (
 BOOTSTRAP_ARGV = "\n".join([
     "import sys,zlib,base64,os,marshal",
     "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '"
-    "+sys.version)",
+    "+sys.version.split()[0])",
     "d=lambda s:zlib.decompress(base64.b64decode(s))",
     # Compiling the agent costs ~50 ms a call; keep its code object per (source, Python).
     "p=os.path.expanduser('~/.cache/outrig/agent-%s-%s.bin'%(sys.argv[3],"

@@ -75,9 +75,17 @@ def box_host(sandbox: SandboxBox, tmp_path: Path) -> Path:
     write_inventory(gpu_dir, load_inventory(sandbox.gpu_dir))
     workdir = tmp_path / "workdir"
     workdir.mkdir()
-    return sandbox.write_host_file(tmp_path / "hosts" / f"{sandbox.name}.yaml",
+    path = sandbox.write_host_file(tmp_path / "hosts" / f"{sandbox.name}.yaml",
                                    workdir=workdir, gpu_dir=gpu_dir,
                                    known_hosts=tmp_path / "known_hosts")
+    box_python = os.environ.get("OUTRIG_TEST_BOX_PYTHON")
+    if box_python:  # run the agent under another interpreter (e.g. 3.8, the oldest supported)
+        import yaml
+
+        config = yaml.safe_load(path.read_text())
+        config["python"] = box_python
+        path.write_text(yaml.safe_dump(config))
+    return path
 
 
 @pytest.fixture

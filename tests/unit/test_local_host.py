@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from outrig.console import Reporter
@@ -52,3 +53,23 @@ def test_home_workdir_is_expanded_in_commands(tmp_path: Path) -> None:
     made = home / "outrig" / "runs" / result.plan.run_id / "made" / "ok"
     assert made.read_text() == "yes"
     assert not (Path("/") / "~").exists()
+
+
+OLD_PYTHON = Path("/root/.pyenv/versions/3.7.16/bin/python")
+
+
+@pytest.mark.skipif(not OLD_PYTHON.exists(), reason="no Python 3.7 interpreter on this machine")
+def test_too_old_python_on_the_box_is_named_with_the_fix(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from outrig.agent_client import AgentCall
+    from outrig.errors import RemoteError
+    from outrig.inventory import resolve_host
+    from outrig.transport import LocalTransport
+
+    host = replace(resolve_host("local", hosts_dir=REPO / "hosts"), python=str(OLD_PYTHON))
+    with pytest.raises(RemoteError) as info:
+        AgentCall(LocalTransport(host)).run({"op": "check", "workdir": str(tmp_path), "env": {}})
+    assert info.value.kind == "old_python"
+    assert "needs Python >= 3.8, this is 3.7.16" in str(info.value)
+    assert "Set python: in the host file" in str(info.value)
