@@ -225,7 +225,6 @@ def raise_for_result(result: Event, *, where: str) -> Event:
     error = result.get("error") or {}
     message = str(error.get("message") or "the agent reported a failure without details")
     process = error.get("process")
-    return_text = f"{where}: {message}"
-    raise RemoteError(return_text, kind=str(error.get("kind") or "remote"),
+    raise RemoteError(f"{where}: {message}", kind=str(error.get("kind") or "remote"),
                       excerpt=[str(x) for x in error.get("excerpt") or []],
                       exit_code=error.get("exit_code"), process=process)

@@ -146,8 +146,9 @@ def local_source(root: Path) -> Source:
 # ---------------------------------------------------------------------------- destinations
 
 
-class _Events:
-    """Duck-types the agent's Emitter for the local receiver: events go to ``progress``."""
+class Events:
+    """Duck-types the agent's Emitter for agent code run here: events go to ``progress``
+    (``None``: dropped)."""
 
     def __init__(self, progress: ProgressFn | None) -> None:
         self.progress = progress
@@ -227,7 +228,7 @@ def to_local(source: Source, files: list[dict[str, Any]], expect: Manifest,
     with os.fdopen(read_fd, "rb") as reader:
         try:
             result: dict[str, Any] = agent.FrameReceiver(str(root), subset,
-                                                         _Events(progress)).consume(reader)
+                                                         Events(progress)).consume(reader)
         except agent.AgentError as exc:
             raise RemoteError(f"receiving into {root}: {exc.message}", kind=exc.kind) from None
         finally:

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from outrig.console import Reporter
-from outrig.errors import ConfigError, ConnectError, OutrigError, PlanError
+from outrig.errors import ConfigError, OutrigError, PlanError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, host_session
@@ -54,7 +54,7 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
             session.call("check", stream=False)
             tried.append(f"ssh attempt {attempt}: ok in {time.monotonic() - started:.1f}s")
             return session, tried
-        except (ConnectError, OutrigError) as exc:
+        except OutrigError as exc:  # ConnectError and every other failure: try again
             session.close()
             first = str(exc).split(". ")[0]
             tried.append(f"ssh attempt {attempt}: {first} ({time.monotonic() - started:.1f}s)")
@@ -73,35 +73,41 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
 
 
 def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: bool,
-                    journal: Journal) -> tuple[Plan, list[str]]:
+                    journal: Journal) -> tuple[Plan, str, list[str]]:
     """The plan for NEW: ``playbook`` if it was named explicitly, else the member of its
-    family that fits NEW and uses the most GPUs (ties: the playbook itself)."""
+    family that fits NEW and uses the most GPUs (ties: the playbook itself).
+
+    Returns the plan, the chosen member as a name or path that ``find_playbook`` accepts,
+    and the names of every member considered.
+    """
     if explicit:
-        return build_plan(project, to_spec, playbook, journal=journal), [playbook]
+        plan = build_plan(project, to_spec, playbook, journal=journal)
+        return plan, playbook, [plan.playbook]
     base = load_job(find_playbook(playbook, project.playbooks_dir))
     fam = family(base)
-    members = [playbook]
+    members = [(playbook, base.name)]
     for path in sorted(project.playbooks_dir.glob("*.y*ml")):
         try:
             job = load_job(path)
         except OutrigError:
             continue
         if family(job) == fam and job.name != base.name:
-            members.append(str(path))
-    fitting: list[tuple[int, int, Plan]] = []
+            members.append((str(path), job.name))
+    fitting: list[tuple[int, int, Plan, str]] = []
     problems: list[str] = []
-    for order, member in enumerate(members):
+    for order, (member, name) in enumerate(members):
         try:
             plan = build_plan(project, to_spec, member, journal=journal)
         except PlanError as exc:
-            problems.append(f"{member}: {'; '.join(exc.problems)}")
+            problems.append(f"{name}: {'; '.join(exc.problems)}")
             continue
         used = sum(len(p.gpus) for p in plan.processes.values())
-        fitting.append((used, -order, plan))
+        fitting.append((used, -order, plan, member))
     if not fitting:
         raise PlanError(problems, context=f"family {fam} on {to_spec}")
     fitting.sort(key=lambda t: (t[0], t[1]), reverse=True)
-    return fitting[0][2], members
+    _, _, chosen, ref = fitting[0]
+    return chosen, ref, [name for _, name in members]
 
 
 def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
@@ -167,19 +173,16 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
         from outrig.ops.provision import provision
 
         provision(project, to_spec, reporter, playbook=source, journal=journal)
-    plan, considered = choose_playbook(project, to_spec, source, explicit=playbook is not None,
-                                       journal=journal)
+    plan, new_playbook, considered = choose_playbook(
+        project, to_spec, source, explicit=playbook is not None, journal=journal)
     old_plan = last.get("plan") if last else None
     if not reporter.json_mode:
         reporter.stdout_console.print(placement_table(old_plan, plan, old_host.name,
                                                       new_host.name))
         if len(considered) > 1:
-            names = [load_job(find_playbook(m, project.playbooks_dir)).name for m in considered]
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
-                          f"(considered: {', '.join(names)})")
+                          f"(considered: {', '.join(considered)})")
     report["playbook"] = plan.playbook
-    new_playbook = next((m for m in considered if load_job(find_playbook(
-        m, project.playbooks_dir)).name == plan.playbook), plan.playbook)
 
     from_host = from_spec if report["old_alive"] else None
     report["stage"] = stage(project, to_spec, new_playbook, reporter, from_host=from_host,

@@ -38,6 +38,7 @@ from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.template import UndefinedName, substitute
 from outrig.transfer import (
+    Events,
     Manifest,
     Meter,
     Source,
@@ -124,13 +125,8 @@ def local_manifest(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         return {"exists": False, "files": {}, "partial": {}, "staged": False}
     mark = agent.staged_record(str(root))
-    listing: dict[str, Any] = agent.dir_manifest(str(root), True, _Quiet())
+    listing: dict[str, Any] = agent.dir_manifest(str(root), True, Events(None))
     return {"exists": True, "staged": mark is not None, **listing}
-
-
-class _Quiet:
-    def emit(self, event: str, **fields: Any) -> None:
-        """Hashing progress on the workstation is not worth a line."""
 
 
 def _sources_files(listing: dict[str, Any]) -> Manifest:
@@ -343,8 +339,6 @@ def _stage_item(stager: Stager, item: StageItem, dest: HostSession, listing: dic
             started = time.monotonic()
             result = hub_download(dest, hub, item.path, handler=lambda e: stager.reporter.live(
                 f"{item.name} ← hub: {str(e.get('line') or '')[-100:]}"))
-            dest.call("manifest", stream=False,
-                      items=[{"name": item.name, "path": item.path, "verify": True}])
             listing = box_manifest(dest, [(item.name, item.path)], verify=True)[item.name]
             dest.call("mark_staged", stream=False, root=item.path,
                       expect=_sources_files(listing), source=str(hub))

@@ -22,7 +22,7 @@ from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
-from outrig.ops.deploy import deploy
+from outrig.ops.deploy import DeployResult, deploy
 from outrig.ops.migrate import migrate
 from outrig.ops.stage import sync_checkpoints
 from outrig.sandbox.box import SandboxBox, start_sandbox
@@ -31,8 +31,6 @@ from tests.helpers import free_port, marked
 
 pytestmark = pytest.mark.integration
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
-
-
 
 
 def write_playbooks(root: Path, port: int) -> Project:
@@ -134,18 +132,23 @@ def resumed_log(workdir: Path, run_id: str, timeout: float = 30) -> str:
     return trainer_log(workdir, run_id)
 
 
+def start_on_a(box_a: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               checkpoints: int) -> tuple[Project, Journal, Path, DeployResult]:
+    """The job running on A (4 GPUs) until the trainer wrote ``checkpoints`` checkpoints."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    project = write_playbooks(tmp_path / "proj", free_port())
+    journal = Journal()
+    a = host_a(box_a, tmp_path)
+    first = deploy(project, str(a), "mig-4gpu", Reporter(quiet=True), journal=journal)
+    wait_checkpoints(box_a.workdir / "ckpt", checkpoints)
+    return project, journal, a, first
 
 
 def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
         box_a: SandboxBox, host_b: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    project = write_playbooks(tmp_path / "proj", free_port())
-    journal = Journal()
+    project, journal, a, first = start_on_a(box_a, tmp_path, monkeypatch, 2)
     quiet = Reporter(quiet=True)
-    a = host_a(box_a, tmp_path)
-    first = deploy(project, str(a), "mig-4gpu", quiet, journal=journal)
-    wait_checkpoints(box_a.workdir / "ckpt", 2)
     synced = sync_checkpoints(project, str(a), quiet, journal=journal)
     assert synced["pulled"], "the mirror holds A's complete checkpoints"
     newest = max(p["epoch"] for p in synced["pulled"])
@@ -173,13 +176,8 @@ def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
 def test_live_node_copies_the_checkpoint_directly_and_is_cleaned_up(
         box_a: SandboxBox, host_b: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    project = write_playbooks(tmp_path / "proj", free_port())
-    journal = Journal()
+    project, journal, a, first = start_on_a(box_a, tmp_path, monkeypatch, 1)
     quiet = Reporter(quiet=True)
-    a = host_a(box_a, tmp_path)
-    first = deploy(project, str(a), "mig-4gpu", quiet, journal=journal)
-    wait_checkpoints(box_a.workdir / "ckpt", 1)
     b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
     try:
         report = migrate(project, str(a), str(host_b), quiet, journal=journal,
