@@ -1,14 +1,16 @@
-"""Which checkpoint is complete? Pure rules over the agent's ``checkpoints`` listing.
+"""Which checkpoint is complete? The verdicts of the agent's ``checkpoints`` listing, typed.
 
-speculators writes ``<save>/<epoch>/`` with five files (config.json, model.safetensors,
-optimizer_state_dict.pt, scheduler_state_dict.pt, training_state.json), logs
-``Checkpoint saved to <dir>`` when done, and resumes from the highest integer-named dir.
-``interrupted/`` (written on SIGTERM) is not resumed automatically, so it is never chosen.
-
-A dir counts as complete only when every file is there, ``training_state.json`` parses,
-and the trainer is done with it: the log says it was saved, or a later epoch exists, or
-nothing in it changed for ``quiet_seconds``. A checkpoint still being written is never
-chosen: resuming from half a checkpoint is worse than losing an epoch.
+speculators 0.9 writes ``<save>/<epoch>/`` in place, in this order (train/trainer.py
+``maybe_save_checkpoint``): config.json and model.safetensors, optimizer_state_dict.pt,
+scheduler_state_dict.pt (absent with ``--scheduler-type none``), training_state.json, then an
+``epoch<E>_step<K>`` / ``epoch<E>_end`` symlink and the "Checkpoint saved to" line. With
+``--checkpoint-freq`` < 1 one folder is rewritten several times an epoch, so neither an old log
+line nor the files' presence proves the folder is whole now. The rule, applied on the box by
+the agent (``checkpoint_verdict`` in remote/agent.py, so that the quarantine before a trainer
+launch and every workstation decision use the same one): every file of the set is there,
+training_state.json parses and names the folder's epoch, and no file of the set is newer than
+training_state.json, which is written last. ``interrupted/`` (the SIGTERM save) has no
+training_state.json and speculators never resumes from it, so it is never chosen.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# Required in every complete folder (plus scheduler_state_dict.pt unless the scheduler is off).
 REQUIRED_FILES = (
     "config.json",
     "model.safetensors",
@@ -23,7 +26,6 @@ REQUIRED_FILES = (
     "scheduler_state_dict.pt",
     "training_state.json",
 )
-QUIET_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -33,38 +35,56 @@ class Checkpoint:
     complete: bool
     why: str
     size: int
+    local_step: int = 0
+    global_step: int | None = None
+    note: str | None = None
+
+    @property
+    def mid_epoch(self) -> bool:
+        """Saved part-way through its epoch (a resume skips the steps already done)."""
+        return self.local_step > 0
 
 
-def assess(listing: dict[str, Any], *, quiet_seconds: float = QUIET_SECONDS) -> list[Checkpoint]:
-    """Every integer-named checkpoint dir with a verdict, oldest first."""
+def assess(listing: dict[str, Any]) -> list[Checkpoint]:
+    """Every integer-named checkpoint folder with the agent's verdict, oldest first."""
     entries = sorted(listing.get("checkpoints") or [], key=lambda c: int(c["epoch"]))
-    now = float(listing.get("now") or 0.0)
     out: list[Checkpoint] = []
-    for index, entry in enumerate(entries):
+    for entry in entries:
         files: dict[str, int] = entry.get("files") or {}
-        size = sum(int(v) for v in files.values())
-        missing = [name for name in REQUIRED_FILES if name not in files]
-        later = any(other.get("files") and all(n in other["files"] for n in REQUIRED_FILES)
-                    for other in entries[index + 1:])
-        if missing:
-            verdict = (False, f"missing {', '.join(missing)}")
-        elif not isinstance(entry.get("training_state"), dict):
-            verdict = (False, "training_state.json does not parse (still being written?)")
-        elif entry.get("logged_saved"):
-            verdict = (True, "the trainer logged 'Checkpoint saved to' it")
-        elif later:
-            verdict = (True, "a later epoch exists")
-        elif now - float(entry.get("newest_mtime") or 0) >= quiet_seconds:
-            verdict = (True, f"unchanged for {now - float(entry['newest_mtime']):.0f} s")
-        else:
-            verdict = (False, f"written {now - float(entry.get('newest_mtime') or 0):.0f} s ago "
-                              "and not logged as saved: may still be in progress")
-        out.append(Checkpoint(epoch=int(entry["epoch"]), path=str(entry["path"]),
-                              complete=verdict[0], why=verdict[1], size=size))
+        state = entry.get("training_state") if isinstance(entry.get("training_state"),
+                                                          dict) else {}
+        step = state.get("local_step")
+        total = state.get("global_step")
+        out.append(Checkpoint(
+            epoch=int(entry["epoch"]), path=str(entry["path"]),
+            complete=bool(entry.get("complete")),
+            why=str(entry.get("why") or "no verdict from the agent"),
+            size=sum(int(v) for v in files.values()),
+            local_step=step if isinstance(step, int) else 0,
+            global_step=total if isinstance(total, int) else None,
+            note=entry.get("note") if isinstance(entry.get("note"), str) else None))
     return out
 
 
-def newest_complete(listing: dict[str, Any], *,
-                    quiet_seconds: float = QUIET_SECONDS) -> Checkpoint | None:
-    complete = [c for c in assess(listing, quiet_seconds=quiet_seconds) if c.complete]
+def newest_complete(listing: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint a resume should start from: the highest complete folder."""
+    complete = [c for c in assess(listing) if c.complete]
     return complete[-1] if complete else None
+
+
+def listing_request(trainer_argv: list[str]) -> dict[str, Any]:
+    """The ``checkpoints`` op fields that depend on how the trainer was started."""
+    scheduler = _option(trainer_argv, "--scheduler-type") != "none"
+    max_steps = _option(trainer_argv, "--max-steps")
+    return {"scheduler": scheduler,
+            "max_steps": int(max_steps) if max_steps and max_steps.isdigit() else None}
+
+
+def _option(argv: list[str], flag: str) -> str | None:
+    value: str | None = None
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from outrig import recipes
 from outrig.inventory import Host
 from outrig.playbook import Job, ProcessSpec
-from outrig.recipes import ModelFacts, RecipeContext
+from outrig.recipes import EnvFacts, ModelFacts, RecipeContext
 from outrig.template import UndefinedName, substitute
 from outrig.yamlfile import validation_messages
 
@@ -34,6 +34,8 @@ class HostFacts:
     source: str = "unknown"
     # model (path or hub id) → facts read on the box or cached; only recipes look at these
     models: dict[str, ModelFacts] = field(default_factory=dict)
+    # interpreter path on the box → its packages (read by deploy; unknown to a bare `inv plan`)
+    envs: dict[str, EnvFacts] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +74,9 @@ class ProcessPlan:
     fatal: list[str]
     stop_grace: float
     parallel: tuple[int, int] | None = None
+    stop_children_first: bool = False
+    checkpoints: dict[str, Any] | None = None
+    scratch: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -168,7 +173,7 @@ def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Pl
     ctx = RecipeContext(host=host.name, playbook=job.name, run_id=run_id, run_dir=run_dir,
                         test_mode=job.test_mode, gpu_count=facts.gpu_count,
                         gpu_memory_mib=facts.gpu_memory_mib, gpu_source=facts.source,
-                        models=facts.models, where=job.where)
+                        models=facts.models, where=job.where, envs=facts.envs)
     expansion = recipes.expand(spec.recipe, getattr(spec, spec.recipe), ctx)
     plan.problems.extend(expansion.problems)
     plan.notes.extend(expansion.notes)
@@ -253,9 +258,18 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
             if r.model else None,
         )
     parallel = (proc.parallel.tensor, proc.parallel.data) if proc.parallel else None
+    checkpoints = None
+    if proc.checkpoints is not None:
+        checkpoints = {"path": _sub(job, (*base, "checkpoints", "path"), proc.checkpoints.path,
+                                    params, problems),
+                       "scheduler": proc.checkpoints.scheduler}
+    scratch = [_sub(job, (*base, "scratch", i), d, params, problems)
+               for i, d in enumerate(proc.scratch)]
     return ProcessPlan(name=name, argv=argv, env=env, cwd=cwd, gpus=list(proc.gpus),
                        after=proc.after_names(), ready=ready, fatal=list(proc.fatal),
-                       stop_grace=proc.stop.grace, parallel=parallel)
+                       stop_grace=proc.stop.grace, parallel=parallel,
+                       stop_children_first=proc.stop.children_first, checkpoints=checkpoints,
+                       scratch=scratch)
 
 
 def _scalar(value: object) -> str:

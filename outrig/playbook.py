@@ -56,6 +56,17 @@ class StopSpec(_Strict):
     """How to stop: SIGTERM to the leader, then ``grace`` seconds, then SIGKILL the group."""
 
     grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
+    children_first: bool = Field(
+        False, description="for launchers such as torchrun: SIGTERM the command's children "
+        "(the ranks) directly and wait up to grace for them, then SIGTERM the leader")
+
+
+class CheckpointsSpec(_Strict):
+    """Where a trainer writes numbered checkpoints, and whether they hold a scheduler file."""
+
+    path: str = Field(min_length=1, description="the trainer's --save-path")
+    scheduler: bool = Field(True, description="false with --scheduler-type none (no "
+                            "scheduler_state_dict.pt is written)")
 
 
 class ParallelSpec(_Strict):
@@ -77,6 +88,12 @@ class ProcessSpec(_Strict):
     ready: ReadySpec | None = None
     fatal: list[str] = Field(default_factory=list, description="regexes that mean failure")
     stop: StopSpec = Field(default_factory=lambda: StopSpec())
+    checkpoints: CheckpointsSpec | None = Field(
+        None, description="a speculators-style save folder: before launch, numbered folders "
+        "that are not complete are moved aside so the trainer cannot resume from them")
+    scratch: list[str] = Field(
+        default_factory=list, description="folders under the workdir whose files are deleted "
+        "when the run is stopped or replaced (e.g. hidden-state files left by a crash)")
 
     @field_validator("gpus")
     @classmethod

@@ -49,6 +49,7 @@ FOLLOW_CHUNK = 1 << 20  # read at most this much new log per process per tick
 DEFAULT_READY_TIMEOUT = 300.0
 STOP_HEARTBEAT_S = 2.0
 DEFAULT_STOP_GRACE = 10.0
+CHILDREN_FIRST_LAUNCHER_S = 15.0  # after its workers are gone, the launcher's time to exit
 MARKER_KEY = "OUTRIG_RUN"
 PROCESS_KEY = "OUTRIG_PROCESS"
 SWEEP_NAME = "(marker sweep)"
@@ -406,6 +407,20 @@ class ProcSpec:
         self.fatal_src = get_str_list(raw, "fatal", where)
         self.fatal = [compile_regex(p, f"{where}fatal[{i}]") for i, p in enumerate(self.fatal_src)]
         self.stop_grace = get_num(raw, "stop_grace", where, DEFAULT_STOP_GRACE)
+        # torchrun-style launchers: TERM the launcher's children (the ranks) first, so each
+        # rank's interrupt save runs while its DataLoader workers are still alive (torchrun
+        # itself would TERM each rank's whole process group and SIGKILL it 30 s later).
+        self.stop_children_first = get_bool(raw, "stop_children_first", where, False)
+        self.scratch = get_str_list(raw, "scratch", where)
+        ckpt = raw.get("checkpoints")
+        self.checkpoints: Optional[JSONDict] = None
+        if ckpt is not None:
+            if not isinstance(ckpt, dict):
+                raise bad_request(f"{where}checkpoints: must be an object or null")
+            self.checkpoints = {
+                "path": get_str(ckpt, "path", where + "checkpoints."),
+                "scheduler": get_bool(ckpt, "scheduler", where + "checkpoints.", True),
+            }
 
 
 class FileSpec:
@@ -863,6 +878,12 @@ def read_stat(pid: int) -> Optional[ProcStat]:
         return None
 
 
+def pid_live(pid: int) -> bool:
+    """The pid exists and is not a zombie."""
+    st = read_stat(pid)
+    return st is not None and st.live()
+
+
 def scan_procs() -> Iterator[ProcStat]:
     """Every process visible in /proc (vanished ones are skipped)."""
     try:
@@ -1092,9 +1113,13 @@ class Stopper:
         if leader == "reused":
             return self._stopped(run_id, rec["name"], "reused", t0, 0)
         killed_leader = False
+        if leader == "alive" and rec.get("stop_children_first"):
+            self.stop_children_first(run_id, rec, grace, t0)
         if leader == "alive":
             self.kill(pid, signal.SIGTERM)
-            deadline = t0 + grace
+            # Children-first left the launcher with nothing to wait for; it still gets at least
+            # the launcher part of the grace to exit by itself.
+            deadline = max(t0 + grace, time.monotonic() + CHILDREN_FIRST_LAUNCHER_S)
             next_beat = t0 + STOP_HEARTBEAT_S
             while self.leader_state(rec) == "alive" and time.monotonic() < deadline:
                 self.reap()
@@ -1145,6 +1170,52 @@ class Stopper:
         if killed_leader:
             self._note_killed(rec)
         return self._stopped(run_id, rec["name"], how, t0, len(stragglers))
+
+    def launched_children(self, rec: JSONDict) -> List[int]:
+        """The children of the wrapper's child: with torchrun as the command, its ranks.
+
+        Found by parent pid and proven ours by the run marker (each rank runs in a session
+        of its own, so group and session do not reach it)."""
+        pid = rec["pid"]
+        procs = [st for st in scan_procs() if st.live() and st.pid not in self.protected]
+        commands = {st.pid for st in procs if st.ppid == pid}
+        run_id = rec.get("_run_id")
+        out: List[int] = []
+        for st in procs:
+            if st.ppid in commands and self.markers(st)[0] == run_id:
+                out.append(st.pid)
+        return sorted(out)
+
+    def stop_children_first(self, run_id: str, rec: JSONDict, grace: float,
+                            t0: float) -> None:
+        """SIGTERM the launcher's children themselves (not their groups) and wait for them.
+
+        torchrun, given SIGTERM, signals each rank's whole process group (the DataLoader
+        workers die first and the rank's interrupt save fails on them) and SIGKILLs the ranks
+        30 s later unless --shutdown-timeout (torch >= 2.14) says otherwise. Signalling the
+        ranks directly lets speculators' handler save ``interrupted/`` with its workers alive;
+        torchrun then sees its workers exit and ends by itself."""
+        rec = dict(rec, _run_id=run_id)
+        children = self.launched_children(rec)
+        if not children:
+            return
+        self.out.step(f"{rec['name']}: SIGTERM to {len(children)} launched worker(s) "
+                      f"{children} first (they save before exiting)")
+        for child in children:
+            self.kill(child, signal.SIGTERM)
+        deadline = t0 + grace
+        next_beat = time.monotonic() + STOP_HEARTBEAT_S
+        while time.monotonic() < deadline:
+            self.reap()
+            left = [c for c in children if pid_live(c)]
+            if not left:
+                return
+            if time.monotonic() >= next_beat:
+                next_beat += STOP_HEARTBEAT_S
+                self.out.emit("stopping", process=rec["name"], run_id=run_id,
+                              elapsed=round(time.monotonic() - t0, 1), grace=grace,
+                              waiting_for=left)
+            time.sleep(POLL_S)
 
     def _note_killed(self, rec: JSONDict) -> None:
         """The wrapper was SIGKILLed so it wrote no exit file: write one saying so."""
@@ -1255,6 +1326,11 @@ def stop_run_by_id(
         graces = [float(r["stop_grace"]) for r in records if _is_num(r.get("stop_grace"))]
         grace = max(graces) if graces else DEFAULT_STOP_GRACE
     results = stopper.stop_run(run_id, records, grace)
+    for rec in records:
+        scratch = rec.get("scratch")
+        for folder in scratch if isinstance(scratch, list) else []:
+            if isinstance(folder, str):
+                clear_scratch(layout, folder, out)
     if run is not None:
         run["status"] = "stopped"
         run["stopped_at"] = round(time.time(), 3)
@@ -1264,6 +1340,33 @@ def stop_run_by_id(
             out.warning(f"run {run_id}: cannot update run.json: {exc}")
     clear_pointers(layout, run_id)
     return {"run_id": run_id, "processes": results}
+
+
+def clear_scratch(layout: Layout, folder: str, out: Emitter) -> None:
+    """Delete the files (not the folder) of a process's scratch folder once it is stopped.
+
+    vLLM's hidden-state connector writes ``<path>/<request>.safetensors`` (+ ``.lock``) that
+    the trainer deletes after reading; a crash leaves them (about 0.5 GB each). Only folders
+    inside the workdir are touched, resolved through symlinks, so a playbook value can never
+    make this delete anything else."""
+    real = os.path.realpath(folder)
+    root = os.path.realpath(layout.workdir)
+    if not real.startswith(root + os.sep):
+        out.warning(f"scratch folder {folder} is outside the workdir {layout.workdir}; "
+                    "left as it is")
+        return
+    removed = 0
+    freed = 0
+    for dirpath, _dirs, names in os.walk(real):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                size = os.lstat(path).st_size
+                os.unlink(path)
+                removed += 1
+                freed += size
+    if removed:
+        out.step(f"cleared {removed} file(s), {freed / 1e9:.2f} GB, from {folder}")
 
 
 # --------------------------------------------------------------------------- readiness probes
@@ -1429,6 +1532,9 @@ class Deployment:
         log = os.path.join(self.run_dir, "logs", f"{spec.name}.log")
         exit_file = os.path.join(self.run_dir, "exit", f"{spec.name}.json")
         cwd = self.resolve_cwd(spec)
+        if spec.checkpoints is not None:
+            quarantine_checkpoints(spec.checkpoints["path"], spec.checkpoints["scheduler"],
+                                   self.out)
         self.out.step(f"launching {spec.name}")
         with open(log, "ab") as logf:
             offset = logf.seek(0, os.SEEK_END)
@@ -1462,6 +1568,8 @@ class Deployment:
             "exit_file": exit_file,
             "started_at": round(time.time(), 3),
             "stop_grace": spec.stop_grace,
+            "stop_children_first": spec.stop_children_first,
+            "scratch": [os.path.expanduser(d) for d in spec.scratch],
             "ready": spec.ready.to_json() if spec.ready is not None else None,
         }
         self.run["processes"].append(record)
@@ -2491,6 +2599,11 @@ def model_report(model: str) -> JSONDict:
         text = config.get("text_config")
         if not isinstance(layers, int) and isinstance(text, dict):
             layers = text.get("num_hidden_layers")
+        vocab = config.get("vocab_size")
+        if not isinstance(vocab, int) and isinstance(text, dict):
+            vocab = text.get("vocab_size")
+        if isinstance(vocab, int) and not isinstance(vocab, bool):
+            report["vocab_size"] = vocab
         if isinstance(layers, int) and not isinstance(layers, bool):
             report["num_hidden_layers"] = layers
         else:
@@ -2515,12 +2628,66 @@ def model_report(model: str) -> JSONDict:
     return report
 
 
+# Run by each probed interpreter: package versions from their metadata and whether torchrun
+# takes --shutdown-timeout, read from torch's own source text. Nothing is imported that would
+# cost seconds (torch itself is only located, not imported).
+ENV_PROBE_SOURCE = r"""
+import json, os, sys
+out = {"python": sys.executable, "versions": {}, "torchrun_shutdown_timeout": None}
+try:
+    from importlib import metadata
+    for dist in ("torch", "speculators", "transformers", "vllm"):
+        try:
+            out["versions"][dist] = metadata.version(dist)
+        except Exception:
+            pass
+except Exception:
+    pass
+try:
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        run_py = os.path.join(list(spec.submodule_search_locations)[0], "distributed", "run.py")
+        with open(run_py, encoding="utf-8", errors="replace") as f:
+            out["torchrun_shutdown_timeout"] = "--shutdown-timeout" in f.read()
+except Exception:
+    pass
+print(json.dumps(out))
+"""
+
+
+def env_report(python: str) -> JSONDict:
+    """Versions of torch, speculators, transformers and vllm in one interpreter's env."""
+    report: JSONDict = {"python": python, "found": False, "versions": {},
+                        "torchrun_shutdown_timeout": None, "problems": []}
+    try:
+        proc = subprocess.run([python, "-c", ENV_PROBE_SOURCE], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        report["problems"].append(f"cannot run {python}: {exc}")
+        return report
+    try:
+        data = json.loads(proc.stdout.decode("utf-8", errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        err = proc.stderr.decode("utf-8", errors="replace").strip()[-300:]
+        report["problems"].append(f"{python} exited {proc.returncode}: {err}")
+        return report
+    report.update(found=True, versions=data.get("versions") or {},
+                  torchrun_shutdown_timeout=data.get("torchrun_shutdown_timeout"))
+    return report
+
+
 def op_model_facts(req: Request, out: Emitter) -> JSONDict:
-    """Read-only: the box's facts, and each requested model's layers, size and existence."""
-    models = get_str_list(req.raw, "models", "", nonempty=True)
+    """Read-only: the box's facts, each requested model's layers, size and existence, and the
+    package versions of each requested interpreter."""
+    models = get_str_list(req.raw, "models", "")
+    pythons = get_str_list(req.raw, "pythons", "")
+    if not models and not pythons:
+        raise bad_request("models: list at least one model (or pythons: an interpreter)")
     facts = gather_facts()
     out.emit("facts", **facts)
-    return {"models": [model_report(m) for m in models]}
+    return {"models": [model_report(m) for m in models],
+            "envs": [env_report(p) for p in pythons]}
 
 
 # --------------------------------------------------------------------------- provision, hub
@@ -3794,33 +3961,132 @@ def argv_option(argv: List[str], flag: str) -> Optional[str]:
     return value
 
 
-def newest_checkpoint(save: str) -> Optional[JSONDict]:
-    """The highest ``<save>/<int>/`` holding training_state.json (the trainer's resume rule)."""
+# speculators 0.9 ``maybe_save_checkpoint`` (train/trainer.py) writes, into ``<save>/<epoch>/``
+# and in this order: config.json + model.safetensors (save_pretrained), optimizer_state_dict.pt,
+# scheduler_state_dict.pt (not with --scheduler-type none), training_state.json, then the
+# ``epoch<E>_step<K>``/``epoch<E>_end`` symlink and the "Checkpoint saved to" log line. With
+# --checkpoint-freq < 1 the same folder is rewritten in place several times per epoch, and the
+# trainer resumes from the highest integer folder without checking it (checkpointer.py
+# ``_get_previous_epoch``). So a folder is complete only when training_state.json, written
+# last, is at least as new as every other file of the set and names the folder's epoch.
+CKPT_FILES = ("config.json", "optimizer_state_dict.pt", "training_state.json")
+CKPT_MODEL = ("model.safetensors", "model.safetensors.index.json")
+CKPT_SCHEDULER = "scheduler_state_dict.pt"
+CKPT_STATE = "training_state.json"
+
+
+def checkpoint_verdict(epoch: int, files: Dict[str, JSONDict], state: Any, scheduler: bool,
+                       max_steps: Optional[int]) -> Tuple[bool, str, Optional[str]]:
+    """(complete, why, note) for one numbered checkpoint folder; see the rule above."""
+    wanted = list(CKPT_FILES) + ([CKPT_SCHEDULER] if scheduler else [])
+    missing = [n for n in wanted if n not in files]
+    if not any(n in files for n in CKPT_MODEL):
+        missing.insert(0, "model.safetensors")
+    if missing:
+        return False, f"missing {', '.join(missing)}", None
+    if not isinstance(state, dict) or not isinstance(state.get("epoch"), int):
+        return False, "training_state.json does not parse (being written?)", None
+    if state["epoch"] != epoch:
+        return False, (f"training_state.json names epoch {state['epoch']}, not {epoch}"), None
+    stamp = float(files[CKPT_STATE]["mtime"])
+    model_files = [n for n in files if n.endswith(".safetensors")] + [
+        n for n in CKPT_MODEL if n in files]
+    newer = sorted({n for n in wanted + model_files
+                    if n in files and float(files[n]["mtime"]) > stamp})
+    if newer:
+        return False, (f"{', '.join(newer)} newer than training_state.json: a save into this "
+                       "folder started and did not finish"), None
+    step = state.get("local_step")
+    where = (f"epoch {epoch}, step {step}" if isinstance(step, int) and step > 0
+             else f"end of epoch {epoch}")
+    note = None
+    total = state.get("global_step")
+    if (max_steps is not None and isinstance(total, int) and total >= max_steps
+            and not (isinstance(step, int) and step > 0)):
+        note = (f"training stopped at --max-steps {max_steps} (global step {total}); "
+                f"speculators saved it as the end of epoch {epoch}, so a resume starts "
+                f"epoch {epoch + 1}")
+    return True, f"complete ({where}, global step {total})", note
+
+
+def checkpoint_entry(full: str, scheduler: bool, max_steps: Optional[int]) -> JSONDict:
+    """One numbered folder: files with sizes and mtimes, training state and the verdict."""
+    name = os.path.basename(full)
+    files: Dict[str, JSONDict] = {}
+    for rel in walk_files(full):
+        with contextlib.suppress(OSError):
+            st = os.stat(os.path.join(full, rel))
+            files[rel] = {"size": st.st_size, "mtime": st.st_mtime}
+    state: Any = None
+    with contextlib.suppress(OSError, ValueError):
+        if files.get(CKPT_STATE, {}).get("size", 1 << 20) <= 65536:
+            state = read_json(os.path.join(full, CKPT_STATE))
+    complete, why, note = checkpoint_verdict(int(name), files, state, scheduler, max_steps)
+    return {"name": name, "epoch": int(name), "path": full,
+            "files": {k: v["size"] for k, v in files.items()},
+            "mtimes": {k: v["mtime"] for k, v in files.items()},
+            "newest_mtime": max((v["mtime"] for v in files.values()), default=0.0),
+            "training_state": state if isinstance(state, dict) else None,
+            "complete": complete, "why": why, "note": note}
+
+
+def quarantine_checkpoints(save: str, scheduler: bool, out: Emitter) -> List[str]:
+    """Move incomplete numbered folders aside before the trainer starts.
+
+    speculators resumes from the highest integer folder without checking it, so a folder left
+    half-written by a killed save would be loaded (or crash the load). Renamed to
+    ``<N>.incomplete-<unix time>``, it is kept for inspection and skipped by the trainer
+    (non-integer names are ignored there)."""
+    moved: List[str] = []
+    try:
+        names = os.listdir(save)
+    except OSError:
+        return moved
+    for name in sorted(names, key=lambda n: int(n) if n.isdigit() else -1):
+        full = os.path.join(save, name)
+        if not name.isdigit() or os.path.islink(full) or not os.path.isdir(full):
+            continue
+        entry = checkpoint_entry(full, scheduler, None)
+        if entry["complete"]:
+            continue
+        target = f"{full}.incomplete-{int(time.time())}"
+        try:
+            os.rename(full, target)
+        except OSError as exc:
+            raise AgentError("workdir", f"checkpoint {full} is incomplete ({entry['why']}) "
+                             f"and cannot be moved aside ({exc.strerror}); the trainer would "
+                             f"resume from it. Move or delete it by hand, then deploy again"
+                             ) from None
+        moved.append(target)
+        out.warning(f"checkpoint {full} is incomplete ({entry['why']}); moved it to "
+                    f"{target} so the trainer resumes from the newest complete one")
+    return moved
+
+
+def newest_checkpoint(save: str, scheduler: bool = True,
+                      max_steps: Optional[int] = None) -> Optional[JSONDict]:
+    """The highest complete ``<save>/<int>/`` (what a resume should start from)."""
     try:
         names = os.listdir(save)
     except OSError:
         return None
-    complete = sorted((int(n) for n in names if n.isdigit()
-                       and os.path.isfile(os.path.join(save, n, "training_state.json"))),
-                      reverse=True)
-    if not complete:
-        return {"save_path": save, "path": None, "count": 0,
-                "interrupted": os.path.isdir(os.path.join(save, "interrupted"))}
-    path = os.path.join(save, str(complete[0]))
-    state_file = os.path.join(path, "training_state.json")
-    state: Any = None
-    try:
-        if os.path.getsize(state_file) <= 65536:
-            state = read_json(state_file)
-    except (OSError, ValueError):
-        state = None
-    try:
-        mtime: Optional[float] = round(os.path.getmtime(state_file), 3)
-    except OSError:
-        mtime = None
-    return {"save_path": save, "path": path, "name": str(complete[0]), "count": len(complete),
-            "mtime": mtime, "training_state": state if isinstance(state, dict) else None,
-            "interrupted": os.path.isdir(os.path.join(save, "interrupted"))}
+    numbered = sorted((int(n) for n in names if n.isdigit()
+                       and os.path.isdir(os.path.join(save, n))
+                       and not os.path.islink(os.path.join(save, n))), reverse=True)
+    interrupted = os.path.isdir(os.path.join(save, "interrupted"))
+    incomplete: List[JSONDict] = []
+    for epoch in numbered:
+        entry = checkpoint_entry(os.path.join(save, str(epoch)), scheduler, max_steps)
+        if not entry["complete"]:
+            incomplete.append({"name": entry["name"], "why": entry["why"]})
+            continue
+        state_mtime = entry["mtimes"].get(CKPT_STATE)
+        return {"save_path": save, "path": entry["path"], "name": entry["name"],
+                "count": len(numbered), "mtime": round(state_mtime, 3) if state_mtime else None,
+                "training_state": entry["training_state"], "interrupted": interrupted,
+                "incomplete": incomplete, "note": entry["note"]}
+    return {"save_path": save, "path": None, "count": 0, "interrupted": interrupted,
+            "incomplete": incomplete}
 
 
 def http_get(url: str, timeout: float = PROBE_TIMEOUT_S) -> Tuple[Optional[int], bytes, str]:
@@ -3878,7 +4144,11 @@ def status_extras(rec: JSONDict, state: JSONDict, progress_bytes: int,
     if save is not None:
         raw_cwd = rec.get("cwd")
         cwd = raw_cwd if isinstance(raw_cwd, str) else "/"
-        extra["checkpoint"] = newest_checkpoint(os.path.normpath(os.path.join(cwd, save)))
+        max_steps = argv_option(argv, "--max-steps")
+        extra["checkpoint"] = newest_checkpoint(
+            os.path.normpath(os.path.join(cwd, save)),
+            argv_option(argv, "--scheduler-type") != "none",
+            int(max_steps) if max_steps is not None and max_steps.isdigit() else None)
     spec = rec.get("ready")
     if state.get("state") == "running" and isinstance(spec, dict) and isinstance(
             spec.get("http"), str):
@@ -4410,22 +4680,18 @@ def op_peer_pull(req: Request, out: Emitter) -> JSONDict:
 
 
 def op_checkpoints(req: Request, out: Emitter) -> JSONDict:
-    """The save folder's checkpoint dirs with their files, sizes, mtimes and training state."""
+    """The save folder's checkpoint dirs with their files, sizes, mtimes and verdicts."""
     raw = req.raw
     save = os.path.expanduser(get_str(raw, "save_path", ""))
-    log_path = get_opt_str(raw, "log", "")
-    saved_lines: Set[str] = set()
-    if log_path:
-        for line in tail_lines(log_path, 2000):
-            match = re.search(r"Checkpoint saved to (\S+)", line)
-            if match:
-                saved_lines.add(os.path.normpath(match.group(1)))
-    found: List[JSONDict] = []
-    others: List[str] = []
+    scheduler = get_bool(raw, "scheduler", "", True)
+    max_steps_raw = raw.get("max_steps")
+    max_steps = int(max_steps_raw) if isinstance(max_steps_raw, int) else None
     try:
         names = sorted(os.listdir(save))
     except OSError:
         return {"save_path": save, "exists": False, "checkpoints": [], "others": []}
+    found: List[JSONDict] = []
+    others: List[str] = []
     for name in names:
         full = os.path.join(save, name)
         if os.path.islink(full) or not os.path.isdir(full):
@@ -4433,18 +4699,7 @@ def op_checkpoints(req: Request, out: Emitter) -> JSONDict:
         if not name.isdigit():
             others.append(name)
             continue
-        files: Dict[str, int] = {}
-        newest = 0.0
-        for rel in walk_files(full):
-            st = os.stat(os.path.join(full, rel))
-            files[rel] = st.st_size
-            newest = max(newest, st.st_mtime)
-        state = None
-        with contextlib.suppress(OSError, ValueError):
-            state = read_json(os.path.join(full, "training_state.json"))
-        found.append({"name": name, "epoch": int(name), "path": full, "files": files,
-                      "newest_mtime": newest, "training_state": state,
-                      "logged_saved": os.path.normpath(full) in saved_lines})
+        found.append(checkpoint_entry(full, scheduler, max_steps))
     return {"save_path": save, "exists": True, "checkpoints": found, "others": others,
             "now": time.time()}
 

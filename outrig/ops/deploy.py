@@ -26,7 +26,7 @@ from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, host_facts, new_run_id, secret_values
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import Job, find_playbook, load_job
-from outrig.recipes import ModelFacts
+from outrig.recipes import EnvFacts, ModelFacts
 
 
 @dataclass
@@ -49,13 +49,14 @@ def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = 
 
 
 def plan_job(job: Job, host: Host, journal: Journal, *, run_id: str | None = None,
-             probed: dict[str, ModelFacts] | None = None) -> Plan:
-    """Plan with what the journal knows (plus models just ``probed`` on the box)."""
+             probed: dict[str, ModelFacts] | None = None,
+             envs: dict[str, EnvFacts] | None = None) -> Plan:
+    """Plan with what the journal knows (plus models and environments just probed)."""
     facts = host_facts(host, journal)
     models = cached_models(journal, host)
     models.update(probed or {})
     facts = HostFacts(gpu_count=facts.gpu_count, gpu_memory_mib=facts.gpu_memory_mib,
-                      source=facts.source, models=models)
+                      source=facts.source, models=models, envs=dict(envs or {}))
     plan = make_plan(job, host, facts, run_id or new_run_id(job.name))
     if plan.problems:
         raise PlanError(plan.problems, context=f"{job.name} on {host.name}")
@@ -71,18 +72,24 @@ def cached_models(journal: Journal, host: Host) -> dict[str, ModelFacts]:
         facts = ModelFacts.from_json(data, f"read on the box {when}, cached")
         out[model] = ModelFacts(model=model, num_hidden_layers=facts.num_hidden_layers,
                                 weight_bytes=facts.weight_bytes, path=facts.path,
-                                source=facts.source)
+                                source=facts.source, vocab_size=facts.vocab_size)
     return out
 
 
-def probe_models(session: HostSession, models: list[str]) -> dict[str, ModelFacts]:
-    """One ``model_facts`` exec: layer count, weight bytes and existence of each model."""
-    session.reporter.info(f"• reading model facts on the box: {', '.join(models)}")
-    result = session.call("model_facts", models=models)
+def probe_models(session: HostSession, models: list[str], pythons: list[str] | None = None
+                 ) -> tuple[dict[str, ModelFacts], dict[str, EnvFacts]]:
+    """One ``model_facts`` exec: layer count, weight bytes and existence of each model, and
+    the package versions (torch, speculators, ...) of each interpreter."""
+    pythons = pythons or []
+    session.reporter.info("• reading on the box: " + ", ".join(
+        [*models, *(f"packages of {p}" for p in pythons)]))
+    result = session.call("model_facts", models=models, pythons=pythons)
     reports = [r for r in result.get("models") or [] if isinstance(r, dict)]
     session.journal.remember_models(session.host.name, reports)
-    return {str(r.get("model")): ModelFacts.from_json(r, "read on the box just now")
-            for r in reports}
+    envs = {str(r.get("python")): EnvFacts.from_json(r, "read on the box just now")
+            for r in result.get("envs") or [] if isinstance(r, dict)}
+    return ({str(r.get("model")): ModelFacts.from_json(r, "read on the box just now")
+             for r in reports}, envs)
 
 
 def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[str, Any]:
@@ -105,7 +112,9 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[s
                 ready["model"] = proc.ready.model
         processes.append({"name": name, "argv": proc.argv, "env": proc.env, "cwd": proc.cwd,
                           "gpus": proc.gpus, "after": proc.after, "ready": ready,
-                          "fatal": proc.fatal, "stop_grace": proc.stop_grace})
+                          "fatal": proc.fatal, "stop_grace": proc.stop_grace,
+                          "stop_children_first": proc.stop_children_first,
+                          "checkpoints": proc.checkpoints, "scratch": proc.scratch})
     manifest = plan.to_dict()
     return {"playbook": plan.playbook, "run_id": plan.run_id, "secrets": secrets,
             "files": files, "processes": processes, "wait": wait, "lock_timeout": 10,
@@ -128,13 +137,15 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
 
     try:
         probed: dict[str, ModelFacts] = {}
+        envs: dict[str, EnvFacts] = {}
         if not dry_run:
             section = getattr(job.spec, job.spec.recipe) if job.spec.recipe else None
             wanted = recipes.models_to_probe(job.spec.recipe, section,
                                              cached_models(journal, host))
-            if wanted:
-                probed = probe_models(connect(), wanted)
-        plan = plan_job(job, host, journal, probed=probed)
+            pythons = recipes.pythons_to_probe(job.spec.recipe, section)
+            if wanted or pythons:
+                probed, envs = probe_models(connect(), wanted, pythons)
+        plan = plan_job(job, host, journal, probed=probed, envs=envs)
         reporter.plan(plan)
         if dry_run:
             reporter.emit_json({"event": "plan", "plan": plan.to_dict()})

@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from outrig.checkpoints import newest_complete
+from outrig.checkpoints import listing_request, newest_complete
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hub import parse_hub_source
@@ -244,12 +244,14 @@ def _known_line(host: Host, address: str, port: int) -> str:
 # --------------------------------------------------------------------------------- the ops
 
 
-def _trainer_log(journal: Journal, host: str, playbook: str) -> str | None:
+def _listing_fields(journal: Journal, host: str, playbook: str) -> dict[str, Any]:
+    """``checkpoints`` op fields from the trainer argv of the host's newest run of the
+    playbook (whether a scheduler file is expected, --max-steps)."""
     for run in journal.runs(host=host, playbook=playbook):
-        for proc in run.get("processes") or []:
-            if proc.get("name") == "trainer" and proc.get("log"):
-                return str(proc["log"])
-    return None
+        for proc in (run.get("plan") or {}).get("processes") or []:
+            if isinstance(proc, dict) and proc.get("name") == "trainer":
+                return listing_request([str(a) for a in proc.get("argv") or []])
+    return {}
 
 
 def _load(project: Project, host: Host, playbook: str) -> tuple[Job, list[StageItem]]:
@@ -385,7 +387,7 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
     """The newest complete checkpoint into ``<save>/<epoch>/`` on the box."""
     if src is not None:
         listing = src.call("checkpoints", stream=False, save_path=src_save,
-                           log=_trainer_log(journal, src.host.name, src_playbook))
+                           **_listing_fields(journal, src.host.name, src_playbook))
         best = newest_complete(listing)
         if best is not None:
             target = f"{item.path.rstrip('/')}/{best.epoch}"
@@ -443,7 +445,7 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
             raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
                               "kind: checkpoints, or the dflash recipe's save_path)")
         listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
-                               log=_trainer_log(journal, session.host.name, job.name))
+                               **_listing_fields(journal, session.host.name, job.name))
         from outrig.checkpoints import assess
 
         pulled: list[dict[str, Any]] = []

@@ -39,6 +39,7 @@ class ModelFacts:
     weight_bytes: int | None = None
     path: str | None = None
     source: str = "unknown"
+    vocab_size: int | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str) -> ModelFacts:
@@ -47,7 +48,9 @@ class ModelFacts:
         size = data.get("weight_bytes")
         exists = data.get("exists")
         path = data.get("path")
+        vocab = data.get("vocab_size")
         return cls(
+            vocab_size=vocab if isinstance(vocab, int) and vocab > 0 else None,
             model=str(data.get("model", "")),
             exists=exists if isinstance(exists, bool) else None,
             num_hidden_layers=layers if isinstance(layers, int) and layers > 0 else None,
@@ -55,6 +58,46 @@ class ModelFacts:
             path=path if isinstance(path, str) else None,
             source=source,
         )
+
+
+@dataclass(frozen=True)
+class EnvFacts:
+    """What one Python environment on the box holds, read without importing anything heavy.
+
+    The trainer's torch decides what works (torchrun's ``--shutdown-timeout``, which loss
+    implementation trains), so deploy reads it on the box as it reads model facts.
+    ``torchrun_shutdown_timeout`` is None when nobody looked."""
+
+    python: str
+    found: bool | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    torchrun_shutdown_timeout: bool | None = None
+    source: str = "unknown"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str) -> EnvFacts:
+        versions = data.get("versions")
+        flag = data.get("torchrun_shutdown_timeout")
+        found = data.get("found")
+        return cls(python=str(data.get("python", "")),
+                   found=found if isinstance(found, bool) else None,
+                   versions={str(k): str(v) for k, v in versions.items() if v}
+                   if isinstance(versions, Mapping) else {},
+                   torchrun_shutdown_timeout=flag if isinstance(flag, bool) else None,
+                   source=source)
+
+    def version(self, dist: str) -> tuple[int, ...] | None:
+        """``2.11.0+cu130`` → (2, 11, 0); None when unknown."""
+        text = self.versions.get(dist)
+        if not text:
+            return None
+        parts: list[int] = []
+        for piece in text.split("+")[0].split("."):
+            digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+            if not digits:
+                break
+            parts.append(int(digits))
+        return tuple(parts) or None
 
 
 @dataclass(frozen=True)
@@ -71,6 +114,7 @@ class RecipeContext:
     gpu_source: str
     models: Mapping[str, ModelFacts]
     where: Callable[[KeyPath], str]
+    envs: Mapping[str, EnvFacts] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,4 +148,11 @@ def models_to_probe(recipe: str | None, section: Any,
         from outrig.recipes import dflash
 
         return dflash.models_to_probe(section, known)
+    return []
+
+
+def pythons_to_probe(recipe: str | None, section: Any) -> list[str]:
+    """Interpreters whose packages deploy reads on the box before planning (same exec)."""
+    if recipe == "dflash" and section is not None:
+        return [section.trainer.python]
     return []

@@ -13,7 +13,7 @@ from outrig.errors import ConfigError
 from outrig.inventory import Host
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import deep_merge, load_job
-from outrig.recipes import ModelFacts, models_to_probe
+from outrig.recipes import EnvFacts, ModelFacts, models_to_probe
 
 HOST = Host(name="box", hostname="127.0.0.1", workdir="/workspace/dflash")
 REPO = Path(__file__).resolve().parents[2]
@@ -265,7 +265,7 @@ def test_missing_local_model_refuses_with_the_stage_command(tmp_path: Path) -> N
                                                              source="read on the box")})
     problem = only_problem(plan_for(tmp_path, base(), facts), "does not exist on box")
     assert "inv stage --host box --playbook job" in problem
-    assert f"huggingface-cli download Qwen/Qwen3.6-27B --local-dir {MODEL}" in problem
+    assert f"hf download Qwen/Qwen3.6-27B --local-dir {MODEL}" in problem
 
 
 def test_models_to_probe(tmp_path: Path) -> None:
@@ -377,3 +377,89 @@ def test_user_process_beside_the_recipe_goes_through_the_same_checks(tmp_path: P
     clash = plan_for(tmp_path, doc)
     assert any("the dflash recipe already defines a process named 'server'" in p
                for p in clash.problems)
+
+
+# ------------------------------------------------------------------- what makes a run finish
+
+
+def test_server_enables_the_render_route_prepare_data_needs(tmp_path: Path) -> None:
+    """vLLM 0.33 answers /v1/chat/completions/render with 403 unless --enable-scale-out."""
+    server = plan_for(tmp_path, base()).processes["server"]
+    assert "--enable-scale-out" in server.argv
+    assert server.scratch == ["/workspace/dflash/runs/run-1/hidden_states"]
+    plan = plan_for(tmp_path, base(server={"extra_args": ["--enable-scale-out"]}))
+    assert "rendered by the dflash recipe" in only_problem(plan, "--enable-scale-out")
+
+
+def test_trainer_checkpoints_within_an_epoch_and_stops_rank_first(tmp_path: Path) -> None:
+    trainer = plan_for(tmp_path, base()).processes["trainer"]
+    assert flag(trainer.argv, "--checkpoint-freq") == "0.1"
+    assert trainer.stop_children_first
+    assert trainer.checkpoints == {"path": "/d/ckpt", "scheduler": True}
+    off = plan_for(tmp_path, base(trainer={"extra_args": ["--scheduler-type", "none"]}))
+    assert off.processes["trainer"].checkpoints == {"path": "/d/ckpt", "scheduler": False}
+    once = plan_for(tmp_path, base(checkpoint_freq=1, epochs=1))
+    assert any("nothing to resume from" in n for n in once.notes)
+    with pytest.raises(ConfigError, match="checkpoint_freq 1.5 is not a whole number"):
+        plan_for(tmp_path, base(checkpoint_freq=1.5))
+
+
+def env(torch: str | None, shutdown: bool | None) -> HostFacts:
+    facts = EnvFacts(python="/s/bin/python", found=True,
+                     versions={"torch": torch} if torch else {},
+                     torchrun_shutdown_timeout=shutdown, source="test")
+    return HostFacts(gpu_count=4, gpu_memory_mib=143_771, source="test",
+                     envs={"/s/bin/python": facts})
+
+
+def test_the_trainers_torch_decides_loss_and_torchrun_flags(tmp_path: Path) -> None:
+    """torch 2.11 (the H200 image): no --shutdown-timeout, the fused loss fails → eager."""
+    old = plan_for(tmp_path, base(), env("2.11.0+cu130", False)).processes["trainer"]
+    assert "--shutdown-timeout" not in old.argv
+    assert flag(old.argv, "--loss-implementation") == "eager"
+    new = plan_for(tmp_path, base(), env("2.14.0", True)).processes["trainer"]
+    launcher = new.argv[:new.argv.index("-m")]
+    assert flag(launcher, "--shutdown-timeout") == "150"
+    assert "--loss-implementation" not in new.argv  # speculators' default: fused
+    unknown = plan_for(tmp_path, base()).processes["trainer"]
+    assert flag(unknown.argv, "--loss-implementation") == "eager"
+    forced = plan_for(tmp_path, base(loss_implementation="fused"), env("2.11.0", False))
+    assert flag(forced.processes["trainer"].argv, "--loss-implementation") == "fused"
+
+
+def test_draft_vocabulary_needs_token_frequencies_and_the_logits_must_fit(
+        tmp_path: Path) -> None:
+    small = plan_for(tmp_path, base(draft_vocab_size=32000))
+    assert flag(small.processes["trainer"].argv, "--draft-vocab-size") == "32000"
+    assert "--no-skip-token-freq" in small.processes["prepare"].argv
+    assert "--no-skip-token-freq" not in plan_for(tmp_path, base()).processes["prepare"].argv
+    facts = HostFacts(gpu_count=4, gpu_memory_mib=49_152, source="test", models={
+        MODEL: ModelFacts(model=MODEL, exists=True, vocab_size=248_320, source="box")})
+    full = plan_for(tmp_path, base(trainer={"extra_args": ["--max-anchors", "3072"]}), facts)
+    problem = only_problem(full, "draft logits")
+    assert "248320" in problem and "draft_vocab_size: 32000" in problem
+    fits = plan_for(tmp_path, base(draft_vocab_size=32000,
+                                   trainer={"extra_args": ["--max-anchors", "3072"]}), facts)
+    assert fits.ok, fits.problems
+
+
+def test_local_inputs_run_offline_and_hub_inputs_do_not(tmp_path: Path) -> None:
+    """A relative path is a file on the box, not a hub dataset: prepare stays offline."""
+    rel = plan_for(tmp_path, base(prepare={"data": ["data/convs.jsonl"]}))
+    assert rel.processes["prepare"].env.get("HF_HUB_OFFLINE") == "1"
+    hub = plan_for(tmp_path, base(prepare={"data": ["sharegpt", "hf:org/set"]}))
+    assert "HF_HUB_OFFLINE" not in hub.processes["prepare"].env
+
+
+def test_regenerate_runs_before_prepare_when_enabled(tmp_path: Path) -> None:
+    out = "/d/regen.jsonl"
+    plan = plan_for(tmp_path, base(regenerate={"enabled": True, "dataset": "/d/seed.jsonl",
+                                               "output": out, "limit": 100},
+                                   prepare={"data": [out]}))
+    assert plan.ok, plan.problems
+    assert plan.order == ["server", "regenerate", "prepare", "trainer"]
+    regen = plan.processes["regenerate"]
+    assert regen.argv[1:4] == ["-m", "speculators", "regenerate-responses"]
+    assert flag(regen.argv, "--endpoint") == "http://127.0.0.1:8000/v1/chat/completions"
+    assert flag(regen.argv, "--outfile") == out and "--resume" in regen.argv
+    assert plan.processes["prepare"].after == ["regenerate"]

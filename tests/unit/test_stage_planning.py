@@ -2,52 +2,104 @@
 
 from __future__ import annotations
 
+import io
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from outrig.checkpoints import REQUIRED_FILES, assess, newest_complete
+from outrig.checkpoints import assess, listing_request, newest_complete
 from outrig.errors import ConfigError
 from outrig.inventory import Host
 from outrig.ops.stage import stage_items
 from outrig.playbook import load_job
-from outrig.transfer import diff, split
+from outrig.transfer import agent_module, diff, split
 
 REPO = Path(__file__).resolve().parents[2]
-NOW = 10_000.0
+AGENT = agent_module()
+SET = ("config.json", "model.safetensors", "optimizer_state_dict.pt",
+       "scheduler_state_dict.pt", "training_state.json")
 
 
-def entry(epoch: int, *, files: tuple[str, ...] = REQUIRED_FILES, age: float = 600,
-          state: Any = None, logged: bool = False) -> dict[str, Any]:
-    return {"epoch": epoch, "path": f"/save/{epoch}", "files": {f: 10 for f in files},
-            "newest_mtime": NOW - age, "training_state": {"epoch": epoch} if state is None
-            else state, "logged_saved": logged}
+def save(folder: Path, epoch: int, *, step: int = 0, total: int = 10,
+         files: tuple[str, ...] = SET, state: Any = None, t0: float = 1_000_000.0) -> Path:
+    """A checkpoint folder written in speculators' order, one second per file."""
+    target = folder / str(epoch)
+    target.mkdir(parents=True, exist_ok=True)
+    for index, name in enumerate(f for f in SET if f in files):
+        path = target / name
+        if name == "training_state.json":
+            body = state if state is not None else {"epoch": epoch, "local_step": step,
+                                                      "global_step": total}
+            path.write_text(body if isinstance(body, str) else json.dumps(body))
+        else:
+            path.write_bytes(b"x" * 10)
+        os.utime(path, (t0 + index, t0 + index))
+    return target
 
 
-def listing(*entries: dict[str, Any]) -> dict[str, Any]:
-    return {"checkpoints": list(entries), "now": NOW}
+def listing(folder: Path, **fields: Any) -> dict[str, Any]:
+    request = AGENT.Request({"op": "checkpoints", "workdir": str(folder),
+                             "save_path": str(folder), **fields})
+    result: dict[str, Any] = AGENT.op_checkpoints(request, AGENT.Emitter(io.BytesIO()))
+    return result
 
 
-def test_missing_file_or_unreadable_state_is_incomplete() -> None:
-    verdicts = assess(listing(entry(0, files=REQUIRED_FILES[:3]), entry(1, state="broken")))
+def test_missing_file_or_unreadable_state_is_incomplete(tmp_path: Path) -> None:
+    save(tmp_path, 0, files=SET[:3])
+    save(tmp_path, 1, state="{broken")
+    verdicts = assess(listing(tmp_path))
     assert [c.complete for c in verdicts] == [False, False]
-    assert "missing scheduler_state_dict.pt, training_state.json" in verdicts[0].why
+    assert "missing training_state.json, scheduler_state_dict.pt" in verdicts[0].why
     assert "does not parse" in verdicts[1].why
+    assert newest_complete(listing(tmp_path)) is None
 
 
-def test_fresh_checkpoint_needs_the_log_line_or_a_later_epoch() -> None:
-    fresh = listing(entry(0), entry(1, age=3))
-    assert newest_complete(fresh).epoch == 0  # type: ignore[union-attr]
-    logged = listing(entry(0), entry(1, age=3, logged=True))
-    assert newest_complete(logged).epoch == 1  # type: ignore[union-attr]
-    later = listing(entry(1, age=3), entry(2, age=600))
-    assert [c.complete for c in assess(later)] == [True, True]
+def test_a_save_into_a_folder_that_stopped_part_way_is_incomplete(tmp_path: Path) -> None:
+    """--checkpoint-freq < 1 rewrites folder N in place: an older complete N whose model file
+    was rewritten by a save that was then killed must not be chosen (speculators would)."""
+    save(tmp_path, 0)
+    folder = save(tmp_path, 1, step=40)
+    os.utime(folder / "model.safetensors", (2_000_000.0, 2_000_000.0))  # the killed rewrite
+    verdicts = assess(listing(tmp_path))
+    assert [c.complete for c in verdicts] == [True, False]
+    assert "model.safetensors newer than training_state.json" in verdicts[1].why
+    best = newest_complete(listing(tmp_path))
+    assert best is not None and best.epoch == 0 and not best.mid_epoch
 
 
-def test_nothing_complete_gives_none() -> None:
-    assert newest_complete(listing(entry(0, age=1))) is None
-    assert newest_complete({"checkpoints": [], "now": NOW}) is None
+def test_mid_epoch_state_and_no_scheduler_file_with_the_scheduler_off(tmp_path: Path) -> None:
+    save(tmp_path, 2, step=17, total=57, files=tuple(f for f in SET if "scheduler" not in f))
+    assert newest_complete(listing(tmp_path)) is None  # a scheduler file is expected
+    best = newest_complete(listing(tmp_path, scheduler=False))
+    assert best is not None and best.mid_epoch and best.local_step == 17
+    assert best.global_step == 57
+    assert listing_request(["torchrun", "--scheduler-type", "none", "--max-steps", "5"]) == {
+        "scheduler": False, "max_steps": 5}
+
+
+def test_a_save_ended_by_max_steps_is_named_as_such(tmp_path: Path) -> None:
+    save(tmp_path, 0, step=0, total=50)
+    best = newest_complete(listing(tmp_path, max_steps=50))
+    assert best is not None and best.note is not None
+    assert "--max-steps 50" in best.note and "resume starts epoch 1" in best.note
+
+
+def test_quarantine_moves_incomplete_folders_aside_and_keeps_complete_ones(
+        tmp_path: Path) -> None:
+    save(tmp_path, 0)
+    broken = save(tmp_path, 1, step=3)
+    (broken / "training_state.json").unlink()
+    (tmp_path / "interrupted").mkdir()
+    stream = io.BytesIO()
+    moved = AGENT.quarantine_checkpoints(str(tmp_path), True, AGENT.Emitter(stream))
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert len(moved) == 1 and moved[0].startswith(str(tmp_path / "1.incomplete-"))
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("1.")) == [
+        "0", "interrupted"]
+    assert any("missing training_state.json" in str(e) for e in events)
 
 
 def test_diff_skips_matching_files_and_resumes_part_files() -> None:
