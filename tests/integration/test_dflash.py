@@ -40,7 +40,7 @@ os.execv(sys.executable, [sys.executable, {fake!r}, *sys.argv[1:]])
 
 PREPARE_SHIM = """\
 # test shim: `python -m speculators prepare-data ...`, with speculators' skip rule
-import argparse, glob, json, os, sys, urllib.request
+import argparse, glob, json, os, sys, urllib.error, urllib.request
 args = sys.argv[1:]
 assert args[0] == "prepare-data", args
 p = argparse.ArgumentParser()
@@ -55,8 +55,13 @@ if glob.glob(os.path.join(ns.output, "*.arrow")):
 req = urllib.request.Request(ns.render_endpoint + "/v1/chat/completions/render",
                              data=json.dumps({{"model": ns.model, "messages": []}}).encode(),
                              headers={{"Content-Type": "application/json"}})
-with urllib.request.urlopen(req, timeout=5) as resp:
-    assert resp.status == 200
+try:
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+except urllib.error.HTTPError as exc:  # speculators treats a 4xx render answer as final
+    print("Render failed with %d: %s" % (exc.code, exc.read().decode()), flush=True)
+    print("ValueError: No samples remain after preprocessing", flush=True)
+    sys.exit(1)
 os.makedirs(ns.output, exist_ok=True)
 with open(os.path.join(ns.output, "data-00000-of-00001.arrow"), "wb") as f:
     f.write(b"fake arrow")

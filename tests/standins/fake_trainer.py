@@ -4,18 +4,28 @@ Not product code. Reproduces what outrig reads from or relies on in the speculat
 (shared/reference/speculators-and-vllm.md §1.3 and §2):
 - the verifier check against vLLM: ``GET <endpoint>/models`` and ``ValueError: An explicit model
   name was passed (X) which doesn't match found model_id Y``;
-- checkpoint layout and resume: ``<save>/<epoch>/{config.json, model.safetensors,
-  optimizer_state_dict.pt, scheduler_state_dict.pt, training_state.json}``, ``epoch{E}_end`` and
-  ``checkpoint_best`` symlinks, ``run.yaml`` + ``train_command.txt``; resume from the highest
-  integer-named dir holding ``training_state.json``, with the real log lines;
+- checkpoint layout, write order and resume, as speculators 0.9 does them (file:line below):
+  ``<save>/<epoch>/`` written IN PLACE in the order config.json + model.safetensors,
+  optimizer_state_dict.pt, scheduler_state_dict.pt (absent with ``--scheduler-type none``),
+  training_state.json ``{"epoch", "local_step", "global_step"}``, then the
+  ``epoch{E}_step{K}`` / ``epoch{E}_end`` symlink and "Checkpoint saved to" (trainer.py
+  ``maybe_save_checkpoint``, ``_save_training_state``); ``--checkpoint-freq`` < 1 saves every
+  ``max(1, round(steps × freq))`` steps into the same epoch folder (trainer.py ``train_epoch``);
+  resume from the highest integer-named folder WITHOUT checking it (checkpointer.py
+  ``_get_previous_epoch``), mid-epoch when ``local_step`` > 0 ("Resuming mid-epoch from
+  epoch=E local_step=S global_step=G.", trainer.py ``setup_trainer``), else the next epoch;
+  ``run.yaml`` + ``train_command.txt``; ``--max-steps`` ends the epoch early and saves it as
+  an epoch end (``local_step`` 0);
 - the per-step metric line format (3 decimals, ``%.2e`` outside [1e-3, 999]);
 - SIGTERM: ``Received SIGTERM — interrupting training to save checkpoint`` and
-  ``<save>/interrupted/`` (which, as in speculators, is never resumed automatically);
+  ``<save>/interrupted/`` without training_state.json (graceful_shutdown.py; the label is not
+  an int, so ``_save_training_state`` is skipped), never resumed automatically;
 - one process per rank holding GPU memory on CUDA_VISIBLE_DEVICES (holder files read by the
-  fake nvidia-smi) when OUTRIG_FAKE_GPU_DIR is set.
+  fake nvidia-smi) when OUTRIG_FAKE_GPU_DIR is set. ``--fake-save-seconds`` spreads a save over
+  time so tests can stop the trainer in the middle of one.
 
-Checkpoints are written into a temp dir and renamed, so one is either complete or absent:
-outrig's sync and migrate only take complete checkpoints, and tests check that.
+Differences, none of which outrig relies on: rank 0 is this process (no separate torchrun
+agent); further ranks are its children and hold GPUs only.
 Standard library only; no outrig import.
 """
 
@@ -91,6 +101,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--log-freq", type=int, default=1)
     p.add_argument("--no-resume-from-checkpoint", action="store_true")
+    p.add_argument("--checkpoint-freq", type=float, default=1.0)
+    p.add_argument("--scheduler-type", default="linear")
+    p.add_argument("--fake-save-seconds", type=float, default=0.0)
     # torchrun's own flags, accepted so the rendered torchrun command works unchanged
     p.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=None)
     p.add_argument("--standalone", action="store_true")
@@ -129,63 +142,80 @@ def start_ranks(args: argparse.Namespace) -> List[subprocess.Popen[bytes]]:
             [sys.executable, os.path.abspath(__file__), "--verifier-name-or-path", "-",
              "--fake-rank", str(rank), "--fake-gpu", str(phys), "--fake-mib", str(args.fake_mib)],
             stdin=subprocess.DEVNULL))
+    # Like DDP's init barrier: training starts once every rank holds its GPU.
+    holders = os.path.join(os.environ[GPU_DIR_ENV], "holders")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(holders, f"{c.pid}.json")) or c.poll() is not None
+            for c in children):
+        time.sleep(0.05)
     return children
 
 
 # ----------------------------------------------------------------------------- checkpoints
 def find_checkpoint(save: str) -> Optional[str]:
-    """Highest integer-named dir with training_state.json (speculators' resume rule)."""
+    """speculators' resume rule: the highest integer-named dir, symlinks and ``interrupted``
+    skipped, nothing checked (checkpointer.py ``_get_previous_epoch``)."""
     try:
         names = os.listdir(save)
     except OSError:
         return None
     epochs = sorted((int(n) for n in names if n.isdigit()
-                     and os.path.isfile(os.path.join(save, n, "training_state.json"))),
-                    reverse=True)
+                     and not os.path.islink(os.path.join(save, n))
+                     and os.path.isdir(os.path.join(save, n))), reverse=True)
     return os.path.join(save, str(epochs[0])) if epochs else None
 
 
 def _write_json(path: str, obj: Any) -> None:
     with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
+        json.dump(obj, f)
 
 
 def _symlink(save: str, name: str, target: str) -> None:
-    tmp = os.path.join(save, f".{name}.tmp{os.getpid()}")
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    os.symlink(target, tmp)
-    os.replace(tmp, os.path.join(save, name))
+    path = os.path.join(save, name)
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(target, path)
 
 
-def save_checkpoint(save: str, name: str, state: Dict[str, Any], args: argparse.Namespace) -> str:
-    """Write a complete checkpoint dir under a temp name, then rename it into place."""
+def save_checkpoint(save: str, name: str, args: argparse.Namespace,
+                    state: Optional[Dict[str, Any]]) -> str:
+    """Write in place, in speculators' order; a kill part-way leaves a mixed folder."""
     final = os.path.join(save, name)
-    tmp = os.path.join(save, f".tmp-{name}-{os.getpid()}")
-    os.makedirs(tmp, exist_ok=True)
-    _write_json(os.path.join(tmp, "config.json"), {
+    os.makedirs(final, exist_ok=True)
+    pause = args.fake_save_seconds / 4
+    _write_json(os.path.join(final, "config.json"), {
         "speculators_model_type": args.speculator_type,
         "verifier": args.verifier_name_or_path, "block_size": args.block_size,
         "target_layer_ids": args.target_layer_ids})
-    with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
+    with open(os.path.join(final, "model.safetensors"), "wb") as f:
         f.write(os.urandom(64))
-    for fname in ("optimizer_state_dict.pt", "scheduler_state_dict.pt"):
-        with open(os.path.join(tmp, fname), "wb") as f:
+    time.sleep(pause)
+    with open(os.path.join(final, "optimizer_state_dict.pt"), "wb") as f:
+        f.write(os.urandom(16))
+    time.sleep(pause)
+    if args.scheduler_type != "none":
+        with open(os.path.join(final, "scheduler_state_dict.pt"), "wb") as f:
             f.write(os.urandom(16))
-    _write_json(os.path.join(tmp, "training_state.json"), state)
-    if os.path.isdir(final):  # an older copy (re-run of the same epoch): move it aside first
-        aside = f"{final}.old-{os.getpid()}"
-        os.replace(final, aside)
-        os.replace(tmp, final)
-        for root, dirs, files in os.walk(aside, topdown=False):
-            for n in files:
-                os.unlink(os.path.join(root, n))
-            for n in dirs:
-                os.rmdir(os.path.join(root, n))
-        os.rmdir(aside)
-    else:
-        os.replace(tmp, final)
+    time.sleep(pause)
+    if state is not None:
+        _write_json(os.path.join(final, "training_state.json"), state)
+    time.sleep(pause)
     return final
+
+
+def checkpoint(save: str, epoch: int, local: int, step: int, args: argparse.Namespace) -> None:
+    """``maybe_save_checkpoint(epoch, local_step)`` for an integer epoch."""
+    target = os.path.join(save, str(epoch))
+    log(f"Saving checkpoint to {target}")
+    save_checkpoint(save, str(epoch), args,
+                    {"epoch": epoch, "local_step": local, "global_step": step})
+    for old in os.listdir(save):
+        if old.startswith(f"epoch{epoch}_") and os.path.islink(os.path.join(save, old)):
+            os.unlink(os.path.join(save, old))
+    _symlink(save, f"epoch{epoch}_step{local}" if local > 0 else f"epoch{epoch}_end",
+             str(epoch))
+    log(f"Checkpoint saved to {target}")
 
 
 def write_run_files(save: str, args: argparse.Namespace, argv: List[str]) -> None:
@@ -252,63 +282,77 @@ def train(args: argparse.Namespace, argv: List[str]) -> int:
             print(err, flush=True)
             return 1
 
-    start_epoch, global_step = 0, 0
+    start_epoch, global_step, skip = 0, 0, 0
     ckpt = None if args.no_resume_from_checkpoint else find_checkpoint(save)
     if ckpt:
-        with open(os.path.join(ckpt, "training_state.json")) as f:
-            state = json.load(f)
-        start_epoch = int(state["epoch"]) + 1
-        global_step = int(state["global_step"])
-        log(f"Found checkpoint at {ckpt}")
-        log(f"Resuming training on epoch {start_epoch}.")
+        epoch_dir = int(os.path.basename(ckpt))
+        log(f"Found checkpoint at {ckpt}.")
+        try:
+            with open(os.path.join(ckpt, "training_state.json")) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            state = {}
+        start_epoch = epoch_dir + 1
+        global_step = int(state.get("global_step", 0))
+        if state.get("epoch") == epoch_dir and state.get("local_step", 0) > 0:
+            start_epoch, skip = epoch_dir, int(state["local_step"])
+            log(f"Resuming mid-epoch from epoch={start_epoch} local_step={skip} "
+                f"global_step={global_step}.")
+        else:
+            log(f"Resuming training on epoch {start_epoch}.")
     else:
         log(f"No previous training checkpoint found in '{save}'. Starting fresh training run.")
-        if os.path.isdir(os.path.join(save, "interrupted")):
-            log(f"Found an interrupted checkpoint at {os.path.join(save, 'interrupted')}; it is "
-                "not resumed automatically: rename it to an epoch number (mv interrupted 5)",
-                level="WARNING")
+    if os.path.isdir(os.path.join(save, "interrupted")):
+        log(f"Found interrupted checkpoint at {os.path.join(save, 'interrupted')}. To resume "
+            "from it, rename it to an epoch number (e.g., 'mv interrupted 5' to resume as "
+            "epoch 5).", level="WARNING")
 
     rng = random.Random(1234 + global_step)
-    best: Optional[float] = None
+    steps = args.fake_steps_per_epoch
+    interval = (max(1, round(steps * args.checkpoint_freq)) if args.checkpoint_freq < 1
+                else None)
     for epoch in range(start_epoch, args.epochs):
         log(f"Training epoch {epoch + 1}/{args.epochs} started")
-        losses: List[float] = []
-        for local in range(args.fake_steps_per_epoch):
+        for local in range(skip + 1, steps + 1):
             if STOP.wait(args.fake_step_seconds):
-                return interrupted(save, args, epoch, local, global_step)
-            global_step += 1
+                return interrupted(save, args)
             items = metrics(args, epoch, global_step, rng)
-            losses.append(float(items[0].split("=")[1]))
             if global_step % max(1, args.log_freq) == 0:
                 log(", ".join(items))
+            global_step += 1
             if args.max_steps is not None and global_step >= args.max_steps:
-                log(f"Reached max_steps={args.max_steps}; stopping.")
-                return 0
+                break
+            if interval is not None and local % interval == 0 and steps - local >= interval:
+                checkpoint(save, epoch, local, global_step, args)
+                if STOP.is_set():
+                    return interrupted(save, args)
+        skip = 0
         log(f"Training epoch {epoch + 1}/{args.epochs} completed")
-        loss_epoch = sum(losses) / len(losses) if losses else 0.0
-        target = os.path.join(save, str(epoch))
-        log(f"Saving checkpoint to {target}")
-        save_checkpoint(save, str(epoch), {
-            "epoch": epoch, "global_step": global_step, "local_step": 0,
-            "loss_epoch": loss_epoch, "completed": True}, args)
-        _symlink(save, f"epoch{epoch}_end", str(epoch))
-        log(f"Checkpoint saved to {target}")
-        if best is None or loss_epoch < best:
-            best = loss_epoch
-            _symlink(save, "checkpoint_best", str(epoch))
-            log(f"Updated checkpoint_best -> {epoch} (loss_epoch={loss_epoch:.3f})")
+        if args.checkpoint_freq < 1 or (epoch + 1) % int(args.checkpoint_freq) == 0 \
+                or epoch == 0:
+            checkpoint(save, epoch, 0, global_step, args)
+        _symlink(save, "checkpoint_best", str(epoch))
+        log(f"Updated checkpoint_best -> {epoch} (loss_epoch=0.500000)")
         if STOP.is_set():
-            return interrupted(save, args, epoch + 1, 0, global_step)
+            return interrupted(save, args)
+        if args.max_steps is not None and global_step >= args.max_steps:
+            break
     log("Training complete.")
     return 0
 
 
-def interrupted(save: str, args: argparse.Namespace, epoch: int, local: int, step: int) -> int:
-    """What speculators' graceful_shutdown does on SIGTERM/SIGINT: save ``interrupted/``."""
-    log("Received SIGTERM — interrupting training to save checkpoint", level="WARNING")
-    path = save_checkpoint(save, "interrupted", {
-        "epoch": epoch, "global_step": step, "local_step": local, "completed": False}, args)
-    log(f"Checkpoint saved to {path}")
+def interrupted(save: str, args: argparse.Namespace) -> int:
+    """graceful_shutdown.py: save ``interrupted/`` (no training_state.json: the label is not
+    an epoch number) and return normally."""
+    log("Received SIGTERM — interrupting training to save checkpoint. Send again to force "
+        "immediate exit.", level="WARNING")
+    log("Training interrupted — attempting to save checkpoint (timeout=120s, send Ctrl+C "
+        "again to force exit)...", level="WARNING")
+    target = os.path.join(save, "interrupted")
+    log(f"Saving checkpoint to {target}")
+    save_checkpoint(save, "interrupted", args, None)
+    log(f"Checkpoint saved to {target}")
+    log(f"Interrupt checkpoint saved to '{target}'")
     return 0
 
 

@@ -115,6 +115,25 @@ def _used_mib(physical: int) -> int:
     return total
 
 
+def _own_holders() -> int:
+    """Live holders in this process's session (the engines and workers started so far)."""
+    d = _gpu_dir()
+    if not d:
+        return 0
+    try:
+        names = os.listdir(os.path.join(d, "holders"))
+    except OSError:
+        return 0
+    count = 0
+    for n in names:
+        if n.endswith(".json") and n.split(".")[0].isdigit():
+            pid = int(n.split(".")[0])
+            with contextlib.suppress(OSError):
+                if _alive(pid) and os.getsid(pid) == os.getsid(0):
+                    count += 1
+    return count
+
+
 def register_holder(physical: int, mib: int, *, sticky: bool = False) -> None:
     """Write holders/<pid>.json atomically (the same format outrig.sandbox.nvidia_smi reads).
 
@@ -166,9 +185,11 @@ def _sleep_forever() -> None:
 def worker_main(title: str, physical: int, mib: int) -> None:
     """A TP worker: rename, hold GPU memory, sleep (default SIGTERM kills it)."""
     set_comm(title)
-    register_holder(physical, mib)
+    # Logged before the holder file appears, so a parent that waits for the file knows the
+    # line is already in the log.
     log(f"{title} holds {mib} MiB on GPU {physical}", where="gpu_worker.py:240",
         tag=title.replace("VLLM::", ""))
+    register_holder(physical, mib)
     _sleep_forever()
 
 
@@ -218,7 +239,15 @@ def setsid_main(physical: int, mib: int) -> None:
 
 
 # ----------------------------------------------------------------------------- HTTP
-def make_handler(served: str) -> type:
+# vllm 0.33 entrypoints/scale_out/factories.py register_scale_out_api_routers: without
+# --enable-scale-out (or --tokens-only) the render, derender and token routes are registered
+# to answer 403 with create_error_response(message, "PermissionDeniedError", FORBIDDEN), whose
+# body is ErrorResponse{error: ErrorInfo{message, type, param, code}} (serve/engine/protocol.py).
+SCALE_OUT_DISABLED = ("Scale-out endpoints are disabled. Restart vllm serve with "
+                      "--enable-scale-out to enable them.")
+
+
+def make_handler(served: str, scale_out: bool = True) -> type:
     class Handler(BaseHTTPRequestHandler):
         def _json(self, code: int, obj: Any) -> None:
             body = json.dumps(obj).encode()
@@ -242,7 +271,11 @@ def make_handler(served: str) -> type:
         def do_POST(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(n) if n else b""
-            if self.path == "/v1/chat/completions/render":
+            if self.path == "/v1/chat/completions/render" and not scale_out:
+                self._json(403, {"error": {"message": SCALE_OUT_DISABLED,
+                                           "type": "PermissionDeniedError", "param": None,
+                                           "code": 403}})
+            elif self.path == "/v1/chat/completions/render":
                 try:
                     req = json.loads(raw or b"{}")
                 except ValueError:
@@ -275,6 +308,8 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enable-scale-out", action="store_true")
+    p.add_argument("--tokens-only", action="store_true")
     p.add_argument("--fake-mib", type=int, default=None)
     p.add_argument("--fake-startup-delay", type=float, default=1.0)
     args, _unknown = p.parse_known_args(argv)
@@ -360,7 +395,14 @@ def main(argv: List[str]) -> None:
         ctx.Process(target=setsid_main, args=(vis[0], 1024), name="setsid").start()
 
     if tp * dp > len(vis):
-        time.sleep(0.5)
+        # The later rank fails only after the earlier ranks took their GPUs (the real order):
+        # wait for their holders, however slow a loaded machine makes their start.
+        fits = sum(1 for d in range(dp) if (d + 1) * tp <= len(vis)) * tp
+        deadline = time.monotonic() + 120
+        while (_gpu_dir() and time.monotonic() < deadline
+               and _own_holders() < fits):
+            time.sleep(0.05)
+        time.sleep(0.2)
         bad = [i for i in range(tp * dp) if i >= len(vis)]
         for rank in bad:
             d = rank // tp
@@ -371,6 +413,13 @@ def main(argv: List[str]) -> None:
         fail(procs, ["/vllm/v1/engine/utils.py\", line 1083, in wait_for_engine_startup"],
              "RuntimeError: Engine core initialization failed. See root cause above. "
              f"Failed core proc(s): {{'EngineCore_DP{bad[0] // tp}': 1}}")
+
+    # vLLM starts the API server only after every engine reported ready (engine/utils.py
+    # wait_for_engine_startup): /health never answers before the GPUs are held.
+    deadline = time.monotonic() + 120
+    while _gpu_dir() and time.monotonic() < deadline and _own_holders() < tp * dp and all(
+            p.is_alive() for p in procs):
+        time.sleep(0.05)
 
     stop = threading.Event()
 
@@ -392,7 +441,8 @@ def main(argv: List[str]) -> None:
     server: Optional[ThreadingHTTPServer] = None
     if not stop.is_set():
         try:
-            server = ThreadingHTTPServer((args.host, args.port), make_handler(served))
+            server = ThreadingHTTPServer((args.host, args.port), make_handler(
+                served, scale_out=args.enable_scale_out or args.tokens_only))
         except OSError as e:
             fail(procs, ["/vllm/entrypoints/openai/api_server.py\", line 1901, in run_server"],
                  f"OSError: [Errno {e.errno}] {e.strerror}")
@@ -404,6 +454,8 @@ def main(argv: List[str]) -> None:
                                ("/v1/chat/completions", "POST"),
                                ("/v1/chat/completions/render", "POST")):
             log(f"Route: {route}, Methods: {methods}", where="launcher.py:54")
+        if not (args.enable_scale_out or args.tokens_only):
+            log(SCALE_OUT_DISABLED, where="factories.py:105")
         print(f"INFO:     Started server process [{os.getpid()}]", flush=True)
         print("INFO:     Waiting for application startup.", flush=True)
         print("INFO:     Application startup complete.", flush=True)

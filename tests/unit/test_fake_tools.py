@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -266,7 +267,7 @@ def get(url: str) -> tuple[int, bytes]:
 def test_vllm_tp_times_dp_over_visible_gpus_fails_with_the_real_assertion(
         vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]], fake_gpu_dir: Path) -> None:
     proc, log, _ = vllm("--tensor-parallel-size", "2", "--data-parallel-size", "2", cvd="0,1")
-    assert proc.wait(15) == 1
+    assert proc.wait(120) == 1
     text = log.read_text()
     assert re.search(r"AssertionError: DP adjusted local rank \d+ is out of bounds", text)
     assert "DP adjusted local rank 3 is out of bounds" in text  # as in the real failed run
@@ -274,22 +275,22 @@ def test_vllm_tp_times_dp_over_visible_gpus_fails_with_the_real_assertion(
     assert "Application startup complete" not in text
     # rank 0's engine grabbed GPUs 0 and 1 first; the failed start killed it again
     assert "holds" in text and "on GPU 1" in text
-    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 5)
+    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 120)
 
 
 def test_vllm_tp_over_visible_fails_at_config_time(
         vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]]) -> None:
     proc, log, _ = vllm("--tensor-parallel-size", "4", cvd="0,1")
-    assert proc.wait(15) == 1
+    assert proc.wait(120) == 1
     assert "World size (4) is larger than the number of available GPUs (2)" in log.read_text()
 
 
 def test_vllm_healthy_start_serves_and_renames_children_then_stops_on_term(
         vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]], fake_gpu_dir: Path) -> None:
     proc, log, port = vllm("--data-parallel-size", "2", "--served-model-name", "served-id",
-                           cvd="4,5")
+                           "--enable-scale-out", cvd="4,5")
     base = f"http://127.0.0.1:{port}"
-    assert wait_until(lambda: get(base + "/health")[0] == 200, 15), log.read_text()
+    assert wait_until(lambda: get(base + "/health")[0] == 200, 120), log.read_text()
     status, body = get(base + "/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == "served-id"
     req = urllib.request.Request(base + "/v1/chat/completions/render", method="POST",
@@ -312,15 +313,36 @@ def test_vllm_healthy_start_serves_and_renames_children_then_stops_on_term(
     assert all(os.getsid(p) == proc.pid for p in children)
 
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0
-    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 5)
-    assert wait_until(lambda: group_members(proc.pid) == [], 5)
+    assert proc.wait(120) == 0
+    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 120)
+    assert wait_until(lambda: group_members(proc.pid) == [], 120)
+
+
+def test_vllm_render_route_is_refused_without_enable_scale_out(
+        vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]]) -> None:
+    """vllm 0.33 scale_out/factories.py: 403 PermissionDeniedError unless --enable-scale-out;
+    speculators' prepare-data then drops every conversation."""
+    proc, log, port = vllm()
+    base = f"http://127.0.0.1:{port}"
+    assert wait_until(lambda: get(base + "/health")[0] == 200, 120), log.read_text()
+    req = urllib.request.Request(base + "/v1/chat/completions/render", method="POST",
+                                 data=b'{"messages": []}',
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=5)
+    assert refused.value.code == 403
+    error = json.loads(refused.value.read())["error"]
+    assert error["type"] == "PermissionDeniedError" and error["code"] == 403
+    assert error["message"].startswith("Scale-out endpoints are disabled. Restart vllm serve "
+                                       "with --enable-scale-out")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) == 0
 
 
 def test_vllm_sigkill_of_parent_leaves_children_holding_gpus(
         vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]], fake_gpu_dir: Path) -> None:
     proc, log, port = vllm("--tensor-parallel-size", "2", cvd="0,1")
-    assert wait_until(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, 15), \
+    assert wait_until(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, 120), \
         log.read_text()
     before = nvidia_smi.live_holders(fake_gpu_dir)
     assert sorted(h["gpu"] for h in before) == [0, 1]  # the two TP workers
@@ -336,7 +358,7 @@ def test_vllm_sigkill_of_parent_leaves_children_holding_gpus(
     assert used[0] > 0 and used[1] > 0
 
     os.killpg(proc.pid, signal.SIGKILL)  # the recorded group: this is what frees the GPUs
-    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 5)
+    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 120)
 
 
 def test_vllm_straggler_options_leave_what_cleanup_must_find(
@@ -344,11 +366,11 @@ def test_vllm_straggler_options_leave_what_cleanup_must_find(
         procs: ProcessTracker) -> None:
     proc, log, port = vllm(cvd="0", env={"FAKE_VLLM_SETSID_CHILD": "1",
                                          "FAKE_VLLM_IGNORE_TERM_CHILD": "1"})
-    assert wait_until(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, 15), \
+    assert wait_until(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, 120), \
         log.read_text()
-    assert wait_until(lambda: len(nvidia_smi.live_holders(fake_gpu_dir)) == 2, 5)
+    assert wait_until(lambda: len(nvidia_smi.live_holders(fake_gpu_dir)) == 2, 120)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0
+    assert proc.wait(120) == 0
     left = {h["pid"]: h for h in nvidia_smi.live_holders(fake_gpu_dir)}
     assert len(left) == 2, "the TERM-ignoring engine and the setsid child both survive"
     escaped = [p for p in left if os.getpgid(p) != proc.pid]
@@ -363,12 +385,12 @@ def test_vllm_fatal_env_and_stale_memory(
         vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]], fake_gpu_dir: Path,
         sleepers: Callable[[int], list[subprocess.Popen[Any]]]) -> None:
     proc, log, _ = vllm(cvd="0", env={"FAKE_VLLM_FATAL": "CUSTOM FATAL: boom"}, delay=0.1)
-    assert proc.wait(15) == 1
+    assert proc.wait(120) == 1
     assert "CUSTOM FATAL: boom" in log.read_text()
     (stale,) = sleepers(1)
     nvidia_smi.register_holder(fake_gpu_dir, stale.pid, 3, 30000)
     proc, log, _ = vllm(cvd="3")
-    assert proc.wait(15) == 1
+    assert proc.wait(120) == 1
     assert re.search(r"Free memory on device cuda:0 \([\d.]+/48\.00 GiB\) on startup is less "
                      r"than desired GPU memory utilization", log.read_text())
 
@@ -396,7 +418,7 @@ def test_trainer_writes_complete_checkpoints_and_resumes(
     metric_lines = [line for line in out.splitlines() if "train/loss=" in line]
     assert len(metric_lines) == 6 and all(METRIC.search(line) for line in metric_lines)
     assert "train/position_3_acc=" in metric_lines[0] and "lr/Muon=1.00e-03" in metric_lines[0]
-    assert metric_lines[-1].endswith("global_step=6")
+    assert metric_lines[-1].endswith("global_step=5")  # logged before the increment
     for epoch in ("0", "1"):
         assert sorted(os.listdir(save / epoch)) == [
             "config.json", "model.safetensors", "optimizer_state_dict.pt",
@@ -423,14 +445,49 @@ def test_trainer_sigterm_saves_interrupted_and_holds_its_gpus(
                        env={"CUDA_VISIBLE_DEVICES": "2,3",
                             nvidia_smi.STATE_ENV: str(fake_gpu_dir)},
                        stdout=log.open("w"), stderr=subprocess.STDOUT)
-    assert wait_until(lambda: "global_step=2" in log.read_text(), 10)
+    assert wait_until(lambda: "global_step=2" in log.read_text(), 120)
     assert sorted(h["gpu"] for h in nvidia_smi.live_holders(fake_gpu_dir)) == [2, 3]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0
+    assert proc.wait(120) == 0
     text = log.read_text()
     assert "Received SIGTERM — interrupting training to save checkpoint" in text
-    assert (save / "interrupted" / "training_state.json").is_file()
-    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 5)
+    # speculators saves interrupted/ with a string label: no training_state.json is written
+    assert (save / "interrupted" / "model.safetensors").is_file()
+    assert not (save / "interrupted" / "training_state.json").exists()
+    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 120)
+
+
+def test_trainer_saves_within_the_epoch_in_place_and_resumes_mid_epoch(
+        standin: Callable[[str], Path], tmp_path: Path) -> None:
+    """--checkpoint-freq 0.25 over 8 steps: folder 0 rewritten at steps 2, 4, 6, then 0_end."""
+    save = tmp_path / "ckpt"
+    common = ["--verifier-name-or-path", "m", "--save-path", str(save), "--epochs", "2",
+              "--fake-steps-per-epoch", "8", "--fake-step-seconds", "0.01",
+              "--checkpoint-freq", "0.25"]
+    first = run_trainer(standin, *common, "--max-steps", "5")
+    assert first.returncode == 0, first.stderr
+    assert f"Checkpoint saved to {save}/0" in first.stdout
+    state = json.loads((save / "0" / "training_state.json").read_text())
+    # --max-steps 5 ends epoch 0 early, and speculators saves it as the end of the epoch
+    assert state == {"epoch": 0, "local_step": 0, "global_step": 5}
+    (save / "0" / "training_state.json").write_text(
+        json.dumps({"epoch": 0, "local_step": 4, "global_step": 4}))
+    second = run_trainer(standin, *common)
+    assert "Resuming mid-epoch from epoch=0 local_step=4 global_step=4." in second.stdout
+    assert "global_step=4," not in second.stdout.split("Resuming")[0]
+    assert os.readlink(save / "epoch1_end") == "1"
+
+
+def test_trainer_resumes_from_a_half_written_folder_like_speculators(
+        standin: Callable[[str], Path], tmp_path: Path) -> None:
+    """The reason outrig quarantines: speculators takes the highest folder unchecked."""
+    save = tmp_path / "ckpt"
+    (save / "3").mkdir(parents=True)
+    (save / "3" / "model.safetensors").write_bytes(b"half")
+    out = run_trainer(standin, "--verifier-name-or-path", "m", "--save-path", str(save),
+                      "--epochs", "5", "--fake-steps-per-epoch", "1",
+                      "--fake-step-seconds", "0.01").stdout
+    assert f"Found checkpoint at {save}/3." in out and "Resuming training on epoch 4." in out
 
 
 class _Models(BaseHTTPRequestHandler):
@@ -505,9 +562,9 @@ def test_train_tiny_saves_and_exits_0_on_sigterm(procs: ProcessTracker, tmp_path
                         "--step-seconds", "0.01", "--checkpoint-every", "100000"],
                        stdout=log.open("w"), stderr=subprocess.STDOUT,
                        env={"PYTHONUNBUFFERED": "1"})
-    assert wait_until(lambda: "global_step=5\n" in log.read_text(), 10)
+    assert wait_until(lambda: "global_step=5\n" in log.read_text(), 120)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0
+    assert proc.wait(120) == 0
     text = log.read_text()
     step = int(re.findall(r"global_step=(\d+)", text)[-1])
     assert f"Received SIGTERM: saving checkpoint at step {step} and exiting." in text
