@@ -43,6 +43,18 @@ class Project:
         return cls(here)
 
 
+def playbook_name(project: Project, value: str | None) -> str | None:
+    """``--playbook`` as cleanup, status and tail-logs need it: the name runs are filed under.
+
+    deploy and plan take a name or a path; a path here would otherwise reach the box as a
+    name and be refused there, so a path is read for the ``name:`` it deploys as."""
+    if value is None or not ("/" in value or value.endswith((".yaml", ".yml"))):
+        return value
+    from outrig.playbook import find_playbook, load_job
+
+    return load_job(find_playbook(value, project.playbooks_dir)).name
+
+
 def new_run_id(playbook: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{playbook}-{stamp}-{_secrets.token_hex(2)}"

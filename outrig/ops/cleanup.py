@@ -19,7 +19,7 @@ from rich.table import Table
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
-from outrig.ops.base import Project, host_session
+from outrig.ops.base import Project, host_session, playbook_name
 
 HOW = {"term": "exited on SIGTERM", "kill": "killed (SIGKILL)", "gone": "was not running",
        "reused": "pid reused by another process: untouched", "refused": "refused"}
@@ -51,6 +51,7 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
     if timeout <= 0:
         raise ConfigError("--timeout must be a positive number of seconds")
     journal = journal or Journal()
+    playbook = playbook_name(project, playbook)
     started = time.monotonic()
     with host_session(project, host_spec, reporter, journal) as session:
         result = session.call("cleanup", run_id=run_id, playbook=playbook, all=all_runs,

@@ -51,7 +51,7 @@ from outrig.logtail import (
     decode_chunk,
     partial_tail,
 )
-from outrig.ops.base import HostSession, Project, base_request
+from outrig.ops.base import HostSession, Project, base_request, playbook_name
 from outrig.transport import AgentChannel, transport_for
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)
@@ -600,6 +600,7 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     # paramiko reports every reset socket through logging's last-resort stderr handler; a
     # reconnect is expected here and is reported by us, in one line.
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    playbook = playbook_name(project, playbook)
     session = HostSession(project, host_spec, reporter, journal)
     tailer = LogTailer(session, run_id=run_id, playbook=playbook, processes=processes,
                        lines=lines, follow=follow, grep=grep, stop=stop, **tuning)

@@ -10,7 +10,7 @@ from typing import Any
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.ops.base import Project, host_session
+from outrig.ops.base import Project, host_session, playbook_name
 
 
 def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) -> dict[str, Any]:
@@ -27,6 +27,7 @@ def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str 
            playbook: str | None = None, log_lines: int = 5,
            journal: Journal | None = None) -> dict[str, Any]:
     """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
+    playbook = playbook_name(project, playbook)
     with host_session(project, host_spec, reporter, journal) as session:
         result = session.call("status", stream=False, log_lines=log_lines,
                               progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,

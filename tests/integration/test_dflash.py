@@ -12,6 +12,7 @@ safetensors index), so deploy's ``model_facts`` probe reads its layer count on t
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from outrig.console import Reporter
 from outrig.errors import PlanError
 from outrig.journal import Journal
 from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from tests.integration.test_deploy import box_workdir, free_port, teardown_runs
 
@@ -71,15 +73,11 @@ print("rendered %s samples from %s via %s" % (ns.max_samples, ns.data, ns.render
 
 TORCHRUN_SHIM = """\
 #!{python}
-# test shim: torchrun [launcher args] -m speculators.train ARGS -> the trainer stand-in
-import os, sys
-argv = sys.argv[1:]
-cut = argv.index("-m")
-assert argv[cut + 1] == "speculators.train", argv
-launcher = argv[:cut]
-n = launcher[launcher.index("--nproc_per_node") + 1]
-os.execv(sys.executable, [sys.executable, {fake!r}, "--standalone", "--nproc_per_node", n,
-                          *argv[cut + 2:]])
+# test shim: torchrun [launcher args] -m speculators.train ARGS -> the torchrun stand-in, which
+# starts the trainer stand-in as its ranks (each in a session of its own, as torchrun does)
+import json, os, sys
+os.environ["FAKE_TORCHRUN_MODULES"] = json.dumps({{"speculators.train": {fake!r}}})
+os.execv(sys.executable, [sys.executable, {torchrun!r}, *sys.argv[1:]])
 """
 
 
@@ -98,7 +96,8 @@ def make_shims(root: Path, standin: Any) -> tuple[Path, Path]:
     torchrun = root / "bin" / "torchrun"
     torchrun.parent.mkdir()
     torchrun.write_text(TORCHRUN_SHIM.format(python=sys.executable,
-                                             fake=str(standin("fake_trainer"))))
+                                             fake=str(standin("fake_trainer")),
+                                             torchrun=str(standin("fake_torchrun"))))
     torchrun.chmod(0o755)
     return pkg, torchrun
 
@@ -113,7 +112,10 @@ def make_model(path: Path, layers: int) -> Path:
     return path
 
 
-def dflash_playbook(tmp_path: Path, standin: Any, *, model: Path, port: int) -> Path:
+def dflash_playbook(tmp_path: Path, standin: Any, *, model: Path, port: int,
+                    trainer_args: tuple[str, ...] = ("--fake-steps-per-epoch", "3",
+                                                     "--fake-step-seconds", "0.2"),
+                    **section: Any) -> Path:
     pythonpath, torchrun = make_shims(tmp_path / "shims", standin)
     data = tmp_path / "box-data"
     body = {
@@ -132,13 +134,12 @@ def dflash_playbook(tmp_path: Path, standin: Any, *, model: Path, port: int) -> 
                        "python": sys.executable, "env": {"PYTHONPATH": str(pythonpath)},
                        "ready_timeout": 60, "stop_grace": 10},
             "trainer": {"gpus": [2, 3], "python": sys.executable, "torchrun": str(torchrun),
-                        "extra_args": ["--fake-steps-per-epoch", "3",
-                                       "--fake-step-seconds", "0.2"],
-                        "ready_timeout": 60},
+                        "extra_args": list(trainer_args), "ready_timeout": 60},
             "prepare": {"data": [str(data / "conversations.jsonl")], "timeout": 60,
                         "env": {"PYTHONPATH": str(pythonpath)}},
         },
     }
+    body["dflash"].update(section)
     path = tmp_path / "dflash-sandbox.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     return path
@@ -196,7 +197,8 @@ def test_dflash_recipe_deploys_prepares_trains_and_resumes(
     assert second.plan.run_id != plan.run_id
     assert "skipping preprocessing" in log_of(box_host, second.plan.run_id, "prepare")
     resumed = log_of(box_host, second.plan.run_id, "trainer")
-    assert "Found checkpoint at" in resumed and "Resuming training on epoch" in resumed
+    assert "Found checkpoint at" in resumed
+    assert "Resuming training on epoch" in resumed or "Resuming mid-epoch from" in resumed
     old = json.loads((box_workdir(box_host) / "runs" / plan.run_id / "run.json").read_text())
     assert old["status"] == "stopped"
 
@@ -211,3 +213,82 @@ def test_missing_model_refuses_before_anything_starts(
     text = str(info.value)
     assert "not-staged does not exist on" in text and "inv stage --host" in text
     assert not (box_workdir(box_host) / "runs").exists(), "nothing was launched"
+
+
+def test_cleanup_stops_the_ranks_first_so_the_interrupt_save_completes(
+        box_host: Path, tmp_path: Path, standin: Any, teardown_runs: None) -> None:
+    """torchrun would TERM each rank's group (killing its DataLoader workers mid-save); the
+    recipe's children-first stop signals the ranks themselves and waits for their save."""
+    journal = Journal(tmp_path / "state")
+    model = make_model(tmp_path / "models" / "Qwen-fake", layers=8)
+    playbook = dflash_playbook(
+        tmp_path, standin, model=model, port=free_port(),
+        trainer_args=("--fake-steps-per-epoch", "200", "--fake-step-seconds", "0.05",
+                      "--fake-dataloader-workers", "1", "--fake-save-seconds", "2"))
+    run = deploy(PROJECT, str(box_host), str(playbook), Reporter(quiet=True), journal=journal)
+    save = tmp_path / "box-data" / "checkpoints"
+    assert wait_for(save / "0" / "training_state.json", 120)
+    result = cleanup(PROJECT, str(box_host), Reporter(quiet=True),
+                     playbook=str(playbook), journal=journal)
+    text = log_of(box_host, run.plan.run_id, "trainer")
+    assert f"Interrupt checkpoint saved to '{save}/interrupted'" in text, text[-2000:]
+    assert "Failed to save" not in text and "killed by signal" not in text
+    assert sorted(os.listdir(save / "interrupted")) == [
+        "config.json", "model.safetensors", "optimizer_state_dict.pt",
+        "scheduler_state_dict.pt"]
+    trainer = next(p for r in result["runs"] for p in r["processes"]
+                   if p["process"] == "trainer")
+    assert trainer["how"] == "term"  # ended by itself: nothing had to be SIGKILLed
+
+
+def test_a_stop_during_a_save_never_lets_the_half_written_folder_be_resumed(
+        box_host: Path, tmp_path: Path, standin: Any, teardown_runs: None) -> None:
+    """--checkpoint-freq < 1 rewrites folder N in place; speculators resumes from the highest
+    folder unchecked. A stop in the middle of the rewrite must not leave N to be loaded."""
+    journal = Journal(tmp_path / "state")
+    model = make_model(tmp_path / "models" / "Qwen-fake", layers=8)
+    playbook = dflash_playbook(
+        tmp_path, standin, model=model, port=free_port(), checkpoint_freq=0.5, epochs=20,
+        trainer_args=("--fake-steps-per-epoch", "4", "--fake-step-seconds", "0.1",
+                      "--fake-save-seconds", "8"))
+    run = deploy(PROJECT, str(box_host), str(playbook), Reporter(quiet=True), journal=journal)
+    save = tmp_path / "box-data" / "checkpoints"
+    log = box_workdir(box_host) / "runs" / run.plan.run_id / "logs" / "trainer.log"
+    # folder 1 complete once (mid-epoch), then being rewritten (its end-of-epoch save)
+    assert _wait_text(log, f"Saving checkpoint to {save}/1", count=2), log.read_text()
+    assert _wait_file_newer(save / "1" / "model.safetensors", save / "1" / "training_state.json")
+    cleanup(PROJECT, str(box_host), Reporter(quiet=True), playbook=str(playbook),
+            journal=journal)
+    state = json.loads((save / "1" / "training_state.json").read_text())
+    assert state["local_step"] == 2, "the rewrite was cut before training_state.json"
+
+    second = deploy(PROJECT, str(box_host), str(playbook), Reporter(quiet=True),
+                    journal=journal)
+    resumed = log_of(box_host, second.plan.run_id, "trainer")
+    assert f"Found checkpoint at {save}/0." in resumed, resumed
+    assert "Resuming training on epoch 1." in resumed
+    aside = [p for p in save.iterdir() if p.name.startswith("1.incomplete-")]
+    assert len(aside) == 1, sorted(p.name for p in save.iterdir())
+    kept = json.loads((aside[0] / "training_state.json").read_text())
+    assert kept["local_step"] == 2  # the half-rewritten folder, kept for inspection
+
+
+def _wait_text(path: Path, needle: str, *, count: int = 1, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count(needle) >= count:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _wait_file_newer(newer: Path, than: Path, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if newer.stat().st_mtime > than.stat().st_mtime:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.02)
+    return False

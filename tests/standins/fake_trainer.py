@@ -50,6 +50,20 @@ GPU_DIR_ENV = "OUTRIG_FAKE_GPU_DIR"
 STOP = threading.Event()
 
 
+class TrainingInterrupted(Exception):
+    """graceful_shutdown.py: the first SIGTERM/SIGINT raises in the main thread, wherever it
+    is (inside a step or inside a periodic checkpoint save); later ones are ignored."""
+
+
+def on_interrupt(signum: int, frame: Any) -> None:
+    if STOP.is_set():
+        return
+    STOP.set()
+    log(f"Received {signal.Signals(signum).name} — interrupting training to save checkpoint. "
+        "Send again to force immediate exit.", level="WARNING")
+    raise TrainingInterrupted(signal.Signals(signum).name)
+
+
 def log(msg: str, level: str = "INFO") -> None:
     """A RichHandler-like line (rank 0 only, like the real trainer)."""
     print(f"[{time.strftime('%m/%d/%y %H:%M:%S')}] {level:<8} {msg}", flush=True)
@@ -104,6 +118,7 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--checkpoint-freq", type=float, default=1.0)
     p.add_argument("--scheduler-type", default="linear")
     p.add_argument("--fake-save-seconds", type=float, default=0.0)
+    p.add_argument("--fake-dataloader-workers", type=int, default=0)
     # torchrun's own flags, accepted so the rendered torchrun command works unchanged
     p.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=None)
     p.add_argument("--standalone", action="store_true")
@@ -314,8 +329,7 @@ def train(args: argparse.Namespace, argv: List[str]) -> int:
     for epoch in range(start_epoch, args.epochs):
         log(f"Training epoch {epoch + 1}/{args.epochs} started")
         for local in range(skip + 1, steps + 1):
-            if STOP.wait(args.fake_step_seconds):
-                return interrupted(save, args)
+            time.sleep(args.fake_step_seconds)
             items = metrics(args, epoch, global_step, rng)
             if global_step % max(1, args.log_freq) == 0:
                 log(", ".join(items))
@@ -324,8 +338,6 @@ def train(args: argparse.Namespace, argv: List[str]) -> int:
                 break
             if interval is not None and local % interval == 0 and steps - local >= interval:
                 checkpoint(save, epoch, local, global_step, args)
-                if STOP.is_set():
-                    return interrupted(save, args)
         skip = 0
         log(f"Training epoch {epoch + 1}/{args.epochs} completed")
         if args.checkpoint_freq < 1 or (epoch + 1) % int(args.checkpoint_freq) == 0 \
@@ -333,26 +345,79 @@ def train(args: argparse.Namespace, argv: List[str]) -> int:
             checkpoint(save, epoch, 0, global_step, args)
         _symlink(save, "checkpoint_best", str(epoch))
         log(f"Updated checkpoint_best -> {epoch} (loss_epoch=0.500000)")
-        if STOP.is_set():
-            return interrupted(save, args)
         if args.max_steps is not None and global_step >= args.max_steps:
             break
     log("Training complete.")
     return 0
 
 
+# ----------------------------------------------------------------------------- DataLoader
+WORKERS: List[subprocess.Popen[bytes]] = []
+EXITING = threading.Event()
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+def start_dataloader_workers(count: int) -> None:
+    """Persistent DataLoader workers: children in this rank's group (so torchrun's killpg
+    reaches them) with the default SIGTERM action. torch's SIGCHLD handler
+    (utils/data/_utils/signal_handling.py ``_set_SIGCHLD_handler``) raises in the main thread
+    when one dies: "DataLoader worker (pid X) is killed by signal: Terminated."."""
+    for _ in range(count):
+        WORKERS.append(subprocess.Popen(
+            [sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"],
+            stdin=subprocess.DEVNULL))
+
+    def on_child(signum: int, frame: Any) -> None:
+        if EXITING.is_set():
+            return
+        for w in WORKERS:
+            code = w.poll()
+            if code is not None and code < 0:
+                raise WorkerDied(f"DataLoader worker (pid {w.pid}) is killed by signal: "
+                                 f"{signal.strsignal(-code)}.")
+
+    if count:
+        signal.signal(signal.SIGCHLD, on_child)
+
+
+def stop_dataloader_workers() -> None:
+    EXITING.set()
+    for w in WORKERS:
+        if w.poll() is None:
+            w.terminate()
+    for w in WORKERS:
+        w.wait()
+
+
 def interrupted(save: str, args: argparse.Namespace) -> int:
     """graceful_shutdown.py: save ``interrupted/`` (no training_state.json: the label is not
     an epoch number) and return normally."""
-    log("Received SIGTERM — interrupting training to save checkpoint. Send again to force "
-        "immediate exit.", level="WARNING")
+    try:
+        return _interrupted(save, args)
+    except WorkerDied as exc:  # raised before the save began: the rank crashes
+        print("Traceback (most recent call last):", flush=True)
+        print(f"RuntimeError: {exc}", flush=True)
+        return 1
+
+
+def _interrupted(save: str, args: argparse.Namespace) -> int:
     log("Training interrupted — attempting to save checkpoint (timeout=120s, send Ctrl+C "
         "again to force exit)...", level="WARNING")
     target = os.path.join(save, "interrupted")
-    log(f"Saving checkpoint to {target}")
-    save_checkpoint(save, "interrupted", args, None)
-    log(f"Checkpoint saved to {target}")
-    log(f"Interrupt checkpoint saved to '{target}'")
+    try:
+        log(f"Saving checkpoint to {target}")
+        save_checkpoint(save, "interrupted", args, None)
+        log(f"Checkpoint saved to {target}")
+        log(f"Interrupt checkpoint saved to '{target}'")
+    except WorkerDied as exc:  # graceful_shutdown.py: logger.exception, then return normally
+        log("Failed to save interrupt checkpoint", level="ERROR")
+        print("Traceback (most recent call last):", flush=True)
+        print('  File "speculators/train/graceful_shutdown.py", line 160, in wrapper',
+              flush=True)
+        print(f"RuntimeError: {exc}", flush=True)
     return 0
 
 
@@ -361,12 +426,37 @@ def main(argv: List[str]) -> int:
     if args.fake_rank is not None:
         rank_main(args.fake_rank, int(args.fake_gpu or 0), args.fake_mib)
         return 0
-    signal.signal(signal.SIGTERM, lambda s, f: STOP.set())
-    signal.signal(signal.SIGINT, lambda s, f: STOP.set())
-    ranks = start_ranks(args)
+    launched_rank = os.environ.get("RANK")
+    if launched_rank not in (None, "0"):  # a further rank under (fake) torchrun
+        cvd = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+        rank = int(launched_rank)
+        physical = int(cvd[rank]) if rank < len(cvd) else 0
+        if os.environ.get(GPU_DIR_ENV):
+            rank_main(rank, physical, args.fake_mib)
+        signal.signal(signal.SIGTERM, lambda s, f: os._exit(0))
+        while True:
+            time.sleep(3600)
+    signal.signal(signal.SIGTERM, on_interrupt)
+    signal.signal(signal.SIGINT, on_interrupt)
+    ranks = [] if launched_rank is not None else start_ranks(args)
+    if launched_rank is not None and os.environ.get(GPU_DIR_ENV):
+        cvd = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+        if cvd:
+            register_holder(int(cvd[0]), args.fake_mib)
+    start_dataloader_workers(args.fake_dataloader_workers)
     try:
-        return train(args, argv)
+        try:
+            try:
+                return train(args, argv)
+            except TrainingInterrupted:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second TERM now kills
+                return interrupted(args.save_path, args)
+        except WorkerDied as exc:  # a worker killed while training: the run fails
+            print("Traceback (most recent call last):", flush=True)
+            print(f"RuntimeError: {exc}", flush=True)
+            return 1
     finally:
+        stop_dataloader_workers()
         for p in ranks:  # torchrun forwards the signal to its ranks and waits for them
             if p.poll() is None:
                 p.terminate()

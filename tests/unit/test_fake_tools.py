@@ -569,3 +569,73 @@ def test_train_tiny_saves_and_exits_0_on_sigterm(procs: ProcessTracker, tmp_path
     step = int(re.findall(r"global_step=(\d+)", text)[-1])
     assert f"Received SIGTERM: saving checkpoint at step {step} and exiting." in text
     assert json.loads((save / str(step) / "training_state.json").read_text())["global_step"] == step
+
+
+# ------------------------------------------------------------------ fake torchrun
+def torchrun_job(standin: Callable[[str], Path], procs: ProcessTracker, tmp_path: Path,
+                 *launcher: str) -> tuple[subprocess.Popen[Any], Path, Path]:
+    save, log = tmp_path / "ckpt", tmp_path / "train.log"
+    env = {"FAKE_TORCHRUN_MODULES": json.dumps({"speculators.train":
+                                                str(standin("fake_trainer"))})}
+    proc = procs.spawn([sys.executable, str(standin("fake_torchrun")), "--standalone",
+                        "--nproc_per_node", "2", *launcher, "-m", "speculators.train",
+                        "--verifier-name-or-path", "m", "--save-path", str(save),
+                        "--epochs", "50", "--fake-step-seconds", "0.05",
+                        "--fake-dataloader-workers", "1", "--fake-save-seconds", "1"],
+                       env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    assert wait_until(lambda: "global_step=2" in log.read_text(), 120), log.read_text()
+    return proc, save, log
+
+
+def ranks_of(launcher: int) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and ppid(int(p)) == launcher]
+
+
+def ppid(pid: int) -> int:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(raw[raw.rfind(")") + 2:].split()[1])
+
+
+def test_torchrun_term_kills_the_dataloader_workers_and_the_interrupt_save_fails(
+        standin: Callable[[str], Path], procs: ProcessTracker, tmp_path: Path) -> None:
+    """torchrun forwards SIGTERM to each rank's whole group: the workers die, the save fails
+    (what was seen on the real H200: "DataLoader worker ... killed by signal" then "Failed to
+    save interrupt checkpoint")."""
+    proc, save, log = torchrun_job(standin, procs, tmp_path)
+    ranks = ranks_of(proc.pid)
+    assert len(ranks) == 2 and all(os.getsid(r) == r for r in ranks)  # own sessions
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(120)
+    text = log.read_text()
+    assert "Sending process" in text and "closing signal SIGTERM" in text
+    # the worker's death raises in the rank during the save (or just before it)
+    assert "is killed by signal: Terminated." in text
+    assert "Interrupt checkpoint saved" not in text
+    assert not (save / "interrupted" / "scheduler_state_dict.pt").exists()
+
+
+def test_term_to_the_ranks_themselves_lets_the_interrupt_save_finish(
+        standin: Callable[[str], Path], procs: ProcessTracker, tmp_path: Path) -> None:
+    proc, save, log = torchrun_job(standin, procs, tmp_path)
+    for rank in ranks_of(proc.pid):
+        os.kill(rank, signal.SIGTERM)
+    assert proc.wait(120) == 0  # every worker ended with 0, so torchrun does
+    text = log.read_text()
+    assert f"Interrupt checkpoint saved to '{save}/interrupted'" in text
+    assert "Failed to save" not in text
+    assert sorted(os.listdir(save / "interrupted")) == [
+        "config.json", "model.safetensors", "optimizer_state_dict.pt",
+        "scheduler_state_dict.pt"]
+
+
+def test_torchrun_without_shutdown_timeout_refuses_the_flag(
+        standin: Callable[[str], Path], tmp_path: Path) -> None:
+    """torch 2.11's torchrun has no --shutdown-timeout: a usage error, exit 2."""
+    run = subprocess.run([sys.executable, str(standin("fake_torchrun")), "--standalone",
+                          "--shutdown-timeout", "150", "-m", "speculators.train"],
+                         capture_output=True, text=True, timeout=60, check=False,
+                         env={**os.environ, "FAKE_TORCHRUN_NO_SHUTDOWN_TIMEOUT": "1"})
+    assert run.returncode == 2 and "unrecognized arguments: --shutdown-timeout" in run.stderr
