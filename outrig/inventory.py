@@ -33,7 +33,9 @@ class HostFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    hostname: str = Field(description="address or ~/.ssh/config alias")
+    hostname: str = Field(description="address or ~/.ssh/config alias; 'local' runs the "
+                          "agent on this machine without SSH, in this file's workdir (two "
+                          "such files are two boxes on one machine)")
     port: int | None = Field(None, ge=1, le=65535)
     user: str | None = None
     identity_file: str | None = None
@@ -119,6 +121,7 @@ def _host_from_file(name: str, path: Path) -> Host:
         identity_file=spec.identity_file, known_hosts=spec.known_hosts, workdir=spec.workdir,
         env=dict(spec.env), python=spec.python, gpus=spec.gpus,
         connect_timeout=spec.connect_timeout, source=str(path),
+        is_local=spec.hostname == "local",
     )
 
 

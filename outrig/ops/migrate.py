@@ -72,16 +72,55 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
     return None, tried
 
 
+def trainer_ranks(processes: Any) -> int | None:
+    """torchrun's ``--nproc_per_node`` of a plan's ``trainer`` (a Plan's processes, or the
+    journal's list of process dicts); None when the trainer is not launched by torchrun."""
+    if isinstance(processes, dict):
+        proc = processes.get("trainer")
+        argv = list(proc.argv) if proc is not None else []
+    else:
+        found = [p for p in processes or [] if isinstance(p, dict) and p.get("name") == "trainer"]
+        argv = [str(a) for a in found[0].get("argv") or []] if found else []
+    for flag in ("--nproc_per_node", "--nproc-per-node"):
+        if flag in argv[:-1]:
+            value = argv[argv.index(flag) + 1]
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def rank_problem(old: int | None, plan: Plan, to_spec: str) -> str | None:
+    """Why ``plan`` cannot resume a run trained with ``old`` ranks, or None.
+
+    speculators counts steps per rank: ``len(train_loader)`` shrinks as ranks are added, the
+    restored LR scheduler carries the old global step against a total re-derived from the new
+    length (trainer.py ``_resolve_scheduler_steps``), and a mid-epoch resume skips
+    ``local_step`` batches of the new loader (dataloader.py), which are not the batches the
+    old ranks saw. Resuming with another rank count can end the schedule at once (LR 0) or
+    replay and skip the wrong samples."""
+    new = trainer_ranks(plan.processes)
+    if old is None or new is None or old == new:
+        return None
+    return (f"{plan.playbook} trains with {new} rank(s) on {to_spec}, but the run being "
+            f"moved trained with {old}: speculators counts steps per rank, so its restored "
+            "LR schedule and mid-epoch position would not line up (the schedule can already "
+            f"be at 0). Use a family member whose trainer has {old} GPU(s) on {to_spec}, or "
+            "start a fresh run there (a new save_path) instead of resuming")
+
+
 def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: bool,
-                    journal: Journal) -> tuple[Plan, str, list[str]]:
+                    journal: Journal, ranks: int | None = None) -> tuple[Plan, str, list[str]]:
     """The plan for NEW: ``playbook`` if it was named explicitly, else the member of its
-    family that fits NEW and uses the most GPUs (ties: the playbook itself).
+    family that fits NEW and uses the most GPUs (ties: the playbook itself), among those
+    whose trainer keeps the ``ranks`` of the run being moved.
 
     Returns the plan, the chosen member as a name or path that ``find_playbook`` accepts,
     and the names of every member considered.
     """
     if explicit:
         plan = build_plan(project, to_spec, playbook, journal=journal)
+        problem = rank_problem(ranks, plan, to_spec)
+        if problem:
+            raise PlanError([problem], context=f"migrate to {to_spec}")
         return plan, playbook, [plan.playbook]
     base = load_job(find_playbook(playbook, project.playbooks_dir))
     fam = family(base)
@@ -100,6 +139,10 @@ def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: 
             plan = build_plan(project, to_spec, member, journal=journal)
         except PlanError as exc:
             problems.append(f"{name}: {'; '.join(exc.problems)}")
+            continue
+        problem = rank_problem(ranks, plan, to_spec)
+        if problem:
+            problems.append(f"{name}: {problem}")
             continue
         used = sum(len(p.gpus) for p in plan.processes.values())
         fitting.append((used, -order, plan, member))
@@ -173,9 +216,10 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
         from outrig.ops.provision import provision
 
         provision(project, to_spec, reporter, playbook=source, journal=journal)
-    plan, new_playbook, considered = choose_playbook(
-        project, to_spec, source, explicit=playbook is not None, journal=journal)
     old_plan = last.get("plan") if last else None
+    plan, new_playbook, considered = choose_playbook(
+        project, to_spec, source, explicit=playbook is not None, journal=journal,
+        ranks=trainer_ranks((old_plan or {}).get("processes")))
     if not reporter.json_mode:
         reporter.stdout_console.print(placement_table(old_plan, plan, old_host.name,
                                                       new_host.name))

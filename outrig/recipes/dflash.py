@@ -522,7 +522,10 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     ]
     out.processes["trainer"] = {
         "command": trainer_argv,
+        # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: what torchrun waits between SIGTERM and SIGKILL
+        # where it reads it (the torch releases with --shutdown-timeout); ignored elsewhere.
         "env": {**spec.env, **offline, "COLUMNS": "300", "PYTHONUNBUFFERED": "1",
+                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{int(trainer.stop_grace)}",
                 **trainer.env},
         "gpus": list(trainer.gpus),
         "after": trainer_after,

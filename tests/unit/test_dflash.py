@@ -175,8 +175,28 @@ def test_eight_gpu_variant_changes_placement(tmp_path: Path) -> None:
     plan = make_plan(job, HOST, HostFacts(gpu_count=8, gpu_memory_mib=97_871), "r")
     assert plan.ok, plan.problems
     server, trainer = plan.processes["server"], plan.processes["trainer"]
-    assert server.gpus == [0, 1, 2, 3] and server.parallel == (2, 2)
-    assert trainer.gpus == [4, 5, 6, 7] and flag(trainer.argv, "--nproc_per_node") == "4"
+    assert server.gpus == [0, 1, 2, 3, 4, 5] and server.parallel == (2, 3)
+    # the same two ranks as dflash-qwen36: a run moves between them and resumes
+    assert trainer.gpus == [6, 7] and flag(trainer.argv, "--nproc_per_node") == "2"
+
+
+def test_migrating_to_another_trainer_rank_count_is_refused_with_the_reason(
+        tmp_path: Path) -> None:
+    """speculators counts steps per rank (trainer.py, dataloader.py): another rank count would
+    restore an LR schedule and a mid-epoch position that no longer line up."""
+    from outrig.ops.migrate import rank_problem, trainer_ranks
+
+    four = plan_for(tmp_path, base(trainer={"gpus": [0, 1, 2, 3]},
+                                   server={"gpus": [4, 5]}), HostFacts(gpu_count=8))
+    assert trainer_ranks(four.processes) == 4
+    old = [{"name": "trainer", "argv": ["torchrun", "--standalone", "--nproc_per_node", "2"]}]
+    assert trainer_ranks(old) == 2
+    problem = rank_problem(2, four, "new-node")
+    assert problem is not None
+    assert "trains with 4 rank(s) on new-node" in problem and "trained with 2" in problem
+    assert "family member whose trainer has 2 GPU(s)" in problem
+    assert rank_problem(4, four, "new-node") is None
+    assert rank_problem(None, four, "new-node") is None
 
 
 # ------------------------------------------------------------------------------ memory

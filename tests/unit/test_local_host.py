@@ -73,3 +73,22 @@ def test_too_old_python_on_the_box_is_named_with_the_fix(tmp_path: Path) -> None
     assert info.value.kind == "old_python"
     assert "needs Python >= 3.8, this is 3.7.16" in str(info.value)
     assert "Set python: in the host file" in str(info.value)
+
+
+def test_a_host_file_with_hostname_local_is_a_box_on_this_machine_with_its_workdir(
+        tmp_path: Path) -> None:
+    """Two such files are two boxes on one machine (what the real-trainer rehearsal migrates
+    between); the deploy lands in the file's workdir, not in ~/outrig."""
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    (hosts / "box-a.yaml").write_text(yaml.safe_dump(
+        {"hostname": "local", "workdir": str(tmp_path / "a")}))
+    (tmp_path / "playbooks").mkdir()
+    playbook = tmp_path / "playbooks" / "one.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "one", "processes": {"a": {
+        "command": [sys.executable, "-c", "print('up', flush=True)"],
+        "ready": {"exit": True, "timeout": 20}}}}))
+    project = Project(tmp_path)
+    result = deploy(project, "box-a", "one", Reporter(quiet=True),
+                    journal=Journal(tmp_path / "state"))
+    assert (tmp_path / "a" / "runs" / result.plan.run_id / "run.json").is_file()
