@@ -8,38 +8,90 @@ hidden states from the model directory with transformers. Unlike fake_vllm.py it
 GPUs and no child processes; that is fake_vllm.py's job.
 
 Every behaviour below was traced in the vLLM 0.33.0 wheel (``pip download --no-deps
-vllm==0.33.0``; paths relative to its ``vllm/`` package) or captured from the real render
-server on CPU (tests/fixtures/vllm-0.33-cpu/, README there):
+vllm==0.33.0``) or captured from the real render server on CPU (tests/fixtures/vllm-0.33-cpu/,
+README there).
 
-| behaviour reproduced | real source |
-|---|---|
-| ``--flag_name`` == ``--flag-name`` (underscores in flag names) | utils/argparse_utils.py FlexibleArgumentParser |
-| socket bound before the model loads; requests wait until the app serves | entrypoints/launchers/api_server/entry.py:175 (``setup_server`` first in ``run_server``) |
-| log format ``(APIServer pid=N) INFO MM-DD HH:MM:SS [file.py:line] msg`` | logger.py:28-33; entry.py:166 ``decorate_logs("APIServer")`` |
-| ``Shared storage path is <path>`` | distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:183 |
-| ``Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.`` logged | entrypoints/scale_out/factories.py:100-105 |
-| ``Starting vLLM server on http://127.0.0.1:P`` (0.33 wording; older vLLM said ``Starting vLLM API server 0 on``) | entrypoints/launchers/api_server/entry.py:139 |
-| ``Available routes are:`` then ``Route: <path>, Methods: <m>`` | entrypoints/launchers/launcher.py:188, :197 |
-| uvicorn ``INFO:     Started server process [pid]`` … ``Application startup complete.`` | uvicorn (captured: tests/fixtures/vllm-0.33-cpu/render-server-startup.log) |
-| ``GET /health`` → 200, empty body | captured (golden ``health``: content-length 0) |
-| ``GET /v1/models`` → ModelList, ``id`` = served name (``--served-model-name`` else MODEL as typed), ``root`` = MODEL, ``max_model_len`` | entrypoints/serve/engine/protocol.py:90-121; golden models.json |
-| render/token routes answer **403** ``PermissionDeniedError`` unless ``--enable-scale-out`` or ``--tokens-only`` | entrypoints/scale_out/factories.py:94-127; error body: exception_handling/error_response.py:98-104; golden render_403.json |
-| ``POST /v1/chat/completions/render`` → GenerateRequest JSON (request_id ``chatcmpl-<16 hex>``, token_ids, sampling_params with ``max_tokens = max_model_len − prompt``, parse_context …) | entrypoints/scale_out/render/serving.py:117-226; token_in_token_out/protocol.py:221-360; serve/utils/api_utils.py:234-270; golden render_gen.json / render_full.json |
-| chat template rendered to text, then encoded without special tokens; kwargs = defaults (``cohere_format: cmd4`` + ``--default-chat-template-kwargs``) overlaid by the request's | entrypoints/common/cli_args.py:191, :421-428; renderers/online_renderer.py:221-232; golden token ids equal transformers' ``apply_chat_template`` |
-| ``truncate_prompt_tokens`` + ``truncation_side: right`` keeps the first N tokens (``left``: the last N) | renderers/params.py:498-525 |
-| unknown ``model`` → 404 ``The model `X` does not exist. Valid aliases: <names>.`` (paths sanitised to ``<path>``) | entrypoints/serve/engine/serving.py:75-84; exception_handling/utils.py:7-15; golden render_badmodel.json |
-| prompt longer than ``--max-model-len`` → 400 ``This model's maximum context length is …`` | renderers/params.py:536-551 |
-| ``POST /v1/completions`` with ``prompt: [ids]``, ``return_token_ids`` → CompletionResponse: ``choices[0].prompt_token_ids``, ``token_ids``, ``finish_reason: length``, usage, top-level ``kv_transfer_params`` | entrypoints/openai/completion/protocol.py:675-722; completion/serving.py:636-708 |
-| request id ``cmpl-<16 hex>-0-<8 hex>`` (``X-Request-Id`` header replaces the middle) | completion/serving.py:147, :183; v1/engine/input_processor.py:354-371; utils/__init__.py:11-12 |
-| hidden states file ``<shared_storage_path>/<req_id>.safetensors`` (default path ``/tmp``) | example_hidden_states_connector.py:178-180, :496-499 |
-| lock file ``<file>.lock`` created ``O_CREAT|O_WRONLY|O_TRUNC`` 0o644 with ``LOCK_EX`` *before* the response, released after the write (``use_synchronization_lock`` default true) | example_hidden_states_connector.py:234-236, :267-287, :329-346, :426-437 |
-| file written by an 8-thread pool (``num_writer_threads``), possibly after the response | example_hidden_states_connector.py:216-221, :435-437 |
-| tensors ``hidden_states`` [num_tokens, num_layer_ids, hidden] in the model dtype (kv-cache dtype ``auto``) and ``token_ids`` [num_tokens] int64 = the prompt ids | example_hidden_states_connector.py:36-45, :415-418, :539-546; model_executor/models/extract_hidden_states.py:81-90, :244-250, :326-345; v1/spec_decode/extract_hidden_states.py:129 |
-| layer id k = residual stream *after* decoder layer k−1, before the final norm (id 0 = embeddings, id L = last layer, un-normed), stacked in ascending layer order | model_executor/models/qwen2.py:422-434; models/interfaces.py:1640-1650 |
-| response ``kv_transfer_params = {"hidden_states_path": <absolute file>}`` | example_hidden_states_connector.py:559; completion/serving.py:696-708 |
-| a request's own ``kv_transfer_params.hidden_states_path`` is ignored (warning) unless ``allow_custom_save_path`` | example_hidden_states_connector.py:225-227, :505-514 |
-| unknown routes → 404 ``{"detail":"Not Found"}`` | FastAPI default (golden notfound) |
-| SIGTERM → uvicorn's shutdown lines, exit 0 | entry.py:168-173 + uvicorn |
+Paths are relative to vllm/ (entrypoints/ omitted for launchers/, scale_out/, serve/,
+openai/, common/). EHSC = distributed/kv_transfer/kv_connector/v1/
+example_hidden_states_connector.py; EHS = model_executor/models/extract_hidden_states.py.
+"golden" = tests/fixtures/vllm-0.33-cpu/.
+
+behaviour reproduced                                vLLM 0.33.0 source
+--------------------------------------------------  -----------------------------------------------
+--flag_name == --flag-name (underscores in flag     utils/argparse_utils.py:374-380
+names)
+socket bound before the model loads; a request      launchers/api_server/entry.py:175
+sent early waits until the app serves
+log line format (APIServer pid=N) INFO MM-DD        logger.py:28-33;
+HH:MM:SS [file.py:line] msg                         launchers/api_server/entry.py:166
+'Shared storage path is <path>'                     EHSC:183
+'Scale-out endpoints are disabled. Restart vllm     scale_out/factories.py:100-105
+serve with --enable-scale-out to enable them.'
+logged at start
+'Starting vLLM server on http://127.0.0.1:P' (the   launchers/api_server/entry.py:139
+0.33 wording; older vLLM: 'Starting vLLM API
+server 0 on ...')
+'Available routes are:', then 'Route: <path>,       launchers/launcher.py:188, :197
+Methods: <m>'
+uvicorn 'INFO:     Started server process [pid]'    uvicorn; golden render-server-startup.log
+... 'Application startup complete.'
+GET /health: 200, empty body                        golden (content-length 0)
+GET /v1/models: ModelList; id = --served-model-     serve/engine/protocol.py:90-121; golden
+name, else MODEL as typed; root = MODEL;            models.json
+max_model_len
+render and token routes answer 403                  scale_out/factories.py:94-127; error body:
+PermissionDeniedError unless --enable-scale-out or  serve/exception_handling/error_response.py
+--tokens-only                                       :98-104; golden render_403.json
+POST /v1/chat/completions/render: GenerateRequest   scale_out/render/serving.py:117-226;
+JSON (request_id chatcmpl-<16 hex>, token_ids,      scale_out/token_in_token_out/protocol.py
+sampling_params with max_tokens = max_model_len -   :221-360; serve/utils/api_utils.py:234-270;
+prompt, parse_context, ...)                         golden render_gen.json, render_full.json
+chat template rendered to text, then encoded        common/cli_args.py:191, :421-428;
+without special tokens; template kwargs = defaults  renderers/online_renderer.py:221-232; golden
+(cohere_format: cmd4, --default-chat-template-      token ids
+kwargs) overlaid by the request's
+truncate_prompt_tokens with truncation_side right   renderers/params.py:498-525
+keeps the first N tokens (left: the last N)
+unknown model: 404 'The model `X` does not exist.   serve/engine/serving.py:75-84;
+Valid aliases: <names>.' (paths sanitised to        serve/exception_handling/utils.py:7-15; golden
+<path>)                                             render_badmodel.json
+prompt longer than --max-model-len: 400 'This       renderers/params.py:536-551;
+model's maximum context length is ...'              exceptions.py:49-56 (suffix "(parameter=...,
+                                                    value=...)")
+truncate_prompt_tokens above --max-model-len: 400   renderers/params.py:286-298;
+'truncate_prompt_tokens=N cannot be greater than    openai/chat_completion/protocol.py:699;
+max_model_len = M. ...'                             golden ../vllm-render/truncate-over-max-
+                                                    model-len-400.json
+POST /v1/completions with prompt [ids],             openai/completion/protocol.py:675-722;
+return_token_ids: CompletionResponse with           openai/completion/serving.py:636-708
+choices[0].prompt_token_ids and token_ids,
+finish_reason length, usage, top-level
+kv_transfer_params
+engine request id cmpl-<16 hex>-0-<8 hex> (an       openai/completion/serving.py:147, :183;
+X-Request-Id header replaces the first part)        v1/engine/input_processor.py:354-371;
+                                                    utils/__init__.py:11-12
+hidden states file <shared_storage_path>/<engine    EHSC:178-180, :496-499
+request id>.safetensors (default path /tmp)
+lock file <file>.lock, O_CREAT|O_WRONLY|O_TRUNC     EHSC:234-236, :267-287, :329-346, :426-437
+0o644, LOCK_EX taken before the response and
+released after the write
+(use_synchronization_lock, default true)
+the file is written by an 8-thread pool             EHSC:216-221, :435-437
+(num_writer_threads), possibly after the response
+tensors: hidden_states [num_tokens, num_layer_ids,  EHSC:36-45, :415-418, :539-546; EHS:81-90,
+hidden] in the model dtype (kv-cache dtype auto);   :244-250, :326-345;
+token_ids [num_tokens] int64, the prompt ids        v1/spec_decode/extract_hidden_states.py:129
+layer id k = residual stream after decoder layer    model_executor/models/qwen2.py:422-434;
+k-1, before the final norm (0 = embeddings, L =     model_executor/models/interfaces.py:1640-1650
+last layer un-normed); stacked in ascending layer
+order
+response kv_transfer_params =                       EHSC:559; openai/completion/serving.py:696-708
+{"hidden_states_path": <absolute file>}
+a request's own                                     EHSC:225-227, :505-514
+kv_transfer_params.hidden_states_path is ignored,
+with a warning, unless allow_custom_save_path
+unknown route: 404 {"detail":"Not Found"}           FastAPI default; golden
+SIGTERM: uvicorn's shutdown lines, exit 0           launchers/api_server/entry.py:168-173; uvicorn
 
 Differences, none of which speculators or outrig relies on: one process (real vLLM spawns
 ``VLLM::EngineCore``; fake_vllm.py covers the tree); requests are served one forward at a
@@ -59,7 +111,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 import time
@@ -161,9 +212,11 @@ class Verifier:
 
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        if chat_template:
-            self.tokenizer.chat_template = (open(chat_template).read()
-                                            if os.path.isfile(chat_template) else chat_template)
+        if chat_template:  # --chat-template: a file or the template itself
+            if os.path.isfile(chat_template):
+                with open(chat_template) as f:
+                    chat_template = f.read()
+            self.tokenizer.chat_template = chat_template
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         text = getattr(config, "text_config", None) or config
         self.num_layers = int(text.num_hidden_layers)
@@ -289,13 +342,26 @@ class App:
                 f"The model `{model}` does not exist. Valid aliases: {', '.join(self.served)}.",
                 "NotFoundError", 404, "model"))
 
+    @staticmethod
+    def validation_error(message: str, param: str, value: Any) -> HTTPError:
+        """VLLMValidationError (vllm/exceptions.py:49-56): message + (parameter=, value=)."""
+        return HTTPError(400, error_body(f"{message} (parameter={param}, value={value})",
+                                         "BadRequestError", 400, param))
+
     def check_length(self, n: int) -> None:
         if n > self.max_model_len:
-            raise HTTPError(400, error_body(
+            raise self.validation_error(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"your prompt contains {n} input tokens, which exceeds this limit even without "
                 "any output tokens. Please reduce the length of the input prompt.",
-                "BadRequestError", 400, "input_tokens"))
+                "input_tokens", n)
+
+    def check_truncation(self, limit: Optional[int]) -> None:
+        if limit is not None and limit > self.max_model_len:
+            raise self.validation_error(
+                f"truncate_prompt_tokens={limit} cannot be greater than max_model_len = "
+                f"{self.max_model_len}. Please request a smaller truncation size.",
+                "truncate_prompt_tokens", limit)
 
     @staticmethod
     def truncate(ids: List[int], limit: Optional[int], side: Optional[str]) -> List[int]:
@@ -327,6 +393,7 @@ class App:
                   "add_generation_prompt": add_gen, "continue_final_message": cont}
         ids = self.verifier.render(body.get("messages") or [], kwargs, body.get("tools"))
         limit = body.get("truncate_prompt_tokens")
+        self.check_truncation(limit)
         ids = self.truncate(ids, limit, body.get("truncation_side"))
         if not ids:
             raise HTTPError(400, error_body("No token_ids rendered", "BadRequestError", 400))
@@ -406,12 +473,19 @@ def make_handler(app: App) -> type:
 
         def _send(self, code: int, body: Any) -> None:
             data = b"" if body is None else json.dumps(body).encode()
-            self.send_response(code)
-            if body is not None:
-                self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(code)
+                if body is not None:
+                    self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except ConnectionError:
+                # The client gave up (e.g. a readiness probe that connected while the model
+                # was loading and timed out). uvicorn drops such a response without a
+                # traceback; a printed one would trip outrig's "Traceback" fatal pattern.
+                self.close_connection = True
+                return
             phrase = self.responses.get(code, ("",))[0]
             host, port = self.client_address[:2]
             uvicorn(f'{host}:{port} - "{self.command} {self.path} HTTP/1.1" {code} {phrase}')
@@ -464,6 +538,15 @@ def main(argv: List[str]) -> int:
     server = ThreadingHTTPServer((host, args.port), BaseHTTPRequestHandler,
                                  bind_and_activate=True)
     server.daemon_threads = True
+    default_handle_error = server.handle_error
+
+    def handle_error(request: Any, address: Any) -> None:
+        """A client that went away is uvicorn's silent case; anything else is a stand-in bug
+        and keeps its traceback (which outrig's fatal pattern then reports)."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            default_handle_error(request, address)
+
+    server.handle_error = handle_error  # type: ignore[method-assign]
     log(f"non-default args: {{'model_tag': {args.model!r}, 'host': {host!r}, "
         f"'port': {args.port}}}", "startup.py:96")
     if args.ignored:
@@ -509,6 +592,6 @@ def main(argv: List[str]) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
-    except socket.error as exc:  # e.g. port in use: vLLM fails the same way, exit 1
+    except OSError as exc:  # e.g. port in use: vLLM fails the same way, exit 1
         print(f"OSError: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -1,0 +1,194 @@
+"""CPU shim for the speculators 0.9.0 trainer: test-only, loaded through ``PYTHONPATH``.
+
+The CPU rehearsal (tests/rehearsal/README.md) runs the real ``torchrun -m speculators.train``
+on a machine with no accelerator. speculators assumes one in a few places; on torch 2.13
+CPU each of them raises ``RuntimeError: Cannot access accelerator device when none is
+available`` or picks ``cuda``. Python imports ``sitecustomize`` at start-up from
+``PYTHONPATH``, so putting this folder there (the playbook's ``trainer.env.PYTHONPATH``)
+patches every trainer process, its spawned DataLoader workers included, and nothing else.
+
+Nothing is patched until the speculators module concerned is imported, and nothing at all
+when ``torch.accelerator.is_available()`` is true: on a GPU box this file is inert.
+
+speculators 0.9.0 file:line     assumption => patch
+------------------------------  -------------------------------------------------------------------
+train/distributed.py:151-156    set_device_index(local_rank), ValueError('No accelerator found'),
+maybe_setup_distributed         backend from the accelerator (NCCL),
+                                init_process_group(device_id=local_rank) => same function with gloo
+                                and no device id; same module state and process groups
+train/trainer.py:221, used at   self.local_rank = get_local_rank(); .to(self.local_rank) treats the
+:348, :383, :533, :643          int as a CUDA index => the trainer module's get_local_rank returns
+                                torch.device('cpu') (distributed.py's own getter is untouched, so
+                                logged ranks stay ints)
+train/trainer.py:227-228, used  device_type = acc.type if acc else 'cuda'; torch.autocast('cuda')
+at :539, :649                   is disabled with a warning on CPU => Trainer.device_type = 'cpu'
+                                after __init__
+train/trainer.py:80, :92        torch.accelerator.synchronize() raises without an accelerator => a
+(_StepTimer, every --log-freq   no-op while torch.accelerator.is_available() is false
+step)
+utils/util.py:15-17, used by    get_current_device() returns 'cuda:0' without an accelerator =>
+train/checkpointer.py:306,      returns 'cpu' (in utils.util and in train.checkpointer, which
+:323 on resume                  imported it by name at :23)
+
+Rehearsal knob (not a patch of a CUDA assumption): ``REHEARSAL_SAVE_DELAY_S=<seconds>`` makes
+every checkpoint save pause between ``model.safetensors`` and ``optimizer_state_dict.pt``, so
+a test can stop the trainer while a save is in progress, as happens on a GPU box where the
+draft checkpoint takes seconds to write.
+
+Also needed on CPU, as trainer flags rather than patches: ``--loss-implementation eager``
+(the default ``fused`` loss is a Triton kernel, losses/fused.py) and ``--draft-attn-impl
+sdpa`` (the default ``simple_flex_attention`` compiles flex attention).
+
+Standard library only at import time; torch is touched only once speculators has imported it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional, Sequence
+
+_NOTICE = "cpu_shim: "
+# Rehearsal knob, not a CUDA patch: a real draft checkpoint takes seconds to write, the tiny
+# CPU one about 0.1 s. Setting this stretches every save (after model.safetensors and
+# config.json, before optimizer_state_dict.pt: train/checkpointer.py:350-359) so a test can
+# stop the trainer *during* a save.
+SAVE_DELAY_ENV = "REHEARSAL_SAVE_DELAY_S"
+
+
+def _no_accelerator() -> bool:
+    import torch
+
+    return not torch.accelerator.is_available()
+
+
+def _say(text: str) -> None:
+    if os.environ.get("LOCAL_RANK", "0") == "0" and not _in_worker():
+        print(_NOTICE + text, file=sys.stderr, flush=True)
+
+
+def _in_worker() -> bool:
+    """DataLoader workers are spawned children; they get the patches but say nothing."""
+    import multiprocessing
+
+    return multiprocessing.current_process().name != "MainProcess"
+
+
+def _patch_distributed(mod: ModuleType) -> None:
+    import torch
+    import torch.distributed as dist
+
+    def maybe_setup_distributed(sp_size: int = 1) -> None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        mod._local_rank = local_rank
+        mod._is_distributed = "LOCAL_RANK" in os.environ
+        if not mod._is_distributed:
+            return
+        dist.init_process_group("gloo")
+        mod._rank = dist.get_rank()
+        mod._world_size = dist.get_world_size()
+        mod._init_sp_process_groups(mod._rank, mod._world_size, sp_size)
+        mod.logger.info(
+            f"Started distributed with local_rank={local_rank}, "
+            f"dp_size={mod._dp_size}, sp_size={mod._sp_size}",
+            extra={"override_rank0_filter": True})
+
+    mod.maybe_setup_distributed = maybe_setup_distributed
+    if not getattr(torch.accelerator.synchronize, "_cpu_shim", False):
+        real_sync: Callable[..., Any] = torch.accelerator.synchronize
+
+        def synchronize(*args: Any, **kwargs: Any) -> None:
+            if torch.accelerator.is_available():
+                real_sync(*args, **kwargs)
+
+        synchronize._cpu_shim = True  # type: ignore[attr-defined]
+        torch.accelerator.synchronize = synchronize
+    _say("train/distributed.py:151-156 -> gloo, no device index; "
+         "torch.accelerator.synchronize -> no-op")
+
+
+def _patch_trainer(mod: ModuleType) -> None:
+    import torch
+
+    mod.get_local_rank = lambda: torch.device("cpu")
+    trainer_cls = mod.Trainer
+    real_init = trainer_cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.device_type = "cpu"
+
+    trainer_cls.__init__ = __init__
+    _say("train/trainer.py:221,228 -> .to(cpu), autocast('cpu')")
+
+
+def _patch_util(mod: ModuleType) -> None:
+    mod.get_current_device = lambda: "cpu"
+    _say("utils/util.py:17 'cuda:0' -> 'cpu'")
+
+
+def _patch_checkpointer(mod: ModuleType) -> None:
+    mod.get_current_device = lambda: "cpu"
+    delay = float(os.environ.get(SAVE_DELAY_ENV) or 0)
+    if delay > 0:
+        real_patch_config = mod.patch_config_dtype
+
+        def patch_config_dtype(*args: Any, **kwargs: Any) -> None:
+            real_patch_config(*args, **kwargs)
+            time.sleep(delay)
+
+        mod.patch_config_dtype = patch_config_dtype
+        _say(f"{SAVE_DELAY_ENV}={delay:g}: every checkpoint save pauses {delay:g}s between "
+             "model.safetensors and optimizer_state_dict.pt")
+
+
+PATCHES: Dict[str, Callable[[ModuleType], None]] = {
+    "speculators.train.distributed": _patch_distributed,
+    "speculators.train.trainer": _patch_trainer,
+    "speculators.utils.util": _patch_util,
+    "speculators.train.checkpointer": _patch_checkpointer,
+}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[ModuleType], None]) -> None:
+        self.inner = inner
+        self.patch = patch
+
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, is_package, ...
+        return getattr(self.inner, name)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        if _no_accelerator():
+            self.patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Wraps the normal loader of the modules in PATCHES so the patch runs right after the
+    module body, before anything that imported it by name can hold the original."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
+        patch = PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Finder())
