@@ -1192,7 +1192,7 @@ class Stopper:
 
         torchrun, given SIGTERM, signals each rank's whole process group (the DataLoader
         workers die first and the rank's interrupt save fails on them) and SIGKILLs the ranks
-        30 s later unless --shutdown-timeout (torch >= 2.14) says otherwise. Signalling the
+        30 s later unless --shutdown-timeout (torch 2.13 has it, 2.11 does not) says otherwise. Signalling the
         ranks directly lets speculators' handler save ``interrupted/`` with its workers alive;
         torchrun then sees its workers exit and ends by itself."""
         rec = dict(rec, _run_id=run_id)
@@ -1209,6 +1209,13 @@ class Stopper:
             self.reap()
             left = [c for c in children if pid_live(c)]
             if not left:
+                # torchrun notices its workers' exit on its own poll; a SIGTERM before that
+                # makes it raise SignalException and exit 1 after a clean save. Give it its
+                # moment to exit 0 by itself.
+                until = time.monotonic() + CHILDREN_FIRST_LAUNCHER_S
+                while time.monotonic() < until and self.leader_state(rec) == "alive":
+                    self.reap()
+                    time.sleep(POLL_S)
                 return
             if time.monotonic() >= next_beat:
                 next_beat += STOP_HEARTBEAT_S

@@ -102,8 +102,11 @@ class TrainerSpec(_Section):
                         description="the speculators venv's interpreter (runs prepare-data)")
     torchrun: str | None = Field(None, description="torchrun of the speculators venv; default: "
                                  "next to python (…/bin/torchrun), else 'torchrun' on PATH")
-    num_workers: int | None = Field(None, ge=0, description="--num-workers per rank (each sends "
-                                    "requests to vLLM)")
+    num_workers: int | None = Field(None, ge=1, description="--num-workers per rank (each sends "
+                                    "requests to vLLM). At least 1: with 0 a SIGTERM that lands "
+                                    "in a hidden-state request is swallowed by speculators' "
+                                    "retry loop and the trainer ignores the stop (seen on the "
+                                    "CPU rehearsal)")
     extra_args: list[str] = Field(default_factory=list, description="more train args, appended")
     env: EnvMap = Field(default_factory=dict)
     ready_timeout: float = Field(900.0, gt=0, description="seconds until the trainer logs its "
@@ -622,7 +625,7 @@ def _shutdown_timeout(trainer: TrainerSpec, env: EnvFacts | None, out: Expansion
     """torchrun launcher flags for a stop that leaves time to save.
 
     torchrun SIGKILLs its ranks 30 s after SIGTERM unless --shutdown-timeout says more
-    (torch distributed/run.py; the flag exists from torch 2.14 and is a usage error before).
+    (torch distributed/run.py; torch 2.13 has the flag, 2.11 does not: a usage error there).
     outrig stops the ranks directly in any case (stop.children_first), which also keeps each
     rank's DataLoader workers alive during the save; the flag covers a TERM that reaches
     torchrun some other way."""

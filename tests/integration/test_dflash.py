@@ -234,8 +234,8 @@ def test_cleanup_stops_the_ranks_first_so_the_interrupt_save_completes(
     assert f"Interrupt checkpoint saved to '{save}/interrupted'" in text, text[-2000:]
     assert "Failed to save" not in text and "killed by signal" not in text
     assert sorted(os.listdir(save / "interrupted")) == [
-        "config.json", "model.safetensors", "optimizer_state_dict.pt",
-        "scheduler_state_dict.pt"]
+        "config.json", "config.py", "model.safetensors", "optimizer_state_dict.pt",
+        "scheduler_state_dict.pt", "train_command.txt"]
     trainer = next(p for r in result["runs"] for p in r["processes"]
                    if p["process"] == "trainer")
     assert trainer["how"] == "term"  # ended by itself: nothing had to be SIGKILLed

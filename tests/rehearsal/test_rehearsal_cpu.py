@@ -341,12 +341,6 @@ def test_real_trainer_checkpoints_mid_epoch_and_resumes_after_cleanup(
     r.wait_log(box, second.plan.run_id, "trainer", "Saving checkpoint to")
 
 
-@pytest.mark.xfail(reason=(
-    "remote/agent.py stop_record SIGTERMs torchrun as soon as its ranks are gone, while "
-    "torchrun (polling every 0.1 s) has not yet seen them exit: torchrun raises "
-    "SignalException and exits 1 after a clean interrupt save. Waiting for the launcher to "
-    "exit by itself first (CHILDREN_FIRST_LAUNCHER_S) fixes it. A race, so not strict"),
-    strict=False)
 def test_a_clean_interrupt_leaves_torchrun_exiting_0(rehearsal: Rehearsal) -> None:
     """After the ranks saved interrupted/ and exited 0, torchrun has nothing left to do and
     exits 0 by itself; a stop should not turn that into a traceback and exit 1."""

@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """Test stand-in for ``torchrun --standalone --nproc_per_node N [--shutdown-timeout S] -m MOD ...``.
 
 Not product code. Reproduces the launcher behaviour outrig's stop depends on, read from torch

@@ -203,12 +203,18 @@ def save_checkpoint(save: str, name: str, args: argparse.Namespace,
         "speculators_model_type": args.speculator_type,
         "verifier": args.verifier_name_or_path, "block_size": args.block_size,
         "target_layer_ids": args.target_layer_ids})
+    with open(os.path.join(final, "config.py"), "w") as f:  # save_pretrained copies it
+        f.write("# speculators draft config\n")
     with open(os.path.join(final, "model.safetensors"), "wb") as f:
         f.write(os.urandom(64))
     time.sleep(pause)
     with open(os.path.join(final, "optimizer_state_dict.pt"), "wb") as f:
         f.write(os.urandom(16))
     time.sleep(pause)
+    command = os.path.join(save, "train_command.txt")  # _copy_train_command
+    if os.path.exists(command):
+        with open(command) as src, open(os.path.join(final, "train_command.txt"), "w") as dst:
+            dst.write(src.read())
     if args.scheduler_type != "none":
         with open(os.path.join(final, "scheduler_state_dict.pt"), "wb") as f:
             f.write(os.urandom(16))

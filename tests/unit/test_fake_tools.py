@@ -421,8 +421,8 @@ def test_trainer_writes_complete_checkpoints_and_resumes(
     assert metric_lines[-1].endswith("global_step=5")  # logged before the increment
     for epoch in ("0", "1"):
         assert sorted(os.listdir(save / epoch)) == [
-            "config.json", "model.safetensors", "optimizer_state_dict.pt",
-            "scheduler_state_dict.pt", "training_state.json"]
+            "config.json", "config.py", "model.safetensors", "optimizer_state_dict.pt",
+            "scheduler_state_dict.pt", "train_command.txt", "training_state.json"]
     assert os.readlink(save / "epoch1_end") == "1" and os.readlink(save / "checkpoint_best") == "1"
     assert (save / "run.yaml").is_file() and (save / "train_command.txt").is_file()
     assert not [n for n in os.listdir(save) if n.startswith(".tmp")]
@@ -627,8 +627,8 @@ def test_term_to_the_ranks_themselves_lets_the_interrupt_save_finish(
     assert f"Interrupt checkpoint saved to '{save}/interrupted'" in text
     assert "Failed to save" not in text
     assert sorted(os.listdir(save / "interrupted")) == [
-        "config.json", "model.safetensors", "optimizer_state_dict.pt",
-        "scheduler_state_dict.pt"]
+        "config.json", "config.py", "model.safetensors", "optimizer_state_dict.pt",
+        "scheduler_state_dict.pt", "train_command.txt"]
 
 
 def test_torchrun_without_shutdown_timeout_refuses_the_flag(
