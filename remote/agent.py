@@ -1193,8 +1193,8 @@ class Stopper:
         torchrun, given SIGTERM, signals each rank's whole process group (the DataLoader
         workers die first and the rank's interrupt save fails on them) and SIGKILLs the ranks
         30 s later unless --shutdown-timeout (torch 2.13 has it, 2.11 does not) says otherwise.
-        Signalling the ranks directly lets speculators' handler save ``interrupted/`` with its workers alive;
-        torchrun then sees its workers exit and ends by itself."""
+        Signalling the ranks directly lets speculators' handler save ``interrupted/`` with its
+        workers alive; torchrun then sees its workers exit and ends by itself."""
         rec = dict(rec, _run_id=run_id)
         children = self.launched_children(rec)
         if not children:
