@@ -127,7 +127,7 @@ def main() -> int:
                                 "--verifier-name-or-path", str(model), "--data-path", str(data),
                                 "--save-path", str(save), "--vllm-endpoint",
                                 f"http://127.0.0.1:{port}/v1", "--target-layer-ids", "1", "2",
-                                "3", "--block-size", "8", "--epochs", "3", "--lr", "6e-4",
+                                "3", "--block-size", "8", "--epochs", "20", "--lr", "6e-4",
                                 "--total-seq-len", "256", "--num-workers", "1",
                                 "--checkpoint-freq", "0.25", "--loss-implementation",
                                 args.loss, *extra],
@@ -160,6 +160,7 @@ def main() -> int:
     summary["status_progress"] = trainer_state.get("progress")
     summary["status_checkpoint"] = trainer_state.get("checkpoint")
     t1 = time.monotonic()
+    print(json.dumps(summary, default=str), flush=True)
     stopped = cleanup(project, "gpu-box", reporter, playbook="real-trainer", journal=journal)
     summary["cleanup_s"] = round(time.monotonic() - t1, 1)
     summary["cleanup"] = [(p["process"], p["how"], p["seconds"])
@@ -203,3 +204,5 @@ if __name__ == "__main__":
                         journal=Journal(out_dir / "state"))
             except Exception as exc:  # report, do not mask the first error
                 print(f"final cleanup: {exc}", file=sys.stderr)
+            for index, log in enumerate(sorted(out_dir.glob("box/runs/*/logs/trainer.log"))):
+                shutil.copy(log, out_dir / f"trainer-run{index + 1}.log")
