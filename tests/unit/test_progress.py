@@ -144,3 +144,25 @@ def test_json_round_trip_and_summary() -> None:
     assert "32,800 tok/s" in text and "eal 1.234" in text
     assert format_duration(3725) == "1h02m" and format_duration(65) == "1m05s"
     assert last_epoch_marker("Training epoch 3/4 completed") == (3, 4, "completed")
+
+
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.mark.parametrize("log", [
+    "h200-real-trainer/trainer-run1.log", "h200-real-trainer/trainer-run2.log",
+    "speculators-cpu/train-resume-mid-epoch.log"])
+def test_progress_parses_logs_of_the_real_trainer(log: str) -> None:
+    """Logs written by speculators 0.9 itself (rich, COLUMNS=300, wrapped metric lines)."""
+    text = (REAL_LOGS / log).read_text()
+    progress = parse_progress(text, argv=["--epochs", "20"])
+    assert progress is not None and progress.step is not None and progress.step > 0
+    assert progress.metrics["train/loss"] > 0 and "train/eal" in progress.metrics
+    assert progress.step_ms is not None and progress.step_ms > 0
+
+
+def test_the_real_h200_resume_continues_the_step_count() -> None:
+    first = parse_progress((REAL_LOGS / "h200-real-trainer/trainer-run1.log").read_text())
+    second = parse_progress((REAL_LOGS / "h200-real-trainer/trainer-run2.log").read_text())
+    assert first is not None and second is not None
+    assert first.step is not None and second.step is not None and second.step > first.step
