@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from outrig.progress import argv_int, argv_option
+
 # Required in every complete folder (plus scheduler_state_dict.pt unless the scheduler is off).
 REQUIRED_FILES = (
     "config.json",
@@ -74,17 +76,5 @@ def newest_complete(listing: dict[str, Any]) -> Checkpoint | None:
 
 def listing_request(trainer_argv: list[str]) -> dict[str, Any]:
     """The ``checkpoints`` op fields that depend on how the trainer was started."""
-    scheduler = _option(trainer_argv, "--scheduler-type") != "none"
-    max_steps = _option(trainer_argv, "--max-steps")
-    return {"scheduler": scheduler,
-            "max_steps": int(max_steps) if max_steps and max_steps.isdigit() else None}
-
-
-def _option(argv: list[str], flag: str) -> str | None:
-    value: str | None = None
-    for index, arg in enumerate(argv):
-        if arg == flag and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
-    return value
+    return {"scheduler": argv_option(trainer_argv, "--scheduler-type") != "none",
+            "max_steps": argv_int(trainer_argv, "--max-steps")}

@@ -146,14 +146,20 @@ def last_epoch_marker(text: str) -> tuple[int, int, str] | None:
     return found
 
 
-def argv_int(argv: list[str], flag: str) -> int | None:
-    """``--flag N`` or ``--flag=N`` (the last one wins); None if absent or not an int."""
+def argv_option(argv: list[str], flag: str) -> str | None:
+    """The value of ``--flag X`` or ``--flag=X`` in an argv (the last one wins), or None."""
     value: str | None = None
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
             value = argv[i + 1]
         elif arg.startswith(flag + "="):
             value = arg[len(flag) + 1:]
+    return value
+
+
+def argv_int(argv: list[str], flag: str) -> int | None:
+    """``--flag N`` or ``--flag=N`` (the last one wins); None if absent or not an int."""
+    value = argv_option(argv, flag)
     try:
         return int(value) if value is not None else None
     except ValueError:

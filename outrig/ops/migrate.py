@@ -34,6 +34,7 @@ from outrig.ops.deploy import build_plan, deploy
 from outrig.ops.stage import NoCheckpoint, family, stage
 from outrig.plan import Plan
 from outrig.playbook import find_playbook, load_job
+from outrig.progress import argv_int
 from outrig.transport import SSHTransport, connect_timeout_for
 
 
@@ -81,11 +82,8 @@ def trainer_ranks(processes: Any) -> int | None:
     else:
         found = [p for p in processes or [] if isinstance(p, dict) and p.get("name") == "trainer"]
         argv = [str(a) for a in found[0].get("argv") or []] if found else []
-    for flag in ("--nproc_per_node", "--nproc-per-node"):
-        if flag in argv[:-1]:
-            value = argv[argv.index(flag) + 1]
-            return int(value) if value.isdigit() else None
-    return None
+    ranks = argv_int(argv, "--nproc_per_node")
+    return ranks if ranks is not None else argv_int(argv, "--nproc-per-node")
 
 
 def rank_problem(old: int | None, plan: Plan, to_spec: str) -> str | None:

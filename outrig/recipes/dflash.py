@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from outrig.progress import argv_option
 from outrig.recipes import EnvFacts, Expansion, KeyPath, ModelFacts, RecipeContext
 
 GIB = 1 << 30
@@ -497,7 +498,7 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     env_facts = ctx.envs.get(trainer.python)
     loss = _loss_implementation(spec, env_facts, out)
     launcher = _shutdown_timeout(trainer, env_facts, out)
-    scheduler_off = _option(trainer.extra_args, "--scheduler-type") == "none"
+    scheduler_off = argv_option(trainer.extra_args, "--scheduler-type") == "none"
     if spec.checkpoint_freq >= 1 and epochs <= spec.checkpoint_freq:
         out.notes.append(
             f"checkpoint_freq {spec.checkpoint_freq:g} with {epochs} epoch(s): the first "
@@ -645,7 +646,7 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
     vocab = spec.draft_vocab_size or facts.vocab_size
     if vocab is None:
         return
-    anchors_text = _option(spec.trainer.extra_args, "--max-anchors")
+    anchors_text = argv_option(spec.trainer.extra_args, "--max-anchors")
     anchors = int(anchors_text) if anchors_text and anchors_text.isdigit() else \
         DEFAULT_MAX_ANCHORS
     need = anchors * spec.block_size * vocab * LOGIT_BYTES / GIB
@@ -664,17 +665,6 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
             "upstream DFlash examples use) or pass a smaller --max-anchors")
     else:
         out.notes.append(text + f" of {total:.0f} GiB")
-
-
-def _option(argv: list[str], flag: str) -> str | None:
-    """The value of ``--flag X`` / ``--flag=X`` in an argv list (last wins)."""
-    value: str | None = None
-    for index, arg in enumerate(argv):
-        if arg == flag and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
-    return value
 
 
 def _check_extras(at: Where, out: Expansion, key: KeyPath, extras: list[str],
