@@ -4265,7 +4265,9 @@ def dir_manifest(root: str, want_hash: bool, out: Emitter) -> JSONDict:
                     partial[rel] = os.path.getsize(full)
     for rel in walk_files(root):
         st = os.stat(os.path.join(root, rel))
-        entry: JSONDict = {"size": st.st_size}
+        # mtime travels so the copy keeps it: a checkpoint's completeness is judged by which
+        # of its files was written last (checkpoint_verdict), and a copy must not change that
+        entry: JSONDict = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         if want_hash:
             cached = cache.get(rel)
             if (isinstance(cached, dict) and cached.get("size") == st.st_size
@@ -4486,6 +4488,7 @@ class FrameReceiver:
                              f"…, expected {want.get('size', header['size'])} bytes "
                              f"{str(want.get('sha256') or header['sha256'])[:12]}…; the part "
                              "file was removed, run the command again")
+        keep_mtime(part, want)
         with open(part, "rb") as f:
             os.fsync(f.fileno())
         os.replace(part, final)
@@ -4494,11 +4497,22 @@ class FrameReceiver:
         self.out.emit("file", path=rel, size=size)
 
 
+def keep_mtime(path: str, info: JSONDict) -> None:
+    """Give a received file its source's mtime (as ``cp -p`` would), when the source sent it."""
+    mtime = info.get("mtime_ns")
+    if isinstance(mtime, int) and mtime > 0:
+        os.utime(path, ns=(mtime, mtime))
+
+
 def mark_staged(root: str, expect: Dict[str, JSONDict], source: Optional[str]) -> None:
-    """Record that ``root`` holds exactly ``expect``, verified: a re-run is one exec."""
+    """Record that ``root`` holds exactly ``expect``, verified: a re-run is one exec.
+
+    Files that were already present (same size and sha256, so not sent) get the source's
+    mtime here too, so the folder's file times match the source's as a whole."""
     files: Dict[str, JSONDict] = {}
     cache: Dict[str, JSONDict] = {}
     for rel, info in expect.items():
+        keep_mtime(os.path.join(root, rel), info)
         st = os.stat(os.path.join(root, rel))
         files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
                       "sha256": info.get("sha256")}

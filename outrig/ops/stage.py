@@ -130,7 +130,10 @@ def local_manifest(root: Path) -> dict[str, Any]:
 
 
 def _sources_files(listing: dict[str, Any]) -> Manifest:
-    return {rel: {"size": info["size"], "sha256": info.get("sha256")}
+    """What a copy must reproduce: size and sha256, and the mtime that the receiver gives
+    each file (checkpoint completeness is judged by which file was written last)."""
+    return {rel: {"size": info["size"], "sha256": info.get("sha256"),
+                  **({"mtime_ns": info["mtime_ns"]} if "mtime_ns" in info else {})}
             for rel, info in (listing.get("files") or {}).items()}
 
 
