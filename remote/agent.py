@@ -4295,6 +4295,81 @@ def status_extras(rec: JSONDict, state: JSONDict, progress_bytes: int,
     return extra
 
 
+# --------------------------------------------------------------------------- run index
+
+RUN_INDEX_OPS = ("deploy", "cleanup", "status", "logs", "check")  # ops that report runs
+RUN_INDEX_MAX = 100  # newest run directories reported per call
+
+
+def run_truth(run: JSONDict, stopper: Stopper) -> Tuple[str, bool, int]:
+    """(state, ran, live processes) of one run as the box sees it now.
+
+    run.json says what the deploy or cleanup that last touched it recorded; a cut deploy leaves
+    ``launching`` and a crash after the deploy leaves ``running``. The processes decide:
+    anything of it alive is ``running``; otherwise its exit files say ``finished`` (every
+    process exited 0), ``exited`` (one failed or was killed) or ``gone`` (no exit recorded:
+    the box rebooted or the wrapper was killed). ``stopped`` and ``failed`` stay. ``ran``: the
+    deploy succeeded (``ready_at``), or something of it is still running."""
+    recorded = str(run.get("status") or "unknown")
+    records = [r for r in run.get("processes") or [] if valid_record(r)]
+    live = sum(1 for r in records if stopper.leader_state(r) == "alive")
+    ran = bool(run.get("ready_at")) or recorded in ("running", "finished") or live > 0
+    if recorded in ("stopped", "failed") or (live == 0 and not records):
+        return recorded, ran, live
+    if live:
+        return "running", ran, live
+    codes = []
+    for rec in records:
+        path = rec.get("exit_file")
+        status = read_exit_file(path) if isinstance(path, str) else None
+        codes.append(status)
+    if any(c is None for c in codes):
+        return "gone", ran, 0
+    if all(c is not None and c[0] == 0 and c[1] is None for c in codes):
+        return "finished", ran, 0
+    return "exited", ran, 0
+
+
+def run_index(layout: Layout, stopper: Stopper) -> List[JSONDict]:
+    """The newest runs in the workdir with their true state (see :func:`run_truth`), so that
+    the workstation's journal can follow the box, which is the truth, on every contact."""
+    dated = []
+    for rid in list_run_ids(layout):
+        with contextlib.suppress(OSError):
+            dated.append((os.stat(layout.run_dir(rid)).st_mtime, rid))
+    out: List[JSONDict] = []
+    for _, rid in sorted(dated, reverse=True)[:RUN_INDEX_MAX]:
+        try:
+            run = read_json(layout.run_json(rid))
+        except (OSError, ValueError):
+            run = None
+        if not isinstance(run, dict) or not isinstance(run.get("processes"), list):
+            out.append({"run_id": rid, "status": "unknown", "ran": False, "live": 0})
+            continue
+        state, ran, live = run_truth(run, stopper)
+        out.append({"run_id": rid, "playbook": run.get("playbook"), "status": state,
+                    "recorded": run.get("status"), "created": run.get("created"),
+                    "ready_at": run.get("ready_at"), "stopped_at": run.get("stopped_at"),
+                    "ran": ran, "live": live})
+    return out
+
+
+def report_runs(req: Optional[Request], out: Emitter) -> None:
+    """Emit the ``runs`` event (the run index) before the result of the ops that touch runs,
+    whether they succeeded or not; the index never makes an op fail."""
+    if req is None or req.op not in RUN_INDEX_OPS:
+        return
+    layout = Layout(req.workdir)
+    if not os.path.isdir(layout.runs):
+        return
+    try:
+        runs = run_index(layout, Stopper(out))
+    except (OSError, ValueError) as exc:
+        out.warning(f"could not list the runs in {layout.runs}: {exc}")
+        return
+    out.emit("runs", workdir=layout.workdir, runs=runs)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -4899,14 +4974,18 @@ def dispatch(req: Request, out: Emitter) -> JSONDict:
 def main() -> None:
     """Read one request line, run it, always finish with a ``result`` line."""
     out = Emitter(sys.stdout.buffer)
+    req: Optional[Request] = None
     try:
         # The bootstrap may hand the request over in argv (no stdin round trip; see
         # docs/agent-protocol.md); otherwise exactly one line from stdin, which may stay open.
         preset = globals().get("OUTRIG_REQUEST")
         line = preset if isinstance(preset, bytes) else sys.stdin.buffer.readline()
-        result = dispatch(parse_request(line), out)
+        req = parse_request(line)
+        result = dispatch(req, out)
+        report_runs(req, out)
         out.emit("result", ok=True, **result)
     except AgentError as exc:
+        report_runs(req, out)
         out.emit("result", ok=False, error=exc.to_json())
     except (Exception, KeyboardInterrupt) as exc:
         traceback.print_exc(file=sys.stderr)
