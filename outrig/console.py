@@ -129,7 +129,7 @@ class Reporter:
             if len(command) > 100:  # with full=True the whole argv follows the table
                 command = command[:97] + "..."
             table.add_row(str(index), name, gpus, ",".join(proc.after) or "-",
-                          proc.ready.describe() if proc.ready else "on launch",
+                          proc.ready.describe() if proc.ready else "up 2 s after launch",
                           f"TERM, {proc.stop_grace:g}s, KILL", escape(command))
         self.stdout_console.print(table)
         if full:
