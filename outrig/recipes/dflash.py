@@ -593,9 +593,14 @@ HUB_PRESETS = frozenset({"sharegpt", "ultrachat", "gsm8k", "magpie", "nemotron",
 # stack speculators PR #1013 validated.
 FUSED_LOSS_MIN_TORCH = (2, 13)
 DEFAULT_MAX_ANCHORS = 512  # speculators 0.9 code default (the examples pass 3072)
-# Bytes per draft-logit element at peak: bf16 logits plus the targets/softmax buffers of the
-# loss (reference: ~15 GB of logits and as much again at V=151,936, 3072 × 16 anchors).
-LOGIT_BYTES = 4.0
+# Bytes per draft-logit element (anchors × block × vocabulary) at the trainer's peak, measured
+# on an H200 (docs/real-gpu.md, tests/fixtures/h200-draft-memory/): a Qwen3.6-wide draft with
+# the full 248,300-token vocabulary, 3072 anchors × block 16 (12.2 G elements, 22.73 GiB per
+# bf16 copy) ran out of memory inside the draft's forward with 124.28 GiB already allocated
+# and 22.73 GiB more asked for, with the eager and the fused loss alike: at least 147 GiB,
+# of which ~20 GiB is weights, gradients and optimizer state, so ≥ 11 bytes per element.
+# (The reference's estimate, 4, let this configuration through on a 141 GiB GPU.)
+LOGIT_BYTES = 11.0
 
 
 def is_hub_input(item: str) -> bool:

@@ -501,6 +501,35 @@ def test_draft_vocabulary_needs_token_frequencies_and_the_logits_must_fit(
     assert fits.ok, fits.problems
 
 
+def test_the_draft_fit_check_refuses_what_ran_out_of_memory_on_the_h200(
+        tmp_path: Path) -> None:
+    """The measured case (tests/fixtures/h200-draft-memory/): full vocabulary, 3072 anchors ×
+    block 16 on a 143,771 MiB H200 ran out of memory; the planner must refuse it before
+    launch, and estimate at least what the GPU held when it failed. A 32k draft vocabulary
+    passes."""
+    import re
+
+    log = (REPO / "tests" / "fixtures" / "h200-draft-memory" / "full-eager-train.log").read_text()
+    oom = re.search(r"Tried to allocate ([0-9.]+) GiB.*?total capacity of ([0-9.]+) GiB.*?"
+                    r"([0-9.]+) GiB is allocated by PyTorch", log.replace("\n", " "))
+    assert oom is not None, "the fixture holds the real OutOfMemoryError"
+    asked, capacity, held = (float(g) for g in oom.groups())
+    vocab = json.loads((REPO / "tests" / "fixtures" / "h200-draft-memory" /
+                        "summary-fused.json").read_text())["verifier"]["vocab_size"]
+    assert asked == pytest.approx(3072 * 16 * vocab * 2 / 2**30, abs=0.01)  # one bf16 copy
+    h200 = HostFacts(gpu_count=4, gpu_memory_mib=143_771, source="test", models={
+        MODEL: ModelFacts(model=MODEL, exists=True, vocab_size=vocab, source="box")})
+    anchors = {"extra_args": ["--max-anchors", "3072"]}
+    full = plan_for(tmp_path, base(trainer=anchors), h200)
+    problem = only_problem(full, "draft logits")
+    estimate = float(re.search(r"≈ ([0-9.]+) GiB", problem).group(1))  # type: ignore[union-attr]
+    assert estimate >= held + asked - 25, (estimate, held, asked)  # ~20 GiB is not logits
+    assert estimate > 0.8 * capacity
+    small = plan_for(tmp_path, base(trainer=anchors, draft_vocab_size=32000), h200)
+    assert small.ok, small.problems
+    assert any("draft vocabulary 32000" in note for note in small.notes)
+
+
 def test_local_inputs_run_offline_and_hub_inputs_do_not(tmp_path: Path) -> None:
     """A relative path is a file on the box, not a hub dataset: prepare stays offline."""
     rel = plan_for(tmp_path, base(prepare={"data": ["data/convs.jsonl"]}))
