@@ -592,21 +592,31 @@ def read_json(path: str) -> Any:
         return json.loads(f.read().decode("utf-8"))
 
 
-def ensure_workdir(layout: Layout) -> None:
-    """Create the workdir and .outrig/ and prove we can write there (``workdir`` error if not)."""
-    path = layout.state
+def workdir_error(layout: Layout) -> Optional[OSError]:
+    """Create the workdir and .outrig/ and write a probe there; the error, or None."""
+    probe = os.path.join(layout.state, f".probe.{os.getpid()}")
     try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".probe.{os.getpid()}")
+        os.makedirs(layout.state, exist_ok=True)
         with open(probe, "wb") as f:
             f.write(b"ok")
-        os.unlink(probe)
     except OSError as exc:
+        return exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return None
+
+
+def ensure_workdir(layout: Layout) -> None:
+    """Create the workdir and .outrig/ and prove we can write there (``workdir`` error if not)."""
+    exc = workdir_error(layout)
+    if exc is not None:
         text = os.strerror(exc.errno) if exc.errno else str(exc)
         raise AgentError(
-            "workdir", f"cannot create or write {layout.workdir}: {text} ({exc.filename or path})."
+            "workdir", f"cannot create or write {layout.workdir}: {text} "
+            f"({exc.filename or layout.state})."
             " Set workdir: in the host file to a folder this user can write (e.g. ~/outrig)"
-        ) from None
+        )
 
 
 def read_pointer(layout: Layout, playbook: str) -> Optional[str]:
@@ -945,6 +955,7 @@ class FileLock:
         self.timeout = timeout
         self.busy = busy  # what it means that someone else holds it, and what to do
         self.fd: Optional[int] = None
+        self.unrecorded: Optional[str] = None  # what could not be written (full disk)
 
     def __enter__(self) -> FileLock:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -966,8 +977,13 @@ class FileLock:
                             f" ({self.busy})")
             time.sleep(0.1)
         info = {"pid": os.getpid(), "op": self.op, "since": round(time.time(), 3)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except OSError as exc:
+            # A full disk must not stop a cleanup: the flock itself is held; only the note of
+            # who holds it (for a waiting agent's message) is lost.
+            self.unrecorded = f"the lock holder in {self.path} ({exc.strerror or exc})"
         self.fd = fd
         return self
 
@@ -1019,6 +1035,8 @@ class Stopper:
         self.protected = own_lineage()
         self.boot = boot_id()
         self.marker_cache: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str]]] = {}
+        # What a stop could not write (a full disk must never keep it from killing).
+        self.unrecorded: List[str] = []
         own_pgid = os.getpgid(0)
         self.protected_groups = {own_pgid}
         for pid in self.protected:
@@ -1228,10 +1246,12 @@ class Stopper:
         """The wrapper was SIGKILLed so it wrote no exit file: write one saying so."""
         path = rec.get("exit_file")
         if isinstance(path, str) and not os.path.exists(path):
-            with contextlib.suppress(OSError):
+            try:
                 write_json_atomic(
                     path, {"code": None, "signal": 9, "ended": time.time(), "by": "outrig"}
                 )
+            except OSError as exc:
+                self.unrecorded.append(f"the exit file {path} ({exc.strerror or exc})")
 
     def _stopped(self, run_id: str, name: str, how: str, t0: float, stragglers: int) -> JSONDict:
         """Emit ``stopped`` and return the per-process cleanup record."""
@@ -1345,6 +1365,8 @@ def stop_run_by_id(
             write_json_atomic(layout.run_json(run_id), run)
         except OSError as exc:
             out.warning(f"run {run_id}: cannot update run.json: {exc}")
+            stopper.unrecorded.append(
+                f"run {run_id} stopped in {layout.run_json(run_id)} ({exc.strerror or exc})")
     clear_pointers(layout, run_id)
     return {"run_id": run_id, "processes": results}
 
@@ -2307,8 +2329,8 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
     if run_id is None and playbook is None and not everything and not force:
         raise bad_request("cleanup: give run_id, playbook, all: true or force_foreign")
     layout = Layout(req.workdir)
-    ensure_workdir(layout)
     stopper = Stopper(out)
+    workdir_for_cleanup(layout, stopper)
     before = gpu_audit(layout, stopper)
     if run_id is not None:
         targets = [run_id]
@@ -2324,7 +2346,7 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
     if dry_run:
         return {"dry_run": True, "runs": [would_stop(layout, rid, stopper) for rid in targets],
                 "force_foreign": [describe_pid(p) for p in force], "gpus_before": before}
-    with WorkdirLock(layout, "cleanup", lock_timeout):
+    with cleanup_lock(layout, lock_timeout, stopper):
         runs = []
         for rid in targets:
             out.step(f"stopping run {rid}")
@@ -2334,8 +2356,51 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
         out.step("checking that the GPUs are released")
     release = wait_gpus_released(layout, stopper, out, set(targets), before, gpu_timeout,
                                  extra_pids=set(force))
+    if stopper.unrecorded:
+        out.warning("stopped, but could not record: " + "; ".join(stopper.unrecorded))
     return {"runs": runs, "forced": forced, "gpus_before": before,
-            "gpus_after": release["audit"], "gpu": release["verdict"]}
+            "gpus_after": release["audit"], "gpu": release["verdict"],
+            "not_recorded": list(stopper.unrecorded)}
+
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def workdir_for_cleanup(layout: Layout, stopper: Stopper) -> None:
+    """Like ensure_workdir, but a full (or read-only) workdir does not stop a cleanup.
+
+    The job that filled the disk is exactly what the user needs to stop; everything cleanup
+    writes (run.json status, exit files, the lock note) is bookkeeping it can do without."""
+    exc = workdir_error(layout)
+    if exc is None:
+        return
+    if exc.errno not in FULL_DISK_ERRNOS or not os.path.isdir(layout.workdir):
+        ensure_workdir(layout)  # raises the usual ``workdir`` error
+        return
+    stopper.out.warning(f"{layout.workdir} is not writable ({exc.strerror}): stopping anyway;"
+                        " what cleanup records there may be lost")
+
+
+@contextlib.contextmanager
+def cleanup_lock(layout: Layout, timeout: float, stopper: Stopper) -> Iterator[None]:
+    """The workdir lock for cleanup; a lock file that cannot be created (full disk) is noted
+    and the stop goes on unlocked (a deploy cannot write there either)."""
+    lock = WorkdirLock(layout, "cleanup", timeout)
+    try:
+        lock.__enter__()
+    except OSError as exc:
+        if exc.errno not in FULL_DISK_ERRNOS:
+            raise
+        stopper.unrecorded.append(f"the workdir lock {layout.lock} ({exc.strerror or exc}): "
+                                  "stopped without holding it")
+        yield
+        return
+    try:
+        if lock.unrecorded:
+            stopper.unrecorded.append(lock.unrecorded)
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def would_stop(layout: Layout, run_id: str, stopper: Stopper) -> JSONDict:
