@@ -88,13 +88,16 @@ class Box:
             if ev["event"] == "launched":
                 self.track(ev["pid"])
 
-    def agent(self, req: Dict[str, Any], timeout: float = 40.0) -> Tuple[List[Event], Event]:
-        """Run the agent with one request line; return (events before result, result)."""
+    def agent(self, req: Dict[str, Any], timeout: float = 40.0,
+              prefix: Optional[List[str]] = None) -> Tuple[List[Event], Event]:
+        """Run the agent with one request line; return (events before result, result).
+
+        ``prefix`` is an argv the agent's command is appended to (e.g. one hiding /proc)."""
         req.setdefault("v", 1)
         req.setdefault("workdir", str(self.workdir))
         req.setdefault("env", {})
         proc = subprocess.run(
-            [PY, str(AGENT)],
+            [*(prefix or []), PY, str(AGENT)],
             input=(json.dumps(req) + "\n").encode(),
             capture_output=True,
             timeout=timeout,
