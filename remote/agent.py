@@ -402,6 +402,11 @@ class ProcSpec:
             raise bad_request(f"{where}argv: arguments must not contain NUL bytes")
         self.env = get_str_dict(raw, "env", where)
         self.cwd = get_opt_str(raw, "cwd", where)
+        if self.cwd is not None and ("\0" in self.cwd or (
+                not self.cwd.startswith(("/", "~"))
+                and os.path.normpath(self.cwd).split(os.sep)[0] == "..")):
+            raise bad_request(f"{where}cwd: {self.cwd!r} leaves the workdir; give a folder "
+                              "under it (relative) or an absolute path")
         gpus = raw.get("gpus")
         if gpus is None:
             gpus = []
@@ -1811,7 +1816,8 @@ class Deployment:
         return env
 
     def resolve_cwd(self, spec: ProcSpec) -> str:
-        """null → workdir; relative → under workdir; created if missing."""
+        """null → workdir; relative → under workdir (not through a symlink out of it);
+        created if missing."""
         cwd = self.layout.workdir
         if spec.cwd is not None:
             cwd = os.path.normpath(os.path.join(self.layout.workdir, spec.cwd))
@@ -1821,6 +1827,14 @@ class Deployment:
             raise AgentError(
                 "workdir", f"cannot create cwd {cwd} for {spec.name}: {exc.strerror}", spec.name
             ) from None
+        if spec.cwd is not None and not os.path.isabs(os.path.expanduser(spec.cwd)):
+            real = os.path.realpath(cwd)
+            root = os.path.realpath(self.layout.workdir)
+            if os.path.commonpath([real, root]) != root:
+                raise AgentError(
+                    "workdir", f"cwd {spec.cwd!r} of {spec.name} resolves to {real}, outside the "
+                    f"workdir {root} (a symlink on the box leads out of it). Remove the link or "
+                    "give that folder as an absolute cwd", spec.name)
         return cwd
 
     def launch(self, spec: ProcSpec) -> None:
@@ -2151,17 +2165,91 @@ def check_gpus_free(audit: JSONDict, needed: Set[int], previous: Optional[str],
 
 
 def write_files(layout: Layout, files: List[FileSpec], out: Emitter) -> None:
-    """Step 4: wrap.py and the request's files, each atomically (``workdir`` error naming it)."""
-    todo = [(layout.wrap, WRAP_SOURCE.encode("utf-8"), 0o644)]
-    todo += [(os.path.join(layout.workdir, f.path), f.data, f.mode) for f in files]
+    """Step 4: wrap.py and the request's files, each atomically (``workdir`` error naming it).
+
+    The request's files are written through folders opened one by one with O_NOFOLLOW under
+    the workdir, so a symlinked folder on the box can never carry a file out of it."""
+    for f in files:  # refuse every escape before writing anything
+        with contextlib.closing(WorkdirFolder(layout.workdir, f.path, create=False)):
+            pass
+    try:
+        write_atomic(layout.wrap, WRAP_SOURCE.encode("utf-8"), 0o644)
+    except OSError as exc:
+        raise AgentError("workdir", f"cannot write {layout.wrap}: {exc.strerror or exc}") from None
     if files:
         out.step(f"writing {len(files)} file{'s' if len(files) != 1 else ''}")
-    for path, data, mode in todo:
+    for f in files:
         try:
-            write_atomic(path, data, mode)
+            with contextlib.closing(WorkdirFolder(layout.workdir, f.path, create=True)) as folder:
+                folder.write(os.path.basename(f.path), f.data, f.mode)
         except OSError as exc:
-            text = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise AgentError("workdir", f"cannot write {path}: {text}") from None
+            path = os.path.join(layout.workdir, f.path)
+            raise AgentError("workdir", f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class WorkdirFolder:
+    """The folder of a relative file path under the workdir, opened component by component
+    without following symlinks (``workdir`` error naming the link when one is in the way)."""
+
+    def __init__(self, workdir: str, rel: str, create: bool) -> None:
+        self.fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self._descend(workdir, rel, create)
+        except BaseException:
+            self.close()
+            raise
+
+    def _descend(self, workdir: str, rel: str, create: bool) -> None:
+        """Open each folder of ``rel`` below the current one (made first when ``create``);
+        without ``create`` a missing folder ends the walk: nothing below it can escape."""
+        parts = [p for p in os.path.dirname(rel).split(os.sep) if p]
+        for i, part in enumerate(parts):
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=self.fd)
+            try:
+                fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
+            except FileNotFoundError:
+                if create:
+                    raise
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                where = os.path.join(workdir, *parts[: i + 1])
+                raise AgentError(
+                    "workdir", f"files: {rel}: {where} is a symlink or not a folder on the box; "
+                    "outrig writes files only inside the workdir, never through a link. Remove "
+                    "it on the box or choose another path") from None
+            os.close(self.fd)
+            self.fd = fd
+
+    def write(self, name: str, data: bytes, mode: int) -> None:
+        """Write ``name`` in this folder atomically (tmp file + fsync + rename, no follow)."""
+        tmp = f".{name}.tmp.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600,
+                     dir_fd=self.fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+        os.close(fd)
+        os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        with contextlib.suppress(OSError):
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        """Release the folder's descriptor."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def op_deploy(req: Request, out: Emitter) -> JSONDict:

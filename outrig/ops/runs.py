@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outrig.console import Reporter
+from outrig.console import Reporter, visible
 from outrig.errors import ConfigError
 from outrig.journal import Journal
 from outrig.ops.base import Project, host_session, playbook_name
@@ -122,7 +122,7 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
                 models = ", ".join(server.get("models") or []) or "?"
                 detail = f"/health {health}, serving {models}"
             elif not detail and proc.get("log_tail"):
-                detail = str(proc["log_tail"][-1])[-100:]
+                detail = visible(str(proc["log_tail"][-1]))[-100:]
             checkpoint = proc.get("checkpoint")
             if isinstance(checkpoint, dict):
                 if checkpoint.get("path"):
@@ -135,7 +135,7 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
                 or proc.get("state") == "killed"
             if failed and proc.get("log_tail"):
                 notes.append(f"{name} {state}; last log lines:")
-                notes.extend(f"    | {line}" for line in proc["log_tail"])
+                notes.extend(f"    | {visible(str(line))}" for line in proc["log_tail"])
             held = ",".join(str(i) for i in proc.get("gpus_held") or []) or "-"
             table.add_row(name, state, str(proc.get("pid") or "-"), _age(proc.get("uptime")),
                           "-" if ready is None else ("yes" if ready else "no"), held,
