@@ -263,6 +263,11 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
             model=_sub(job, (*base, "ready", "model"), r.model, params, problems)
             if r.model else None,
         )
+        if ready.http and "${" not in ready.http and not ready.http.startswith(
+                ("http://", "https://")):
+            problems.append(f"{job.where((*base, 'ready', 'http'))}: {ready.http!r} has no "
+                            "scheme; write it as a full URL, e.g. "
+                            f"'http://{ready.http.lstrip('/')}'")
     parallel = (proc.parallel.tensor, proc.parallel.data) if proc.parallel else None
     checkpoints = None
     if proc.checkpoints is not None:

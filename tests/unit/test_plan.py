@@ -175,3 +175,13 @@ processes:
     assert len(plan.problems) == 2, plan.problems
     assert all("leaves the workdir" in p for p in plan.problems)
     assert "processes.a.cwd" in plan.problems[0] and "'../../etc'" in plan.problems[0]
+
+
+def test_templated_ready_url_without_scheme_is_a_plan_problem(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, """
+params: {url: "127.0.0.1:8000/health"}
+processes:
+  a: {command: "true", ready: {http: "${url}"}}
+""")
+    assert not plan.ok
+    assert any("processes.a.ready.http" in p and "has no scheme" in p for p in plan.problems)
