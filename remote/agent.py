@@ -2696,7 +2696,7 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
         raise bad_request("cleanup: give run_id, playbook, all: true or force_foreign")
     layout = Layout(req.workdir)
     require_proc("cleanup stopped nothing (what was launched may still be running)")
-    stopper = Stopper(out, layout=layout)
+    stopper = Stopper(out, layout=None if dry_run else layout)  # a dry run records nothing
     workdir_for_cleanup(layout, stopper)
     before = gpu_audit(layout, stopper)
     if run_id is not None:
