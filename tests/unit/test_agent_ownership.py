@@ -22,7 +22,8 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from outrig.sandbox import nvidia_smi
-from tests.unit.test_agent_local import PY, R1, Box, alive, stat_fields, wait_until
+from tests.helpers import marked
+from tests.unit.test_agent_local import AGENT, PY, R1, Box, alive, stat_fields, wait_until
 
 # The run's process: starts a child that drops every OUTRIG_* variable and leaves the session
 # (setsid), and that child holds GPU 1. The parent exits when parent.exit appears (or on
@@ -197,3 +198,28 @@ def test_cleanup_with_proc_hidden_says_it_proved_nothing(box: Box) -> None:
     assert alive(pid)
     _, status = box.agent({"op": "status", "playbook": "smoke"}, prefix=prefix)
     assert status["ok"] is False and status["error"]["kind"] == "proc", status
+
+
+# The agent, with the /proc entries of its own children made unreadable: what a box that hides
+# other processes' /proc entries (but not the agent's own) shows it right after a launch.
+CHILD_STAT_HIDDEN = f"""
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("outrig_agent", {str(AGENT)!r})
+agent = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(agent)
+real = agent.read_stat
+def read_stat(pid):
+    st = real(pid)
+    return None if st is not None and st.ppid == os.getpid() else st
+agent.read_stat = read_stat
+agent.main()
+"""
+
+
+def test_launch_whose_proc_entry_is_unreadable_is_killed_not_left_running(box: Box) -> None:
+    req = {"op": "deploy", "playbook": "smoke", "run_id": R1, "lock_timeout": 2,
+           "processes": [{"name": "svc", "argv": ["sleep", "60"], "ready": None}]}
+    _, result = box.agent(req, prefix=[PY, "-c", CHILD_STAT_HIDDEN, "--"])
+    assert result["ok"] is False and result["error"]["kind"] == "proc", result
+    assert "was killed at once" in result["error"]["message"]
+    assert marked(R1) == []  # neither the wrapper nor its command lives on
