@@ -88,6 +88,18 @@ def write_exit(path, code, sig):
     os.replace(tmp, path)
 
 
+def leave_cgroup(procs_file):
+    """Move back to the parent cgroup and remove this process's own one if nothing is left in
+    it; a descendant still there keeps it (and is found there by cleanup)."""
+    folder = os.path.dirname(procs_file)
+    try:
+        with open(os.path.join(os.path.dirname(folder), "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
 def main():
     if len(sys.argv) < 4 or sys.argv[2] != "--":
         sys.stderr.write("usage: wrap.py EXIT_FILE -- ARGV...\n")
@@ -123,11 +135,15 @@ def main():
         sys.stdout.write("outrig: cannot execute %r: %s\n" % (argv[0], exc))
         sys.stdout.flush()
         write_exit(exit_file, 127, None)
+        if procs_file:
+            leave_cgroup(procs_file)
         return 127
     state["child"] = child
     for signum in state["pending"]:
         forward(signum, None)
     rc = child.wait()
+    if procs_file:
+        leave_cgroup(procs_file)
     if rc < 0:
         write_exit(exit_file, None, -rc)
         return 128 - rc

@@ -223,3 +223,13 @@ def test_launch_whose_proc_entry_is_unreadable_is_killed_not_left_running(box: B
     assert result["ok"] is False and result["error"]["kind"] == "proc", result
     assert "was killed at once" in result["error"]["message"]
     assert marked(R1) == []  # neither the wrapper nor its command lives on
+
+
+def test_cgroup_of_a_process_that_ended_by_itself_is_removed(box: Box) -> None:
+    _, result = box.deploy([{"name": "once", "argv": [PY, "-c", "print('done')"],
+                             "ready": {"exit": True, "timeout": 30}}])
+    assert result["ok"] is True, result
+    cgroup = result["processes"][0]["cgroup"]
+    if cgroup is None:
+        pytest.skip("this machine does not let the agent create a cgroup v2 folder")
+    assert wait_until(lambda: not Path(cgroup).exists())
