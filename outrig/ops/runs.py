@@ -122,7 +122,7 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
                 models = ", ".join(server.get("models") or []) or "?"
                 detail = f"/health {health}, serving {models}"
             elif not detail and proc.get("log_tail"):
-                detail = visible(str(proc["log_tail"][-1]))[-100:]
+                detail = str(proc["log_tail"][-1])[-100:]
             checkpoint = proc.get("checkpoint")
             if isinstance(checkpoint, dict):
                 if checkpoint.get("path"):
@@ -135,14 +135,14 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
                 or proc.get("state") == "killed"
             if failed and proc.get("log_tail"):
                 notes.append(f"{name} {state}; last log lines:")
-                notes.extend(f"    | {visible(str(line))}" for line in proc["log_tail"])
+                notes.extend(f"    | {line}" for line in proc["log_tail"])
             held = ",".join(str(i) for i in proc.get("gpus_held") or []) or "-"
             table.add_row(name, state, str(proc.get("pid") or "-"), _age(proc.get("uptime")),
                           "-" if ready is None else ("yes" if ready else "no"), held,
-                          escape(detail))
+                          escape(visible(detail)))
         out.print(table)
         for note in notes:
-            out.print(escape(note), highlight=False)
+            out.print(escape(visible(note)), highlight=False)
     gpus = result.get("gpus") or []
     if gpus:
         table = Table(title="GPUs", title_justify="left")
@@ -159,7 +159,8 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
             util = gpu.get("utilization_pct")
             table.add_row(str(gpu.get("index")), str(gpu.get("name")),
                           f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
-                          "-" if util is None else f"{util}%", escape("; ".join(who) or "free"))
+                          "-" if util is None else f"{util}%",
+                          escape(visible("; ".join(who) or "free")))
         out.print(table)
     elif result.get("gpu_error"):
         reporter.info(f"GPUs: {result['gpu_error']}")
