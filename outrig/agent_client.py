@@ -222,8 +222,8 @@ class AgentCall:
             return RemoteError(
                 f"{host.describe()}: the interpreter {host.python!r} could not run the agent "
                 f"(it exited with status {status}{output}). Set python: in the host file to a "
-                "Python 3.8+ interpreter that exists on the box (e.g. python3), and check it "
-                f"with `ssh HOST {host.python} -c 'import sys; print(sys.version)'`.",
+                "Python 3.8+ interpreter that exists on the box (e.g. python3); on the box, "
+                f"`{host.python} -c 'import sys; print(sys.version)'` must print 3.8 or newer.",
                 kind="bad_python", excerpt=lines)
         return RemoteError(
             f"the agent on {host.describe()} stopped without a result (exit status {status}). "

@@ -2740,6 +2740,7 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
     release = wait_gpus_released(layout, stopper, out, set(targets), before, gpu_timeout,
                                  extra_pids=set(force))
     unproven = unproven_holders(layout, targets, release["audit"], stopper)
+    host_label = get_opt_str(raw, "host_label", "") or "HOST"
     if unproven:
         verdict = release["verdict"]
         verdict["released"] = False
@@ -2750,7 +2751,8 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
             "outrig cannot prove whether they are its own (no group, session, cgroup, marker "
             "or parent of the run leads to them), so they were left running: "
             + "; ".join(holder_line(h) for h in unproven)
-            + ". If they are the run's, stop them with: inv cleanup --host HOST --force-foreign "
+            + f". If they are the run's, stop them with: inv cleanup --host {host_label} "
+            "--force-foreign "
             + " ".join(str(h["pid"]) for h in unproven))
     if stopper.unrecorded:
         out.warning("stopped, but could not record: " + "; ".join(stopper.unrecorded))
