@@ -192,10 +192,12 @@ def test_cleanup_with_proc_hidden_says_it_proved_nothing(box: Box) -> None:
     _, result = box.deploy([{"name": "svc", "argv": ["sleep", "60"], "ready": None}])
     assert result["ok"] is True, result
     pid = result["processes"][0]["pid"]
-    _, result = box.agent({"op": "cleanup", "playbook": "smoke"}, prefix=prefix)
+    events, result = box.agent({"op": "cleanup", "playbook": "smoke"}, prefix=prefix)
     assert result["ok"] is False and result["error"]["kind"] == "proc", result
     assert "cleanup stopped nothing" in result["error"]["message"]
     assert alive(pid)
+    # nor does it tell the workstation's journal that the run is gone
+    assert [ev for ev in events if ev["event"] == "runs"] == []
     _, status = box.agent({"op": "status", "playbook": "smoke"}, prefix=prefix)
     assert status["ok"] is False and status["error"]["kind"] == "proc", status
 
