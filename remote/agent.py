@@ -3240,6 +3240,11 @@ def model_report(model: str) -> JSONDict:
             vocab = text.get("vocab_size")
         if isinstance(vocab, int) and not isinstance(vocab, bool):
             report["vocab_size"] = vocab
+        hidden = config.get("hidden_size")
+        if not isinstance(hidden, int) and isinstance(text, dict):
+            hidden = text.get("hidden_size")
+        if isinstance(hidden, int) and not isinstance(hidden, bool):
+            report["hidden_size"] = hidden
         if isinstance(layers, int) and not isinstance(layers, bool):
             report["num_hidden_layers"] = layers
         else:
