@@ -24,7 +24,17 @@ from outrig.transport import AgentChannel, Transport
 Event = dict[str, Any]
 EventHandler = Callable[[Event], None]
 
-AGENT_PATH = Path(__file__).resolve().parent.parent / "remote" / "agent.py"
+
+
+def find_agent() -> Path:
+    """Where the box agent's source is: inside the installed package (a wheel ships
+    remote/agent.py as ``outrig/_box/agent.py``) or beside the package in a checkout."""
+    here = Path(__file__).resolve().parent
+    candidates = (here / "_box" / "agent.py", here.parent / "remote" / "agent.py")
+    return next((path for path in candidates if path.is_file()), candidates[-1])
+
+
+AGENT_PATH = find_agent()
 BOOTSTRAP = (
     "import sys,zlib;"
     "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '"
@@ -68,8 +78,9 @@ def agent_payload() -> bytes:
         source = AGENT_PATH.read_bytes()
     except FileNotFoundError:
         raise RemoteError(
-            f"the remote agent {AGENT_PATH} is missing; outrig must be installed from a checkout "
-            "(pip install -e .) so that remote/agent.py is beside the package"
+            f"the remote agent {AGENT_PATH} is missing: this outrig install is incomplete; "
+            "reinstall it (pip install --force-reinstall outrig, or pip install -e . in a "
+            "checkout)"
         ) from None
     packed = zlib.compress(source, 9)
     return f"{len(packed)}\n".encode() + packed

@@ -338,8 +338,24 @@ def find_playbook(name_or_path: str, playbooks_dir: Path) -> Path:
     )
 
 
-def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None) -> Job:
-    """Load and validate a playbook file. ``test`` applies its ``test:`` overrides.
+def override_params(raw: dict[str, Any], params: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``raw`` with ``params`` replacing its ``params:`` values. Only names the playbook
+    declares may be set: a typo would otherwise be ignored while the user thinks it applied."""
+    declared = raw.get("params")
+    declared = declared if isinstance(declared, dict) else {}
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        have = ", ".join(sorted(map(str, declared))) or "none"
+        raise ConfigError(
+            f"--param {', '.join(unknown)}: {path} has no such param (its params: {have}); "
+            "fix the name or add it under params: in the playbook. Nothing was sent.")
+    return {**raw, "params": {**declared, **params}}
+
+
+def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None,
+             params: dict[str, Any] | None = None) -> Job:
+    """Load and validate a playbook file. ``test`` applies its ``test:`` overrides, then
+    ``params`` (``--param key=value``) replace values of the playbook's ``params:``.
 
     ``files:`` local paths are resolved against ``base_dir`` (default: the project root, i.e.
     the parent of a ``playbooks/`` folder, else the playbook's own folder) and must exist.
@@ -359,6 +375,8 @@ def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None) ->
             raise ConfigError(f"{doc.where(('test',))}: must be a mapping of overrides")
         raw = deep_merge({k: v for k, v in raw.items() if k != "test"}, overrides)
         raw["test"] = overrides
+    if params:
+        raw = override_params(raw, params, path)
     errors: list[Any] = []
     spec: PlaybookSpec | None = None
     try:

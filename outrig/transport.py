@@ -90,6 +90,10 @@ class AgentChannel(ABC):
         """Whether the link under the channel is still up (SSH: the transport is active)."""
         return True
 
+    def stderr_so_far(self) -> bytes:
+        """Everything the command wrote to stderr until now (``exec`` streams it)."""
+        return bytes(getattr(self, "_err", b""))
+
     def close_input(self) -> None:
         """Send EOF on the command's stdin (the end of a file stream)."""
 

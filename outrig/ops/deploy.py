@@ -67,11 +67,12 @@ def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], s
             f"inv tail-logs --host {host_spec}")
 
 def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = False,
-               journal: Journal | None = None, run_id: str | None = None) -> Plan:
+               journal: Journal | None = None, run_id: str | None = None,
+               params: dict[str, Any] | None = None) -> Plan:
     """Load host and playbook and plan; raise :class:`PlanError` listing every problem."""
     journal = journal or Journal()
     host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
-    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test)
+    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
     return plan_job(job, host, journal, run_id=run_id)
 
 
@@ -151,11 +152,15 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[s
 
 def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
            test: bool = False, dry_run: bool = False, wait: bool = True,
-           journal: Journal | None = None) -> DeployResult:
-    """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call."""
+           journal: Journal | None = None, params: dict[str, Any] | None = None
+           ) -> DeployResult:
+    """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call.
+
+    ``params`` (from ``--param``) override the playbook's params and are journalled with the
+    run, so a later look at the run says what it was started with."""
     journal = journal or Journal()
     host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
-    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test)
+    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
     sessions: list[HostSession] = []  # opened at most once, on first need; closed at the end
 
     def connect() -> HostSession:
@@ -185,6 +190,7 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
         record: dict[str, Any] = {"run_id": plan.run_id, "host": plan.host,
                                   "playbook": plan.playbook, "created": time.time(),
                                   "test_mode": plan.test_mode, "plan": plan.to_dict(),
+                                  "param_overrides": dict(params or {}),
                                   "status": "deploying"}
         journal.record_run(plan.run_id, record)
         session = connect()
@@ -217,9 +223,9 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
 
 
 def show_plan(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
-              test: bool = False) -> Plan:
-    """``inv plan``: print the full plan; nothing is sent."""
-    plan = build_plan(project, host_spec, playbook, test=test)
+              test: bool = False, params: dict[str, Any] | None = None) -> Plan:
+    """``outrig plan``: print the full plan; nothing is sent."""
+    plan = build_plan(project, host_spec, playbook, test=test, params=params)
     reporter.plan(plan, full=True)
     reporter.emit_json(plan.to_dict())
     return plan

@@ -1,0 +1,694 @@
+"""outrig's command line: the installed ``outrig`` command and ``inv`` in a checkout.
+
+Both run the one :data:`ns` collection (``tasks.py`` re-exports it); ``outrig`` is an Invoke
+:class:`~invoke.program.Program` the way Fabric builds ``fab``. Each task turns flags into one
+call into ``outrig.ops``; errors come back as one paragraph that says what failed, where, and
+the fix (no traceback), with exit status 2 for bad input (nothing was sent) and 1 for failures
+on or while reaching the box. Run ``outrig --list`` for the tasks and ``outrig --help TASK``
+for each flag; docs/cli.md is the reference.
+
+Where values come from (highest first): the flag, an ``OUTRIG_*`` environment variable, the
+project's ``outrig.yaml``, then Invoke's own configuration (``~/.outrig.yaml`` and
+``/etc/outrig.yaml`` for ``outrig``; ``invoke.yaml`` files for ``inv``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from invoke.collection import Collection
+from invoke.config import Config, merge_dicts
+from invoke.exceptions import Exit, ParseError
+from invoke.program import Program
+from invoke.tasks import task
+
+from outrig import __version__
+from outrig.console import Reporter, visible
+from outrig.errors import ConfigError, OutrigError
+from outrig.ops.base import Project
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PROJECT_FILE = "outrig.yaml"
+SETTINGS = ("host", "playbook", "project")  # config keys and OUTRIG_* variables
+
+HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local' "
+             "(default: OUTRIG_HOST, then host: in outrig.yaml)")
+JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
+PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OUTRIG_PROJECT, "
+                "else the nearest such folder upward from here")
+PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
+
+
+# --------------------------------------------------------------------------------- settings
+
+
+def find_project(start: Path) -> Path | None:
+    """The nearest folder upward from ``start`` holding ``hosts/``, ``playbooks/`` or
+    ``outrig.yaml``: users keep their hosts and playbooks in their own repositories."""
+    here = start.resolve()
+    for folder in (here, *here.parents):
+        if ((folder / "playbooks").is_dir() or (folder / "hosts").is_dir()
+                or (folder / PROJECT_FILE).is_file()):
+            return folder
+    return None
+
+
+def read_project_file(root: Path) -> dict[str, Any]:
+    """``outrig.yaml`` in the project (an empty mapping when absent); a wrong shape is a
+    ConfigError naming the file and key."""
+    path = root / PROJECT_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read it as YAML ({exc}); fix or remove the file") \
+            from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping such as 'host: my-box' (one key a line)")
+    for key in ("host", "playbook"):
+        if key in data and data[key] is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{path}: {key}: must be a name (text), not {data[key]!r}")
+    return data
+
+
+def _invoke_setting(c: Any, key: str) -> str | None:
+    """``key`` from Invoke's merged config (user/system files, collection defaults)."""
+    config = getattr(c, "config", None)
+    if config is None:
+        return None
+    try:
+        value = config.get(key)
+    except (AttributeError, KeyError):
+        return None
+    return str(value) if value not in (None, "") else None
+
+
+@dataclass
+class Settings:
+    """The project of this command and where its defaults come from."""
+
+    project: Project
+    project_source: str
+    file: dict[str, Any] = field(default_factory=dict)
+    context: Any = None
+
+    def value(self, key: str, flag: str | None) -> tuple[str | None, str]:
+        """``key``'s value and where it came from: flag > env > project file > Invoke config."""
+        if flag not in (None, ""):
+            return flag, f"--{key}"
+        variable = f"OUTRIG_{key.upper()}"
+        if os.environ.get(variable):
+            return os.environ[variable], variable
+        if self.file.get(key):
+            return str(self.file[key]), f"{key}: in {self.project.root / PROJECT_FILE}"
+        configured = _invoke_setting(self.context, key)
+        if configured:
+            return configured, f"{key}: in the user configuration"
+        return None, ""
+
+    def host(self, flag: str | None) -> str:
+        """The host to act on; a clear ConfigError (exit 2) when none is given anywhere."""
+        value, _ = self.value("host", flag)
+        if value is None:
+            raise ConfigError(
+                "no host given: pass --host NAME (a file in "
+                f"{self.project.hosts_dir}, an ~/.ssh/config alias, user@host:port or "
+                f"'local'), or set a default with host: in {self.project.root / PROJECT_FILE} "
+                "or the OUTRIG_HOST variable. Nothing was sent.")
+        return value
+
+
+def settings_for(c: Any, project_flag: str | None) -> Settings:
+    """The project: --project, OUTRIG_PROJECT, found upward from here, the configured
+    ``project``, else this folder (host aliases and paths still work there)."""
+    explicit = project_flag or os.environ.get("OUTRIG_PROJECT")
+    source = "--project" if project_flag else "OUTRIG_PROJECT"
+    if explicit:
+        root = Path(explicit).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"{source} {explicit}: no such folder; name the folder that "
+                              "holds hosts/ and playbooks/ (outrig init makes one)")
+        return _settings(c, root.resolve(), source)
+    found = find_project(Path.cwd())
+    if found is not None:
+        return _settings(c, found, "found upward from the current folder")
+    configured = _invoke_setting(c, "project")
+    if configured and Path(configured).expanduser().is_dir():
+        return _settings(c, Path(configured).expanduser().resolve(), "project: in the config")
+    return _settings(c, Path.cwd().resolve(), "the current folder (no project found)")
+
+
+def _settings(c: Any, root: Path, source: str) -> Settings:
+    return Settings(Project(root), source, read_project_file(root), c)
+
+
+def playbook_for(settings: Settings, flag: str | None, host: str | None,
+                 reporter: Reporter, *, what: str) -> str:
+    """The playbook to plan or deploy: flag > env > config > the host's current run's
+    playbook. Never a built-in default: deploying something the user did not name is worse
+    than asking."""
+    value, source = settings.value("playbook", flag)
+    if value is not None:
+        if source != "--playbook":
+            reporter.info(f"playbook {value} ({source})")
+        return value
+    running: list[dict[str, Any]] = []
+    if host is not None:
+        from outrig.inventory import resolve_host
+        from outrig.journal import Journal
+
+        name = resolve_host(host, hosts_dir=settings.project.hosts_dir).name
+        running = [r for r in Journal().runs(host=name) if r.get("status") == "running"]
+    playbooks = sorted({str(r.get("playbook")) for r in running})
+    if len(playbooks) == 1:
+        reporter.info(f"playbook {playbooks[0]} (the current run on {host}, "
+                      f"{running[0].get('run_id')})")
+        return playbooks[0]
+    folder = settings.project.playbooks_dir
+    known = sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
+    why = (f"runs of {len(playbooks)} playbooks are running on {host} ({', '.join(playbooks)})"
+           if playbooks else f"{host} has no current run to take it from")
+    raise ConfigError(
+        f"which playbook to {what}? none was given or configured and {why}: pass --playbook "
+        f"NAME (in {folder}: {', '.join(known) or 'none'}), or set playbook: in "
+        f"{settings.project.root / PROJECT_FILE} or OUTRIG_PLAYBOOK. Nothing was sent.")
+
+
+def parse_params(values: list[str] | None) -> dict[str, Any]:
+    """``--param key=value`` flags as a mapping; each value is read as YAML (``5`` is a
+    number, ``true`` a boolean, anything else text), like the playbook's own params."""
+    params: dict[str, Any] = {}
+    for item in values or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--param {item!r}: expected key=value, e.g. --param steps=5")
+        try:
+            params[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            params[key.strip()] = raw
+    return params
+
+
+def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
+    """A numeric flag, parsed here so that ``--lines abc`` is one clear exit-2 paragraph."""
+    if value is None:
+        return default
+    try:
+        return int(value) if whole else float(value)
+    except ValueError:
+        kind = "a whole number" if whole else "a number"
+        raise ConfigError(f"--{flag} must be {kind}, not {value!r} (e.g. --{flag} "
+                          f"{int(default)})") from None
+
+
+def remainder_argv() -> list[str]:
+    """The words after ``--`` exactly as typed (Invoke's parser joins them into one string,
+    which would lose quoting): from :class:`OutrigProgram`, else this process's argv."""
+    argv = _REMAINDER if _REMAINDER is not None else sys.argv
+    return list(argv[argv.index("--") + 1:]) if "--" in argv else []
+
+
+_REMAINDER: list[str] | None = None
+
+
+def _reporter(json: bool) -> Reporter:
+    return Reporter(json_mode=json)
+
+
+def friendly(func: F) -> F:
+    """Print an OutrigError's message (no traceback) and exit with its status."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except OutrigError as exc:
+            print(f"error: {visible(str(exc))}", file=sys.stderr)
+            raise Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            print("interrupted: anything already launched keeps running on the box; "
+                  "see `outrig status`", file=sys.stderr)
+            raise Exit(code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------ tasks
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["param"],
+    help={
+        "host": HOST_HELP,
+        "playbook": "playbook name in playbooks/ (or a path to one); default: OUTRIG_PLAYBOOK, "
+                    "playbook: in outrig.yaml, else the playbook of the host's current run",
+        "param": PARAM_HELP,
+        "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
+        "dry_run": "print the plan and stop; nothing is sent",
+        "no_wait": "return as soon as every process is launched and recorded",
+        "project": PROJECT_HELP,
+        "json": JSON_HELP,
+    },
+)
+@friendly
+def deploy(c: Any, host: str | None = None, playbook: str | None = None,
+           param: list[str] | None = None, test: bool = False, dry_run: bool = False,
+           no_wait: bool = False, project: str | None = None, json: bool = False) -> None:
+    """Push files, stop the previous run, launch every process and wait until it is ready.
+
+    Examples:
+        outrig deploy --host uk-node --playbook dflash-qwen36
+        outrig deploy --playbook smoke --param steps=50 --dry-run
+    """
+    from outrig.ops.deploy import deploy as run_deploy
+
+    reporter = _reporter(json)
+    settings = settings_for(c, project)
+    host_spec = settings.host(host)
+    name = playbook_for(settings, playbook, host_spec, reporter, what="deploy")
+    run_deploy(settings.project, host_spec, name, reporter, test=test, dry_run=dry_run,
+               wait=not no_wait, params=parse_params(param))
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["param"],
+    help={"host": HOST_HELP, "playbook": "playbook name in playbooks/ (or a path); default "
+          "as for deploy", "param": PARAM_HELP,
+          "test": "plan with the playbook's test: overrides", "project": PROJECT_HELP,
+          "json": JSON_HELP},
+)
+@friendly
+def plan(c: Any, host: str | None = None, playbook: str | None = None,
+         param: list[str] | None = None, test: bool = False, project: str | None = None,
+         json: bool = False) -> None:
+    """Show the plan (GPU map, full commands, env, start order); nothing is sent.
+
+    Example:
+        outrig plan --host uk-node --playbook dflash-qwen36 --param epochs=2
+    """
+    from outrig.ops.deploy import show_plan
+
+    reporter = _reporter(json)
+    settings = settings_for(c, project)
+    host_spec = settings.host(host)
+    name = playbook_for(settings, playbook, host_spec, reporter, what="plan")
+    show_plan(settings.project, host_spec, name, reporter, test=test,
+              params=parse_params(param))
+
+
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP, "run": "the run id to show (default: current runs)",
+          "playbook": "show the current run of this playbook",
+          "lines": "log lines to show per process (default 5)", "project": PROJECT_HELP,
+          "json": JSON_HELP},
+)
+@friendly
+def status(c: Any, host: str | None = None, run: str | None = None,
+           playbook: str | None = None, lines: str | None = None, project: str | None = None,
+           json: bool = False) -> None:
+    """Show each process (running / exited with code / killed), readiness, GPUs, progress.
+
+    One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
+    trainer's step, loss, acceptance, speed and ETA parsed from its metric lines; the newest
+    complete checkpoint; vLLM's /health and served model; the last lines of a failed process.
+
+    Example:
+        outrig status --host uk-node
+    """
+    from outrig.ops.runs import status as run_status
+
+    count = int(number(lines, "lines", 5))
+    settings = settings_for(c, project)
+    run_status(settings.project, settings.host(host), _reporter(json), run_id=run,
+               playbook=playbook, log_lines=count)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["process"],
+    help={"host": HOST_HELP, "run": "run id (default: the current run)",
+          "playbook": "the current run of this playbook",
+          "process": "only this process (repeat for several)",
+          "lines": "start N lines before the end (default: resume from the saved cursor, or "
+                   "from the beginning the first time)",
+          "no_follow": "print what is there now and exit",
+          "grep": "show only lines matching this regular expression (the mirror keeps all)",
+          "since": "not supported (logs carry no reliable timestamps); use --lines",
+          "project": PROJECT_HELP,
+          "json": "JSON lines {process, line} instead of prefixed text"},
+)
+@friendly
+def tail_logs(c: Any, host: str | None = None, run: str | None = None,
+              playbook: str | None = None, process: list[str] | None = None,
+              lines: str | None = None, no_follow: bool = False, grep: str | None = None,
+              since: str | None = None, project: str | None = None, json: bool = False) -> None:
+    """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
+
+    Lines are prefixed with the process name. The mirror is kept under
+    ~/.local/state/outrig/logs/HOST/RUN/PROCESS.log with a cursor; a dropped link reconnects
+    and resumes there, and so does the next tail-logs (no line lost or repeated). Stop with
+    Ctrl-C. See docs/logs-and-status.md.
+
+    Examples:
+        outrig tail-logs --host uk-node
+        outrig tail-logs --host uk-node --process trainer --lines 100 --grep global_step
+        outrig tail-logs --host uk-node --no-follow --json
+    """
+    from outrig.ops.logs import tail_logs as run_tail
+
+    count = None if lines is None else int(number(lines, "lines", 100))
+    settings = settings_for(c, project)
+    run_tail(settings.project, settings.host(host), _reporter(json), run_id=run,
+             playbook=playbook, processes=list(process or []), lines=count,
+             follow=not no_follow, grep=grep, since=since)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["force_foreign"],
+    help={"host": HOST_HELP, "run": "stop this run id", "playbook": "stop this playbook's run",
+          "all": "stop every outrig run on the box",
+          "force_foreign": "also kill this pid that outrig did not start (repeat for several); "
+                           "it is shown before it is killed",
+          "dry_run": "show what would be signalled and who holds the GPUs; signal nothing",
+          "timeout": "seconds to wait for GPU memory to come back (default 60)",
+          "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def cleanup(c: Any, host: str | None = None, run: str | None = None,
+            playbook: str | None = None, all: bool = False,
+            force_foreign: list[str] | None = None, dry_run: bool = False,
+            timeout: str | None = None, project: str | None = None, json: bool = False) -> None:
+    """Stop exactly what outrig started, then prove the GPUs are free (audit + wait).
+
+    Exit status 0 only when nothing of ours is left and the GPU memory it held is back.
+    Processes outrig did not start are listed, never killed, unless named with
+    --force-foreign.
+
+    Examples:
+        outrig cleanup --host uk-node --playbook dflash-qwen36
+        outrig cleanup --host uk-node --all --dry-run
+        outrig cleanup --host uk-node --force-foreign 4711
+    """
+    from outrig.ops.cleanup import cleanup as run_cleanup
+
+    seconds = float(number(timeout, "timeout", 60.0, whole=False))
+    settings = settings_for(c, project)
+    run_cleanup(settings.project, settings.host(host), _reporter(json), run_id=run,
+                playbook=playbook, all_runs=all, force_foreign=list(force_foreign or []),
+                dry_run=dry_run, timeout=seconds)
+
+
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP,
+          "playbook": "playbook whose environments:/requires: to set up (default: "
+                      "OUTRIG_PLAYBOOK or outrig.yaml, else the only playbook in playbooks/ "
+                      "that has environments:)",
+          "dry_run": "check the box and say what would be created or updated; install nothing",
+          "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def provision(c: Any, host: str | None = None, playbook: str | None = None,
+              dry_run: bool = False, project: str | None = None, json: bool = False) -> None:
+    """Idempotent environment set-up: the playbook's venvs with pinned packages.
+
+    Checks python, the NVIDIA driver and free disk against requires:, then creates or updates
+    each environment; what is already right is skipped (one exec to find out). Installed
+    versions are recorded in the journal. See docs/provision.md.
+
+    Examples:
+        outrig provision --host new-node --playbook dflash-qwen36
+        outrig provision --host new-node --playbook dflash-qwen36 --dry-run
+    """
+    from outrig.ops.provision import provision as run_provision
+
+    settings = settings_for(c, project)
+    run_provision(settings.project, settings.host(host), _reporter(json),
+                  playbook=settings.value("playbook", playbook)[0], dry_run=dry_run)
+
+
+@task(
+    auto_shortflags=False,
+    name="stage",
+    help={"host": HOST_HELP, "playbook": "playbook whose model, data (and checkpoints) to "
+          "stage (default: OUTRIG_PLAYBOOK or outrig.yaml)",
+          "from_": "copy from this box (direct box-to-box when they can reach each other, "
+                       "else relayed through this workstation)",
+          "resume": "also put the newest complete checkpoint in place (from --from, "
+                    "else from this workstation's mirror)",
+          "streams": "parallel streams for copies through the workstation (default 4)",
+          "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def stage_(c: Any, host: str | None = None, playbook: str | None = None,
+           from_: str | None = None, resume: bool = False, streams: str | None = None,
+           project: str | None = None, json: bool = False) -> None:
+    """Put the model, data and (with --resume) a checkpoint on a box: fastest route, verified.
+
+    A re-run moves nothing and costs one agent call (each folder carries a verified manifest).
+    Routes: the box downloads hf: sources itself; --from copies box to box; folders on
+    this workstation are pushed in parallel streams. Cut transfers resume.
+
+    Examples:
+        outrig stage --host new-node --playbook dflash-qwen36
+        outrig stage --host new-node --playbook dflash-qwen36 --from uk-node --resume
+    """
+    from outrig.ops.stage import stage
+
+    count = int(number(streams, "streams", 4))
+    reporter = _reporter(json)
+    settings = settings_for(c, project)
+    host_spec = settings.host(host)
+    name = playbook_for(settings, playbook, None, reporter, what="stage")
+    stage(settings.project, host_spec, name, reporter, from_host=from_, resume=resume,
+          streams=count)
+
+
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP, "playbook": "whose checkpoints (default: the playbook of the "
+          "host's newest run that really ran)",
+          "run": "take the playbook of this run id instead", "project": PROJECT_HELP,
+          "json": JSON_HELP},
+)
+@friendly
+def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = None,
+                     run: str | None = None, project: str | None = None,
+                     json: bool = False) -> None:
+    """Pull new complete checkpoints from a box into this workstation's mirror.
+
+    Only checkpoints that are complete (every file present, training_state.json readable, and
+    logged as saved or followed by a later epoch) are pulled; ``interrupted/`` never is. Run
+    it now and then: a dead box then loses at most the work since the last sync.
+
+    Example:
+        outrig sync-checkpoints --host uk-node
+    """
+    from outrig.ops.stage import sync_checkpoints as run_sync
+
+    settings = settings_for(c, project)
+    run_sync(settings.project, settings.host(host), _reporter(json), playbook=playbook,
+             run_id=run)
+
+
+@task(
+    auto_shortflags=False,
+    help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port",
+          "to": "the new box", "playbook": "playbook to run on the new box (default: the old "
+          "box's last playbook, or the member of its family that fits the new box best)",
+          "run": "the run on the old box to move (default: its newest run that really ran)",
+          "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def migrate(c: Any, from_: str | None = None, to: str | None = None,
+            playbook: str | None = None, run: str | None = None, project: str | None = None,
+            json: bool = False) -> None:
+    """Move a job to a fresh box and resume it from the newest complete checkpoint.
+
+    Probes the old box several times before calling it dead; provisions and stages the new
+    one; re-plans GPU placement for its hardware (old and new shown side by side); stops the
+    old run if the box is alive and copies its checkpoint box to box, else uses this
+    workstation's mirror; deploys with resume. See docs/migrate.md.
+
+    Example:
+        outrig migrate --from uk-node --to new-node
+    """
+    from outrig.ops.migrate import migrate as run_migrate
+
+    if not from_ or not to:
+        raise ConfigError("migrate needs both boxes: --from OLD --to NEW (host file names, "
+                          "ssh aliases or user@host:port). Nothing was sent.")
+    settings = settings_for(c, project)
+    run_migrate(settings.project, from_, to, _reporter(json), playbook=playbook, run_id=run)
+
+
+@task(auto_shortflags=False,
+      help={"host": HOST_HELP, "project": PROJECT_HELP, "json": JSON_HELP})
+@friendly
+def check(c: Any, host: str | None = None, project: str | None = None,
+          json: bool = False) -> None:
+    """Preflight: reach the box, measure RTT, check python3, GPUs, workdir and disk.
+
+    Example:
+        outrig check --host uk-node
+    """
+    from outrig.ops.runs import check as run_check
+
+    settings = settings_for(c, project)
+    run_check(settings.project, settings.host(host), _reporter(json))
+
+
+@task(name="exec", auto_shortflags=False,
+      help={"host": HOST_HELP, "project": PROJECT_HELP})
+@friendly
+def exec_(c: Any, host: str | None = None, project: str | None = None) -> None:
+    """Run one command on the box, in the host's workdir with its env; output streams here.
+
+    Everything after -- is the command, passed as words (no shell on the box parses it;
+    for pipes say so: -- sh -c 'a | b'). The exit status is the command's own (255 when the
+    box gave none). stdin is not forwarded.
+
+    Examples:
+        outrig exec --host uk-node -- nvidia-smi
+        outrig exec -- ls -la runs
+    """
+    from outrig.ops.remote_exec import run_exec
+
+    command = remainder_argv()
+    settings = settings_for(c, project)
+    code = run_exec(settings.project, settings.host(host), command)
+    if code:
+        raise Exit(code=code)
+
+
+@task(
+    auto_shortflags=False,
+    help={"keep": "leave the sandbox (sshd and processes) running and print how to reach it",
+          "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
+                   "(default 0; 120 gives a 240 ms RTT like a far-away box)",
+          "project": PROJECT_HELP},
+)
+@friendly
+def demo(c: Any, keep: bool = False, delay: str | None = None,
+         project: str | None = None) -> None:
+    """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
+
+    Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
+    installing openssh-server with apt-get first if this machine has no sshd. Needs a project
+    with the smoke playbook (this repository's).
+
+    Example:
+        outrig demo
+    """
+    from outrig.ops.demo import run_demo
+
+    one_way_ms = number(delay, "delay", 0)
+    settings = settings_for(c, project)
+    run_demo(settings.project, Reporter(), keep=keep, one_way_delay=one_way_ms / 1000.0)
+
+
+@task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present"})
+@friendly
+def init(c: Any, force: bool = False) -> None:
+    """Write a starter project here: outrig.yaml, hosts/box.yaml and playbooks/hello.yaml.
+
+    Each file is commented; edit hosts/box.yaml to point at your box, then
+    outrig check and outrig deploy. Existing files are never overwritten (without --force).
+
+    Example:
+        mkdir my-runs && cd my-runs && outrig init
+    """
+    from outrig.starter import write_starter
+
+    for path in write_starter(Path.cwd(), force=force):
+        print(f"wrote {path}")
+    print("next: edit hosts/box.yaml (hostname, user, workdir), then `outrig check` and "
+          "`outrig deploy`")
+
+
+TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
+         migrate, check, exec_, demo, init)
+
+
+def make_collection(default_project: Path | None = None) -> Collection:
+    """The task collection; ``default_project`` is the project used when none is found
+    upward from the current folder (``tasks.py`` passes its checkout)."""
+    collection = Collection(*TASKS)
+    collection.configure({"project": str(default_project) if default_project else None})
+    return collection
+
+
+ns = make_collection()
+
+
+# ---------------------------------------------------------------------------------- program
+
+
+class OutrigConfig(Config):
+    """Invoke's config with outrig's name: ``~/.outrig.yaml``, ``/etc/outrig.yaml`` and
+    ``OUTRIG_*`` variables (for the keys in :data:`SETTINGS`)."""
+
+    prefix = "outrig"
+
+    @staticmethod
+    def global_defaults() -> dict[str, Any]:
+        defaults: dict[str, Any] = merge_dicts(Config.global_defaults(),
+                                               dict.fromkeys(SETTINGS))
+        return defaults
+
+
+class OutrigProgram(Program):
+    """``outrig``: Invoke's Program with the outrig collection, keeping the words after
+    ``--`` as typed, and turning Invoke's parse errors into exit status 2 with the fix."""
+
+    def parse_core(self, argv: list[str] | None) -> None:
+        global _REMAINDER
+        words = list(sys.argv if argv is None else argv)
+        _REMAINDER = words if "--" in words else []
+        try:
+            super().parse_core(argv)
+        except ParseError as exc:
+            raise Exit(parse_error_message(exc, self.binary_names[0]), code=2) from None
+
+    def parse_tasks(self) -> None:
+        try:
+            super().parse_tasks()
+        except ParseError as exc:
+            raise Exit(parse_error_message(exc, self.binary_names[0]), code=2) from None
+        except ValueError as exc:  # a typed flag given a value of the wrong type
+            raise Exit(f"error: {exc}; see `outrig --help TASK` for the flag's type", code=2) \
+                from None
+
+
+def parse_error_message(exc: ParseError, binary: str) -> str:
+    """One paragraph: Invoke's complaint, which task it concerns, and how to see the flags."""
+    context = getattr(exc, "context", None)
+    name = getattr(context, "name", None)
+    # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host
+    text = re.sub(r"<Argument: ([^,()> ]+)[^>]*>",
+                  lambda m: "--" + m.group(1).replace("_", "-"), str(exc)).rstrip(".!")
+    if name:
+        fix = f"see `{binary} --help {name}` for its flags"
+    else:
+        fix = f"see `{binary} --list` for the tasks and `{binary} --help TASK` for their flags"
+    return f"error: {text}; {fix}. Nothing was run."
+
+
+program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
+                        namespace=ns, version=__version__, config_class=OutrigConfig)

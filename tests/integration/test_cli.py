@@ -1,0 +1,186 @@
+"""The installed ``outrig`` command, end to end: a wheel built from this checkout, installed
+into a fresh virtual environment, run from folders that are not the checkout, against the
+sandbox box (a real sshd on 127.0.0.1).
+
+The wheel is built offline (``--no-build-isolation --no-index``) and installed without its
+dependencies; the fresh environment finds them through one ``.pth`` line naming this test
+environment's site-packages (a plain path, so the checkout's editable-install hook there is
+not run and ``outrig`` can only come from the wheel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from outrig.console import Reporter
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SKIP = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache",
+        ".ruff_cache"}
+
+
+def _copy_checkout(dest: Path) -> None:
+    """The checkout's sources without environments, caches or build output."""
+    shutil.copytree(REPO, dest, ignore=lambda _d, names: [
+        n for n in names if n in SKIP or n.endswith(".egg-info")])
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``bin/`` of a fresh venv where outrig is installed from a wheel of this checkout."""
+    root = tmp_path_factory.mktemp("install")
+    _copy_checkout(root / "src")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(root / "dist"), str(root / "src")],
+        capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    wheel = next((root / "dist").glob("outrig-*.whl"))
+    env_dir = root / "venv"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    site = subprocess.run([str(python), "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "outrig-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    yield env_dir / "bin"
+
+
+def run(bin_dir: Path, args: list[str], cwd: Path, timeout: float = 120,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(bin_dir / "outrig"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def empty(tmp_path: Path) -> Path:
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def project(installed: Path, empty: Path, box_host: Path) -> Iterator[Path]:
+    """``outrig init`` in an empty folder, its host file then pointed at the sandbox; every
+    run started there is stopped afterwards by outrig's own cleanup."""
+    done = run(installed, ["init"], empty)
+    assert done.returncode == 0, done.stderr
+    shutil.copyfile(box_host, empty / "hosts" / "box.yaml")
+    yield empty
+    try:
+        cleanup(Project(empty), "box", Reporter(quiet=True), all_runs=True,
+                journal=Journal(empty / "teardown-state"))
+    except Exception as exc:  # the test's own failure matters more; say what was left
+        print(f"teardown cleanup failed: {exc}", file=sys.stderr)
+
+
+def test_wheel_ships_the_agent_and_runs_from_an_empty_folder(installed: Path, empty: Path,
+                                                             box_host: Path,
+                                                             tmp_path: Path) -> None:
+    where = subprocess.run([str(installed / "python"), "-c",
+                            "import outrig.agent_client as a; print(a.AGENT_PATH)"],
+                           cwd=empty, capture_output=True, text=True, check=True)
+    agent = Path(where.stdout.strip())
+    assert agent.is_file() and installed.parent in agent.parents, agent
+    assert REPO not in agent.parents
+    helped = run(installed, ["--help"], empty)
+    assert helped.returncode == 0, helped.stderr
+    for name in ("deploy", "plan", "check", "exec", "init", "tail-logs", "cleanup"):
+        assert name in helped.stdout
+    checked = run(installed, ["check", "--host", str(box_host), "--json"], empty)
+    assert checked.returncode == 0, checked.stderr
+    assert any(json.loads(line).get("event") == "facts" for line in checked.stdout.splitlines())
+    playbook = tmp_path / "job.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "job", "params": {"n": 1}, "processes": {
+        "a": {"command": "python3 -c print(${n})", "gpus": [0]}}}))
+    planned = run(installed, ["plan", "--host", str(box_host), "--playbook", str(playbook),
+                              "--param", "n=7", "--json"], empty)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["processes"][0]["argv"][-1] == "print(7)"
+
+
+def test_init_writes_a_starter_project_and_refuses_to_overwrite(installed: Path,
+                                                                empty: Path) -> None:
+    done = run(installed, ["init"], empty)
+    assert done.returncode == 0, done.stderr
+    files = ["outrig.yaml", "hosts/box.yaml", "playbooks/hello.yaml"]
+    for name in files:
+        assert (empty / name).read_text().startswith("#"), name  # commented for a new user
+    (empty / "hosts" / "box.yaml").write_text("hostname: mine\nworkdir: /srv/x\n")
+    again = run(installed, ["init"], empty)
+    assert again.returncode == 2
+    assert "would overwrite" in again.stderr and "Traceback" not in again.stderr
+    assert (empty / "hosts" / "box.yaml").read_text() == "hostname: mine\nworkdir: /srv/x\n"
+
+
+def test_project_is_found_upward_or_named(installed: Path, project: Path,
+                                          tmp_path: Path) -> None:
+    deeper = project / "notes" / "today"
+    deeper.mkdir(parents=True)
+    found = run(installed, ["plan", "--json"], deeper)  # host and playbook from outrig.yaml
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["playbook"] == "hello"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lost = run(installed, ["plan", "--json"], elsewhere)
+    assert lost.returncode == 2 and "no host given" in lost.stderr, lost.stderr
+    named = run(installed, ["plan", "--json", "--project", str(project)], elsewhere)
+    assert named.returncode == 0, named.stderr
+    by_env = run(installed, ["plan", "--json"], elsewhere, env={"OUTRIG_PROJECT": str(project)})
+    assert by_env.returncode == 0, by_env.stderr
+    assert json.loads(by_env.stdout)["host"] == "box"
+
+
+def test_deploy_from_config_with_a_param_then_exec_on_the_box(installed: Path,
+                                                              project: Path) -> None:
+    port = free_port()
+    state = project / "state"
+    env = {"XDG_STATE_HOME": str(state)}
+    done = run(installed, ["deploy", "--param", f"port={port}", "--json"], project, env=env)
+    assert done.returncode == 0, done.stderr
+    last = json.loads(done.stdout.splitlines()[-1])
+    assert last["event"] == "deployed" and last["status"] == "running", last
+    record = Journal(state / "outrig").run(last["run_id"])
+    assert record is not None and record["param_overrides"] == {"port": port}
+    assert record["playbook"] == "hello" and record["host"] == "box"
+
+    smi = run(installed, ["exec", "--", "nvidia-smi", "-L"], project, env=env)
+    assert smi.returncode == 0, smi.stderr
+    assert "GPU 0:" in smi.stdout
+    where = run(installed, ["exec", "--", "sh", "-c", "pwd; echo to-stderr >&2; exit 7"],
+                project, env=env)
+    assert where.returncode == 7
+    workdir = yaml.safe_load((project / "hosts" / "box.yaml").read_text())["workdir"]
+    assert where.stdout.strip() == str(Path(workdir).resolve())
+    assert "to-stderr" in where.stderr
+    quoted = run(installed, ["exec", "--", "printf", "%s|", "a b", "$HOME", ";true"], project,
+                 env=env)
+    assert quoted.stdout == "a b|$HOME|;true|"  # words arrive as typed: no shell on the box
+
+    # no playbook anywhere: the host's current run names it
+    text = (project / "outrig.yaml").read_text().replace("playbook: hello", "")
+    (project / "outrig.yaml").write_text(text)
+    again = run(installed, ["deploy", "--dry-run"], project, env=env)
+    assert again.returncode == 0, again.stderr
+    assert f"playbook hello (the current run on box, {last['run_id']})" in again.stderr
