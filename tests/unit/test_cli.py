@@ -1,0 +1,128 @@
+"""The command line without a box: where defaults come from, --param, and Invoke's parse
+errors turned into one paragraph with exit status 2 (``outrig`` in-process, ``inv`` as a
+subprocess of this checkout)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from outrig.cli import OutrigProgram, make_collection, parse_params
+from outrig.errors import ConfigError
+from outrig.journal import Journal
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``outrig ARGS`` in this process: exit status, stdout, stderr."""
+    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
+                            namespace=make_collection(), version="test",
+                            config_class=__import__("outrig.cli").cli.OutrigConfig)
+    code = 0
+    try:
+        program.run(["outrig", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Two local hosts and a playbook; the current folder is the project."""
+    root = tmp_path / "proj"
+    for name in ("one", "two", "three", "four"):
+        path = root / "hosts" / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({"hostname": "local", "workdir": f"/tmp/x-{name}"}))
+    (root / "playbooks").mkdir()
+    (root / "playbooks" / "job.yaml").write_text(yaml.safe_dump({
+        "name": "job", "params": {"n": 1, "word": "a"},
+        "processes": {"a": {"command": "echo ${n} ${word}", "gpus": []}}}))
+    monkeypatch.chdir(root)
+    for var in ("OUTRIG_HOST", "OUTRIG_PLAYBOOK", "OUTRIG_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    return root
+
+
+def planned_host(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code, out, err = outrig(["plan", "--playbook", "job", "--json", *args], capsys)
+    assert code == 0, err
+    return str(json.loads(out)["host"])
+
+
+def test_host_precedence_flag_env_project_file_user_file(
+        project: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (isolated_home / ".outrig.yaml").write_text("host: four\n")
+    assert planned_host(capsys) == "four"  # the user file, read by Invoke
+    (project / "outrig.yaml").write_text("host: three\n")
+    assert planned_host(capsys) == "three"  # the project file beats the user file
+    monkeypatch.setenv("OUTRIG_HOST", "two")
+    assert planned_host(capsys) == "two"  # the environment beats both files
+    assert planned_host(capsys, "--host", "one") == "one"  # the flag beats everything
+
+
+def test_no_host_anywhere_is_exit_2_naming_the_ways_to_give_one(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = outrig(["plan", "--playbook", "job"], capsys)
+    assert code == 2
+    assert "no host given: pass --host NAME" in err and "OUTRIG_HOST" in err
+    assert "Traceback" not in err
+
+
+def test_deploy_without_a_playbook_never_picks_one_silently(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = outrig(["deploy", "--host", "one", "--dry-run"], capsys)
+    assert code == 2
+    assert "which playbook to deploy?" in err and "one has no current run" in err
+    assert "job" in err  # the playbooks there are listed
+    Journal().record_run("job-1", {"run_id": "job-1", "host": "one", "playbook": "job",
+                                   "status": "running", "created": 1.0})
+    code, _, err = outrig(["deploy", "--host", "one", "--dry-run"], capsys)
+    assert code == 0, err
+    assert "playbook job (the current run on one, job-1)" in err
+
+
+def test_param_overrides_reach_the_plan_and_unknown_names_are_refused(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = outrig(["plan", "--host", "one", "--playbook", "job", "--json",
+                             "--param", "n=5", "--param", "word=two words"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["processes"][0]["argv"] == ["echo", "5", "two words"]
+    code, _, err = outrig(["plan", "--host", "one", "--playbook", "job", "--param", "m=5"],
+                          capsys)
+    assert code == 2 and "--param m:" in err and "its params: n, word" in err
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_params(["novalue"])
+    assert parse_params(["a=5", "b=x=y", "c=true", "d="]) == {"a": 5, "b": "x=y", "c": True,
+                                                              "d": ""}
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["status", "--lines", "abc"], "--lines must be a whole number"),
+    (["cleanup", "--timeout", "soon"], "--timeout must be a number"),
+    (["deploy", "--host"], "--host needed value"),
+    (["status", "--nope"], "No idea what '--nope' is"),
+    (["nosuchtask"], "No idea what 'nosuchtask' is"),
+])
+def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], flag: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = outrig(args, capsys)
+    assert code == 2, err
+    assert flag in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_inv_in_the_checkout_says_wrong_numbers_in_one_paragraph_with_exit_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), "status",
+                           "--lines", "abc"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--lines must be a whole number, not 'abc'" in done.stderr
+    assert "Traceback" not in done.stderr
