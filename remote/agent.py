@@ -1662,7 +1662,9 @@ def stop_run_by_id(
             stopper.unrecorded.append(
                 f"run {run_id} stopped in {layout.run_json(run_id)} ({exc.strerror or exc})")
     clear_pointers(layout, run_id)
-    return {"run_id": run_id, "processes": results}
+    # known: the box had a record of it (else only its marker was swept; an unknown id is
+    # reported as such instead of as "stopped")
+    return {"run_id": run_id, "processes": results, "known": run is not None}
 
 
 def clear_scratch(layout: Layout, folder: str, out: Emitter) -> None:
@@ -2941,7 +2943,8 @@ def would_stop(layout: Layout, run_id: str, stopper: Stopper) -> JSONDict:
             members = sorted(stopper.members(run_id, rec, state)) if state != "reused" else []
             procs.append({"process": rec["name"], "pid": rec["pid"], "leader": state,
                           "members": members})
-    return {"run_id": run_id, "processes": procs, "marked": sorted(stopper.marked(run_id))}
+    return {"run_id": run_id, "processes": procs, "marked": sorted(stopper.marked(run_id)),
+            "known": isinstance(run, dict)}
 
 
 def list_run_ids(layout: Layout) -> List[str]:

@@ -58,6 +58,8 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
                               force_foreign=pids, dry_run=dry_run, gpu_timeout=timeout,
                               lock_timeout=10)
     result["seconds"] = round(time.monotonic() - started, 3)
+    if run_id:
+        unknown_run(result, run_id, host_spec)
     if not dry_run:
         for run in result.get("runs") or []:
             if journal.run(str(run.get("run_id"))) is not None:
@@ -72,6 +74,20 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
     if not dry_run and verdict and not verdict.get("released", True):
         raise CleanupIncomplete(f"cleanup on {host_spec} is incomplete: {verdict.get('message')}")
     return result
+
+
+def unknown_run(result: dict[str, Any], run_id: str, host_spec: str) -> None:
+    """Raise when ``--run`` named a run the box has no record of and nothing of it was found:
+    "stopped run nosuch" would tell a user with a typo that the run they meant is stopped."""
+    for run in result.get("runs") or []:
+        if run.get("run_id") != run_id or run.get("known", True):
+            continue
+        if run.get("processes") or run.get("marked"):
+            return  # no record, but processes carrying its marker were found (and stopped)
+        raise ConfigError(
+            f"no run {run_id} on {host_spec}: the box has no record of it and no process "
+            "carries its marker; nothing was stopped. See the run ids with "
+            f"`outrig status --host {host_spec}`.")
 
 
 def _gpu_table(title: str, audit: dict[str, Any], after: dict[str, Any] | None = None) -> Table:

@@ -27,7 +27,7 @@ from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
-from tests.helpers import free_port
+from tests.helpers import alive, free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -184,3 +184,18 @@ def test_deploy_from_config_with_a_param_then_exec_on_the_box(installed: Path,
     again = run(installed, ["deploy", "--dry-run"], project, env=env)
     assert again.returncode == 0, again.stderr
     assert f"playbook hello (the current run on box, {last['run_id']})" in again.stderr
+
+
+def test_cleanup_of_an_unknown_run_fails_and_stops_nothing(installed: Path,
+                                                           project: Path) -> None:
+    port = free_port()
+    env = {"XDG_STATE_HOME": str(project / "state")}
+    done = run(installed, ["deploy", "--param", f"port={port}", "--json"], project, env=env)
+    assert done.returncode == 0, done.stderr
+    pids = [p["pid"] for p in json.loads(done.stdout.splitlines()[-1])["processes"]]
+    for args in (["cleanup", "--run", "nosuch"], ["cleanup", "--run", "nosuch", "--dry-run"]):
+        refused = run(installed, args, project, env=env)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "no run nosuch on box" in refused.stderr
+        assert "stopped run" not in refused.stdout + refused.stderr
+    assert all(alive(pid) for pid in pids)
