@@ -577,6 +577,25 @@ def exec_(c: Any, host: str | None = None, project: str | None = None) -> None:
         raise Exit(code=code)
 
 
+@task(auto_shortflags=False, help={"host": HOST_HELP, "project": PROJECT_HELP})
+@friendly
+def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
+    """Open a shell on the box with the OpenSSH client: same address, port, user, key and
+    known_hosts as outrig's own connection, in the host's workdir with its env.
+
+    With words after --, runs that command there instead (as exec does, but through ssh,
+    with a terminal whenever this one is a terminal: for htop, vim, watch).
+
+    Examples:
+        outrig ssh --host uk-node
+        outrig ssh -- htop
+    """
+    from outrig.ops.shell import open_ssh
+
+    settings = settings_for(c, project)
+    open_ssh(settings.project, settings.host(host), remainder_argv())
+
+
 @task(
     auto_shortflags=False,
     help={"keep": "leave the sandbox (sshd and processes) running and print how to reach it",
@@ -623,7 +642,7 @@ def init(c: Any, force: bool = False) -> None:
 
 
 TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
-         migrate, check, exec_, demo, init)
+         migrate, check, exec_, ssh, demo, init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

@@ -199,3 +199,17 @@ def test_cleanup_of_an_unknown_run_fails_and_stops_nothing(installed: Path,
         assert "no run nosuch on box" in refused.stderr
         assert "stopped run" not in refused.stdout + refused.stderr
     assert all(alive(pid) for pid in pids)
+
+
+def test_ssh_uses_the_resolved_host_port_user_and_key(installed: Path, project: Path) -> None:
+    host = yaml.safe_load((project / "hosts" / "box.yaml").read_text())
+    host["env"]["GREETING"] = "hello from $USER"
+    (project / "hosts" / "box.yaml").write_text(yaml.safe_dump(host))
+    done = run(installed, ["ssh", "--", "sh", "-c", 'echo "$GREETING"; pwd', "x"], project,
+               env={"XDG_STATE_HOME": str(project / "state")})
+    assert done.returncode == 0, done.stderr
+    user = host.get("user") or os.environ.get("USER", "")
+    assert done.stdout.splitlines() == [f"hello from {user}",
+                                        str(Path(host["workdir"]).resolve())]
+    failed = run(installed, ["ssh", "--", "sh", "-c", "exit 5"], project)
+    assert failed.returncode == 5
