@@ -577,6 +577,41 @@ def exec_(c: Any, host: str | None = None, project: str | None = None) -> None:
         raise Exit(code=code)
 
 
+@task(
+    auto_shortflags=False,
+    help={"host": HOST_HELP,
+          "process": "forward this process's port (from its ready: check in the run's plan)",
+          "run": "the run whose process to use (default: the running run that has it)",
+          "playbook": "the running run of this playbook",
+          "remote_port": "forward this port on the box instead of a process's",
+          "local_port": "listen here (default: the same number if free, else any free port)",
+          "project": PROJECT_HELP,
+          "json": "print a JSON line {event: forwarding, url, ...} instead of text"},
+)
+@friendly
+def forward(c: Any, host: str | None = None, process: str | None = None,
+            run: str | None = None, playbook: str | None = None,
+            remote_port: str | None = None, local_port: str | None = None,
+            project: str | None = None, json: bool = False) -> None:
+    """Forward a local port to a process's port on the box (e.g. the vLLM server).
+
+    Prints the local URL, then serves until Ctrl-C. Each local connection is carried over
+    outrig's SSH connection; when the link drops, the next connection reconnects, so the
+    forward stays up across reconnects. Only 127.0.0.1 listens.
+
+    Examples:
+        outrig forward --process server
+        outrig forward --host uk-node --remote-port 8000 --local-port 18000
+    """
+    from outrig.ops.forward import forward as run_forward
+
+    remote = None if remote_port is None else int(number(remote_port, "remote-port", 8000))
+    local = None if local_port is None else int(number(local_port, "local-port", 8000))
+    settings = settings_for(c, project)
+    run_forward(settings.project, settings.host(host), _reporter(json), process=process,
+                run_id=run, playbook=playbook, remote_port=remote, local_port=local)
+
+
 @task(auto_shortflags=False, help={"host": HOST_HELP, "project": PROJECT_HELP})
 @friendly
 def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
@@ -642,7 +677,7 @@ def init(c: Any, force: bool = False) -> None:
 
 
 TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
-         migrate, check, exec_, ssh, demo, init)
+         migrate, check, exec_, ssh, forward, demo, init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import venv
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -213,3 +215,33 @@ def test_ssh_uses_the_resolved_host_port_user_and_key(installed: Path, project: 
                                         str(Path(host["workdir"]).resolve())]
     failed = run(installed, ["ssh", "--", "sh", "-c", "exit 5"], project)
     assert failed.returncode == 5
+
+
+def _get(url: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return int(answer.status)
+
+
+def test_forward_reaches_the_server_and_survives_a_cut_link(
+        installed: Path, project: Path, sandbox: Any, make_proxy: Any, procs: Any) -> None:
+    host = yaml.safe_load((project / "hosts" / "box.yaml").read_text())
+    proxy = make_proxy(sandbox.port, one_way_delay=0.0)
+    host["port"] = proxy.port
+    (project / "hosts" / "box.yaml").write_text(yaml.safe_dump(host))
+    env = {"XDG_STATE_HOME": str(project / "state")}
+    done = run(installed, ["deploy", "--param", f"port={free_port()}"], project, env=env)
+    assert done.returncode == 0, done.stderr
+    forwarding = procs.spawn([str(installed / "outrig"), "forward", "--process", "server",
+                              "--json"], cwd=project, env=env, stdout=subprocess.PIPE,
+                             text=True)
+    assert forwarding.stdout is not None
+    event = json.loads(forwarding.stdout.readline())
+    assert event["event"] == "forwarding" and "process server of run hello-" in event["what"]
+    assert _get(event["url"]) == 200
+    assert proxy.cut_all() >= 1  # the SSH connection under the forward is gone
+    assert _get(event["url"]) == 200  # the next connection reconnected first
+    assert proxy.connections >= 1
+    forwarding.send_signal(signal.SIGINT)
+    assert forwarding.wait(timeout=30) == 0

@@ -1,0 +1,198 @@
+"""``outrig forward``: a local port that reaches a process's port on the box.
+
+Each local connection gets its own SSH ``direct-tcpip`` channel on outrig's one connection to
+the box. When that connection is found dead (the link dropped, the box's sshd restarted), the
+next local connection reconnects first, so the forward stays up across reconnects for as long
+as the command runs. The port is taken from the run's plan (the process's ``ready:`` port or
+HTTP URL), so ``--process server`` is enough for the vLLM server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from outrig.console import Reporter
+from outrig.errors import ConfigError, ConnectError
+from outrig.inventory import Host, resolve_host
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.transport import SSHTransport
+
+OPEN_TIMEOUT = 20.0  # seconds for the box to answer a channel open before a reconnect
+
+
+def process_port(journal: Journal, host: Host, process: str, *, run_id: str | None = None,
+                 playbook: str | None = None) -> tuple[str, int, str]:
+    """(address on the box, port, run id) of ``process`` in the chosen run's plan."""
+    runs = journal.runs(host=host.name, playbook=playbook)
+    if run_id is not None:
+        runs = [r for r in runs if r.get("run_id") == run_id]
+        if not runs:
+            raise ConfigError(f"the journal has no run {run_id} on {host.name}; see "
+                              f"`outrig status --host {host.name}` for its runs")
+    else:
+        runs = [r for r in runs if r.get("status") == "running"]
+    names: set[str] = set()
+    for run in runs:
+        for proc in (run.get("plan") or {}).get("processes") or []:
+            names.add(str(proc.get("name")))
+            if proc.get("name") != process:
+                continue
+            ready = proc.get("ready") or {}
+            if ready.get("port"):
+                return "127.0.0.1", int(ready["port"]), str(run.get("run_id"))
+            if ready.get("http"):
+                url = urlsplit(str(ready["http"]))
+                port = url.port or (443 if url.scheme == "https" else 80)
+                return url.hostname or "127.0.0.1", port, str(run.get("run_id"))
+            raise ConfigError(
+                f"process {process} of run {run.get('run_id')} has no port in its ready: "
+                "check, so outrig cannot tell which port it serves; pass --remote-port N")
+    where = f"run {run_id}" if run_id else f"the running runs on {host.name}"
+    raise ConfigError(
+        f"no process {process!r} in {where} (processes there: "
+        f"{', '.join(sorted(names)) or 'none; deploy first'}); name one with --process, "
+        "or give --remote-port N")
+
+
+class Forwarder:
+    """Accepts on a local socket and carries each connection over its own SSH channel."""
+
+    def __init__(self, transport: SSHTransport, remote: tuple[str, int],
+                 listener: socket.socket, reporter: Reporter) -> None:
+        self.transport = transport
+        self.remote = remote
+        self.listener = listener
+        self.reporter = reporter
+        self.lock = threading.Lock()
+
+    def serve_forever(self) -> None:
+        """Until interrupted: accept, and hand each connection to a thread."""
+        while True:
+            client, _ = self.listener.accept()
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _open(self, origin: tuple[str, int]) -> Any:
+        """A channel to the remote port; reconnects once when the link is found dead."""
+        import paramiko
+
+        for attempt in (1, 2):
+            with self.lock:
+                connection = self.transport.connection
+                link = connection.transport if connection is not None else None
+                if link is None or not link.is_active():
+                    if connection is not None:
+                        self.reporter.info("the link to the box was lost; reconnecting")
+                    self.transport.close()
+                    self.transport.connect()
+                    link = self.transport.connection.transport
+            try:
+                return link.open_channel("direct-tcpip", self.remote, origin,
+                                         timeout=OPEN_TIMEOUT)
+            except paramiko.ChannelException as exc:  # the box answered: nothing listens
+                raise ConnectError(
+                    f"the box refused {self.remote[0]}:{self.remote[1]} ({exc.text}); is the "
+                    "process running? see outrig status") from None
+            except (paramiko.SSHException, EOFError, OSError):
+                with self.lock:
+                    if self.transport.connection is not None \
+                            and self.transport.connection.transport is link:
+                        self.transport.close()  # the next attempt reconnects
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _handle(self, client: socket.socket) -> None:
+        try:
+            channel = self._open(client.getpeername())
+        except Exception as exc:  # in a thread: say it, keep serving the others
+            self.reporter.warn(f"a local connection was not forwarded: {exc}")
+            client.close()
+            return
+        try:
+            pump(client, channel)
+        finally:
+            channel.close()
+            client.close()
+
+
+def pump(client: socket.socket, channel: Any) -> None:
+    """Copy both ways until either side closes."""
+    while True:
+        readable, _, _ = select.select([client, channel], [], [], 60)
+        if client in readable:
+            data = client.recv(65536)
+            if not data:
+                return
+            channel.sendall(data)
+        if channel in readable:
+            data = channel.recv(65536)
+            if not data:
+                return
+            client.sendall(data)
+
+
+def listen(port: int) -> socket.socket:
+    """A listener on 127.0.0.1:``port`` (0: any free port); only this machine can use it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); pick another "
+                          "--local-port, or 0 for any free one") from None
+    sock.listen(16)
+    return sock
+
+
+def forward(project: Project, host_spec: str, reporter: Reporter, *,
+            process: str | None = None, run_id: str | None = None,
+            playbook: str | None = None, remote_port: int | None = None,
+            local_port: int | None = None, journal: Journal | None = None) -> None:
+    """Forward until Ctrl-C; prints the local URL first (JSON: a ``forwarding`` event)."""
+    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    if host.is_local:
+        raise ConfigError(f"{host.name} is 'local' (this machine): its ports are here "
+                          "already; nothing to forward")
+    if remote_port is not None:
+        address, port, what = "127.0.0.1", remote_port, f"port {remote_port}"
+    elif process is not None:
+        address, port, run = process_port(journal or Journal(), host, process, run_id=run_id,
+                                          playbook=playbook)
+        what = f"process {process} of run {run}"
+    else:
+        raise ConfigError("say what to forward: --process NAME (its port comes from the "
+                          "run's plan) or --remote-port N")
+    transport = SSHTransport(host, notify=reporter.info)
+    transport.connect()  # fail here, before listening, when the box is unreachable
+    listener = listen(port if local_port is None and _free(port) else (local_port or 0))
+    mine = listener.getsockname()[1]
+    url = f"http://127.0.0.1:{mine}/"
+    reporter.emit_json({"event": "forwarding", "url": url, "local_port": mine,
+                        "remote": f"{address}:{port}", "what": what})
+    if not reporter.json_mode:
+        print(f"{url} → {address}:{port} on {host.describe()} ({what}); Ctrl-C stops",
+              flush=True)
+    try:
+        Forwarder(transport, (address, port), listener, reporter).serve_forever()
+    except KeyboardInterrupt:
+        reporter.info("forward stopped")
+    finally:
+        listener.close()
+        transport.close()
+
+
+def _free(port: int) -> bool:
+    """Whether 127.0.0.1:``port`` can be listened on here (the same number is easiest)."""
+    with contextlib.closing(socket.socket()) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
