@@ -68,6 +68,7 @@ BOOTSTRAP_ARGV = "\n".join([
     "'OUTRIG_AGENT_B64':sys.argv[1]})",
 ])
 ARGV_LIMIT = 120_000
+CANCEL_LINE = b"cancel\n"  # written to a deploying agent's stdin on Ctrl-C
 PROTOCOL_VERSION = 1
 
 
@@ -144,10 +145,21 @@ class AgentCall:
                 raise
         return channel
 
-    def run(self, request: dict[str, Any], on_event: EventHandler | None = None) -> Event:
+    def run(self, request: dict[str, Any], on_event: EventHandler | None = None, *,
+            on_interrupt: Callable[[], None] | None = None) -> Event:
+        """Start the agent and read its result. With ``on_interrupt``, a first Ctrl-C writes
+        ``cancel`` to the agent (which stops what it launched and answers) and keeps reading;
+        a second one propagates."""
         channel = self.start(request)
         try:
-            return self.read(channel, on_event)
+            try:
+                return self.read(channel, on_event)
+            except KeyboardInterrupt:
+                if on_interrupt is None:
+                    raise
+                on_interrupt()
+                channel.write(CANCEL_LINE)
+                return self.read(channel, on_event)
         finally:
             channel.close()
 

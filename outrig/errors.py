@@ -45,6 +45,12 @@ class HostKeyError(ConnectError):
     """The box's host key differs from the recorded one (possible spoofing or a rebuilt box)."""
 
 
+class Interrupted(OutrigError):
+    """The user pressed Ctrl-C; the message says what was stopped or what keeps running."""
+
+    exit_code = 130
+
+
 class RemoteError(OutrigError, RuntimeError):
     """The agent on the box reported a failure, or could not run at all."""
 

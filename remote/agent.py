@@ -1808,6 +1808,40 @@ class Watch:
         return (rc, None) if rc >= 0 else (None, -rc)
 
 
+class CancelWatch:
+    """The workstation's Ctrl-C during a deploy: a ``cancel`` line on the agent's stdin.
+
+    Only that line cancels. EOF (the link dropped, the workstation went away) does not: a
+    deploy whose workstation vanished still completes, as before. Read without blocking, once
+    a tick, from fd 0 (the request, if it came on stdin, was read whole before)."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.seen = b""
+
+    def requested(self) -> bool:
+        if not self.open:
+            return False
+        try:
+            import select
+
+            ready, _, _ = select.select([0], [], [], 0)
+            if not ready:
+                return False
+            data = os.read(0, 4096)
+        except (OSError, ValueError):
+            self.open = False
+            return False
+        if not data:
+            self.open = False
+            return False
+        self.seen = (self.seen + data)[-64:]
+        return b"cancel\n" in self.seen
+
+
+CANCEL_MESSAGE = "deploy cancelled from the workstation (Ctrl-C)"
+
+
 class Deployment:
     """Steps 6-9 of a deploy: create the run, launch in order, wait, record."""
 
@@ -1834,6 +1868,7 @@ class Deployment:
         self.progress_interval = progress_interval
         self.settle = settle
         self.needed = {dep for p in procs for dep in p.after}  # processes others wait for
+        self.cancel = CancelWatch()
         self.popens: Dict[int, subprocess.Popen[bytes]] = {}
         self.watches: Dict[str, Watch] = {}
         self.order: List[str] = []
@@ -1849,6 +1884,8 @@ class Deployment:
         for spec in topo_order(self.procs):
             if spec.after:
                 self.wait_for(set(spec.after))
+            if self.cancel.requested():
+                raise AgentError("cancelled", CANCEL_MESSAGE)
             self.launch(spec)
         if self.wait:
             self.wait_for(set(self.watches))
@@ -2118,6 +2155,8 @@ class Deployment:
                         f" (waiting for {w.spec.ready.describe()})",
                         None,
                     )
+            if self.cancel.requested():
+                raise AgentError("cancelled", CANCEL_MESSAGE)
             if now >= next_beat:
                 next_beat = now + self.progress_interval
                 for w in pending:

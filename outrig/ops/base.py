@@ -115,6 +115,7 @@ class HostSession:
 
     def call(self, op: str, *, stream: bool = True,
              handler: Callable[[dict[str, Any]], None] | None = None,
+             on_interrupt: Callable[[], None] | None = None,
              **fields: Any) -> dict[str, Any]:
         """Run one agent op; events stream to the reporter (or to ``handler``, which an op uses
         to show its own live progress); a failed result raises."""
@@ -136,8 +137,8 @@ class HostSession:
                 self.reporter.event(event)
 
         call = AgentCall(self.transport)
-        result = call.run(request, on_event)
-        self.last_events = call.events
+        self.last_events = call.events  # also what a second Ctrl-C reports as launched
+        result = call.run(request, on_event, on_interrupt=on_interrupt)
         return raise_for_result(result, where=f"{op} on {self.host.describe()}")
 
     def close(self) -> None:

@@ -14,13 +14,14 @@ stopped or started.
 from __future__ import annotations
 
 import base64
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from outrig import recipes
 from outrig.console import Reporter
-from outrig.errors import PlanError, RemoteError
+from outrig.errors import Interrupted, PlanError, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, host_facts, new_run_id, secret_values
@@ -195,10 +196,24 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
         journal.record_run(plan.run_id, record)
         session = connect()
         try:
-            result = session.call("deploy", **request)
+            result = session.call("deploy", on_interrupt=lambda: reporter.warn(
+                "interrupted: the box is stopping what this deploy launched; Ctrl-C again "
+                "stops waiting for it (what was launched may then keep running)"), **request)
         except RemoteError as exc:
             journal.record_run(plan.run_id, {"status": "failed", "error": str(exc)})
+            if exc.kind == "cancelled":
+                raise Interrupted(
+                    f"deploy interrupted: the box stopped what run {plan.run_id} had launched "
+                    f"({launched_names(session.last_events) or 'nothing yet'}); nothing of it "
+                    "keeps running and the workdir is unlocked.") from None
             raise
+        except KeyboardInterrupt:
+            journal.record_run(plan.run_id, {"status": "unknown", "error": "interrupted twice"})
+            raise Interrupted(
+                f"interrupted twice: stopped waiting for the box. Launched so far by run "
+                f"{plan.run_id}: {launched_names(session.last_events) or 'nothing'}; the box "
+                "goes on stopping them. To make sure they are stopped: outrig cleanup --host "
+                f"{shlex.quote(host_spec)} --run {plan.run_id}") from None
         except BaseException as exc:
             journal.record_run(plan.run_id, {"status": "unknown", "error": repr(exc)})
             raise
@@ -220,6 +235,12 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
     finally:
         for opened in sessions:
             opened.close()
+
+
+def launched_names(events: list[dict[str, Any]]) -> str:
+    """``server (pid 12), trainer (pid 34)``: the processes the agent said it launched."""
+    return ", ".join(f"{e.get('process')} (pid {e.get('pid')})" for e in events
+                     if e.get("event") == "launched")
 
 
 def show_plan(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,

@@ -29,7 +29,7 @@ from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
-from tests.helpers import alive, free_port
+from tests.helpers import alive, free_port, wait_gone
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -245,3 +245,71 @@ def test_forward_reaches_the_server_and_survives_a_cut_link(
     assert proxy.connections >= 1
     forwarding.send_signal(signal.SIGINT)
     assert forwarding.wait(timeout=30) == 0
+
+
+SLOW = """\
+name: slow
+processes:
+  first:
+    command: python3 -c "{body}"
+    gpus: []
+    ready: {{log: "never printed", timeout: 600}}
+    stop: {{grace: {grace}}}
+  second:
+    after: first
+    command: python3 -c "import time; time.sleep(600)"
+    gpus: []
+"""
+SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(600)")
+
+
+def _deploy_until_launched(installed: Path, project: Path, procs: Any, body: str,
+                           grace: int) -> tuple[subprocess.Popen[str], int]:
+    """``outrig deploy --playbook slow`` in the background, once ``first`` is launched (and
+    ``second`` waits for it to be ready, which it never is)."""
+    (project / "playbooks" / "slow.yaml").write_text(SLOW.format(body=body, grace=grace))
+    deploying = procs.spawn([str(installed / "outrig"), "deploy", "--playbook", "slow",
+                             "--json"], cwd=project, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={"XDG_STATE_HOME": str(project / "state")})
+    assert deploying.stdout is not None
+    for line in deploying.stdout:
+        event = json.loads(line)
+        assert event.get("process") != "second", event
+        if event.get("event") == "launched":
+            assert event["process"] == "first"
+            return deploying, int(event["pid"])
+    raise AssertionError(f"deploy ended before launching: {deploying.communicate()}")
+
+
+def test_ctrl_c_during_deploy_stops_what_it_launched_and_frees_the_lock(
+        installed: Path, project: Path, procs: Any) -> None:
+    deploying, pid = _deploy_until_launched(installed, project, procs, SLEEPER, 5)
+    deploying.send_signal(signal.SIGINT)
+    out, err = deploying.communicate(timeout=120)
+    assert deploying.returncode == 130, err
+    assert f"had launched (first (pid {pid}))" in err and "workdir is unlocked" in err
+    assert '"process": "second"' not in out  # the after: process was never launched
+    assert wait_gone([pid]) == []
+    # nothing holds the workdir lock: an immediate cleanup runs (and finds nothing left)
+    env = {"XDG_STATE_HOME": str(project / "state")}
+    done = run(installed, ["cleanup", "--playbook", "slow"], project, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_second_ctrl_c_leaves_and_says_what_keeps_running(installed: Path, project: Path,
+                                                          procs: Any) -> None:
+    deploying, pid = _deploy_until_launched(installed, project, procs, STUBBORN, 30)
+    deploying.send_signal(signal.SIGINT)
+    assert deploying.stderr is not None
+    for line in deploying.stderr:
+        if "the box is stopping what this deploy launched" in line:
+            break
+    deploying.send_signal(signal.SIGINT)
+    _, err = deploying.communicate(timeout=120)
+    assert deploying.returncode == 130, err
+    assert "interrupted twice" in err and f"first (pid {pid})" in err
+    assert "outrig cleanup --host box --run slow-" in err
+    assert wait_gone([pid], timeout=120) == []  # the box finished stopping it on its own
