@@ -151,7 +151,7 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
                       f"{h.get('used_mib')} MiB: "
                       f"{escape(visible(str(h.get('cmdline') or h.get('comm'))))}")
         pids = " ".join(str(h["pid"]) for h in foreign)
-        out.print(f"  to kill them anyway: inv cleanup --host HOST --force-foreign {pids}")
+        out.print(f"  to kill them anyway: outrig cleanup --host HOST --force-foreign {pids}")
     verdict = result.get("gpu") or {}
     count = sum(len(r.get("processes") or []) for r in runs)
     freed = sum((verdict.get("freed_mib") or {}).values())

@@ -64,8 +64,8 @@ def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], s
     else:
         head = f"{plan.playbook} ready on {plan.host} in {seconds:.1f}s"
         head += f"; {done}" if done else ""
-    return (f"{head} — run {plan.run_id}. Next: inv status --host {host_spec}, "
-            f"inv tail-logs --host {host_spec}")
+    return (f"{head} — run {plan.run_id}. Next: outrig status --host {host_spec}, "
+            f"outrig tail-logs --host {host_spec}")
 
 def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = False,
                journal: Journal | None = None, run_id: str | None = None,
