@@ -648,6 +648,8 @@ def workdir_error(layout: Layout) -> Optional[OSError]:
 def ensure_workdir(layout: Layout) -> None:
     """Create the workdir and .outrig/ and prove we can write there (``workdir`` error if not)."""
     exc = workdir_error(layout)
+    if exc is not None and exc.errno in FULL_DISK_ERRNOS:
+        raise internal_error(exc, layout.workdir)  # the disk, not the folder, is the problem
     if exc is not None:
         text = os.strerror(exc.errno) if exc.errno else str(exc)
         raise AgentError(
@@ -4878,8 +4880,18 @@ def report_runs(req: Optional[Request], out: Emitter) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def internal_error(exc: BaseException) -> AgentError:
-    """An unexpected exception as an ``internal`` error: the traceback's last line."""
+def internal_error(exc: BaseException, workdir: Optional[str] = None) -> AgentError:
+    """An unexpected exception as an ``internal`` error: the traceback's last line.
+
+    A full or read-only disk is not a bug: whatever op was writing (deploy's logs and run
+    records, a transfer, a lock) gets the same ``disk`` error naming the cause and the way
+    out, and cleanup is said to work on a full disk (it records what it can)."""
+    if isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS:
+        where = exc.filename or workdir or "the workdir"
+        return AgentError("disk", f"the box's disk is full or read-only writing {where} "
+                          f"({os.strerror(exc.errno)}). Free space there (df -h; old runs' "
+                          "logs and hidden-state files are the usual suspects); `inv cleanup` "
+                          "still stops running processes on a full disk")
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
     return AgentError("internal", last)
 
@@ -5507,8 +5519,10 @@ def main() -> None:
         report_runs(req, out)
         out.emit("result", ok=False, error=exc.to_json())
     except (Exception, KeyboardInterrupt) as exc:
-        traceback.print_exc(file=sys.stderr)
-        out.emit("result", ok=False, error=internal_error(exc).to_json())
+        error = internal_error(exc, req.workdir if req is not None else None)
+        if error.kind == "internal":
+            traceback.print_exc(file=sys.stderr)
+        out.emit("result", ok=False, error=error.to_json())
 
 
 if __name__ == "__main__":

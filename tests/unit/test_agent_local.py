@@ -529,6 +529,23 @@ def test_cleanup_stops_a_run_when_the_workdir_disk_is_full(full_box: Box) -> Non
     assert not (box.workdir / ".outrig" / "current" / "smoke").exists()
 
 
+def test_deploy_onto_a_full_disk_says_so_and_starts_nothing(full_box: Box) -> None:
+    """A disk that is full when deploy writes its run records: the ``disk`` error names the
+    cause and the way out, not an internal "OSError: [Errno 28]" that reads like a bug."""
+    box = full_box
+    _, first = box.deploy([sleeper("first", ready={"log": "^up$"})])
+    assert first["ok"] is True, first
+    box.agent({"op": "cleanup", "playbook": "smoke", "stop_grace": 0.5})
+    fill(box.workdir.parent)
+    assert is_full(box.workdir)
+    events, result = box.deploy([sleeper("second", ready={"log": "^up$"})], run_id=R2)
+    assert result["ok"] is False, result
+    error = result["error"]
+    assert error["kind"] == "disk", error
+    assert "full" in error["message"] and "Free space" in error["message"], error
+    assert not any(ev["event"] == "started" for ev in events), events
+
+
 # ---------------------------------------------------------------------------------- status, logs
 
 
