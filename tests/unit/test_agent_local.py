@@ -148,15 +148,6 @@ class Box:
                     os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Box]:
-    b = Box(tmp_path)
-    try:
-        yield b
-    finally:
-        b.teardown()
-
-
 def sleeper(name: str, **extra: Any) -> Dict[str, Any]:
     """A process that just runs for a minute (ready when launched)."""
     proc: Dict[str, Any] = {
