@@ -105,8 +105,11 @@ LINK_RETRIES = 3  # agent calls re-run per op after a lost link (each reconnects
 
 
 def link_retry_allowed(op: str, exc: LinkLost) -> bool:
-    """A lost link is retried when the agent cannot have received the request, or when the
-    op is safe to run twice. Decided on the error's type and fields, never its text."""
+    """A link lost once the command was under way is retried when the agent cannot have
+    received the request, or when the op is safe to run twice. Decided on the error's type
+    and fields, never its text."""
+    if exc.phase not in ("exec", "stream"):
+        return False  # a handshake or channel-open failure: the transport already retried it
     return not exc.request_sent or op in RERUN_SAFE_OPS
 
 

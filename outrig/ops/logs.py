@@ -547,9 +547,13 @@ class LogTailer:
                     now = time.monotonic()
                     outage_since = outage_since or now
                     if now - outage_since > self.give_up_after:
+                        rtt = self._known_rtt()
+                        rtt_words = "no RTT measured yet" if rtt is None else \
+                            f"measured RTT {rtt * 1000:.0f} ms"
                         raise ConnectError(
                             f"tail-logs gave up after {now - outage_since:.0f} s without a working"
-                            f" connection to {self.session.host.describe()} (last error: {exc})."
+                            f" connection to {self.session.host.describe()} ({rtt_words}; "
+                            f"last error: {exc})."
                             f" The mirror in {self.result.mirror_dir or 'the state dir'} is "
                             "complete up to the saved cursor; run tail-logs again to resume."
                         ) from None
