@@ -426,6 +426,12 @@ class LatencyProxy:
         with self._lock:
             self._faults.extend(faults)
 
+    def disarm(self) -> int:
+        """Drop the faults not yet given to a connection; returns how many."""
+        with self._lock:
+            dropped, self._faults = len(self._faults), []
+        return dropped
+
     def pending_faults(self) -> int:
         """Faults armed but not yet given to a connection."""
         with self._lock:

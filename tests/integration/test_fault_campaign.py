@@ -1,0 +1,163 @@
+"""Seeded fault campaigns: a cut at every SSH phase of deploy, status, cleanup and tail-logs.
+
+Each command either succeeds by itself after reconnecting, or stops with a lost link that
+names the command to run next (never "authentication failed"); afterwards the box runs
+exactly one copy of each process. The short campaign runs in the normal suite. The long one
+(more seeds: several cuts per command, cuts at random byte offsets of the stream, jitter) runs
+with ``OUTRIG_FAULT_CAMPAIGN=long``; ``OUTRIG_FAULT_SEED`` picks its seed (default 11).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.console import Reporter
+from outrig.errors import AuthRefused, LinkLost, OutrigError
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
+from outrig.ops.deploy import deploy
+from outrig.ops.logs import tail_logs
+from outrig.ops.runs import status
+from outrig.sandbox.proxy import Fault, LatencyProxy
+from tests.integration.test_logs import make_run
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = Project(REPO)
+PHASES = ["tcp", "banner", "kex", "auth", "channel", "exec", "stream"]
+LONG = os.environ.get("OUTRIG_FAULT_CAMPAIGN") == "long"
+SEED = int(os.environ.get("OUTRIG_FAULT_SEED", "11"))
+
+
+def faults_for(phase: str, rng: random.Random) -> list[Fault]:
+    """The short campaign: one cut at ``phase``. The long one: one to three cuts in a row,
+    at a random byte of the stream when the phase is ``stream``."""
+    if not LONG:
+        return [Fault(phase=phase)]
+    return [Fault(phase=phase, after_bytes=rng.randrange(0, 4096) if phase == "stream" else 0)
+            for _ in range(rng.randint(1, 3))]
+
+
+class Campaign:
+    """Runs commands through one proxy with faults armed, and tallies the outcomes."""
+
+    def __init__(self, box_host: Path, proxy: LatencyProxy) -> None:
+        config = yaml.safe_load(box_host.read_text())
+        config["port"] = proxy.port
+        self.host = box_host.parent / "campaign.yaml"
+        self.host.write_text(yaml.safe_dump(config))
+        self.proxy = proxy
+        self.rng = random.Random(SEED)
+        self.outcomes: list[tuple[str, str, str]] = []  # (command, phase, outcome)
+        self.false_auth = 0
+        if LONG:
+            proxy.set_jitter(0.01)
+
+    def run(self, command: str, phase: str, action: Any) -> OutrigError | None:
+        """Arm the faults, run ``action``; a lost link must name the next command."""
+        self.proxy.inject(*faults_for(phase, self.rng))
+        try:
+            action()
+        except OutrigError as exc:
+            text = str(exc)
+            if isinstance(exc, AuthRefused) or "authentication failed" in text:
+                self.false_auth += 1
+            assert isinstance(exc, LinkLost), f"{command} at {phase}: {exc!r}"
+            assert "inv status" in text or "again" in text, text
+            self.outcomes.append((command, phase, "lost link, told what next"))
+            return exc
+        finally:
+            self.proxy.disarm()  # a fault the command never reached must not hit the next
+        self.outcomes.append((command, phase, "ok"))
+        return None
+
+
+def live_copies(prefix: str) -> dict[str, int]:
+    """How many live copies of each process (one copy: outrig's wrapper and the command under
+    it, sharing one run id) there are for runs whose id starts with ``prefix``."""
+    runs: dict[str, set[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        values = dict(x.split(b"=", 1) for x in env if b"=" in x)
+        run = values.get(b"OUTRIG_RUN", b"").decode()
+        if run.startswith(prefix):
+            runs.setdefault(values.get(b"OUTRIG_PROCESS", b"?").decode(), set()).add(run)
+    return {name: len(ids) for name, ids in runs.items()}
+
+
+def playbook(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "processes": {"svc": {
+        "command": [sys.executable, "-u", "-c",
+                    "import time\nprint('up', flush=True)\ntime.sleep(600)"],
+        "ready": {"log": "up", "timeout": 30}, "stop": {"grace": 2}}}}))
+    return path
+
+
+def test_status_and_tail_logs_survive_a_cut_at_every_phase(box_host: Path, make_proxy: Any,
+                                                          tmp_path: Path) -> None:
+    config = yaml.safe_load(box_host.read_text())
+    campaign = Campaign(box_host, make_proxy(config["port"], one_way_delay=0.005))
+    logs = make_run(box_host, ["trainer"])
+    lines = [f"line {i}" for i in range(500)]
+    (logs / "trainer.log").write_text("".join(f"{x}\n" for x in lines))
+    for phase in PHASES:
+        journal = Journal(tmp_path / f"state-{phase}")
+        err = campaign.run("status", phase, lambda j=journal: status(
+            PROJECT, str(campaign.host), Reporter(quiet=True), journal=j))
+        assert err is None, f"status is safe to re-run, so it must succeed: {err}"
+        out = io.StringIO()
+        err = campaign.run("tail-logs", phase, lambda j=journal, o=out: tail_logs(
+            PROJECT, str(campaign.host), Reporter(json_mode=True, out=o, err=io.StringIO()),
+            follow=False, lines=1000, journal=j, backoff=0.05))
+        assert err is None, f"tail-logs resumes by cursor, so it must succeed: {err}"
+        shown = [json.loads(x)["line"] for x in out.getvalue().splitlines()]
+        assert shown == lines, f"tail-logs at {phase}: lines lost or repeated"
+    assert campaign.false_auth == 0
+    assert {p for (_c, p, _a) in campaign.proxy.fired} == set(PHASES)
+
+
+def test_deploy_and_cleanup_survive_or_name_the_next_step_at_every_phase(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    config = yaml.safe_load(box_host.read_text())
+    campaign = Campaign(box_host, make_proxy(config["port"], one_way_delay=0.005))
+    name = f"camp{uuid.uuid4().hex[:8]}"
+    book = playbook(tmp_path, name)
+    journal = Journal(tmp_path / "state")
+    quiet = Reporter(quiet=True)
+    try:
+        for phase in PHASES:
+            err = campaign.run("deploy", phase, lambda: deploy(
+                PROJECT, str(campaign.host), str(book), quiet, journal=journal))
+            if err is not None:  # the user does what the message says: deploy again
+                deploy(PROJECT, str(campaign.host), str(book), quiet, journal=journal)
+            assert live_copies(name) == {"svc": 1}, f"deploy cut at {phase}"
+            err = campaign.run("cleanup", phase, lambda: cleanup(
+                PROJECT, str(campaign.host), quiet, playbook=name, journal=journal))
+            assert err is None, f"cleanup is safe to re-run, so it must succeed: {err}"
+            assert live_copies(name) == {}, f"cleanup cut at {phase} left processes"
+    finally:
+        cleanup(PROJECT, str(box_host), Reporter(quiet=True), all_runs=True,
+                journal=Journal(tmp_path / "teardown"))
+    assert campaign.false_auth == 0
+    fired = {p for (_c, p, _a) in campaign.proxy.fired}
+    assert fired == set(PHASES), fired
