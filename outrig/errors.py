@@ -56,13 +56,16 @@ class LinkLost(ConnectError):
 
     ``phase`` names where it happened (``connect``, ``banner``, ``kex``, ``auth``,
     ``channel``, ``exec``, ``stream``); ``request_sent`` says whether the agent may have
-    received its request (if not, nothing ran on the box and a retry is always safe).
+    received its request (if not, nothing ran on the box and a retry is always safe);
+    ``silent`` whether the link went quiet (a timeout) rather than dropping (a reset, an EOF).
     """
 
-    def __init__(self, message: str, *, phase: str, request_sent: bool = False) -> None:
+    def __init__(self, message: str, *, phase: str, request_sent: bool = False,
+                 silent: bool = False) -> None:
         super().__init__(message)
         self.phase = phase
         self.request_sent = request_sent
+        self.silent = silent
 
 
 class ConnectRefused(ConnectError):

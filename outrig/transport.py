@@ -493,11 +493,11 @@ class SSHTransport(Transport):
                         raise error from None
                 elif isinstance(error, LinkLost):
                     lost += 1
-                    silent += time.monotonic() - started >= 0.9 * timeout
+                    silent += error.silent
                     if lost >= self.link_attempts or silent >= min(SILENT_ATTEMPTS,
                                                                    self.attempts):
-                        raise LinkLost(f"{error} Tried {attempt} time(s).",
-                                       phase=error.phase) from None
+                        raise LinkLost(f"{error} Tried {attempt} time(s).", phase=error.phase,
+                                       silent=error.silent) from None
                     self.link_failures += 1
                 else:
                     raise error from None
@@ -552,15 +552,20 @@ class SSHTransport(Transport):
         if isinstance(exc, (TimeoutError, socket.timeout, paramiko.SSHException, EOFError,
                             OSError)):
             phase = handshake_phase(transport)
-            quiet = spent >= 0.9 * timeout
+            # A drop (reset, EOF) kills paramiko's transport; a silent link leaves it waiting.
+            quiet = isinstance(exc, (TimeoutError, socket.timeout)) or bool(
+                transport is not None and transport.is_active())
             how = (f"went silent during {PHASE_WORDS[phase]} (nothing within the connect "
                    f"timeout of {timeout:g} s: {why})") if quiet else \
                 f"dropped during {PHASE_WORDS[phase]} after {spent:.1f} s"
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if quiet:
+                detail = f"gave up after {spent:.1f} s"
             return LinkLost(
                 f"the link to {target} {how} ({detail}). Check that the box is up and the "
                 "address and port are right; on a very slow link set connect_timeout: in the "
-                "host file. Run the same command again when the link is back.", phase=phase)
+                "host file. Run the same command again when the link is back.", phase=phase,
+                silent=quiet)
         return exc
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
