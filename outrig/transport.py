@@ -344,7 +344,7 @@ def known_hosts_path(host: Host) -> Path:
 
 LINK_ATTEMPTS = 4  # handshakes per command when the link drops abruptly (reset, EOF)
 SILENT_ATTEMPTS = 2  # of which at most this many may end in silence (each costs a timeout)
-CHANNEL_ATTEMPTS = 3  # session-channel opens (each on a fresh connection after a drop)
+CHANNEL_ATTEMPTS = 4  # session-channel opens (each on a fresh connection after a drop)
 CHANNEL_TIMEOUT_FLOOR = 5.0  # seconds; below this a loaded box's sshd may simply be slow
 PHASE_WORDS = {
     "connect": "the TCP connect", "banner": "the SSH banner exchange",

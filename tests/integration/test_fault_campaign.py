@@ -41,8 +41,9 @@ SEED = int(os.environ.get("OUTRIG_FAULT_SEED", "11"))
 
 
 def faults_for(phase: str, rng: random.Random) -> list[Fault]:
-    """The short campaign: one cut at ``phase``. The long one: one to three cuts in a row,
-    at a random byte of the stream when the phase is ``stream``."""
+    """The short campaign: one cut at ``phase``. The long one: one to three cuts in a row
+    (within every retry budget: 4 handshakes, 4 channel opens, 3 re-runs of a safe op), at a
+    random byte of the stream when the phase is ``stream``."""
     if not LONG:
         return [Fault(phase=phase)]
     return [Fault(phase=phase, after_bytes=rng.randrange(0, 4096) if phase == "stream" else 0)

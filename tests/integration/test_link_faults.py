@@ -21,7 +21,7 @@ from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.runs import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
-from outrig.transport import LINK_ATTEMPTS, SSHTransport, channel_timeout_for
+from outrig.transport import CHANNEL_ATTEMPTS, LINK_ATTEMPTS, SSHTransport, channel_timeout_for
 from tests.integration.test_logs import Follow, Writer, make_run, mirror_dir, wait_for
 
 pytestmark = pytest.mark.integration
@@ -82,7 +82,7 @@ def test_refused_key_is_auth_failure_and_never_retried(box_host: Path, make_prox
 def test_cut_just_after_auth_names_what_happened(box_host: Path, make_proxy: Any,
                                                 tmp_path: Path) -> None:
     host_file, proxy = proxied(box_host, make_proxy)
-    proxy.inject(*[Fault(phase="channel") for _ in range(5)])
+    proxy.inject(*[Fault(phase="channel") for _ in range(CHANNEL_ATTEMPTS + 2)])
     transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path))
     try:
         with pytest.raises(LinkLost) as caught:
@@ -93,13 +93,14 @@ def test_cut_just_after_auth_names_what_happened(box_host: Path, make_proxy: Any
     assert caught.value.phase == "channel" and not caught.value.request_sent
     assert "dropped just after authentication" in text
     assert "channel: " not in text and "()" not in text, text
-    assert [f[1] for f in proxy.fired] == ["channel"] * 3  # bounded: three opens
+    assert [f[1] for f in proxy.fired] == ["channel"] * CHANNEL_ATTEMPTS  # bounded
 
 
 def test_silence_just_after_auth_says_the_link_went_silent(box_host: Path, make_proxy: Any,
                                                           tmp_path: Path) -> None:
     host_file, proxy = proxied(box_host, make_proxy, connect_timeout=2)
-    proxy.inject(*[Fault(phase="channel", action="blackhole") for _ in range(5)])
+    proxy.inject(*[Fault(phase="channel", action="blackhole")
+                   for _ in range(CHANNEL_ATTEMPTS + 2)])
     transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path))
     try:
         with pytest.raises(LinkLost) as caught:
