@@ -1,4 +1,5 @@
-"""Seeded fault campaigns: a cut at every SSH phase of deploy, status, cleanup and tail-logs.
+"""Seeded fault campaigns: a cut at every SSH phase of deploy, status, cleanup, tail-logs and
+stage.
 
 Each command either succeeds by itself after reconnecting, or stops with a lost link that
 names the command to run next (never "authentication failed"); afterwards the box runs
@@ -29,8 +30,10 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.runs import status
+from outrig.ops.stage import stage
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from tests.integration.test_logs import make_run
+from tests.integration.test_stage import make_tree, same_tree
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -162,3 +165,40 @@ def test_deploy_and_cleanup_survive_or_name_the_next_step_at_every_phase(
     assert campaign.false_auth == 0
     fired = {p for (_c, p, _a) in campaign.proxy.fired}
     assert fired == set(PHASES), fired
+
+
+def test_stage_survives_or_resumes_after_a_cut_at_every_phase(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    config = yaml.safe_load(box_host.read_text())
+    campaign = Campaign(box_host, make_proxy(config["port"], one_way_delay=0.005))
+    source = tmp_path / "dataset"
+    make_tree(source, {"a.bin": 1_500_000, "sub/b.bin": 600_000, "c.json": 100})
+    # A byte cut deep in the client's bytes lands inside the file transfer itself (the
+    # handshake and the agent in the first exec's command line come first, ~100 KB).
+    rng = random.Random(SEED)
+    offsets = [rng.randrange(300_000, 2_000_000) for _ in range(6 if LONG else 1)]
+    cases = [(p, Fault(phase=p)) for p in PHASES] + [
+        ("transfer", Fault(phase="byte", direction="c2s", after_bytes=n)) for n in offsets]
+    for name, fault in cases:
+        box_data = tmp_path / f"box-{name}-{fault.after_bytes}"
+        book = tmp_path / f"stage-{name}.yaml"
+        book.write_text(yaml.safe_dump({"name": "job", "stage": {"data": {
+            "path": str(box_data), "source": str(source)}}, "processes": {
+            "a": {"command": "true"}}}))
+        journal = Journal(tmp_path / f"state-{name}-{fault.after_bytes}")
+        campaign.proxy.inject(fault)
+        try:
+            stage(PROJECT, str(campaign.host), str(book), Reporter(quiet=True),
+                  journal=journal, streams=1)
+        except OutrigError as exc:
+            assert not isinstance(exc, AuthRefused) and "authentication failed" not in str(exc)
+            assert isinstance(exc, LinkLost), f"stage at {name}: {exc!r}"
+            assert "again" in str(exc), str(exc)
+            campaign.proxy.disarm()
+            stage(PROJECT, str(campaign.host), str(book), Reporter(quiet=True),
+                  journal=journal)  # what the message says to do: it resumes
+        campaign.proxy.disarm()
+        assert same_tree(source, box_data), f"stage cut at {name}: the trees differ"
+        assert not list(box_data.rglob("*.outrig-part"))
+    fired = {p for (_c, p, _a) in campaign.proxy.fired}
+    assert fired == {*PHASES, "byte"}, fired
