@@ -506,7 +506,14 @@ class SSHTransport(Transport):
                 self.connect_seconds = time.monotonic() - started
                 conn.transport.set_keepalive(keepalive_interval_for(self.rtt_hint))
                 return
-            time.sleep(retry_pause(self.rtt_hint, attempt))
+            pause = retry_pause(self.rtt_hint, attempt)
+            self._notice(str(error).split(" (")[0], pause)
+            time.sleep(pause)
+
+    def _notice(self, what: str, pause: float) -> None:
+        """Tell the user a link failure is being retried (not an error yet)."""
+        if self.notify is not None:
+            self.notify(f"{what}; retrying in {pause:.1f} s")
 
     def _classify(self, conn: Any, exc: BaseException, timeout: float, why: str,
                   spent: float) -> BaseException:
@@ -575,12 +582,14 @@ class SSHTransport(Transport):
             self.connect()
             try:
                 return self._open(argv, window_size)
-            except LinkLost:
+            except LinkLost as exc:
                 self.close()
                 if attempt >= CHANNEL_ATTEMPTS:
                     raise
                 self.link_failures += 1
-            time.sleep(retry_pause(self.best_rtt, attempt))
+                pause = retry_pause(self.best_rtt, attempt)
+                self._notice(str(exc).split(" (")[0], pause)
+            time.sleep(pause)
 
     def _open(self, argv: list[str], window_size: int | None) -> AgentChannel:
         """Open one session channel and send the exec (pipelined, no reply awaited)."""
