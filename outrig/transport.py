@@ -432,13 +432,15 @@ class SSHTransport(Transport):
 
     def __init__(self, host: Host, *, rtt_hint: float | None = None,
                  notify: Callable[[str], None] | None = None, attempts: int = 2,
-                 link_attempts: int = LINK_ATTEMPTS) -> None:
+                 link_attempts: int = LINK_ATTEMPTS,
+                 channel_attempts: int = CHANNEL_ATTEMPTS) -> None:
         self.host = host
         self.rtt_hint = rtt_hint
         self.rtt = None
         self.notify = notify
         self.attempts = max(1, attempts)
         self.link_attempts = max(1, link_attempts)
+        self.channel_attempts = max(1, channel_attempts)
         self.connection: Any = None
         self.connect_seconds: float | None = None
         self.link_failures = 0  # link failures retried by this transport (for reports, tests)
@@ -584,7 +586,7 @@ class SSHTransport(Transport):
                 return self._open(argv, window_size)
             except LinkLost as exc:
                 self.close()
-                if attempt >= CHANNEL_ATTEMPTS:
+                if attempt >= self.channel_attempts:
                     raise
                 self.link_failures += 1
                 pause = retry_pause(self.best_rtt, attempt)

@@ -86,9 +86,17 @@ def idle_limit_for(heartbeat: float, rtt: float | None) -> float:
 def mirror_write_failed(path: Path, exc: OSError) -> LocalWriteError:
     """A local write of the mirror failed: name the file and the fix (never a reconnect)."""
     return LocalWriteError(
-        f"tail-logs cannot write its local mirror {path} ({exc.strerror or exc}). "
+        f"tail-logs cannot write or read its local mirror {path} ({exc.strerror or exc}). "
         "This is this workstation, not the link: free space there (or set XDG_STATE_HOME to a "
         "disk with room), then run tail-logs again; it resumes from the last saved cursor.")
+
+
+def read_cursors(path: Path) -> Any:
+    """A cursors file's JSON (None when absent); a local I/O error stops tail-logs."""
+    try:
+        return read_json(path)
+    except OSError as exc:
+        raise mirror_write_failed(path, exc) from None
 
 
 class MirrorStore:
@@ -108,7 +116,7 @@ class MirrorStore:
 
     def load(self) -> dict[str, Cursor]:
         """Durable cursors; mirror bytes past a cursor (a crash before the commit) are cut."""
-        raw = read_json(self.cursor_file)
+        raw = read_cursors(self.cursor_file)
         procs = raw.get("processes") if isinstance(raw, dict) else None
         out: dict[str, Cursor] = {}
         for name, entry in (procs or {}).items():
@@ -121,13 +129,18 @@ class MirrorStore:
                 size = path.stat().st_size
             except FileNotFoundError:
                 size = -1
+            except OSError as exc:
+                raise mirror_write_failed(path, exc) from None
             if size < want:  # the mirror lost bytes (deleted by hand?): start a fresh segment
                 continue
             if size > want:
-                with open(path, "r+b") as handle:
-                    handle.truncate(want)
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                try:
+                    with open(path, "r+b") as handle:
+                        handle.truncate(want)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                except OSError as exc:
+                    raise mirror_write_failed(path, exc) from None
             out[str(name)] = cursor
         return out
 
@@ -147,8 +160,19 @@ class MirrorStore:
         """Archive the current mirror as ``<name>.log.<k>`` (rotation, truncation, jump)."""
         self.close(name)
         current = self.path(name)
-        if current.exists() and current.stat().st_size > 0:
-            current.rename(self.root / f"{name}.log.{segments}")
+        try:
+            if current.exists() and current.stat().st_size > 0:
+                current.rename(self.root / f"{name}.log.{segments}")
+        except OSError as exc:
+            raise mirror_write_failed(current, exc) from None
+
+    def drop(self, name: str) -> None:
+        """Delete a mirror whose stream starts again from nothing."""
+        self.close(name)
+        try:
+            self.path(name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise mirror_write_failed(self.path(name), exc) from None
 
     def append(self, name: str, data: bytes) -> None:
         try:
@@ -206,7 +230,7 @@ def recent_cursor_sets(journal: Journal, host: str, run_id: str | None) -> dict[
         roots = roots[:CURSOR_SETS]
     sets: dict[str, Any] = {}
     for root in roots:
-        raw = read_json(root / "cursors.json")
+        raw = read_cursors(root / "cursors.json")
         if not isinstance(raw, dict) or not isinstance(raw.get("run_id"), str):
             continue
         procs = {}
@@ -363,8 +387,7 @@ class LogTailer:
                 if applied.new_segment:
                     self.store.new_segment(name, stream.pending.segments)
                 else:
-                    self.store.close(name)
-                    self.store.path(name).unlink(missing_ok=True)
+                    self.store.drop(name)
                 return True
             return False
         if kind == "chunk":
