@@ -1,5 +1,5 @@
-"""Seeded fault campaigns: a cut at every SSH phase of deploy, status, cleanup, tail-logs and
-stage.
+"""Seeded fault campaigns: a cut at every SSH phase of deploy, status, cleanup, tail-logs,
+stage and sync-checkpoints.
 
 Each command either succeeds by itself after reconnecting, or stops with a lost link that
 names the command to run next (never "authentication failed"); afterwards the box runs
@@ -30,10 +30,10 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.runs import status
-from outrig.ops.stage import stage
+from outrig.ops.stage import mirror_root, stage, sync_checkpoints
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from tests.integration.test_logs import make_run
-from tests.integration.test_stage import make_tree, same_tree
+from tests.integration.test_stage import checkpoint, make_tree, same_tree
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -200,5 +200,49 @@ def test_stage_survives_or_resumes_after_a_cut_at_every_phase(
         campaign.proxy.disarm()
         assert same_tree(source, box_data), f"stage cut at {name}: the trees differ"
         assert not list(box_data.rglob("*.outrig-part"))
+    fired = {p for (_c, p, _a) in campaign.proxy.fired}
+    assert fired == {*PHASES, "byte"}, fired
+
+
+def test_sync_checkpoints_survives_or_resumes_after_a_cut_at_every_phase(
+        box_host: Path, make_proxy: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = yaml.safe_load(box_host.read_text())
+    campaign = Campaign(box_host, make_proxy(config["port"], one_way_delay=0.005))
+    save = tmp_path / "ckpt"
+    for epoch in (0, 1):
+        checkpoint(save, epoch)
+        (save / str(epoch) / "model.safetensors").write_bytes(os.urandom(400_000))
+        old = os.stat(save / str(epoch) / "config.json").st_mtime
+        os.utime(save / str(epoch) / "model.safetensors", (old, old))
+    book = tmp_path / "trainjob.yaml"
+    book.write_text(yaml.safe_dump({"name": "trainjob", "stage": {"ckpt": {
+        "path": str(save), "kind": "checkpoints"}}, "processes": {"a": {"command": "true"}}}))
+    rng = random.Random(SEED)
+    offsets = [rng.randrange(150_000, 900_000) for _ in range(6 if LONG else 1)]
+    cases = [(p, Fault(phase=p)) for p in PHASES] + [
+        ("pull", Fault(phase="byte", direction="s2c", after_bytes=n)) for n in offsets]
+    for name, fault in cases:
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / f"xdg-{name}-{fault.after_bytes}"))
+        journal = Journal(tmp_path / f"state-{name}-{fault.after_bytes}")
+        campaign.proxy.inject(fault)
+
+        def sync(j: Journal = journal) -> None:
+            sync_checkpoints(PROJECT, str(campaign.host), Reporter(quiet=True),
+                             playbook=str(book), journal=j)
+
+        try:
+            sync()
+        except OutrigError as exc:
+            assert not isinstance(exc, AuthRefused) and "authentication failed" not in str(exc)
+            assert isinstance(exc, LinkLost), f"sync-checkpoints at {name}: {exc!r}"
+            assert "again" in str(exc), str(exc)
+            campaign.proxy.disarm()
+            sync()  # what the message says to do
+        campaign.proxy.disarm()
+        mirror = mirror_root("trainjob")
+        for epoch in ("0", "1"):
+            assert same_tree(save / epoch, mirror / epoch), f"cut at {name}: epoch {epoch}"
+        assert not list(mirror.rglob("*.outrig-part"))
     fired = {p for (_c, p, _a) in campaign.proxy.fired}
     assert fired == {*PHASES, "byte"}, fired
