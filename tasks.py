@@ -251,11 +251,13 @@ def stage_(c: Any, host: str, playbook: str, from_: str | None = None,
 
 @task(
     auto_shortflags=False,
-    help={"host": HOST_HELP, "playbook": "whose checkpoints (default: the host's last run)",
-          "json": JSON_HELP},
+    help={"host": HOST_HELP, "playbook": "whose checkpoints (default: the playbook of the "
+          "host's newest run that really ran)",
+          "run": "take the playbook of this run id instead", "json": JSON_HELP},
 )
 @friendly
-def sync_checkpoints(c: Any, host: str, playbook: str | None = None, json: bool = False) -> None:
+def sync_checkpoints(c: Any, host: str, playbook: str | None = None, run: str | None = None,
+                     json: bool = False) -> None:
     """Pull new complete checkpoints from a box into this workstation's mirror.
 
     Only checkpoints that are complete (every file present, training_state.json readable, and
@@ -267,7 +269,7 @@ def sync_checkpoints(c: Any, host: str, playbook: str | None = None, json: bool 
     """
     from outrig.ops.stage import sync_checkpoints as run_sync
 
-    run_sync(PROJECT, host, _reporter(json), playbook=playbook)
+    run_sync(PROJECT, host, _reporter(json), playbook=playbook, run_id=run)
 
 
 @task(
@@ -275,10 +277,11 @@ def sync_checkpoints(c: Any, host: str, playbook: str | None = None, json: bool 
     help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port",
           "to": "the new box", "playbook": "playbook to run on the new box (default: the old "
           "box's last playbook, or the member of its family that fits the new box best)",
+          "run": "the run on the old box to move (default: its newest run that really ran)",
           "json": JSON_HELP},
 )
 @friendly
-def migrate(c: Any, from_: str, to: str, playbook: str | None = None,
+def migrate(c: Any, from_: str, to: str, playbook: str | None = None, run: str | None = None,
             json: bool = False) -> None:
     """Move a job to a fresh box and resume it from the newest complete checkpoint.
 
@@ -292,7 +295,7 @@ def migrate(c: Any, from_: str, to: str, playbook: str | None = None,
     """
     from outrig.ops.migrate import migrate as run_migrate
 
-    run_migrate(PROJECT, from_, to, _reporter(json), playbook=playbook)
+    run_migrate(PROJECT, from_, to, _reporter(json), playbook=playbook, run_id=run)
 
 
 @task(auto_shortflags=False, help={"host": HOST_HELP, "json": JSON_HELP})

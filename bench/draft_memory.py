@@ -102,7 +102,7 @@ def descendants(root: int) -> set[int]:
 
 
 def train(args: argparse.Namespace, model: Path, data: Path, port: int, label: str,
-          extra: list[str]) -> dict[str, Any]:
+          loss: str, extra: list[str]) -> dict[str, Any]:
     out = args.out / label
     out.mkdir(parents=True, exist_ok=True)
     report = out / "memory.jsonl"
@@ -121,7 +121,7 @@ def train(args: argparse.Namespace, model: Path, data: Path, port: int, label: s
             "--vllm-endpoint", f"http://127.0.0.1:{port}/v1", "--target-layer-ids",
             *[str(i) for i in args.aux], "--total-seq-len", str(args.seq),
             "--max-anchors", str(args.anchors), "--max-steps", str(args.steps),
-            "--epochs", "1", "--num-workers", "1", "--loss-implementation", args.loss,
+            "--epochs", "1", "--num-workers", "1", "--loss-implementation", loss,
             *extra]
     log = out / "train.log"
     started = time.monotonic()
@@ -137,7 +137,8 @@ def train(args: argparse.Namespace, model: Path, data: Path, port: int, label: s
     torch_peaks = [json.loads(line) for line in report.read_text().splitlines()] \
         if report.exists() else []
     text = log.read_text(errors="replace")
-    return {"label": label, "exit": code, "seconds": round(time.monotonic() - started, 1),
+    return {"label": label, "loss": loss, "extra": extra, "exit": code,
+            "seconds": round(time.monotonic() - started, 1),
             "nvidia_smi_peak_mib": peak,
             "torch_max_allocated_gib": max((p["max_allocated"] for p in torch_peaks),
                                            default=0) / 2**30,
@@ -160,7 +161,10 @@ def main() -> int:
     parser.add_argument("--draft-vocab", type=int, default=32000)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--samples", type=int, default=6)
-    parser.add_argument("--loss", default="eager")
+    parser.add_argument("--loss", default="eager",
+                        help="comma-separated: each loss implementation is measured")
+    parser.add_argument("--server-device", default="cuda",
+                        help="where the hidden-state stand-in runs the verifier")
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--only", choices=["full", "draft"], default=None)
     args = parser.parse_args()
@@ -196,7 +200,7 @@ def main() -> int:
          "--speculative_config", json.dumps(spec), "--kv_transfer_config", json.dumps(kv),
          "--max-model-len", str(args.seq + 1), "--enable-scale-out", "--port", str(port),
          "--host", "127.0.0.1"], stdout=server_log, stderr=subprocess.STDOUT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HS_VLLM_DEVICE": args.server_device})
     results: dict[str, Any] = {"verifier": {k: config[k] for k in (
         "hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")},
         "anchors": args.anchors, "seq": args.seq, "steps": args.steps,
@@ -218,11 +222,15 @@ def main() -> int:
             timeout=600)
         results["prepare_exit"] = prep.returncode
         results["prepare_tail"] = (prep.stdout + prep.stderr).splitlines()[-5:]
-        runs = [("full", [])] if args.only != "draft" else []
-        if args.only != "full":
-            runs.append(("draft", ["--draft-vocab-size", str(args.draft_vocab)]))
-        for label, extra in runs:
-            results["runs"].append(train(args, model, data, port, label, extra))
+        runs: list[tuple[str, str, list[str]]] = []
+        for loss in args.loss.split(","):
+            if args.only != "draft":
+                runs.append((f"full-{loss}", loss, []))
+            if args.only != "full":
+                runs.append((f"draft-{loss}", loss,
+                             ["--draft-vocab-size", str(args.draft_vocab)]))
+        for label, loss, extra in runs:
+            results["runs"].append(train(args, model, data, port, label, loss, extra))
             print(json.dumps(results["runs"][-1]), flush=True)
     finally:
         server.terminate()

@@ -129,7 +129,7 @@ class Reporter:
             if len(command) > 100:  # with full=True the whole argv follows the table
                 command = command[:97] + "..."
             table.add_row(str(index), name, gpus, ",".join(proc.after) or "-",
-                          proc.ready.describe() if proc.ready else "on launch",
+                          proc.ready.describe() if proc.ready else "up 2 s after launch",
                           f"TERM, {proc.stop_grace:g}s, KILL", escape(command))
         self.stdout_console.print(table)
         if full:
@@ -193,8 +193,16 @@ def describe_event(event: dict[str, Any]) -> str | None:
         return (f"• launched {event.get('process')} (pid {event.get('pid')}, "
                 f"pgid {event.get('pgid')})")
     if kind == "ready":
-        return (f"✓ {event.get('process')} ready after {float(event.get('elapsed') or 0):.1f}s "
-                f"({event.get('via')})")
+        elapsed = float(event.get("elapsed") or 0)
+        if event.get("via") == "alive":
+            return (f"✓ {event.get('process')} still running after {elapsed:.1f}s (it has no "
+                    "ready: check; only its start is confirmed)")
+        return f"✓ {event.get('process')} ready after {elapsed:.1f}s ({event.get('via')})"
+    if kind == "finished":
+        last = str(event.get("last_line") or "")[-120:]
+        return (f"✓ {event.get('process')} finished: exited 0 after "
+                f"{float(event.get('elapsed') or 0):.1f}s, before it was ready"
+                + (f" — {last}" if last else ""))
     if kind == "warning":
         return str(event.get("msg", ""))
     if kind == "output":

@@ -112,3 +112,41 @@ class Journal:
             out.append(data)
         out.sort(key=lambda r: (r.get("created", 0), r.get("run_id", "")), reverse=True)
         return out
+
+    def reconcile(self, host: str, box_runs: list[dict[str, Any]]) -> list[str]:
+        """Bring the host's run records in line with the box's run index (the box is the
+        truth): each run's ``status`` becomes the box's, ``ran`` is kept once known, runs the
+        journal lacks (deployed from elsewhere, or a lost journal) are added, and a deploy that
+        never reached the box (``deploying``/``unknown`` here, absent there) is marked
+        ``not_on_box``. Returns the ids whose status changed."""
+        known = {str(r.get("run_id")): r for r in self.runs(host=host)}
+        changed: list[str] = []
+        seen: set[str] = set()
+        now = time.time()
+        for item in box_runs:
+            run_id = item.get("run_id")
+            if not isinstance(run_id, str):
+                continue
+            seen.add(run_id)
+            record = known.get(run_id)
+            if record is None and self.run(run_id) is not None:
+                continue  # filed under another host name: leave it to that host's contacts
+            update: dict[str, Any] = {"status": item.get("status"), "box_seen": now,
+                                      "ran": bool(item.get("ran"))
+                                      or bool((record or {}).get("ran"))
+                                      or (record or {}).get("status") in ("running", "finished")}
+            for key in ("ready_at", "stopped_at"):
+                if item.get(key) is not None:
+                    update[key] = item[key]
+            if record is None:
+                update.update({"run_id": run_id, "host": host, "playbook": item.get("playbook"),
+                               "created": item.get("created") or now, "source": "box"})
+            elif record.get("status") == update["status"] and record.get("ran") == update["ran"]:
+                continue
+            self.record_run(run_id, update)
+            changed.append(run_id)
+        for run_id, record in known.items():
+            if run_id not in seen and record.get("status") in ("deploying", "unknown"):
+                self.record_run(run_id, {"status": "not_on_box", "box_seen": now})
+                changed.append(run_id)
+        return changed

@@ -47,6 +47,10 @@ MAX_LINE_CHARS = 2000  # lines longer than this are cut in events (tqdm bars, JS
 TAIL_MAX_BYTES = 4 << 20  # never scan more than this backwards for a tail
 FOLLOW_CHUNK = 1 << 20  # read at most this much new log per process per tick
 DEFAULT_READY_TIMEOUT = 300.0
+# A process without ``ready:`` must still be seen alive this long (and not have exited non-zero)
+# before deploy says it started: a missing binary exits 127 in milliseconds, a bad import in
+# about a second. Requests may set ``settle`` (seconds) to change it.
+DEFAULT_SETTLE_S = 2.0
 STOP_HEARTBEAT_S = 2.0
 DEFAULT_STOP_GRACE = 10.0
 CHILDREN_FIRST_LAUNCHER_S = 15.0  # after its workers are gone, the launcher's time to exit
@@ -642,18 +646,22 @@ def clear_pointers(layout: Layout, run_id: str) -> None:
                 os.unlink(layout.current(playbook))
 
 
-def clean_line(raw: bytes) -> str:
-    """One log line for humans: decoded, last carriage-return segment (progress bars), capped."""
+def clean_line(raw: bytes, secrets: Optional[List[str]] = None) -> str:
+    """One log line for humans: decoded, last carriage-return segment (progress bars), secret
+    values replaced (before the cap, so no prefix of one survives), capped."""
     text = raw.decode("utf-8", errors="replace").rstrip("\r")
     if "\r" in text:
         text = text.rsplit("\r", 1)[-1]
+    if secrets:
+        text = redact(text, secrets)
     if len(text) > MAX_LINE_CHARS:
         text = text[:MAX_LINE_CHARS] + "…"
     return text
 
 
-def tail_lines(path: str, count: int) -> List[str]:
-    """The last ``count`` lines of a file, reading blocks backwards from the end.
+def tail_lines(path: str, count: int, secrets: Optional[List[str]] = None) -> List[str]:
+    """The last ``count`` lines of a file, reading blocks backwards from the end, with the
+    ``secrets`` values redacted (every excerpt that leaves the log file goes through here).
 
     A multi-GB log is never read whole: at most TAIL_MAX_BYTES are scanned.
     """
@@ -681,7 +689,7 @@ def tail_lines(path: str, count: int) -> List[str]:
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    return [clean_line(x) for x in lines[-count:]]
+    return [clean_line(x, secrets) for x in lines[-count:]]
 
 
 class LogFollower:
@@ -689,8 +697,9 @@ class LogFollower:
 
     MAX_PARTIAL = 64 * 1024
 
-    def __init__(self, path: str, offset: int) -> None:
+    def __init__(self, path: str, offset: int, secrets: Optional[List[str]] = None) -> None:
         self.path = path
+        self.secrets = secrets
         self.offset = offset
         self.partial = b""
         self.last_line = ""
@@ -716,7 +725,7 @@ class LogFollower:
         if len(self.partial) > self.MAX_PARTIAL:  # a huge line without newline: treat as a line
             pieces.append(self.partial)
             self.partial = b""
-        lines = [clean_line(p) for p in pieces]
+        lines = [clean_line(p, self.secrets) for p in pieces]
         for line in reversed(lines):
             if line.strip():
                 self.last_line = line
@@ -727,7 +736,7 @@ class LogFollower:
         """The unterminated last line as a line (the writer has exited)."""
         if not self.partial:
             return []
-        line = clean_line(self.partial)
+        line = clean_line(self.partial, self.secrets)
         self.partial = b""
         if line.strip():
             self.last_line = line
@@ -736,7 +745,7 @@ class LogFollower:
     def latest(self) -> str:
         """The most recent non-blank line seen (including an unfinished one)."""
         if self.partial.strip():
-            return clean_line(self.partial)
+            return clean_line(self.partial, self.secrets)
         return self.last_line
 
 
@@ -1437,22 +1446,43 @@ def read_exit_file(path: str) -> Optional[Tuple[Optional[int], Optional[int]]]:
 
 
 class Watch:
-    """A process launched in this call, and what we know about its readiness."""
+    """A process launched in this call, and what we know about its readiness.
+
+    ``kinds`` are the conditions that make it ready; a process without ``ready:`` gets the
+    single condition ``alive``: still running after the settle window. ``finished`` is set
+    when it exited with code 0 before it was ready and nothing waits for it (a resumed
+    trainer with nothing left to do): done, not failed."""
 
     def __init__(
-        self, spec: ProcSpec, popen: subprocess.Popen[bytes], record: JSONDict, log_offset: int
+        self, spec: ProcSpec, popen: subprocess.Popen[bytes], record: JSONDict, log_offset: int,
+        settle: float = DEFAULT_SETTLE_S, secrets: Optional[List[str]] = None,
     ) -> None:
         self.spec = spec
         self.popen = popen
         self.record = record
-        self.follower = LogFollower(record["log"], log_offset)
+        self.follower = LogFollower(record["log"], log_offset, secrets)
         self.t0 = time.monotonic()
-        self.kinds = spec.ready.kinds() if spec.ready is not None else []
+        kinds = spec.ready.kinds() if spec.ready is not None else []
+        self.kinds = kinds or ["alive"]
+        self.settle = settle
         self.met: Set[str] = set()
-        self.ready = not self.kinds
+        self.ready = False
+        self.finished = False
         self.ended = False
         self.next_probe = 0.0
         self.probes = 0
+
+    @property
+    def done(self) -> bool:
+        """Nothing more to wait for: ready, or finished (exited 0 before it was ready)."""
+        return self.ready or self.finished
+
+    @property
+    def limit(self) -> float:
+        """Seconds this process may take to be done: its ready timeout, or the settle window."""
+        if self.spec.ready is not None and self.spec.ready.kinds():
+            return self.spec.ready.timeout
+        return self.settle
 
     def elapsed(self) -> float:
         """Seconds since launch."""
@@ -1481,6 +1511,7 @@ class Deployment:
         secrets: Dict[str, str],
         wait: bool,
         progress_interval: float,
+        settle: float = DEFAULT_SETTLE_S,
     ) -> None:
         self.layout = layout
         self.out = out
@@ -1489,8 +1520,11 @@ class Deployment:
         self.run_dir = layout.run_dir(self.run_id)
         self.procs = procs
         self.secrets = secrets
+        self.hidden = [v for v in secrets.values() if v]  # values redacted from every excerpt
         self.wait = wait
         self.progress_interval = progress_interval
+        self.settle = settle
+        self.needed = {dep for p in procs for dep in p.after}  # processes others wait for
         self.popens: Dict[int, subprocess.Popen[bytes]] = {}
         self.watches: Dict[str, Watch] = {}
         self.order: List[str] = []
@@ -1500,8 +1534,9 @@ class Deployment:
         write_json_atomic(os.path.join(self.run_dir, "run.json"), self.run)
 
     def execute(self) -> List[JSONDict]:
-        """Launch everything in dependency order, waiting where needed; return the records."""
-        needed_by_others = {dep for p in self.procs for dep in p.after}
+        """Launch everything in dependency order, waiting where needed; return the records,
+        each with its ``outcome``: ``ready``, ``finished`` (exited 0 before it was ready,
+        nothing waits for it) or ``launched`` (not waited for)."""
         for spec in topo_order(self.procs):
             if spec.after:
                 self.wait_for(set(spec.after))
@@ -1509,8 +1544,14 @@ class Deployment:
         if self.wait:
             self.wait_for(set(self.watches))
         else:
-            self.wait_for(needed_by_others)
+            self.wait_for(self.needed)
+        for watch in self.watches.values():
+            watch.record.setdefault("outcome", "launched")
         return [self.watches[n].record for n in self.order]
+
+    def all_finished(self) -> bool:
+        """Every process exited 0 before it was ready: the run has nothing left running."""
+        return bool(self.watches) and all(w.finished for w in self.watches.values())
 
     def process_env(self, spec: ProcSpec) -> Dict[str, str]:
         """Agent env + process env + secrets + the run markers (markers win)."""
@@ -1569,6 +1610,8 @@ class Deployment:
             "boot_id": boot_id(),
             "argv": list(spec.argv),
             "env_keys": [*sorted(set(spec.env) | set(self.secrets)), MARKER_KEY, PROCESS_KEY],
+            # names only: status reads the values from the live process to redact its log tail
+            "secret_keys": sorted(self.secrets),
             "cwd": cwd,
             "gpus": list(spec.gpus),
             "log": log,
@@ -1582,16 +1625,56 @@ class Deployment:
         self.run["processes"].append(record)
         self.save()
         self.order.append(spec.name)
-        watch = Watch(spec, popen, record, offset)
+        watch = Watch(spec, popen, record, offset, self.settle, self.hidden)
         self.watches[spec.name] = watch
         self.out.emit("launched", process=spec.name, pid=popen.pid, pgid=st.pgid, sid=st.sid)
-        if watch.ready:
-            self.out.emit("ready", process=spec.name, elapsed=0.0, via="none")
 
     def fail(self, watch: Watch, kind: str, message: str, code: Optional[int]) -> AgentError:
-        """An error about one process, with its last log lines."""
-        excerpt = tail_lines(watch.record["log"], EXCERPT_LINES)
-        return AgentError(kind, message, watch.spec.name, excerpt, code)
+        """An error about one process, with its last log lines; secret values are redacted
+        from both, since the error goes to the terminal, run.json and the journal."""
+        excerpt = tail_lines(watch.record["log"], EXCERPT_LINES, self.hidden)
+        return AgentError(kind, redact(message, self.hidden), watch.spec.name, excerpt, code)
+
+    def mark_ready(self, watch: Watch) -> None:
+        """Every readiness condition holds: record it and tell the workstation."""
+        watch.ready = True
+        watch.record["outcome"] = "ready"
+        self.out.emit("ready", process=watch.spec.name, elapsed=watch.elapsed(),
+                      via="+".join(watch.kinds))
+
+    def mark_finished(self, watch: Watch) -> None:
+        """Exited 0 before it was ready and nothing waits for it: done, not failed. A resumed
+        trainer with nothing left to do logs that training is complete and exits 0."""
+        watch.finished = True
+        watch.record.update({"outcome": "finished", "exit_code": 0,
+                             "ended_at": round(time.time(), 3)})
+        self.save()
+        self.out.emit("finished", process=watch.spec.name, elapsed=watch.elapsed(),
+                      exit_code=0, last_line=watch.follower.latest())
+
+    def early_exit(self, watch: Watch, code: Optional[int], sig: Optional[int]) -> None:
+        """The process ended before it was ready: finished when it exited 0 and its readiness
+        is not needed by a process after it, else an ``exited`` error."""
+        spec = watch.spec
+        waiting = sorted(p.name for p in self.procs if spec.name in p.after)
+        alive_only = watch.kinds == ["alive"]
+        if code == 0 and sig is None and (alive_only or not waiting):
+            self.mark_finished(watch)
+            return
+        what = f"exited with code {code}" if sig is None else f"was killed by signal {sig}"
+        if alive_only:
+            message = (f"{spec.name} {what} {watch.elapsed():g} s after it started, so it "
+                       f"never ran (it has no ready: check; a process must stay up "
+                       f"{watch.settle:g} s to count as started)")
+        else:
+            message = f"{spec.name} {what} before it was ready"
+            if code == 0 and sig is None:
+                message += (f"; {', '.join(waiting)} waits for it (after:), so it had to be "
+                            f"ready ({spec.ready.describe() if spec.ready else 'none'})")
+        if code in (126, 127):
+            message += ". Exit 126/127: the program could not be run; check the command " \
+                       "and PATH on the box"
+        raise self.fail(watch, "exited", message, code)
 
     def scan_lines(self, watch: Watch, lines: List[str]) -> None:
         """Fatal patterns (raise ``fatal_log``) and the log readiness regex, line by line."""
@@ -1625,16 +1708,27 @@ class Deployment:
         if exited:
             watch.ended = True
             code, sig = watch.exit_status()
+            watch.record["exit_code"] = code
             if "exit" in watch.kinds and code == 0:
                 watch.met.add("exit")
-            elif not (watch.ready and code == 0):
+            elif watch.ready and code == 0:
+                return  # a process that was ready may end well (its work was short)
+            elif watch.ready:
                 what = f"exited with code {code}" if sig is None else f"was killed by signal {sig}"
-                when = "after it was ready" if watch.ready else "before it was ready"
-                raise self.fail(watch, "exited", f"{spec.name} {what} {when}", code)
-        if watch.ready or ready is None:
+                raise self.fail(watch, "exited", f"{spec.name} {what} after it was ready", code)
+            elif "exit" in watch.kinds:  # a one-shot that failed: decided as before
+                what = f"exited with code {code}" if sig is None else f"was killed by signal {sig}"
+                raise self.fail(watch, "exited", f"{spec.name} {what} before it was ready", code)
+            else:
+                self.early_exit(watch, code, sig)
+                return
+        if watch.done:
             return
         now = time.monotonic()
-        if ("http" in watch.kinds or "port" in watch.kinds) and now >= watch.next_probe:
+        if "alive" in watch.kinds and now - watch.t0 >= watch.settle:
+            watch.met.add("alive")
+        if ready is not None and ("http" in watch.kinds or "port" in watch.kinds) \
+                and now >= watch.next_probe:
             # Probe soon after launch, then back off to the steady period: a server that is
             # up in 100 ms should not cost a whole period (half a second of every deploy).
             watch.probes += 1
@@ -1649,10 +1743,7 @@ class Deployment:
             if ready.port is not None and "port" not in watch.met and probe_port(ready.port):
                 watch.met.add("port")
         if all(k in watch.met for k in watch.kinds):
-            watch.ready = True
-            self.out.emit(
-                "ready", process=spec.name, elapsed=watch.elapsed(), via="+".join(watch.kinds)
-            )
+            self.mark_ready(watch)
         elif watch.ended:
             code, _ = watch.exit_status()
             raise self.fail(watch, "exited", f"{spec.name} exited before it was ready", code)
@@ -1675,19 +1766,20 @@ class Deployment:
         return True
 
     def wait_for(self, names: Set[str]) -> None:
-        """Wait until every named process is ready, watching all launched ones meanwhile."""
+        """Wait until every named process is ready (or finished), watching all launched ones
+        meanwhile."""
         next_beat = time.monotonic() + self.progress_interval
         while True:
             for name in self.order:
                 self.check(self.watches[name])
             pending = [self.watches[n] for n in self.order if n in names]
-            pending = [w for w in pending if not w.ready]
+            pending = [w for w in pending if not w.done]
             if not pending:
                 return
             now = time.monotonic()
             for w in pending:
-                assert w.spec.ready is not None  # not ready implies a spec
-                if now - w.t0 >= w.spec.ready.timeout:
+                if w.spec.ready is not None and "alive" not in w.kinds \
+                        and now - w.t0 >= w.limit:
                     raise self.fail(
                         w,
                         "timeout",
@@ -1698,12 +1790,11 @@ class Deployment:
             if now >= next_beat:
                 next_beat = now + self.progress_interval
                 for w in pending:
-                    assert w.spec.ready is not None
                     self.out.emit(
                         "waiting",
                         process=w.spec.name,
                         elapsed=w.elapsed(),
-                        timeout=w.spec.ready.timeout,
+                        timeout=w.limit,
                         last_line=w.follower.latest(),
                     )
             time.sleep(TICK_S)
@@ -1884,6 +1975,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     wait = get_bool(raw, "wait", "", True)
     lock_timeout = get_num(raw, "lock_timeout", "", 10.0)
     progress = get_num(raw, "progress_interval", "", 1.0, positive=True)
+    settle = max(0.0, get_num(raw, "settle", "", DEFAULT_SETTLE_S))
     gpu_timeout = get_num(raw, "gpu_timeout", "", GPU_WAIT_DEFAULT_S, positive=True)
     host_label = get_opt_str(raw, "host_label", "") or "HOST"
     layout = Layout(req.workdir)
@@ -1942,7 +2034,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
             "processes": [],
             "manifest": raw.get("manifest"),
         }
-        deployment = Deployment(layout, out, run, procs, secrets, wait, progress)
+        deployment = Deployment(layout, out, run, procs, secrets, wait, progress, settle)
         deployment.save()
         write_atomic(layout.current(playbook), (run_id + "\n").encode())
         try:
@@ -1958,13 +2050,15 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
             run["error"] = error.to_json()
             deployment.save()
             raise
-        run["status"] = "running"
+        run["status"] = "finished" if deployment.all_finished() else "running"
+        run["ready_at"] = round(time.time(), 3)  # the deploy succeeded: this run really ran
         deployment.save()
     if not needs_gpus:
         facts_thread.join(15)
         if facts_box:
             out.emit("facts", **facts_box[0])
-    return {"run_id": run_id, "run_dir": run_dir, "processes": records}
+    return {"run_id": run_id, "run_dir": run_dir, "processes": records,
+            "status": run["status"]}
 
 
 # --------------------------------------------------------------------------- GPU audit
@@ -2378,7 +2472,39 @@ def runs_to_stop(layout: Layout) -> List[str]:
     return sorted(ids, reverse=True)
 
 
-def process_state(rec: JSONDict, stopper: Stopper, log_lines: int) -> JSONDict:
+def run_secrets(run: JSONDict, stopper: Stopper) -> List[str]:
+    """The values of a run's secrets, read from its live processes' environments (the box keeps
+    only their names, ``secret_keys``), so that log text shipped from the box is redacted. A run
+    whose processes are all gone yields nothing here; the workstation redacts with its own."""
+    values: Set[str] = set()
+    for rec in run.get("processes") or []:
+        keys = rec.get("secret_keys") if isinstance(rec, dict) else None
+        if not keys or not valid_record(rec) or stopper.leader_state(rec) != "alive":
+            continue
+        try:
+            with open(f"/proc/{rec['pid']}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            key, _, value = item.decode("utf-8", "replace").partition("=")
+            if key in keys and value:
+                values.add(value)
+    return sorted(values, key=len, reverse=True)
+
+
+def run_secret_keys(run: JSONDict) -> List[str]:
+    """Names of the secrets a run's processes were given (never their values)."""
+    keys: Set[str] = set()
+    for rec in run.get("processes") or []:
+        names = rec.get("secret_keys") if isinstance(rec, dict) else None
+        if isinstance(names, list):
+            keys.update(k for k in names if isinstance(k, str))
+    return sorted(keys)
+
+
+def process_state(rec: JSONDict, stopper: Stopper, log_lines: int,
+                  secrets: Optional[List[str]] = None) -> JSONDict:
     """One process's state for ``status``: running / exited / killed / gone."""
     now = time.time()
     state = "gone"
@@ -2416,7 +2542,7 @@ def process_state(rec: JSONDict, stopper: Stopper, log_lines: int) -> JSONDict:
         "signal": sig,
         "uptime": uptime,
         "ready": ready,
-        "log_tail": tail_lines(log, log_lines) if isinstance(log, str) else [],
+        "log_tail": tail_lines(log, log_lines, secrets) if isinstance(log, str) else [],
     }
 
 
@@ -2458,10 +2584,12 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
             runs.append(unknown)
             continue
         procs = []
+        hidden = run_secrets(run, stopper)
         for rec in run["processes"]:
             if isinstance(rec, dict):
-                proc_state = process_state(rec, stopper, log_lines)
-                proc_state.update(status_extras(rec, proc_state, progress_bytes, markers))
+                proc_state = process_state(rec, stopper, log_lines, hidden)
+                proc_state.update(status_extras(rec, proc_state, progress_bytes, markers,
+                                                hidden))
                 procs.append(proc_state)
         runs.append(
             {
@@ -2470,6 +2598,7 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
                 "status": run.get("status"),
                 "created": run.get("created"),
                 "error": run.get("error"),
+                "secret_keys": run_secret_keys(run),
                 "processes": procs,
             }
         )
@@ -2496,6 +2625,7 @@ def op_logs(req: Request, out: Emitter) -> JSONDict:
     rid = resolve_run(layout, playbook, run_id)
     run = load_run(layout, rid, out)
     paths: Dict[str, str] = {}
+    hidden = run_secrets(run, Stopper(out)) if run is not None else []
     if run is not None:
         for rec in run["processes"]:
             if isinstance(rec, dict) and isinstance(rec.get("name"), str):
@@ -2517,7 +2647,8 @@ def op_logs(req: Request, out: Emitter) -> JSONDict:
                 "not_found", f"run {rid} has no process {', '.join(unknown)} (it has {have})"
             )
         paths = {n: paths[n] for n in wanted}
-    return {"run_id": rid, "logs": {n: tail_lines(p, lines) if p else [] for n, p in paths.items()}}
+    return {"run_id": rid, "secret_keys": run_secret_keys(run) if run is not None else [],
+            "logs": {n: tail_lines(p, lines, hidden) if p else [] for n, p in paths.items()}}
 
 
 def nearest_existing(path: str) -> str:
@@ -2951,7 +3082,7 @@ def run_streaming(argv: List[str], out: Emitter, interval: float, fields: JSONDi
             parts = re.split(rb"[\r\n]", pending)
             pending = b"" if eof else parts.pop()
             for part in parts:
-                text = redact(clean_line(part), hidden).strip()
+                text = clean_line(part, hidden).strip()
                 if text:
                     lines.append(text)
                     last_line = text
@@ -3925,10 +4056,10 @@ def tail_text(path: str, nbytes: int) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def last_lines_containing(path: str, needles: List[str],
-                          scan_max: int = PROGRESS_SCAN_MAX) -> Dict[str, Optional[str]]:
+def last_lines_containing(path: str, needles: List[str], scan_max: int = PROGRESS_SCAN_MAX,
+                          secrets: Optional[List[str]] = None) -> Dict[str, Optional[str]]:
     """For each literal needle, the last line of the file containing it (scanning backwards,
-    at most ``scan_max`` bytes), or None."""
+    at most ``scan_max`` bytes, secret values redacted), or None."""
     found: Dict[str, Optional[str]] = {n: None for n in needles}
     todo = [n.encode("utf-8") for n in needles]
     if not todo:
@@ -3950,7 +4081,7 @@ def last_lines_containing(path: str, needles: List[str],
                 for line in reversed(body):
                     for needle in list(todo):
                         if needle in line:
-                            found[needle.decode("utf-8")] = clean_line(line)
+                            found[needle.decode("utf-8")] = clean_line(line, secrets)
                             todo.remove(needle)
     except OSError:
         pass
@@ -4136,7 +4267,7 @@ def server_facts(ready_url: str, argv: List[str]) -> JSONDict:
 
 
 def status_extras(rec: JSONDict, state: JSONDict, progress_bytes: int,
-                  markers: List[str]) -> JSONDict:
+                  markers: List[str], secrets: Optional[List[str]] = None) -> JSONDict:
     """Fields ``status`` adds to one process: record facts, raw progress text, checkpoint,
     and for a running HTTP server its /health and model ids."""
     raw_argv = rec.get("argv")
@@ -4145,8 +4276,9 @@ def status_extras(rec: JSONDict, state: JSONDict, progress_bytes: int,
                        "started_at": rec.get("started_at"), "argv": argv}
     log = rec.get("log")
     if progress_bytes > 0 and isinstance(log, str):
-        extra["tail_text"] = tail_text(log, progress_bytes)
-        extra["markers"] = last_lines_containing(log, markers) if markers else {}
+        extra["tail_text"] = redact(tail_text(log, progress_bytes), secrets or [])
+        extra["markers"] = (last_lines_containing(log, markers, secrets=secrets)
+                            if markers else {})
     save = argv_option(argv, "--save-path")
     if save is not None:
         raw_cwd = rec.get("cwd")
@@ -4161,6 +4293,81 @@ def status_extras(rec: JSONDict, state: JSONDict, progress_bytes: int,
             spec.get("http"), str):
         extra["server"] = server_facts(spec["http"], argv)
     return extra
+
+
+# --------------------------------------------------------------------------- run index
+
+RUN_INDEX_OPS = ("deploy", "cleanup", "status", "logs", "check")  # ops that report runs
+RUN_INDEX_MAX = 100  # newest run directories reported per call
+
+
+def run_truth(run: JSONDict, stopper: Stopper) -> Tuple[str, bool, int]:
+    """(state, ran, live processes) of one run as the box sees it now.
+
+    run.json says what the deploy or cleanup that last touched it recorded; a cut deploy leaves
+    ``launching`` and a crash after the deploy leaves ``running``. The processes decide:
+    anything of it alive is ``running``; otherwise its exit files say ``finished`` (every
+    process exited 0), ``exited`` (one failed or was killed) or ``gone`` (no exit recorded:
+    the box rebooted or the wrapper was killed). ``stopped`` and ``failed`` stay. ``ran``: the
+    deploy succeeded (``ready_at``), or something of it is still running."""
+    recorded = str(run.get("status") or "unknown")
+    records = [r for r in run.get("processes") or [] if valid_record(r)]
+    live = sum(1 for r in records if stopper.leader_state(r) == "alive")
+    ran = bool(run.get("ready_at")) or recorded in ("running", "finished") or live > 0
+    if recorded in ("stopped", "failed") or (live == 0 and not records):
+        return recorded, ran, live
+    if live:
+        return "running", ran, live
+    codes = []
+    for rec in records:
+        path = rec.get("exit_file")
+        status = read_exit_file(path) if isinstance(path, str) else None
+        codes.append(status)
+    if any(c is None for c in codes):
+        return "gone", ran, 0
+    if all(c is not None and c[0] == 0 and c[1] is None for c in codes):
+        return "finished", ran, 0
+    return "exited", ran, 0
+
+
+def run_index(layout: Layout, stopper: Stopper) -> List[JSONDict]:
+    """The newest runs in the workdir with their true state (see :func:`run_truth`), so that
+    the workstation's journal can follow the box, which is the truth, on every contact."""
+    dated = []
+    for rid in list_run_ids(layout):
+        with contextlib.suppress(OSError):
+            dated.append((os.stat(layout.run_dir(rid)).st_mtime, rid))
+    out: List[JSONDict] = []
+    for _, rid in sorted(dated, reverse=True)[:RUN_INDEX_MAX]:
+        try:
+            run = read_json(layout.run_json(rid))
+        except (OSError, ValueError):
+            run = None
+        if not isinstance(run, dict) or not isinstance(run.get("processes"), list):
+            out.append({"run_id": rid, "status": "unknown", "ran": False, "live": 0})
+            continue
+        state, ran, live = run_truth(run, stopper)
+        out.append({"run_id": rid, "playbook": run.get("playbook"), "status": state,
+                    "recorded": run.get("status"), "created": run.get("created"),
+                    "ready_at": run.get("ready_at"), "stopped_at": run.get("stopped_at"),
+                    "ran": ran, "live": live})
+    return out
+
+
+def report_runs(req: Optional[Request], out: Emitter) -> None:
+    """Emit the ``runs`` event (the run index) before the result of the ops that touch runs,
+    whether they succeeded or not; the index never makes an op fail."""
+    if req is None or req.op not in RUN_INDEX_OPS:
+        return
+    layout = Layout(req.workdir)
+    if not os.path.isdir(layout.runs):
+        return
+    try:
+        runs = run_index(layout, Stopper(out))
+    except (OSError, ValueError) as exc:
+        out.warning(f"could not list the runs in {layout.runs}: {exc}")
+        return
+    out.emit("runs", workdir=layout.workdir, runs=runs)
 
 
 # --------------------------------------------------------------------------- main
@@ -4265,7 +4472,9 @@ def dir_manifest(root: str, want_hash: bool, out: Emitter) -> JSONDict:
                     partial[rel] = os.path.getsize(full)
     for rel in walk_files(root):
         st = os.stat(os.path.join(root, rel))
-        entry: JSONDict = {"size": st.st_size}
+        # mtime travels so the copy keeps it: a checkpoint's completeness is judged by which
+        # of its files was written last (checkpoint_verdict), and a copy must not change that
+        entry: JSONDict = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         if want_hash:
             cached = cache.get(rel)
             if (isinstance(cached, dict) and cached.get("size") == st.st_size
@@ -4486,6 +4695,7 @@ class FrameReceiver:
                              f"…, expected {want.get('size', header['size'])} bytes "
                              f"{str(want.get('sha256') or header['sha256'])[:12]}…; the part "
                              "file was removed, run the command again")
+        keep_mtime(part, want)
         with open(part, "rb") as f:
             os.fsync(f.fileno())
         os.replace(part, final)
@@ -4494,11 +4704,22 @@ class FrameReceiver:
         self.out.emit("file", path=rel, size=size)
 
 
+def keep_mtime(path: str, info: JSONDict) -> None:
+    """Give a received file its source's mtime (as ``cp -p`` would), when the source sent it."""
+    mtime = info.get("mtime_ns")
+    if isinstance(mtime, int) and mtime > 0:
+        os.utime(path, ns=(mtime, mtime))
+
+
 def mark_staged(root: str, expect: Dict[str, JSONDict], source: Optional[str]) -> None:
-    """Record that ``root`` holds exactly ``expect``, verified: a re-run is one exec."""
+    """Record that ``root`` holds exactly ``expect``, verified: a re-run is one exec.
+
+    Files that were already present (same size and sha256, so not sent) get the source's
+    mtime here too, so the folder's file times match the source's as a whole."""
     files: Dict[str, JSONDict] = {}
     cache: Dict[str, JSONDict] = {}
     for rel, info in expect.items():
+        keep_mtime(os.path.join(root, rel), info)
         st = os.stat(os.path.join(root, rel))
         files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
                       "sha256": info.get("sha256")}
@@ -4767,14 +4988,18 @@ def dispatch(req: Request, out: Emitter) -> JSONDict:
 def main() -> None:
     """Read one request line, run it, always finish with a ``result`` line."""
     out = Emitter(sys.stdout.buffer)
+    req: Optional[Request] = None
     try:
         # The bootstrap may hand the request over in argv (no stdin round trip; see
         # docs/agent-protocol.md); otherwise exactly one line from stdin, which may stay open.
         preset = globals().get("OUTRIG_REQUEST")
         line = preset if isinstance(preset, bytes) else sys.stdin.buffer.readline()
-        result = dispatch(parse_request(line), out)
+        req = parse_request(line)
+        result = dispatch(req, out)
+        report_runs(req, out)
         out.emit("result", ok=True, **result)
     except AgentError as exc:
+        report_runs(req, out)
         out.emit("result", ok=False, error=exc.to_json())
     except (Exception, KeyboardInterrupt) as exc:
         traceback.print_exc(file=sys.stderr)

@@ -37,7 +37,34 @@ class DeployResult:
     seconds: float = 0.0
     rtt: float | None = None
     connect_seconds: float | None = None
+    status: str = "planned"  # running, finished (nothing left running) or launched (no wait)
 
+
+def deployed_status(result: dict[str, Any], wait: bool) -> str:
+    """The run's state after a successful deploy call, as the box recorded it."""
+    if result.get("status") == "finished":
+        return "finished"
+    return "running" if wait else "launched"
+
+
+def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], seconds: float,
+                     host_spec: str) -> str:
+    """The closing line: what is running now, and which processes finished their work before
+    they were ready (a resumed trainer with nothing left to do exits 0 at once)."""
+    finished = [str(p.get("name")) for p in processes if p.get("outcome") == "finished"]
+    were = "it was" if len(finished) == 1 else "they were"
+    done = (f"{', '.join(finished)} finished (exited 0 before {were} ready: nothing left "
+            "to do?)") if finished else ""
+    if status == "finished":
+        head = f"{plan.playbook} finished on {plan.host} in {seconds:.1f}s: {done}; " \
+               "nothing is running"
+    elif status == "launched":
+        head = f"{plan.playbook} launched on {plan.host} (not waiting for readiness)"
+    else:
+        head = f"{plan.playbook} ready on {plan.host} in {seconds:.1f}s"
+        head += f"; {done}" if done else ""
+    return (f"{head} — run {plan.run_id}. Next: inv status --host {host_spec}, "
+            f"inv tail-logs --host {host_spec}")
 
 def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = False,
                journal: Journal | None = None, run_id: str | None = None) -> Plan:
@@ -170,18 +197,18 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
             raise
         seconds = time.monotonic() - started
         processes = list(result.get("processes") or [])
-        status = "running" if wait else "launched"
+        status = deployed_status(result, wait)
         journal.record_run(plan.run_id, {"status": status, "processes": processes,
-                                         "run_dir": result.get("run_dir")})
+                                         "run_dir": result.get("run_dir"),
+                                         "ran": status in ("running", "finished")})
         outcome = DeployResult(plan=plan, launched=True, processes=processes, seconds=seconds,
                                rtt=session.transport.rtt,
-                               connect_seconds=getattr(session.transport, "connect_seconds", None))
+                               connect_seconds=getattr(session.transport, "connect_seconds", None),
+                               status=status)
         reporter.emit_json({"event": "deployed", "run_id": plan.run_id, "ok": True,
-                            "seconds": round(seconds, 3), "processes": processes})
-        verb = "ready" if wait else "launched (not waiting for readiness)"
-        reporter.success(f"{plan.playbook} {verb} on {plan.host} in {seconds:.1f}s — run "
-                         f"{plan.run_id}. Next: inv status --host {host_spec}, "
-                         f"inv tail-logs --host {host_spec}")
+                            "status": status, "seconds": round(seconds, 3),
+                            "processes": processes})
+        reporter.success(deployed_message(plan, status, processes, seconds, host_spec))
         return outcome
     finally:
         for opened in sessions:

@@ -28,13 +28,14 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, host_session
+from outrig.ops.base import HostSession, Project, host_session, pick_host_run
 from outrig.ops.cleanup import cleanup
-from outrig.ops.deploy import build_plan, deploy
+from outrig.ops.deploy import cached_models, deploy, plan_job
 from outrig.ops.stage import NoCheckpoint, family, stage
 from outrig.plan import Plan
 from outrig.playbook import find_playbook, load_job
 from outrig.progress import argv_int
+from outrig.recipes import ModelFacts
 from outrig.transport import SSHTransport, connect_timeout_for
 
 
@@ -106,16 +107,32 @@ def rank_problem(old: int | None, plan: Plan, to_spec: str) -> str | None:
 
 
 def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: bool,
-                    journal: Journal, ranks: int | None = None) -> tuple[Plan, str, list[str]]:
+                    journal: Journal, ranks: int | None = None,
+                    from_host: str | None = None) -> tuple[Plan, str, list[str]]:
     """The plan for NEW: ``playbook`` if it was named explicitly, else the member of its
     family that fits NEW and uses the most GPUs (ties: the playbook itself), among those
     whose trainer keeps the ``ranks`` of the run being moved.
 
+    A fresh box has not got the model yet (stage copies it after this choice), so its layer
+    count and vocabulary are taken from what OLD's box reported for the same model path
+    (``from_host``), unless NEW itself reported them. Deploy reads them on NEW again.
+
     Returns the plan, the chosen member as a name or path that ``find_playbook`` accepts,
     and the names of every member considered.
     """
+    new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
+    known: dict[str, ModelFacts] = {}
+    if from_host is not None:
+        known.update(cached_models(journal, resolve_host(from_host,
+                                                         hosts_dir=project.hosts_dir)))
+    known.update(cached_models(journal, new_host))
+
+    def plan_for(member: str) -> Plan:
+        job = load_job(find_playbook(member, project.playbooks_dir))
+        return plan_job(job, new_host, journal, probed=known)
+
     if explicit:
-        plan = build_plan(project, to_spec, playbook, journal=journal)
+        plan = plan_for(playbook)
         problem = rank_problem(ranks, plan, to_spec)
         if problem:
             raise PlanError([problem], context=f"migrate to {to_spec}")
@@ -134,7 +151,7 @@ def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: 
     problems: list[str] = []
     for order, (member, name) in enumerate(members):
         try:
-            plan = build_plan(project, to_spec, member, journal=journal)
+            plan = plan_for(member)
         except PlanError as exc:
             problems.append(f"{name}: {'; '.join(exc.problems)}")
             continue
@@ -176,18 +193,13 @@ def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
 
 def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, *,
             playbook: str | None = None, journal: Journal | None = None,
-            probe_attempts: int = 3, probe_pause: float = 2.0) -> dict[str, Any]:
+            probe_attempts: int = 3, probe_pause: float = 2.0,
+            run_id: str | None = None) -> dict[str, Any]:
     journal = journal or Journal()
     old_host = resolve_host(from_spec, hosts_dir=project.hosts_dir)
     new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
     if old_host.name == new_host.name:
         raise ConfigError("--from and --to name the same host")
-    runs = journal.runs(host=old_host.name)
-    last = runs[0] if runs else None
-    old_playbook = str(last["playbook"]) if last else None
-    source = playbook or old_playbook
-    if source is None:
-        raise ConfigError(f"the journal has no run on {old_host.name}; pass --playbook")
     started = time.time()
     report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": started}
 
@@ -202,7 +214,15 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
         reporter.warn(f"{from_spec} is unreachable after {len(tried)} checks; using the "
                       "checkpoint mirror on this workstation")
     else:
-        old_session.close()
+        old_session.close()  # its check brought the journal in line with the box's runs
+    last, why = old_run(journal, old_host.name, run_id=run_id, playbook=playbook)
+    old_playbook = str(last["playbook"]) if last else None
+    source = playbook or old_playbook
+    if source is None:
+        raise ConfigError(f"the journal has no run on {old_host.name}; pass --playbook")
+    reporter.info(f"• moving {why}" if last else f"• no earlier run of {source} on "
+                  f"{old_host.name} in the journal; {source} starts afresh")
+    report["old_run"] = {"run_id": last.get("run_id") if last else None, "why": why}
 
     with host_session(project, to_spec, reporter, journal) as new_session:
         check = new_session.call("check", stream=False)
@@ -217,7 +237,7 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
     old_plan = last.get("plan") if last else None
     plan, new_playbook, considered = choose_playbook(
         project, to_spec, source, explicit=playbook is not None, journal=journal,
-        ranks=trainer_ranks((old_plan or {}).get("processes")))
+        ranks=trainer_ranks((old_plan or {}).get("processes")), from_host=from_spec)
     if not reporter.json_mode:
         reporter.stdout_console.print(placement_table(old_plan, plan, old_host.name,
                                                       new_host.name))
@@ -258,6 +278,22 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
                          f"{report['seconds']:.0f}s, resuming from checkpoint {epoch} "
                          f"({(report['checkpoint'] or {}).get('route')})")
     return report
+
+
+def old_run(journal: Journal, host: str, *, run_id: str | None,
+            playbook: str | None) -> tuple[dict[str, Any] | None, str]:
+    """The run being moved (see :func:`outrig.ops.base.pick_host_run`) and why it was
+    chosen. With an explicit ``--playbook`` and no run of it that ran, there is none: the new
+    box starts that playbook afresh; without one, that is an error naming the choices."""
+    try:
+        return pick_host_run(journal, host, run_id=run_id)
+    except ConfigError:
+        if playbook is None or run_id is not None:
+            raise
+    try:
+        return pick_host_run(journal, host, playbook=playbook)
+    except ConfigError:
+        return None, "none"
 
 
 def _has_data(project: Project, playbook: str, host_spec: str) -> bool:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from outrig.console import Reporter
@@ -48,6 +49,7 @@ def enrich_status(result: dict[str, Any]) -> dict[str, Any]:
 
     holders = [h for h in result.pop("gpu_holders", None) or [] if isinstance(h, dict)]
     for run in result.get("runs") or []:
+        redact_run(run)
         for proc in run.get("processes") or []:
             text = proc.pop("tail_text", None)
             markers = proc.pop("markers", None) or {}
@@ -79,6 +81,31 @@ def enrich_status(result: dict[str, Any]) -> dict[str, Any]:
     result["gpus"] = gpus
     result["gpu_error"] = facts.get("gpu_error") or result.pop("gpu_audit_error", None)
     return result
+
+
+def redact_run(run: dict[str, Any]) -> None:
+    """Replace the values of the run's secrets (``secret_keys``, read from this shell's
+    environment) in every log text the box shipped. The box redacts with the values of live
+    processes; once they are gone only this shell still knows them. Same function as the box."""
+    from outrig.transfer import agent_module
+
+    keys = [str(k) for k in run.get("secret_keys") or []]
+    values = sorted({os.environ[k] for k in keys if os.environ.get(k)}, key=len, reverse=True)
+    if not values:
+        return
+    redact = agent_module().redact
+    error = run.get("error")
+    if isinstance(error, dict):
+        error["message"] = redact(str(error.get("message") or ""), values)
+        error["excerpt"] = [redact(str(line), values) for line in error.get("excerpt") or []]
+    for proc in run.get("processes") or []:
+        proc["log_tail"] = [redact(str(line), values) for line in proc.get("log_tail") or []]
+        if isinstance(proc.get("tail_text"), str):
+            proc["tail_text"] = redact(proc["tail_text"], values)
+        markers = proc.get("markers")
+        if isinstance(markers, dict):
+            proc["markers"] = {k: redact(v, values) if isinstance(v, str) else v
+                               for k, v in markers.items()}
 
 
 def _age(seconds: float | None) -> str:

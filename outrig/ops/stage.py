@@ -33,7 +33,7 @@ from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hub import parse_hub_source
 from outrig.inventory import Host
 from outrig.journal import Journal, state_dir
-from outrig.ops.base import HostSession, Project, host_session
+from outrig.ops.base import HostSession, Project, host_session, pick_host_run
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.template import UndefinedName, substitute
@@ -130,7 +130,10 @@ def local_manifest(root: Path) -> dict[str, Any]:
 
 
 def _sources_files(listing: dict[str, Any]) -> Manifest:
-    return {rel: {"size": info["size"], "sha256": info.get("sha256")}
+    """What a copy must reproduce: size and sha256, and the mtime that the receiver gives
+    each file (checkpoint completeness is judged by which file was written last)."""
+    return {rel: {"size": info["size"], "sha256": info.get("sha256"),
+                  **({"mtime_ns": info["mtime_ns"]} if "mtime_ns" in info else {})}
             for rel, info in (listing.get("files") or {}).items()}
 
 
@@ -433,12 +436,12 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
 
 def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
                      playbook: str | None = None, journal: Journal | None = None,
-                     streams: int = 4) -> dict[str, Any]:
+                     streams: int = 4, run_id: str | None = None) -> dict[str, Any]:
     """Pull every complete checkpoint the workstation's mirror lacks (incremental)."""
     journal = journal or Journal()
     stager = Stager(reporter, journal, streams)
     with host_session(project, host_spec, reporter, journal) as session:
-        name = playbook or _latest_playbook(journal, session.host.name)
+        name = playbook or _latest_playbook(session, run_id)
         job, items = _load(project, session.host, name)
         ckpt = next((i for i in items if i.kind == "checkpoints"), None)
         if ckpt is None:
@@ -475,8 +478,10 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
     return report
 
 
-def _latest_playbook(journal: Journal, host: str) -> str:
-    runs = journal.runs(host=host)
-    if not runs:
-        raise ConfigError(f"no run of outrig on {host} is in the journal; pass --playbook")
-    return str(runs[0]["playbook"])
+def _latest_playbook(session: HostSession, run_id: str | None) -> str:
+    """The playbook of the host's newest run that really ran (or of ``run_id``). One ``check``
+    first: its run index brings the journal in line with the box, which is the truth."""
+    session.call("check", stream=False)
+    run, why = pick_host_run(session.journal, session.host.name, run_id=run_id)
+    session.reporter.info(f"• checkpoints of {why}")
+    return str(run["playbook"])

@@ -153,12 +153,19 @@ def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
     assert synced["pulled"], "the mirror holds A's complete checkpoints"
     newest = max(p["epoch"] for p in synced["pulled"])
 
+    # A later deploy of another playbook was cut before it reached A: it never ran, so it is
+    # not the run to move, though it is the newest in the journal.
+    journal.record_run("cut-deploy", {"run_id": "cut-deploy", "host": a.stem,
+                                      "playbook": "not-this-one", "status": "deploying",
+                                      "created": time.time()})
     box_a.stop()  # the node dies: no sshd, no processes
     kill_run(box_a.workdir, first.plan.run_id)
     b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
     try:
         report = migrate(project, str(a), str(host_b), quiet, journal=journal,
                          probe_attempts=2, probe_pause=0.2)
+        assert report["old_run"]["run_id"] == first.plan.run_id
+        assert "cut-deploy (deploying, never ran)" in report["old_run"]["why"]
         assert report["old_alive"] is False
         assert len(report["probes"]) == 3 and "tcp" in report["probes"][-1]
         assert report["playbook"] == "mig-8gpu", "re-planned for B's 8 GPUs"

@@ -220,9 +220,25 @@ def checkpoint(save: Path, epoch: int, *, complete: bool = True) -> None:
         (folder / name).write_bytes(os.urandom(20_000))
     if complete:
         (folder / "training_state.json").write_text(json.dumps({"epoch": epoch}))
-        old = time.time() - 600  # written ten minutes ago: the trainer is done with it
-        for path in folder.iterdir():
-            os.utime(path, (old, old))
+        # written ten minutes ago, one file a second in speculators' order (the training
+        # state last): the trainer is done with it
+        old = time.time() - 600
+        for index, name in enumerate([*names, "training_state.json"]):
+            os.utime(folder / name, (old + index, old + index))
+
+
+def assert_same_times_and_complete(source: Path, copy: Path) -> None:
+    """A copy keeps each file's mtime, so the completeness rule (the training state is
+    written last) judges the copy as it judged the source; without it a parallel copy
+    left small files newer than training_state.json and the checkpoint was quarantined."""
+    from outrig.transfer import agent_module
+
+    for path in source.iterdir():
+        if path.name.startswith(".outrig-"):  # outrig's own cache and mark, not copied
+            continue
+        assert (copy / path.name).stat().st_mtime_ns == path.stat().st_mtime_ns, path.name
+    entry = agent_module().checkpoint_entry(str(copy), True, None)
+    assert entry["complete"], entry
 
 
 def test_sync_checkpoints_mirrors_only_complete_ones_then_resume_from_mirror(
@@ -246,6 +262,7 @@ def test_sync_checkpoints_mirrors_only_complete_ones_then_resume_from_mirror(
     assert "interrupted" in report["others"]
     mirror = mirror_root("trainjob")
     assert same_tree(save / "1", mirror / "1") and not (mirror / "2").exists()
+    assert_same_times_and_complete(save / "1", mirror / "1")
     again = sync_checkpoints(PROJECT, str(box_host), Reporter(quiet=True),
                              playbook=str(book), journal=journal)
     assert again["pulled"] == [], "incremental: nothing new, nothing moved"
@@ -259,3 +276,4 @@ def test_sync_checkpoints_mirrors_only_complete_ones_then_resume_from_mirror(
                    journal=journal)
     assert staged["checkpoint"]["epoch"] == 1 and staged["checkpoint"]["route"] == "mirror"
     assert same_tree(save / "1", new_save / "1")
+    assert_same_times_and_complete(save / "1", new_save / "1")

@@ -37,6 +37,7 @@ from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
+from outrig.ops.migrate import migrate
 from outrig.sandbox import nvidia_smi
 from tests.helpers import free_port, marked, wait_gone
 
@@ -47,6 +48,14 @@ CPU_SHIM = HERE / "cpu_shim"
 MAKE_VERIFIER = HERE / "make_verifier.py"
 FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.33-cpu"
 PYTHON_ENV = "OUTRIG_REHEARSAL_PYTHON"
+# On a GPU machine (two GPUs: the recipe gives the server and the trainer one each) the same
+# tests run with the box's real nvidia-smi, real CUDA/NCCL, flex attention and the loss the
+# recipe picks for the box's torch; only the save-delay knob of cpu_shim stays (it is inert
+# unless a test sets it).
+GPU_ENV = "OUTRIG_REHEARSAL_GPU"
+REAL_GPU = os.environ.get(GPU_ENV) == "1"
+# Where to keep each test's logs and checkpoint listing (for fixtures); unset: nothing kept.
+KEEP_ENV = "OUTRIG_REHEARSAL_KEEP"
 # Generous: a 2-core machine imports torch + transformers in every process (~10 s each).
 WAIT_S = float(os.environ.get("OUTRIG_REHEARSAL_WAIT_S", "300"))
 
@@ -76,14 +85,18 @@ def rehearsal_python() -> str:
         pytest.skip(f"CPU rehearsal is opt-in: set {PYTHON_ENV} to a Python with "
                     "speculators 0.9 and torch (tests/rehearsal/README.md)")
     probe = subprocess.run(
-        [python, "-c", "import importlib.metadata as m, json; print(json.dumps("
-         "{d: m.version(d) for d in ('speculators', 'torch', 'transformers')}))"],
+        [python, "-c", "import importlib.metadata as m, json, torch; print(json.dumps("
+         "{**{d: m.version(d) for d in ('speculators', 'torch', 'transformers')}, "
+         "'gpus': torch.cuda.device_count()}))"],
         capture_output=True, text=True, timeout=120)
     if probe.returncode != 0:  # opted in with a broken interpreter: say so, do not skip
         pytest.fail(f"{PYTHON_ENV}={python} cannot report speculators/torch/transformers: "
                     f"{probe.stderr.strip()[-500:]}")
     versions = json.loads(probe.stdout)
     assert versions["speculators"].startswith("0.9"), versions
+    if REAL_GPU and versions["gpus"] < 2:
+        pytest.fail(f"{GPU_ENV}=1 needs 2 GPUs (server and trainer); torch sees "
+                    f"{versions['gpus']}")
     return python
 
 
@@ -140,8 +153,17 @@ class Rehearsal:
         return self.root / "data" / "checkpoints"
 
     def add_box(self, name: str, gpus: int = 2) -> str:
-        """Write ``hosts/<name>.yaml`` (``hostname: local``) with ``gpus`` fake H200s."""
+        """Write ``hosts/<name>.yaml`` (``hostname: local``) with ``gpus`` fake H200s (the
+        machine's real GPUs and nvidia-smi with ``OUTRIG_REHEARSAL_GPU=1``)."""
         box = self.root / "boxes" / name
+        hosts = self.root / "hosts"
+        hosts.mkdir(exist_ok=True)
+        self.boxes.append(name)
+        if REAL_GPU:
+            (hosts / f"{name}.yaml").write_text(yaml.safe_dump({
+                "hostname": "local", "workdir": str(box / "workdir"),
+                "python": sys.executable}))
+            return name
         bin_dir, gpu_dir = box / "bin", box / "gpu"
         bin_dir.mkdir(parents=True)
         smi = bin_dir / "nvidia-smi"
@@ -149,12 +171,9 @@ class Rehearsal:
         smi.chmod(0o755)
         nvidia_smi.write_inventory(
             gpu_dir, nvidia_smi.make_inventory(gpus, 143771, "NVIDIA H200", seed=name))
-        hosts = self.root / "hosts"
-        hosts.mkdir(exist_ok=True)
         (hosts / f"{name}.yaml").write_text(yaml.safe_dump({
             "hostname": "local", "workdir": str(box / "workdir"), "python": sys.executable,
             "env": {"PATH": f"{bin_dir}:$PATH", nvidia_smi.STATE_ENV: str(gpu_dir)}}))
-        self.boxes.append(name)
         return name
 
     def shims(self) -> Path:
@@ -173,10 +192,12 @@ class Rehearsal:
         """``playbooks/<name>.yaml`` with ``recipe: dflash``; ``dflash`` keys override.
 
         Sized for a 2-core CPU: 256-token batches of a few samples, 1 draft layer, 8 anchors
-        of 8 tokens, one DataLoader worker, a checkpoint every quarter epoch (~3 steps).
+        of 8 tokens, one DataLoader worker, a checkpoint every quarter epoch (~3 steps). On
+        real GPUs the attention and the loss are the recipe's own choices.
         """
-        trainer_extra = ["--draft-attn-impl", "sdpa",  # flex attention needs a compiler
-                         "--max-anchors", "8", "--num-layers", "1"]
+        trainer_extra = ["--max-anchors", "8", "--num-layers", "1"]
+        if not REAL_GPU:
+            trainer_extra += ["--draft-attn-impl", "sdpa"]  # flex attention needs a compiler
         body: dict[str, Any] = {
             "name": name,
             "recipe": "dflash",
@@ -189,14 +210,16 @@ class Rehearsal:
                 "lr": 6e-4,
                 "block_size": 8,
                 "checkpoint_freq": 0.25,
-                "loss_implementation": "eager",  # the fused loss is a Triton (GPU) kernel
+                # the fused loss is a Triton (GPU) kernel; on a GPU the recipe decides
+                "loss_implementation": "auto" if REAL_GPU else "eager",
                 "target_layer_ids": [1, 2, 3],
                 "server": {"gpus": [0], "port": port or free_port(), "python": self.python,
-                           "env": {"PYTHONPATH": str(self.shims())},
+                           "env": {"PYTHONPATH": _path_with(self.shims())},
                            "ready_timeout": WAIT_S, "stop_grace": 30},
                 "trainer": {"gpus": [1], "python": self.python, "num_workers": 1,
                             "extra_args": trainer_extra, "ready_timeout": WAIT_S,
-                            "env": {"PYTHONPATH": str(CPU_SHIM), **(trainer_env or {})}},
+                            "env": {"PYTHONPATH": _path_with(CPU_SHIM),
+                                    **(trainer_env or {})}},
                 "prepare": {"data": [str(self.verifier.conversations)], "timeout": WAIT_S,
                             "workers": 1},
             },
@@ -239,8 +262,8 @@ class Rehearsal:
             time.sleep(0.25)
         pytest.fail(f"{process} never logged {needle!r} in {timeout:g}s; tail:\n{text[-3000:]}")
 
-    def training_state(self, folder: str) -> dict[str, Any] | None:
-        path = self.save_path / folder / "training_state.json"
+    def training_state(self, folder: str, save: Path | None = None) -> dict[str, Any] | None:
+        path = (save or self.save_path) / folder / "training_state.json"
         try:
             data: dict[str, Any] = json.loads(path.read_text())
             return data
@@ -248,18 +271,24 @@ class Rehearsal:
             return None
 
     def wait_checkpoint(self, accept: Callable[[Path], bool], what: str,
-                        timeout: float = WAIT_S) -> Path:
-        """The first entry of the save path that ``accept`` takes (polled)."""
+                        timeout: float = WAIT_S, save: Path | None = None) -> Path:
+        """The first entry of the save path (``save`` or the default) that ``accept`` takes."""
+        save = save or self.save_path
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.save_path.is_dir():
-                for entry in sorted(self.save_path.iterdir()):
+            if save.is_dir():
+                for entry in sorted(save.iterdir()):
                     if accept(entry):
                         return entry
             time.sleep(0.25)
-        listing = sorted(p.name for p in self.save_path.iterdir()) if self.save_path.is_dir() \
-            else "no save path"
+        listing = sorted(p.name for p in save.iterdir()) if save.is_dir() else "no save path"
         pytest.fail(f"no {what} in {timeout:g}s: {listing}")
+
+
+def _path_with(folder: Path) -> str:
+    """``folder`` first, then this process's own PYTHONPATH (where the packages may live,
+    e.g. wheels unpacked beside a GPU image's own site-packages)."""
+    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
 
 
 def mid_epoch_link(entry: Path) -> bool:
@@ -269,7 +298,8 @@ def mid_epoch_link(entry: Path) -> bool:
 
 
 @pytest.fixture
-def rehearsal(rehearsal_python: str, verifier: Verifier, tmp_path: Path) -> Iterator[Rehearsal]:
+def rehearsal(rehearsal_python: str, verifier: Verifier, tmp_path: Path,
+              request: pytest.FixtureRequest) -> Iterator[Rehearsal]:
     """A fresh project with one box; everything launched on any of its boxes is stopped by
     outrig's own cleanup at teardown, then checked gone by the run marker."""
     r = Rehearsal(root=tmp_path / "project", python=rehearsal_python, verifier=verifier,
@@ -277,6 +307,9 @@ def rehearsal(rehearsal_python: str, verifier: Verifier, tmp_path: Path) -> Iter
     r.root.mkdir()
     r.add_box("cpu-box")
     yield r
+    keep = os.environ.get(KEEP_ENV)
+    if keep:
+        _keep_evidence(r, Path(keep) / request.node.name)
     for box in r.boxes:
         runs = r.workdir(box) / "runs"
         try:
@@ -286,6 +319,28 @@ def rehearsal(rehearsal_python: str, verifier: Verifier, tmp_path: Path) -> Iter
         if runs.is_dir():
             left = [pid for run in runs.iterdir() for pid in marked(run.name)]
             assert not wait_gone(left, 30), f"processes of the rehearsal outlived cleanup: {left}"
+
+
+def _keep_evidence(r: Rehearsal, dest: Path) -> None:
+    """Copy every run's logs and a listing of each save path (with training_state.json)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    listing: list[str] = []
+    for box in r.boxes:
+        runs = r.workdir(box) / "runs"
+        for run in sorted(runs.iterdir()) if runs.is_dir() else []:
+            for log in sorted((run / "logs").glob("*.log")):
+                (dest / f"{box}-{run.name}-{log.name}").write_bytes(log.read_bytes())
+        for save in (r.save_path, r.workdir(box) / "data" / "checkpoints"):
+            if not save.is_dir():
+                continue
+            listing.append(f"== {box}: {save.name}")
+            for entry in sorted(save.rglob("*")):
+                rel = entry.relative_to(save)
+                link = f" -> {os.readlink(entry)}" if entry.is_symlink() else ""
+                listing.append(f"{rel}{link}")
+                if entry.name == "training_state.json" and not entry.is_symlink():
+                    listing.append(f"  {entry.read_text().strip()}")
+    (dest / "checkpoints.txt").write_text("\n".join(listing) + "\n")
 
 
 # ------------------------------------------------------------------------------- tests
@@ -356,6 +411,77 @@ def test_a_clean_interrupt_leaves_torchrun_exiting_0(rehearsal: Rehearsal) -> No
     exit_file = next(p["exit_file"] for p in record["processes"] if p["name"] == "trainer")
     assert json.loads(Path(exit_file).read_text())["code"] == 0, trainer[-2000:]
     assert "SignalException" not in trainer
+
+
+def test_a_stop_during_a_save_never_resumes_from_the_torn_folder(rehearsal: Rehearsal) -> None:
+    """Stop the trainer while it rewrites checkpoint folder 1 in place (a mid-epoch save of
+    epoch 1). The real trainer abandons the save: ``1/`` then holds the new model with the old
+    optimizer, scheduler and ``training_state.json``, and speculators would resume from it
+    unchecked (train/checkpointer.py picks the highest integer folder). outrig judges ``1/``
+    incomplete, moves it aside before the next launch, and the trainer resumes from ``0/``,
+    the end of epoch 0."""
+    r = rehearsal
+    box = "cpu-box"
+    # every save pauses after model.safetensors (cpu_shim's knob), as a real one takes seconds
+    playbook = r.playbook(trainer_env={"REHEARSAL_SAVE_DELAY_S": "8"})
+    run = r.deploy(box, playbook)
+    run_id = run.plan.run_id
+    rewrite = f"Saving checkpoint to {r.save_path}/1"
+    deadline = time.monotonic() + WAIT_S * 2
+    while r.log(box, run_id, "trainer").count(rewrite) < 2:  # the in-place rewrite began
+        assert time.monotonic() < deadline, r.log(box, run_id, "trainer")[-3000:]
+        time.sleep(0.2)
+    r.cleanup(box, playbook=str(playbook))
+
+    trainer = r.log(box, run_id, "trainer")
+    assert "Interrupt checkpoint saved to" in trainer, trainer[-3000:]
+    folder = r.save_path / "1"
+    state = folder / "training_state.json"
+    model = folder / "model.safetensors"
+    assert model.stat().st_mtime > state.stat().st_mtime, (
+        "the stop landed outside the save; the test needs it inside: "
+        f"{sorted(p.name for p in folder.iterdir())}")
+    end_of_epoch_0 = r.training_state("0")
+    assert end_of_epoch_0 is not None and end_of_epoch_0["epoch"] == 0, end_of_epoch_0
+    assert end_of_epoch_0["local_step"] == 0, "folder 0 holds the end of epoch 0"
+
+    second = r.deploy(box, playbook)
+    moved = [p.name for p in r.save_path.iterdir() if p.name.startswith("1.incomplete-")]
+    assert moved, sorted(p.name for p in r.save_path.iterdir())
+    resumed = r.wait_log(box, second.plan.run_id, "trainer", "Resuming training on epoch 1")
+    assert f"Found checkpoint at {r.save_path}/0" in resumed, resumed[-3000:]
+    assert f"{r.save_path}/1." not in resumed.split("Resuming", 1)[0]
+
+
+def test_migrate_between_two_boxes_resumes_from_the_newest_complete_checkpoint(
+        rehearsal: Rehearsal) -> None:
+    """Two ``hostname: local`` boxes with their own data and checkpoint folders
+    (``${workdir}/...``). ``migrate`` stops the old run (its ranks save ``interrupted/``),
+    copies the newest complete numbered checkpoint to the new box and deploys there; the real
+    trainer on the new box resumes mid-epoch from it."""
+    r = rehearsal
+    old, new = "cpu-box", r.add_box("new-box")
+    playbook = r.playbook("movable", data_path="${workdir}/data/tokenized",
+                          save_path="${workdir}/data/checkpoints")
+    old_save = r.workdir(old) / "data" / "checkpoints"
+    new_save = r.workdir(new) / "data" / "checkpoints"
+    r.deploy(old, playbook)
+    link = r.wait_checkpoint(mid_epoch_link, "mid-epoch checkpoint link", save=old_save)
+    assert r.training_state(os.readlink(link), old_save) is not None
+
+    report = migrate(r.project, old, new, r.reporter, playbook=str(playbook),
+                     journal=r.journal, probe_attempts=1)
+    assert report["old_alive"] is True
+    checkpoint = report["checkpoint"]
+    assert checkpoint is not None and checkpoint["epoch"] == 0, report
+    copied = r.training_state("0", new_save)
+    assert copied is not None and copied["local_step"] > 0, copied
+    # the newest complete one: what the old box held once its run had stopped
+    assert copied == r.training_state("0", old_save)
+    resumed = r.wait_log(new, report["run_id"], "trainer", "Resuming mid-epoch from epoch=0")
+    assert f"Found checkpoint at {new_save}/0" in resumed, resumed[-3000:]
+    assert f"local_step={copied['local_step']} " in resumed, resumed[-3000:]
+    r.wait_log(new, report["run_id"], "trainer", f"Saving checkpoint to {new_save}/")
 
 
 def test_prepare_fails_with_the_403_when_scale_out_is_off(rehearsal: Rehearsal) -> None:

@@ -203,7 +203,12 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 
 # ----------------------------------------------------------------------------- the model
 class Verifier:
-    """Tokenizer + model on CPU, with hooks that read vLLM's aux hidden states."""
+    """Tokenizer + model with hooks that read vLLM's aux hidden states.
+
+    On the CPU unless ``HS_VLLM_DEVICE`` names another torch device (``cuda``): the GPU
+    memory bench runs a Qwen3.6-wide verifier whose 8k-token forward takes minutes on a CPU.
+    Only the last position's logits are computed (the greedy next token is all that is used).
+    """
 
     def __init__(self, path: str, layer_ids: List[int], dtype: str, chat_template: Optional[str],
                  trust_remote_code: bool) -> None:
@@ -227,8 +232,9 @@ class Verifier:
         if isinstance(torch_dtype, str):
             torch_dtype = getattr(torch, torch_dtype)
         self.dtype = torch_dtype or torch.float32
+        self.device = os.environ.get("HS_VLLM_DEVICE") or "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=self.dtype, trust_remote_code=trust_remote_code).eval()
+            path, dtype=self.dtype, trust_remote_code=trust_remote_code).eval().to(self.device)
         bad = [i for i in layer_ids if not 0 <= i <= self.num_layers]
         if bad:  # the stand-in's own refusal; real vLLM's failure mode here was not traced
             raise ValueError(f"eagle_aux_hidden_state_layer_ids {bad} outside "
@@ -254,11 +260,11 @@ class Verifier:
         torch = self.torch
         with self.lock, torch.no_grad():
             self._captured = {}
-            ids = torch.tensor([token_ids], dtype=torch.long)
-            out = self.model(input_ids=ids, use_cache=False)
+            ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=ids, use_cache=False, logits_to_keep=1)
             states = torch.stack([self._captured[i][0] for i in self.layer_ids], dim=1)
             next_token = int(out.logits[0, -1].float().argmax())
-        return states.to(self.dtype).contiguous(), next_token
+        return states.to(self.dtype).cpu().contiguous(), next_token
 
     def render(self, messages: List[Dict[str, Any]], kwargs: Dict[str, Any],
                tools: Any) -> List[int]:

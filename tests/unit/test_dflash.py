@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.errors import ConfigError
+from outrig.errors import ConfigError, PlanError
 from outrig.inventory import Host
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import deep_merge, load_job
@@ -197,6 +197,44 @@ def test_migrating_to_another_trainer_rank_count_is_refused_with_the_reason(
     assert "family member whose trainer has 2 GPU(s)" in problem
     assert rank_problem(4, four, "new-node") is None
     assert rank_problem(None, four, "new-node") is None
+
+
+def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path) -> None:
+    """A fresh box has no model yet (stage copies it after the choice), so the layer count
+    the old box reported for the same path is used; without it the choice failed with
+    "num_hidden_layers ... is not known"."""
+    from outrig.journal import Journal
+    from outrig.ops.base import Project
+    from outrig.ops.migrate import choose_playbook
+
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "playbooks").mkdir()
+    for name in ("old", "new"):
+        (tmp_path / "hosts" / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"hostname": "127.0.0.1", "workdir": "/workspace/dflash", "gpus": 4}))
+    doc = base()
+    del doc["dflash"]["num_hidden_layers"]
+    (tmp_path / "playbooks" / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    project, journal = Project(tmp_path), Journal(tmp_path / "state")
+    with pytest.raises(PlanError, match="num_hidden_layers"):  # nothing known anywhere
+        choose_playbook(project, "new", "job", explicit=True, journal=journal,
+                        from_host="old")
+    journal.remember_models("old", [{"model": MODEL, "exists": True, "num_hidden_layers": 64,
+                                     "weight_bytes": 55 * 10**9, "vocab_size": 248320}])
+    plan, ref, _ = choose_playbook(project, "new", "job", explicit=True, journal=journal,
+                                   from_host="old")
+    assert ref == "job"
+    trainer = plan.processes["trainer"].argv
+    start = trainer.index("--target-layer-ids") + 1
+    assert trainer[start:start + 3] == ["2", "32", "61"]  # spread over the old box's 64
+    # the new box's own report wins over the old box's
+    journal.remember_models("new", [{"model": MODEL, "exists": True, "num_hidden_layers": 48,
+                                     "weight_bytes": 55 * 10**9, "vocab_size": 248320}])
+    plan, _, _ = choose_playbook(project, "new", "job", explicit=True, journal=journal,
+                                 from_host="old")
+    trainer = plan.processes["trainer"].argv
+    start = trainer.index("--target-layer-ids") + 1
+    assert trainer[start:start + 3] == ["2", "24", "45"]
 
 
 # ------------------------------------------------------------------------------ memory

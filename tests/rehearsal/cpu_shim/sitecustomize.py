@@ -7,8 +7,9 @@ available`` or picks ``cuda``. Python imports ``sitecustomize`` at start-up from
 ``PYTHONPATH``, so putting this folder there (the playbook's ``trainer.env.PYTHONPATH``)
 patches every trainer process, its spawned DataLoader workers included, and nothing else.
 
-Nothing is patched until the speculators module concerned is imported, and nothing at all
-when ``torch.accelerator.is_available()`` is true: on a GPU box this file is inert.
+Nothing is patched until the speculators module concerned is imported, and none of the CUDA
+patches when ``torch.accelerator.is_available()`` is true: on a GPU box only the rehearsal knob
+below (off unless set) can act.
 
 speculators 0.9.0 file:line     assumption => patch
 ------------------------------  -------------------------------------------------------------------
@@ -33,7 +34,8 @@ train/checkpointer.py:306,      returns 'cpu' (in utils.util and in train.checkp
 Rehearsal knob (not a patch of a CUDA assumption): ``REHEARSAL_SAVE_DELAY_S=<seconds>`` makes
 every checkpoint save pause between ``model.safetensors`` and ``optimizer_state_dict.pt``, so
 a test can stop the trainer while a save is in progress, as happens on a GPU box where the
-draft checkpoint takes seconds to write.
+draft checkpoint takes seconds to write. It acts with or without an accelerator (the GPU
+rehearsal uses it too: the tiny draft saves in milliseconds there as well).
 
 Also needed on CPU, as trainer flags rather than patches: ``--loss-implementation eager``
 (the default ``fused`` loss is a Triton kernel, losses/fused.py) and ``--draft-attn-impl
@@ -132,7 +134,8 @@ def _patch_util(mod: ModuleType) -> None:
 
 
 def _patch_checkpointer(mod: ModuleType) -> None:
-    mod.get_current_device = lambda: "cpu"
+    if _no_accelerator():
+        mod.get_current_device = lambda: "cpu"
     delay = float(os.environ.get(SAVE_DELAY_ENV) or 0)
     if delay > 0:
         real_patch_config = mod.patch_config_dtype
@@ -145,6 +148,10 @@ def _patch_checkpointer(mod: ModuleType) -> None:
         _say(f"{SAVE_DELAY_ENV}={delay:g}: every checkpoint save pauses {delay:g}s between "
              "model.safetensors and optimizer_state_dict.pt")
 
+
+# Applied on a GPU box too: the checkpointer patch holds the save-delay knob (its CUDA part
+# checks for an accelerator itself).
+ALWAYS = (_patch_checkpointer,)
 
 PATCHES: Dict[str, Callable[[ModuleType], None]] = {
     "speculators.train.distributed": _patch_distributed,
@@ -167,7 +174,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        if _no_accelerator():
+        if _no_accelerator() or self.patch in ALWAYS:
             self.patch(module)
 
 
