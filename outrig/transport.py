@@ -564,16 +564,14 @@ class SSHTransport(Transport):
             # A drop (reset, EOF) kills paramiko's transport; a silent link leaves it waiting.
             quiet = isinstance(exc, (TimeoutError, socket.timeout)) or bool(
                 transport is not None and transport.is_active())
-            how = (f"went silent during {PHASE_WORDS[phase]} (nothing within the connect "
-                   f"timeout of {timeout:g} s: {why})") if quiet else \
-                f"dropped during {PHASE_WORDS[phase]} after {spent:.1f} s"
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            if quiet:
-                detail = f"gave up after {spent:.1f} s"
+            how = (f"went silent during {PHASE_WORDS[phase]}: nothing within the connect "
+                   f"timeout of {timeout:g} s ({why})") if quiet else \
+                f"dropped during {PHASE_WORDS[phase]} after {spent:.1f} s ({detail})"
             return LinkLost(
-                f"the link to {target} {how} ({detail}). Check that the box is up and the "
-                "address and port are right; on a very slow link set connect_timeout: in the "
-                "host file. Run the same command again when the link is back.", phase=phase,
+                f"the link to {target} {how}. Check that the box is up and the address and "
+                "port are right; on a very slow link set connect_timeout: in the host file. "
+                "Run the same command again when the link is back.", phase=phase,
                 silent=quiet)
         return exc
 
