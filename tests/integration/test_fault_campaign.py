@@ -4,8 +4,9 @@ stage and sync-checkpoints.
 Each command either succeeds by itself after reconnecting, or stops with a lost link that
 names the command to run next (never "authentication failed"); afterwards the box runs
 exactly one copy of each process. The short campaign runs in the normal suite. The long one
-(more seeds: several cuts per command, cuts at random byte offsets of the stream, jitter) runs
-with ``OUTRIG_FAULT_CAMPAIGN=long``; ``OUTRIG_FAULT_SEED`` picks its seed (default 11).
+(several faults per command: cuts and stalls, at random byte offsets of the stream, jitter,
+more cuts inside transfers) runs with ``OUTRIG_FAULT_CAMPAIGN=long``; ``OUTRIG_FAULT_SEED``
+picks its seed (default 11).
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ SEED = int(os.environ.get("OUTRIG_FAULT_SEED", "11"))
 
 
 def faults_for(phase: str, rng: random.Random) -> list[Fault]:
-    """The short campaign: one cut at ``phase``. The long one: one to three cuts in a row
-    (within every retry budget: 4 handshakes, 4 channel opens, 3 re-runs of a safe op), at a
-    random byte of the stream when the phase is ``stream``."""
+    """The short campaign: one cut at ``phase``. The long one: one to three faults in a row
+    (within every retry budget: 4 handshakes, 4 channel opens, 3 re-runs of a safe op), each a
+    cut or a short stall, at a random byte of the stream when the phase is ``stream``."""
     if not LONG:
         return [Fault(phase=phase)]
-    return [Fault(phase=phase, after_bytes=rng.randrange(0, 4096) if phase == "stream" else 0)
+    return [Fault(phase=phase, after_bytes=rng.randrange(0, 4096) if phase == "stream" else 0,
+                  action=rng.choice(["cut", "cut", "cut", "stall"]),
+                  seconds=rng.uniform(0.1, 0.6))
             for _ in range(rng.randint(1, 3))]
 
 
