@@ -576,7 +576,7 @@ class SSHTransport(Transport):
         return exc
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
-        attempt = 0
+        attempt = silent = 0
         while True:
             attempt += 1
             self.connect()
@@ -584,7 +584,8 @@ class SSHTransport(Transport):
                 return self._open(argv, window_size)
             except LinkLost as exc:
                 self.close()
-                if attempt >= self.channel_attempts:
+                silent += exc.silent  # each silence costs a whole limit: fewer of those
+                if attempt >= self.channel_attempts or silent >= SILENT_ATTEMPTS:
                     raise
                 self.link_failures += 1
                 pause = retry_pause(self.best_rtt, attempt)
@@ -614,7 +615,7 @@ class SSHTransport(Transport):
                 raise LinkLost(
                     f"{host}: the link went silent after authentication: no answer to the "
                     f"session-channel open within {limit:g} s ({why}). Run the same command "
-                    "again when the link is back.", phase="channel") from None
+                    "again when the link is back.", phase="channel", silent=True) from None
             raise LinkLost(
                 f"{host}: the link dropped just after authentication, while opening a session "
                 f"channel ({detail}). Run the same command again when the link is back.",

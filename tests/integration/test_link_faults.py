@@ -21,7 +21,13 @@ from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.runs import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
-from outrig.transport import CHANNEL_ATTEMPTS, LINK_ATTEMPTS, SSHTransport, channel_timeout_for
+from outrig.transport import (
+    CHANNEL_ATTEMPTS,
+    LINK_ATTEMPTS,
+    SILENT_ATTEMPTS,
+    SSHTransport,
+    channel_timeout_for,
+)
 from tests.integration.test_logs import Follow, Writer, make_run, mirror_dir, wait_for
 
 pytestmark = pytest.mark.integration
@@ -98,20 +104,22 @@ def test_cut_just_after_auth_names_what_happened(box_host: Path, make_proxy: Any
 
 def test_silence_just_after_auth_says_the_link_went_silent(box_host: Path, make_proxy: Any,
                                                           tmp_path: Path) -> None:
-    # connect_timeout: also the channel-open limit; generous, so a loaded machine's handshake
-    # fits in it, and one open (no retries) keeps the test short.
-    host_file, proxy = proxied(box_host, make_proxy, connect_timeout=5)
-    proxy.inject(Fault(phase="channel", action="blackhole"))
-    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path),
-                             channel_attempts=1)
+    # connect_timeout: also the channel-open limit; generous enough for a loaded machine's
+    # handshake, short enough for a test.
+    host_file, proxy = proxied(box_host, make_proxy, connect_timeout=4)
+    proxy.inject(*[Fault(phase="channel", action="blackhole")
+                   for _ in range(CHANNEL_ATTEMPTS + 2)])
+    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path))
     try:
         with pytest.raises(LinkLost) as caught:
             transport.start(["true"])
     finally:
         transport.close()
     text = str(caught.value)
-    assert "went silent after authentication" in text and "within 5 s" in text
+    assert "went silent after authentication" in text and "within 4 s" in text
     assert "Timeout opening channel" not in text
+    # each silence costs a whole limit, so fewer of them are tried than of quick cuts
+    assert [f[1:] for f in proxy.fired] == [("channel", "blackhole")] * SILENT_ATTEMPTS
 
 
 def test_channel_open_limit_scales_with_the_measured_rtt(box_host: Path,
