@@ -614,7 +614,7 @@ class SSHTransport(Transport):
             if transport.is_active():
                 raise LinkLost(
                     f"{host}: the link went silent after authentication: no answer to the "
-                    f"session-channel open within {limit:g} s ({why}). Run the same command "
+                    f"session-channel open within {limit:.3g} s ({why}). Run the same command "
                     "again when the link is back.", phase="channel", silent=True) from None
             raise LinkLost(
                 f"{host}: the link dropped just after authentication, while opening a session "
