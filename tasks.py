@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from outrig.console import Reporter
+from outrig.console import Reporter, visible
 from outrig.errors import OutrigError
 from outrig.ops.base import Project
 
@@ -40,7 +40,7 @@ def friendly(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except OutrigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {visible(str(exc))}", file=sys.stderr)
             raise Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
             print("interrupted: anything already launched keeps running on the box; "

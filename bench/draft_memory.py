@@ -180,7 +180,7 @@ def main() -> int:
             "num_key_value_heads": 8, "head_dim": 128,
             "max_position_embeddings": args.seq * 2},
             # the tokenizer has ~420 tokens; the rest are unused rows, as in real Qwen
-            spare_vocab=args.vocab - 420)
+            spare_vocab=args.vocab - 420, device=args.server_device)
     config = json.loads((model / "config.json").read_text())
     layers = config["num_hidden_layers"]
     args.aux = sorted({1, layers // 2} & set(range(1, layers))) or [1]

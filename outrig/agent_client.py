@@ -154,6 +154,7 @@ class AgentCall:
         buffer = b""
         last_heard = time.monotonic()
         limit = self._idle_limit()
+        frames = 0  # JSON events from the agent: none means it never ran
         while True:
             chunk = channel.read(timeout=1.0)
             if chunk is None:
@@ -175,12 +176,14 @@ class AgentCall:
                 event = self._parse(line)
                 if event is None:
                     continue
+                if "t" in event:
+                    frames += 1
                 if event.get("event") == "result":
                     return event
                 self.events.append(event)
                 if on_event is not None:
                     on_event(event)
-        raise self._no_result(channel, buffer)
+        raise self._no_result(channel, buffer, frames)
 
     def _parse(self, line: bytes) -> Event | None:
         line = line.strip()
@@ -192,7 +195,8 @@ class AgentCall:
             return {"event": "output", "line": line.decode("utf-8", "replace")}
         return event if isinstance(event, dict) else None
 
-    def _no_result(self, channel: AgentChannel, tail: bytes) -> RemoteError | LinkLost:
+    def _no_result(self, channel: AgentChannel, tail: bytes,
+                   frames: int = 0) -> RemoteError | LinkLost:
         host = self.transport.host
         status = channel.exit_status(timeout=5.0)
         if not channel.alive() or status in (None, -1):
@@ -216,6 +220,16 @@ class AgentCall:
                 f"{host.describe()}: {lines[-1] if lines else 'Python too old'}. Set python: "
                 "in the host file to a Python 3.8+ interpreter.", kind="old_python",
             )
+        if not frames and status is not None and 0 <= status < 128 and "Traceback" not in stderr:
+            # Not one event and no Python traceback: the agent never ran. The interpreter is
+            # something else (/bin/false, a wrapper script, Python 2) or refused the bootstrap.
+            output = (" and printed: " + " | ".join(lines[-3:])) if lines else " and no output"
+            return RemoteError(
+                f"{host.describe()}: the interpreter {host.python!r} could not run the agent "
+                f"(it exited with status {status}{output}). Set python: in the host file to a "
+                "Python 3.8+ interpreter that exists on the box (e.g. python3); on the box, "
+                f"`{host.python} -c 'import sys; print(sys.version)'` must print 3.8 or newer.",
+                kind="bad_python", excerpt=lines)
         return RemoteError(
             f"the agent on {host.describe()} stopped without a result (exit status {status}). "
             "This is a bug or the box killed it (out of memory?); its stderr follows.",

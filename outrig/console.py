@@ -8,6 +8,7 @@ stdout and nothing else there, so scripts can parse it; human chatter then goes 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import IO, Any
@@ -17,6 +18,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from outrig.plan import Plan
+
+# Every C0 control but tab and newline, DEL, and every C1 control (0x9b is a one-byte CSI).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """Text from a process (or a box) made harmless for a terminal: control characters shown
+    as ``\\x1b``-style escapes instead of acting (window titles, clear screen, OSC 52
+    clipboard writes, cursor moves). Tab and newline stay. ``--json`` output keeps exact text,
+    so this is applied only where humans read."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 class Reporter:
@@ -36,17 +48,17 @@ class Reporter:
     def info(self, message: str) -> None:
         if not self.quiet:
             self._stop_status()
-            self.console.print(escape(message))
+            self.console.print(escape(visible(message)))
 
     def warn(self, message: str) -> None:
         self._stop_status()
-        self.console.print(f"[yellow]warning:[/yellow] {escape(message)}")
+        self.console.print(f"[yellow]warning:[/yellow] {escape(visible(message))}")
 
     def success(self, message: str) -> None:
         if self.quiet:
             return
         self._stop_status()
-        self.console.print(f"[green]✓[/green] {escape(message)}")
+        self.console.print(f"[green]✓[/green] {escape(visible(message))}")
 
     def emit_json(self, document: Any) -> None:
         """One JSON line on stdout (only in --json mode)."""
@@ -90,6 +102,7 @@ class Reporter:
         place on a terminal, printed at most every 10 s otherwise, nothing in --json mode."""
         if self.json_mode or self.quiet:
             return
+        text = visible(text)
         if self.console.is_terminal:
             if self._status is None:
                 self._status = self.console.status(escape(text))

@@ -125,6 +125,19 @@ def _host_from_file(name: str, path: Path) -> Host:
     )
 
 
+def _bad_port(spec: str) -> None:
+    """``user@host:abc``: say that the port is not a number, not that the host is unknown."""
+    address = spec.rpartition("@")[2]
+    if address.startswith("["):  # [v6]:port
+        tail = address.partition("]")[2]
+        port = tail[1:] if tail.startswith(":") else None
+    else:
+        port = address.rpartition(":")[2] if address.count(":") == 1 else None
+    if port is not None and not port.isdigit():
+        raise ConfigError(f"--host {spec}: the port {port!r} is not a number; write "
+                          "user@host:PORT with PORT from 1 to 65535 (or leave :PORT out for 22)")
+
+
 def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> Host:
     """Turn a ``--host`` value into a :class:`Host` (no network)."""
     spec = spec.strip()
@@ -154,6 +167,7 @@ def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> H
             raise ConfigError(f"--host {spec}: port {port} is out of range 1-65535")
         return Host(name=spec, hostname=host, port=port, user=match.group("user"),
                     workdir=workdir or DEFAULT_WORKDIR, source="command line")
+    _bad_port(spec)
     known = sorted(p.stem for p in hosts_dir.glob("*.y*ml")) if hosts_dir.is_dir() else []
     hint = f" Known host files: {', '.join(known)}." if known else ""
     raise ConfigError(

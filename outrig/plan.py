@@ -10,6 +10,7 @@ GPU overlap, GPU indices the host lacks, tensor × data parallel ≠ GPU count (
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -236,6 +237,11 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in proc.gpus)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     cwd = _sub(job, (*base, "cwd"), proc.cwd, params, problems) if proc.cwd else None
+    if cwd is not None and not cwd.startswith(("/", "~")) and (
+            os.path.normpath(cwd).split(os.sep)[0] == ".."):
+        problems.append(f"{job.where((*base, 'cwd'))}: {cwd!r} leaves the workdir; give a "
+                        "folder under it (relative, without '..' going above it) or an "
+                        "absolute path")
     ready = None
     if proc.ready is not None:
         r = proc.ready
@@ -257,6 +263,11 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
             model=_sub(job, (*base, "ready", "model"), r.model, params, problems)
             if r.model else None,
         )
+        if ready.http and "${" not in ready.http and not ready.http.startswith(
+                ("http://", "https://")):
+            problems.append(f"{job.where((*base, 'ready', 'http'))}: {ready.http!r} has no "
+                            "scheme; write it as a full URL, e.g. "
+                            f"'http://{ready.http.lstrip('/')}'")
     parallel = (proc.parallel.tensor, proc.parallel.data) if proc.parallel else None
     checkpoints = None
     if proc.checkpoints is not None:

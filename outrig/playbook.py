@@ -26,6 +26,9 @@ from outrig.recipes.dflash import DFlashSpec
 from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
 
 _PROCESS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
+# The playbook name is a file name on the box (.outrig/current/<name>) and starts run ids.
+_PLAYBOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ParamValue = Union[str, int, float, bool]
 
 
@@ -49,6 +52,14 @@ class ReadySpec(_Strict):
     def _regex_compiles(cls, value: str | None) -> str | None:
         if value is not None:
             _check_regex(value)
+        return value
+
+    @field_validator("http")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://", "${")):
+            raise ValueError(f"{value!r} has no scheme; write it as a full URL, e.g. "
+                             f"'http://{value.lstrip('/')}'")
         return value
 
 
@@ -94,6 +105,16 @@ class ProcessSpec(_Strict):
     scratch: list[str] = Field(
         default_factory=list, description="folders under the workdir whose files are deleted "
         "when the run is stopped or replaced (e.g. hidden-state files left by a crash)")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(
+                    f"{key!r} is not an environment variable name (letters, digits and '_', "
+                    "not starting with a digit); write env: as NAME: value lines")
+        return value
 
     @field_validator("gpus")
     @classmethod
@@ -183,6 +204,15 @@ class PlaybookSpec(_Strict):
         default_factory=dict, description="venvs `inv provision` makes on the box, with pins")
     requires: RequiresSpec | None = Field(
         None, description="what the box must offer: python, NVIDIA driver, free disk")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, value: str | None) -> str | None:
+        if value is not None and not _PLAYBOOK_NAME.match(value):
+            raise ValueError(
+                f"playbook name {value!r} must start with a letter or digit and hold only "
+                "letters, digits, '.', '_' and '-' (at most 64): it names files on the box")
+        return value
 
     @field_validator("environments")
     @classmethod
@@ -344,6 +374,10 @@ def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None) ->
             + "\n".join(f"  - {line}" for line in lines)
         ) from None
     name = spec.name or path.stem
+    if not _PLAYBOOK_NAME.match(name):
+        raise ConfigError(
+            f"{path}: the playbook is named after its file, {name!r}, which cannot name files "
+            "on the box; add name: with letters, digits, '.', '_' and '-' only, or rename it")
     if base_dir is None:
         base_dir = path.parent.parent if path.parent.name == "playbooks" else path.parent
     files: list[LocalFile] = []

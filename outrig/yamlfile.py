@@ -54,18 +54,31 @@ def dotted_path(keypath: KeyPath) -> str:
     return out
 
 
-def _record_lines(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int]) -> None:
+def _record_lines(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int],
+                  source: Path, what: str) -> None:
+    """Record the line of every key path; a key given twice in one mapping is an error (the
+    loader would silently keep the last one: a second process of the same name, a second
+    ``env:`` block, replace the first without a word)."""
     if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node)
+            line = key_node.start_mark.line + 1
+            if key in first and key != "<<":
+                where = dotted_path((*prefix, key))
+                raise ConfigError(
+                    f"{source}:{line}: {where} is given twice in {what} (first at line "
+                    f"{first[key]}); YAML would silently keep only the last one. Remove or "
+                    "rename one of them.")
+            first.setdefault(key, line)
             path = (*prefix, key)
-            lines[path] = key_node.start_mark.line + 1
-            _record_lines(value_node, path, lines)
+            lines[path] = line
+            _record_lines(value_node, path, lines, source, what)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             path = (*prefix, index)
             lines[path] = item.start_mark.line + 1
-            _record_lines(item, path, lines)
+            _record_lines(item, path, lines, source, what)
 
 
 def load_yaml(path: Path, *, what: str) -> YamlDoc:
@@ -98,7 +111,7 @@ def load_yaml(path: Path, *, what: str) -> YamlDoc:
         )
     lines: dict[KeyPath, int] = {}
     if node is not None:
-        _record_lines(node, (), lines)
+        _record_lines(node, (), lines, _display(path), what)
     return YamlDoc(path=_display(path), data=data, lines=lines)
 
 

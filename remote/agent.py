@@ -56,7 +56,11 @@ DEFAULT_STOP_GRACE = 10.0
 CHILDREN_FIRST_LAUNCHER_S = 15.0  # after its workers are gone, the launcher's time to exit
 MARKER_KEY = "OUTRIG_RUN"
 PROCESS_KEY = "OUTRIG_PROCESS"
+CGROUP_KEY = "OUTRIG_CGROUP_PROCS"  # read (and removed) by the wrapper
+CGROUP_SWITCH = "OUTRIG_CGROUPS"  # "0" in the host's env: never create cgroups
+DESCENDANTS_FILE = "descendants.json"
 SWEEP_NAME = "(marker sweep)"
+CGROUP_SWEEP_NAME = "(cgroup sweep)"
 
 JSONDict = Dict[str, Any]
 
@@ -88,6 +92,18 @@ def write_exit(path, code, sig):
     os.replace(tmp, path)
 
 
+def leave_cgroup(procs_file):
+    """Move back to the parent cgroup and remove this process's own one if nothing is left in
+    it; a descendant still there keeps it (and is found there by cleanup)."""
+    folder = os.path.dirname(procs_file)
+    try:
+        with open(os.path.join(os.path.dirname(folder), "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
 def main():
     if len(sys.argv) < 4 or sys.argv[2] != "--":
         sys.stderr.write("usage: wrap.py EXIT_FILE -- ARGV...\n")
@@ -108,17 +124,30 @@ def main():
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
+    # Join the process's own cgroup before starting anything: every descendant is then found
+    # there, whatever it does to its session or environment. Best effort (the agent checks).
+    procs_file = os.environ.pop("OUTRIG_CGROUP_PROCS", None)
+    if procs_file:
+        try:
+            with open(procs_file, "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass
     try:
         child = subprocess.Popen(argv)
     except (OSError, ValueError) as exc:
         sys.stdout.write("outrig: cannot execute %r: %s\n" % (argv[0], exc))
         sys.stdout.flush()
         write_exit(exit_file, 127, None)
+        if procs_file:
+            leave_cgroup(procs_file)
         return 127
     state["child"] = child
     for signum in state["pending"]:
         forward(signum, None)
     rc = child.wait()
+    if procs_file:
+        leave_cgroup(procs_file)
     if rc < 0:
         write_exit(exit_file, None, -rc)
         return 128 - rc
@@ -393,6 +422,11 @@ class ProcSpec:
             raise bad_request(f"{where}argv: arguments must not contain NUL bytes")
         self.env = get_str_dict(raw, "env", where)
         self.cwd = get_opt_str(raw, "cwd", where)
+        if self.cwd is not None and ("\0" in self.cwd or (
+                not self.cwd.startswith(("/", "~"))
+                and os.path.normpath(self.cwd).split(os.sep)[0] == "..")):
+            raise bad_request(f"{where}cwd: {self.cwd!r} leaves the workdir; give a folder "
+                              "under it (relative) or an absolute path")
         gpus = raw.get("gpus")
         if gpus is None:
             gpus = []
@@ -596,21 +630,33 @@ def read_json(path: str) -> Any:
         return json.loads(f.read().decode("utf-8"))
 
 
-def ensure_workdir(layout: Layout) -> None:
-    """Create the workdir and .outrig/ and prove we can write there (``workdir`` error if not)."""
-    path = layout.state
+def workdir_error(layout: Layout) -> Optional[OSError]:
+    """Create the workdir and .outrig/ and write a probe there; the error, or None."""
+    probe = os.path.join(layout.state, f".probe.{os.getpid()}")
     try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".probe.{os.getpid()}")
+        os.makedirs(layout.state, exist_ok=True)
         with open(probe, "wb") as f:
             f.write(b"ok")
-        os.unlink(probe)
     except OSError as exc:
+        return exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return None
+
+
+def ensure_workdir(layout: Layout) -> None:
+    """Create the workdir and .outrig/ and prove we can write there (``workdir`` error if not)."""
+    exc = workdir_error(layout)
+    if exc is not None and exc.errno in FULL_DISK_ERRNOS:
+        raise internal_error(exc, layout.workdir)  # the disk, not the folder, is the problem
+    if exc is not None:
         text = os.strerror(exc.errno) if exc.errno else str(exc)
         raise AgentError(
-            "workdir", f"cannot create or write {layout.workdir}: {text} ({exc.filename or path})."
+            "workdir", f"cannot create or write {layout.workdir}: {text} "
+            f"({exc.filename or layout.state})."
             " Set workdir: in the host file to a folder this user can write (e.g. ~/outrig)"
-        ) from None
+        )
 
 
 def read_pointer(layout: Layout, playbook: str) -> Optional[str]:
@@ -938,6 +984,138 @@ def own_lineage() -> Set[int]:
     return out
 
 
+def proc_problem() -> Optional[str]:
+    """Why /proc cannot prove ownership here (hidden or not mounted), or None when it can.
+
+    Every ownership rule reads /proc (stat for pid, group, session and start time; environ for
+    the markers). If the agent cannot read its own entries it cannot read its children's
+    either, and must neither start what it could not stop nor call anything stopped."""
+    pid = os.getpid()
+    if read_stat(pid) is None:
+        return f"/proc/{pid}/stat (the agent's own) is unreadable: /proc is hidden or not mounted"
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        return f"/proc/{pid}/environ (the agent's own) is unreadable ({exc.strerror})"
+    return None
+
+
+def require_proc(doing: str) -> None:
+    """Raise a ``proc`` error (saying what was not done) when /proc cannot prove ownership."""
+    problem = proc_problem()
+    if problem is not None:
+        raise AgentError(
+            "proc", f"{problem}, so outrig cannot prove which processes are its own and "
+            f"{doing}. Run the agent where /proc is mounted and shows this user's processes "
+            "(hidepid= must not hide them from it), then run the command again")
+
+
+# --------------------------------------------------------------------------- cgroups
+#
+# Where the box allows it (cgroup v2, a writable cgroup folder for this user), each process
+# is started in a cgroup of its own, ``outrig+<run>+<process>``, next to the agent's: every
+# descendant is in it whatever it does to its session, group or environment, so cleanup finds
+# (and cgroup.kill kills) them all. Elsewhere the record says ``cgroup: null`` and the other
+# rules (group, session, marker, descendants seen) apply.
+
+
+def cgroup_base() -> Optional[str]:
+    """The agent's own cgroup v2 folder if this user may create cgroups in it, else None."""
+    if os.environ.get(CGROUP_SWITCH, "1").strip() == "0":
+        return None
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            own = next((ln.strip()[3:] for ln in f if ln.startswith("0::")), None)
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            mounts = [ln.split() for ln in f]
+    except OSError:
+        return None
+    if own is None:
+        return None
+    for fields in mounts:
+        if "-" not in fields:
+            continue
+        tail = fields[fields.index("-") + 1:]
+        if not tail or tail[0] != "cgroup2":
+            continue
+        root, point = fields[3], fields[4]
+        if root != "/" and not own.startswith(root):
+            continue
+        rel = own[len(root):] if root != "/" else own
+        base = os.path.join(point, rel.lstrip("/"))
+        if os.path.isdir(base) and os.access(base, os.W_OK):
+            return base
+    return None
+
+
+def cgroup_name(run_id: str, name: str) -> str:
+    """The folder name of a process's cgroup (checked again before it is ever used).
+
+    ``+`` is in no run id or process name, so the run's prefix is unambiguous."""
+    return f"outrig+{run_id}+{name}"
+
+
+def run_cgroups(run_id: str) -> List[str]:
+    """Every cgroup of a run next to the agent's (found without run.json: a corrupt one)."""
+    base = cgroup_base()
+    try:
+        names = os.listdir(base) if base is not None else []
+    except OSError:
+        return []
+    prefix = cgroup_name(run_id, "")
+    return [os.path.join(base or "", n) for n in sorted(names)
+            if n.startswith(prefix) and NAME_RE.match(n[len(prefix):])]
+
+
+def make_cgroup(run_id: str, name: str) -> Optional[str]:
+    """Create the process's cgroup; None where the box does not allow it."""
+    base = cgroup_base()
+    if base is None:
+        return None
+    path = os.path.join(base, cgroup_name(run_id, name))
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    return path
+
+
+def record_cgroup(run_id: str, rec: JSONDict) -> Optional[str]:
+    """The cgroup a record names, only if it is the one outrig would have made for it."""
+    path = rec.get("cgroup")
+    if not isinstance(path, str) or os.path.basename(path) != cgroup_name(run_id, rec["name"]):
+        return None
+    return path if os.path.isdir(path) else None
+
+
+def cgroup_pids(path: str) -> Set[int]:
+    """The pids in a cgroup now (empty when it is gone or unreadable)."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), encoding="ascii") as f:
+            return {int(x) for x in f.read().split() if x.isdigit()}
+    except OSError:
+        return set()
+
+
+def cgroup_kill(path: str) -> bool:
+    """SIGKILL everything in the cgroup at once (cgroup.kill, Linux 5.14+); False if absent."""
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w", encoding="ascii") as f:
+            f.write("1")
+    except OSError:
+        return False
+    return True
+
+
+def remove_cgroup(path: str) -> None:
+    """Remove an emptied cgroup (best effort: it may still hold a process stuck in D)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
 # --------------------------------------------------------------------------- lock
 
 
@@ -954,6 +1132,7 @@ class FileLock:
         self.timeout = timeout
         self.busy = busy  # what it means that someone else holds it, and what to do
         self.fd: Optional[int] = None
+        self.unrecorded: Optional[str] = None  # what could not be written (full disk)
 
     def __enter__(self) -> FileLock:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -975,8 +1154,13 @@ class FileLock:
                             f" ({self.busy})")
             time.sleep(0.1)
         info = {"pid": os.getpid(), "op": self.op, "since": round(time.time(), 3)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except OSError as exc:
+            # A full disk must not stop a cleanup: the flock itself is held; only the note of
+            # who holds it (for a waiting agent's message) is lost.
+            self.unrecorded = f"the lock holder in {self.path} ({exc.strerror or exc})"
         self.fd = fd
         return self
 
@@ -1022,12 +1206,19 @@ class Stopper:
     waiting so they do not linger as zombies.
     """
 
-    def __init__(self, out: Emitter, popens: Optional[Dict[int, subprocess.Popen[bytes]]] = None):
+    def __init__(self, out: Emitter, popens: Optional[Dict[int, subprocess.Popen[bytes]]] = None,
+                 layout: Optional[Layout] = None):
         self.out = out
         self.popens = popens if popens is not None else {}
+        self.layout = layout  # where descendants seen are recorded (None: kept in memory)
+        # run id -> {(pid, start ticks): process name}: every process proven ours so far,
+        # so one that later leaves its parent, group and session is still known.
+        self.seen: Dict[str, Dict[Tuple[int, int], str]] = {}
         self.protected = own_lineage()
         self.boot = boot_id()
         self.marker_cache: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str]]] = {}
+        # What a stop could not write (a full disk must never keep it from killing).
+        self.unrecorded: List[str] = []
         own_pgid = os.getpgid(0)
         self.protected_groups = {own_pgid}
         for pid in self.protected:
@@ -1075,13 +1266,20 @@ class Stopper:
         return "alive" if st.live() else "gone"
 
     def members(self, run_id: str, rec: JSONDict, leader: str) -> Set[int]:
-        """Live processes of this record other than its leader, by the ownership rules."""
+        """Live processes of this record other than its leader, by the ownership rules.
+
+        Ours: in the leader's group or session (started after it), carrying its markers, in
+        its cgroup, a child of a process already proven ours (a setsid child that cleared
+        its environment), or seen as ours before with the same pid and start time. What is
+        found is recorded, so it stays ours after its parent is gone."""
         pid = rec["pid"]
         ticks = rec["start_ticks"]
         same_boot = not rec.get("boot_id") or rec.get("boot_id") == self.boot
+        procs = {st.pid: st for st in scan_procs()
+                 if st.pid not in self.protected and st.live()}
         out: Set[int] = set()
-        for st in scan_procs():
-            if st.pid == pid or st.pid in self.protected or not st.live():
+        for st in procs.values():
+            if st.pid == pid:
                 continue
             if (
                 same_boot
@@ -1094,7 +1292,73 @@ class Stopper:
             run, name = self.markers(st)
             if run == run_id and name == rec["name"]:
                 out.add(st.pid)
+        cgroup = record_cgroup(run_id, rec) if same_boot else None
+        if cgroup is not None:
+            out |= {p for p in cgroup_pids(cgroup) if p in procs and p != pid}
+        seen = self.seen_of(run_id)
+        out |= {p for (p, t), name in seen.items()
+                if name == rec["name"] and p in procs and procs[p].start_ticks == t}
+        roots = set(out) | ({pid} if leader == "alive" else set())
+        out |= self.descendants(roots, procs) - {pid}
+        self.remember(run_id, rec["name"], {procs[p] for p in out if p in procs})
         return out
+
+    @staticmethod
+    def descendants(roots: Set[int], procs: Dict[int, ProcStat]) -> Set[int]:
+        """Every live process whose parent chain reaches one of ``roots`` (proven ours)."""
+        children: Dict[int, List[int]] = {}
+        for st in procs.values():
+            children.setdefault(st.ppid, []).append(st.pid)
+        found: Set[int] = set()
+        todo = list(roots)
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in found and child not in roots:
+                    found.add(child)
+                    todo.append(child)
+        return found
+
+    def seen_path(self, run_id: str) -> Optional[str]:
+        """runs/<id>/descendants.json, when this stopper knows the workdir."""
+        if self.layout is None:
+            return None
+        return os.path.join(self.layout.run_dir(run_id), DESCENDANTS_FILE)
+
+    def seen_of(self, run_id: str) -> Dict[Tuple[int, int], str]:
+        """The processes of a run seen as ours before (this boot), loaded once per run."""
+        if run_id not in self.seen:
+            table: Dict[Tuple[int, int], str] = {}
+            path = self.seen_path(run_id)
+            data: Any = None
+            if path is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    data = read_json(path)
+            if isinstance(data, dict) and data.get("boot_id") == self.boot:
+                for item in data.get("processes") or []:
+                    if (isinstance(item, dict) and isinstance(item.get("pid"), int)
+                            and isinstance(item.get("start_ticks"), int)
+                            and isinstance(item.get("process"), str)):
+                        table[(item["pid"], item["start_ticks"])] = item["process"]
+            self.seen[run_id] = table
+        return self.seen[run_id]
+
+    def remember(self, run_id: str, name: str, found: Set[ProcStat]) -> None:
+        """Record processes proven ours by pid and start time (best effort on disk)."""
+        table = self.seen_of(run_id)
+        new = {(st.pid, st.start_ticks) for st in found} - set(table)
+        if not new:
+            return
+        for key in new:
+            table[key] = name
+        path = self.seen_path(run_id)
+        if path is None or not os.path.isdir(os.path.dirname(path)):
+            return
+        items = [{"pid": p, "start_ticks": t, "process": n} for (p, t), n in sorted(table.items())]
+        try:
+            write_json_atomic(path, {"boot_id": self.boot, "processes": items})
+        except OSError as exc:
+            self.unrecorded.append(f"the processes seen of run {run_id} in {path} "
+                                   f"({exc.strerror or exc})")
 
     def marked(self, run_id: str) -> Set[int]:
         """Every live process carrying OUTRIG_RUN=run_id (not the agent or its ancestors)."""
@@ -1122,6 +1386,9 @@ class Stopper:
         if leader == "reused":
             return self._stopped(run_id, rec["name"], "reused", t0, 0)
         killed_leader = False
+        # Known before the leader is signalled: a child that left its session is reparented
+        # when its parent exits, and is then found only because it was seen here.
+        self.members(run_id, rec, leader)
         if leader == "alive" and rec.get("stop_children_first"):
             self.stop_children_first(run_id, rec, grace, t0)
         if leader == "alive":
@@ -1147,6 +1414,7 @@ class Stopper:
                 killed_leader = True
                 rest = self.members(run_id, rec, "alive")  # counted before killpg hides them
                 stragglers |= rest
+                self.kill_cgroup(run_id, rec)
                 self.killpg(pid, signal.SIGKILL)
                 self.kill(pid, signal.SIGKILL)
                 for other in rest:
@@ -1168,6 +1436,7 @@ class Stopper:
                 )
                 break
             how = "kill"
+            self.kill_cgroup(run_id, rec)
             if state == "alive":
                 killed_leader = True
                 self.killpg(pid, signal.SIGKILL)
@@ -1178,7 +1447,16 @@ class Stopper:
             time.sleep(POLL_S)
         if killed_leader:
             self._note_killed(rec)
+        cgroup = record_cgroup(run_id, rec)
+        if cgroup is not None and not cgroup_pids(cgroup):
+            remove_cgroup(cgroup)
         return self._stopped(run_id, rec["name"], how, t0, len(stragglers))
+
+    def kill_cgroup(self, run_id: str, rec: JSONDict) -> None:
+        """SIGKILL the record's whole cgroup at once, unless the agent itself is in it."""
+        cgroup = record_cgroup(run_id, rec)
+        if cgroup is not None and not (cgroup_pids(cgroup) & self.protected):
+            cgroup_kill(cgroup)
 
     def launched_children(self, rec: JSONDict) -> List[int]:
         """The children of the wrapper's child: with torchrun as the command, its ranks.
@@ -1237,10 +1515,12 @@ class Stopper:
         """The wrapper was SIGKILLed so it wrote no exit file: write one saying so."""
         path = rec.get("exit_file")
         if isinstance(path, str) and not os.path.exists(path):
-            with contextlib.suppress(OSError):
+            try:
                 write_json_atomic(
                     path, {"code": None, "signal": 9, "ended": time.time(), "by": "outrig"}
                 )
+            except OSError as exc:
+                self.unrecorded.append(f"the exit file {path} ({exc.strerror or exc})")
 
     def _stopped(self, run_id: str, name: str, how: str, t0: float, stragglers: int) -> JSONDict:
         """Emit ``stopped`` and return the per-process cleanup record."""
@@ -1285,14 +1565,41 @@ class Stopper:
     def stop_run(
         self, run_id: str, records: Optional[List[JSONDict]], sweep_grace: float
     ) -> List[JSONDict]:
-        """Stop a run's records in reverse start order, then sweep its marker."""
+        """Stop a run's records in reverse start order, then sweep its marker and cgroups."""
         results: List[JSONDict] = []
         for rec in reversed(records or []):
             results.append(self.stop_record(run_id, rec))
         swept = self.sweep(run_id, sweep_grace)
         if swept is not None:
             results.append(swept)
+        swept = self.sweep_cgroups(run_id)
+        if swept is not None:
+            results.append(swept)
         return results
+
+    def sweep_cgroups(self, run_id: str) -> Optional[JSONDict]:
+        """Kill what is left in the run's cgroups (a record was reused or unreadable) and
+        remove them; None when they were all empty."""
+        t0 = time.monotonic()
+        killed: Set[int] = set()
+        for path in run_cgroups(run_id):
+            pids = cgroup_pids(path) - self.protected
+            if pids and not (cgroup_pids(path) & self.protected):
+                killed |= pids
+                if not cgroup_kill(path):
+                    for pid in pids:
+                        self.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + KILL_WAIT_S
+                while cgroup_pids(path) and time.monotonic() < deadline:
+                    self.reap()
+                    time.sleep(POLL_S)
+                if cgroup_pids(path):
+                    self.out.warning(f"run {run_id}: pids {sorted(cgroup_pids(path))} in "
+                                     f"{path} survived SIGKILL")
+            remove_cgroup(path)
+        if not killed:
+            return None
+        return self._stopped(run_id, CGROUP_SWEEP_NAME, "kill", t0, len(killed))
 
 
 def valid_record(rec: Any) -> bool:
@@ -1354,6 +1661,8 @@ def stop_run_by_id(
             write_json_atomic(layout.run_json(run_id), run)
         except OSError as exc:
             out.warning(f"run {run_id}: cannot update run.json: {exc}")
+            stopper.unrecorded.append(
+                f"run {run_id} stopped in {layout.run_json(run_id)} ({exc.strerror or exc})")
     clear_pointers(layout, run_id)
     return {"run_id": run_id, "processes": results}
 
@@ -1553,17 +1862,21 @@ class Deployment:
         """Every process exited 0 before it was ready: the run has nothing left running."""
         return bool(self.watches) and all(w.finished for w in self.watches.values())
 
-    def process_env(self, spec: ProcSpec) -> Dict[str, str]:
+    def process_env(self, spec: ProcSpec, cgroup: Optional[str] = None) -> Dict[str, str]:
         """Agent env + process env + secrets + the run markers (markers win)."""
         env = dict(os.environ)
         env.update(spec.env)
         env.update(self.secrets)
         env[MARKER_KEY] = self.run_id
         env[PROCESS_KEY] = spec.name
+        env.pop(CGROUP_KEY, None)
+        if cgroup is not None:
+            env[CGROUP_KEY] = os.path.join(cgroup, "cgroup.procs")
         return env
 
     def resolve_cwd(self, spec: ProcSpec) -> str:
-        """null → workdir; relative → under workdir; created if missing."""
+        """null → workdir; relative → under workdir (not through a symlink out of it);
+        created if missing."""
         cwd = self.layout.workdir
         if spec.cwd is not None:
             cwd = os.path.normpath(os.path.join(self.layout.workdir, spec.cwd))
@@ -1573,6 +1886,14 @@ class Deployment:
             raise AgentError(
                 "workdir", f"cannot create cwd {cwd} for {spec.name}: {exc.strerror}", spec.name
             ) from None
+        if spec.cwd is not None and not os.path.isabs(os.path.expanduser(spec.cwd)):
+            real = os.path.realpath(cwd)
+            root = os.path.realpath(self.layout.workdir)
+            if os.path.commonpath([real, root]) != root:
+                raise AgentError(
+                    "workdir", f"cwd {spec.cwd!r} of {spec.name} resolves to {real}, outside the "
+                    f"workdir {root} (a symlink on the box leads out of it). Remove the link or "
+                    "give that folder as an absolute cwd", spec.name)
         return cwd
 
     def launch(self, spec: ProcSpec) -> None:
@@ -1584,6 +1905,7 @@ class Deployment:
             quarantine_checkpoints(spec.checkpoints["path"], spec.checkpoints["scheduler"],
                                    self.out)
         self.out.step(f"launching {spec.name}")
+        cgroup = make_cgroup(self.run_id, spec.name)
         with open(log, "ab") as logf:
             offset = logf.seek(0, os.SEEK_END)
             popen = subprocess.Popen(
@@ -1592,7 +1914,7 @@ class Deployment:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
-                env=self.process_env(spec),
+                env=self.process_env(spec, cgroup),
                 close_fds=True,
                 start_new_session=True,
             )
@@ -1600,7 +1922,15 @@ class Deployment:
         # Not yet polled, so even a wrapper that already died is a zombie whose stat is readable.
         st = read_stat(popen.pid)
         if st is None:
-            raise RuntimeError(f"/proc/{popen.pid}/stat unreadable right after launch")
+            # Without its start time nothing could ever prove this process ours: stop it now,
+            # while it is our unreaped child (its pid and group cannot be reused yet).
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.kill()
+            popen.wait()
+            raise AgentError("proc", f"/proc/{popen.pid}/stat of {spec.name} was unreadable "
+                             "right after launch (/proc hidden?), so outrig cannot prove it "
+                             "its own; it was killed at once", spec.name)
         record: JSONDict = {
             "name": spec.name,
             "pid": popen.pid,
@@ -1614,6 +1944,7 @@ class Deployment:
             "secret_keys": sorted(self.secrets),
             "cwd": cwd,
             "gpus": list(spec.gpus),
+            "cgroup": cgroup,  # the wrapper joins it before starting the command
             "log": log,
             "exit_file": exit_file,
             "started_at": round(time.time(), 3),
@@ -1943,17 +2274,91 @@ def check_gpus_free(audit: JSONDict, needed: Set[int], previous: Optional[str],
 
 
 def write_files(layout: Layout, files: List[FileSpec], out: Emitter) -> None:
-    """Step 4: wrap.py and the request's files, each atomically (``workdir`` error naming it)."""
-    todo = [(layout.wrap, WRAP_SOURCE.encode("utf-8"), 0o644)]
-    todo += [(os.path.join(layout.workdir, f.path), f.data, f.mode) for f in files]
+    """Step 4: wrap.py and the request's files, each atomically (``workdir`` error naming it).
+
+    The request's files are written through folders opened one by one with O_NOFOLLOW under
+    the workdir, so a symlinked folder on the box can never carry a file out of it."""
+    for f in files:  # refuse every escape before writing anything
+        with contextlib.closing(WorkdirFolder(layout.workdir, f.path, create=False)):
+            pass
+    try:
+        write_atomic(layout.wrap, WRAP_SOURCE.encode("utf-8"), 0o644)
+    except OSError as exc:
+        raise AgentError("workdir", f"cannot write {layout.wrap}: {exc.strerror or exc}") from None
     if files:
         out.step(f"writing {len(files)} file{'s' if len(files) != 1 else ''}")
-    for path, data, mode in todo:
+    for f in files:
         try:
-            write_atomic(path, data, mode)
+            with contextlib.closing(WorkdirFolder(layout.workdir, f.path, create=True)) as folder:
+                folder.write(os.path.basename(f.path), f.data, f.mode)
         except OSError as exc:
-            text = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise AgentError("workdir", f"cannot write {path}: {text}") from None
+            path = os.path.join(layout.workdir, f.path)
+            raise AgentError("workdir", f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class WorkdirFolder:
+    """The folder of a relative file path under the workdir, opened component by component
+    without following symlinks (``workdir`` error naming the link when one is in the way)."""
+
+    def __init__(self, workdir: str, rel: str, create: bool) -> None:
+        self.fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self._descend(workdir, rel, create)
+        except BaseException:
+            self.close()
+            raise
+
+    def _descend(self, workdir: str, rel: str, create: bool) -> None:
+        """Open each folder of ``rel`` below the current one (made first when ``create``);
+        without ``create`` a missing folder ends the walk: nothing below it can escape."""
+        parts = [p for p in os.path.dirname(rel).split(os.sep) if p]
+        for i, part in enumerate(parts):
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=self.fd)
+            try:
+                fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
+            except FileNotFoundError:
+                if create:
+                    raise
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                where = os.path.join(workdir, *parts[: i + 1])
+                raise AgentError(
+                    "workdir", f"files: {rel}: {where} is a symlink or not a folder on the box; "
+                    "outrig writes files only inside the workdir, never through a link. Remove "
+                    "it on the box or choose another path") from None
+            os.close(self.fd)
+            self.fd = fd
+
+    def write(self, name: str, data: bytes, mode: int) -> None:
+        """Write ``name`` in this folder atomically (tmp file + fsync + rename, no follow)."""
+        tmp = f".{name}.tmp.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600,
+                     dir_fd=self.fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+        os.close(fd)
+        os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        with contextlib.suppress(OSError):
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        """Release the folder's descriptor."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def op_deploy(req: Request, out: Emitter) -> JSONDict:
@@ -1981,6 +2386,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     layout = Layout(req.workdir)
     if os.path.lexists(layout.run_dir(run_id)):
         raise bad_request(f"run_id: {run_id} already exists in {layout.runs}")
+    require_proc("started nothing (it could not stop what it starts)")
     ensure_workdir(layout)
     needs_gpus = any(p.gpus for p in procs)
     facts_box: List[JSONDict] = []
@@ -2003,12 +2409,12 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
         if needed and facts["gpus"]:
             # Refuse *before* stopping or writing anything when a GPU we need is held by
             # anything but the run this deploy replaces.
-            before = gpu_audit(layout, Stopper(out))
+            before = gpu_audit(layout, Stopper(out, layout=layout))
             check_gpus_free(before, needed, previous, host_label)
         write_files(layout, files, out)
         if previous is not None:
             out.step(f"stopping previous run {previous}")
-            stopper = Stopper(out)
+            stopper = Stopper(out, layout=layout)
             stop_run_by_id(layout, previous, stopper, out, None)
             if before is not None:
                 release = wait_gpus_released(layout, stopper, out, {previous}, before,
@@ -2042,7 +2448,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
         except BaseException as exc:
             error = exc if isinstance(exc, AgentError) else internal_error(exc)
             out.step(f"deploy failed ({error.kind}); stopping what was launched")
-            stopper = Stopper(out, deployment.popens)
+            stopper = Stopper(out, deployment.popens, layout)
             launched = [r for r in run["processes"] if valid_record(r)]
             graces = [float(r["stop_grace"]) for r in launched] or [DEFAULT_STOP_GRACE]
             stopper.stop_run(run_id, launched, max(graces))
@@ -2401,8 +2807,9 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
     if run_id is None and playbook is None and not everything and not force:
         raise bad_request("cleanup: give run_id, playbook, all: true or force_foreign")
     layout = Layout(req.workdir)
-    ensure_workdir(layout)
-    stopper = Stopper(out)
+    require_proc("cleanup stopped nothing (what was launched may still be running)")
+    stopper = Stopper(out, layout=None if dry_run else layout)  # a dry run records nothing
+    workdir_for_cleanup(layout, stopper)
     before = gpu_audit(layout, stopper)
     if run_id is not None:
         targets = [run_id]
@@ -2418,7 +2825,7 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
     if dry_run:
         return {"dry_run": True, "runs": [would_stop(layout, rid, stopper) for rid in targets],
                 "force_foreign": [describe_pid(p) for p in force], "gpus_before": before}
-    with WorkdirLock(layout, "cleanup", lock_timeout):
+    with cleanup_lock(layout, lock_timeout, stopper):
         runs = []
         for rid in targets:
             out.step(f"stopping run {rid}")
@@ -2428,8 +2835,98 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
         out.step("checking that the GPUs are released")
     release = wait_gpus_released(layout, stopper, out, set(targets), before, gpu_timeout,
                                  extra_pids=set(force))
+    unproven = unproven_holders(layout, targets, release["audit"], stopper)
+    host_label = get_opt_str(raw, "host_label", "") or "HOST"
+    if unproven:
+        verdict = release["verdict"]
+        verdict["released"] = False
+        verdict["unproven"] = unproven
+        verdict["message"] = (
+            (str(verdict["message"]) + " " if verdict.get("message") else "")
+            + f"{len(unproven)} process(es) started while the run was up hold its GPUs, and "
+            "outrig cannot prove whether they are its own (no group, session, cgroup, marker "
+            "or parent of the run leads to them), so they were left running: "
+            + "; ".join(holder_line(h) for h in unproven)
+            + f". If they are the run's, stop them with: inv cleanup --host {host_label} "
+            "--force-foreign "
+            + " ".join(str(h["pid"]) for h in unproven))
+    if stopper.unrecorded:
+        out.warning("stopped, but could not record: " + "; ".join(stopper.unrecorded))
     return {"runs": runs, "forced": forced, "gpus_before": before,
-            "gpus_after": release["audit"], "gpu": release["verdict"]}
+            "gpus_after": release["audit"], "gpu": release["verdict"],
+            "not_recorded": list(stopper.unrecorded)}
+
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def workdir_for_cleanup(layout: Layout, stopper: Stopper) -> None:
+    """Like ensure_workdir, but a full (or read-only) workdir does not stop a cleanup.
+
+    The job that filled the disk is exactly what the user needs to stop; everything cleanup
+    writes (run.json status, exit files, the lock note) is bookkeeping it can do without."""
+    exc = workdir_error(layout)
+    if exc is None:
+        return
+    if exc.errno not in FULL_DISK_ERRNOS or not os.path.isdir(layout.workdir):
+        ensure_workdir(layout)  # raises the usual ``workdir`` error
+        return
+    stopper.out.warning(f"{layout.workdir} is not writable ({exc.strerror}): stopping anyway;"
+                        " what cleanup records there may be lost")
+
+
+@contextlib.contextmanager
+def cleanup_lock(layout: Layout, timeout: float, stopper: Stopper) -> Iterator[None]:
+    """The workdir lock for cleanup; a lock file that cannot be created (full disk) is noted
+    and the stop goes on unlocked (a deploy cannot write there either)."""
+    lock = WorkdirLock(layout, "cleanup", timeout)
+    try:
+        lock.__enter__()
+    except OSError as exc:
+        if exc.errno not in FULL_DISK_ERRNOS:
+            raise
+        stopper.unrecorded.append(f"the workdir lock {layout.lock} ({exc.strerror or exc}): "
+                                  "stopped without holding it")
+        yield
+        return
+    try:
+        if lock.unrecorded:
+            stopper.unrecorded.append(lock.unrecorded)
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def unproven_holders(layout: Layout, run_ids: List[str], audit: JSONDict,
+                     stopper: Stopper) -> List[JSONDict]:
+    """GPU holders that may be the stopped runs' but cannot be proven so.
+
+    A process holding one of a run's GPUs, started after the run's first process (same boot),
+    owned by no run: a child that cleared its markers and left the session, whose parent is
+    gone. It is not killed (it cannot be proven ours), but cleanup must not call this done."""
+    gpus: Set[int] = set()
+    first: Optional[int] = None
+    for run_id in run_ids:
+        run: Any = None
+        with contextlib.suppress(OSError, ValueError):
+            run = read_json(layout.run_json(run_id))
+        records = run.get("processes") if isinstance(run, dict) else None
+        for rec in records if isinstance(records, list) else []:
+            if not valid_record(rec) or rec.get("boot_id") not in (None, stopper.boot):
+                continue
+            first = rec["start_ticks"] if first is None else min(first, rec["start_ticks"])
+            gpus |= {g for g in rec.get("gpus") or [] if isinstance(g, int)}
+    if first is None or not gpus:
+        return []
+    out: List[JSONDict] = []
+    for h in audit.get("holders") or []:
+        if h.get("owner") is not None or h["pid"] in stopper.protected:
+            continue
+        on = {h["gpu_index"]} if h.get("gpu_index") is not None else set(h.get("devices") or [])
+        st = read_stat(h["pid"])
+        if on & gpus and st is not None and st.live() and st.start_ticks >= first:
+            out.append(h)
+    return out
 
 
 def would_stop(layout: Layout, run_id: str, stopper: Stopper) -> JSONDict:
@@ -2570,11 +3067,12 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
     markers = get_str_list(raw, "markers", "")
     want_gpus = get_bool(raw, "gpu_holders", "", False)
     layout = Layout(req.workdir)
+    require_proc("cannot tell which of its processes run")
     if run_id is not None or playbook is not None:
         targets = [(playbook, resolve_run(layout, playbook, run_id))]
     else:
         targets = [(pb, rid) for pb, rid in all_pointers(layout).items()]
-    stopper = Stopper(out)
+    stopper = Stopper(out, layout=layout)
     runs = []
     for pb, rid in targets:
         run = load_run(layout, rid, out)
@@ -2586,6 +3084,8 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
         procs = []
         hidden = run_secrets(run, stopper)
         for rec in run["processes"]:
+            if valid_record(rec) and stopper.leader_state(rec) == "alive":
+                stopper.members(rid, rec, "alive")  # recorded as seen, for a later cleanup
             if isinstance(rec, dict):
                 proc_state = process_state(rec, stopper, log_lines, hidden)
                 proc_state.update(status_extras(rec, proc_state, progress_bytes, markers,
@@ -2742,6 +3242,11 @@ def model_report(model: str) -> JSONDict:
             vocab = text.get("vocab_size")
         if isinstance(vocab, int) and not isinstance(vocab, bool):
             report["vocab_size"] = vocab
+        hidden = config.get("hidden_size")
+        if not isinstance(hidden, int) and isinstance(text, dict):
+            hidden = text.get("hidden_size")
+        if isinstance(hidden, int) and not isinstance(hidden, bool):
+            report["hidden_size"] = hidden
         if isinstance(layers, int) and not isinstance(layers, bool):
             report["num_hidden_layers"] = layers
         else:
@@ -4359,6 +4864,8 @@ def report_runs(req: Optional[Request], out: Emitter) -> None:
     whether they succeeded or not; the index never makes an op fail."""
     if req is None or req.op not in RUN_INDEX_OPS:
         return
+    if proc_problem() is not None:
+        return  # without /proc every run would look gone: no index rather than a false one
     layout = Layout(req.workdir)
     if not os.path.isdir(layout.runs):
         return
@@ -4373,8 +4880,18 @@ def report_runs(req: Optional[Request], out: Emitter) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def internal_error(exc: BaseException) -> AgentError:
-    """An unexpected exception as an ``internal`` error: the traceback's last line."""
+def internal_error(exc: BaseException, workdir: Optional[str] = None) -> AgentError:
+    """An unexpected exception as an ``internal`` error: the traceback's last line.
+
+    A full or read-only disk is not a bug: whatever op was writing (deploy's logs and run
+    records, a transfer, a lock) gets the same ``disk`` error naming the cause and the way
+    out, and cleanup is said to work on a full disk (it records what it can)."""
+    if isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS:
+        where = exc.filename or workdir or "the workdir"
+        return AgentError("disk", f"the box's disk is full or read-only writing {where} "
+                          f"({os.strerror(exc.errno)}). Free space there (df -h; old runs' "
+                          "logs and hidden-state files are the usual suspects); `inv cleanup` "
+                          "still stops running processes on a full disk")
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
     return AgentError("internal", last)
 
@@ -5002,8 +5519,10 @@ def main() -> None:
         report_runs(req, out)
         out.emit("result", ok=False, error=exc.to_json())
     except (Exception, KeyboardInterrupt) as exc:
-        traceback.print_exc(file=sys.stderr)
-        out.emit("result", ok=False, error=internal_error(exc).to_json())
+        error = internal_error(exc, req.workdir if req is not None else None)
+        if error.kind == "internal":
+            traceback.print_exc(file=sys.stderr)
+        out.emit("result", ok=False, error=error.to_json())
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbox
+from outrig.sandbox.fulldisk import FullDiskUnavailable, mount_small_fs
 from outrig.sandbox.nvidia_smi import load_inventory, make_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
 
@@ -220,3 +221,14 @@ def ssh_keygen() -> str:
         pytest.skip("ssh-keygen not installed (apt-get install -y openssh-client)")
     return path
 
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs mounted for this test (to be filled to ENOSPC with
+    :func:`outrig.sandbox.fulldisk.fill`); skipped, naming why, where mounting is not allowed."""
+    try:
+        with mount_small_fs(tmp_path / "smallfs", size_kib=1024) as path:
+            yield path
+    except FullDiskUnavailable as exc:
+        pytest.skip(f"no full-disk workdir on this machine: {exc}")

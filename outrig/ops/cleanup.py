@@ -16,7 +16,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from outrig.console import Reporter
+from outrig.console import Reporter, visible
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
 from outrig.ops.base import Project, host_session, playbook_name
@@ -96,7 +96,7 @@ def _gpu_table(title: str, audit: dict[str, Any], after: dict[str, Any] | None =
 def _holder(h: dict[str, Any]) -> str:
     owner = h.get("owner")
     whose = f"{owner['process']}@{owner['run_id']}" if owner else "FOREIGN"
-    title = h.get("comm") or "?"
+    title = visible(str(h.get("comm") or "?"))
     return f"pid {h['pid']} {title} ({h.get('user') or '?'}, {h.get('used_mib')} MiB, {whose})"
 
 
@@ -118,7 +118,8 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
                           str(proc.get("stragglers") or 0))
         out.print(table)
     for forced in result.get("forced") or []:
-        out.print(f"force-foreign pid {forced.get('pid')} ({escape(str(forced.get('cmdline')))}):"
+        out.print(f"force-foreign pid {forced.get('pid')} "
+                  f"({escape(visible(str(forced.get('cmdline'))))}):"
                   f" {HOW.get(str(forced.get('how')), forced.get('how'))}")
     before = result.get("gpus_before") or {}
     after = result.get("gpus_after") or {}
@@ -131,7 +132,8 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
         reporter.warn("processes outrig did not start hold GPUs (left alone):")
         for h in foreign:
             out.print(f"  pid {h['pid']} user {h.get('user')} GPU {h.get('gpu_index')} "
-                      f"{h.get('used_mib')} MiB: {escape(str(h.get('cmdline') or h.get('comm')))}")
+                      f"{h.get('used_mib')} MiB: "
+                      f"{escape(visible(str(h.get('cmdline') or h.get('comm'))))}")
         pids = " ".join(str(h["pid"]) for h in foreign)
         out.print(f"  to kill them anyway: inv cleanup --host HOST --force-foreign {pids}")
     verdict = result.get("gpu") or {}

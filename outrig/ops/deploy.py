@@ -99,7 +99,8 @@ def cached_models(journal: Journal, host: Host) -> dict[str, ModelFacts]:
         facts = ModelFacts.from_json(data, f"read on the box {when}, cached")
         out[model] = ModelFacts(model=model, num_hidden_layers=facts.num_hidden_layers,
                                 weight_bytes=facts.weight_bytes, path=facts.path,
-                                source=facts.source, vocab_size=facts.vocab_size)
+                                source=facts.source, vocab_size=facts.vocab_size,
+                                hidden_size=facts.hidden_size)
     return out
 
 

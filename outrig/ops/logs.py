@@ -38,7 +38,7 @@ from outrig.agent_client import (
     argv_command,
     raise_for_result,
 )
-from outrig.console import Reporter
+from outrig.console import Reporter, visible
 from outrig.errors import (
     ConfigError,
     ConnectError,
@@ -271,9 +271,10 @@ class LinePrinter:
                 out.append(json.dumps({"process": name, "line": line}) + "\n")
             elif self.colour:
                 code = self.colours.setdefault(name, COLOURS[len(self.colours) % len(COLOURS)])
-                out.append(f"\x1b[{code}m{name:<{self.width}}\x1b[0m | {clean_display(line)}\n")
+                out.append(f"\x1b[{code}m{name:<{self.width}}\x1b[0m | "
+                           f"{visible(clean_display(line))}\n")
             else:
-                out.append(f"{name:<{self.width}} | {clean_display(line)}\n")
+                out.append(f"{name:<{self.width}} | {visible(clean_display(line))}\n")
         if out:
             self.reporter.out.write("".join(out))
             self.reporter.out.flush()

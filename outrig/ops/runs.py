@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from outrig.console import Reporter
+from outrig.console import Reporter, visible
 from outrig.errors import ConfigError
 from outrig.journal import Journal
 from outrig.ops.base import Project, host_session, playbook_name
@@ -166,10 +166,10 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
             held = ",".join(str(i) for i in proc.get("gpus_held") or []) or "-"
             table.add_row(name, state, str(proc.get("pid") or "-"), _age(proc.get("uptime")),
                           "-" if ready is None else ("yes" if ready else "no"), held,
-                          escape(detail))
+                          escape(visible(detail)))
         out.print(table)
         for note in notes:
-            out.print(escape(note), highlight=False)
+            out.print(escape(visible(note)), highlight=False)
     gpus = result.get("gpus") or []
     if gpus:
         table = Table(title="GPUs", title_justify="left")
@@ -186,7 +186,8 @@ def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
             util = gpu.get("utilization_pct")
             table.add_row(str(gpu.get("index")), str(gpu.get("name")),
                           f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
-                          "-" if util is None else f"{util}%", escape("; ".join(who) or "free"))
+                          "-" if util is None else f"{util}%",
+                          escape(visible("; ".join(who) or "free")))
         out.print(table)
     elif result.get("gpu_error"):
         reporter.info(f"GPUs: {result['gpu_error']}")

@@ -141,6 +141,9 @@ class Stager:
     """Copies one folder at a time into a box or the local mirror, choosing the route."""
 
     def __init__(self, reporter: Reporter, journal: Journal, streams: int = 4) -> None:
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ConfigError(f"--streams {streams!r}: give a whole number of parallel streams "
+                              "of at least 1 (default 4). Nothing was sent.")
         self.reporter = reporter
         self.journal = journal
         self.streams = streams

@@ -40,6 +40,7 @@ class ModelFacts:
     path: str | None = None
     source: str = "unknown"
     vocab_size: int | None = None
+    hidden_size: int | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str) -> ModelFacts:
@@ -49,8 +50,10 @@ class ModelFacts:
         exists = data.get("exists")
         path = data.get("path")
         vocab = data.get("vocab_size")
+        hidden = data.get("hidden_size")
         return cls(
             vocab_size=vocab if isinstance(vocab, int) and vocab > 0 else None,
+            hidden_size=hidden if isinstance(hidden, int) and hidden > 0 else None,
             model=str(data.get("model", "")),
             exists=exists if isinstance(exists, bool) else None,
             num_hidden_layers=layers if isinstance(layers, int) and layers > 0 else None,

@@ -226,7 +226,7 @@ def model_facts(spec: DFlashSpec, known: Mapping[str, ModelFacts]) -> ModelFacts
             f"; {cached.source}" if cached.source != "unknown" else "")
     return ModelFacts(model=spec.model, exists=cached.exists, num_hidden_layers=layers,
                       weight_bytes=size, path=cached.path, source=source,
-                      vocab_size=cached.vocab_size)
+                      vocab_size=cached.vocab_size, hidden_size=cached.hidden_size)
 
 
 def models_to_probe(spec: DFlashSpec, known: Mapping[str, ModelFacts]) -> list[str]:
@@ -593,9 +593,20 @@ HUB_PRESETS = frozenset({"sharegpt", "ultrachat", "gsm8k", "magpie", "nemotron",
 # stack speculators PR #1013 validated.
 FUSED_LOSS_MIN_TORCH = (2, 13)
 DEFAULT_MAX_ANCHORS = 512  # speculators 0.9 code default (the examples pass 3072)
-# Bytes per draft-logit element at peak: bf16 logits plus the targets/softmax buffers of the
-# loss (reference: ~15 GB of logits and as much again at V=151,936, 3072 × 16 anchors).
+# The trainer's peak memory per rank, fitted to two runs on an H200 (docs/real-gpu.md,
+# tests/fixtures/h200-draft-memory/): a Qwen3.6-wide draft (hidden 5120, 5 layers) at
+# 3072 anchors × block 16 = 49,152 draft tokens, with
+#   - a 32k draft vocabulary: 111.1 GiB at its peak (nvidia-smi), two steps trained;
+#   - the full 248,300 vocabulary: out of memory in the draft's forward with 124.28 GiB
+#     allocated and one more bf16 copy of the logits (22.73 GiB) asked for: > 147 GiB,
+#     with the eager and the fused loss alike.
+# So the logits are not the whole story: the draft's activations for 49k tokens dominate.
+# Model: draft tokens × (hidden × draft layers × ACT_BYTES + vocabulary × LOGIT_BYTES);
+# it gives 111.3 GiB and 150.9 GiB for the two runs. (The earlier logits-only estimate,
+# 4 bytes per element, let the full-vocabulary run through on a 141 GiB GPU.)
+ACT_BYTES = 90.0
 LOGIT_BYTES = 4.0
+DEFAULT_DRAFT_LAYERS = 5  # speculators 0.9 DFlash default (the trainer logs num_layers=5)
 
 
 def is_hub_input(item: str) -> bool:
@@ -642,27 +653,44 @@ def _shutdown_timeout(trainer: TrainerSpec, env: EnvFacts | None, out: Expansion
 
 def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at: Where,
                      out: Expansion) -> None:
-    """The draft's logits: anchors × block × vocabulary elements, per rank."""
+    """The trainer's peak per rank: activations and logits of anchors × block draft tokens.
+
+    The activation term needs the verifier's hidden size (read on the box); without it only
+    the logits are estimated, and the note says so."""
     vocab = spec.draft_vocab_size or facts.vocab_size
     if vocab is None:
         return
-    anchors_text = argv_option(spec.trainer.extra_args, "--max-anchors")
+    extras = spec.trainer.extra_args
+    anchors_text = argv_option(extras, "--max-anchors")
     anchors = int(anchors_text) if anchors_text and anchors_text.isdigit() else \
         DEFAULT_MAX_ANCHORS
-    need = anchors * spec.block_size * vocab * LOGIT_BYTES / GIB
+    layers_text = argv_option(extras, "--num-layers")
+    layers = int(layers_text) if layers_text and layers_text.isdigit() else \
+        DEFAULT_DRAFT_LAYERS
+    tokens = anchors * spec.block_size
+    logits = tokens * vocab * LOGIT_BYTES / GIB
+    acts = tokens * facts.hidden_size * layers * ACT_BYTES / GIB if facts.hidden_size else 0.0
+    need = logits + acts
     which = (f"draft vocabulary {vocab}" if spec.draft_vocab_size
              else f"the verifier's whole vocabulary {vocab}")
-    text = (f"draft logits: {anchors} anchors × block {spec.block_size} × {which} ≈ "
-            f"{need:.1f} GiB per trainer GPU")
+    parts = (f"activations {acts:.1f} GiB (hidden {facts.hidden_size} × {layers} draft "
+             f"layers) + " if facts.hidden_size else "")
+    text = (f"draft: {anchors} anchors × block {spec.block_size} with {which} ≈ {need:.1f} "
+            f"GiB per trainer GPU ({parts}logits {logits:.1f} GiB)")
+    if not facts.hidden_size:
+        text += "; the hidden size is not known yet, so activations are not counted"
     if ctx.gpu_memory_mib is None:
         out.notes.append(text + " (GPU memory not known yet)")
         return
     total = ctx.gpu_memory_mib / 1024
     if need > 0.8 * total:
+        fixes = ["pass a smaller --max-anchors"]
+        if not spec.draft_vocab_size:
+            fixes.insert(0, "set dflash.draft_vocab_size: 32000 (what upstream DFlash "
+                            "examples use)")
         out.problems.append(
             f"{at(('dflash', 'trainer'))}: {text}, more than 80% of the {total:.0f} GiB GPU: "
-            "the trainer would run out of memory. Set dflash.draft_vocab_size: 32000 (what "
-            "upstream DFlash examples use) or pass a smaller --max-anchors")
+            f"the trainer would run out of memory. {' or '.join(fixes).capitalize()}")
     else:
         out.notes.append(text + f" of {total:.0f} GiB")
 

@@ -7,6 +7,7 @@ copies the checkpoint box to box and cleans A up."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -117,6 +118,14 @@ def kill_run(workdir: Path, run_id: str) -> None:
                     os.kill(int(entry), signal.SIGKILL)
             except OSError:
                 continue
+    for proc in run["processes"]:  # a dead node's cgroups go with it (a reboot clears them)
+        cgroup = proc.get("cgroup")
+        if cgroup:
+            deadline = time.monotonic() + 10
+            while Path(cgroup, "cgroup.procs").exists() and time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    os.rmdir(cgroup)  # refused while a killed process is still in it
+                time.sleep(0.05)
 
 
 def trainer_log(workdir: Path, run_id: str) -> str:

@@ -126,13 +126,15 @@ def _train_tokenizer(corpus: List[str], vocab_size: int) -> Any:
 
 
 def make_verifier(out: Path, *, seed: int = 0, config: Dict[str, Any] | None = None,
-                  tokenizer_vocab: int = 400, spare_vocab: int = 16) -> Path:
+                  tokenizer_vocab: int = 400, spare_vocab: int = 16,
+                  device: str = "cpu") -> Path:
     """Write a random Qwen3 model directory at ``out`` and return it.
 
     ``spare_vocab`` embedding rows are left beyond the tokenizer so speculators' DFlash
     mask-token resolution takes its "add <|MASK|> in an unused slot" branch
     (``train/utils.py::resolve_mask_token_id``), as with real Qwen3 (151,669 tokens in a
-    151,936-row embedding).
+    151,936-row embedding). ``device`` is where the random weights are drawn (``cuda``
+    makes a Qwen3.6-wide verifier in seconds instead of minutes); they are saved from the CPU.
     """
     import torch
     from safetensors.torch import save_file
@@ -161,9 +163,12 @@ def make_verifier(out: Path, *, seed: int = 0, config: Dict[str, Any] | None = N
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(out)),
-                                             dtype=torch.bfloat16)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(out)),
+                                                 dtype=torch.bfloat16)
+    state = {k: v.detach().to(torch.bfloat16).cpu().contiguous()
+             for k, v in model.state_dict().items()}
+    del model
     shard = "model-00001-of-00001.safetensors"
     save_file(state, str(out / shard), metadata={"format": "pt"})
     total = sum(v.numel() * v.element_size() for v in state.values())

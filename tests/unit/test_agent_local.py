@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
+from outrig.sandbox.fulldisk import fill, is_full
 from tests.helpers import free_port
 
 # Run ids unique to this test session: the agent's marker sweep is box-wide, so two test
@@ -87,13 +88,16 @@ class Box:
             if ev["event"] == "launched":
                 self.track(ev["pid"])
 
-    def agent(self, req: Dict[str, Any], timeout: float = 40.0) -> Tuple[List[Event], Event]:
-        """Run the agent with one request line; return (events before result, result)."""
+    def agent(self, req: Dict[str, Any], timeout: float = 40.0,
+              prefix: Optional[List[str]] = None) -> Tuple[List[Event], Event]:
+        """Run the agent with one request line; return (events before result, result).
+
+        ``prefix`` is an argv the agent's command is appended to (e.g. one hiding /proc)."""
         req.setdefault("v", 1)
         req.setdefault("workdir", str(self.workdir))
         req.setdefault("env", {})
         proc = subprocess.run(
-            [PY, str(AGENT)],
+            [*(prefix or []), PY, str(AGENT)],
             input=(json.dumps(req) + "\n").encode(),
             capture_output=True,
             timeout=timeout,
@@ -142,15 +146,6 @@ class Box:
             if st is not None and st[3] == ticks and st[0] not in ("Z", "X"):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Box]:
-    b = Box(tmp_path)
-    try:
-        yield b
-    finally:
-        b.teardown()
 
 
 def sleeper(name: str, **extra: Any) -> Dict[str, Any]:
@@ -492,6 +487,54 @@ def test_cleanup_without_a_run_is_ok_and_idempotent(box: Box) -> None:
     assert result["ok"] is True and result["runs"] == []
     _, result = box.agent({"op": "cleanup"})
     assert "run_id" in error_of(result, "bad_request")["message"]
+
+
+@pytest.fixture
+def full_box(small_fs: Path, tmp_path: Path) -> Iterator[Box]:
+    """A Box whose workdir is a small tmpfs (filled by the test), torn down before unmount."""
+    b = Box(tmp_path)
+    b.workdir = small_fs / "wd"
+    try:
+        yield b
+    finally:
+        b.teardown()
+
+
+def test_cleanup_stops_a_run_when_the_workdir_disk_is_full(full_box: Box) -> None:
+    box = full_box
+    # ready once it printed: a print into the full disk would kill it before cleanup could
+    _, result = box.deploy([sleeper("hog", ready={"log": "^up$"})])
+    assert result["ok"] is True, result
+    pid = result["processes"][0]["pid"]
+    fill(box.workdir.parent)
+    assert is_full(box.workdir)
+    assert alive(pid)
+    events, result = box.agent({"op": "cleanup", "playbook": "smoke", "stop_grace": 0.5})
+    assert result["ok"] is True, result
+    assert wait_until(lambda: not alive(pid))
+    (run,) = result["runs"]
+    assert [p["how"] for p in run["processes"]] == ["term"], events
+    # what could not be written is said, in the result and as a warning
+    assert any("run.json" in note for note in result["not_recorded"]), result["not_recorded"]
+    assert any(ev["event"] == "warning" and "could not record" in ev["msg"] for ev in events)
+    assert not (box.workdir / ".outrig" / "current" / "smoke").exists()
+
+
+def test_deploy_onto_a_full_disk_says_so_and_starts_nothing(full_box: Box) -> None:
+    """A disk that is full when deploy writes its run records: the ``disk`` error names the
+    cause and the way out, not an internal "OSError: [Errno 28]" that reads like a bug."""
+    box = full_box
+    _, first = box.deploy([sleeper("first", ready={"log": "^up$"})])
+    assert first["ok"] is True, first
+    box.agent({"op": "cleanup", "playbook": "smoke", "stop_grace": 0.5})
+    fill(box.workdir.parent)
+    assert is_full(box.workdir)
+    events, result = box.deploy([sleeper("second", ready={"log": "^up$"})], run_id=R2)
+    assert result["ok"] is False, result
+    error = result["error"]
+    assert error["kind"] == "disk", error
+    assert "full" in error["message"] and "Free space" in error["message"], error
+    assert not any(ev["event"] == "started" for ev in events), events
 
 
 # ---------------------------------------------------------------------------------- status, logs

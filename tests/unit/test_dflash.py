@@ -494,11 +494,53 @@ def test_draft_vocabulary_needs_token_frequencies_and_the_logits_must_fit(
     facts = HostFacts(gpu_count=4, gpu_memory_mib=49_152, source="test", models={
         MODEL: ModelFacts(model=MODEL, exists=True, vocab_size=248_320, source="box")})
     full = plan_for(tmp_path, base(trainer={"extra_args": ["--max-anchors", "3072"]}), facts)
-    problem = only_problem(full, "draft logits")
+    problem = only_problem(full, "draft: ")
     assert "248320" in problem and "draft_vocab_size: 32000" in problem
     fits = plan_for(tmp_path, base(draft_vocab_size=32000,
                                    trainer={"extra_args": ["--max-anchors", "3072"]}), facts)
     assert fits.ok, fits.problems
+
+
+def test_the_draft_fit_check_matches_the_h200_measurements(tmp_path: Path) -> None:
+    """The two measured runs (tests/fixtures/h200-draft-memory/), a Qwen3.6-wide draft at
+    3072 anchors × block 16 on a 143,771 MiB H200: the full vocabulary ran out of memory,
+    so the plan must be refused and estimate at least what the GPU held when it failed; a
+    32k draft vocabulary trained, so it must pass, estimated near its measured peak."""
+    import re
+
+    folder = REPO / "tests" / "fixtures" / "h200-draft-memory"
+    log = (folder / "full-eager-train.log").read_text()
+    oom = re.search(r"Tried to allocate ([0-9.]+) GiB.*?total capacity of ([0-9.]+) GiB.*?"
+                    r"([0-9.]+) GiB is allocated by PyTorch", log.replace("\n", " "))
+    assert oom is not None, "the fixture holds the real OutOfMemoryError"
+    asked, capacity, held = (float(g) for g in oom.groups())
+    assert capacity * 1024 < 143_771, "the H200's usable memory, as torch saw it"
+    verifier = json.loads((folder / "summary-fused.json").read_text())["verifier"]
+    vocab, hidden = verifier["vocab_size"], verifier["hidden_size"]
+    assert asked == pytest.approx(3072 * 16 * vocab * 2 / 2**30, abs=0.01)  # one bf16 copy
+    h200 = HostFacts(gpu_count=4, gpu_memory_mib=143_771, source="test", models={
+        MODEL: ModelFacts(model=MODEL, exists=True, vocab_size=vocab, hidden_size=hidden,
+                          source="box")})
+    anchors = {"extra_args": ["--max-anchors", "3072"]}
+
+    def estimate(text: str) -> float:
+        found = re.search(r"≈ ([0-9.]+) GiB", text)
+        assert found is not None, text
+        return float(found.group(1))
+
+    full = plan_for(tmp_path, base(trainer=anchors), h200)
+    assert estimate(only_problem(full, "draft: ")) >= held + asked
+    small = plan_for(tmp_path, base(trainer=anchors, draft_vocab_size=32000), h200)
+    assert small.ok, small.problems
+    note = next(n for n in small.notes if n.startswith("draft: "))
+    measured = json.loads((folder / "summary-draft32k.json").read_text())
+    assert measured["steps_logged"] >= 1 and not measured["oom"]
+    peak = measured["nvidia_smi_peak_mib"] / 1024
+    assert estimate(note) == pytest.approx(peak, rel=0.1), (note, peak)
+    # the same draft on 96 GB cards does not fit at 3072 anchors: say so before launch
+    card96 = HostFacts(gpu_count=8, gpu_memory_mib=97_871, source="test", models=h200.models)
+    refused = plan_for(tmp_path, base(trainer=anchors, draft_vocab_size=32000), card96)
+    assert "smaller --max-anchors" in only_problem(refused, "draft: ")
 
 
 def test_local_inputs_run_offline_and_hub_inputs_do_not(tmp_path: Path) -> None:

@@ -70,3 +70,10 @@ def test_host_file_bad_port(tmp_path: Path, home: Path) -> None:
     path.write_text("hostname: h\nworkdir: /w\nport: 99999\n")
     with pytest.raises(ConfigError, match="bad.yaml:3: port"):
         resolve_host(str(path), hosts_dir=HOSTS)
+
+
+@pytest.mark.parametrize("spec", ["user@h:abc", "h.example:22x", "root@[::1]:ssh"])
+def test_port_that_is_not_a_number_is_named(home: Path, spec: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_host(spec, hosts_dir=HOSTS)
+    assert "is not a number" in str(info.value) and "unknown host" not in str(info.value)

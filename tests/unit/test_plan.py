@@ -162,3 +162,26 @@ def test_plan_to_dict_is_json_serialisable(tmp_path: Path) -> None:
 def test_bad_ready_port_is_rejected(tmp_path: Path, port: str) -> None:
     plan = plan_for(tmp_path, f"processes:\n  a: {{command: echo, ready: {{port: '{port}'}}}}\n")
     assert any("is not a TCP port" in p for p in plan.problems)
+
+
+def test_cwd_leaving_the_workdir_is_a_plan_problem(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, """
+processes:
+  a: {command: "true", cwd: ../../etc}
+  b: {command: "true", cwd: sub/../../x}
+  c: {command: "true", cwd: sub/../ok}
+""")
+    assert not plan.ok
+    assert len(plan.problems) == 2, plan.problems
+    assert all("leaves the workdir" in p for p in plan.problems)
+    assert "processes.a.cwd" in plan.problems[0] and "'../../etc'" in plan.problems[0]
+
+
+def test_templated_ready_url_without_scheme_is_a_plan_problem(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, """
+params: {url: "127.0.0.1:8000/health"}
+processes:
+  a: {command: "true", ready: {http: "${url}"}}
+""")
+    assert not plan.ok
+    assert any("processes.a.ready.http" in p and "has no scheme" in p for p in plan.problems)

@@ -112,3 +112,46 @@ def test_deep_merge_merges_mappings_and_replaces_lists() -> None:
     merged = deep_merge(base, {"a": {"c": [3]}, "e": 2})
     assert merged == {"a": {"b": 1, "c": [3]}, "d": 1, "e": 2}
     assert base["a"]["c"] == [1, 2]
+
+
+def test_duplicate_process_key_names_file_line_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo one\n  b:\n    command: x\n"
+                           "  a:\n    command: echo two\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    text = str(info.value)
+    assert "p.yaml:6: processes.a is given twice" in text and "first at line 2" in text
+
+
+def test_duplicate_key_in_any_mapping_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo\n    env:\n      X: '1'\n"
+                           "      X: '2'\n")
+    with pytest.raises(ConfigError, match=r"p.yaml:6: processes.a.env.X is given twice"):
+        load_job(path)
+
+
+@pytest.mark.parametrize(("text", "key", "fix"), [
+    ("name: ../evil\nprocesses:\n  a: {command: echo}\n", "p.yaml:1: name",
+     "letters, digits, '.', '_' and '-'"),
+    ("processes:\n  a:\n    command: echo\n    env: {A=B: x}\n", "p.yaml:4: processes.a.env",
+     "'A=B' is not an environment variable name"),
+    ("processes:\n  a:\n    command: echo\n    ready: {http: '127.0.0.1:8000/health'}\n",
+     "p.yaml:4: processes.a.ready.http", "e.g. 'http://127.0.0.1:8000/health'"),
+])
+def test_values_the_box_would_refuse_are_refused_at_plan_time(
+        tmp_path: Path, text: str, key: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_job(write(tmp_path, text))
+    assert key in str(info.value) and fix in str(info.value), str(info.value)
+
+
+def test_templated_ready_url_is_left_to_the_planner(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, "params: {url: 'http://127.0.0.1:1/'}\nprocesses:\n"
+                                   "  a: {command: echo, ready: {http: '${url}'}}\n"))
+    assert job.spec.processes["a"].ready is not None
+
+
+def test_file_stem_that_cannot_name_a_playbook_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a: {command: echo}\n", name="my job.yaml")
+    with pytest.raises(ConfigError, match="add name:"):
+        load_job(path)

@@ -5,8 +5,10 @@ produced by the real ``rich.logging.RichHandler``."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -151,7 +153,10 @@ REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures"
 
 @pytest.mark.parametrize("log", [
     "h200-real-trainer/trainer-run1.log", "h200-real-trainer/trainer-run2.log",
-    "speculators-cpu/train-resume-mid-epoch.log"])
+    "speculators-cpu/train-resume-mid-epoch.log",
+    "h200x2-rehearsal/stop-during-save/cpu-box-rehearsal-trainer-run1.log",
+    "h200x2-rehearsal/migrate/cpu-box-movable-trainer.log",
+    "h200x2-rehearsal/migrate/new-box-movable-trainer.log"])
 def test_progress_parses_logs_of_the_real_trainer(log: str) -> None:
     """Logs written by speculators 0.9 itself (rich, COLUMNS=300, wrapped metric lines)."""
     text = (REAL_LOGS / log).read_text()
@@ -166,3 +171,23 @@ def test_the_real_h200_resume_continues_the_step_count() -> None:
     second = parse_progress((REAL_LOGS / "h200-real-trainer/trainer-run2.log").read_text())
     assert first is not None and second is not None
     assert first.step is not None and second.step is not None and second.step > first.step
+
+
+def test_the_real_h200_migrate_resumes_where_the_old_box_stopped() -> None:
+    """Migrate between two boxes on an H200 pair: the new box's trainer continues from the
+    step of the checkpoint copied from the old one (h200x2-rehearsal/migrate/)."""
+    folder = REAL_LOGS / "h200x2-rehearsal" / "migrate"
+    old = (folder / "cpu-box-movable-trainer.log").read_text()
+    new = (folder / "new-box-movable-trainer.log").read_text()
+    resumed = re.search(r"Resuming mid-epoch from epoch=0 local_step=(\d+)", new)
+    assert resumed is not None
+    listing = (folder / "checkpoints.txt").read_text()
+    old_box = listing.split("== new-box")[0]
+    moved = re.search(r"^0/training_state.json\n  (\{.*\})$", old_box, re.M)
+    assert moved is not None
+    assert json.loads(moved.group(1))["local_step"] == int(resumed.group(1))
+    assert "Received SIGTERM" in old and "Interrupt checkpoint saved" in old
+    progress = parse_progress(new)
+    assert progress is not None and progress.step is not None
+    assert progress.step > int(resumed.group(1))
+    assert "Starting fresh training run" not in new

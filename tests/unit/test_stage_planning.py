@@ -140,3 +140,15 @@ def test_stage_item_paths_are_rendered_and_checked(tmp_path: Path) -> None:
                     "stage: {ckpt: {path: '${nope}/ckpt'}}\n")
     with pytest.raises(ConfigError, match="is not defined"):
         stage_items(load_job(book), host)
+
+
+@pytest.mark.parametrize("streams", [0, -1])
+def test_streams_below_one_are_refused_before_connecting(tmp_path: Path, streams: int) -> None:
+    from outrig.console import Reporter
+    from outrig.ops.base import Project
+    from outrig.ops.stage import stage
+
+    # the host is not reachable: an attempt to connect would fail differently
+    with pytest.raises(ConfigError, match=f"--streams {streams}: .* at least 1"):
+        stage(Project(tmp_path), "user@192.0.2.1:22", "nothing", Reporter(quiet=True),
+              streams=streams)

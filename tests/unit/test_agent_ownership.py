@@ -1,0 +1,228 @@
+"""Cleanup never reports success while a process of ours lives (remote/agent.py, run locally).
+
+A child that clears the OUTRIG_* markers and calls setsid is in no group, session or marker of
+its run. It is still ours when it is in the run's cgroup, when its parent chain leads to the
+run, or when it was seen as ours before (pid + start time); a holder of the run's GPU that
+none of these proves is reported and cleanup is not "done". With /proc hidden from the agent,
+nothing is started and cleanup says it could prove nothing.
+
+GPUs are the sandbox's fake nvidia-smi (outrig/sandbox/nvidia_smi.py): a process "holds" a
+GPU while its holder file names its live pid and start time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from outrig.sandbox import nvidia_smi
+from tests.helpers import marked
+from tests.unit.test_agent_local import AGENT, PY, R1, Box, alive, stat_fields, wait_until
+
+# The run's process: starts a child that drops every OUTRIG_* variable and leaves the session
+# (setsid), and that child holds GPU 1. The parent exits when parent.exit appears (or on
+# SIGTERM), leaving the child reparented to init.
+ESCAPE = r"""
+import json, os, subprocess, sys, time
+gpu_dir = os.environ["OUTRIG_FAKE_GPU_DIR"]
+child = r'''
+import json, os, sys, time
+ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+holders = os.path.join(sys.argv[1], "holders")
+os.makedirs(holders, exist_ok=True)
+rec = {"pid": os.getpid(), "gpu": 1, "mib": 4096, "start_ticks": ticks}
+with open(os.path.join(holders, ".tmp%d" % os.getpid()), "w") as f:
+    f.write(json.dumps(rec))
+os.replace(os.path.join(holders, ".tmp%d" % os.getpid()),
+           os.path.join(holders, "%d.json" % os.getpid()))
+open("child.pid", "w").write(str(os.getpid()))
+time.sleep(120)
+'''
+env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
+kid = subprocess.Popen([sys.executable, "-c", child, gpu_dir], env=env, start_new_session=True)
+while not os.path.exists("child.pid"):
+    time.sleep(0.02)
+open("parent.pid", "w").write(str(os.getpid()))
+print("up", flush=True)
+while not os.path.exists("parent.exit"):
+    time.sleep(0.05)
+"""
+
+HIDE_PROC = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs tmpfs /proc && exec "$@"', "sh"]
+
+
+@pytest.fixture
+def gpu_env(tmp_path: Path) -> Dict[str, str]:
+    """Request env putting the sandbox's fake nvidia-smi (2 GPUs) on the agent's PATH."""
+    gpu_dir = tmp_path / "fakegpu"
+    nvidia_smi.write_inventory(gpu_dir, nvidia_smi.make_inventory(2, 81559, "NVIDIA H100"))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\n{Path(nvidia_smi.__file__).read_text()}")
+    smi.chmod(0o755)
+    return {"PATH": f"{bindir}:$PATH", nvidia_smi.STATE_ENV: str(gpu_dir)}
+
+
+def deploy_escaper(box: Box, env: Dict[str, str]) -> Dict[str, Any]:
+    """Deploy ESCAPE on GPU 1; return the result, with the escaped child tracked."""
+    _, result = box.deploy([{"name": "job", "argv": [PY, "-c", ESCAPE], "gpus": [1],
+                             "ready": {"log": "^up$", "timeout": 30}, "stop_grace": 1}],
+                           env=env)
+    assert result["ok"] is True, result
+    box.track(child_pid(box))
+    box.track(int((box.workdir / "parent.pid").read_text()))
+    st = stat_fields(child_pid(box))
+    assert st is not None and st[2] == child_pid(box)  # really in a session of its own
+    return result
+
+
+def child_pid(box: Box) -> int:
+    return int((box.workdir / "child.pid").read_text())
+
+
+def orphan_the_child(box: Box) -> None:
+    """Let the parent exit, and wait until the child has lost it (reparented)."""
+    parent = int((box.workdir / "parent.pid").read_text())
+    (box.workdir / "parent.exit").touch()
+    assert wait_until(lambda: not alive(parent), timeout=20)
+    assert alive(child_pid(box))
+
+
+def no_cgroups(env: Dict[str, str]) -> Dict[str, str]:
+    return {**env, "OUTRIG_CGROUPS": "0"}
+
+
+def test_setsid_child_without_markers_is_stopped_through_its_parent(
+        box: Box, gpu_env: Dict[str, str]) -> None:
+    env = no_cgroups(gpu_env)
+    deploy_escaper(box, env)
+    _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
+    assert result["ok"] is True, result
+    assert wait_until(lambda: not alive(child_pid(box)))
+    assert result["gpu"]["released"] is True, result["gpu"]
+
+
+def test_setsid_child_seen_by_status_is_stopped_after_its_parent_exited(
+        box: Box, gpu_env: Dict[str, str]) -> None:
+    env = no_cgroups(gpu_env)
+    deploy_escaper(box, env)
+    _, status = box.agent({"op": "status", "playbook": "smoke", "env": env})
+    assert status["ok"] is True, status
+    seen = json.loads((box.workdir / "runs" / R1 / "descendants.json").read_text())
+    assert child_pid(box) in [p["pid"] for p in seen["processes"]]
+    orphan_the_child(box)
+    _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
+    assert result["ok"] is True, result
+    assert wait_until(lambda: not alive(child_pid(box)))
+    assert result["gpu"]["released"] is True, result["gpu"]
+
+
+def test_unprovable_holder_of_the_runs_gpu_is_reported_not_called_done(
+        box: Box, gpu_env: Dict[str, str]) -> None:
+    env = no_cgroups(gpu_env)
+    deploy_escaper(box, env)
+    orphan_the_child(box)  # never seen by status: nothing proves it ours any more
+    _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
+    assert result["ok"] is True, result
+    verdict = result["gpu"]
+    assert verdict["released"] is False
+    assert [h["pid"] for h in verdict["unproven"]] == [child_pid(box)]
+    assert f"--force-foreign {child_pid(box)}" in verdict["message"]
+    assert alive(child_pid(box))  # not proven ours: not killed
+
+
+def test_setsid_child_in_the_runs_cgroup_is_stopped(box: Box, gpu_env: Dict[str, str]) -> None:
+    result = deploy_escaper(box, gpu_env)
+    run = box.run_json()
+    cgroup = run["processes"][0]["cgroup"]
+    if cgroup is None:
+        pytest.skip("this machine does not let the agent create a cgroup v2 folder")
+    assert child_pid(box) in [int(x) for x in Path(cgroup, "cgroup.procs").read_text().split()]
+    orphan_the_child(box)
+    _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": gpu_env})
+    assert result["ok"] is True, result
+    assert wait_until(lambda: not alive(child_pid(box)))
+    assert result["gpu"]["released"] is True, result["gpu"]
+    assert not Path(cgroup).exists()
+
+
+def hide_proc_prefix() -> List[str]:
+    """The argv prefix that runs the agent with an empty /proc, or skip naming why."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare(1) is not installed: cannot hide /proc from the agent")
+    probe = subprocess.run([*HIDE_PROC, "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount over /proc in a private mount namespace here: "
+                    f"{probe.stderr.strip()}")
+    return list(HIDE_PROC)
+
+
+def test_deploy_with_proc_hidden_starts_nothing(box: Box) -> None:
+    prefix = hide_proc_prefix()
+    marker = box.tmp / "started"
+    req = {"op": "deploy", "playbook": "smoke", "run_id": R1, "lock_timeout": 2,
+           "processes": [{"name": "svc", "argv": ["sh", "-c", f"touch {marker}; sleep 60"],
+                          "ready": None}]}
+    _, result = box.agent(req, prefix=prefix)
+    assert result["ok"] is False and result["error"]["kind"] == "proc", result
+    assert "cannot prove which processes are its own" in result["error"]["message"]
+    assert not (box.workdir / "runs" / R1).exists()
+    assert not marker.exists()
+
+
+def test_cleanup_with_proc_hidden_says_it_proved_nothing(box: Box) -> None:
+    prefix = hide_proc_prefix()
+    _, result = box.deploy([{"name": "svc", "argv": ["sleep", "60"], "ready": None}])
+    assert result["ok"] is True, result
+    pid = result["processes"][0]["pid"]
+    events, result = box.agent({"op": "cleanup", "playbook": "smoke"}, prefix=prefix)
+    assert result["ok"] is False and result["error"]["kind"] == "proc", result
+    assert "cleanup stopped nothing" in result["error"]["message"]
+    assert alive(pid)
+    # nor does it tell the workstation's journal that the run is gone
+    assert [ev for ev in events if ev["event"] == "runs"] == []
+    _, status = box.agent({"op": "status", "playbook": "smoke"}, prefix=prefix)
+    assert status["ok"] is False and status["error"]["kind"] == "proc", status
+
+
+# The agent, with the /proc entries of its own children made unreadable: what a box that hides
+# other processes' /proc entries (but not the agent's own) shows it right after a launch.
+CHILD_STAT_HIDDEN = f"""
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("outrig_agent", {str(AGENT)!r})
+agent = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(agent)
+real = agent.read_stat
+def read_stat(pid):
+    st = real(pid)
+    return None if st is not None and st.ppid == os.getpid() else st
+agent.read_stat = read_stat
+agent.main()
+"""
+
+
+def test_launch_whose_proc_entry_is_unreadable_is_killed_not_left_running(box: Box) -> None:
+    req = {"op": "deploy", "playbook": "smoke", "run_id": R1, "lock_timeout": 2,
+           "processes": [{"name": "svc", "argv": ["sleep", "60"], "ready": None}]}
+    _, result = box.agent(req, prefix=[PY, "-c", CHILD_STAT_HIDDEN, "--"])
+    assert result["ok"] is False and result["error"]["kind"] == "proc", result
+    assert "was killed at once" in result["error"]["message"]
+    assert marked(R1) == []  # neither the wrapper nor its command lives on
+
+
+def test_cgroup_of_a_process_that_ended_by_itself_is_removed(box: Box) -> None:
+    _, result = box.deploy([{"name": "once", "argv": [PY, "-c", "print('done')"],
+                             "ready": {"exit": True, "timeout": 30}}])
+    assert result["ok"] is True, result
+    cgroup = result["processes"][0]["cgroup"]
+    if cgroup is None:
+        pytest.skip("this machine does not let the agent create a cgroup v2 folder")
+    assert wait_until(lambda: not Path(cgroup).exists())
