@@ -4336,6 +4336,15 @@ class Follower:
             return None
         return run.get("status") if isinstance(run, dict) else None
 
+    def secret_keys(self) -> List[str]:
+        """The run's secret names: the workstation redacts their values from what it prints
+        (the stream itself carries exact bytes, so the local mirror and offsets stay true)."""
+        try:
+            run = read_json(self.layout.run_json(self.run_id))
+        except (OSError, ValueError):
+            return []
+        return run_secret_keys(run) if isinstance(run, dict) else []
+
     def rescan(self) -> None:
         """Add tails for processes that appeared (launched after us, when not filtered)."""
         names = self.wanted if self.wanted is not None else self.known_names()
@@ -4486,7 +4495,8 @@ class Follower:
                     f"run {self.run_id} has no process {', '.join(unknown)} (it has {have})")
         self.rescan()
         self.emit("run", run_id=self.run_id, processes=sorted(self.tails),
-                  status=self.run_status(), logs_dir=self.logs_dir)
+                  status=self.run_status(), logs_dir=self.logs_dir,
+                  secret_keys=self.secret_keys())
         started = time.monotonic()
         reason = "eof"
         try:

@@ -59,6 +59,7 @@ from outrig.logtail import (
     partial_tail,
 )
 from outrig.ops.base import HostSession, Project, base_request, playbook_name
+from outrig.transfer import agent_module
 from outrig.transport import AgentChannel, transport_for
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)
@@ -256,13 +257,23 @@ class LinePrinter:
         self.colour = reporter.stdout_console.is_terminal and not reporter.json_mode
         self.width = 0
         self.colours: dict[str, int] = {}
+        self.secrets: list[str] = []  # values to hide, longest first
+
+    def hide(self, keys: list[str]) -> None:
+        """Redact the values of these secrets (read from this shell, as deploy sent them)
+        from every line shown or emitted as JSON; the local mirror keeps the exact bytes."""
+        values = {os.environ[k] for k in keys if os.environ.get(k)} | set(self.secrets)
+        self.secrets = sorted(values, key=len, reverse=True)
 
     def names(self, names: list[str]) -> None:
         self.width = max([self.width, *(len(n) for n in names)])
 
     def lines(self, batch: list[tuple[str, str]]) -> None:
         out: list[str] = []
+        redact = agent_module().redact if self.secrets else None
         for name, line in batch:
+            if redact is not None:
+                line = redact(line, self.secrets)
             if self.grep is not None and not self.grep.search(line):
                 continue
             if self.sink is not None:
@@ -369,6 +380,7 @@ class LogTailer:
             self.call_worked = True
             names = [str(n) for n in event.get("processes") or []]
             self.printer.names(names)
+            self.printer.hide([str(k) for k in event.get("secret_keys") or []])
             return False
         if kind in ("open", "chunk") and self.store is None:
             raise FramingError(f"{kind} event before the run was named", kind="framing")
