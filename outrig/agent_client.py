@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from outrig.errors import ConnectError, RemoteError
+from outrig.errors import LinkLost, RemoteError
 from outrig.transport import AgentChannel, Transport
 
 Event = dict[str, Any]
@@ -140,6 +140,11 @@ class AgentCall:
         if argv is None:
             try:
                 channel.write(agent_payload() + encoded + b"\n")
+            except LinkLost as exc:
+                # The request did not get through whole, so the agent cannot have acted on it.
+                channel.close()
+                exc.phase, exc.request_sent = "exec", False
+                raise
             except BaseException:
                 channel.close()
                 raise
@@ -178,12 +183,12 @@ class AgentCall:
             if chunk is None:
                 silent = time.monotonic() - last_heard
                 if silent > limit or not channel.alive():
-                    raise ConnectError(
+                    raise LinkLost(
                         f"lost contact with the agent on {host.describe()}: nothing heard for "
                         f"{silent:.0f} s (limit {limit:.0f} s) and the link "
                         f"{'is down' if not channel.alive() else 'may be down'}. What was "
-                        "launched keeps running on the box; check with `inv status`."
-                    )
+                        "launched keeps running on the box; check with `inv status`.",
+                        phase="stream", request_sent=True)
                 continue
             if chunk == b"":
                 break
@@ -214,16 +219,16 @@ class AgentCall:
         return event if isinstance(event, dict) else None
 
     def _no_result(self, channel: AgentChannel, tail: bytes,
-                   frames: int = 0) -> RemoteError | ConnectError:
+                   frames: int = 0) -> RemoteError | LinkLost:
         host = self.transport.host
         status = channel.exit_status(timeout=5.0)
         if not channel.alive() or status in (None, -1):
             # The channel ended with no exit status: the link dropped, not the agent.
-            return ConnectError(
+            return LinkLost(
                 f"lost contact with the agent on {host.describe()} before it finished (the "
                 "connection dropped). What was launched keeps running on the box; check with "
-                "`inv status`, and run the command again when the link is back."
-            )
+                "`inv status`, and run the command again when the link is back.",
+                phase="stream", request_sent=True)
         stderr = channel.stderr_text().strip()
         lines = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
         if status == 127 or ("not found" in stderr and host.python in stderr):

@@ -51,6 +51,38 @@ class Interrupted(OutrigError):
     exit_code = 130
 
 
+class AuthRefused(ConnectError):
+    """The box answered and refused every key offered. Never retried: the same keys would be
+    refused again; the user must fix ``user:`` / ``identity_file:`` or the box's keys."""
+
+
+class LinkLost(ConnectError):
+    """The link dropped or went silent: a reset, an EOF, or a timeout, at any point from the
+    TCP connect to the end of a stream. Retrying may work, so callers retry these (bounded).
+
+    ``phase`` names where it happened (``connect``, ``banner``, ``kex``, ``auth``,
+    ``channel``, ``exec``, ``stream``); ``request_sent`` says whether the agent may have
+    received its request (if not, nothing ran on the box and a retry is always safe);
+    ``silent`` whether the link went quiet (a timeout) rather than dropping (a reset, an EOF).
+    """
+
+    def __init__(self, message: str, *, phase: str, request_sent: bool = False,
+                 silent: bool = False) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.request_sent = request_sent
+        self.silent = silent
+
+
+class ConnectRefused(ConnectError):
+    """Nothing listens on the SSH port (the box is down, rebooting, or ``port:`` is wrong)."""
+
+
+class LocalWriteError(OutrigError):
+    """Writing a file on this workstation failed (disk full, permissions). Not a link problem:
+    reconnecting cannot help, so it stops the command with the path and the fix."""
+
+
 class RemoteError(OutrigError, RuntimeError):
     """The agent on the box reported a failure, or could not run at all."""
 

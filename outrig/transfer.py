@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from outrig.agent_client import AGENT_PATH, AgentCall, raise_for_result
-from outrig.errors import ConnectError, OutrigError, RemoteError
+from outrig.errors import LinkLost, OutrigError, RemoteError
 from outrig.ops.base import HostSession, base_request
 
 Manifest = dict[str, dict[str, Any]]  # relative path → {"size", "sha256"}
@@ -121,10 +121,18 @@ def box_source(session: HostSession, root: str) -> Source:
                 data = channel.read(timeout=1.0)
                 if data is None:
                     if time.monotonic() - quiet_since > idle or not channel.alive():
-                        raise ConnectError(f"the stream from {session.host.describe()} stalled "
-                                           f"for {idle:.0f} s; run the command again to resume")
+                        raise LinkLost(f"the stream from {session.host.describe()} stalled "
+                                       f"for {idle:.0f} s; run the command again to resume",
+                                       phase="stream", request_sent=True,
+                                       silent=channel.alive())
                     continue
                 if data == b"":
+                    if not channel.alive() or channel.exit_status(timeout=2.0) in (None, -1):
+                        # EOF without an exit status: the link dropped, not the sender.
+                        raise LinkLost(f"the link to {session.host.describe()} dropped while "
+                                       "files were coming; run the command again to resume "
+                                       "from what was received", phase="stream",
+                                       request_sent=True)
                     return
                 quiet_since = time.monotonic()
                 write(data)
@@ -230,6 +238,9 @@ def to_local(source: Source, files: list[dict[str, Any]], expect: Manifest,
             result: dict[str, Any] = agent.FrameReceiver(str(root), subset,
                                                          Events(progress)).consume(reader)
         except agent.AgentError as exc:
+            lost = _lost_link(join)
+            if lost is not None:  # the true cause of a stream that ended early
+                raise lost from None
             raise RemoteError(f"receiving into {root}: {exc.message}", kind=exc.kind) from None
         finally:
             try:
@@ -237,6 +248,17 @@ def to_local(source: Source, files: list[dict[str, Any]], expect: Manifest,
             except OSError:
                 pass
     return result
+
+
+def _lost_link(join: Callable[[], None]) -> LinkLost | None:
+    """The source's LinkLost, if a lost link is why its stream ended early."""
+    try:
+        join()
+    except LinkLost as exc:
+        return exc
+    except OSError:
+        return None
+    return None
 
 
 def copy(source: Source, plan: Plan, dest: Callable[..., dict[str, Any]],

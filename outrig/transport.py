@@ -34,7 +34,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from outrig.errors import ConnectError, HostKeyError, OutrigError
+from outrig.errors import (
+    AuthRefused,
+    ConnectError,
+    ConnectRefused,
+    HostKeyError,
+    LinkLost,
+    OutrigError,
+)
 from outrig.inventory import Host
 
 DEFAULT_CONNECT_TIMEOUT = 15.0
@@ -233,12 +240,21 @@ class LocalTransport(Transport):
 
 
 class _SSHChannel(AgentChannel):
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: Any, host: str = "the box") -> None:
         self.channel = channel
+        self.host = host
         self._err = bytearray()
 
     def write(self, data: bytes) -> None:
-        self.channel.sendall(data)
+        """Send ``data``; a dead link is a :class:`LinkLost`, whatever paramiko raised."""
+        import paramiko
+
+        try:
+            self.channel.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise LinkLost(f"the link to {self.host} dropped while sending "
+                           f"({type(exc).__name__}: {exc or 'closed'}).", phase="stream",
+                           request_sent=True) from None
 
     def _drain_stderr(self) -> None:
         while self.channel.recv_stderr_ready():
@@ -330,18 +346,108 @@ def known_hosts_path(host: Host) -> Path:
     return Path(host.known_hosts or "~/.ssh/known_hosts").expanduser()
 
 
+LINK_ATTEMPTS = 4  # handshakes per command when the link drops abruptly (reset, EOF)
+SILENT_ATTEMPTS = 2  # of which at most this many may end in silence (each costs a timeout)
+CHANNEL_ATTEMPTS = 4  # session-channel opens (each on a fresh connection after a drop)
+CHANNEL_TIMEOUT_FLOOR = 5.0  # seconds; below this a loaded box's sshd may simply be slow
+PHASE_WORDS = {
+    "connect": "the TCP connect", "banner": "the SSH banner exchange",
+    "kex": "the key exchange", "auth": "authentication",
+    "channel": "the session-channel open, just after authentication",
+    "exec": "the start of the command", "stream": "the command's output",
+}
+
+
+def retry_pause(rtt: float | None, attempt: int) -> float:
+    """The wait before retry ``attempt`` (1-based) after a lost link: a few round trips,
+    doubling, capped at 10 s, with jitter so that many workstations do not retry in step."""
+    base = max(0.2, 4 * (rtt or 0.05))
+    return float(min(base * 2 ** (attempt - 1), 10.0) * random.uniform(0.8, 1.2))
+
+
+def channel_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
+    """How long a session-channel open may take once authenticated: one round trip, so a
+    generous multiple of the measured RTT (never below a floor a loaded sshd can need)."""
+    if host.connect_timeout is not None:
+        return host.connect_timeout, "connect_timeout in the host file"
+    if rtt is None:
+        return DEFAULT_CONNECT_TIMEOUT, "default; no RTT measured yet for this host"
+    limit = max(CHANNEL_TIMEOUT_FLOOR, 20 * rtt)
+    return limit, f"max({CHANNEL_TIMEOUT_FLOOR:g} s, 20 × measured RTT {rtt * 1000:.0f} ms)"
+
+
+def handshake_phase(transport: Any) -> str:
+    """How far a (possibly failed) paramiko transport got: which phase a failure hit."""
+    if transport is None:
+        return "connect"
+    if not getattr(transport, "remote_version", ""):
+        return "banner"
+    if getattr(transport, "session_id", None) is None:
+        return "kex"
+    if not transport.is_authenticated():
+        return "auth"
+    return "channel"
+
+
+def _watched_transport_factory() -> Callable[..., Any]:
+    """A paramiko Transport that remembers a DISCONNECT the server sent on purpose.
+
+    paramiko turns both a dropped link and the server's own goodbye (``Too many
+    authentication failures``) into the same "transport shut down or saw EOF"; the recorded
+    message is what tells a refusal from a cut."""
+    import paramiko
+
+    class WatchedTransport(paramiko.Transport):
+        server_disconnect: tuple[int, str] | None = None
+
+        def _parse_disconnect(self, m: Any) -> None:
+            code = m.get_int()
+            desc = m.get_text()
+            self.server_disconnect = (int(code), str(desc))
+
+    return WatchedTransport
+
+
+def auth_refused(transport: Any, exc: BaseException) -> bool:
+    """Whether an AuthenticationException is the server's refusal (not a lost link): the
+    server answered the last key with a failure, ended the session itself, or allows no
+    method we have. A transport that died or went silent before answering is a lost link."""
+    import paramiko
+
+    if isinstance(exc, paramiko.BadAuthenticationType):
+        return True
+    if transport is None:
+        return False
+    if getattr(transport, "server_disconnect", None) is not None:
+        return True
+    handler = getattr(transport, "auth_handler", None)
+    event = getattr(handler, "auth_event", None)
+    answered = event is not None and event.is_set()
+    return bool(answered and transport.is_active() and not transport.is_authenticated())
+
+
 class SSHTransport(Transport):
-    """One Fabric connection to one box, opened lazily, reused for every agent call."""
+    """One Fabric connection to one box, opened lazily, reused for every agent call.
+
+    Link failures before the agent's request is sent (TCP connect through the session-channel
+    open) are retried here, a bounded number of times with RTT-scaled pauses: nothing has
+    run on the box yet, so a retry is always safe. A refused key or a changed host key is
+    never retried."""
 
     def __init__(self, host: Host, *, rtt_hint: float | None = None,
-                 notify: Callable[[str], None] | None = None, attempts: int = 2) -> None:
+                 notify: Callable[[str], None] | None = None, attempts: int = 2,
+                 link_attempts: int = LINK_ATTEMPTS,
+                 channel_attempts: int = CHANNEL_ATTEMPTS) -> None:
         self.host = host
         self.rtt_hint = rtt_hint
         self.rtt = None
         self.notify = notify
         self.attempts = max(1, attempts)
+        self.link_attempts = max(1, link_attempts)
+        self.channel_attempts = max(1, channel_attempts)
         self.connection: Any = None
         self.connect_seconds: float | None = None
+        self.link_failures = 0  # link failures retried by this transport (for reports, tests)
 
     def _build(self, timeout: float) -> Any:
         import fabric
@@ -350,7 +456,8 @@ class SSHTransport(Transport):
         # cloned invoke config would not (fabric#2111), and aliases would silently resolve to
         # the local user on port 22.
         config = fabric.Config()
-        connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout}
+        connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
+                                          "transport_factory": _watched_transport_factory()}
         if self.host.identity_file:
             connect_kwargs["key_filename"] = [str(Path(self.host.identity_file).expanduser())]
         conn = fabric.Connection(host=self.host.hostname, user=self.host.user,
@@ -366,92 +473,166 @@ class SSHTransport(Transport):
         user = getattr(conn, "user", None) or "?"
         return f"{user}@{conn.host}:{conn.port}"
 
+    @property
+    def best_rtt(self) -> float | None:
+        """The measured RTT of this connection, else the last one recorded for the host."""
+        return self.rtt if self.rtt is not None else self.rtt_hint
+
     def connect(self) -> None:
         if self.connection is not None:
             return
-        import paramiko
-
         timeout, why = connect_timeout_for(self.host, self.rtt_hint)
-        last: BaseException | None = None
-        for attempt in range(1, self.attempts + 1):
+        refused = silent = lost = 0
+        attempt = 0
+        while True:
+            attempt += 1
             conn = self._build(timeout)
-            target = self._target(conn)
             started = time.monotonic()
             try:
                 conn.open()
-            except paramiko.BadHostKeyException as exc:
+            except BaseException as exc:
+                error = self._classify(conn, exc, timeout, why, time.monotonic() - started)
                 conn.close()
-                path = known_hosts_path(self.host)
-                # paramiko reports the bare hostname; known_hosts keys non-22 ports as [h]:p
-                name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
-                raise HostKeyError(
-                    f"the host key of {name} has CHANGED: it now offers "
-                    f"{fingerprint(exc.key)}, but {path} recorded {fingerprint(exc.expected_key)}."
-                    f" If the box was rebuilt or its address reused, remove the old key with "
-                    f"`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(path))}` and retry;"
-                    " if not, someone may be intercepting the connection: do not continue."
-                ) from None
-            except paramiko.AuthenticationException as exc:
-                conn.close()
-                key = self.host.identity_file or "ssh-agent / ~/.ssh default keys"
-                raise ConnectError(
-                    f"authentication failed for {target} ({exc}); tried {key}. Check user: and "
-                    "identity_file: in the host file (or ~/.ssh/config), and that the public key "
-                    "is in the box's ~/.ssh/authorized_keys."
-                ) from None
-            except socket.gaierror as exc:
-                conn.close()
-                raise ConnectError(
-                    f"cannot resolve hostname {conn.host!r} ({exc.strerror}); fix hostname: in "
-                    "the host file or the alias in ~/.ssh/config"
-                ) from None
-            except (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError) as exc:
-                conn.close()
-                if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and not all(
-                        getattr(e, "errno", None) == errno.ECONNREFUSED
-                        for e in exc.errors.values()):
-                    raise ConnectError(f"could not connect to {target}: {exc}") from None
-                last = ConnectionRefusedError()
-                if attempt == self.attempts:
-                    raise ConnectError(
-                        f"connection refused by {target}: nothing listens on port {conn.port}. "
-                        "Is the box up and sshd running, and is port: right?"
-                    ) from None
-            except (TimeoutError, socket.timeout, paramiko.SSHException, EOFError, OSError) as exc:
-                conn.close()
-                last = exc
-                if attempt == self.attempts:
-                    spent = time.monotonic() - started
-                    raise ConnectError(
-                        f"could not reach {target}: no SSH session within the connect timeout of "
-                        f"{timeout:g} s ({why}); gave up after {attempt} attempt(s), the last "
-                        f"after {spent:.1f} s ({type(exc).__name__}: {exc or 'timed out'}). Check "
-                        "that the box is up and the address and port are right; on a very slow "
-                        "link set connect_timeout: in the host file."
-                    ) from None
+                if isinstance(error, ConnectRefused):
+                    refused += 1
+                    if refused >= self.attempts:
+                        raise error from None
+                elif isinstance(error, LinkLost):
+                    lost += 1
+                    silent += error.silent
+                    if lost >= self.link_attempts or silent >= min(SILENT_ATTEMPTS,
+                                                                   self.attempts):
+                        raise LinkLost(f"{error} Tried {attempt} time(s).", phase=error.phase,
+                                       silent=error.silent) from None
+                    self.link_failures += 1
+                else:
+                    raise error from None
             else:
                 self.connection = conn
                 self.connect_seconds = time.monotonic() - started
                 conn.transport.set_keepalive(keepalive_interval_for(self.rtt_hint))
                 return
-            time.sleep(random.uniform(0.2, 1.0))  # jitter: rented boxes reboot, links flap
-        raise ConnectError(f"could not connect to {self.host.describe()}: {last}")
+            pause = retry_pause(self.rtt_hint, attempt)
+            self._notice(str(error).split(" (")[0], pause)
+            time.sleep(pause)
+
+    def _notice(self, what: str, pause: float) -> None:
+        """Tell the user a link failure is being retried (not an error yet)."""
+        if self.notify is not None:
+            self.notify(f"{what}; retrying in {pause:.1f} s")
+
+    def _classify(self, conn: Any, exc: BaseException, timeout: float, why: str,
+                  spent: float) -> BaseException:
+        """Turn what ``conn.open()`` raised into outrig's error, by type and by how far the
+        handshake got (never by message text)."""
+        import paramiko
+
+        target = self._target(conn)
+        transport = conn.client.get_transport()
+        if not isinstance(exc, Exception):
+            return exc  # KeyboardInterrupt and the like pass through unchanged
+        if isinstance(exc, paramiko.BadHostKeyException):
+            path = known_hosts_path(self.host)
+            # paramiko reports the bare hostname; known_hosts keys non-22 ports as [h]:p
+            name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
+            return HostKeyError(
+                f"the host key of {name} has CHANGED: it now offers "
+                f"{fingerprint(exc.key)}, but {path} recorded {fingerprint(exc.expected_key)}."
+                f" If the box was rebuilt or its address reused, remove the old key with "
+                f"`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(path))}` and retry;"
+                " if not, someone may be intercepting the connection: do not continue.")
+        if isinstance(exc, paramiko.AuthenticationException) and auth_refused(transport, exc):
+            key = self.host.identity_file or "ssh-agent / ~/.ssh default keys"
+            said = getattr(transport, "server_disconnect", None)
+            reason = f"the box ended the session: {said[1]!r}" if said else str(exc)
+            return AuthRefused(
+                f"authentication failed for {target} ({reason}); tried {key}. Check user: and "
+                "identity_file: in the host file (or ~/.ssh/config), and that the public key "
+                "is in the box's ~/.ssh/authorized_keys.")
+        if isinstance(exc, socket.gaierror):
+            return ConnectError(
+                f"cannot resolve hostname {conn.host!r} ({exc.strerror}); fix hostname: in "
+                "the host file or the alias in ~/.ssh/config")
+        no_valid = paramiko.ssh_exception.NoValidConnectionsError
+        if isinstance(exc, (ConnectionRefusedError, no_valid)):
+            if isinstance(exc, no_valid) and not all(
+                    getattr(e, "errno", None) == errno.ECONNREFUSED
+                    for e in exc.errors.values()):
+                return ConnectError(f"could not connect to {target}: {exc}")
+            return ConnectRefused(
+                f"connection refused by {target}: nothing listens on port {conn.port}. "
+                "Is the box up and sshd running, and is port: right?")
+        if isinstance(exc, (TimeoutError, socket.timeout, paramiko.SSHException, EOFError,
+                            OSError)):
+            phase = handshake_phase(transport)
+            # A drop (reset, EOF) kills paramiko's transport; a silent link leaves it waiting.
+            quiet = isinstance(exc, (TimeoutError, socket.timeout)) or bool(
+                transport is not None and transport.is_active())
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            how = (f"went silent during {PHASE_WORDS[phase]}: nothing within the connect "
+                   f"timeout of {timeout:g} s ({why})") if quiet else \
+                f"dropped during {PHASE_WORDS[phase]} after {spent:.1f} s ({detail})"
+            return LinkLost(
+                f"the link to {target} {how}. Check that the box is up and the address and "
+                "port are right; on a very slow link set connect_timeout: in the host file. "
+                "Run the same command again when the link is back.", phase=phase,
+                silent=quiet)
+        return exc
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
-        self.connect()
+        attempt = silent = 0
+        while True:
+            attempt += 1
+            self.connect()
+            try:
+                return self._open(argv, window_size)
+            except LinkLost as exc:
+                self.close()
+                silent += exc.silent  # each silence costs a whole limit: fewer of those
+                if attempt >= self.channel_attempts or silent >= SILENT_ATTEMPTS:
+                    raise
+                self.link_failures += 1
+                pause = retry_pause(self.best_rtt, attempt)
+                self._notice(str(exc).split(" (")[0], pause)
+            time.sleep(pause)
+
+    def _open(self, argv: list[str], window_size: int | None) -> AgentChannel:
+        """Open one session channel and send the exec (pipelined, no reply awaited)."""
+        import paramiko
+
         transport = self.connection.transport
+        rtt = self.best_rtt
+        if rtt is None and self.connect_seconds is not None:
+            rtt = self.connect_seconds / 4  # the handshake is ≥4 round trips: an upper bound
+        limit, why = channel_timeout_for(self.host, rtt)
         started = time.monotonic()
+        host = self.host.describe()
         try:
-            channel = transport.open_session(
-                window_size=window_size, timeout=connect_timeout_for(self.host, self.rtt)[0])
+            channel = transport.open_session(window_size=window_size, timeout=limit)
+        except paramiko.ChannelException as exc:
+            raise ConnectError(
+                f"{host}: the box refused a session channel ({exc.text or exc.code}); its sshd "
+                "may limit sessions (MaxSessions) or forbid commands for this key.") from None
         except Exception as exc:
-            raise ConnectError(f"{self.host.describe()}: could not open an SSH channel: {exc}") \
-                from None
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if transport.is_active():
+                raise LinkLost(
+                    f"{host}: the link went silent after authentication: no answer to the "
+                    f"session-channel open within {limit:.3g} s ({why}). Run the same command "
+                    "again when the link is back.", phase="channel", silent=True) from None
+            raise LinkLost(
+                f"{host}: the link dropped just after authentication, while opening a session "
+                f"channel ({detail}). Run the same command again when the link is back.",
+                phase="channel") from None
         # The channel-open confirmation is exactly one round trip: a free RTT measurement.
         self.rtt = time.monotonic() - started
         transport.set_keepalive(keepalive_interval_for(self.rtt))
-        exec_pipelined(channel, shlex.join(argv))
-        return _SSHChannel(channel)
+        try:
+            exec_pipelined(channel, shlex.join(argv))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise LinkLost(f"{host}: the link dropped while sending the command "
+                           f"({type(exc).__name__}).", phase="exec") from None
+        return _SSHChannel(channel, host)
 
     def close(self) -> None:
         if self.connection is not None:

@@ -648,6 +648,8 @@ def workdir_error(layout: Layout) -> Optional[OSError]:
 def ensure_workdir(layout: Layout) -> None:
     """Create the workdir and .outrig/ and prove we can write there (``workdir`` error if not)."""
     exc = workdir_error(layout)
+    if exc is not None and exc.errno in FULL_DISK_ERRNOS:
+        raise internal_error(exc, layout.workdir)  # the disk, not the folder, is the problem
     if exc is not None:
         text = os.strerror(exc.errno) if exc.errno else str(exc)
         raise AgentError(
@@ -4376,6 +4378,15 @@ class Follower:
             return None
         return run.get("status") if isinstance(run, dict) else None
 
+    def secret_keys(self) -> List[str]:
+        """The run's secret names: the workstation redacts their values from what it prints
+        (the stream itself carries exact bytes, so the local mirror and offsets stay true)."""
+        try:
+            run = read_json(self.layout.run_json(self.run_id))
+        except (OSError, ValueError):
+            return []
+        return run_secret_keys(run) if isinstance(run, dict) else []
+
     def rescan(self) -> None:
         """Add tails for processes that appeared (launched after us, when not filtered)."""
         names = self.wanted if self.wanted is not None else self.known_names()
@@ -4526,7 +4537,8 @@ class Follower:
                     f"run {self.run_id} has no process {', '.join(unknown)} (it has {have})")
         self.rescan()
         self.emit("run", run_id=self.run_id, processes=sorted(self.tails),
-                  status=self.run_status(), logs_dir=self.logs_dir)
+                  status=self.run_status(), logs_dir=self.logs_dir,
+                  secret_keys=self.secret_keys())
         started = time.monotonic()
         reason = "eof"
         try:
@@ -4920,8 +4932,18 @@ def report_runs(req: Optional[Request], out: Emitter) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def internal_error(exc: BaseException) -> AgentError:
-    """An unexpected exception as an ``internal`` error: the traceback's last line."""
+def internal_error(exc: BaseException, workdir: Optional[str] = None) -> AgentError:
+    """An unexpected exception as an ``internal`` error: the traceback's last line.
+
+    A full or read-only disk is not a bug: whatever op was writing (deploy's logs and run
+    records, a transfer, a lock) gets the same ``disk`` error naming the cause and the way
+    out, and cleanup is said to work on a full disk (it records what it can)."""
+    if isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS:
+        where = exc.filename or workdir or "the workdir"
+        return AgentError("disk", f"the box's disk is full or read-only writing {where} "
+                          f"({os.strerror(exc.errno)}). Free space there (df -h; old runs' "
+                          "logs and hidden-state files are the usual suspects); `inv cleanup` "
+                          "still stops running processes on a full disk")
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
     return AgentError("internal", last)
 
@@ -5549,8 +5571,10 @@ def main() -> None:
         report_runs(req, out)
         out.emit("result", ok=False, error=exc.to_json())
     except (Exception, KeyboardInterrupt) as exc:
-        traceback.print_exc(file=sys.stderr)
-        out.emit("result", ok=False, error=internal_error(exc).to_json())
+        error = internal_error(exc, req.workdir if req is not None else None)
+        if error.kind == "internal":
+            traceback.print_exc(file=sys.stderr)
+        out.emit("result", ok=False, error=error.to_json())
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ from typing import Any
 
 from outrig.agent_client import AgentCall, raise_for_result
 from outrig.console import Reporter
+from outrig.errors import LinkLost
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.plan import HostFacts
-from outrig.transport import Transport, transport_for
+from outrig.transport import Transport, retry_pause, transport_for
 
 
 @dataclass
@@ -95,6 +96,23 @@ def remember_facts(journal: Journal, host: Host, event: dict[str, Any],
     journal.update_host(host.name, **facts)
 
 
+# Ops that change nothing on the box (or, for cleanup, converge when run twice): after a link
+# lost mid-call they are simply run again. deploy, stage and the rest are not: a cut there
+# reports the true cause and the command that continues.
+RERUN_SAFE_OPS = frozenset({"status", "check", "checkpoints", "manifest", "model_facts",
+                            "cleanup"})
+LINK_RETRIES = 3  # agent calls re-run per op after a lost link (each reconnects afresh)
+
+
+def link_retry_allowed(op: str, exc: LinkLost) -> bool:
+    """A link lost once the command was under way is retried when the agent cannot have
+    received the request, or when the op is safe to run twice. Decided on the error's type
+    and fields, never its text."""
+    if exc.phase not in ("exec", "stream"):
+        return False  # a handshake or channel-open failure: the transport already retried it
+    return not exc.request_sent or op in RERUN_SAFE_OPS
+
+
 class HostSession:
     """One connection to one host for the length of an op; agent calls reuse it."""
 
@@ -136,10 +154,31 @@ class HostSession:
             elif stream:
                 self.reporter.event(event)
 
-        call = AgentCall(self.transport)
-        self.last_events = call.events  # also what a second Ctrl-C reports as launched
-        result = call.run(request, on_event, on_interrupt=on_interrupt)
-        return raise_for_result(result, where=f"{op} on {self.host.describe()}")
+        retries = 0
+        while True:
+            call = AgentCall(self.transport)
+            self.last_events = call.events  # also what a second Ctrl-C reports as launched
+            try:
+                result = call.run(request, on_event, on_interrupt=on_interrupt)
+            except LinkLost as exc:
+                if not link_retry_allowed(op, exc) or retries >= LINK_RETRIES:
+                    raise
+                retries += 1
+                self.reconnect_after(exc, retries)
+                continue
+            self.last_events = call.events
+            return raise_for_result(result, where=f"{op} on {self.host.describe()}")
+
+    def reconnect_after(self, exc: LinkLost, retry: int) -> None:
+        """Say what broke, drop the dead connection and wait an RTT-scaled pause; the next
+        agent call connects afresh (through the transport's own bounded retries)."""
+        rtt = self.transport.rtt if self.transport.rtt is not None else \
+            getattr(self.transport, "rtt_hint", None)
+        pause = retry_pause(rtt, retry)
+        self.reporter.warn(f"{exc} Reconnecting in {pause:.1f} s (retry {retry} of "
+                           f"{LINK_RETRIES}).")
+        self.transport.close()
+        time.sleep(pause)
 
     def close(self) -> None:
         self.transport.close()

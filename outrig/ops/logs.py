@@ -39,7 +39,14 @@ from outrig.agent_client import (
     raise_for_result,
 )
 from outrig.console import Reporter, visible
-from outrig.errors import ConfigError, ConnectError, HostKeyError, RemoteError
+from outrig.errors import (
+    ConfigError,
+    ConnectError,
+    ConnectRefused,
+    LinkLost,
+    LocalWriteError,
+    RemoteError,
+)
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.logtail import (
     MAX_PARTIAL,
@@ -52,16 +59,13 @@ from outrig.logtail import (
     partial_tail,
 )
 from outrig.ops.base import HostSession, Project, base_request, playbook_name
+from outrig.transfer import agent_module
 from outrig.transport import AgentChannel, transport_for
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)
 BATCH_BYTES = 8 << 20  # commit (fsync + cursor write) at least this often while streaming
 CURSOR_SETS = 8  # how many recent runs' cursors a request carries when the run is not given
 COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)  # ANSI foreground colours
-
-
-class LinkLost(ConnectError):
-    """The SSH link (or the channel) died mid-stream; the tailer reconnects and resumes."""
 
 
 def heartbeat_for(rtt: float | None) -> float:
@@ -80,8 +84,27 @@ def idle_limit_for(heartbeat: float, rtt: float | None) -> float:
 # ------------------------------------------------------------------------------ local mirror
 
 
+def mirror_write_failed(path: Path, exc: OSError) -> LocalWriteError:
+    """A local write of the mirror failed: name the file and the fix (never a reconnect)."""
+    return LocalWriteError(
+        f"tail-logs cannot write or read its local mirror {path} ({exc.strerror or exc}). "
+        "This is this workstation, not the link: free space there (or set XDG_STATE_HOME to a "
+        "disk with room), then run tail-logs again; it resumes from the last saved cursor.")
+
+
+def read_cursors(path: Path) -> Any:
+    """A cursors file's JSON (None when absent); a local I/O error stops tail-logs."""
+    try:
+        return read_json(path)
+    except OSError as exc:
+        raise mirror_write_failed(path, exc) from None
+
+
 class MirrorStore:
-    """The mirrors and cursors of one run of one host (``<state>/logs/<host>/<run>/``)."""
+    """The mirrors and cursors of one run of one host (``<state>/logs/<host>/<run>/``).
+
+    Every local write failure (a full disk, permissions) becomes a
+    :class:`~outrig.errors.LocalWriteError`, so the tailer stops instead of reconnecting."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -94,7 +117,7 @@ class MirrorStore:
 
     def load(self) -> dict[str, Cursor]:
         """Durable cursors; mirror bytes past a cursor (a crash before the commit) are cut."""
-        raw = read_json(self.cursor_file)
+        raw = read_cursors(self.cursor_file)
         procs = raw.get("processes") if isinstance(raw, dict) else None
         out: dict[str, Cursor] = {}
         for name, entry in (procs or {}).items():
@@ -107,13 +130,18 @@ class MirrorStore:
                 size = path.stat().st_size
             except FileNotFoundError:
                 size = -1
+            except OSError as exc:
+                raise mirror_write_failed(path, exc) from None
             if size < want:  # the mirror lost bytes (deleted by hand?): start a fresh segment
                 continue
             if size > want:
-                with open(path, "r+b") as handle:
-                    handle.truncate(want)
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                try:
+                    with open(path, "r+b") as handle:
+                        handle.truncate(want)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                except OSError as exc:
+                    raise mirror_write_failed(path, exc) from None
             out[str(name)] = cursor
         return out
 
@@ -133,35 +161,58 @@ class MirrorStore:
         """Archive the current mirror as ``<name>.log.<k>`` (rotation, truncation, jump)."""
         self.close(name)
         current = self.path(name)
-        if current.exists() and current.stat().st_size > 0:
-            current.rename(self.root / f"{name}.log.{segments}")
+        try:
+            if current.exists() and current.stat().st_size > 0:
+                current.rename(self.root / f"{name}.log.{segments}")
+        except OSError as exc:
+            raise mirror_write_failed(current, exc) from None
+
+    def drop(self, name: str) -> None:
+        """Delete a mirror whose stream starts again from nothing."""
+        self.close(name)
+        try:
+            self.path(name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise mirror_write_failed(self.path(name), exc) from None
 
     def append(self, name: str, data: bytes) -> None:
-        handle = self.handles.get(name)
-        if handle is None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path(name), "ab")  # noqa: SIM115 - kept open while streaming
-            self.handles[name] = handle
-        handle.write(data)
+        try:
+            handle = self.handles.get(name)
+            if handle is None:
+                self.root.mkdir(parents=True, exist_ok=True)
+                handle = open(self.path(name), "ab")  # noqa: SIM115 - kept open while streaming
+                self.handles[name] = handle
+            handle.write(data)
+        except OSError as exc:
+            raise mirror_write_failed(self.path(name), exc) from None
         self.dirty.add(name)
 
     def commit(self, host: str, run_id: str, cursors: dict[str, Cursor]) -> None:
         """fsync every mirror written since the last commit, then write the cursors."""
         for name in sorted(self.dirty):
             handle = self.handles[name]
-            handle.flush()
-            os.fsync(handle.fileno())
+            try:
+                handle.flush()
+                os.fsync(handle.fileno())
+            except OSError as exc:
+                raise mirror_write_failed(self.path(name), exc) from None
         self.dirty.clear()
-        atomic_write_json(self.cursor_file, {
-            "v": 1, "host": host, "run_id": run_id, "updated": time.time(),
-            "processes": {n: c.to_json() for n, c in sorted(cursors.items())}})
+        try:
+            atomic_write_json(self.cursor_file, {
+                "v": 1, "host": host, "run_id": run_id, "updated": time.time(),
+                "processes": {n: c.to_json() for n, c in sorted(cursors.items())}})
+        except OSError as exc:
+            raise mirror_write_failed(self.cursor_file, exc) from None
 
     def close(self, name: str | None = None) -> None:
         names = [name] if name is not None else list(self.handles)
         for n in names:
             handle = self.handles.pop(n, None)
             if handle is not None:
-                handle.close()
+                try:
+                    handle.close()
+                except OSError:  # the buffered bytes past the last commit are re-sent anyway
+                    pass
 
 
 def mirror_root(journal: Journal, host: str, run_id: str) -> Path:
@@ -180,7 +231,7 @@ def recent_cursor_sets(journal: Journal, host: str, run_id: str | None) -> dict[
         roots = roots[:CURSOR_SETS]
     sets: dict[str, Any] = {}
     for root in roots:
-        raw = read_json(root / "cursors.json")
+        raw = read_cursors(root / "cursors.json")
         if not isinstance(raw, dict) or not isinstance(raw.get("run_id"), str):
             continue
         procs = {}
@@ -206,13 +257,23 @@ class LinePrinter:
         self.colour = reporter.stdout_console.is_terminal and not reporter.json_mode
         self.width = 0
         self.colours: dict[str, int] = {}
+        self.secrets: list[str] = []  # values to hide, longest first
+
+    def hide(self, keys: list[str]) -> None:
+        """Redact the values of these secrets (read from this shell, as deploy sent them)
+        from every line shown or emitted as JSON; the local mirror keeps the exact bytes."""
+        values = {os.environ[k] for k in keys if os.environ.get(k)} | set(self.secrets)
+        self.secrets = sorted(values, key=len, reverse=True)
 
     def names(self, names: list[str]) -> None:
         self.width = max([self.width, *(len(n) for n in names)])
 
     def lines(self, batch: list[tuple[str, str]]) -> None:
         out: list[str] = []
+        redact = agent_module().redact if self.secrets else None
         for name, line in batch:
+            if redact is not None:
+                line = redact(line, self.secrets)
             if self.grep is not None and not self.grep.search(line):
                 continue
             if self.sink is not None:
@@ -286,6 +347,7 @@ class LogTailer:
         self.first_call = True
         self.call_worked = False  # the current call reached the agent (reset the backoff)
         self.initial_backoff = backoff
+        self.measured_rtt: float | None = None  # survives the transports a reconnect replaces
 
     # -- events
 
@@ -318,6 +380,7 @@ class LogTailer:
             self.call_worked = True
             names = [str(n) for n in event.get("processes") or []]
             self.printer.names(names)
+            self.printer.hide([str(k) for k in event.get("secret_keys") or []])
             return False
         if kind in ("open", "chunk") and self.store is None:
             raise FramingError(f"{kind} event before the run was named", kind="framing")
@@ -337,8 +400,7 @@ class LogTailer:
                 if applied.new_segment:
                     self.store.new_segment(name, stream.pending.segments)
                 else:
-                    self.store.close(name)
-                    self.store.path(name).unlink(missing_ok=True)
+                    self.store.drop(name)
                 return True
             return False
         if kind == "chunk":
@@ -442,10 +504,12 @@ class LogTailer:
             if data is None:
                 silent = time.monotonic() - last_heard
                 if not channel.alive():
-                    raise LinkLost(f"the SSH connection to {host} closed")
+                    raise LinkLost(f"the SSH connection to {host} closed", phase="stream",
+                                   request_sent=True)
                 if silent > limit:
                     raise LinkLost(f"nothing from {host} for {silent:.1f} s (limit {limit:.1f} s,"
-                                   " ~3 agent heartbeats): the link is dead")
+                                   " ~3 agent heartbeats): the link is dead", phase="stream",
+                                   request_sent=True)
                 continue
             if data == b"":
                 if channel.alive():
@@ -455,7 +519,8 @@ class LogTailer:
                         raise RemoteError(
                             f"the agent on {host} stopped without a result (exit {status})",
                             kind="agent_crash", excerpt=err)
-                raise LinkLost(f"the connection to {host} dropped mid-stream")
+                raise LinkLost(f"the connection to {host} dropped mid-stream", phase="stream",
+                               request_sent=True)
             last_heard = time.monotonic()
             buffer += data
             # Take whatever else is already here, so one commit covers many chunks.
@@ -505,12 +570,11 @@ class LogTailer:
         """Stream until the agent is done (``--no-follow``) or ``stop`` is set."""
         backoff = self.initial_backoff
         outage_since: float | None = None
-        retry_on: tuple[type[BaseException], ...] = (OSError, EOFError, *_paramiko_errors())
         try:
             while not self.stop.is_set():
                 try:
                     result = self._call()
-                except retry_on as exc:
+                except ConnectError as exc:
                     if not self._retryable(exc):
                         raise
                     if self.call_worked:  # it streamed before it broke: a fresh outage
@@ -519,9 +583,13 @@ class LogTailer:
                     now = time.monotonic()
                     outage_since = outage_since or now
                     if now - outage_since > self.give_up_after:
+                        rtt = self._known_rtt()
+                        rtt_words = "no RTT measured yet" if rtt is None else \
+                            f"measured RTT {rtt * 1000:.0f} ms"
                         raise ConnectError(
                             f"tail-logs gave up after {now - outage_since:.0f} s without a working"
-                            f" connection to {self.session.host.describe()} (last error: {exc})."
+                            f" connection to {self.session.host.describe()} ({rtt_words}; "
+                            f"last error: {exc})."
                             f" The mirror in {self.result.mirror_dir or 'the state dir'} is "
                             "complete up to the saved cursor; run tail-logs again to resume."
                         ) from None
@@ -540,14 +608,14 @@ class LogTailer:
             self._finish()
         return self.result
 
-    def _retryable(self, exc: BaseException) -> bool:
-        """Only a link that worked and then broke is retried: a wrong host, key or login
-        fails at once, as does a box that never answered in this command."""
-        if isinstance(exc, HostKeyError) or self.first_call:
-            return False
-        text = str(exc)
-        return not (isinstance(exc, ConnectError)
-                    and ("authentication failed" in text or "cannot resolve" in text))
+    def _retryable(self, exc: ConnectError) -> bool:
+        """A lost link is always retried (the cursors make a resume exact), from before the
+        first event on. A refused connection is retried once the box has answered in this
+        command (it may be rebooting). A refused key, a changed host key or an unknown host
+        fails at once. Decided on the error's type, never on its text."""
+        if isinstance(exc, LinkLost):
+            return True
+        return isinstance(exc, ConnectRefused) and self.result.run_id is not None
 
     def _reconnect(self, delay: float) -> None:
         """Drop the dead connection, wait (with jitter), and make a fresh transport."""
@@ -558,8 +626,16 @@ class LogTailer:
             pass
         self.stop.wait(delay * random.uniform(0.8, 1.2))
         host = self.session.host
-        rtt = self.session.transport.rtt
-        self.session.transport = transport_for(host, rtt_hint=rtt, notify=self.reporter.info)
+        self.session.transport = transport_for(host, rtt_hint=self._known_rtt(),
+                                               notify=self.reporter.info)
+
+    def _known_rtt(self) -> float | None:
+        """The RTT measured in this command (kept across reconnects), else the journal's."""
+        transport = self.session.transport
+        rtt = transport.rtt if transport.rtt is not None else getattr(transport, "rtt_hint", None)
+        if rtt is not None:
+            self.measured_rtt = rtt
+        return self.measured_rtt
 
     def _finish(self) -> None:
         """Show unterminated last lines when not following, and release the mirror files."""
@@ -570,15 +646,9 @@ class LogTailer:
             self._show(shown)
         if self.store is not None:
             self.store.close()
-        rtt = self.session.transport.rtt
+        rtt = self._known_rtt()
         if rtt is not None:
             self.journal.update_host(self.host_key, rtt=rtt)
-
-
-def _paramiko_errors() -> tuple[type[BaseException], ...]:
-    import paramiko
-
-    return (paramiko.SSHException,)
 
 
 # ------------------------------------------------------------------------------ entry points

@@ -10,6 +10,18 @@ live connection, like a NAT timeout or a box that vanished, while still acceptin
 Each connection has two directions; each direction has a reader thread that stamps chunks with
 their delivery time and a writer thread that sleeps until then and sends. Sockets use short
 timeouts so every thread notices ``close()``/``cut_all()`` within ~0.1 s.
+
+Faults (:class:`Fault`, armed with :meth:`LatencyProxy.inject`) strike one chosen connection
+at a chosen SSH phase or byte: ``cut`` (RST both sides), ``blackhole`` (forward nothing more,
+never close) or ``stall`` (hold everything for a while, then go on); ``jitter`` adds a random
+extra delay per chunk (order kept). How the proxy knows the phase without decrypting anything
+(:class:`PhaseTracker`): it reads the cleartext banner lines, then parses the cleartext binary
+packets of the key exchange up to the client's NEWKEYS; after that it counts the client's
+*flights* (client bytes sent after the server last spoke). With OpenSSH and paramiko, flight
+1 is the ``ssh-userauth`` service request, 2 the public-key login, 3 the session-channel
+open and 4 the (pipelined) exec; ``stream`` is the server's bytes after that. A client that
+authenticates differently (several keys, keyboard-interactive) shifts the later flights, so
+tests check :attr:`LatencyProxy.fired` to see where a fault actually struck.
 """
 
 from __future__ import annotations
@@ -17,17 +29,139 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import queue
+import random
 import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from types import TracebackType
-from typing import List, Optional, Tuple, Type, Union
+from typing import Dict, List, Optional, Tuple, Type, Union
 
 _POLL = 0.1  # how often blocked threads look at their stop flag
 _CHUNK = 256 * 1024
 
+_CUT = b"<cut>"  # queue marker (compared by identity): reset the connection when delivered
 _Item = Tuple[float, Optional[bytes]]  # (deliver_at, data); None data = EOF from the reader
+
+PHASES = ("tcp", "banner", "kex", "auth", "channel", "exec", "stream", "byte")
+ACTIONS = ("cut", "blackhole", "stall")
+_NEWKEYS = 21  # SSH_MSG_NEWKEYS: the last cleartext packet of the key exchange
+
+
+@dataclass
+class Fault:
+    """One fault for one connection.
+
+    ``phase``: where it strikes: ``tcp`` (at accept, before any byte), ``banner`` (the server's
+    first byte), ``kex`` (the client's first byte after its banner line), ``auth``, ``channel``,
+    ``exec`` (the client's first byte of that phase, which is not delivered), ``stream`` (after
+    ``after_bytes`` bytes of the server's answer to the exec), or ``byte`` (after
+    ``after_bytes`` bytes in ``direction``, ``"c2s"`` or ``"s2c"``).
+    ``action``: ``cut``, ``blackhole`` or ``stall`` (for ``seconds``).
+    ``connection``: the 1-based number of the accepted connection it strikes; ``None``: the
+    next connection accepted after :meth:`LatencyProxy.inject`.
+    """
+
+    phase: str = "stream"
+    action: str = "cut"
+    after_bytes: int = 0
+    direction: str = "s2c"
+    seconds: float = 0.0
+    connection: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"Fault phase {self.phase!r} is not one of {', '.join(PHASES)}")
+        if self.action not in ACTIONS:
+            raise ValueError(f"Fault action {self.action!r} is not one of {', '.join(ACTIONS)}")
+        if self.direction not in ("c2s", "s2c"):
+            raise ValueError("Fault direction must be 'c2s' or 's2c'")
+        if self.after_bytes < 0 or self.seconds < 0:
+            raise ValueError("Fault after_bytes and seconds must be >= 0")
+
+
+class PhaseTracker:
+    """Where one connection's SSH exchange is, seen from the proxy (see the module docstring).
+
+    ``feed(direction, data)`` returns ``{phase: offset}`` for each phase whose first byte lies
+    in ``data`` (``offset`` into ``data``). Thread-safe: both readers call it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.phase = "tcp"
+        self._banner_done = False  # the client's banner line has ended
+        self._kex = False
+        self._packets = bytearray()  # client cleartext packets not yet complete
+        self._newkeys = False
+        self._server_spoke = True  # since the client's last post-kex bytes
+        self.flights = 0
+        self.counted = {"c2s": 0, "s2c": 0}
+        self.stream_bytes = 0
+
+    def feed(self, direction: str, data: bytes) -> Dict[str, int]:
+        with self._lock:
+            found: Dict[str, int] = {}
+            if direction == "s2c":
+                self._feed_server(data, found)
+            else:
+                self._feed_client(data, found)
+            self.counted[direction] += len(data)
+            return found
+
+    def _enter(self, phase: str, offset: int, found: Dict[str, int]) -> None:
+        found.setdefault(phase, offset)
+        self.phase = phase
+
+    def _feed_server(self, data: bytes, found: Dict[str, int]) -> None:
+        if self.counted["s2c"] == 0 and data:
+            self._enter("banner", 0, found)
+        if self._newkeys:
+            self._server_spoke = True
+        if self.flights >= 4 and data:
+            if self.stream_bytes == 0:
+                self._enter("stream", 0, found)
+            self.stream_bytes += len(data)
+
+    def _feed_client(self, data: bytes, found: Dict[str, int]) -> None:
+        pos = 0
+        if not self._banner_done:
+            end = data.find(b"\n")
+            if end < 0:
+                return  # still inside the client's banner line
+            self._banner_done = True
+            pos = end + 1
+        if not self._newkeys:
+            if pos < len(data) and not self._kex:
+                self._kex = True
+                self._enter("kex", pos, found)
+            pos = self._parse_cleartext(data, pos)
+            if not self._newkeys:
+                return
+        if pos < len(data) and self._server_spoke:
+            self._server_spoke = False
+            self.flights += 1
+            names = {1: "auth", 3: "channel", 4: "exec"}
+            if self.flights in names:
+                self._enter(names[self.flights], pos, found)
+
+    def _parse_cleartext(self, data: bytes, pos: int) -> int:
+        """Walk the key exchange's cleartext packets; return where encrypted bytes begin."""
+        self._packets += data[pos:]
+        offset = 0
+        while len(self._packets) - offset >= 6:
+            length = int(struct.unpack(">I", bytes(self._packets[offset:offset + 4]))[0])
+            if len(self._packets) - offset < 4 + length:
+                break
+            kind = self._packets[offset + 5]
+            offset += 4 + length
+            if kind == _NEWKEYS:
+                self._newkeys = True
+                rest = len(self._packets) - offset  # bytes past NEWKEYS: already encrypted
+                del self._packets[:]
+                return len(data) - rest
+        del self._packets[:offset]
+        return len(data)
 
 
 def _check_loopback(host: str) -> str:
@@ -61,10 +195,16 @@ def _abort(sock: socket.socket) -> None:
 class _Connection:
     """One proxied client connection: two directions, four threads."""
 
-    def __init__(self, proxy: LatencyProxy, client: socket.socket, upstream: socket.socket):
+    def __init__(self, proxy: LatencyProxy, client: socket.socket, upstream: socket.socket,
+                 number: int = 0, fault: Optional[Fault] = None):
         self.proxy = proxy
         self.client = client
         self.upstream = upstream
+        self.number = number
+        self.fault = fault
+        self.tracker = PhaseTracker()
+        self.silenced = False  # a blackhole struck: read and drop everything from now on
+        self.hold_until = 0.0  # a stall struck: deliver nothing before this time
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._open_dirs = 2
@@ -72,7 +212,7 @@ class _Connection:
         for src, dst, tag in ((client, upstream, "c2s"), (upstream, client, "s2c")):
             q: queue.Queue[_Item] = queue.Queue()
             self.threads.append(threading.Thread(
-                target=self._reader, args=(src, q), name=f"proxy-{tag}-read", daemon=True))
+                target=self._reader, args=(src, q, tag), name=f"proxy-{tag}-read", daemon=True))
             self.threads.append(threading.Thread(
                 target=self._writer, args=(dst, q), name=f"proxy-{tag}-write", daemon=True))
 
@@ -80,7 +220,7 @@ class _Connection:
         for t in self.threads:
             t.start()
 
-    def _reader(self, src: socket.socket, q: queue.Queue[_Item]) -> None:
+    def _reader(self, src: socket.socket, q: queue.Queue[_Item], direction: str) -> None:
         while not self.stop.is_set():
             try:
                 data = src.recv(_CHUNK)
@@ -89,9 +229,60 @@ class _Connection:
             except OSError:
                 self.abort()
                 return
-            q.put((time.monotonic() + self.proxy.one_way_delay, data or None))
+            if self.silenced:
+                if not data:
+                    return
+                continue  # a blackhole: the bytes vanish, the sockets stay open
+            strike = self._strike_at(direction, data)
+            if strike is not None:
+                if strike:
+                    q.put((self.proxy.deliver_at(), data[:strike]))
+                if self._strike(q):
+                    return
+                data = data[strike:]
+                if self.silenced:
+                    continue
+                if not data:
+                    continue
+            q.put((self.proxy.deliver_at(), data or None))
             if not data:
                 return
+
+    def _strike_at(self, direction: str, data: bytes) -> Optional[int]:
+        """Where in ``data`` this connection's fault strikes, if it does in this chunk."""
+        before = self.tracker.counted[direction]
+        stream_before = self.tracker.stream_bytes
+        entered = self.tracker.feed(direction, data)
+        fault = self.fault
+        if fault is None or not data:
+            return None
+        if fault.phase == "byte":
+            if direction != fault.direction:
+                return None
+            at = fault.after_bytes - before
+            return at if 0 <= at < len(data) else None
+        if fault.phase not in entered:
+            if fault.phase == "stream" and direction == "s2c" and stream_before:
+                at = fault.after_bytes - stream_before
+                return at if 0 <= at < len(data) else None
+            return None
+        at = entered[fault.phase] + (fault.after_bytes if fault.phase == "stream" else 0)
+        return at if at < len(data) else None
+
+    def _strike(self, q: queue.Queue[_Item]) -> bool:
+        """Apply the fault (once); True when this reader must stop."""
+        fault, self.fault = self.fault, None
+        assert fault is not None
+        self.proxy._fired(self, fault)
+        if fault.action == "cut":
+            self.silenced = True  # nothing more is forwarded; the reset follows the prefix
+            q.put((self.proxy.deliver_at(), _CUT))
+            return False
+        if fault.action == "blackhole":
+            self.silenced = True
+            return False
+        self.hold_until = time.monotonic() + fault.seconds
+        return False
 
     def _writer(self, dst: socket.socket, q: queue.Queue[_Item]) -> None:
         while not self.stop.is_set():
@@ -100,11 +291,14 @@ class _Connection:
             except queue.Empty:
                 continue
             while not self.stop.is_set():
-                wait = deliver_at - time.monotonic()
+                wait = max(deliver_at, self.hold_until) - time.monotonic()
                 if wait <= 0:
                     break
                 time.sleep(min(wait, _POLL))
             if self.stop.is_set():
+                return
+            if data is _CUT:
+                self.abort()
                 return
             if data is None:  # the source half-closed: pass the FIN on, after the same delay
                 with contextlib.suppress(OSError):
@@ -158,8 +352,16 @@ class LatencyProxy:
     manager or call :meth:`close`; all threads are daemonic and stop within ~0.1 s of close.
     """
 
-    def __init__(self, target_host: str, target_port: int, one_way_delay: float = 0.12) -> None:
+    def __init__(self, target_host: str, target_port: int, one_way_delay: float = 0.12, *,
+                 jitter: float = 0.0, seed: Optional[int] = None) -> None:
         self.target_host = _check_loopback(target_host)
+        if jitter < 0:
+            raise ValueError("jitter must be >= 0")
+        self.jitter = float(jitter)
+        self._random = random.Random(seed)
+        self._faults: List[Fault] = []
+        self.fired: List[Tuple[int, str, str]] = []  # (connection, phase, action) struck
+        self._held: List[socket.socket] = []  # clients blackholed at accept
         self.target_port = int(target_port)
         if one_way_delay < 0:
             raise ValueError("one_way_delay must be >= 0")
@@ -208,6 +410,44 @@ class LatencyProxy:
             raise ValueError("delay must be >= 0")
         self.one_way_delay = float(seconds)
 
+    def set_jitter(self, seconds: float) -> None:
+        """Add up to ``seconds`` of random extra one-way delay per chunk (order is kept)."""
+        if seconds < 0:
+            raise ValueError("jitter must be >= 0")
+        self.jitter = float(seconds)
+
+    def deliver_at(self) -> float:
+        """When a chunk read now is delivered: the delay plus this chunk's jitter."""
+        extra = self._random.uniform(0.0, self.jitter) if self.jitter else 0.0
+        return time.monotonic() + self.one_way_delay + extra
+
+    def inject(self, *faults: Fault) -> None:
+        """Arm faults; each strikes one connection (see :class:`Fault`) and is then spent."""
+        with self._lock:
+            self._faults.extend(faults)
+
+    def disarm(self) -> int:
+        """Drop the faults not yet given to a connection; returns how many."""
+        with self._lock:
+            dropped, self._faults = len(self._faults), []
+        return dropped
+
+    def pending_faults(self) -> int:
+        """Faults armed but not yet given to a connection."""
+        with self._lock:
+            return len(self._faults)
+
+    def _take_fault(self, number: int) -> Optional[Fault]:
+        with self._lock:
+            for i, fault in enumerate(self._faults):
+                if fault.connection in (None, number):
+                    return self._faults.pop(i)
+        return None
+
+    def _fired(self, conn: Optional[_Connection], fault: Fault, number: int = 0) -> None:
+        with self._lock:
+            self.fired.append((conn.number if conn else number, fault.phase, fault.action))
+
     def cut_all(self) -> int:
         """Reset every live connection on both sides (RST), keep listening; returns how many."""
         with self._lock:
@@ -226,6 +466,10 @@ class LatencyProxy:
                 self._listener.close()
         if self._accept_thread is not None:
             self._accept_thread.join(2.0)
+        with self._lock:
+            held, self._held = self._held, []
+        for sock in held:
+            _abort(sock)
         self.cut_all()
 
     def __enter__(self) -> LatencyProxy:
@@ -251,6 +495,18 @@ class LatencyProxy:
             self._open(client)
 
     def _open(self, client: socket.socket) -> None:
+        with self._lock:
+            self.accepted += 1
+            number = self.accepted
+        fault = self._take_fault(number)
+        if fault is not None and fault.phase == "tcp" and fault.action != "stall":
+            self._fired(None, fault, number)
+            if fault.action == "cut":
+                _abort(client)
+            else:
+                with self._lock:
+                    self._held.append(client)  # accepted, never read, never closed
+            return
         family = socket.AF_INET6 if ":" in self.target_host else socket.AF_INET
         upstream = socket.socket(family, socket.SOCK_STREAM)
         upstream.settimeout(5.0)
@@ -266,10 +522,13 @@ class LatencyProxy:
         for s in (client, upstream):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.settimeout(_POLL)
-        conn = _Connection(self, client, upstream)
+        conn = _Connection(self, client, upstream, number, fault)
+        if fault is not None and fault.phase == "tcp":  # a stall before the first byte
+            conn.fault = None
+            self._fired(conn, fault)
+            conn.hold_until = time.monotonic() + fault.seconds
         with self._lock:
             self._conns.append(conn)
-            self.accepted += 1
         conn.start()
 
     def _forget(self, conn: _Connection) -> None:

@@ -172,6 +172,15 @@ def test_secret_printed_by_a_failing_process_appears_nowhere(
             [*inv, "status", "--host", str(box_host), "--playbook", name, "--json"],
             capture_output=True, text=True, env=env, timeout=120)
         shown += [status_done.stdout, status_done.stderr]
+        for extra, fresh in (([], state), (["--json"], tmp_path / "inv-state-2")):
+            # each from a fresh local mirror: a second tail would only show what is new
+            tail_done = subprocess.run(
+                [*inv, "tail-logs", "--host", str(box_host), "--playbook", name,
+                 "--no-follow", *extra], capture_output=True, text=True,
+                env={**env, "XDG_STATE_HOME": str(fresh)}, timeout=120)
+            assert tail_done.returncode == 0, tail_done.stderr
+            assert "HF_TOKEN=***" in tail_done.stdout, "the line is shown, redacted"
+            shown += [tail_done.stdout, tail_done.stderr]
     assert watch.scans > 0 and watch.hits == []
     assert all(SECRET not in text for text in shown)
     runs = sorted((workdir(box_host) / "runs").iterdir())
@@ -181,9 +190,13 @@ def test_secret_printed_by_a_failing_process_appears_nowhere(
         # the second deploy stops (and so marks) the first, failed, run of the playbook
         assert json.loads((run / "run.json").read_text())["status"] in ("failed", "stopped")
         assert SECRET in (run / "logs" / "leaky.log").read_text(), "its own log keeps it"
-    for path in state.rglob("*"):
-        if path.is_file():
-            assert SECRET not in path.read_text(errors="replace"), path
+    for root in (state, tmp_path / "inv-state-2"):
+        mirrors = root / "outrig" / "logs"  # tail-logs' byte-exact copy of the process's log
+        assert any(SECRET in p.read_text(errors="replace") for p in mirrors.rglob("*")
+                   if p.is_file()), "the mirror is the log itself, as on the box"
+        for path in root.rglob("*"):
+            if path.is_file() and mirrors not in path.parents:
+                assert SECRET not in path.read_text(errors="replace"), path
 
 
 def test_status_of_a_running_process_redacts_its_secret_even_without_it_in_the_shell(

@@ -148,15 +148,6 @@ class Box:
                     os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Box]:
-    b = Box(tmp_path)
-    try:
-        yield b
-    finally:
-        b.teardown()
-
-
 def sleeper(name: str, **extra: Any) -> Dict[str, Any]:
     """A process that just runs for a minute (ready when launched)."""
     proc: Dict[str, Any] = {
@@ -527,6 +518,23 @@ def test_cleanup_stops_a_run_when_the_workdir_disk_is_full(full_box: Box) -> Non
     assert any("run.json" in note for note in result["not_recorded"]), result["not_recorded"]
     assert any(ev["event"] == "warning" and "could not record" in ev["msg"] for ev in events)
     assert not (box.workdir / ".outrig" / "current" / "smoke").exists()
+
+
+def test_deploy_onto_a_full_disk_says_so_and_starts_nothing(full_box: Box) -> None:
+    """A disk that is full when deploy writes its run records: the ``disk`` error names the
+    cause and the way out, not an internal "OSError: [Errno 28]" that reads like a bug."""
+    box = full_box
+    _, first = box.deploy([sleeper("first", ready={"log": "^up$"})])
+    assert first["ok"] is True, first
+    box.agent({"op": "cleanup", "playbook": "smoke", "stop_grace": 0.5})
+    fill(box.workdir.parent)
+    assert is_full(box.workdir)
+    events, result = box.deploy([sleeper("second", ready={"log": "^up$"})], run_id=R2)
+    assert result["ok"] is False, result
+    error = result["error"]
+    assert error["kind"] == "disk", error
+    assert "full" in error["message"] and "Free space" in error["message"], error
+    assert not any(ev["event"] == "started" for ev in events), events
 
 
 # ---------------------------------------------------------------------------------- status, logs

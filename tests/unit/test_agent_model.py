@@ -15,9 +15,7 @@ from typing import Any, Dict
 import pytest
 
 from tests.conftest import standin_path
-from tests.unit.test_agent_local import PY, Box, alive, box, error_of, free_port
-
-__all__ = ["box"]  # the fixture, re-exported so pytest finds it here
+from tests.unit.test_agent_local import PY, Box, alive, error_of, free_port
 
 
 def write_model(root: Path, *, layers: int | None = 36, vlm: bool = False,

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -56,15 +56,6 @@ while not os.path.exists("parent.exit"):
 
 HIDE_PROC = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
              'mount -t tmpfs tmpfs /proc && exec "$@"', "sh"]
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Box]:
-    b = Box(tmp_path)
-    try:
-        yield b
-    finally:
-        b.teardown()
 
 
 @pytest.fixture

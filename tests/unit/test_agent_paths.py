@@ -9,21 +9,8 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.unit.test_agent_local import R1, Box, error_of, names, sleeper
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Box]:
-    b = Box(tmp_path)
-    try:
-        yield b
-    finally:
-        b.teardown()
 
 
 def b64(data: bytes) -> str:

@@ -10,23 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
 
 from tests.unit.test_agent_local import PY, R1, Box, alive, error_of, names, sleeper
 
 SECRET = "hf_TRUTHsecret0123456789"
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Box]:
-    b = Box(tmp_path)
-    try:
-        yield b
-    finally:
-        b.teardown()
 
 
 def test_process_without_ready_whose_binary_is_missing_fails_with_127(box: Box) -> None:

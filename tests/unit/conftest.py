@@ -1,0 +1,20 @@
+"""The ``box`` fixture: the agent run locally on a fresh workdir (tests/unit/test_agent_local.py's
+:class:`Box`), shared by the agent's unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_agent_local import Box
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Box]:
+    b = Box(tmp_path)
+    try:
+        yield b
+    finally:
+        b.teardown()
