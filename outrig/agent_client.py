@@ -162,8 +162,8 @@ class AgentCall:
             except KeyboardInterrupt:
                 if on_interrupt is None:
                     raise
-                on_interrupt()
-                channel.write(CANCEL_LINE)
+                channel.write(CANCEL_LINE)  # first: a second Ctrl-C during the notice
+                on_interrupt()                 # must find the cancel already sent
                 return self.read(channel, on_event)
         finally:
             channel.close()

@@ -226,11 +226,13 @@ def _get(url: str) -> int:
 
 def test_forward_reaches_the_server_and_survives_a_cut_link(
         installed: Path, project: Path, sandbox: Any, make_proxy: Any, procs: Any) -> None:
+    # "far" reaches the box through a proxy that can cut the link; "box" (direct) stays for
+    # the teardown's cleanup, which runs after the proxy is closed
     host = yaml.safe_load((project / "hosts" / "box.yaml").read_text())
     proxy = make_proxy(sandbox.port, one_way_delay=0.0)
     host["port"] = proxy.port
-    (project / "hosts" / "box.yaml").write_text(yaml.safe_dump(host))
-    env = {"XDG_STATE_HOME": str(project / "state")}
+    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(host))
+    env = {"XDG_STATE_HOME": str(project / "state"), "OUTRIG_HOST": "far"}
     done = run(installed, ["deploy", "--param", f"port={free_port()}"], project, env=env)
     assert done.returncode == 0, done.stderr
     forwarding = procs.spawn([str(installed / "outrig"), "forward", "--process", "server",
