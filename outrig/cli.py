@@ -720,6 +720,17 @@ class OutrigProgram(Program):
         except ParseError as exc:
             raise Exit(parse_error_message(exc, self.binary_names[0]), code=2) from None
 
+    def parse_cleanup(self) -> None:
+        """``--complete`` (the shell completion scripts' call) also completes the values of
+        --host (and --from, --to) and --playbook from the project; Invoke completes flags
+        and task names."""
+        if self.args.complete.value:
+            names = value_candidates(self.core.remainder)
+            if names is not None:
+                print("\n".join(names))
+                raise Exit
+        super().parse_cleanup()
+
     def parse_tasks(self) -> None:
         try:
             super().parse_tasks()
@@ -728,6 +739,34 @@ class OutrigProgram(Program):
         except ValueError as exc:  # a typed flag given a value of the wrong type
             raise Exit(f"error: {exc}; see `outrig --help TASK` for the flag's type", code=2) \
                 from None
+
+
+VALUE_FLAGS = {"--host": "hosts", "--from": "hosts", "--to": "hosts",
+               "--playbook": "playbooks"}
+
+
+def value_candidates(invocation: str) -> list[str] | None:
+    """Names for the flag being completed in ``invocation`` (``outrig deploy --host`` or
+    ``outrig deploy --host uk``), or None when the word is not such a flag's value."""
+    import shlex
+
+    try:
+        words = shlex.split(invocation)
+    except ValueError:
+        return None
+    flag = next((w for w in words[-2:][::-1] if w in VALUE_FLAGS), None)
+    if flag is None or (words[-1] != flag and (words[-2:-1] != [flag]
+                                               or words[-1].startswith("-"))):
+        return None
+    root: Path | None = None
+    if "--project" in words[:-1]:
+        root = Path(words[words.index("--project") + 1]).expanduser()
+    elif os.environ.get("OUTRIG_PROJECT"):
+        root = Path(os.environ["OUTRIG_PROJECT"]).expanduser()
+    else:
+        root = find_project(Path.cwd())
+    folder = (root or Path.cwd()) / VALUE_FLAGS[flag]
+    return sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
 
 
 def parse_error_message(exc: ParseError, binary: str) -> str:

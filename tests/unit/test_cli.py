@@ -126,3 +126,15 @@ def test_inv_in_the_checkout_says_wrong_numbers_in_one_paragraph_with_exit_2() -
     assert done.returncode == 2, done.stderr
     assert "--lines must be a whole number, not 'abc'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_completion_offers_host_and_playbook_names_of_the_project(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = outrig(["--complete", "--", "outrig", "deploy", "--host"], capsys)
+    assert code == 0 and out.split() == ["four", "one", "three", "two"]
+    code, out, _ = outrig(["--complete", "--", "outrig", "plan", "--playbook", "jo"], capsys)
+    assert code == 0 and out.split() == ["job"]
+    code, out, _ = outrig(["--complete", "--", "outrig", "deploy", "--host", "--js"], capsys)
+    assert "--json" in out.split() and "one" not in out.split()  # a flag: Invoke's own
+    code, out, _ = outrig(["--complete", "--", "outrig", "dep"], capsys)
+    assert "deploy" in out.split()  # task names: Invoke's own
