@@ -776,7 +776,9 @@ def parse_error_message(exc: ParseError, binary: str) -> str:
     # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host
     text = re.sub(r"<Argument: ([^,()> ]+)[^>]*>",
                   lambda m: "--" + m.group(1).replace("_", "-"), str(exc)).rstrip(".!")
-    if name:
+    if name in ("exec", "ssh") and text.startswith("No idea what"):
+        fix = f"the command goes after --, e.g. `{binary} {name} --host NAME -- nvidia-smi`"
+    elif name:
         fix = f"see `{binary} --help {name}` for its flags"
     else:
         fix = f"see `{binary} --list` for the tasks and `{binary} --help TASK` for their flags"
