@@ -437,7 +437,8 @@ class LogTailer:
     def _note_if_nothing_new(self) -> None:
         """Say once, on stderr, that no line came and how to see older ones: an empty screen
         after a resume otherwise looks like a hang (follow) or a failure (--no-follow)."""
-        if self.noted_idle or self.result.lines or self.result.bytes or self.stop.is_set():
+        if (self.noted_idle or self.result.run_id is None or self.result.lines
+                or self.result.bytes or self.stop.is_set()):
             return
         self.noted_idle = True
         since = "since the last tail-logs" if self.resumed else "yet"
@@ -621,8 +622,7 @@ class LogTailer:
                 backoff, outage_since = self.initial_backoff, None
                 if result.get("reason") == "max_seconds" and self.follow:
                     continue  # the agent's lifetime bound: ask again on the same connection
-                if self.result.run_id is not None:
-                    self._note_if_nothing_new()
+                self._note_if_nothing_new()
                 break
         finally:
             self._finish()
