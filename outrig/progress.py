@@ -40,7 +40,7 @@ class Progress:
     epoch: int | None = None  # 0-based, from the metric line's ``epoch=``
     metrics: dict[str, float] = field(default_factory=dict)
     epoch_number: int | None = None  # 1-based, from "Training epoch E/N ..."
-    epochs_total: int | None = None
+    epochs_total: int | None = None  # from that line, else the trainer's --epochs
     epoch_state: str | None = None  # "started" / "completed"
     total_steps: int | None = None
     total_source: str | None = None  # how total_steps is known ("--max-steps", ...)
@@ -202,6 +202,7 @@ def parse_progress(text: str, *, argv: list[str] | None = None,
         progress.epoch_number, progress.epochs_total, progress.epoch_state = marker
     argv = argv or []
     epochs_total = progress.epochs_total or argv_int(argv, "--epochs")
+    progress.epochs_total = epochs_total
     candidates: list[tuple[int, str]] = []
     max_steps = argv_int(argv, "--max-steps")
     if max_steps is not None and max_steps > 0:
@@ -227,6 +228,21 @@ def format_duration(seconds: float) -> str:
     return f"{total}s"
 
 
+def epoch_words(progress: Progress) -> str | None:
+    """``epoch=5 (6/20)``: the trainer's own 0-based number, as its metric lines, checkpoint
+    folders and "Resuming training on epoch 5" print it, then the 1-based count of its
+    "Training epoch 6/20 started" line with the total. A bare "epoch 6" next to a log full of
+    ``epoch=5`` reads as an off-by-one, whichever of the two it meant."""
+    zero_based = progress.epoch
+    if zero_based is None and progress.epoch_number is not None:
+        zero_based = progress.epoch_number - 1
+    if zero_based is None:
+        return None
+    if not progress.epochs_total:
+        return f"epoch={zero_based}"
+    return f"epoch={zero_based} ({zero_based + 1}/{progress.epochs_total})"
+
+
 def summary(progress: Progress) -> str:
     """One line for humans: step/total, epoch, loss, acceptance, speed, ETA."""
     parts = []
@@ -234,10 +250,9 @@ def summary(progress: Progress) -> str:
     if progress.total_steps:
         step += f"/{progress.total_steps}"
     parts.append(step)
-    if progress.epoch_number is not None and progress.epochs_total:
-        parts.append(f"epoch {progress.epoch_number}/{progress.epochs_total}")
-    elif progress.epoch is not None:
-        parts.append(f"epoch {progress.epoch + 1}")
+    epoch = epoch_words(progress)
+    if epoch is not None:
+        parts.append(epoch)
     if progress.loss is not None:
         parts.append(f"loss {progress.loss:.3f}")
     for key, value in progress.acceptance().items():

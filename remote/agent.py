@@ -5018,9 +5018,16 @@ def walk_files(root: str) -> List[str]:
     return sorted(out)
 
 
-def dir_manifest(root: str, want_hash: bool, out: Emitter) -> JSONDict:
-    """path → {size, sha256?}; sha256 sums come from the cache when size and mtime match."""
-    cache_path = os.path.join(root, MANIFEST_CACHE)
+def dir_manifest(root: str, want_hash: bool, out: Emitter,
+                 cache_path: Optional[str] = None) -> JSONDict:
+    """path → {size, sha256?}; sha256 sums come from the cache when size and mtime match.
+    The cache is ``root/.outrig-manifest.json`` unless ``cache_path`` names another file (the
+    workstation keeps its own out of the user's folders)."""
+    if cache_path is None:
+        cache_path = os.path.join(root, MANIFEST_CACHE)
+    else:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(cache_path), exist_ok=True)
     try:
         cache = read_json(cache_path)
         if not isinstance(cache, dict):

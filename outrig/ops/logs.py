@@ -348,6 +348,8 @@ class LogTailer:
         self.call_worked = False  # the current call reached the agent (reset the backoff)
         self.initial_backoff = backoff
         self.measured_rtt: float | None = None  # survives the transports a reconnect replaces
+        self.resumed = False  # a cursor from an earlier tail-logs was loaded for this run
+        self.noted_idle = False  # the "nothing new" line was printed
 
     # -- events
 
@@ -365,6 +367,7 @@ class LogTailer:
         self.result.mirror_dir = root
         for name, cursor in self.store.load().items():
             self.streams[name] = StreamState(name, cursor, self.store.partial(name, cursor))
+            self.resumed = True
 
     def _stream(self, name: str) -> StreamState:
         if name not in self.streams:
@@ -427,7 +430,23 @@ class LogTailer:
                                "waiting for it")
         elif kind == "warning":
             self.reporter.warn(str(event.get("msg")))
+        elif kind == "heartbeat" and self.follow:
+            self._note_if_nothing_new()  # the first idle beat: the agent has sent all it had
         return False
+
+    def _note_if_nothing_new(self) -> None:
+        """Say once, on stderr, that no line came and how to see older ones: an empty screen
+        after a resume otherwise looks like a hang (follow) or a failure (--no-follow)."""
+        if (self.noted_idle or self.result.run_id is None or self.result.lines
+                or self.result.bytes or self.stop.is_set()):
+            return
+        self.noted_idle = True
+        since = "since the last tail-logs" if self.resumed else "yet"
+        where = f" or read the local mirror in {self.result.mirror_dir}" \
+            if self.resumed and self.result.mirror_dir is not None else ""
+        waiting = "; waiting for new lines" if self.follow else ""
+        self.reporter.info(f"nothing new in the logs of run {self.result.run_id} {since}{waiting}. "
+                           f"To see older lines, add --lines N (e.g. --lines 100){where}.")
 
     def _take(self, name: str, applied: Applied, shown: list[tuple[str, str]]) -> None:
         if applied.mirror:
@@ -603,6 +622,7 @@ class LogTailer:
                 backoff, outage_since = self.initial_backoff, None
                 if result.get("reason") == "max_seconds" and self.follow:
                     continue  # the agent's lifetime bound: ask again on the same connection
+                self._note_if_nothing_new()
                 break
         finally:
             self._finish()

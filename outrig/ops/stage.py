@@ -20,6 +20,7 @@ stopped, and an item gets its stage mark only when every file is verified.
 
 from __future__ import annotations
 
+import hashlib
 import secrets as _secrets
 import time
 from dataclasses import dataclass
@@ -120,12 +121,21 @@ def box_manifest(session: HostSession, items: list[tuple[str, str]], *,
     return {entry["name"]: entry for entry in result["items"]}
 
 
-def local_manifest(root: Path) -> dict[str, Any]:
+def manifest_cache(state: Path, root: Path) -> Path:
+    """Where the workstation caches the sha256 sums of a local folder: in outrig's state dir,
+    keyed by the folder's absolute path, so staging never writes into the user's folder."""
+    key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24]
+    return state / "manifests" / f"{key}.json"
+
+
+def local_manifest(root: Path, state: Path) -> dict[str, Any]:
+    """A workstation folder's files (size, mtime, sha256), its partial files and stage mark."""
     agent = agent_module()
     if not root.is_dir():
         return {"exists": False, "files": {}, "partial": {}, "staged": False}
     mark = agent.staged_record(str(root))
-    listing: dict[str, Any] = agent.dir_manifest(str(root), True, Events(None))
+    listing: dict[str, Any] = agent.dir_manifest(str(root), True, Events(None),
+                                                 str(manifest_cache(state, root)))
     return {"exists": True, "staged": mark is not None, **listing}
 
 
@@ -165,8 +175,9 @@ class Stager:
     def push_local(self, root: Path, dest: HostSession, path: str, dest_listing: dict[str, Any],
                    name: str, source_label: str) -> dict[str, Any]:
         """Workstation folder → box."""
-        return self._into_box(local_source(root), _sources_files(local_manifest(root)), dest,
-                              path, dest_listing, f"{name} → {dest.host.name}", source_label)
+        listing = local_manifest(root, self.journal.root)
+        return self._into_box(local_source(root), _sources_files(listing), dest, path,
+                              dest_listing, f"{name} → {dest.host.name}", source_label)
 
     def relay(self, src: HostSession, src_path: str, src_listing: dict[str, Any],
               dest: HostSession, path: str, dest_listing: dict[str, Any], name: str,
@@ -218,7 +229,7 @@ class Stager:
                    root: Path, name: str) -> dict[str, Any]:
         """Box → workstation folder (the checkpoint mirror)."""
         expect = _sources_files(src_listing)
-        here = local_manifest(root)
+        here = local_manifest(root, self.journal.root)
         plan = diff(expect, _sources_files(here), here.get("partial") or {})
         moved = copy(box_source(src, src_path), plan, partial(to_local, root=root),
                      self._meter(f"{name} ← {src.host.name}", plan.bytes), self.streams) \

@@ -289,3 +289,35 @@ def test_grep_and_unknown_process(box_host: Path, journal: Journal) -> None:
         tail_logs(PROJECT, str(box_host), Reporter(quiet=True), since="1h", journal=journal)
     with pytest.raises(ConfigError, match="--grep"):
         tail_logs(PROJECT, str(box_host), Reporter(quiet=True), grep="(", journal=journal)
+
+
+def test_nothing_new_says_so_and_how_to_see_older_lines(box_host: Path,
+                                                        journal: Journal) -> None:
+    logs = make_run(box_host, ["trainer"])
+    (logs / "trainer.log").write_text("a\nb\n")
+    tail_logs(PROJECT, str(box_host), Reporter(quiet=True, out=io.StringIO()),
+              follow=False, journal=journal)
+    run_dir = mirror_dir(journal, box_host, "job-20260101-000000-abcd")
+
+    # --no-follow: one line on stderr, nothing on stdout (the JSON stream stays clean).
+    out, err = io.StringIO(), io.StringIO()
+    again = tail_logs(PROJECT, str(box_host), Reporter(json_mode=True, out=out, err=err),
+                      follow=False, journal=journal)
+    assert out.getvalue() == "" and again.lines == 0
+    note = " ".join(err.getvalue().split())  # the console may wrap the line
+    assert "nothing new" in note and "--lines" in note and str(run_dir) in note
+    # ... and the advice works: --lines shows the older lines again.
+    older = io.StringIO()
+    tail_logs(PROJECT, str(box_host), Reporter(json_mode=True, out=older, err=io.StringIO()),
+              lines=10, follow=False, journal=journal)
+    assert [json.loads(x)["line"] for x in older.getvalue().splitlines()] == ["a", "b"]
+
+    # follow: said once, when the first heartbeat shows the logs are idle; new lines still come.
+    follow = Follow(box_host, journal, heartbeat=0.3)
+    err_stream = follow.session.reporter.console.file
+    wait_for(lambda: "nothing new" in err_stream.getvalue(), 10, "the nothing-new note")
+    with open(logs / "trainer.log", "a") as f:
+        f.write("c\n")
+    wait_for(lambda: follow.lines() == ["c"], 10, "the new line")
+    follow.finish()
+    assert err_stream.getvalue().count("nothing new") == 1

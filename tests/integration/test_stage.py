@@ -97,6 +97,11 @@ def test_workstation_folder_is_pushed_verified_then_rerun_moves_nothing(
     assert first["items"][0]["bytes"] == 1_500_100
     assert same_tree(source, box_data)
     assert not list(box_data.rglob("*.outrig-part"))
+    # The user's folder is read, never written: the sha256 cache lives in outrig's state dir.
+    assert sorted(p.name for p in source.rglob("*")) == [
+        "a.arrow", "b.arrow", "empty.txt", "state.json", "sub"]
+    caches = list((journal.root / "manifests").glob("*.json"))
+    assert len(caches) == 1 and "sub/b.arrow" in json.loads(caches[0].read_text())
 
     counter = ExecCounter(monkeypatch)
     again = stage(PROJECT, str(box_host), str(book), Reporter(quiet=True), journal=journal)

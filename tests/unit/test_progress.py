@@ -191,3 +191,28 @@ def test_the_real_h200_migrate_resumes_where_the_old_box_stopped() -> None:
     assert progress is not None and progress.step is not None
     assert progress.step > int(resumed.group(1))
     assert "Starting fresh training run" not in new
+
+
+def test_status_numbers_epochs_as_the_trainer_logs_them_with_the_total() -> None:
+    """speculators 0.9 numbers epochs from 0 in its metric lines (``epoch=5``), in its
+    checkpoint folders (``5/``), in training_state.json and in "Resuming training on epoch 5";
+    only "Training epoch E/N started" counts from 1. Status shows the 0-based number as the
+    log's ``epoch=`` key does, and the 1-based count of the marker line with the total."""
+    max_steps = (REAL_LOGS / "speculators-cpu/train-max-steps.log").read_text()
+    second = max_steps[:max_steps.index("Training epoch 2/2 completed")]
+    progress = parse_progress(second)
+    assert progress is not None and progress.epoch == 1
+    assert "epoch=1 (2/2)" in summary(progress)
+
+    first = parse_progress((REAL_LOGS / "h200-real-trainer/trainer-run1.log").read_text())
+    assert first is not None and "epoch=0 (1/20)" in summary(first)
+
+    # Only metric lines in the tail (the marker line lies further back than the agent looked):
+    # the number still matches the log's epoch=5, and the total comes from --epochs.
+    line = next(x for x in logical_lines(max_steps) if "global_step=" in x)
+    only_metrics = line.replace("epoch=0", "epoch=5")
+    fallback = parse_progress(only_metrics, argv=["--epochs", "20"])
+    assert fallback is not None
+    text = summary(fallback)
+    assert "epoch=5 (6/20)" in text and "epoch 6" not in text
+    assert "epoch=5," in summary(parse_progress(only_metrics))  # type: ignore[arg-type]
