@@ -1,7 +1,7 @@
 """The playbook's ``environments:`` and ``requires:`` sections (used by ``inv provision``).
 
 An environment is a venv on the box with pinned packages (vLLM in one, speculators in another:
-their torch/transformers pins differ, shared/reference/speculators-and-vllm.md §3). ``requires``
+their torch/transformers pins differ, docs/provision.md). ``requires``
 states what the box itself must offer. Both are validated here, when the playbook loads, so a
 typo in a pin or a specifier fails on the workstation before anything is sent; the agent checks
 the same things again on the box (remote/agent.py, ``op_provision``).

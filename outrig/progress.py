@@ -3,7 +3,7 @@
 The agent ships raw text (the last few KB of each log, plus the last line that mentions
 ``Training epoch``); everything else happens here on the workstation, where it can be tested
 against real lines. The format is speculators' per-step metric line
-(shared/reference/speculators-and-vllm.md §2)::
+(speculators 0.9 train/trainer.py; real logs in tests/fixtures/)::
 
     train/loss=2.345, train/full_acc=0.123, ..., train/eal=1.234, profile/step_ms=...,
     profile/tokens_per_s=..., epoch=0, lr/Muon=1.00e-03, lr/AdamW=1.00e-03, global_step=17

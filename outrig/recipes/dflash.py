@@ -1,7 +1,7 @@
 """``recipe: dflash``: vLLM serving hidden states + ``speculators`` DFlash training on one box.
 
 The hand-run scripts this replaces failed in ways a planner can see before anything starts
-(shared/reference/speculators-and-vllm.md has the facts): TP × DP larger than the server's
+(docs/dflash.md has the facts and their sources): TP × DP larger than the server's
 GPUs, a forgotten ``--max-num-batched-tokens``, ``--max-model-len`` shorter than a training
 sample, layer ids off by one, a verifier name that differs from what vLLM serves, a model
 pulled from the hub at launch. This module renders the three processes from a short section

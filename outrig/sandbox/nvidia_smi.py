@@ -10,7 +10,7 @@ the process and its memory is "freed", exactly what outrig has to observe on a r
 The state dir is ``$OUTRIG_FAKE_GPU_DIR``, else ``<dir of this script>/../gpu``. It holds
 ``inventory.json``: ``{"gpus": [{"index", "uuid", "name", "memory_total_mib"}], "driver"}``.
 
-Output formats copy the real captures in shared/reference/h200-capture (driver 580.159.04):
+Output formats copy the real captures in tests/fixtures/h200-1gpu (driver 580.159.04):
 ``", "`` separated CSV, units ``" MiB"``/``" %"`` unless ``nounits``, and the full table.
 
 This file runs on the "box" side as a script (copied into the sandbox's bin dir with a

@@ -19,7 +19,7 @@ import yaml
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 
-# One line of shared/reference/h200-capture/idle-gpu.csv (real H200, driver 580.159.04).
+# One line of tests/fixtures/h200-1gpu/idle-gpu.csv (real H200, driver 580.159.04).
 CAPTURED_GPU_LINE = ("0, GPU-77a30507-495f-090f-c8dd-b62546cd0a77, NVIDIA H200, 143771, 0, 143156, "
                      "0, 00000000:00:06.0, 580.159.04")
 GPU_QUERY = ("index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu,"

@@ -1,7 +1,7 @@
 """Test stand-in for ``torchrun --standalone --nproc_per_node N -m speculators.train ...``.
 
 Not product code. Reproduces what outrig reads from or relies on in the speculators trainer
-(shared/reference/speculators-and-vllm.md §1.3 and §2):
+(tests/standins/README.md traces each behaviour):
 - the verifier check against vLLM: ``GET <endpoint>/models`` and ``ValueError: An explicit model
   name was passed (X) which doesn't match found model_id Y``;
 - checkpoint layout, write order and resume, as speculators 0.9 does them (file:line below):

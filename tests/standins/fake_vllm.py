@@ -1,7 +1,7 @@
 """Test stand-in for ``python -m vllm.entrypoints.cli.main serve MODEL ...`` (not product code).
 
 Reproduces the parts of vLLM that outrig depends on or must survive (see
-shared/reference/speculators-and-vllm.md §2 and §4):
+tests/standins/README.md traces each behaviour):
 - GPU placement: DP rank d, TP rank t uses CUDA_VISIBLE_DEVICES[d*TP + t]; TP > visible fails at
   config time ("World size ..."); TP*DP > visible fails only later, inside the engines, with
   ``AssertionError: DP adjusted local rank N is out of bounds.`` after earlier ranks took GPUs.

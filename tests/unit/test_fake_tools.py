@@ -27,10 +27,9 @@ from tests.conftest import ProcessTracker
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-# Real outputs from shared/reference/h200-capture (H200, driver 580.159.04), embedded so the
-# tests do not depend on a path outside the repository; test_embedded_captures_match_the_files
-# checks them against the files wherever those exist.
-CAPTURE = Path("/work/shared/reference/h200-capture")
+# Real outputs captured on an H200 (driver 580.159.04; tests/fixtures/h200-1gpu/), embedded so
+# a reader sees them here; test_embedded_captures_match_the_files checks them against the files.
+CAPTURE = REPO / "tests" / "fixtures" / "h200-1gpu"
 CAPTURED = {
     "idle-gpu.csv": "0, GPU-77a30507-495f-090f-c8dd-b62546cd0a77, NVIDIA H200, 143771, 0, "
                     "143156, 0, 00000000:00:06.0, 580.159.04\n",
@@ -108,8 +107,6 @@ def sleepers(procs: ProcessTracker) -> Callable[[int], list[subprocess.Popen[Any
 
 # ------------------------------------------------------------------ fake nvidia-smi
 def test_embedded_captures_match_the_files() -> None:
-    if not CAPTURE.is_dir():
-        pytest.skip(f"{CAPTURE} is not on this machine; the embedded copies are used")
     for name, text in CAPTURED.items():
         assert (CAPTURE / name).read_text() == text, name
 

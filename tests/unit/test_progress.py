@@ -1,5 +1,5 @@
 """The progress parser against real metric lines: speculators' format from the reference doc
-(shared/reference/speculators-and-vllm.md §2), e-notation, and rich's 80-column wrapping
+(speculators 0.9 train/trainer.py), e-notation, and rich's 80-column wrapping
 produced by the real ``rich.logging.RichHandler``."""
 
 from __future__ import annotations
