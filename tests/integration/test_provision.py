@@ -77,9 +77,10 @@ class CountingCall(AgentCall):
 
     calls = 0
 
-    def run(self, request: dict[str, Any], on_event: Any = None) -> dict[str, Any]:
+    def run(self, request: dict[str, Any], on_event: Any = None,
+            **options: Any) -> dict[str, Any]:
         CountingCall.calls += 1
-        return super().run(request, on_event)
+        return super().run(request, on_event, **options)
 
 
 def write_playbook(tmp_path: Path, environments: dict[str, Any],
