@@ -39,12 +39,15 @@ def through(box_host: Path, proxy: LatencyProxy, tmp_path: Path) -> SSHTransport
     return SSHTransport(resolve_host(str(path), hosts_dir=tmp_path / "hosts"), link_attempts=1)
 
 
-@pytest.mark.parametrize("phase,seen", [("tcp", "banner"), ("banner", "banner"),
-                                        ("kex", "kex"), ("auth", "auth"),
-                                        ("channel", "channel")])
+# A reset right after the proxy accepts reaches the client either while its connect() is
+# still being answered or while it waits for the banner: both are the start of the link,
+# and which one a loaded machine shows is a race, so both are accepted.
+@pytest.mark.parametrize("phase,seen", [("tcp", {"connect", "banner"}), ("banner", {"banner"}),
+                                        ("kex", {"kex"}), ("auth", {"auth"}),
+                                        ("channel", {"channel"})])
 def test_a_cut_strikes_the_phase_it_is_aimed_at(box_host: Path, tmp_path: Path,
                                                 make_proxy: Callable[..., LatencyProxy],
-                                                phase: str, seen: str) -> None:
+                                                phase: str, seen: set[str]) -> None:
     config = yaml.safe_load(box_host.read_text())
     proxy = make_proxy(config["port"], one_way_delay=0.005)
     # every attempt gets the fault, so the error shows the phase paramiko had reached
@@ -55,7 +58,7 @@ def test_a_cut_strikes_the_phase_it_is_aimed_at(box_host: Path, tmp_path: Path,
             transport.start(["true"])
     finally:
         transport.close()
-    assert caught.value.phase == seen  # a TCP reset is seen while waiting for the banner
+    assert caught.value.phase in seen
     assert proxy.fired[0] == (1, phase, "cut")
 
 
