@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
+from outrig.console import Reporter
+from outrig.journal import Journal
+from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
 from outrig.sandbox.box import children_of
 
 
@@ -58,3 +63,12 @@ def marked(run_id: str) -> list[int]:
 def children(pid: int) -> list[int]:
     """Direct children of ``pid``."""
     return children_of(pid)
+
+
+def stop_every_run(project: Project, host: str, state: Path) -> None:
+    """Teardown: outrig's own cleanup of every run on ``host`` (by its records, journal in
+    ``state``). A failure is printed, not raised: the test's own failure matters more."""
+    try:
+        cleanup(project, host, Reporter(quiet=True), all_runs=True, journal=Journal(state))
+    except Exception as exc:
+        print(f"teardown cleanup failed: {exc}", file=sys.stderr)

@@ -20,7 +20,7 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.fulldisk import is_full
-from tests.helpers import alive
+from tests.helpers import alive, stop_every_run
 from tests.integration.test_deploy import write_playbook
 from tests.unit.test_agent_ownership import ESCAPE
 
@@ -72,11 +72,7 @@ def stop_all() -> Iterator[list[Path]]:
     hosts: list[Path] = []
     yield hosts
     for host in hosts:
-        try:
-            cleanup(PROJECT, str(host), Reporter(quiet=True), all_runs=True,
-                    journal=Journal(host.parent / "teardown-state"))
-        except Exception as exc:  # the test's own failure matters more; say what was left
-            print(f"teardown cleanup failed: {exc}", file=sys.stderr)
+        stop_every_run(PROJECT, str(host), host.parent / "teardown-state")
 
 
 def test_cleanup_stops_the_job_that_filled_the_workdir_disk(
