@@ -52,14 +52,21 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 
-def connect_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
-    """The connect limit and a sentence saying where it came from (for the error message)."""
+def _rtt_scaled(host: Host, rtt: float | None, floor: float, times: int,
+                which: str) -> tuple[float, str]:
+    """A limit and the sentence saying where it came from (for the error message): the host
+    file's connect_timeout, else ``times`` × the measured RTT but never below ``floor``."""
     if host.connect_timeout is not None:
         return host.connect_timeout, "connect_timeout in the host file"
     if rtt is None:
         return DEFAULT_CONNECT_TIMEOUT, "default; no RTT measured yet for this host"
-    limit = max(DEFAULT_CONNECT_TIMEOUT, 30 * rtt)
-    return limit, f"max({DEFAULT_CONNECT_TIMEOUT:g} s, 30 × last measured RTT {rtt * 1000:.0f} ms)"
+    return (max(floor, times * rtt),
+            f"max({floor:g} s, {times} × {which} RTT {rtt * 1000:.0f} ms)")
+
+
+def connect_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
+    """The connect limit and a sentence saying where it came from (for the error message)."""
+    return _rtt_scaled(host, rtt, DEFAULT_CONNECT_TIMEOUT, 30, "last measured")
 
 
 def keepalive_interval_for(rtt: float | None) -> int:
@@ -368,12 +375,7 @@ def retry_pause(rtt: float | None, attempt: int) -> float:
 def channel_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
     """How long a session-channel open may take once authenticated: one round trip, so a
     generous multiple of the measured RTT (never below a floor a loaded sshd can need)."""
-    if host.connect_timeout is not None:
-        return host.connect_timeout, "connect_timeout in the host file"
-    if rtt is None:
-        return DEFAULT_CONNECT_TIMEOUT, "default; no RTT measured yet for this host"
-    limit = max(CHANNEL_TIMEOUT_FLOOR, 20 * rtt)
-    return limit, f"max({CHANNEL_TIMEOUT_FLOOR:g} s, 20 × measured RTT {rtt * 1000:.0f} ms)"
+    return _rtt_scaled(host, rtt, CHANNEL_TIMEOUT_FLOOR, 20, "measured")
 
 
 def handshake_phase(transport: Any) -> str:
