@@ -4371,21 +4371,16 @@ class Follower:
             pass
         return [n for n in names if NAME_RE.match(n)]
 
-    def run_status(self) -> Optional[str]:
+    def run_record(self) -> JSONDict:
+        """The run's run.json ({} while it cannot be read)."""
         try:
             run = read_json(self.layout.run_json(self.run_id))
         except (OSError, ValueError):
-            return None
-        return run.get("status") if isinstance(run, dict) else None
+            return {}
+        return run if isinstance(run, dict) else {}
 
-    def secret_keys(self) -> List[str]:
-        """The run's secret names: the workstation redacts their values from what it prints
-        (the stream itself carries exact bytes, so the local mirror and offsets stay true)."""
-        try:
-            run = read_json(self.layout.run_json(self.run_id))
-        except (OSError, ValueError):
-            return []
-        return run_secret_keys(run) if isinstance(run, dict) else []
+    def run_status(self) -> Optional[str]:
+        return self.run_record().get("status")
 
     def rescan(self) -> None:
         """Add tails for processes that appeared (launched after us, when not filtered)."""
@@ -4536,9 +4531,12 @@ class Follower:
                     "not_found",
                     f"run {self.run_id} has no process {', '.join(unknown)} (it has {have})")
         self.rescan()
+        # secret_keys: the workstation redacts their values from what it prints (the stream
+        # itself carries exact bytes, so the local mirror and offsets stay true)
+        record = self.run_record()
         self.emit("run", run_id=self.run_id, processes=sorted(self.tails),
-                  status=self.run_status(), logs_dir=self.logs_dir,
-                  secret_keys=self.secret_keys())
+                  status=record.get("status"), logs_dir=self.logs_dir,
+                  secret_keys=run_secret_keys(record))
         started = time.monotonic()
         reason = "eof"
         try:
