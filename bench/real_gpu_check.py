@@ -154,13 +154,9 @@ def main() -> int:
         report["gpu_count"] = gpu_count
 
         # 1. outrig's own parsers on the live output
-        import importlib.util
+        from outrig._box.agent.gpus import parse_compute_apps, query_gpus
 
-        spec = importlib.util.spec_from_file_location("outrig_agent", REPO / "remote" / "agent.py")
-        assert spec and spec.loader
-        agent = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(agent)
-        gpus, gpu_error = agent.query_gpus()
+        gpus, gpu_error = query_gpus()
         report["steps"]["parsed_idle"] = {"gpus": gpus, "error": gpu_error}
         checks["parser_sees_every_gpu"] = len(gpus) == gpu_count and gpu_error is None
 
@@ -173,7 +169,7 @@ def main() -> int:
         report["steps"]["tree_deploy_seconds"] = round(time.monotonic() - t0, 2)
         busy = snapshot()
         report["steps"]["busy"] = busy
-        report["steps"]["busy_parsed_apps"] = agent.parse_compute_apps(
+        report["steps"]["busy_parsed_apps"] = parse_compute_apps(
             sh(["nvidia-smi", "--query-compute-apps=pid,used_memory,gpu_uuid",
                 "--format=csv,noheader,nounits"]))
         report["steps"]["busy_table"] = sh(["nvidia-smi"])

@@ -1,23 +1,24 @@
 """The workstation side of the agent protocol (docs/agent-protocol.md).
 
-One call = one exec: the bootstrap command, then the zlib-compressed agent source and one JSON
-request written to stdin in a single write, then JSON-line events read back until the
-``result`` line. Events go to a callback as they arrive (live progress); the result is returned
+One call = one exec: the bootstrap command with the agent bundle (the package remote/agent/ as
+one compressed zip, see remote/agent/bundle.py) and the JSON request in its command line, or,
+for requests carrying secrets, both written to stdin in a single write; then JSON-line events
+read back until the ``result`` line.
 or raised as :class:`RemoteError`.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import time
-import zlib
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from outrig._box.agent import bundle as agent_bundle
+from outrig._box.agent.protocol import PROTOCOL_VERSION
 from outrig.errors import LinkLost, RemoteError
 from outrig.transport import AgentChannel, Transport
 
@@ -26,88 +27,60 @@ EventHandler = Callable[[Event], None]
 
 
 
-def find_agent() -> Path:
-    """Where the box agent's source is: inside the installed package (a wheel ships
-    remote/agent.py as ``outrig/_box/agent.py``) or beside the package in a checkout."""
-    here = Path(__file__).resolve().parent
-    candidates = (here / "_box" / "agent.py", here.parent / "remote" / "agent.py")
-    return next((path for path in candidates if path.is_file()), candidates[-1])
-
-
-AGENT_PATH = find_agent()
-BOOTSTRAP = (
-    "import sys,zlib;"
-    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '"
-    "+sys.version.split()[0]);"
-    "n=int(sys.stdin.buffer.readline());"
-    "exec(compile(zlib.decompress(sys.stdin.buffer.read(n)),'outrig-agent','exec'))"
-)
-# The fast path: agent and request both travel in the exec'd command line. An SSH session
+AGENT_DIR = Path(agent_bundle.__file__).resolve().parent  # remote/agent/ (outrig/_box/agent/)
+# The fast path: bundle and request both travel in the exec'd command line. An SSH session
 # channel has a zero send window until the server has started the command, so anything written
 # to stdin waits one extra round trip for the window; the command line does not. Linux caps one
 # argument (and sshd passes the whole command to the shell as one) at 128 KiB, hence the limit;
 # requests carrying secrets always use stdin so that no secret is ever visible in argv.
-BOOTSTRAP_ARGV = "\n".join([
-    "import sys,zlib,base64,os,marshal",
-    "sys.version_info<(3,8) and sys.exit('outrig agent needs Python >= 3.8, this is '"
-    "+sys.version.split()[0])",
-    "d=lambda s:zlib.decompress(base64.b64decode(s))",
-    # Compiling the agent costs ~50 ms a call; keep its code object per (source, Python).
-    "p=os.path.expanduser('~/.cache/outrig/agent-%s-%s.bin'%(sys.argv[3],"
-    "sys.implementation.cache_tag))",
-    "try:",
-    " c=marshal.loads(open(p,'rb').read())",
-    "except Exception:",
-    " c=compile(d(sys.argv[1]),'outrig-agent','exec')",
-    " try:",
-    "  os.makedirs(os.path.dirname(p),exist_ok=True);t='%s.%d'%(p,os.getpid())",
-    "  open(t,'wb').write(marshal.dumps(c));os.replace(t,p)",
-    " except Exception:",
-    "  pass",
-    "exec(c,{'__name__':'__main__','OUTRIG_REQUEST':d(sys.argv[2]),"
-    "'OUTRIG_AGENT_B64':sys.argv[1]})",
-])
 ARGV_LIMIT = 120_000
 CANCEL_LINE = b"cancel\n"  # written to a deploying agent's stdin on Ctrl-C
-PROTOCOL_VERSION = 1
+
+
+@lru_cache(maxsize=1)
+def agent_bundle_bytes() -> bytes:
+    """The agent package as one zip (bundle.py); cached: it never changes in a run."""
+    try:
+        return agent_bundle.build_bundle(agent_bundle.package_sources())
+    except (OSError, KeyError) as exc:
+        raise RemoteError(
+            f"the remote agent in {AGENT_DIR} is missing or incomplete ({exc}): this outrig "
+            "install is broken; reinstall it (pip install --force-reinstall outrig, or "
+            "pip install -e . in a checkout)"
+        ) from None
 
 
 @lru_cache(maxsize=1)
 def agent_payload() -> bytes:
-    """The compressed agent source with its length line (cached: it never changes in a run)."""
-    try:
-        source = AGENT_PATH.read_bytes()
-    except FileNotFoundError:
-        raise RemoteError(
-            f"the remote agent {AGENT_PATH} is missing: this outrig install is incomplete; "
-            "reinstall it (pip install --force-reinstall outrig, or pip install -e . in a "
-            "checkout)"
-        ) from None
-    packed = zlib.compress(source, 9)
+    """The compressed bundle with its length line, as it goes on stdin."""
+    packed = agent_bundle.pack(agent_bundle_bytes())
     return f"{len(packed)}\n".encode() + packed
 
 
 @lru_cache(maxsize=1)
 def agent_b64() -> str:
-    """The agent source, compressed and base64-encoded for the command line."""
+    """The compressed bundle in base64, for the command line."""
     packed = agent_payload()
     return base64.b64encode(packed[packed.index(b"\n") + 1:]).decode("ascii")
 
 
 @lru_cache(maxsize=1)
 def agent_digest() -> str:
-    """Names the box-side cache of the compiled agent (changes with every source change)."""
-    return hashlib.sha256(AGENT_PATH.read_bytes()).hexdigest()[:20]
+    """Names the bundle's folder on the box (changes with every source change)."""
+    return agent_bundle.digest_of(agent_bundle_bytes())
 
 
-def agent_command(python: str) -> list[str]:
-    return [python, "-S", "-c", BOOTSTRAP]  # -S: no site-packages; the agent is stdlib only
+def agent_command(python: str, workdir: str = "") -> list[str]:
+    """The command for the stdin path: the bundle (:func:`agent_payload`) then the request
+    line follow on stdin. Without ``workdir`` the box runs the bundle from memory."""
+    return agent_bundle.bootstrap_argv(python, agent_digest(), workdir, None, None)
 
 
 def argv_command(python: str, request_json: bytes) -> list[str] | None:
-    """The one-exec command carrying agent and request, or None when it would be too long."""
-    request = base64.b64encode(zlib.compress(request_json, 9)).decode("ascii")
-    argv = [python, "-S", "-c", BOOTSTRAP_ARGV, agent_b64(), request, agent_digest()]
+    """The one-exec command carrying bundle and request, or None when it would be too long."""
+    workdir = json.loads(request_json).get("workdir") or ""
+    argv = agent_bundle.bootstrap_argv(python, agent_digest(), str(workdir), agent_b64(),
+                                       agent_bundle.encode_request(request_json))
     if sum(len(part) + 3 for part in argv) > ARGV_LIMIT:
         return None
     return argv
@@ -136,7 +109,8 @@ class AgentCall:
         body = {"v": PROTOCOL_VERSION, **request}
         encoded = json.dumps(body).encode()
         argv = None if body.get("secrets") else argv_command(host.python, encoded)
-        channel = self.transport.start(argv or agent_command(host.python), window_size=window_size)
+        command = argv or agent_command(host.python, str(body.get("workdir") or ""))
+        channel = self.transport.start(command, window_size=window_size)
         if argv is None:
             try:
                 channel.write(agent_payload() + encoded + b"\n")

@@ -6,11 +6,11 @@ scheduler_state_dict.pt (absent with ``--scheduler-type none``), training_state.
 ``epoch<E>_step<K>`` / ``epoch<E>_end`` symlink and the "Checkpoint saved to" line. With
 ``--checkpoint-freq`` < 1 one folder is rewritten several times an epoch, so neither an old log
 line nor the files' presence proves the folder is whole now. The rule, applied on the box by
-the agent (``checkpoint_verdict`` in remote/agent.py, so that the quarantine before a trainer
-launch and every workstation decision use the same one): every file of the set is there,
-training_state.json parses and names the folder's epoch, and no file of the set is newer than
-training_state.json, which is written last. ``interrupted/`` (the SIGTERM save) has no
-training_state.json and speculators never resumes from it, so it is never chosen.
+the agent (``checkpoint_verdict`` in remote/agent/checkpoints.py, so that the quarantine
+before a trainer launch and every workstation decision use the same one): every file of the
+set is there, training_state.json parses and names the folder's epoch, and no file of the set
+is newer than training_state.json, which is written last. ``interrupted/`` (the SIGTERM save)
+has no training_state.json and speculators never resumes from it, so it is never chosen.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Exactly-once log following, the pure part: cursors, framing, segments and line splitting.
 
-The agent's ``follow`` op (remote/agent.py, docs/logs-and-status.md) sends raw bytes of each
+The agent's ``follow`` op (remote/agent/follow.py, docs/logs-and-status.md) sends raw bytes of each
 log as ``chunk`` events that carry the file's inode and the byte offset of their first byte.
 This module decides, without any I/O, what each event means for one process:
 

@@ -1,6 +1,6 @@
 """Moving files: between a box and the workstation, or from box to box.
 
-Every route speaks the agent's frame format (see the "transfers" section of remote/agent.py):
+Every route speaks the agent's frame format (remote/agent/transfer.py):
 a sender writes chunk frames, a receiver writes ``<file>.outrig-part`` at each chunk's offset
 and renames only after size and sha256 match. The workstation side reuses the agent's own
 sender and receiver code (the agent module is imported locally), so there is one
@@ -18,36 +18,24 @@ files are spread over several streams (channels) that run side by side on one co
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from outrig.agent_client import AGENT_PATH, AgentCall, raise_for_result
-from outrig.errors import LinkLost, OutrigError, RemoteError
+from outrig._box.agent import transfer as box_transfer
+from outrig._box.agent.events import AgentError as BoxError
+from outrig.agent_client import AgentCall, raise_for_result
+from outrig.errors import LinkLost, RemoteError
 from outrig.ops.base import HostSession, base_request
 
 Manifest = dict[str, dict[str, Any]]  # relative path → {"size", "sha256"}
 ProgressFn = Callable[[dict[str, Any]], None]
 RECEIVE_WINDOW = 16 << 20
 STREAMS = 4
-
-
-@lru_cache(maxsize=1)
-def agent_module() -> ModuleType:
-    """The agent's code as a module on the workstation (its frame sender and receiver)."""
-    spec = importlib.util.spec_from_file_location("outrig_remote_agent", AGENT_PATH)
-    if spec is None or spec.loader is None:
-        raise OutrigError(f"cannot load the agent from {AGENT_PATH}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass
@@ -146,7 +134,7 @@ def local_source(root: Path) -> Source:
     """Frames of files on the workstation's disk (the agent's sender, run here)."""
 
     def pump(files: list[dict[str, Any]], write: Callable[[bytes], None]) -> None:
-        agent_module().send_frames(str(root), files, _Sink(write))
+        box_transfer.send_frames(str(root), files, _Sink(write))
 
     return pump
 
@@ -222,7 +210,6 @@ def to_box(source: Source, files: list[dict[str, Any]], expect: Manifest,
 def to_local(source: Source, files: list[dict[str, Any]], expect: Manifest,
              progress: ProgressFn | None, *, root: Path) -> dict[str, Any]:
     """One stream into a folder on the workstation (the agent's receiver, run here)."""
-    agent = agent_module()
     root.mkdir(parents=True, exist_ok=True)
     read_fd, write_fd = os.pipe()
     subset = {f["path"]: expect[f["path"]] for f in files}
@@ -235,9 +222,9 @@ def to_local(source: Source, files: list[dict[str, Any]], expect: Manifest,
     join = _run_stream(source, files, write, lambda: os.close(write_fd))
     with os.fdopen(read_fd, "rb") as reader:
         try:
-            result: dict[str, Any] = agent.FrameReceiver(str(root), subset,
+            result: dict[str, Any] = box_transfer.FrameReceiver(str(root), subset,
                                                          Events(progress)).consume(reader)
-        except agent.AgentError as exc:
+        except BoxError as exc:
             lost = _lost_link(join)
             if lost is not None:  # the true cause of a stream that ended early
                 raise lost from None

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outrig._box.agent.events import redact as box_redact
+from outrig._box.agent.protocol import PROTOCOL_VERSION
 from outrig.agent_client import (
-    PROTOCOL_VERSION,
     agent_command,
     agent_payload,
     argv_command,
@@ -59,7 +60,6 @@ from outrig.logtail import (
     partial_tail,
 )
 from outrig.ops.base import HostSession, Project, base_request, playbook_name
-from outrig.transfer import agent_module
 from outrig.transport import AgentChannel, transport_for
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)
@@ -270,7 +270,7 @@ class LinePrinter:
 
     def lines(self, batch: list[tuple[str, str]]) -> None:
         out: list[str] = []
-        redact = agent_module().redact if self.secrets else None
+        redact = box_redact if self.secrets else None
         for name, line in batch:
             if redact is not None:
                 line = redact(line, self.secrets)

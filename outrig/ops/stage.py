@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from outrig._box.agent import transfer as box_transfer
 from outrig.checkpoints import listing_request, newest_complete
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
@@ -43,7 +44,6 @@ from outrig.transfer import (
     Manifest,
     Meter,
     Source,
-    agent_module,
     box_source,
     copy,
     diff,
@@ -130,12 +130,11 @@ def manifest_cache(state: Path, root: Path) -> Path:
 
 def local_manifest(root: Path, state: Path) -> dict[str, Any]:
     """A workstation folder's files (size, mtime, sha256), its partial files and stage mark."""
-    agent = agent_module()
     if not root.is_dir():
         return {"exists": False, "files": {}, "partial": {}, "staged": False}
-    mark = agent.staged_record(str(root))
-    listing: dict[str, Any] = agent.dir_manifest(str(root), True, Events(None),
-                                                 str(manifest_cache(state, root)))
+    mark = box_transfer.staged_record(str(root))
+    listing: dict[str, Any] = box_transfer.dir_manifest(str(root), True, Events(None),
+                                                        str(manifest_cache(state, root)))
     return {"exists": True, "staged": mark is not None, **listing}
 
 
@@ -234,7 +233,7 @@ class Stager:
         moved = copy(box_source(src, src_path), plan, partial(to_local, root=root),
                      self._meter(f"{name} ← {src.host.name}", plan.bytes), self.streams) \
             if plan.files else {"bytes": 0, "files": 0, "seconds": 0.0}
-        agent_module().mark_staged(str(root), expect, f"{src.host.name}:{src_path}")
+        box_transfer.mark_staged(str(root), expect, f"{src.host.name}:{src_path}")
         return {**moved, "skipped": plan.skipped}
 
 
@@ -428,7 +427,7 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
         reporter.warn(f"{src.host.name} has no complete checkpoint; looking in the mirror")
     mirror = mirror_root(family(job))
     epochs = sorted((int(p.name) for p in mirror.glob("*") if p.name.isdigit()
-                     and agent_module().staged_record(str(p)) is not None), reverse=True)
+                     and box_transfer.staged_record(str(p)) is not None), reverse=True)
     if not epochs:
         raise NoCheckpoint(
             f"no complete checkpoint of {job.name} to resume from: "
@@ -472,7 +471,7 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
                 skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
                 continue
             root = mirror_root(family(job)) / str(checkpoint.epoch)
-            if agent_module().staged_record(str(root)) is not None:
+            if box_transfer.staged_record(str(root)) is not None:
                 continue
             src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
             moved = stager.pull_local(session, checkpoint.path, src_listing, root,

@@ -236,13 +236,13 @@ def assert_same_times_and_complete(source: Path, copy: Path) -> None:
     """A copy keeps each file's mtime, so the completeness rule (the training state is
     written last) judges the copy as it judged the source; without it a parallel copy
     left small files newer than training_state.json and the checkpoint was quarantined."""
-    from outrig.transfer import agent_module
+    from outrig._box.agent.checkpoints import checkpoint_entry
 
     for path in source.iterdir():
         if path.name.startswith(".outrig-"):  # outrig's own cache and mark, not copied
             continue
         assert (copy / path.name).stat().st_mtime_ns == path.stat().st_mtime_ns, path.name
-    entry = agent_module().checkpoint_entry(str(copy), True, None)
+    entry = checkpoint_entry(str(copy), True, None)
     assert entry["complete"], entry
 
 

@@ -1,4 +1,4 @@
-"""The ``box`` fixture: the agent run locally on a fresh workdir (tests/unit/test_agent_local.py's
+"""The ``box`` fixture: the agent run locally on a fresh workdir (tests/agent_harness.py's
 :class:`Box`), shared by the agent's unit tests."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_agent_local import Box
+from tests.agent_harness import Box
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The agent's recipe support: the ``model_facts`` op and ``ready.model`` (served id check).
 
-Runs remote/agent.py as a subprocess exactly like tests/unit/test_agent_local.py (whose
+Runs the agent (remote/agent/) as a subprocess exactly like tests/unit/test_agent_local.py (whose
 ``Box`` harness and teardown by recorded pid this reuses), against real files and the vLLM
 stand-in.
 """
@@ -14,8 +14,9 @@ from typing import Any, Dict
 
 import pytest
 
+from tests.agent_harness import PY, Box, alive, error_of
 from tests.conftest import standin_path
-from tests.unit.test_agent_local import PY, Box, alive, error_of, free_port
+from tests.helpers import free_port
 
 
 def write_model(root: Path, *, layers: int | None = 36, vlm: bool = False,

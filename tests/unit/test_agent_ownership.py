@@ -1,4 +1,4 @@
-"""Cleanup never reports success while a process of ours lives (remote/agent.py, run locally).
+"""Cleanup never reports success while a process of ours lives (remote/agent/, run locally).
 
 A child that clears the OUTRIG_* markers and calls setsid is in no group, session or marker of
 its run. It is still ours when it is in the run's cgroup, when its parent chain leads to the
@@ -22,8 +22,8 @@ from typing import Any, Dict, List
 import pytest
 
 from outrig.sandbox import nvidia_smi
+from tests.agent_harness import AGENT, PY, R1, Box, alive, stat_fields, wait_until
 from tests.helpers import marked
-from tests.unit.test_agent_local import AGENT, PY, R1, Box, alive, stat_fields, wait_until
 
 # The run's process: starts a child that drops every OUTRIG_* variable and leaves the session
 # (setsid), and that child holds GPU 1. The parent exits when parent.exit appears (or on
@@ -196,16 +196,18 @@ def test_cleanup_with_proc_hidden_says_it_proved_nothing(box: Box) -> None:
 # The agent, with the /proc entries of its own children made unreadable: what a box that hides
 # other processes' /proc entries (but not the agent's own) shows it right after a launch.
 CHILD_STAT_HIDDEN = f"""
-import importlib.util, os
-spec = importlib.util.spec_from_file_location("outrig_agent", {str(AGENT)!r})
-agent = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(agent)
-real = agent.read_stat
+import os, sys
+sys.path.insert(0, {str(AGENT.parent)!r})  # remote/: the agent package imports as `agent`
+os.environ["OUTRIG_REQUEST"] = sys.argv[-1]  # the harness's argv path puts the request last
+import agent.__main__, agent.procs
+real = agent.procs.read_stat
 def read_stat(pid):
     st = real(pid)
     return None if st is not None and st.ppid == os.getpid() else st
-agent.read_stat = read_stat
-agent.main()
+for name, module in list(sys.modules.items()):
+    if name.startswith("agent.") and hasattr(module, "read_stat"):
+        module.read_stat = read_stat
+agent.__main__.main()
 """
 
 

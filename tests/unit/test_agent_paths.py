@@ -1,4 +1,4 @@
-"""Files and working folders stay inside the workdir on the box (remote/agent.py, run locally).
+"""Files and working folders stay inside the workdir on the box (remote/agent/, run locally).
 
 ``files:`` paths are relative without '..' (checked at plan time too), but a folder on the box
 may be a symlink leading out of the workdir: writing through it must be refused before any
@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import os
 
-from tests.unit.test_agent_local import R1, Box, error_of, names, sleeper
+from tests.agent_harness import R1, Box, error_of, names, sleeper
 
 
 def b64(data: bytes) -> str:

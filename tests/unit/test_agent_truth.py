@@ -1,9 +1,9 @@
 """What deploy says about a process is what happened to it, and no secret leaves its log.
 
-remote/agent.py runs locally (as the ``local`` transport runs it), with small real processes:
-a process that never started is a failure with its exit code and log, a process that finished
-its work before it was ready is ``finished`` (not a failure), and a secret value a process
-prints never reaches the error, the events, run.json or the status.
+The agent (remote/agent/) runs locally (as the ``local`` transport runs it), with small real
+processes: a process that never started is a failure with its exit code and log, a process
+that finished its work before it was ready is ``finished`` (not a failure), and a secret value
+a process prints never reaches the error, the events, run.json or the status.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Dict
 
 import pytest
 
-from tests.unit.test_agent_local import PY, R1, Box, alive, error_of, names, sleeper
+from tests.agent_harness import PY, R1, Box, alive, error_of, names, sleeper
 
 SECRET = "hf_TRUTHsecret0123456789"
 

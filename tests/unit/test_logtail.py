@@ -1,10 +1,9 @@
 """The pure half of tail-logs: cursors, chunk framing, segments, line splitting, and the
-agent's seek-from-end (imported from remote/agent.py, which is stdlib-only)."""
+agent's seek-from-end (imported from remote/agent/follow.py, which is stdlib-only)."""
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import os
 import zlib
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from outrig._box.agent import follow as box_follow
 from outrig.logtail import (
     Chunk,
     Cursor,
@@ -26,16 +26,11 @@ from outrig.logtail import (
 )
 from outrig.ops.logs import MirrorStore, heartbeat_for, idle_limit_for
 
-AGENT = Path(__file__).resolve().parents[2] / "remote" / "agent.py"
-
 
 @pytest.fixture(scope="module")
 def agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("outrig_agent_under_test", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The agent module under test, imported as any module is (outrig._box.agent.follow)."""
+    return box_follow
 
 
 def chunk_event(process: str, inode: int, offset: int, data: bytes,

@@ -1,10 +1,8 @@
 """Pure parts of provision and hub staging: the playbook schema, hub source strings, and the
-agent's version and requirement checks (imported from remote/agent.py as a module)."""
+agent's version and requirement checks (remote/agent/provision.py, imported as a module)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -12,21 +10,16 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig._box.agent import provision as box_provision
 from outrig.errors import ConfigError
 from outrig.hub import HubSource, is_hub_source, parse_hub_source
 from outrig.playbook import load_job
 
-AGENT = Path(__file__).resolve().parents[2] / "remote" / "agent.py"
-
 
 @pytest.fixture(scope="module")
 def agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("outrig_agent_under_test", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The agent module under test, imported as any module is (outrig._box.agent.provision)."""
+    return box_provision
 
 
 def load(tmp_path: Path, **body: Any) -> Any:

@@ -4,15 +4,15 @@ that produced the fixtures need a GPU machine (bench/real_gpu_check.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from outrig._box.agent import gpus as box_gpus
+from tests.agent_harness import run_agent as harness_run_agent
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -24,11 +24,8 @@ UUID1 = "GPU-5ff8e140-d059-ec35-6ccf-5903f7fde730"
 
 @pytest.fixture(scope="module")
 def agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("outrig_agent", REPO / "remote" / "agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The agent module under test, imported as any module is (outrig._box.agent.gpus)."""
+    return box_gpus
 
 
 def gpus(agent: ModuleType, path: Path) -> list[dict[str, Any]]:
@@ -111,10 +108,8 @@ def replay_smi(tmp_path: Path, gpu_csv: Path, apps_csv: Path) -> Path:
 
 
 def run_agent(request: dict[str, Any]) -> list[dict[str, Any]]:
-    done = subprocess.run([sys.executable, str(REPO / "remote" / "agent.py")],
-                          input=json.dumps(request) + "\n", capture_output=True, text=True,
-                          timeout=60, check=True)
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    """The agent run as the transports run it (tests/agent_harness.py)."""
+    return harness_run_agent(request)
 
 
 def test_agent_audit_classifies_real_output(tmp_path: Path) -> None:

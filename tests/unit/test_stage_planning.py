@@ -10,15 +10,17 @@ from typing import Any
 
 import pytest
 
+from outrig._box.agent.checkpoints import op_checkpoints, quarantine_checkpoints
+from outrig._box.agent.events import Emitter
+from outrig._box.agent.validation import Request
 from outrig.checkpoints import assess, listing_request, newest_complete
 from outrig.errors import ConfigError
 from outrig.inventory import Host
 from outrig.ops.stage import stage_items
 from outrig.playbook import load_job
-from outrig.transfer import agent_module, diff, split
+from outrig.transfer import diff, split
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT = agent_module()
 SET = ("config.json", "model.safetensors", "optimizer_state_dict.pt",
        "scheduler_state_dict.pt", "training_state.json")
 
@@ -41,9 +43,9 @@ def save(folder: Path, epoch: int, *, step: int = 0, total: int = 10,
 
 
 def listing(folder: Path, **fields: Any) -> dict[str, Any]:
-    request = AGENT.Request({"op": "checkpoints", "workdir": str(folder),
+    request = Request({"op": "checkpoints", "workdir": str(folder),
                              "save_path": str(folder), **fields})
-    result: dict[str, Any] = AGENT.op_checkpoints(request, AGENT.Emitter(io.BytesIO()))
+    result: dict[str, Any] = op_checkpoints(request, Emitter(io.BytesIO()))
     return result
 
 
@@ -94,7 +96,7 @@ def test_quarantine_moves_incomplete_folders_aside_and_keeps_complete_ones(
     (broken / "training_state.json").unlink()
     (tmp_path / "interrupted").mkdir()
     stream = io.BytesIO()
-    moved = AGENT.quarantine_checkpoints(str(tmp_path), True, AGENT.Emitter(stream))
+    moved = quarantine_checkpoints(str(tmp_path), True, Emitter(stream))
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert len(moved) == 1 and moved[0].startswith(str(tmp_path / "1.incomplete-"))
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("1.")) == [

@@ -1,0 +1,525 @@
+"""Stopping: the :class:`Stopper` that ends a run's processes by the ownership rules
+(group, session, cgroup, marker, recorded descendants) and records how each ended."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from .cgroups import cgroup_kill, cgroup_pids, record_cgroup, remove_cgroup, run_cgroups
+from .constants import (
+    CGROUP_SWEEP_NAME,
+    CHILDREN_FIRST_LAUNCHER_S,
+    DEFAULT_STOP_GRACE,
+    DESCENDANTS_FILE,
+    KILL_WAIT_S,
+    POLL_S,
+    STOP_HEARTBEAT_S,
+    SWEEP_NAME,
+    JSONDict,
+)
+from .events import Emitter
+from .layout import Layout, clear_pointers, read_json, write_json_atomic
+from .procs import ProcStat, boot_id, own_lineage, pid_live, read_markers, read_stat, scan_procs
+from .validation import _is_num
+
+
+class Stopper:
+    """Stops runs exactly as the protocol says, signalling only what is proven ours.
+
+    ``popens`` are children of this agent (launched in this call): they are polled while
+    waiting so they do not linger as zombies.
+    """
+
+    def __init__(self, out: Emitter, popens: Optional[Dict[int, subprocess.Popen[bytes]]] = None,
+                 layout: Optional[Layout] = None):
+        self.out = out
+        self.popens = popens if popens is not None else {}
+        self.layout = layout  # where descendants seen are recorded (None: kept in memory)
+        # run id -> {(pid, start ticks): process name}: every process proven ours so far,
+        # so one that later leaves its parent, group and session is still known.
+        self.seen: Dict[str, Dict[Tuple[int, int], str]] = {}
+        self.protected = own_lineage()
+        self.boot = boot_id()
+        self.marker_cache: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str]]] = {}
+        # What a stop could not write (a full disk must never keep it from killing).
+        self.unrecorded: List[str] = []
+        own_pgid = os.getpgid(0)
+        self.protected_groups = {own_pgid}
+        for pid in self.protected:
+            st = read_stat(pid)
+            if st is not None:
+                self.protected_groups.add(st.pgid)
+
+    # -- small helpers
+
+    def reap(self) -> None:
+        """Collect exited children of this agent (never blocks)."""
+        for popen in self.popens.values():
+            popen.poll()
+
+    def markers(self, st: ProcStat) -> Tuple[Optional[str], Optional[str]]:
+        """Markers of a process, cached per (pid, start ticks): environ is read once."""
+        key = (st.pid, st.start_ticks)
+        if key not in self.marker_cache:
+            self.marker_cache[key] = read_markers(st.pid)
+        return self.marker_cache[key]
+
+    def kill(self, pid: int, sig: int) -> None:
+        """Signal one proven-ours pid; vanished pids and permission errors are ignored."""
+        if pid in self.protected or pid <= 1:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+    def killpg(self, pgid: int, sig: int) -> None:
+        """Signal a proven-ours group, unless the agent or an ancestor is in it."""
+        if pgid <= 1 or pgid in self.protected_groups:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def leader_state(self, rec: JSONDict) -> str:
+        """``alive`` (ticks match), ``reused`` (pid is someone else's) or ``gone``."""
+        if rec.get("boot_id") and rec.get("boot_id") != self.boot:
+            return "gone"
+        st = read_stat(rec["pid"])
+        if st is None:
+            return "gone"
+        if st.start_ticks != rec["start_ticks"]:
+            return "reused"
+        return "alive" if st.live() else "gone"
+
+    def members(self, run_id: str, rec: JSONDict, leader: str) -> Set[int]:
+        """Live processes of this record other than its leader, by the ownership rules.
+
+        Ours: in the leader's group or session (started after it), carrying its markers, in
+        its cgroup, a child of a process already proven ours (a setsid child that cleared
+        its environment), or seen as ours before with the same pid and start time. What is
+        found is recorded, so it stays ours after its parent is gone."""
+        pid = rec["pid"]
+        ticks = rec["start_ticks"]
+        same_boot = not rec.get("boot_id") or rec.get("boot_id") == self.boot
+        procs = {st.pid: st for st in scan_procs()
+                 if st.pid not in self.protected and st.live()}
+        out: Set[int] = set()
+        for st in procs.values():
+            if st.pid == pid:
+                continue
+            if (
+                same_boot
+                and leader != "reused"
+                and (st.pgid == pid or st.sid == pid)
+                and st.start_ticks >= ticks
+            ):
+                out.add(st.pid)
+                continue
+            run, name = self.markers(st)
+            if run == run_id and name == rec["name"]:
+                out.add(st.pid)
+        cgroup = record_cgroup(run_id, rec) if same_boot else None
+        if cgroup is not None:
+            out |= {p for p in cgroup_pids(cgroup) if p in procs and p != pid}
+        seen = self.seen_of(run_id)
+        out |= {p for (p, t), name in seen.items()
+                if name == rec["name"] and p in procs and procs[p].start_ticks == t}
+        roots = set(out) | ({pid} if leader == "alive" else set())
+        out |= self.descendants(roots, procs) - {pid}
+        self.remember(run_id, rec["name"], {procs[p] for p in out if p in procs})
+        return out
+
+    @staticmethod
+    def descendants(roots: Set[int], procs: Dict[int, ProcStat]) -> Set[int]:
+        """Every live process whose parent chain reaches one of ``roots`` (proven ours)."""
+        children: Dict[int, List[int]] = {}
+        for st in procs.values():
+            children.setdefault(st.ppid, []).append(st.pid)
+        found: Set[int] = set()
+        todo = list(roots)
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in found and child not in roots:
+                    found.add(child)
+                    todo.append(child)
+        return found
+
+    def seen_path(self, run_id: str) -> Optional[str]:
+        """runs/<id>/descendants.json, when this stopper knows the workdir."""
+        if self.layout is None:
+            return None
+        return os.path.join(self.layout.run_dir(run_id), DESCENDANTS_FILE)
+
+    def seen_of(self, run_id: str) -> Dict[Tuple[int, int], str]:
+        """The processes of a run seen as ours before (this boot), loaded once per run."""
+        if run_id not in self.seen:
+            table: Dict[Tuple[int, int], str] = {}
+            path = self.seen_path(run_id)
+            data: Any = None
+            if path is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    data = read_json(path)
+            if isinstance(data, dict) and data.get("boot_id") == self.boot:
+                for item in data.get("processes") or []:
+                    if (isinstance(item, dict) and isinstance(item.get("pid"), int)
+                            and isinstance(item.get("start_ticks"), int)
+                            and isinstance(item.get("process"), str)):
+                        table[(item["pid"], item["start_ticks"])] = item["process"]
+            self.seen[run_id] = table
+        return self.seen[run_id]
+
+    def remember(self, run_id: str, name: str, found: Set[ProcStat]) -> None:
+        """Record processes proven ours by pid and start time (best effort on disk)."""
+        table = self.seen_of(run_id)
+        new = {(st.pid, st.start_ticks) for st in found} - set(table)
+        if not new:
+            return
+        for key in new:
+            table[key] = name
+        path = self.seen_path(run_id)
+        if path is None or not os.path.isdir(os.path.dirname(path)):
+            return
+        items = [{"pid": p, "start_ticks": t, "process": n} for (p, t), n in sorted(table.items())]
+        try:
+            write_json_atomic(path, {"boot_id": self.boot, "processes": items})
+        except OSError as exc:
+            self.unrecorded.append(f"the processes seen of run {run_id} in {path} "
+                                   f"({exc.strerror or exc})")
+
+    def marked(self, run_id: str) -> Set[int]:
+        """Every live process carrying OUTRIG_RUN=run_id (not the agent or its ancestors)."""
+        out: Set[int] = set()
+        for st in scan_procs():
+            if st.pid in self.protected or not st.live():
+                continue
+            if self.markers(st)[0] == run_id:
+                out.add(st.pid)
+        return out
+
+    # -- the procedure
+
+    def stop_record(self, run_id: str, rec: JSONDict) -> JSONDict:
+        """Stop one recorded process: TERM the leader, wait grace, KILL group/session/marked."""
+        t0 = time.monotonic()
+        pid: int = rec["pid"]
+        grace_raw = rec.get("stop_grace")
+        grace = DEFAULT_STOP_GRACE
+        if isinstance(grace_raw, (int, float)) and grace_raw >= 0:
+            grace = float(grace_raw)
+        leader = self.leader_state(rec)
+        how = "gone"
+        stragglers: Set[int] = set()
+        if leader == "reused":
+            return self._stopped(run_id, rec["name"], "reused", t0, 0)
+        killed_leader = False
+        # Known before the leader is signalled: a child that left its session is reparented
+        # when its parent exits, and is then found only because it was seen here.
+        self.members(run_id, rec, leader)
+        if leader == "alive" and rec.get("stop_children_first"):
+            self.stop_children_first(run_id, rec, grace, t0)
+        if leader == "alive":
+            self.kill(pid, signal.SIGTERM)
+            # Children-first left the launcher with nothing to wait for; it still gets at least
+            # the launcher part of the grace to exit by itself.
+            deadline = max(t0 + grace, time.monotonic() + CHILDREN_FIRST_LAUNCHER_S)
+            next_beat = t0 + STOP_HEARTBEAT_S
+            while self.leader_state(rec) == "alive" and time.monotonic() < deadline:
+                self.reap()
+                if time.monotonic() >= next_beat:
+                    # A trainer may take minutes to save its interrupt checkpoint; keep the
+                    # workstation informed (and its dead-link detector quiet) meanwhile.
+                    next_beat += STOP_HEARTBEAT_S
+                    self.out.emit(
+                        "stopping", process=rec["name"], run_id=run_id,
+                        elapsed=round(time.monotonic() - t0, 1), grace=grace,
+                    )
+                time.sleep(POLL_S)
+            self.reap()
+            if self.leader_state(rec) == "alive":
+                how = "kill"
+                killed_leader = True
+                rest = self.members(run_id, rec, "alive")  # counted before killpg hides them
+                stragglers |= rest
+                self.kill_cgroup(run_id, rec)
+                self.killpg(pid, signal.SIGKILL)
+                self.kill(pid, signal.SIGKILL)
+                for other in rest:
+                    self.kill(other, signal.SIGKILL)
+            else:
+                how = "term"
+        deadline = time.monotonic() + KILL_WAIT_S
+        while True:
+            self.reap()
+            state = self.leader_state(rec)
+            rest = self.members(run_id, rec, state)
+            if not rest and state != "alive":
+                break
+            if time.monotonic() >= deadline:
+                left = sorted(rest | ({pid} if state == "alive" else set()))
+                self.out.warning(
+                    f"{rec['name']} (run {run_id}): pids {left} still alive {KILL_WAIT_S:g} s"
+                    " after SIGKILL (stuck in the kernel?)"
+                )
+                break
+            how = "kill"
+            self.kill_cgroup(run_id, rec)
+            if state == "alive":
+                killed_leader = True
+                self.killpg(pid, signal.SIGKILL)
+                self.kill(pid, signal.SIGKILL)
+            for other in rest:
+                self.kill(other, signal.SIGKILL)
+            stragglers |= rest
+            time.sleep(POLL_S)
+        if killed_leader:
+            self._note_killed(rec)
+        cgroup = record_cgroup(run_id, rec)
+        if cgroup is not None and not cgroup_pids(cgroup):
+            remove_cgroup(cgroup)
+        return self._stopped(run_id, rec["name"], how, t0, len(stragglers))
+
+    def kill_cgroup(self, run_id: str, rec: JSONDict) -> None:
+        """SIGKILL the record's whole cgroup at once, unless the agent itself is in it."""
+        cgroup = record_cgroup(run_id, rec)
+        if cgroup is not None and not (cgroup_pids(cgroup) & self.protected):
+            cgroup_kill(cgroup)
+
+    def launched_children(self, rec: JSONDict) -> List[int]:
+        """The children of the wrapper's child: with torchrun as the command, its ranks.
+
+        Found by parent pid and proven ours by the run marker (each rank runs in a session
+        of its own, so group and session do not reach it)."""
+        pid = rec["pid"]
+        procs = [st for st in scan_procs() if st.live() and st.pid not in self.protected]
+        commands = {st.pid for st in procs if st.ppid == pid}
+        run_id = rec.get("_run_id")
+        out: List[int] = []
+        for st in procs:
+            if st.ppid in commands and self.markers(st)[0] == run_id:
+                out.append(st.pid)
+        return sorted(out)
+
+    def stop_children_first(self, run_id: str, rec: JSONDict, grace: float,
+                            t0: float) -> None:
+        """SIGTERM the launcher's children themselves (not their groups) and wait for them.
+
+        torchrun, given SIGTERM, signals each rank's whole process group (the DataLoader
+        workers die first and the rank's interrupt save fails on them) and SIGKILLs the ranks
+        30 s later unless --shutdown-timeout (torch 2.13 has it, 2.11 does not) says otherwise.
+        Signalling the ranks directly lets speculators' handler save ``interrupted/`` with its
+        workers alive; torchrun then sees its workers exit and ends by itself."""
+        rec = dict(rec, _run_id=run_id)
+        children = self.launched_children(rec)
+        if not children:
+            return
+        self.out.step(f"{rec['name']}: SIGTERM to {len(children)} launched worker(s) "
+                      f"{children} first (they save before exiting)")
+        for child in children:
+            self.kill(child, signal.SIGTERM)
+        deadline = t0 + grace
+        next_beat = time.monotonic() + STOP_HEARTBEAT_S
+        while time.monotonic() < deadline:
+            self.reap()
+            left = [c for c in children if pid_live(c)]
+            if not left:
+                # torchrun notices its workers' exit on its own poll; a SIGTERM before that
+                # makes it raise SignalException and exit 1 after a clean save. Give it its
+                # moment to exit 0 by itself.
+                until = time.monotonic() + CHILDREN_FIRST_LAUNCHER_S
+                while time.monotonic() < until and self.leader_state(rec) == "alive":
+                    self.reap()
+                    time.sleep(POLL_S)
+                return
+            if time.monotonic() >= next_beat:
+                next_beat += STOP_HEARTBEAT_S
+                self.out.emit("stopping", process=rec["name"], run_id=run_id,
+                              elapsed=round(time.monotonic() - t0, 1), grace=grace,
+                              waiting_for=left)
+            time.sleep(POLL_S)
+
+    def _note_killed(self, rec: JSONDict) -> None:
+        """The wrapper was SIGKILLed so it wrote no exit file: write one saying so."""
+        path = rec.get("exit_file")
+        if isinstance(path, str) and not os.path.exists(path):
+            try:
+                write_json_atomic(
+                    path, {"code": None, "signal": 9, "ended": time.time(), "by": "outrig"}
+                )
+            except OSError as exc:
+                self.unrecorded.append(f"the exit file {path} ({exc.strerror or exc})")
+
+    def _stopped(self, run_id: str, name: str, how: str, t0: float, stragglers: int) -> JSONDict:
+        """Emit ``stopped`` and return the per-process cleanup record."""
+        seconds = round(time.monotonic() - t0, 2)
+        self.out.emit(
+            "stopped", process=name, run_id=run_id, how=how, seconds=seconds, stragglers=stragglers
+        )
+        return {"process": name, "how": how, "seconds": seconds, "stragglers": stragglers}
+
+    def sweep(self, run_id: str, grace: float) -> Optional[JSONDict]:
+        """Stop whatever still carries the run's marker (TERM, grace, KILL); None if nothing."""
+        found = self.marked(run_id)
+        if not found:
+            return None
+        t0 = time.monotonic()
+        for pid in found:
+            self.kill(pid, signal.SIGTERM)
+        deadline = t0 + grace
+        how = "term"
+        seen = set(found)
+        while time.monotonic() < deadline:
+            self.reap()
+            if not self.marked(run_id):
+                break
+            time.sleep(POLL_S)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while True:
+            self.reap()
+            left = self.marked(run_id)
+            if not left:
+                break
+            if time.monotonic() >= deadline:
+                self.out.warning(f"run {run_id}: pids {sorted(left)} survived SIGKILL")
+                break
+            how = "kill"
+            seen |= left
+            for pid in left:
+                self.kill(pid, signal.SIGKILL)
+            time.sleep(POLL_S)
+        return self._stopped(run_id, SWEEP_NAME, how, t0, len(seen))
+
+    def stop_run(
+        self, run_id: str, records: Optional[List[JSONDict]], sweep_grace: float
+    ) -> List[JSONDict]:
+        """Stop a run's records in reverse start order, then sweep its marker and cgroups."""
+        results: List[JSONDict] = []
+        for rec in reversed(records or []):
+            results.append(self.stop_record(run_id, rec))
+        swept = self.sweep(run_id, sweep_grace)
+        if swept is not None:
+            results.append(swept)
+        swept = self.sweep_cgroups(run_id)
+        if swept is not None:
+            results.append(swept)
+        return results
+
+    def sweep_cgroups(self, run_id: str) -> Optional[JSONDict]:
+        """Kill what is left in the run's cgroups (a record was reused or unreadable) and
+        remove them; None when they were all empty."""
+        t0 = time.monotonic()
+        killed: Set[int] = set()
+        for path in run_cgroups(run_id):
+            pids = cgroup_pids(path) - self.protected
+            if pids and not (cgroup_pids(path) & self.protected):
+                killed |= pids
+                if not cgroup_kill(path):
+                    for pid in pids:
+                        self.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + KILL_WAIT_S
+                while cgroup_pids(path) and time.monotonic() < deadline:
+                    self.reap()
+                    time.sleep(POLL_S)
+                if cgroup_pids(path):
+                    self.out.warning(f"run {run_id}: pids {sorted(cgroup_pids(path))} in "
+                                     f"{path} survived SIGKILL")
+            remove_cgroup(path)
+        if not killed:
+            return None
+        return self._stopped(run_id, CGROUP_SWEEP_NAME, "kill", t0, len(killed))
+
+
+def valid_record(rec: Any) -> bool:
+    """A process record we can act on (pid, ticks, name of the right types)."""
+    return (
+        isinstance(rec, dict)
+        and isinstance(rec.get("name"), str)
+        and isinstance(rec.get("pid"), int)
+        and not isinstance(rec.get("pid"), bool)
+        and rec["pid"] > 1
+        and isinstance(rec.get("start_ticks"), int)
+        and not isinstance(rec.get("start_ticks"), bool)
+    )
+
+
+def load_run(layout: Layout, run_id: str, out: Emitter) -> Optional[JSONDict]:
+    """run.json of a run, or None with a warning when it is missing or corrupt."""
+    path = layout.run_json(run_id)
+    try:
+        run = read_json(path)
+    except FileNotFoundError:
+        out.warning(f"run {run_id}: {path} is missing; sweeping for its marker only")
+        return None
+    except (OSError, ValueError) as exc:
+        out.warning(f"run {run_id}: {path} is unreadable ({exc}); sweeping for its marker only")
+        return None
+    if not isinstance(run, dict) or not isinstance(run.get("processes"), list):
+        out.warning(f"run {run_id}: {path} is corrupt; sweeping for its marker only")
+        return None
+    return run
+
+
+def stop_run_by_id(
+    layout: Layout, run_id: str, stopper: Stopper, out: Emitter, sweep_grace: Optional[float]
+) -> JSONDict:
+    """Stop one run (by its run.json, or by marker only), mark it stopped, clear pointers."""
+    run = load_run(layout, run_id, out)
+    records: List[JSONDict] = []
+    if run is not None:
+        for rec in run["processes"]:
+            if valid_record(rec):
+                records.append(rec)
+            else:
+                out.warning(f"run {run_id}: skipping a malformed process record")
+    grace = sweep_grace
+    if grace is None:
+        graces = [float(r["stop_grace"]) for r in records if _is_num(r.get("stop_grace"))]
+        grace = max(graces) if graces else DEFAULT_STOP_GRACE
+    results = stopper.stop_run(run_id, records, grace)
+    for rec in records:
+        scratch = rec.get("scratch")
+        for folder in scratch if isinstance(scratch, list) else []:
+            if isinstance(folder, str):
+                clear_scratch(layout, folder, out)
+    if run is not None:
+        run["status"] = "stopped"
+        run["stopped_at"] = round(time.time(), 3)
+        try:
+            write_json_atomic(layout.run_json(run_id), run)
+        except OSError as exc:
+            out.warning(f"run {run_id}: cannot update run.json: {exc}")
+            stopper.unrecorded.append(
+                f"run {run_id} stopped in {layout.run_json(run_id)} ({exc.strerror or exc})")
+    clear_pointers(layout, run_id)
+    # known: the box had a record of it (else only its marker was swept; an unknown id is
+    # reported as such instead of as "stopped")
+    return {"run_id": run_id, "processes": results, "known": run is not None}
+
+
+def clear_scratch(layout: Layout, folder: str, out: Emitter) -> None:
+    """Delete the files (not the folder) of a process's scratch folder once it is stopped.
+
+    vLLM's hidden-state connector writes ``<path>/<request>.safetensors`` (+ ``.lock``) that
+    the trainer deletes after reading; a crash leaves them (about 0.5 GB each). Only folders
+    inside the workdir are touched, resolved through symlinks, so a playbook value can never
+    make this delete anything else."""
+    real = os.path.realpath(folder)
+    root = os.path.realpath(layout.workdir)
+    if not real.startswith(root + os.sep):
+        out.warning(f"scratch folder {folder} is outside the workdir {layout.workdir}; "
+                    "left as it is")
+        return
+    removed = 0
+    freed = 0
+    for dirpath, _dirs, names in os.walk(real):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                size = os.lstat(path).st_size
+                os.unlink(path)
+                removed += 1
+                freed += size
+    if removed:
+        out.step(f"cleared {removed} file(s), {freed / 1e9:.2f} GB, from {folder}")

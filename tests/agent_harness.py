@@ -1,0 +1,196 @@
+"""The agent test harness: runs the box agent locally exactly as the SSH and ``local``
+transports run it (the bootstrap command with the bundle, see remote/agent/bundle.py; requests
+with secrets on stdin, others in the command line), in a tmp workdir, and helpers that read
+/proc. Shared by the agent's unit tests (tests/unit/test_agent_*.py), the fixture replays
+(tests/unit/test_real_gpu_fixtures.py) and bench/real_gpu_check.py.
+
+Every test works in its own tmp workdir with small real processes and asserts real outcomes
+(pids gone in /proc, files, exit codes). Processes are cleaned up by recorded pid (and start
+ticks) in the fixture's teardown, even when a test fails; never by name or pattern.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from outrig.agent_client import AGENT_DIR, agent_command, agent_payload, argv_command
+
+# Run ids unique to this test session: the agent's marker sweep is box-wide, so two test
+# sessions on one machine must never share a run id (real run ids carry a timestamp and
+# random bits for the same reason).
+R1 = f"r1-{uuid.uuid4().hex[:8]}"
+R2 = f"r2-{uuid.uuid4().hex[:8]}"
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT = AGENT_DIR  # the package remote/agent/ (imported as outrig._box.agent)
+# The agent must run on Python >= 3.8: point this at an old interpreter to check that.
+PY = os.environ.get("OUTRIG_TEST_AGENT_PYTHON", sys.executable)
+
+Event = Dict[str, Any]
+
+
+def stat_fields(pid: int) -> Optional[Tuple[str, int, int, int]]:
+    """(state, pgid, sid, start_ticks) from /proc/PID/stat, or None when the pid is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2 :].split()
+    return rest[0].decode(), int(rest[2]), int(rest[3]), int(rest[19])
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (the sandbox's PID 1 may never reap orphans)."""
+    st = stat_fields(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def wait_until(cond: Any, timeout: float = 5.0) -> bool:
+    """Poll ``cond()`` until true or timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
+
+
+def agent_command_for(request: Dict[str, Any], python: str = PY) -> Tuple[List[str], bytes]:
+    """(argv, stdin bytes) that run the agent on ``request`` the way AgentCall does over SSH:
+    everything in the command line, or (requests with secrets, or too long) the bootstrap
+    with the bundle and the request line on stdin."""
+    encoded = json.dumps(request).encode()
+    argv = None if request.get("secrets") else argv_command(python, encoded)
+    if argv is not None:
+        return argv, b""
+    return (agent_command(python, str(request.get("workdir") or "")),
+            agent_payload() + encoded + b"\n")
+
+
+def run_agent(request: Dict[str, Any], *, python: str = PY, timeout: float = 60.0
+              ) -> List[Event]:
+    """Run the agent once on ``request`` (which must be complete: v, workdir, env) and return
+    every event it printed, the result last; a non-zero exit fails with its stderr."""
+    argv, stdin = agent_command_for(request, python)
+    done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return [json.loads(line) for line in done.stdout.decode().splitlines()]
+
+
+class Box:
+    """One tmp workdir plus the pids started in it, cleaned up by pid at teardown."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.workdir = tmp_path / "wd"
+        self.pids: Dict[int, int] = {}  # pid -> start ticks when recorded
+
+    def track(self, pid: int) -> None:
+        """Remember a pid (with its start ticks, so teardown never kills a reused pid)."""
+        st = stat_fields(pid)
+        if st is not None:
+            self.pids.setdefault(pid, st[3])
+
+    def track_events(self, events: List[Event]) -> None:
+        """Track every pid the agent reports as launched."""
+        for ev in events:
+            if ev["event"] == "launched":
+                self.track(ev["pid"])
+
+    def agent(self, req: Dict[str, Any], timeout: float = 40.0,
+              prefix: Optional[List[str]] = None) -> Tuple[List[Event], Event]:
+        """Run the agent with one request line; return (events before result, result).
+
+        ``prefix`` is an argv the agent's command is appended to (e.g. one hiding /proc)."""
+        req.setdefault("v", 1)
+        req.setdefault("workdir", str(self.workdir))
+        req.setdefault("env", {})
+        argv, stdin = agent_command_for(req)
+        proc = subprocess.run(
+            [*(prefix or []), *argv],
+            input=stdin,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+        lines = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+        assert lines, proc.stderr.decode()
+        for ev in lines:
+            assert "event" in ev and isinstance(ev["t"], float)
+        result = lines[-1]
+        assert result["event"] == "result", lines
+        events = lines[:-1]
+        self.track_events(events)
+        return events, result
+
+    def deploy(self, processes: List[Dict[str, Any]], **extra: Any) -> Tuple[List[Event], Event]:
+        """A deploy request with test-friendly defaults."""
+        req: Dict[str, Any] = {
+            "op": "deploy",
+            "playbook": "smoke",
+            "run_id": R1,
+            "processes": processes,
+            "lock_timeout": 2,
+            "progress_interval": 0.2,
+        }
+        req.update(extra)
+        return self.agent(req)
+
+    def run_json(self, run_id: str = R1) -> Dict[str, Any]:
+        """The run's manifest."""
+        data: Dict[str, Any] = json.loads((self.workdir / "runs" / run_id / "run.json").read_text())
+        return data
+
+    def log(self, name: str, run_id: str = R1) -> str:
+        """A process log's text."""
+        return (self.workdir / "runs" / run_id / "logs" / f"{name}.log").read_text()
+
+    def teardown(self) -> None:
+        """Stop everything: the agent's own cleanup, then SIGKILL any recorded pid still ours."""
+        if (self.workdir / ".outrig").is_dir():
+            with contextlib.suppress(Exception):  # teardown must go on to the pid kills
+                self.agent({"op": "cleanup", "all": True, "stop_grace": 0.2}, timeout=30)
+        for pid, ticks in self.pids.items():
+            st = stat_fields(pid)
+            if st is not None and st[3] == ticks and st[0] not in ("Z", "X"):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def sleeper(name: str, **extra: Any) -> Dict[str, Any]:
+    """A process that just runs for a minute (ready when launched)."""
+    proc: Dict[str, Any] = {
+        "name": name,
+        "argv": [PY, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        "ready": None,
+        "stop_grace": 1,
+    }
+    proc.update(extra)
+    return proc
+
+
+def error_of(result: Event, kind: str) -> Dict[str, Any]:
+    """Assert the result failed with this kind; return the error."""
+    assert result["ok"] is False, result
+    err: Dict[str, Any] = result["error"]
+    assert err["kind"] == kind, err
+    return err
+
+
+def names(events: List[Event], kind: str) -> List[str]:
+    """``process`` of every event of one kind, in order."""
+    return [ev["process"] for ev in events if ev["event"] == kind]
+
+
