@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, NamedTuple, Optional, Set
 
 from .cgroups import make_cgroup
 from .checkpoints import quarantine_checkpoints
@@ -432,8 +432,24 @@ def write_files(layout: Layout, files: List[FileSpec], out: Emitter) -> None:
             raise AgentError("workdir", f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def op_deploy(req: Request, out: Emitter) -> JSONDict:
-    """Push files, stop the previous run of the playbook, launch, wait; see the protocol."""
+class DeployArgs(NamedTuple):
+    """A deploy request's fields, checked (see the protocol)."""
+
+    playbook: str
+    run_id: str
+    secrets: Dict[str, str]
+    files: List[FileSpec]
+    procs: List[ProcSpec]
+    wait: bool
+    lock_timeout: float
+    progress: float
+    settle: float
+    gpu_timeout: float
+    host_label: str
+
+
+def parse_deploy(req: Request) -> DeployArgs:
+    """Every field of a deploy request checked before anything on the box is touched."""
     raw = req.raw
     playbook = get_name(raw, "playbook", "")
     run_id = get_name(raw, "run_id", "")
@@ -454,6 +470,60 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     settle = max(0.0, get_num(raw, "settle", "", DEFAULT_SETTLE_S))
     gpu_timeout = get_num(raw, "gpu_timeout", "", GPU_WAIT_DEFAULT_S, positive=True)
     host_label = get_opt_str(raw, "host_label", "") or "HOST"
+    return DeployArgs(playbook, run_id, secrets, files, procs, wait, lock_timeout, progress,
+                      settle, gpu_timeout, host_label)
+
+
+def stop_previous(layout: Layout, out: Emitter, previous: str, before: Optional[JSONDict],
+                  gpu_timeout: float) -> None:
+    """Stop the run this deploy replaces and, when GPUs were audited, wait until the memory
+    it held is released (``gpu_stuck`` otherwise: nothing is started)."""
+    out.step(f"stopping previous run {previous}")
+    stopper = Stopper(out, layout=layout)
+    stop_run_by_id(layout, previous, stopper, out, None)
+    if before is not None:
+        release = wait_gpus_released(layout, stopper, out, {previous}, before,
+                                     gpu_timeout)
+        verdict = release["verdict"]
+        if not verdict["released"]:
+            raise AgentError("gpu_stuck", f"{verdict.get('message')} Nothing was "
+                             "started.")
+
+
+def make_run_dir(layout: Layout, run_id: str) -> str:
+    """The new run's folder with its logs/ and exit/ (an existing one is a bad request)."""
+    run_dir = layout.run_dir(run_id)
+    try:
+        os.makedirs(run_dir)
+        os.makedirs(os.path.join(run_dir, "logs"))
+        os.makedirs(os.path.join(run_dir, "exit"))
+    except FileExistsError:
+        raise bad_request(f"run_id: {run_id} already exists in {layout.runs}") from None
+    return run_dir
+
+
+def launch(deployment: Deployment, layout: Layout, out: Emitter, run: JSONDict
+           ) -> List[JSONDict]:
+    """Run the deployment; when it fails, stop what it launched and record the run failed."""
+    try:
+        return deployment.execute()
+    except BaseException as exc:
+        error = exc if isinstance(exc, AgentError) else internal_error(exc)
+        out.step(f"deploy failed ({error.kind}); stopping what was launched")
+        stopper = Stopper(out, deployment.popens, layout)
+        launched = [r for r in run["processes"] if valid_record(r)]
+        graces = [float(r["stop_grace"]) for r in launched] or [DEFAULT_STOP_GRACE]
+        stopper.stop_run(run["run_id"], launched, max(graces))
+        run["status"] = "failed"
+        run["error"] = error.to_json()
+        deployment.save()
+        raise
+
+
+def op_deploy(req: Request, out: Emitter) -> JSONDict:
+    """Push files, stop the previous run of the playbook, launch, wait; see the protocol."""
+    args = parse_deploy(req)
+    playbook, run_id, procs = args.playbook, args.run_id, args.procs
     layout = Layout(req.workdir)
     if os.path.lexists(layout.run_dir(run_id)):
         raise bad_request(f"run_id: {run_id} already exists in {layout.runs}")
@@ -472,35 +542,20 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     else:  # nvidia-smi can take seconds on a real box: let it run while we launch
         facts = {"gpus": []}  # no GPU is named: nothing to check
 
-    with WorkdirLock(layout, "deploy", lock_timeout):
+    with WorkdirLock(layout, "deploy", args.lock_timeout):
         previous = read_pointer(layout, playbook)
-        check_ports_free(layout, procs, previous, Stopper(out), host_label)
+        check_ports_free(layout, procs, previous, Stopper(out), args.host_label)
         needed = {g for p in procs for g in p.gpus}
         before: Optional[JSONDict] = None
         if needed and facts["gpus"]:
             # Refuse *before* stopping or writing anything when a GPU we need is held by
             # anything but the run this deploy replaces.
             before = gpu_audit(layout, Stopper(out, layout=layout))
-            check_gpus_free(before, needed, previous, host_label)
-        write_files(layout, files, out)
+            check_gpus_free(before, needed, previous, args.host_label)
+        write_files(layout, args.files, out)
         if previous is not None:
-            out.step(f"stopping previous run {previous}")
-            stopper = Stopper(out, layout=layout)
-            stop_run_by_id(layout, previous, stopper, out, None)
-            if before is not None:
-                release = wait_gpus_released(layout, stopper, out, {previous}, before,
-                                             gpu_timeout)
-                verdict = release["verdict"]
-                if not verdict["released"]:
-                    raise AgentError("gpu_stuck", f"{verdict.get('message')} Nothing was "
-                                     "started.")
-        run_dir = layout.run_dir(run_id)
-        try:
-            os.makedirs(run_dir)
-            os.makedirs(os.path.join(run_dir, "logs"))
-            os.makedirs(os.path.join(run_dir, "exit"))
-        except FileExistsError:
-            raise bad_request(f"run_id: {run_id} already exists in {layout.runs}") from None
+            stop_previous(layout, out, previous, before, args.gpu_timeout)
+        run_dir = make_run_dir(layout, run_id)
         run: JSONDict = {
             "v": PROTOCOL_VERSION,
             "run_id": run_id,
@@ -509,24 +564,13 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
             "created": round(time.time(), 3),
             "status": "launching",
             "processes": [],
-            "manifest": raw.get("manifest"),
+            "manifest": req.raw.get("manifest"),
         }
-        deployment = Deployment(layout, out, run, procs, secrets, wait, progress, settle)
+        deployment = Deployment(layout, out, run, procs, args.secrets, args.wait,
+                                args.progress, args.settle)
         deployment.save()
         write_atomic(layout.current(playbook), (run_id + "\n").encode())
-        try:
-            records = deployment.execute()
-        except BaseException as exc:
-            error = exc if isinstance(exc, AgentError) else internal_error(exc)
-            out.step(f"deploy failed ({error.kind}); stopping what was launched")
-            stopper = Stopper(out, deployment.popens, layout)
-            launched = [r for r in run["processes"] if valid_record(r)]
-            graces = [float(r["stop_grace"]) for r in launched] or [DEFAULT_STOP_GRACE]
-            stopper.stop_run(run_id, launched, max(graces))
-            run["status"] = "failed"
-            run["error"] = error.to_json()
-            deployment.save()
-            raise
+        records = launch(deployment, layout, out, run)
         run["status"] = "finished" if deployment.all_finished() else "running"
         run["ready_at"] = round(time.time(), 3)  # the deploy succeeded: this run really ran
         deployment.save()

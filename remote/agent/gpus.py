@@ -295,6 +295,42 @@ def holder_line(h: JSONDict) -> str:
     return f"{where}: pid {h['pid']} ({h.get('user') or '?'}, {title[:120]}{mem}; {whose})"
 
 
+def release_verdict(left: List[JSONDict], missing: Dict[int, int], held_before: Dict[int, int],
+                    used_before: Dict[int, int], used_after: Dict[int, int], seconds: float,
+                    timeout: float) -> JSONDict:
+    """What :func:`wait_gpus_released` found: released or not, the numbers, and a message
+    saying who still holds what (or that the driver kept the memory)."""
+    stuck = [h for h in left if (h.get("state") or "") == "D"]
+    freed = {
+        index: max(0, used_before.get(index, 0) - used_after.get(index, 0))
+        for index in held_before
+    }
+    verdict: JSONDict = {
+        "released": not left and not missing,
+        "seconds": round(seconds, 2),
+        "held_before_mib": held_before,
+        "freed_mib": freed,
+        "still_holding": left,
+        "memory_not_back_mib": missing,
+        "stuck_in_kernel": [h["pid"] for h in stuck],
+    }
+    if left:
+        verdict["message"] = (
+            f"{len(left)} process(es) of ours still hold a GPU after {timeout:g} s: "
+            + "; ".join(holder_line(h) for h in left)
+            + (". Processes in D state are stuck in the kernel (usually the GPU driver): only "
+               "a reboot frees them." if stuck else "")
+        )
+    elif missing:
+        verdict["message"] = (
+            "no process of ours holds a GPU any more, but memory did not come back on "
+            + ", ".join(f"GPU {i} ({mib} MiB)" for i, mib in sorted(missing.items()))
+            + f" within {timeout:g} s. Look at `nvidia-smi`; if no process is listed, the "
+            "driver is holding it (a process stuck in D state): only a reboot frees it."
+        )
+    return verdict
+
+
 def wait_gpus_released(
     layout: Layout,
     stopper: Stopper,
@@ -347,34 +383,8 @@ def wait_gpus_released(
             out.emit("gpu_wait", elapsed=round(time.monotonic() - t0, 1), timeout=timeout,
                      holders=len(left), missing_mib=sum(missing.values()))
         time.sleep(0.5)
-    stuck = [h for h in left if (h.get("state") or "") == "D"]
-    freed = {
-        index: max(0, used_before.get(index, 0) - used_after.get(index, 0))
-        for index in held_before
-    }
-    verdict: JSONDict = {
-        "released": not left and not missing,
-        "seconds": round(time.monotonic() - t0, 2),
-        "held_before_mib": held_before,
-        "freed_mib": freed,
-        "still_holding": left,
-        "memory_not_back_mib": missing,
-        "stuck_in_kernel": [h["pid"] for h in stuck],
-    }
-    if left:
-        verdict["message"] = (
-            f"{len(left)} process(es) of ours still hold a GPU after {timeout:g} s: "
-            + "; ".join(holder_line(h) for h in left)
-            + (". Processes in D state are stuck in the kernel (usually the GPU driver): only "
-               "a reboot frees them." if stuck else "")
-        )
-    elif missing:
-        verdict["message"] = (
-            "no process of ours holds a GPU any more, but memory did not come back on "
-            + ", ".join(f"GPU {i} ({mib} MiB)" for i, mib in sorted(missing.items()))
-            + f" within {timeout:g} s. Look at `nvidia-smi`; if no process is listed, the "
-            "driver is holding it (a process stuck in D state): only a reboot frees it."
-        )
+    verdict = release_verdict(left, missing, held_before, used_before, used_after,
+                              time.monotonic() - t0, timeout)
     return {"audit": after, "verdict": verdict}
 
 
