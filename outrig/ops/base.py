@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outrig._box.agent.protocol import BAD_REQUEST, PROTOCOL_VERSION, request_problems
 from outrig.agent_client import AgentCall, raise_for_result
 from outrig.console import Reporter
-from outrig.errors import LinkLost
+from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.plan import HostFacts
@@ -77,7 +78,17 @@ def host_facts(host: Host, journal: Journal) -> HostFacts:
 
 
 def base_request(host: Host, op: str, **fields: Any) -> dict[str, Any]:
-    return {"op": op, "workdir": host.workdir, "env": dict(host.env), **fields}
+    """The request for ``op`` on ``host``, checked against the protocol's table of ops and
+    fields (remote/agent/protocol.py) before it leaves: a misspelt or mistyped field is
+    refused here, naming it, not on the box after a round trip."""
+    request = {"v": PROTOCOL_VERSION, "op": op, "workdir": host.workdir,
+               "env": dict(host.env), **fields}
+    problems = request_problems(request)
+    if problems:
+        raise RemoteError(f"outrig built a {op!r} request the agent would refuse: "
+                          f"{'; '.join(problems)}. This is a bug in outrig; please report it "
+                          "with the command you ran.", kind=BAD_REQUEST)
+    return request
 
 
 def remember_facts(journal: Journal, host: Host, event: dict[str, Any],

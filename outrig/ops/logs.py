@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from outrig._box.agent.events import redact as box_redact
-from outrig._box.agent.protocol import PROTOCOL_VERSION
 from outrig.agent_client import (
     agent_command,
     agent_payload,
@@ -488,7 +487,7 @@ class LogTailer:
             "compress": True}
         if self.max_seconds is not None:
             fields["max_seconds"] = self.max_seconds
-        return {"v": PROTOCOL_VERSION, **base_request(self.session.host, "follow", **fields)}
+        return base_request(self.session.host, "follow", **fields)
 
     def _call(self) -> dict[str, Any] | None:
         """One follow exec. Returns its result; raises LinkLost when the link dies; None when

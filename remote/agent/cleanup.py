@@ -97,7 +97,7 @@ def op_cleanup(req: Request, out: Emitter) -> JSONDict:
             "outrig cannot prove whether they are its own (no group, session, cgroup, marker "
             "or parent of the run leads to them), so they were left running: "
             + "; ".join(holder_line(h) for h in unproven)
-            + f". If they are the run's, stop them with: inv cleanup --host {host_label} "
+            + f". If they are the run's, stop them with: outrig cleanup --host {host_label} "
             "--force-foreign "
             + " ".join(str(h["pid"]) for h in unproven))
     if stopper.unrecorded:

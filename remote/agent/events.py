@@ -97,7 +97,7 @@ def internal_error(exc: BaseException, workdir: Optional[str] = None) -> AgentEr
         where = exc.filename or workdir or "the workdir"
         return AgentError("disk", f"the box's disk is full or read-only writing {where} "
                           f"({os.strerror(exc.errno)}). Free space there (df -h; old runs' "
-                          "logs and hidden-state files are the usual suspects); `inv cleanup` "
+                          "logs and hidden-state files are the usual suspects); `outrig cleanup` "
                           "still stops running processes on a full disk")
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
     return AgentError("internal", last)

@@ -132,7 +132,7 @@ def op_hub_download(req: Request, out: Emitter) -> JSONDict:
                                           f"'huggingface-cli' next to {python} or on PATH. Add "
                                           "huggingface_hub to an environment of the playbook "
                                           "(environments: ... packages: [huggingface_hub==X]), "
-                                          "run `inv provision`, and pass that environment's "
+                                          "run `outrig provision`, and pass that environment's "
                                           "python")
     exe, flavour = client
     argv = [exe, "download", repo, "--local-dir", dest]

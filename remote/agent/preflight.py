@@ -85,7 +85,7 @@ def check_ports_free(layout: Layout, procs: List[ProcSpec], previous: Optional[s
                 f"{str(info.get('cmdline') or info.get('comm') or '?')[:120]})"
                 for pid, info in ((pid, describe_pid(pid)) for pid in others)
             ) or "a process this user cannot see"
-            fix = (f"inv cleanup --host {host_label} --force-foreign "
+            fix = (f"outrig cleanup --host {host_label} --force-foreign "
                    + " ".join(str(pid) for pid in others)) if others else "stop it"
             raise AgentError(
                 "port_busy",
@@ -131,9 +131,9 @@ def check_gpus_free(audit: JSONDict, needed: Set[int], previous: Optional[str],
     other_runs = sorted({h["owner"]["run_id"] for h in blockers if h.get("owner")})
     fixes = []
     if other_runs:
-        fixes += [f"inv cleanup --host {host_label} --run {rid}" for rid in other_runs]
+        fixes += [f"outrig cleanup --host {host_label} --run {rid}" for rid in other_runs]
     if foreign:
-        fixes.append(f"inv cleanup --host {host_label} --force-foreign "
+        fixes.append(f"outrig cleanup --host {host_label} --force-foreign "
                      + " ".join(str(p) for p in foreign)
                      + "  (only if you are sure they may die)")
     raise AgentError(

@@ -26,7 +26,7 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
     playbook = get_opt_name(raw, "playbook", "")
     run_id = get_opt_name(raw, "run_id", "")
     log_lines = get_int(raw, "log_lines", "", 5, 0, 10000)
-    # Extensions for `inv status` (docs/logs-and-status.md): raw progress text, GPU holders.
+    # Extensions for `outrig status` (docs/logs-and-status.md): raw progress text, GPU holders.
     progress_bytes = get_int(raw, "progress_bytes", "", 0, 0, 1 << 20)
     markers = get_str_list(raw, "markers", "")
     want_gpus = get_bool(raw, "gpu_holders", "", False)

@@ -297,7 +297,7 @@ def test_deploy_refuses_foreign_held_gpus_until_force_foreign(
     text = str(info.value)
     assert info.value.kind == "gpu_busy"
     assert f"GPU 0: pid {foreign.pid}" in text and "not outrig's" in text
-    assert f"inv cleanup --host {box_host} --force-foreign {foreign.pid}" in text
+    assert f"outrig cleanup --host {box_host} --force-foreign {foreign.pid}" in text
     assert "Nothing was stopped or started" in text
     assert alive(old_pid), "the previous run is untouched when the deploy is refused"
     workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])

@@ -146,7 +146,7 @@ def test_unprovable_gpu_holder_makes_cleanup_fail_naming_it(
     with pytest.raises(CleanupIncomplete) as info:
         cleanup(PROJECT, str(host), Reporter(quiet=True), playbook="job", journal=journal)
     assert info.value.exit_code == 1
-    assert f"inv cleanup --host {host} --force-foreign {child}" in str(info.value)
+    assert f"outrig cleanup --host {host} --force-foreign {child}" in str(info.value)
     assert alive(child)  # not proven ours: left alone, and said so
     cleanup(PROJECT, str(host), Reporter(quiet=True), force_foreign=[child], journal=journal)
     assert wait_for(lambda: not alive(child))

@@ -395,6 +395,7 @@ def test_deploy_onto_a_full_disk_says_so_and_starts_nothing(full_box: Box) -> No
     error = result["error"]
     assert error["kind"] == "disk", error
     assert "full" in error["message"] and "Free space" in error["message"], error
+    assert "`outrig cleanup` still stops" in error["message"], error
     assert not any(ev["event"] == "started" for ev in events), events
 
 

@@ -135,7 +135,8 @@ def test_unprovable_holder_of_the_runs_gpu_is_reported_not_called_done(
     verdict = result["gpu"]
     assert verdict["released"] is False
     assert [h["pid"] for h in verdict["unproven"]] == [child_pid(box)]
-    assert f"--force-foreign {child_pid(box)}" in verdict["message"]
+    # the fix names the installed command (`inv` in a checkout takes the same tasks)
+    assert f"outrig cleanup --host HOST --force-foreign {child_pid(box)}" in verdict["message"]
     assert alive(child_pid(box))  # not proven ours: not killed
 
 
