@@ -271,7 +271,7 @@ class _SSHChannel(AgentChannel):
         self.channel.settimeout(timeout)
         try:
             data: bytes = self.channel.recv(65536)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             self._drain_stderr()
             return None
         self._drain_stderr()
@@ -285,7 +285,7 @@ class _SSHChannel(AgentChannel):
                 if not chunk:
                     break
                 self._err.extend(chunk)
-        except (TimeoutError, socket.timeout, OSError):
+        except (TimeoutError, OSError):
             pass
         return self._err.decode("utf-8", "replace")
 

@@ -224,7 +224,7 @@ class _Connection:
         while not self.stop.is_set():
             try:
                 data = src.recv(_CHUNK)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 self.abort()
@@ -309,7 +309,7 @@ class _Connection:
             while view and not self.stop.is_set():
                 try:
                     sent = dst.send(view)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 except OSError:
                     self.abort()
@@ -485,7 +485,7 @@ class LatencyProxy:
         while not self._closed.is_set():
             try:
                 client, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -123,7 +123,7 @@ def test_busy_outputs_have_the_captured_shape(
         h200_dir: Path, sleepers: Callable[[int], list[subprocess.Popen[Any]]]) -> None:
     captured_apps = CAPTURED["busy-apps.csv"].splitlines()
     mibs = [int(line.split(", ")[1]) for line in captured_apps]
-    for proc, mib in zip(sleepers(len(mibs)), mibs):
+    for proc, mib in zip(sleepers(len(mibs)), mibs, strict=True):
         nvidia_smi.register_holder(h200_dir, proc.pid, 0, mib)
 
     gpu = smi(h200_dir, f"--query-gpu={FULL_GPU_QUERY}", "--format=csv,noheader,nounits")
