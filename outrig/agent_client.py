@@ -10,7 +10,9 @@ or raised as :class:`RemoteError`.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from functools import lru_cache
@@ -41,13 +43,63 @@ CANCEL_LINE = b"cancel\n"  # written to a deploying agent's stdin on Ctrl-C
 def agent_bundle_bytes() -> bytes:
     """The agent package as one zip (bundle.py); cached: it never changes in a run."""
     try:
-        return agent_bundle.build_bundle(agent_bundle.package_sources())
+        sources = agent_bundle.package_sources()
+        key = _sources_key(sources)
+        cached = _cached_bundle(key)
+        if cached is not None:
+            return cached
+        bundle = agent_bundle.build_bundle(sources)
     except (OSError, KeyError) as exc:
         raise RemoteError(
             f"the remote agent in {AGENT_DIR} is missing or incomplete ({exc}): this outrig "
             "install is broken; reinstall it (pip install --force-reinstall outrig, or "
             "pip install -e . in a checkout)"
         ) from None
+    _keep_bundle(BUNDLE_CACHE / f"outrig-bundle-{key}-{agent_bundle.digest_of(bundle)}.zip",
+                 bundle)
+    return bundle
+
+
+# The built bundle of exactly these sources is kept beside the package's compiled modules:
+# building it (parsing every module to strip it) costs a fresh `outrig` process about 0.15 s,
+# several times what reading it back does. Named by the sources and by its own digest, so a
+# damaged file is never sent.
+BUNDLE_CACHE = AGENT_DIR / "__pycache__"
+
+
+def _sources_key(sources: dict[str, bytes]) -> str:
+    """Names one set of sources (names and contents)."""
+    digest = hashlib.sha256()
+    for name, data in sorted(sources.items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:20]
+
+
+def _cached_bundle(key: str) -> bytes | None:
+    """The kept bundle of these sources, if one is there whole."""
+    for path in BUNDLE_CACHE.glob(f"outrig-bundle-{key}-*.zip"):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if path.stem.rsplit("-", 1)[-1] == agent_bundle.digest_of(data):
+            return data
+    return None
+
+
+def _keep_bundle(path: Path, bundle: bytes) -> None:
+    """Write the cache atomically and drop the bundles of older sources; best effort (a
+    read-only install just builds the bundle in every process)."""
+    try:
+        path.parent.mkdir(exist_ok=True)
+        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temp.write_bytes(bundle)
+        os.replace(temp, path)
+        for old in path.parent.glob("outrig-bundle-*.zip"):
+            if old != path:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 @lru_cache(maxsize=1)

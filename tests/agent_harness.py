@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from outrig._box.agent.procs import read_stat
 from outrig.agent_client import AGENT_DIR, agent_command, agent_payload, argv_command
 
 # Run ids unique to this test session: the agent's marker sweep is box-wide, so two test
@@ -39,13 +40,10 @@ Event = Dict[str, Any]
 
 
 def stat_fields(pid: int) -> Optional[Tuple[str, int, int, int]]:
-    """(state, pgid, sid, start_ticks) from /proc/PID/stat, or None when the pid is gone."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    rest = data[data.rindex(b")") + 2 :].split()
-    return rest[0].decode(), int(rest[2]), int(rest[3]), int(rest[19])
+    """(state, pgid, sid, start_ticks) from /proc/PID/stat (the agent's own parser), or None
+    when the pid is gone."""
+    st = read_stat(pid)
+    return None if st is None else (st.state, st.pgid, st.sid, st.start_ticks)
 
 
 def alive(pid: int) -> bool:

@@ -159,3 +159,23 @@ def test_stripping_keeps_every_line_and_statement() -> None:
     sources = bundle.package_sources()
     sent = sum(len(bundle.strip_source(s)) for s in sources.values())
     assert sent < 0.9 * sum(len(s) for s in sources.values())
+
+
+def test_the_workstation_keeps_the_built_bundle_and_never_sends_a_damaged_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrig import agent_client
+
+    monkeypatch.setattr(agent_client, "BUNDLE_CACHE", tmp_path)
+    agent_client.agent_bundle_bytes.cache_clear()
+    try:
+        built = agent_client.agent_bundle_bytes()
+        (kept,) = tmp_path.glob("outrig-bundle-*.zip")
+        assert kept.read_bytes() == built
+        assert kept.stem.endswith(bundle.digest_of(built))
+        kept.write_bytes(built[:-10])  # damaged: the next process builds it again
+        agent_client.agent_bundle_bytes.cache_clear()
+        assert agent_client.agent_bundle_bytes() == built
+        (kept,) = tmp_path.glob("outrig-bundle-*.zip")
+        assert kept.read_bytes() == built
+    finally:
+        agent_client.agent_bundle_bytes.cache_clear()
