@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from outrig import recipes
 from outrig.checkpoints import listing_request, newest_complete
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
@@ -72,18 +73,9 @@ def stage_items(job: Job, host: Host) -> list[StageItem]:
     """The folders a job needs: the recipe's (model, data, checkpoints) plus ``stage:``."""
     params: dict[str, object] = {**job.spec.params, **builtin_params(host, job, "stage")}
     items: dict[str, StageItem] = {}
-    recipe = job.spec.dflash
-    if recipe is not None:
-        if recipe.model.startswith(("/", "~")):
-            source = recipe.source
-            if source and not source.startswith(("hf:", "hf-dataset:")) and "/" in source \
-                    and not source.startswith(("/", ".", "~")):
-                source = f"hf:{source}"
-            items["model"] = StageItem("model", recipe.model, source, "model")
-        regenerated = ("the recipe's prepare step builds it on the box"
-                       if recipe.prepare.enabled else None)
-        items["data"] = StageItem("data", recipe.data_path, None, "data", regenerated)
-        items["checkpoints"] = StageItem("checkpoints", recipe.save_path, None, "checkpoints")
+    for given in recipes.stage_items(job.spec.recipe, job.spec.recipe_section()):
+        items[given.name] = StageItem(given.name, given.path, given.source, given.kind,
+                                      given.optional_because)
     for name, spec in job.spec.stage.items():
         items[name] = StageItem(name, spec.path, spec.source, spec.kind)
     out = []

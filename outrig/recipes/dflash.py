@@ -33,7 +33,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from outrig.progress import argv_option
-from outrig.recipes import EnvFacts, Expansion, KeyPath, ModelFacts, RecipeContext
+from outrig.recipes.base import (
+    EnvFacts,
+    Expansion,
+    KeyPath,
+    ModelFacts,
+    Recipe,
+    RecipeContext,
+    StageItem,
+)
 
 GIB = 1 << 30
 Where = Callable[[KeyPath], str]
@@ -235,6 +243,28 @@ def models_to_probe(spec: DFlashSpec, known: Mapping[str, ModelFacts]) -> list[s
     if is_local(spec.model) or facts.num_hidden_layers is None or facts.weight_bytes is None:
         return [spec.model]
     return []
+
+
+def pythons_to_probe(spec: DFlashSpec) -> list[str]:
+    """The trainer's interpreter: its torch picks the loss and torchrun's stop flags."""
+    return [spec.trainer.python]
+
+
+def stage_items(spec: DFlashSpec) -> list[StageItem]:
+    """The staged model (a local path only; a hub id is pulled by vLLM), the prepared data
+    (built on the box when prepare runs) and the checkpoints folder."""
+    items = []
+    if spec.model.startswith(("/", "~")):
+        source = spec.source
+        if source and not source.startswith(("hf:", "hf-dataset:")) and "/" in source \
+                and not source.startswith(("/", ".", "~")):
+            source = f"hf:{source}"
+        items.append(StageItem("model", spec.model, source, "model"))
+    regenerated = ("the recipe's prepare step builds it on the box"
+                   if spec.prepare.enabled else None)
+    items.append(StageItem("data", spec.data_path, None, "data", regenerated))
+    items.append(StageItem("checkpoints", spec.save_path, None, "checkpoints"))
+    return items
 
 
 def layer_ids(spec: DFlashSpec, layers: int) -> tuple[list[int], list[int], list[str]]:
@@ -719,3 +749,7 @@ def _shown(text: str, names: dict[str, str]) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+RECIPE = Recipe(name="dflash", section=DFlashSpec, expand=expand, models_to_probe=models_to_probe,
+                pythons_to_probe=pythons_to_probe, stage_items=stage_items, docs="docs/dflash.md")
