@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig.errors import (
-    AuthRefused,
+    AuthenticationError,
     ConnectError,
     ConnectRefused,
     HostKeyError,
@@ -547,7 +547,7 @@ class SSHTransport(Transport):
             key = self.host.identity_file or "ssh-agent / ~/.ssh default keys"
             said = getattr(transport, "server_disconnect", None)
             reason = f"the box ended the session: {said[1]!r}" if said else str(exc)
-            return AuthRefused(
+            return AuthenticationError(
                 f"authentication failed for {target} ({reason}); tried {key}. Check user: and "
                 "identity_file: in the host file (or ~/.ssh/config), and that the public key "
                 "is in the box's ~/.ssh/authorized_keys.")
