@@ -34,6 +34,7 @@ from outrig import __version__
 from outrig.console import Reporter, visible
 from outrig.errors import ConfigError, OutrigError
 from outrig.ops.base import Project
+from outrig.transfer import STREAMS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -452,7 +453,7 @@ def provision(c: Any, host: str | None = None, playbook: str | None = None,
                        "else relayed through this workstation)",
           "resume": "also put the newest complete checkpoint in place (from --from, "
                     "else from this workstation's mirror)",
-          "streams": "parallel streams for copies through the workstation (default 4)",
+          "streams": f"parallel streams for copies through the workstation (default {STREAMS})",
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
@@ -471,7 +472,7 @@ def stage_(c: Any, host: str | None = None, playbook: str | None = None,
     """
     from outrig.ops.stage import stage
 
-    count = int(number(streams, "streams", 4))
+    count = int(number(streams, "streams", STREAMS))
     reporter = _reporter(json)
     settings = settings_for(c, project)
     host_spec = settings.host(host)

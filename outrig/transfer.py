@@ -36,7 +36,7 @@ from outrig.ops.base import HostSession, base_request
 Manifest = dict[str, dict[str, Any]]  # relative path → {"size", "sha256"}
 ProgressFn = Callable[[dict[str, Any]], None]
 RECEIVE_WINDOW = 16 << 20
-STREAMS = 4
+STREAMS = 4  # the default number of parallel streams, everywhere (stage, cli, copy)
 
 
 @lru_cache(maxsize=1)

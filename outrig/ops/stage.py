@@ -40,6 +40,7 @@ from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.template import UndefinedName, substitute
 from outrig.transfer import (
+    STREAMS,
     Events,
     Manifest,
     Meter,
@@ -142,7 +143,7 @@ def _sources_files(listing: dict[str, Any]) -> Manifest:
 class Stager:
     """Copies one folder at a time into a box or the local mirror, choosing the route."""
 
-    def __init__(self, reporter: Reporter, journal: Journal, streams: int = 4) -> None:
+    def __init__(self, reporter: Reporter, journal: Journal, streams: int = STREAMS) -> None:
         if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
             raise ConfigError(f"--streams {streams!r}: give a whole number of parallel streams "
                               "of at least 1 (default 4). Nothing was sent.")
@@ -270,7 +271,7 @@ def _load(project: Project, host: Host, playbook: str) -> tuple[Job, list[StageI
 
 def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
           from_host: str | None = None, resume: bool = False, journal: Journal | None = None,
-          streams: int = 4, source_playbook: str | None = None,
+          streams: int = STREAMS, source_playbook: str | None = None,
           parts: tuple[str, ...] = ("data", "checkpoint")) -> dict[str, Any]:
     """Put every item of the playbook on ``host_spec``; with ``resume`` also the newest complete
     checkpoint (from ``from_host`` when given, else the local mirror).
@@ -442,7 +443,7 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
 
 def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
                      playbook: str | None = None, journal: Journal | None = None,
-                     streams: int = 4, run_id: str | None = None) -> dict[str, Any]:
+                     streams: int = STREAMS, run_id: str | None = None) -> dict[str, Any]:
     """Pull every complete checkpoint the workstation's mirror lacks (incremental)."""
     journal = journal or Journal()
     stager = Stager(reporter, journal, streams)
