@@ -39,7 +39,7 @@ from outrig.recipes.base import (
 )
 
 __all__ = ["RECIPES", "EnvFacts", "Expansion", "KeyPath", "ModelFacts", "Recipe",
-           "RecipeContext", "StageItem", "expand", "get", "models_to_probe", "names",
+           "RecipeContext", "StageItem", "get", "models_to_probe", "names",
            "pythons_to_probe", "register", "stage_items", "unregister"]
 
 # The registry: recipe name → recipe. One line per recipe.
@@ -80,11 +80,6 @@ def get(name: str) -> Recipe[Any]:
         return RECIPES[name]
     except KeyError:
         raise ValueError(f"unknown recipe {name!r}") from None
-
-
-def expand(recipe: str, section: Any, ctx: RecipeContext) -> Expansion:
-    """Expand ``section`` (the validated recipe section) into processes. Pure."""
-    return get(recipe).expand(section, ctx)
 
 
 def models_to_probe(recipe: str | None, section: Any,
