@@ -115,3 +115,15 @@ def test_a_registered_recipe_deploys_on_the_local_host(
     assert "hello from a recipe" in log.read_text()
     cleanup(Project(REPO), "local", Reporter(quiet=True), playbook="echo", journal=journal)
     assert wait_gone([proc["pid"]]) == []
+
+
+def test_a_recipe_named_like_a_playbook_key_is_refused_when_the_schema_is_built(
+        tmp_path: Path) -> None:
+    clash = recipes.register(recipes.Recipe(name="processes", section=example_recipe.EchoSpec,
+                                            expand=example_recipe.expand))
+    try:
+        with pytest.raises(ValueError, match=r"\['processes'\] are playbook keys already"):
+            load_job(write(tmp_path, {"processes": {"a": {"command": "true"}}}))
+    finally:
+        recipes.unregister(clash.name)
+    assert load_job(write(tmp_path, {"processes": {"a": {"command": "true"}}})).spec.processes
