@@ -348,7 +348,6 @@ def status(c: Any, host: str | None = None, run: str | None = None,
                    "from the beginning the first time)",
           "no_follow": "print what is there now and exit",
           "grep": "show only lines matching this regular expression (the mirror keeps all)",
-          "since": "not supported (logs carry no reliable timestamps); use --lines",
           "project": PROJECT_HELP,
           "json": "JSON lines {process, line} instead of prefixed text"},
 )
@@ -356,7 +355,7 @@ def status(c: Any, host: str | None = None, run: str | None = None,
 def tail_logs(c: Any, host: str | None = None, run: str | None = None,
               playbook: str | None = None, process: list[str] | None = None,
               lines: str | None = None, no_follow: bool = False, grep: str | None = None,
-              since: str | None = None, project: str | None = None, json: bool = False) -> None:
+              project: str | None = None, json: bool = False) -> None:
     """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
 
     Lines are prefixed with the process name. The mirror is kept under
@@ -375,7 +374,7 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
     settings = settings_for(c, project)
     run_tail(settings.project, settings.host(host), _reporter(json), run_id=run,
              playbook=playbook, processes=list(process or []), lines=count,
-             follow=not no_follow, grep=grep, since=since)
+             follow=not no_follow, grep=grep)
 
 
 @task(

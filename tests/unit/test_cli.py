@@ -112,6 +112,7 @@ def test_param_overrides_reach_the_plan_and_unknown_names_are_refused(
     (["status", "--nope"], "No idea what '--nope' is"),
     (["nosuchtask"], "No idea what 'nosuchtask' is"),
     (["exec", "nvidia-smi"], "the command goes after --, e.g. `outrig exec --host NAME --"),
+    (["tail-logs", "--since", "1h"], "No idea what '--since' is"),  # no flag that only refuses
 ])
 def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], flag: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
