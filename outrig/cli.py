@@ -38,6 +38,7 @@ from outrig.ops.base import Project
 F = TypeVar("F", bound=Callable[..., Any])
 
 PROJECT_FILE = "outrig.yaml"
+PROJECT_FILES = (PROJECT_FILE, "invoke.yaml", "invoke.yml")  # highest first
 SETTINGS = ("host", "playbook", "project")  # config keys and OUTRIG_* variables
 
 HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local' "
@@ -62,10 +63,10 @@ def find_project(start: Path) -> Path | None:
     return None
 
 
-def read_project_file(root: Path) -> dict[str, Any]:
-    """``outrig.yaml`` in the project (an empty mapping when absent); a wrong shape is a
+def read_project_file(root: Path, name: str = PROJECT_FILE) -> dict[str, Any]:
+    """One config file of the project (an empty mapping when absent); a wrong shape is a
     ConfigError naming the file and key."""
-    path = root / PROJECT_FILE
+    path = root / name
     if not path.is_file():
         return {}
     try:
@@ -77,10 +78,23 @@ def read_project_file(root: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping such as 'host: my-box' (one key a line)")
-    for key in ("host", "playbook"):
+    for key in SETTINGS:
         if key in data and data[key] is not None and not isinstance(data[key], str):
             raise ConfigError(f"{path}: {key}: must be a name (text), not {data[key]!r}")
     return data
+
+
+def read_project_config(root: Path) -> dict[str, tuple[str, Path]]:
+    """The project's defaults, each with the file it came from: ``outrig.yaml`` first, then
+    ``invoke.yaml`` (or ``invoke.yml``), so a project set up for ``inv`` works unchanged with
+    ``outrig``, which Invoke itself would not read it for."""
+    found: dict[str, tuple[str, Path]] = {}
+    for name in PROJECT_FILES:
+        data = read_project_file(root, name)
+        for key in SETTINGS:
+            if data.get(key) and key not in found:
+                found[key] = (str(data[key]), root / name)
+    return found
 
 
 def _invoke_setting(c: Any, key: str) -> str | None:
@@ -101,18 +115,20 @@ class Settings:
 
     project: Project
     project_source: str
-    file: dict[str, Any] = field(default_factory=dict)
+    file: dict[str, tuple[str, Path]] = field(default_factory=dict)
     context: Any = None
 
     def value(self, key: str, flag: str | None) -> tuple[str | None, str]:
-        """``key``'s value and where it came from: flag > env > project file > Invoke config."""
+        """``key``'s value and where it came from: flag > env > project files > Invoke
+        config."""
         if flag not in (None, ""):
             return flag, f"--{key}"
         variable = f"OUTRIG_{key.upper()}"
         if os.environ.get(variable):
             return os.environ[variable], variable
-        if self.file.get(key):
-            return str(self.file[key]), f"{key}: in {self.project.root / PROJECT_FILE}"
+        if key in self.file:
+            value, path = self.file[key]
+            return value, f"{key}: in {path}"
         configured = _invoke_setting(self.context, key)
         if configured:
             return configured, f"{key}: in the user configuration"
@@ -151,7 +167,7 @@ def settings_for(c: Any, project_flag: str | None) -> Settings:
 
 
 def _settings(c: Any, root: Path, source: str) -> Settings:
-    return Settings(Project(root), source, read_project_file(root), c)
+    return Settings(Project(root), source, read_project_config(root), c)
 
 
 def playbook_for(settings: Settings, flag: str | None, host: str | None,

@@ -69,6 +69,24 @@ def test_host_precedence_flag_env_project_file_user_file(
     assert planned_host(capsys, "--host", "one") == "one"  # the flag beats everything
 
 
+def test_outrig_reads_the_projects_invoke_yaml_below_outrig_yaml(
+        project: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (isolated_home / ".outrig.yaml").write_text("host: four\n")
+    (project / "invoke.yaml").write_text("host: two\nplaybook: job\n")
+    code, out, err = outrig(["plan", "--json"], capsys)  # host and playbook from invoke.yaml
+    assert code == 0, err
+    assert json.loads(out)["host"] == "two"
+    assert f"playbook job (playbook: in {project / 'invoke.yaml'})" in err
+    (project / "outrig.yaml").write_text("host: three\n")
+    assert planned_host(capsys) == "three"  # outrig.yaml beats invoke.yaml
+    monkeypatch.setenv("OUTRIG_HOST", "one")
+    assert planned_host(capsys) == "one"  # the environment beats both
+    (project / "invoke.yaml").write_text("host: [not, a, name]\n")
+    code, _, err = outrig(["plan", "--playbook", "job"], capsys)
+    assert code == 2 and "invoke.yaml: host: must be a name" in err
+
+
 def test_no_host_anywhere_is_exit_2_naming_the_ways_to_give_one(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = outrig(["plan", "--playbook", "job"], capsys)
