@@ -47,7 +47,7 @@ def ensure_sshd(reporter: Reporter) -> str:
             raise OutrigError(
                 f"could not install openssh-server ({' '.join(argv)} exited "
                 f"{proc.returncode}):\n{tail}\nInstall it by hand (apt-get install -y "
-                "openssh-server) and run `inv demo` again."
+                "openssh-server) and run `outrig demo` again."
             )
     return find_sshd()
 
@@ -82,7 +82,7 @@ def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
         cleanup(project, host, reporter, playbook="smoke", journal=journal)
         if keep:
             reporter.info(f"sandbox kept: host file {host_file} (sshd pid file in {root}); "
-                          f"try: inv status --host {host_file}")
+                          f"try: outrig status --host {host_file}")
     finally:
         if not keep:
             if proxy is not None:

@@ -291,7 +291,7 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     if local and facts.exists is False:
         out.problems.append(
             f"{at(('dflash', 'model'))}: {spec.model} does not exist on {ctx.host} "
-            f"({facts.source}). Stage it first: `inv stage --host {ctx.host} --playbook "
+            f"({facts.source}). Stage it first: `outrig stage --host {ctx.host} --playbook "
             f"{ctx.playbook}`, or by hand on the box: `hf download "
             f"{spec.source or '<hub id>'} --local-dir {spec.model}`")
     vllm_ids: list[int] = []
@@ -300,7 +300,7 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
         out.problems.append(
             f"{at(('dflash', 'model'))}: num_hidden_layers of {spec.model} is not known, so "
             "the layer ids cannot be rendered. Declare it (dflash: num_hidden_layers: N, from "
-            "the model's config.json) or run `inv deploy`, which reads it on the box first")
+            "the model's config.json) or run `outrig deploy`, which reads it on the box first")
     else:
         vllm_ids, trainer_ids, layer_problems = layer_ids(spec, facts.num_hidden_layers)
         key = ("dflash", "target_layer_ids")
@@ -562,7 +562,7 @@ def _check_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at: Wher
         return
     if ctx.gpu_memory_mib is None:
         out.notes.append("memory fit not checked: GPU memory not known until the box has "
-                         "been contacted once (inv check or inv deploy reads it)")
+                         "been contacted once (outrig check or outrig deploy reads it)")
         return
     per_gpu = facts.weight_bytes / server.tensor / GIB
     budget = ctx.gpu_memory_mib * server.gpu_memory_utilization / 1024

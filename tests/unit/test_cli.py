@@ -158,3 +158,33 @@ def test_completion_offers_host_and_playbook_names_of_the_project(
     assert "--json" in out.split() and "one" not in out.split()  # a flag: Invoke's own
     code, out, _ = outrig(["--complete", "--", "outrig", "dep"], capsys)
     assert "deploy" in out.split()  # task names: Invoke's own
+
+
+def _product_strings(path: Path) -> list[tuple[int, str]]:
+    """Every string literal in ``path`` that can reach a user (messages, help texts, schema
+    descriptions): all string constants except docstrings, which explain the code."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                docstrings.add(id(first.value))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings]
+
+
+def test_no_product_message_tells_the_user_to_run_inv() -> None:
+    """Hints name the installed command (`outrig status --host X`): `inv` only works inside
+    a checkout of this repository, which docs/cli.md explains."""
+    import re
+
+    offenders = [f"{path.relative_to(REPO)}:{line}: {text.strip()[:80]}"
+                 for path in [*sorted((REPO / "outrig").rglob("*.py")), REPO / "tasks.py"]
+                 for line, text in _product_strings(path)
+                 if re.search(r"(^|[\s`(])inv [a-z-]+", text)]
+    assert offenders == []
