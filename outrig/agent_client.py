@@ -187,7 +187,8 @@ class AgentCall:
                         f"lost contact with the agent on {host.describe()}: nothing heard for "
                         f"{silent:.0f} s (limit {limit:.0f} s) and the link "
                         f"{'is down' if not channel.alive() else 'may be down'}. What was "
-                        f"launched keeps running on the box; check with `outrig status --host {host.name}`.",
+                        "launched keeps running on the box; check with "
+                        f"`outrig status --host {host.name}`.",
                         phase="stream", request_sent=True)
                 continue
             if chunk == b"":

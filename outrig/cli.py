@@ -648,7 +648,8 @@ def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
 
 @task(
     auto_shortflags=False,
-    help={"keep": "leave the sandbox (sshd and processes) running and print how to reach it",
+    help={"keep": "leave the sandbox and the smoke run running after this command (the "
+                  "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
           "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
                    "(default 0; 120 gives a 240 ms RTT like a far-away box)",
           "project": PROJECT_HELP},

@@ -308,7 +308,7 @@ def serve(name: str, root: Path, host_file: Path, one_way_delay: float, ready_fd
         ready_fd = -1
         while not stop.wait(3600):
             pass
-    except Exception as exc:  # noqa: BLE001 - reported to `up`, which raises it
+    except Exception as exc:  # reported to `up`, which raises it; then the traceback
         if ready_fd >= 0:
             _report(ready_fd, {"error": str(exc)})
         raise

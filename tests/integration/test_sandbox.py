@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -313,7 +314,8 @@ def test_proxy_close_is_prompt_and_idempotent(echo: _Echo) -> None:
 # ------------------------------------------------------------- sandbox-up / sandbox-down
 
 
-def outrig_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def outrig_cli(args: list[str], cwd: Path,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The installed ``outrig`` of this environment, as a separate process."""
     binary = Path(sys.executable).parent / "outrig"
     return subprocess.run([str(binary), *args], cwd=cwd, capture_output=True, text=True,
@@ -375,3 +377,41 @@ def test_sandbox_down_stops_the_recorded_sshd_when_its_server_died(
     result = json.loads(down.stdout)
     assert result["stopped"] == [state["sshd"]["pid"]] and result["host_file_removed"]
     assert wait_gone([state["sshd"]["pid"]]) == []
+
+
+def test_demo_keep_leaves_a_reachable_sandbox_and_run_that_sandbox_down_stops(
+        sandbox_project: Path) -> None:
+    """The walkthrough's bug: `demo --keep --delay 120` wrote a host file pointing at a proxy
+    that closed with the command, and cleaned up the processes it said it kept."""
+    from tests.helpers import marked
+
+    repo = Path(__file__).resolve().parents[2]
+    (sandbox_project / "playbooks").mkdir()
+    shutil.copyfile(repo / "playbooks" / "smoke.yaml", sandbox_project / "playbooks" / "smoke.yaml")
+    (sandbox_project / "remote" / "examples").mkdir(parents=True)
+    shutil.copyfile(repo / "remote" / "examples" / "train_tiny.py",
+                    sandbox_project / "remote" / "examples" / "train_tiny.py")
+    demo = outrig_cli(["demo", "--keep", "--delay", "20"], sandbox_project, timeout=300)
+    assert demo.returncode == 0, demo.stderr
+    assert "stop both: outrig sandbox-down" in demo.stderr
+
+    status = outrig_cli(["status", "--host", "sandbox", "--json"], sandbox_project)
+    assert status.returncode == 0, status.stderr  # through the kept proxy, from a new process
+    runs = json.loads(status.stdout)["runs"]
+    assert [r["playbook"] for r in runs] == ["smoke"]
+    server = next(p for p in runs[0]["processes"] if p["name"] == "server")
+    assert server["state"] == "running"  # kept, not cleaned up
+    run_pids = marked(runs[0]["run_id"])
+    assert run_pids
+
+    state = json.loads((sandbox_root_state("sandbox")).read_text())
+    down = outrig_cli(["sandbox-down"], sandbox_project)
+    assert down.returncode == 0, down.stderr
+    assert wait_gone([state["server"]["pid"], state["sshd"]["pid"], *run_pids]) == []
+    assert not (sandbox_project / "hosts" / "sandbox.yaml").exists()
+
+
+def sandbox_root_state(name: str) -> Path:
+    from outrig.sandbox.service import STATE_FILE, sandbox_root
+
+    return sandbox_root(name) / STATE_FILE
