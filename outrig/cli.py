@@ -46,6 +46,8 @@ HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:por
 JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
 PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OUTRIG_PROJECT, "
                 "else the nearest such folder upward from here")
+GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
+             "summary")
 PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
 
 
@@ -239,8 +241,8 @@ def remainder_argv() -> list[str]:
 _REMAINDER: list[str] | None = None
 
 
-def _reporter(json: bool) -> Reporter:
-    return Reporter(json_mode=json)
+def _reporter(json: bool, gpus: bool = False) -> Reporter:
+    return Reporter(json_mode=json, gpu_table=gpus)
 
 
 def friendly(func: F) -> F:
@@ -330,13 +332,13 @@ def plan(c: Any, host: str | None = None, playbook: str | None = None,
     auto_shortflags=False,
     help={"host": HOST_HELP, "run": "the run id to show (default: current runs)",
           "playbook": "show the current run of this playbook",
-          "lines": "log lines to show per process (default 5)", "project": PROJECT_HELP,
-          "json": JSON_HELP},
+          "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
+          "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def status(c: Any, host: str | None = None, run: str | None = None,
-           playbook: str | None = None, lines: str | None = None, project: str | None = None,
-           json: bool = False) -> None:
+           playbook: str | None = None, lines: str | None = None, gpus: bool = False,
+           project: str | None = None, json: bool = False) -> None:
     """Show each process (running / exited with code / killed), readiness, GPUs, progress.
 
     One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
@@ -350,7 +352,7 @@ def status(c: Any, host: str | None = None, run: str | None = None,
 
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project)
-    run_status(settings.project, settings.host(host), _reporter(json), run_id=run,
+    run_status(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                playbook=playbook, log_lines=count)
 
 
@@ -402,13 +404,14 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
                            "it is shown before it is killed",
           "dry_run": "show what would be signalled and who holds the GPUs; signal nothing",
           "timeout": "seconds to wait for GPU memory to come back (default 60)",
-          "project": PROJECT_HELP, "json": JSON_HELP},
+          "gpus": GPUS_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def cleanup(c: Any, host: str | None = None, run: str | None = None,
             playbook: str | None = None, all: bool = False,
             force_foreign: list[str] | None = None, dry_run: bool = False,
-            timeout: str | None = None, project: str | None = None, json: bool = False) -> None:
+            timeout: str | None = None, gpus: bool = False, project: str | None = None,
+            json: bool = False) -> None:
     """Stop exactly what outrig started, then prove the GPUs are free (audit + wait).
 
     Exit status 0 only when nothing of ours is left and the GPU memory it held is back.
@@ -424,7 +427,7 @@ def cleanup(c: Any, host: str | None = None, run: str | None = None,
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
     settings = settings_for(c, project)
-    run_cleanup(settings.project, settings.host(host), _reporter(json), run_id=run,
+    run_cleanup(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                 playbook=playbook, all_runs=all, force_foreign=list(force_foreign or []),
                 dry_run=dry_run, timeout=seconds)
 

@@ -132,15 +132,47 @@ def gpu_summary(gpus: Sequence[dict[str, Any]], error: str | None = None) -> str
     return "gpus: " + " · ".join(parts)
 
 
+def gpu_summary_lines(gpus: Sequence[dict[str, Any]], width: int,
+                      error: str | None = None) -> list[str]:
+    """:func:`gpu_summary` wrapped to ``width`` at its `` · `` separators."""
+    text = gpu_summary(gpus, error)
+    out: list[str] = []
+    for part in text.split(" · "):
+        if out and len(out[-1]) + 3 + len(part) <= width:
+            out[-1] += " · " + part
+        else:
+            out.append((INDENT + "· " + part) if out else part)
+    return out
+
+
+def audit_gpus(audit: dict[str, Any]) -> list[dict[str, Any]]:
+    """A GPU audit (``{gpus, holders}``, as cleanup reports it) in status's shape: each GPU
+    with its ``holders`` (``ours``, ``run_id``, ``process``, ``pid``, ``comm``)."""
+    out = []
+    for gpu in audit.get("gpus") or []:
+        held = []
+        for h in audit.get("holders") or []:
+            if h.get("gpu_index") != gpu.get("index"):
+                continue
+            owner = h.get("owner") or {}
+            held.append({"pid": h.get("pid"), "used_mib": h.get("used_mib"),
+                         "comm": h.get("comm"), "ours": bool(owner),
+                         "run_id": owner.get("run_id"), "process": owner.get("process")})
+        out.append({**gpu, "holders": held})
+    return out
+
+
 def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
     """The full GPU table (``--gpus``): one row per GPU, its holders on lines under it."""
     rows = []
     for gpu in gpus:
         util = gpu.get("utilization_pct")
+        kinds = sorted({"ours" if h.get("ours") else "NOT OURS"
+                        for h in gpu.get("holders") or []}, reverse=True)
         rows.append([str(gpu.get("index")), str(gpu.get("name")),
                      f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
-                     "-" if util is None else f"{util}%"])
-    header, lines = columns(["gpu", "name", "memory", "util"], rows)
+                     "-" if util is None else f"{util}%", " + ".join(kinds) or "free"])
+    header, lines = columns(["gpu", "name", "memory", "util", "held by"], rows)
     out = ["GPUs", header]
     for gpu, line in zip(gpus, lines):
         out.append(line)
@@ -151,8 +183,6 @@ def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
             else:
                 who = f"NOT OURS: pid {h.get('pid')} {h.get('comm') or ''}{mem}"
             out += wrapped(who, width)
-        if not gpu.get("holders"):
-            out.append(INDENT + "free")
     return out
 
 
@@ -220,7 +250,7 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
     if gpus and gpu_table:
         out += ["", *gpu_table_lines(gpus, width)]
     elif gpus or result.get("gpu_error"):
-        out += wrapped(gpu_summary(gpus, result.get("gpu_error")), width, "", INDENT)
+        out += gpu_summary_lines(gpus, width, result.get("gpu_error"))
     return out
 
 
