@@ -573,9 +573,13 @@ def check(c: Any, host: str | None = None, project: str | None = None,
 
 
 @task(name="exec", auto_shortflags=False,
-      help={"host": HOST_HELP, "project": PROJECT_HELP})
+      help={"host": HOST_HELP, "project": PROJECT_HELP,
+            "json": "capture the output and print one JSON object {host, command, exit_code, "
+                    "stdout, stderr} when the command ends (the exit status stays the "
+                    "command's)"})
 @friendly
-def exec_(c: Any, host: str | None = None, project: str | None = None) -> None:
+def exec_(c: Any, host: str | None = None, project: str | None = None,
+          json: bool = False) -> None:
     """Run one command on the box, in the host's workdir with its env; output streams here.
 
     Everything after -- is the command, passed as words (no shell on the box parses it;
@@ -590,7 +594,18 @@ def exec_(c: Any, host: str | None = None, project: str | None = None) -> None:
 
     command = remainder_argv()
     settings = settings_for(c, project)
-    code = run_exec(settings.project, settings.host(host), command)
+    host_spec = settings.host(host)
+    if not json:
+        code = run_exec(settings.project, host_spec, command)
+    else:
+        import io
+
+        out, err = io.BytesIO(), io.BytesIO()
+        code = run_exec(settings.project, host_spec, command, out=out, err=err)
+        Reporter(json_mode=True).emit_json({
+            "host": host_spec, "command": command, "exit_code": code,
+            "stdout": out.getvalue().decode("utf-8", "replace"),
+            "stderr": err.getvalue().decode("utf-8", "replace")})
     if code:
         raise Exit(code=code)
 
@@ -630,9 +645,13 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
                 run_id=run, playbook=playbook, remote_port=remote, local_port=local)
 
 
-@task(auto_shortflags=False, help={"host": HOST_HELP, "project": PROJECT_HELP})
+@task(auto_shortflags=False,
+      help={"host": HOST_HELP, "project": PROJECT_HELP,
+            "json": "print the resolved ssh command as JSON {host, client, argv} and run "
+                    "nothing"})
 @friendly
-def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
+def ssh(c: Any, host: str | None = None, project: str | None = None,
+        json: bool = False) -> None:
     """Open a shell on the box with the OpenSSH client: same address, port, user, key and
     known_hosts as outrig's own connection, in the host's workdir with its env.
 
@@ -646,7 +665,24 @@ def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
     from outrig.ops.shell import open_ssh
 
     settings = settings_for(c, project)
+    if json:
+        _print_ssh_argv(settings, settings.host(host), remainder_argv())
+        return
     open_ssh(settings.project, settings.host(host), remainder_argv())
+
+
+def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> None:
+    """``ssh --json``: what ``ssh`` would run (for scripts, or to see the key and port used);
+    the terminal flag is left out, as there is no terminal to give the box then."""
+    import shutil
+
+    from outrig.inventory import resolve_host
+    from outrig.ops.shell import ssh_argv
+
+    resolved = resolve_host(host_spec, hosts_dir=settings.project.hosts_dir)
+    Reporter(json_mode=True).emit_json({
+        "host": host_spec, "client": shutil.which("ssh"),
+        "argv": ssh_argv(resolved, command, tty=False)})
 
 
 @task(
@@ -655,11 +691,13 @@ def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
                   "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
           "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
                    "(default 0; 120 gives a 240 ms RTT like a far-away box)",
-          "project": PROJECT_HELP},
+          "project": PROJECT_HELP,
+          "json": "each step's JSON (deploy events, the status document, log lines, the "
+                  "cleanup report) as JSON lines; progress notes go to stderr"},
 )
 @friendly
 def demo(c: Any, keep: bool = False, delay: str | None = None,
-         project: str | None = None) -> None:
+         project: str | None = None, json: bool = False) -> None:
     """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
 
     Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
@@ -673,7 +711,8 @@ def demo(c: Any, keep: bool = False, delay: str | None = None,
 
     one_way_ms = number(delay, "delay", 0)
     settings = settings_for(c, project)
-    run_demo(settings.project, Reporter(), keep=keep, one_way_delay=one_way_ms / 1000.0)
+    run_demo(settings.project, _reporter(json), keep=keep,
+             one_way_delay=one_way_ms / 1000.0)
 
 
 SANDBOX_NAME_HELP = "the sandbox's name (default sandbox); several can be up at once"
@@ -780,9 +819,10 @@ def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
         reporter.success(f"sandbox {name} stopped (pids {pids}){removed}")
 
 
-@task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present"})
+@task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present",
+                                   "json": "print {project, wrote: [paths]} as JSON"})
 @friendly
-def init(c: Any, force: bool = False) -> None:
+def init(c: Any, force: bool = False, json: bool = False) -> None:
     """Write a starter project here: outrig.yaml, hosts/box.yaml and playbooks/hello.yaml.
 
     Each file is commented; edit hosts/box.yaml to point at your box, then
@@ -793,7 +833,12 @@ def init(c: Any, force: bool = False) -> None:
     """
     from outrig.starter import write_starter
 
-    for path in write_starter(Path.cwd(), force=force):
+    written = write_starter(Path.cwd(), force=force)
+    if json:
+        Reporter(json_mode=True).emit_json({"project": str(Path.cwd()),
+                                            "wrote": [str(p) for p in written]})
+        return
+    for path in written:
         print(f"wrote {path}")
     print("next: edit hosts/box.yaml (hostname, user, workdir), then `outrig check` and "
           "`outrig deploy`")

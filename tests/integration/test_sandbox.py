@@ -415,3 +415,15 @@ def sandbox_root_state(name: str) -> Path:
     from outrig.sandbox.service import STATE_FILE, sandbox_root
 
     return sandbox_root(name) / STATE_FILE
+
+
+def test_demo_json_prints_only_json_lines(sandbox_project: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    demo = outrig_cli(["demo", "--json", "--project", str(repo)], sandbox_project, timeout=300)
+    assert demo.returncode == 0, demo.stderr
+    docs = [json.loads(line) for line in demo.stdout.splitlines()]  # every line is JSON
+    events = [d.get("event") for d in docs]
+    assert "deployed" in events and "stopped" in events  # deploy's and cleanup's events
+    assert any("runs" in d for d in docs)  # the status document
+    assert any({"process", "line"} <= set(d) for d in docs)  # log lines
+    assert "smoke ready on sandbox" in demo.stderr  # notes for people stay on stderr

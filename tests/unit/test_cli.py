@@ -188,3 +188,54 @@ def test_no_product_message_tells_the_user_to_run_inv() -> None:
                  for line, text in _product_strings(path)
                  if re.search(r"(^|[\s`(])inv [a-z-]+", text)]
     assert offenders == []
+
+
+def test_exec_json_is_one_object_with_the_output_and_the_exit_status(
+        project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (project / "hosts" / "here.yaml").write_text(yaml.safe_dump(
+        {"hostname": "local", "workdir": str(workdir), "env": {"GREETING": "hi"}}))
+    code, out, err = outrig(["exec", "--host", "here", "--json", "--", "sh", "-c",
+                             'echo "$GREETING $(pwd)"; echo oops >&2; exit 3'], capsys)
+    assert code == 3, err
+    assert json.loads(out) == {"host": "here", "exit_code": 3, "stdout": f"hi {workdir}\n",
+                               "stderr": "oops\n",
+                               "command": ["sh", "-c",
+                                           'echo "$GREETING $(pwd)"; echo oops >&2; exit 3']}
+
+
+def test_ssh_json_prints_the_resolved_ssh_command_and_runs_nothing(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
+        {"hostname": "127.0.0.1", "port": 2222, "user": "ubuntu", "workdir": "/w",
+         "identity_file": "/keys/id_far"}))
+    code, out, err = outrig(["ssh", "--host", "far", "--json", "--", "htop"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    argv = doc["argv"]
+    assert doc["host"] == "far" and argv[0] == "ssh"
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu"
+    assert argv[argv.index("-i") + 1] == "/keys/id_far" and "-t" not in argv
+    assert argv[argv.index("--") + 1] == "127.0.0.1" and argv[-1].endswith(" htop")
+    code, _, err = outrig(["ssh", "--host", "one", "--json"], capsys)
+    assert code == 2 and "'local'" in err  # a local host has nothing to ssh to
+
+
+def test_init_json_lists_what_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = outrig(["init", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["project"] == str(tmp_path)
+    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in doc["wrote"]) == [
+        "hosts/box.yaml", "outrig.yaml", "playbooks/hello.yaml"]
+
+
+def test_every_task_takes_json() -> None:
+    """`--json` everywhere: scripts never have to parse tables."""
+    collection = make_collection()
+    missing = [name for name in collection.task_names
+               if "json" not in {a.name for a in collection[name].get_arguments()}]
+    assert missing == []
