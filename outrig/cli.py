@@ -767,8 +767,7 @@ def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
         reporter.emit_json(state)
         return
     host = host_argument(Path(state["host_file"]), settings.project.hosts_dir)
-    for line in describe_up(state, host, down=_down_command(name)):
-        print(line)
+    reporter.lines(describe_up(state, host, down=_down_command(name), width=reporter.width))
 
 
 @task(

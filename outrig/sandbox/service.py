@@ -182,27 +182,31 @@ def host_argument(host_file: Path, hosts_dir: Path) -> str:
     return str(host_file)
 
 
-def describe_up(state: dict[str, Any], host: str, *, down: str) -> list[str]:
-    """Lines for people: where the box listens, how to use it and exactly how to stop it
-    (``down`` is the command that does)."""
+def describe_up(state: dict[str, Any], host: str, *, down: str,
+                width: int = 80) -> list[str]:
+    """Lines for people (within ``width``, paths on their own lines): where the box listens,
+    how to use it and exactly how to stop it (``down`` is the command that does)."""
     import shlex
 
-    via = f"127.0.0.1:{state.get('sshd_port')}"
-    if state.get("port") != state.get("sshd_port"):
-        via += (f" behind a latency proxy on 127.0.0.1:{state.get('port')} "
-                f"(RTT {2 * float(state.get('delay_ms') or 0):.0f} ms)")
+    from outrig.layout import labelled
+
     server, sshd = state.get("server") or {}, state.get("sshd") or {}
     what = "already up" if state.get("already_up") else "up"
+    lines = [f"sandbox {state.get('name')} {what}: sshd on 127.0.0.1:{state.get('sshd_port')}"]
+    if state.get("port") != state.get("sshd_port"):
+        lines.append(f"  behind a latency proxy on 127.0.0.1:{state.get('port')} "
+                     f"(RTT {2 * float(state.get('delay_ms') or 0):.0f} ms)")
+    lines += labelled("host file", str(state.get("host_file")), width, "  ")
+    lines.append(f"  it keeps running after this command: server pid {server.get('pid')}, "
+                 f"sshd pid {sshd.get('pid')}")
+    lines += labelled("log", str(state.get("log")), width, "  ")
     quoted = shlex.quote(host)
-    return [
-        f"sandbox {state.get('name')} {what}: sshd on {via}; host file {state.get('host_file')}",
-        f"  it keeps running after this command (server pid {server.get('pid')}, sshd pid "
-        f"{sshd.get('pid')}; log {state.get('log')})",
-        f"  use it:  outrig check --host {quoted}",
-        f"           outrig deploy --host {quoted} --playbook smoke",
-        f"  stop it: {down}  (stops the box's outrig runs, then exactly those two processes, "
-        "and removes the host file)",
-    ]
+    return [*lines,
+            f"  use it:  outrig check --host {quoted}",
+            f"           outrig deploy --host {quoted} --playbook smoke",
+            f"  stop it: {down}",
+            "           (stops its outrig runs, then exactly those two processes, and",
+            "           removes the host file)"]
 
 
 # ------------------------------------------------------------------------------------ down

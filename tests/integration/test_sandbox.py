@@ -353,6 +353,12 @@ def test_sandbox_up_outlives_the_command_and_down_stops_exactly_it(
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["already_up"] is True
     assert json.loads(again.stdout)["server"]["pid"] == server
+    told = outrig_cli(["sandbox-up"], sandbox_project)  # for people: how to use and stop it
+    assert told.returncode == 0, told.stderr
+    assert "sandbox sandbox already up" in told.stdout and f"server pid {server}" in told.stdout
+    assert "outrig check --host sandbox" in told.stdout and "stop it: outrig sandbox-down" in \
+        told.stdout
+    assert [ln for ln in told.stdout.splitlines() if len(ln) > 80 and " " in ln.strip()] == []
 
     down = outrig_cli(["sandbox-down"], sandbox_project)
     assert down.returncode == 0, down.stderr
