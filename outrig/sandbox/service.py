@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from outrig.errors import ConfigError
 from outrig.journal import atomic_write_json, read_json, safe_name, state_dir
 from outrig.sandbox.box import SandboxError, children_of
 
@@ -111,9 +112,10 @@ def sandbox_up(name: str, host_file: Path, *, one_way_delay: float = 0.0) -> dic
     if state is not None:
         sandbox_down(name)  # a dead server's leftovers (e.g. after a reboot)
     if host_file.exists() and not generated_by_us(host_file):
-        raise SandboxError(
+        raise ConfigError(
             f"{host_file} exists and was not written by outrig's sandbox: it is left alone. "
-            "Pass --name with another name, or move that host file away.")
+            "Pass --name with another name (or --host-file), or move that host file away. "
+            "Nothing was started.")
     root = sandbox_root(name)
     shutil.rmtree(root / "box", ignore_errors=True)  # fresh keys and workdir
     root.mkdir(parents=True, exist_ok=True)

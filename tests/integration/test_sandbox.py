@@ -370,6 +370,16 @@ def test_sandbox_up_outlives_the_command_and_down_stops_exactly_it(
     assert "sandbox sandbox is not up: nothing to stop" in twice.stderr
 
 
+def test_sandbox_up_leaves_a_host_file_it_did_not_write_alone(sandbox_project: Path) -> None:
+    mine = sandbox_project / "hosts" / "sandbox.yaml"
+    mine.write_text("hostname: 127.0.0.1\nworkdir: /w\n")
+    up = outrig_cli(["sandbox-up"], sandbox_project)
+    assert up.returncode == 2 and "was not written by outrig's sandbox" in up.stderr
+    assert mine.read_text() == "hostname: 127.0.0.1\nworkdir: /w\n"
+    from outrig.sandbox.service import read_state
+    assert read_state("sandbox") is None  # nothing was started
+
+
 def test_sandbox_down_stops_the_recorded_sshd_when_its_server_died(
         sandbox_project: Path) -> None:
     up = outrig_cli(["sandbox-up", "--json"], sandbox_project)
