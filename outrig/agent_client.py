@@ -187,7 +187,8 @@ class AgentCall:
                         f"lost contact with the agent on {host.describe()}: nothing heard for "
                         f"{silent:.0f} s (limit {limit:.0f} s) and the link "
                         f"{'is down' if not channel.alive() else 'may be down'}. What was "
-                        "launched keeps running on the box; check with `inv status`.",
+                        "launched keeps running on the box; check with "
+                        f"`outrig status --host {host.name}`.",
                         phase="stream", request_sent=True)
                 continue
             if chunk == b"":
@@ -227,7 +228,8 @@ class AgentCall:
             return LinkLost(
                 f"lost contact with the agent on {host.describe()} before it finished (the "
                 "connection dropped). What was launched keeps running on the box; check with "
-                "`inv status`, and run the command again when the link is back.",
+                f"`outrig status --host {host.name}`, and run the command again when the link "
+                "is back.",
                 phase="stream", request_sent=True)
         stderr = channel.stderr_text().strip()
         lines = [ln for ln in stderr.splitlines() if ln.strip()][-12:]

@@ -190,7 +190,7 @@ class _PlaybookHead(_Strict):
     name: str | None = None
     family: str | None = Field(
         None, description="playbooks of one job for different hardware share a family: "
-        "checkpoints are mirrored per family, and `inv migrate` picks the family member that "
+        "checkpoints are mirrored per family, and `outrig migrate` picks the family member that "
         "fits the new box (default: the playbook's name)")
     description: str | None = None
     params: dict[str, ParamValue] = Field(default_factory=dict)
@@ -234,10 +234,10 @@ class _PlaybookTail(_Strict):
         default_factory=dict, description="required unless a recipe provides them")
     files: dict[str, str] = Field(default_factory=dict, description="remote path → local path")
     stage: dict[str, StageItemSpec] = Field(
-        default_factory=dict, description="folders `inv stage` puts on the box, by name")
+        default_factory=dict, description="folders `outrig stage` puts on the box, by name")
     test: dict[str, Any] | None = Field(None, description="overrides applied with --test")
     environments: dict[str, EnvironmentSpec] = Field(
-        default_factory=dict, description="venvs `inv provision` makes on the box, with pins")
+        default_factory=dict, description="venvs `outrig provision` makes on the box, with pins")
     requires: RequiresSpec | None = Field(
         None, description="what the box must offer: python, NVIDIA driver, free disk")
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from outrig.console import Reporter, visible
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
+from outrig.layout import audit_gpus, gpu_summary_lines
 from outrig.ops.base import Project, host_session, playbook_name
 
 HOW = {"term": "exited on SIGTERM", "kill": "killed (SIGKILL)", "gone": "was not running",
@@ -139,8 +140,10 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
                   f" {HOW.get(str(forced.get('how')), forced.get('how'))}")
     before = result.get("gpus_before") or {}
     after = result.get("gpus_after") or {}
-    if before.get("gpus"):
+    if before.get("gpus") and reporter.gpu_table:
         out.print(_gpu_table("GPUs", before, after))
+    elif before.get("gpus"):
+        reporter.lines(gpu_summary_lines(audit_gpus(after or before), reporter.width))
     elif before.get("error"):
         reporter.warn(f"GPU audit unavailable: {before['error']}")
     foreign = _foreign(after or before)

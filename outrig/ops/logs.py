@@ -677,15 +677,9 @@ class LogTailer:
 def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
               playbook: str | None = None, processes: list[str] | None = None,
               lines: int | None = None, follow: bool = True, grep: str | None = None,
-              since: str | None = None, journal: Journal | None = None,
+              journal: Journal | None = None,
               stop: threading.Event | None = None, **tuning: Any) -> TailResult:
     """``inv tail-logs``. ``tuning`` passes LogTailer knobs (heartbeat, idle_limit, ...)."""
-    if since is not None:
-        raise ConfigError(
-            "--since is not supported: the logs of the processes outrig runs carry no reliable "
-            "timestamps (vLLM, the trainer and tqdm each print their own, or none), so a time "
-            "cannot be mapped to a byte offset. Use --lines N to start N lines before the end. "
-            "Nothing was sent.")
     if run_id is not None and playbook is not None:
         raise ConfigError("give at most one of --run and --playbook")
     # paramiko reports every reset socket through logging's last-resort stderr handler; a

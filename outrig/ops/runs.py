@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from outrig.console import Reporter, visible
+from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.journal import Journal
 from outrig.ops.base import Project, host_session, playbook_name
@@ -108,89 +108,9 @@ def redact_run(run: dict[str, Any]) -> None:
                                for k, v in markers.items()}
 
 
-def _age(seconds: float | None) -> str:
-    from outrig.progress import format_duration
-
-    return "-" if seconds is None else format_duration(seconds)
-
-
 def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
-    """Tables for humans: processes (state, readiness, GPUs, progress), checkpoints, GPUs."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from outrig.progress import Progress, summary
-
-    out = reporter.stdout_console
-    runs = result.get("runs") or []
-    if not runs:
-        reporter.info("no outrig runs on this box")
-    for run in runs:
-        table = Table(title=escape(f"run {run.get('run_id')} ({run.get('playbook')}): "
-                                   f"{run.get('status')}"), title_justify="left")
-        for col in ("process", "state", "pid", "uptime", "ready", "GPUs", "detail"):
-            table.add_column(col, overflow="fold")
-        notes: list[str] = []
-        for proc in run.get("processes") or []:
-            name = str(proc.get("name"))
-            state = str(proc.get("state"))
-            if state == "exited":
-                state += f" ({proc.get('exit_code')})"
-            elif state == "killed" and proc.get("signal"):
-                state += f" (signal {proc.get('signal')})"
-            ready = proc.get("ready")
-            detail = ""
-            raw_progress = proc.get("progress")
-            if isinstance(raw_progress, dict):
-                detail = summary(Progress.from_json(raw_progress))
-            server = proc.get("server") or {}
-            if server.get("health") is not None or server.get("health_error"):
-                health = server.get("health") or f"down ({server.get('health_error')})"
-                models = ", ".join(server.get("models") or []) or "?"
-                detail = f"/health {health}, serving {models}"
-            elif not detail and proc.get("log_tail"):
-                detail = str(proc["log_tail"][-1])[-100:]
-            checkpoint = proc.get("checkpoint")
-            if isinstance(checkpoint, dict):
-                if checkpoint.get("path"):
-                    notes.append(f"{name}: newest complete checkpoint {checkpoint['path']} "
-                                 f"({checkpoint.get('count')} in {checkpoint.get('save_path')})")
-                else:
-                    notes.append(f"{name}: no complete checkpoint yet in "
-                                 f"{checkpoint.get('save_path')}")
-            failed = (proc.get("state") == "exited" and proc.get("exit_code") not in (0, None)) \
-                or proc.get("state") == "killed"
-            if failed and proc.get("log_tail"):
-                notes.append(f"{name} {state}; last log lines:")
-                notes.extend(f"    | {line}" for line in proc["log_tail"])
-            held = ",".join(str(i) for i in proc.get("gpus_held") or []) or "-"
-            table.add_row(name, state, str(proc.get("pid") or "-"), _age(proc.get("uptime")),
-                          "-" if ready is None else ("yes" if ready else "no"), held,
-                          escape(visible(detail)))
-        out.print(table)
-        for note in notes:
-            out.print(escape(visible(note)), highlight=False)
-    gpus = result.get("gpus") or []
-    if gpus:
-        table = Table(title="GPUs", title_justify="left")
-        for col in ("gpu", "name", "memory", "util", "held by"):
-            table.add_column(col, overflow="fold")
-        for gpu in gpus:
-            who = []
-            for h in gpu.get("holders") or []:
-                mem = f" {h['used_mib']} MiB" if h.get("used_mib") is not None else ""
-                if h.get("ours"):
-                    who.append(f"{h.get('process')} (pid {h.get('pid')}{mem})")
-                else:
-                    who.append(f"NOT OURS: pid {h.get('pid')} {h.get('comm') or ''}{mem}")
-            util = gpu.get("utilization_pct")
-            table.add_row(str(gpu.get("index")), str(gpu.get("name")),
-                          f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
-                          "-" if util is None else f"{util}%",
-                          escape(visible("; ".join(who) or "free")))
-        out.print(table)
-    elif result.get("gpu_error"):
-        reporter.info(f"GPUs: {result['gpu_error']}")
+    """For humans, laid out for the terminal's width (outrig/layout.py)."""
+    reporter.status(result)
 
 
 def check(project: Project, host_spec: str, reporter: Reporter,

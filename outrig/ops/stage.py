@@ -426,7 +426,7 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
         raise NoCheckpoint(
             f"no complete checkpoint of {job.name} to resume from: "
             + (f"{src.host.name} has none, and " if src is not None else "")
-            + f"the mirror {mirror} is empty. Run `inv sync-checkpoints` while a box is alive, "
+            + f"the mirror {mirror} is empty. Run `outrig sync-checkpoints` while a box is alive, "
             "or deploy without resuming."
         )
     epoch = epochs[0]

@@ -312,14 +312,14 @@ def _check_model(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext,
     if is_local(spec.model) and facts.exists is False:
         out.problems.append(
             f"{at(('dflash', 'model'))}: {spec.model} does not exist on {ctx.host} "
-            f"({facts.source}). Stage it first: `inv stage --host {ctx.host} --playbook "
+            f"({facts.source}). Stage it first: `outrig stage --host {ctx.host} --playbook "
             f"{ctx.playbook}`, or by hand on the box: `hf download "
             f"{spec.source or '<hub id>'} --local-dir {spec.model}`")
     if facts.num_hidden_layers is None:
         out.problems.append(
             f"{at(('dflash', 'model'))}: num_hidden_layers of {spec.model} is not known, so "
             "the layer ids cannot be rendered. Declare it (dflash: num_hidden_layers: N, from "
-            "the model's config.json) or run `inv deploy`, which reads it on the box first")
+            "the model's config.json) or run `outrig deploy`, which reads it on the box first")
         return [], []
     vllm_ids, trainer_ids, layer_problems = layer_ids(spec, facts.num_hidden_layers)
     key = ("dflash", "target_layer_ids")
@@ -567,7 +567,7 @@ def _check_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at: Wher
         return
     if ctx.gpu_memory_mib is None:
         out.notes.append("memory fit not checked: GPU memory not known until the box has "
-                         "been contacted once (inv check or inv deploy reads it)")
+                         "been contacted once (outrig check or outrig deploy reads it)")
         return
     per_gpu = facts.weight_bytes / server.tensor / GIB
     budget = ctx.gpu_memory_mib * server.gpu_memory_utilization / 1024

@@ -89,7 +89,7 @@ class Campaign:
             if isinstance(exc, AuthRefused) or "authentication failed" in text:
                 self.false_auth += 1
             assert isinstance(exc, LinkLost), f"{command} at {phase}: {exc!r}"
-            assert "inv status" in text or "again" in text, text
+            assert "outrig status --host" in text or "again" in text, text
             self.outcomes.append((command, phase, "lost link, told what next"))
             return exc
         finally:
