@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from outrig.agent_client import AgentCall
+from outrig.connectors.ssh import SSHTransport
 from outrig.errors import LinkLost
 from outrig.inventory import resolve_host
 from outrig.sandbox.proxy import Fault, LatencyProxy, PhaseTracker
-from outrig.transport import SSHTransport
 from tests.integration.test_sandbox import _Echo
 
 pytestmark = pytest.mark.integration
