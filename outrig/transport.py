@@ -22,13 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from outrig.inventory import Host
-from outrig.timing import (  # noqa: F401 - the timing rules, where callers used to find them
-    DEFAULT_CONNECT_TIMEOUT,
-    channel_timeout_for,
-    connect_timeout_for,
-    keepalive_interval_for,
-    retry_pause,
-)
 
 LINK_ATTEMPTS = 4  # handshakes per command when the link drops abruptly (reset, EOF)
 SILENT_ATTEMPTS = 2  # of which at most this many may end in silence (each costs a timeout)
@@ -156,7 +149,6 @@ class Transport(ABC):
         self.close()
 
 
-Connector = Transport  # the name the docs use; one class, two names
 ConnectorFactory = Callable[..., Transport]
 
 
