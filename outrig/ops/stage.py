@@ -456,34 +456,41 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
                      playbook: str | None = None, journal: Journal | None = None,
                      streams: int = 4, run_id: str | None = None) -> dict[str, Any]:
     """Pull every complete checkpoint the workstation's mirror lacks (incremental)."""
-    journal = journal or Journal()
-    stager = Stager(reporter, journal, streams)
     with host_session(project, host_spec, reporter, journal) as session:
-        name = playbook or _latest_playbook(session, run_id)
-        job, items = _load(project, session.host, name)
-        ckpt = next((i for i in items if i.kind == "checkpoints"), None)
-        if ckpt is None:
-            raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
-                              "kind: checkpoints, or the dflash recipe's save_path)")
-        listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
-                               **_listing_fields(journal, session.host.name, job.name))
-        from outrig.checkpoints import assess
+        return sync_checkpoints_on(session, playbook=playbook, streams=streams, run_id=run_id)
 
-        pulled: list[dict[str, Any]] = []
-        skipped: list[dict[str, Any]] = []
-        for checkpoint in assess(listing):
-            if not checkpoint.complete:
-                skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
-                continue
-            root = mirror_root(family(job)) / str(checkpoint.epoch)
-            if agent_module().staged_record(str(root)) is not None:
-                continue
-            src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
-            moved = stager.pull_local(session, checkpoint.path, src_listing, root,
-                                      f"checkpoint {checkpoint.epoch}")
-            pulled.append({"epoch": checkpoint.epoch, **moved})
-            summary = _summary({"route": "pull", **moved})
-            reporter.info(f"• checkpoint {checkpoint.epoch}: {summary}")
+
+def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
+                        streams: int = 4, run_id: str | None = None) -> dict[str, Any]:
+    """:func:`sync_checkpoints` from an open session."""
+    project, reporter, journal = session.project, session.reporter, session.journal
+    host_spec = session.host_spec
+    stager = Stager(reporter, journal, streams)
+    name = playbook or _latest_playbook(session, run_id)
+    job, items = _load(project, session.host, name)
+    ckpt = next((i for i in items if i.kind == "checkpoints"), None)
+    if ckpt is None:
+        raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
+                          "kind: checkpoints, or the dflash recipe's save_path)")
+    listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
+                           **_listing_fields(journal, session.host.name, job.name))
+    from outrig.checkpoints import assess
+
+    pulled: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for checkpoint in assess(listing):
+        if not checkpoint.complete:
+            skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
+            continue
+        root = mirror_root(family(job)) / str(checkpoint.epoch)
+        if agent_module().staged_record(str(root)) is not None:
+            continue
+        src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
+        moved = stager.pull_local(session, checkpoint.path, src_listing, root,
+                                  f"checkpoint {checkpoint.epoch}")
+        pulled.append({"epoch": checkpoint.epoch, **moved})
+        summary = _summary({"route": "pull", **moved})
+        reporter.info(f"• checkpoint {checkpoint.epoch}: {summary}")
     report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror_root(family(job))),
               "pulled": pulled, "not_complete": skipped,
               "others": listing.get("others") or []}
