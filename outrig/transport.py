@@ -59,14 +59,14 @@ class AgentChannel(ABC):
         """Send EOF on the command's stdin (the end of a file stream)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RetryPolicy:
     """How many times a connector tries before it gives up on a link fault. Nothing has run
     on the box before the channel is open, so these retries are always safe.
 
     ``refused``: connects refused by the box (nothing listens yet); ``link``: handshakes cut
     by a drop; ``channel``: session-channel opens. A caller that does its own retrying with
-    pauses (migrate's probe of the old box) lowers ``refused`` to 1."""
+    pauses (migrate's probe of the old box) sets ``dataclasses.replace(retry, refused=1)``."""
 
     refused: int = 2
     link: int = LINK_ATTEMPTS

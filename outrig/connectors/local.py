@@ -101,6 +101,8 @@ class LocalTransport(Transport):
 
     def __init__(self, host: Host, *, rtt_hint: float | None = None,
                  notify: Callable[[str], None] | None = None) -> None:
+        """``rtt_hint`` and ``notify`` are every connector's arguments; a local child has no
+        link to time or to report on."""
         self.host = host
         self.rtt = 0.0
 
