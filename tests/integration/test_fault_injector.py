@@ -72,7 +72,7 @@ def test_an_exec_cut_keeps_the_command_from_the_box(box_host: Path, tmp_path: Pa
     transport = through(box_host, proxy, tmp_path)
     try:
         with pytest.raises(LinkLost) as caught:
-            AgentCall(transport).read(transport.start(["touch", str(marker)]))
+            AgentCall(transport).reader(transport.start(["touch", str(marker)])).result()
     finally:
         transport.close()
     assert caught.value.request_sent and proxy.fired == [(1, "exec", "cut")]
