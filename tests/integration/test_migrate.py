@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from outrig.ops.migrate import migrate
 from outrig.ops.stage import sync_checkpoints
 from outrig.sandbox.box import SandboxBox, start_sandbox
 from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
+from outrig.sandbox.proxy import Fault, LatencyProxy
 from tests.helpers import free_port, marked
 
 pytestmark = pytest.mark.integration
@@ -236,3 +237,32 @@ def test_live_node_copies_the_checkpoint_directly_and_is_cleaned_up(
     finally:
         cleanup(project, str(host_b), quiet, all_runs=True, journal=journal)
         kill_run(box_a.workdir, first.plan.run_id)
+
+
+def test_a_cut_on_the_new_box_costs_one_reconnect_not_a_connection_per_step(
+        host_b: Path, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """OLD never answers (nothing listens on its port); NEW's first answer is cut. migrate
+    goes on over NEW's one session: its first connection plus the one reconnect after the cut,
+    whatever the number of steps (check, stage, deploy)."""
+    project = write_playbooks(tmp_path, free_port())
+    journal = Journal(tmp_path / "state")
+    config = yaml.safe_load(host_b.read_text())
+    proxy = make_proxy(config["port"], one_way_delay=0.005)
+    proxy.inject(Fault(phase="stream", connection=1))
+    new = tmp_path / "hosts" / "b-cut.yaml"
+    new.write_text(yaml.safe_dump({**config, "port": proxy.port}))
+    gone = tmp_path / "hosts" / "gone.yaml"
+    gone.write_text(yaml.safe_dump({**config, "port": free_port()}))
+    quiet = Reporter(quiet=True)
+    connections = count_connections(monkeypatch)
+    try:
+        report = migrate(project, str(gone), str(new), quiet, journal=journal,
+                         playbook="mig-4gpu", probe_attempts=1, probe_pause=0.0)
+        assert report["old_alive"] is False and report["checkpoint"] is None
+        assert proxy.fired == [(1, "stream", "cut")]
+        assert connections[host_name(project, new)] == 2, "one connection + one reconnect"
+        record = journal.run(report["run_id"])
+        assert record is not None and record["status"] == "running"
+    finally:
+        cleanup(project, str(new), quiet, all_runs=True, journal=journal)
