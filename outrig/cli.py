@@ -349,7 +349,7 @@ def status(c: Any, host: str | None = None, run: str | None = None,
     Example:
         outrig status --host uk-node
     """
-    from outrig.ops.runs import status as run_status
+    from outrig.ops.status import status as run_status
 
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project)
@@ -567,7 +567,7 @@ def check(c: Any, host: str | None = None, project: str | None = None,
     Example:
         outrig check --host uk-node
     """
-    from outrig.ops.runs import check as run_check
+    from outrig.ops.check import check as run_check
 
     settings = settings_for(c, project)
     run_check(settings.project, settings.host(host), _reporter(json))

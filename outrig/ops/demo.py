@@ -24,7 +24,7 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import logs
-from outrig.ops.runs import status
+from outrig.ops.status import status
 
 
 def ensure_sshd(reporter: Reporter) -> str:

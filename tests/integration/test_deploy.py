@@ -28,7 +28,7 @@ from outrig.errors import (
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import status
+from outrig.ops.status import status
 from tests.helpers import alive, free_port, stop_every_run, wait_gone
 
 pytestmark = pytest.mark.integration

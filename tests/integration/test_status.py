@@ -19,7 +19,7 @@ from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import print_status, status
+from outrig.ops.status import print_status, status
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import pytest
 from outrig.console import Reporter
 from outrig.inventory import Host
 from outrig.layout import command_lines, gpu_summary, ranges
-from outrig.ops.runs import enrich_status, print_status
+from outrig.ops.status import enrich_status, print_status
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import load_job
 

@@ -1,7 +1,4 @@
-"""``inv status`` (progress parsed by outrig/progress.py) and ``inv cleanup``: one agent call each.
-
-``logs`` moved to :mod:`outrig.ops.logs` (``inv tail-logs``); the name stays here for callers.
-"""
+"""``inv status``: one agent call; progress is parsed here (outrig/progress.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from typing import Any
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.ops.base import Project, host_session, playbook_name
+from outrig.ops.base import HostSession, Project, host_session, playbook_name
 
 
 def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) -> dict[str, Any]:
@@ -30,14 +27,21 @@ def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str 
     """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
     playbook = playbook_name(project, playbook)
     with host_session(project, host_spec, reporter, journal) as session:
-        result = session.call("status", stream=False, log_lines=log_lines,
-                              progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
-                              gpu_holders=True, **_selector(run_id, playbook))
+        return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)
+
+
+def status_on(session: HostSession, *, run_id: str | None = None, playbook: str | None = None,
+              log_lines: int = 5) -> dict[str, Any]:
+    """Status of the runs on the session's box, shown (tables, or JSON) and returned."""
+    selector = _selector(run_id, playbook)
+    result = session.call("status", stream=False, log_lines=log_lines,
+                          progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
+                          gpu_holders=True, **selector)
     enrich_status(result)
-    if reporter.json_mode:
-        reporter.emit_json(result)
+    if session.reporter.json_mode:
+        session.reporter.emit_json(result)
     else:
-        print_status(reporter, result)
+        print_status(session.reporter, result)
     return result
 
 
@@ -111,22 +115,3 @@ def redact_run(run: dict[str, Any]) -> None:
 def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
     """For humans, laid out for the terminal's width (outrig/layout.py)."""
     reporter.status(result)
-
-
-def check(project: Project, host_spec: str, reporter: Reporter,
-          journal: Journal | None = None) -> dict[str, Any]:
-    """Preflight: reach, python, GPUs, workdir, disk. Raises when the box is not usable."""
-    with host_session(project, host_spec, reporter, journal) as session:
-        result = session.call("check")
-        rtt = session.transport.rtt
-    if reporter.json_mode:
-        reporter.emit_json({**result, "rtt": rtt})
-    else:
-        free = result.get("disk_free_bytes")
-        reporter.success(
-            f"{session.host.describe()} reachable (RTT {rtt * 1000:.0f} ms), python "
-            f"{result.get('python')}, workdir {session.host.workdir} "
-            f"{'writable' if result.get('workdir_writable') else 'NOT writable'}"
-            + (f", {int(free) / 1e9:.1f} GB free" if isinstance(free, int) else "")
-            if rtt is not None else f"{session.host.describe()} reachable")
-    return result
