@@ -38,7 +38,7 @@ from outrig.journal import Journal  # noqa: E402
 from outrig.ops.base import Project  # noqa: E402
 from outrig.ops.cleanup import cleanup  # noqa: E402
 from outrig.ops.deploy import deploy  # noqa: E402
-from outrig.ops.runs import status  # noqa: E402
+from outrig.ops.status import status  # noqa: E402
 
 
 def free_port() -> int:

@@ -3,8 +3,7 @@
 One call = one exec: the bootstrap command with the agent bundle (the package remote/agent/ as
 one compressed zip, see remote/agent/bundle.py) and the JSON request in its command line, or,
 for requests carrying secrets, both written to stdin in a single write; then JSON-line events
-read back until the ``result`` line.
-or raised as :class:`RemoteError`.
+read back until the ``result`` line (outrig/reader.py).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import base64
 import hashlib
 import json
 import os
-import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -22,12 +20,9 @@ from typing import Any
 from outrig._box.agent import bundle as agent_bundle
 from outrig._box.agent.protocol import PROTOCOL_VERSION
 from outrig.errors import LinkLost, RemoteError
+from outrig.reader import ChannelReader, Event, EventHandler
+from outrig.timing import agent_idle_limit
 from outrig.transport import AgentChannel, Transport
-
-Event = dict[str, Any]
-EventHandler = Callable[[Event], None]
-
-
 
 AGENT_DIR = Path(agent_bundle.__file__).resolve().parent  # remote/agent/ (outrig/_box/agent/)
 # The fast path: bundle and request both travel in the exec'd command line. An SSH session
@@ -146,17 +141,19 @@ class AgentCall:
         self.idle_timeout = idle_timeout
         self.events: list[Event] = []
 
-    def _idle_limit(self) -> float:
+    def idle_limit(self) -> float:
+        """The silence allowed on this call's channel (:func:`outrig.timing.agent_idle_limit`)."""
         if self.idle_timeout is not None:
             return self.idle_timeout
-        rtt = self.transport.rtt or 0.0
-        # The agent speaks at least every progress interval while it waits; silence longer
-        # than this means the link or the box is gone.
-        return max(60.0, 40 * rtt)
+        return agent_idle_limit(self.transport.rtt)
+
+    def reader(self, channel: AgentChannel, **options: Any) -> ChannelReader:
+        """The reader of ``channel`` under this call's idle limit (see :mod:`outrig.reader`)."""
+        return ChannelReader(channel, self.transport.host, self.idle_limit(), **options)
 
     def start(self, request: dict[str, Any], *, window_size: int | None = None) -> AgentChannel:
         """Start the agent with ``request``; the caller may then stream more bytes to its
-        stdin (file frames) and must call :meth:`read` for its events and result."""
+        stdin (file frames) and reads its events and result with :meth:`reader`."""
         host = self.transport.host
         body = {"v": PROTOCOL_VERSION, **request}
         encoded = json.dumps(body).encode()
@@ -184,106 +181,15 @@ class AgentCall:
         channel = self.start(request)
         try:
             try:
-                return self.read(channel, on_event)
+                return self.reader(channel).result(on_event, self.events)
             except KeyboardInterrupt:
                 if on_interrupt is None:
                     raise
                 channel.write(CANCEL_LINE)  # first: a second Ctrl-C during the notice
                 on_interrupt()                 # must find the cancel already sent
-                return self.read(channel, on_event)
+                return self.reader(channel).result(on_event, self.events)
         finally:
             channel.close()
-
-    def read(self, channel: AgentChannel, on_event: EventHandler | None = None) -> Event:
-        """Events to ``on_event`` until the result line, which is returned."""
-        return self._read_events(channel, on_event)
-
-    def _read_events(self, channel: AgentChannel, on_event: EventHandler | None) -> Event:
-        host = self.transport.host
-        buffer = b""
-        last_heard = time.monotonic()
-        limit = self._idle_limit()
-        frames = 0  # JSON events from the agent: none means it never ran
-        while True:
-            chunk = channel.read(timeout=1.0)
-            if chunk is None:
-                silent = time.monotonic() - last_heard
-                if silent > limit or not channel.alive():
-                    raise LinkLost(
-                        f"lost contact with the agent on {host.describe()}: nothing heard for "
-                        f"{silent:.0f} s (limit {limit:.0f} s) and the link "
-                        f"{'is down' if not channel.alive() else 'may be down'}. What was "
-                        "launched keeps running on the box; check with `inv status`.",
-                        phase="stream", request_sent=True)
-                continue
-            if chunk == b"":
-                break
-            last_heard = time.monotonic()
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                event = self._parse(line)
-                if event is None:
-                    continue
-                if "t" in event:
-                    frames += 1
-                if event.get("event") == "result":
-                    return event
-                self.events.append(event)
-                if on_event is not None:
-                    on_event(event)
-        raise self._no_result(channel, buffer, frames)
-
-    def _parse(self, line: bytes) -> Event | None:
-        line = line.strip()
-        if not line:
-            return None
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            return {"event": "output", "line": line.decode("utf-8", "replace")}
-        return event if isinstance(event, dict) else None
-
-    def _no_result(self, channel: AgentChannel, tail: bytes,
-                   frames: int = 0) -> RemoteError | LinkLost:
-        host = self.transport.host
-        status = channel.exit_status(timeout=5.0)
-        if not channel.alive() or status in (None, -1):
-            # The channel ended with no exit status: the link dropped, not the agent.
-            return LinkLost(
-                f"lost contact with the agent on {host.describe()} before it finished (the "
-                "connection dropped). What was launched keeps running on the box; check with "
-                "`inv status`, and run the command again when the link is back.",
-                phase="stream", request_sent=True)
-        stderr = channel.stderr_text().strip()
-        lines = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
-        if status == 127 or ("not found" in stderr and host.python in stderr):
-            return RemoteError(
-                f"{host.describe()} has no Python interpreter {host.python!r} (exit {status}). "
-                "Install python3 (3.8 or newer) on the box, or set python: in the host file to "
-                "an interpreter that exists there.",
-                kind="no_python", excerpt=lines,
-            )
-        if "needs Python >= 3.8" in stderr:
-            return RemoteError(
-                f"{host.describe()}: {lines[-1] if lines else 'Python too old'}. Set python: "
-                "in the host file to a Python 3.8+ interpreter.", kind="old_python",
-            )
-        if not frames and status is not None and 0 <= status < 128 and "Traceback" not in stderr:
-            # Not one event and no Python traceback: the agent never ran. The interpreter is
-            # something else (/bin/false, a wrapper script, Python 2) or refused the bootstrap.
-            output = (" and printed: " + " | ".join(lines[-3:])) if lines else " and no output"
-            return RemoteError(
-                f"{host.describe()}: the interpreter {host.python!r} could not run the agent "
-                f"(it exited with status {status}{output}). Set python: in the host file to a "
-                "Python 3.8+ interpreter that exists on the box (e.g. python3); on the box, "
-                f"`{host.python} -c 'import sys; print(sys.version)'` must print 3.8 or newer.",
-                kind="bad_python", excerpt=lines)
-        return RemoteError(
-            f"the agent on {host.describe()} stopped without a result (exit status {status}). "
-            "This is a bug or the box killed it (out of memory?); its stderr follows.",
-            kind="agent_crash", excerpt=lines or [tail.decode("utf-8", "replace")[-500:]],
-        )
 
 
 def raise_for_result(result: Event, *, where: str) -> Event:

@@ -34,10 +34,12 @@ from outrig import __version__
 from outrig.console import Reporter, visible
 from outrig.errors import ConfigError, OutrigError
 from outrig.ops.base import Project
+from outrig.transfer import STREAMS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 PROJECT_FILE = "outrig.yaml"
+PROJECT_FILES = (PROJECT_FILE, "invoke.yaml", "invoke.yml")  # highest first
 SETTINGS = ("host", "playbook", "project")  # config keys and OUTRIG_* variables
 
 HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local' "
@@ -45,6 +47,8 @@ HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:por
 JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
 PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OUTRIG_PROJECT, "
                 "else the nearest such folder upward from here")
+GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
+             "summary")
 PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
 
 
@@ -62,10 +66,10 @@ def find_project(start: Path) -> Path | None:
     return None
 
 
-def read_project_file(root: Path) -> dict[str, Any]:
-    """``outrig.yaml`` in the project (an empty mapping when absent); a wrong shape is a
+def read_project_file(root: Path, name: str = PROJECT_FILE) -> dict[str, Any]:
+    """One config file of the project (an empty mapping when absent); a wrong shape is a
     ConfigError naming the file and key."""
-    path = root / PROJECT_FILE
+    path = root / name
     if not path.is_file():
         return {}
     try:
@@ -77,10 +81,23 @@ def read_project_file(root: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping such as 'host: my-box' (one key a line)")
-    for key in ("host", "playbook"):
+    for key in SETTINGS:
         if key in data and data[key] is not None and not isinstance(data[key], str):
             raise ConfigError(f"{path}: {key}: must be a name (text), not {data[key]!r}")
     return data
+
+
+def read_project_config(root: Path) -> dict[str, tuple[str, Path]]:
+    """The project's defaults, each with the file it came from: ``outrig.yaml`` first, then
+    ``invoke.yaml`` (or ``invoke.yml``), so a project set up for ``inv`` works unchanged with
+    ``outrig``, which Invoke itself would not read it for."""
+    found: dict[str, tuple[str, Path]] = {}
+    for name in PROJECT_FILES:
+        data = read_project_file(root, name)
+        for key in SETTINGS:
+            if data.get(key) and key not in found:
+                found[key] = (str(data[key]), root / name)
+    return found
 
 
 def _invoke_setting(c: Any, key: str) -> str | None:
@@ -101,18 +118,20 @@ class Settings:
 
     project: Project
     project_source: str
-    file: dict[str, Any] = field(default_factory=dict)
+    file: dict[str, tuple[str, Path]] = field(default_factory=dict)
     context: Any = None
 
     def value(self, key: str, flag: str | None) -> tuple[str | None, str]:
-        """``key``'s value and where it came from: flag > env > project file > Invoke config."""
+        """``key``'s value and where it came from: flag > env > project files > Invoke
+        config."""
         if flag not in (None, ""):
             return flag, f"--{key}"
         variable = f"OUTRIG_{key.upper()}"
         if os.environ.get(variable):
             return os.environ[variable], variable
-        if self.file.get(key):
-            return str(self.file[key]), f"{key}: in {self.project.root / PROJECT_FILE}"
+        if key in self.file:
+            value, path = self.file[key]
+            return value, f"{key}: in {path}"
         configured = _invoke_setting(self.context, key)
         if configured:
             return configured, f"{key}: in the user configuration"
@@ -151,7 +170,7 @@ def settings_for(c: Any, project_flag: str | None) -> Settings:
 
 
 def _settings(c: Any, root: Path, source: str) -> Settings:
-    return Settings(Project(root), source, read_project_file(root), c)
+    return Settings(Project(root), source, read_project_config(root), c)
 
 
 def playbook_for(settings: Settings, flag: str | None, host: str | None,
@@ -223,8 +242,8 @@ def remainder_argv() -> list[str]:
 _REMAINDER: list[str] | None = None
 
 
-def _reporter(json: bool) -> Reporter:
-    return Reporter(json_mode=json)
+def _reporter(json: bool, gpus: bool = False) -> Reporter:
+    return Reporter(json_mode=json, gpu_table=gpus)
 
 
 def friendly(func: F) -> F:
@@ -314,13 +333,13 @@ def plan(c: Any, host: str | None = None, playbook: str | None = None,
     auto_shortflags=False,
     help={"host": HOST_HELP, "run": "the run id to show (default: current runs)",
           "playbook": "show the current run of this playbook",
-          "lines": "log lines to show per process (default 5)", "project": PROJECT_HELP,
-          "json": JSON_HELP},
+          "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
+          "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def status(c: Any, host: str | None = None, run: str | None = None,
-           playbook: str | None = None, lines: str | None = None, project: str | None = None,
-           json: bool = False) -> None:
+           playbook: str | None = None, lines: str | None = None, gpus: bool = False,
+           project: str | None = None, json: bool = False) -> None:
     """Show each process (running / exited with code / killed), readiness, GPUs, progress.
 
     One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
@@ -330,11 +349,11 @@ def status(c: Any, host: str | None = None, run: str | None = None,
     Example:
         outrig status --host uk-node
     """
-    from outrig.ops.runs import status as run_status
+    from outrig.ops.status import status as run_status
 
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project)
-    run_status(settings.project, settings.host(host), _reporter(json), run_id=run,
+    run_status(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                playbook=playbook, log_lines=count)
 
 
@@ -348,7 +367,6 @@ def status(c: Any, host: str | None = None, run: str | None = None,
                    "from the beginning the first time)",
           "no_follow": "print what is there now and exit",
           "grep": "show only lines matching this regular expression (the mirror keeps all)",
-          "since": "not supported (logs carry no reliable timestamps); use --lines",
           "project": PROJECT_HELP,
           "json": "JSON lines {process, line} instead of prefixed text"},
 )
@@ -356,7 +374,7 @@ def status(c: Any, host: str | None = None, run: str | None = None,
 def tail_logs(c: Any, host: str | None = None, run: str | None = None,
               playbook: str | None = None, process: list[str] | None = None,
               lines: str | None = None, no_follow: bool = False, grep: str | None = None,
-              since: str | None = None, project: str | None = None, json: bool = False) -> None:
+              project: str | None = None, json: bool = False) -> None:
     """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
 
     Lines are prefixed with the process name. The mirror is kept under
@@ -375,7 +393,7 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
     settings = settings_for(c, project)
     run_tail(settings.project, settings.host(host), _reporter(json), run_id=run,
              playbook=playbook, processes=list(process or []), lines=count,
-             follow=not no_follow, grep=grep, since=since)
+             follow=not no_follow, grep=grep)
 
 
 @task(
@@ -387,13 +405,14 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
                            "it is shown before it is killed",
           "dry_run": "show what would be signalled and who holds the GPUs; signal nothing",
           "timeout": "seconds to wait for GPU memory to come back (default 60)",
-          "project": PROJECT_HELP, "json": JSON_HELP},
+          "gpus": GPUS_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def cleanup(c: Any, host: str | None = None, run: str | None = None,
             playbook: str | None = None, all: bool = False,
             force_foreign: list[str] | None = None, dry_run: bool = False,
-            timeout: str | None = None, project: str | None = None, json: bool = False) -> None:
+            timeout: str | None = None, gpus: bool = False, project: str | None = None,
+            json: bool = False) -> None:
     """Stop exactly what outrig started, then prove the GPUs are free (audit + wait).
 
     Exit status 0 only when nothing of ours is left and the GPU memory it held is back.
@@ -409,7 +428,7 @@ def cleanup(c: Any, host: str | None = None, run: str | None = None,
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
     settings = settings_for(c, project)
-    run_cleanup(settings.project, settings.host(host), _reporter(json), run_id=run,
+    run_cleanup(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                 playbook=playbook, all_runs=all, force_foreign=list(force_foreign or []),
                 dry_run=dry_run, timeout=seconds)
 
@@ -452,7 +471,7 @@ def provision(c: Any, host: str | None = None, playbook: str | None = None,
                        "else relayed through this workstation)",
           "resume": "also put the newest complete checkpoint in place (from --from, "
                     "else from this workstation's mirror)",
-          "streams": "parallel streams for copies through the workstation (default 4)",
+          "streams": f"parallel streams for copies through the workstation (default {STREAMS})",
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
@@ -471,7 +490,7 @@ def stage_(c: Any, host: str | None = None, playbook: str | None = None,
     """
     from outrig.ops.stage import stage
 
-    count = int(number(streams, "streams", 4))
+    count = int(number(streams, "streams", STREAMS))
     reporter = _reporter(json)
     settings = settings_for(c, project)
     host_spec = settings.host(host)
@@ -548,16 +567,20 @@ def check(c: Any, host: str | None = None, project: str | None = None,
     Example:
         outrig check --host uk-node
     """
-    from outrig.ops.runs import check as run_check
+    from outrig.ops.check import check as run_check
 
     settings = settings_for(c, project)
     run_check(settings.project, settings.host(host), _reporter(json))
 
 
 @task(name="exec", auto_shortflags=False,
-      help={"host": HOST_HELP, "project": PROJECT_HELP})
+      help={"host": HOST_HELP, "project": PROJECT_HELP,
+            "json": "capture the output and print one JSON object {host, command, exit_code, "
+                    "stdout, stderr} when the command ends (the exit status stays the "
+                    "command's)"})
 @friendly
-def exec_(c: Any, host: str | None = None, project: str | None = None) -> None:
+def exec_(c: Any, host: str | None = None, project: str | None = None,
+          json: bool = False) -> None:
     """Run one command on the box, in the host's workdir with its env; output streams here.
 
     Everything after -- is the command, passed as words (no shell on the box parses it;
@@ -572,7 +595,18 @@ def exec_(c: Any, host: str | None = None, project: str | None = None) -> None:
 
     command = remainder_argv()
     settings = settings_for(c, project)
-    code = run_exec(settings.project, settings.host(host), command)
+    host_spec = settings.host(host)
+    if not json:
+        code = run_exec(settings.project, host_spec, command)
+    else:
+        import io
+
+        out, err = io.BytesIO(), io.BytesIO()
+        code = run_exec(settings.project, host_spec, command, out=out, err=err)
+        Reporter(json_mode=True).emit_json({
+            "host": host_spec, "command": command, "exit_code": code,
+            "stdout": out.getvalue().decode("utf-8", "replace"),
+            "stderr": err.getvalue().decode("utf-8", "replace")})
     if code:
         raise Exit(code=code)
 
@@ -612,9 +646,13 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
                 run_id=run, playbook=playbook, remote_port=remote, local_port=local)
 
 
-@task(auto_shortflags=False, help={"host": HOST_HELP, "project": PROJECT_HELP})
+@task(auto_shortflags=False,
+      help={"host": HOST_HELP, "project": PROJECT_HELP,
+            "json": "print the resolved ssh command as JSON {host, client, argv} and run "
+                    "nothing"})
 @friendly
-def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
+def ssh(c: Any, host: str | None = None, project: str | None = None,
+        json: bool = False) -> None:
     """Open a shell on the box with the OpenSSH client: same address, port, user, key and
     known_hosts as outrig's own connection, in the host's workdir with its env.
 
@@ -628,19 +666,39 @@ def ssh(c: Any, host: str | None = None, project: str | None = None) -> None:
     from outrig.ops.shell import open_ssh
 
     settings = settings_for(c, project)
+    if json:
+        _print_ssh_argv(settings, settings.host(host), remainder_argv())
+        return
     open_ssh(settings.project, settings.host(host), remainder_argv())
+
+
+def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> None:
+    """``ssh --json``: what ``ssh`` would run (for scripts, or to see the key and port used);
+    the terminal flag is left out, as there is no terminal to give the box then."""
+    import shutil
+
+    from outrig.inventory import resolve_host
+    from outrig.ops.shell import ssh_argv
+
+    resolved = resolve_host(host_spec, hosts_dir=settings.project.hosts_dir)
+    Reporter(json_mode=True).emit_json({
+        "host": host_spec, "client": shutil.which("ssh"),
+        "argv": ssh_argv(resolved, command, tty=False)})
 
 
 @task(
     auto_shortflags=False,
-    help={"keep": "leave the sandbox (sshd and processes) running and print how to reach it",
+    help={"keep": "leave the sandbox and the smoke run running after this command (the "
+                  "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
           "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
                    "(default 0; 120 gives a 240 ms RTT like a far-away box)",
-          "project": PROJECT_HELP},
+          "project": PROJECT_HELP,
+          "json": "each step's JSON (deploy events, the status document, log lines, the "
+                  "cleanup report) as JSON lines; progress notes go to stderr"},
 )
 @friendly
 def demo(c: Any, keep: bool = False, delay: str | None = None,
-         project: str | None = None) -> None:
+         project: str | None = None, json: bool = False) -> None:
     """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
 
     Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
@@ -654,12 +712,117 @@ def demo(c: Any, keep: bool = False, delay: str | None = None,
 
     one_way_ms = number(delay, "delay", 0)
     settings = settings_for(c, project)
-    run_demo(settings.project, Reporter(), keep=keep, one_way_delay=one_way_ms / 1000.0)
+    run_demo(settings.project, _reporter(json), keep=keep,
+             one_way_delay=one_way_ms / 1000.0)
 
 
-@task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present"})
+SANDBOX_NAME_HELP = "the sandbox's name (default sandbox); several can be up at once"
+
+
+def _sandbox_host_file(settings: Settings, name: str, flag: str | None) -> Path:
+    """``--host-file``, else ``hosts/NAME.yaml`` in the project, so ``--host NAME`` works."""
+    return Path(flag).expanduser() if flag else settings.project.hosts_dir / f"{name}.yaml"
+
+
+def _down_command(name: str) -> str:
+    import shlex
+
+    return "outrig sandbox-down" + ("" if name == "sandbox" else f" --name {shlex.quote(name)}")
+
+
+@task(
+    name="sandbox-up",
+    auto_shortflags=False,
+    help={"name": SANDBOX_NAME_HELP,
+          "delay": "one-way delay in ms added by a latency proxy in front of the sshd "
+                   "(default 0: no proxy; 120 gives a 240 ms RTT like a far-away box)",
+          "host_file": "write the host file here (default: hosts/NAME.yaml in the project)",
+          "project": PROJECT_HELP, "json": JSON_HELP},
+)
 @friendly
-def init(c: Any, force: bool = False) -> None:
+def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
+               host_file: str | None = None, project: str | None = None,
+               json: bool = False) -> None:
+    """Start a sandbox box here that stays up after this command; sandbox-down stops it.
+
+    The box is a real sshd on 127.0.0.1 with throwaway keys and fake GPUs, behind a latency
+    proxy with --delay. Writes a host file for it and prints how to use it and how to stop it
+    (outrig sandbox-down). A second sandbox-up with the same name finds it up and starts
+    nothing. See docs/sandbox.md.
+
+    Examples:
+        outrig sandbox-up --delay 120
+        outrig check --host sandbox
+    """
+    from outrig.ops.demo import ensure_sshd
+    from outrig.sandbox.service import describe_up, host_argument
+    from outrig.sandbox.service import sandbox_up as start
+
+    one_way_ms = number(delay, "delay", 0, whole=False)
+    settings = settings_for(c, project)
+    reporter = _reporter(json)
+    ensure_sshd(reporter)
+    path = _sandbox_host_file(settings, name, host_file)
+    state = start(name, path, one_way_delay=one_way_ms / 1000.0)
+    if json:
+        reporter.emit_json(state)
+        return
+    host = host_argument(Path(state["host_file"]), settings.project.hosts_dir)
+    reporter.lines(describe_up(state, host, down=_down_command(name), width=reporter.width))
+
+
+@task(
+    name="sandbox-down",
+    auto_shortflags=False,
+    help={"name": SANDBOX_NAME_HELP,
+          "keep_runs": "do not ask the box to stop its outrig runs first (their processes "
+                       "then keep running on this machine)",
+          "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
+                 project: str | None = None, json: bool = False) -> None:
+    """Stop the sandbox that sandbox-up (or demo --keep) started and remove its host file.
+
+    First stops every outrig run on it (as cleanup --all would), then signals exactly the
+    server and sshd processes that sandbox-up recorded (checked by pid and start time, never
+    found by name). Harmless when nothing is up.
+
+    Example:
+        outrig sandbox-down
+    """
+    from outrig.sandbox.service import is_up, read_state
+    from outrig.sandbox.service import sandbox_down as stop
+
+    settings = settings_for(c, project)
+    reporter = _reporter(json)
+    state = read_state(name)
+    if state is not None and is_up(state) and not keep_runs:
+        from outrig.ops.cleanup import cleanup
+
+        try:
+            import io
+
+            quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
+            cleanup(settings.project, str(state["host_file"]), quiet, all_runs=True)
+        except OutrigError as exc:
+            reporter.warn(f"could not stop the runs on sandbox {name} ({exc}); stopping the "
+                          "box anyway, their processes may keep running")
+    result = stop(name)
+    if json:
+        reporter.emit_json(result)
+    elif not result["stopped"] and not result["was_up"] and state is None:
+        reporter.info(f"sandbox {name} is not up: nothing to stop")
+    else:
+        pids = ", ".join(map(str, result["stopped"])) or "none were still running"
+        removed = f"; removed {result['host_file']}" if result["host_file_removed"] else ""
+        reporter.success(f"sandbox {name} stopped (pids {pids}){removed}")
+
+
+@task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present",
+                                   "json": "print {project, wrote: [paths]} as JSON"})
+@friendly
+def init(c: Any, force: bool = False, json: bool = False) -> None:
     """Write a starter project here: outrig.yaml, hosts/box.yaml and playbooks/hello.yaml.
 
     Each file is commented; edit hosts/box.yaml to point at your box, then
@@ -670,14 +833,19 @@ def init(c: Any, force: bool = False) -> None:
     """
     from outrig.starter import write_starter
 
-    for path in write_starter(Path.cwd(), force=force):
+    written = write_starter(Path.cwd(), force=force)
+    if json:
+        Reporter(json_mode=True).emit_json({"project": str(Path.cwd()),
+                                            "wrote": [str(p) for p in written]})
+        return
+    for path in written:
         print(f"wrote {path}")
     print("next: edit hosts/box.yaml (hostname, user, workdir), then `outrig check` and "
           "`outrig deploy`")
 
 
 TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
-         migrate, check, exec_, ssh, forward, demo, init)
+         migrate, check, exec_, ssh, forward, demo, sandbox_up, sandbox_down, init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

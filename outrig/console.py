@@ -15,7 +15,6 @@ from typing import IO, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from outrig.plan import Plan
 
@@ -35,9 +34,11 @@ class Reporter:
     """Where every op sends what the user should see."""
 
     def __init__(self, *, json_mode: bool = False, out: IO[str] | None = None,
-                 err: IO[str] | None = None, quiet: bool = False) -> None:
+                 err: IO[str] | None = None, quiet: bool = False,
+                 gpu_table: bool = False) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
+        self.gpu_table = gpu_table  # the full GPU table instead of the one-line summary
         self.out = out or sys.stdout
         self.console = Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
         self.stdout_console = Console(file=self.out, highlight=False, soft_wrap=True)
@@ -121,64 +122,32 @@ class Reporter:
     def close(self) -> None:
         self._stop_status()
 
-    # --- tables ---------------------------------------------------------------------------
+    # --- layouts (outrig/layout.py) ------------------------------------------------------
+    @property
+    def width(self) -> int:
+        """Columns to lay out for: the terminal's (or COLUMNS), 80 when not a terminal."""
+        return int(self.stdout_console.width)
+
+    def lines(self, lines: list[str]) -> None:
+        """Print laid-out lines on stdout as they are (rich never re-wraps them)."""
+        self._stop_status()
+        for line in lines:
+            self.stdout_console.print(escape(line), soft_wrap=True, highlight=False)
+
     def plan(self, plan: Plan, *, full: bool = False) -> None:
         if self.json_mode or self.quiet:
             return
-        self._stop_status()
-        mode = " (test mode)" if plan.test_mode else ""
-        title = f"plan: {plan.playbook}{mode} on {plan.host} → {plan.workdir}  run {plan.run_id}"
-        table = Table(title=escape(title), title_justify="left", show_lines=full)
-        for col in ("#", "process", "gpus", "after", "ready when", "stop", "command"):
-            table.add_column(col, overflow="fold")
-        for index, name in enumerate(plan.order, 1):
-            proc = plan.processes.get(name)
-            if proc is None:
-                continue
-            gpus = ",".join(map(str, proc.gpus)) or "-"
-            if proc.parallel:
-                gpus += f" (TP{proc.parallel[0]}×DP{proc.parallel[1]})"
-            command = " ".join(_shown(a) for a in proc.argv)
-            if len(command) > 100:  # with full=True the whole argv follows the table
-                command = command[:97] + "..."
-            table.add_row(str(index), name, gpus, ",".join(proc.after) or "-",
-                          proc.ready.describe() if proc.ready else "up 2 s after launch",
-                          f"TERM, {proc.stop_grace:g}s, KILL", escape(command))
-        self.stdout_console.print(table)
-        if full:
-            for name in plan.order:
-                proc = plan.processes[name]
-                self.stdout_console.print(f"[bold]{escape(name)}[/bold] argv:")
-                for line in _argv_lines(proc.argv):
-                    self.stdout_console.print(f"    {escape(line)}", soft_wrap=True)
-                env = " ".join(f"{k}={_shown(v)}" for k, v in sorted(proc.env.items()))
-                self.stdout_console.print(f"  env: {escape(env)}")
-        if plan.files:
-            files = ", ".join(remote for remote, _ in plan.files)
-            self.stdout_console.print(f"files pushed: {escape(files)}")
-        if plan.secrets:
-            self.stdout_console.print(
-                f"secrets passed over the channel: {', '.join(plan.secrets)} (values hidden)")
-        for note in plan.notes:
-            self.stdout_console.print(f"[dim]note: {escape(note)}[/dim]")
+        from outrig.layout import plan_lines
 
+        self.lines(plan_lines(plan, self.width, full=full))
 
-def _argv_lines(argv: list[str]) -> list[str]:
-    """Shell-quoted argv, one option per line with its values (``--flag v1 v2``), so a long
-    rendered command reads like the hand-written one it replaces."""
-    lines: list[str] = []
-    for arg in argv:
-        if lines and not (arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit()):
-            lines[-1] += " " + _shown(arg)
-        else:
-            lines.append(_shown(arg))
-    return lines
+    def status(self, result: dict[str, Any]) -> None:
+        """``outrig status`` for people (see :func:`outrig.layout.status_lines`)."""
+        from outrig.layout import status_lines
 
-
-def _shown(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
+        if not result.get("runs"):
+            self.info("no outrig runs on this box")
+        self.lines(status_lines(result, self.width, gpu_table=self.gpu_table))
 
 
 def describe_event(event: dict[str, Any]) -> str | None:

@@ -4,6 +4,44 @@ Every error a user can see is an :class:`OutrigError`. Its message says what fai
 (file, key, host, process) and what to do about it, in one paragraph, so that ``tasks.py``
 can print ``str(err)`` and exit without a traceback. Subclasses also inherit the matching
 builtin where one fits, so library callers can catch ``ValueError`` or ``ConnectionError``.
+Retries decide on these types, never on message text (docs/reliability.md).
+
+The whole tree (builtin bases in brackets; exit status where it is not 1; the classes defined
+next to the code that raises them are marked with their module)::
+
+    OutrigError                         anything outrig raises on purpose
+    ├── ConfigError [ValueError]        exit 2: a host file, playbook or flag is wrong
+    ├── PlanError [ValueError]          exit 2: the plan has problems; nothing was sent
+    ├── AuthenticationError             the box refused every key; never retried
+    ├── ConnectError [ConnectionError]  the box could not be reached
+    │   ├── HostKeyError                its host key changed; never retried
+    │   ├── ConnectRefused              nothing listens on the SSH port
+    │   └── LinkLost                    a cut or a silence at any phase; retried (bounded)
+    ├── RemoteError [RuntimeError]      the agent reported a failure (``kind`` says which)
+    │   └── FramingError                outrig.logtail: the agent's stream contradicts itself
+    ├── LocalWriteError                 writing a file on this workstation failed
+    ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
+    ├── CleanupIncomplete               outrig.ops.cleanup: something still holds a GPU
+    ├── NoCheckpoint                    outrig.ops.stage: no complete checkpoint anywhere
+    ├── SandboxError [RuntimeError]     outrig.sandbox.box: the sandbox could not start
+    └── FullDiskUnavailable [RuntimeError]  outrig.sandbox.fulldisk: no small fs to mount
+
+Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in step):
+
+* ConfigError: playbook, inventory, yamlfile, hub, starter, cli and most ops (bad input is
+  found before anything is sent);
+* PlanError: ops/deploy and ops/migrate, from the planner's problems;
+* AuthenticationError, HostKeyError, ConnectRefused: transport (classifying a failed
+  connect by type and handshake phase);
+* ConnectError: transport (unresolvable name, refused session channel), ops/logs (tail-logs
+  gave up), ops/forward (the box refused a forwarded port), ops/remote_exec;
+* LinkLost: transport, agent_client, transfer, ops/logs;
+* RemoteError: agent_client (``raise_for_result``: every op's failure), transfer, ops/logs,
+  ops/stage;
+* LocalWriteError: ops/logs (the log mirror); Interrupted: ops/deploy;
+* OutrigError itself: transport, transfer, ops/demo, ops/shell, ops/stage.
+
+``AuthRefused`` is the earlier name of :class:`AuthenticationError`, kept as an alias.
 """
 
 from __future__ import annotations
@@ -37,8 +75,21 @@ class PlanError(OutrigError, ValueError):
         super().__init__("\n".join([head, *(f"  - {p}" for p in problems)]))
 
 
+class AuthenticationError(OutrigError):
+    """The box answered and refused every key offered. Never retried: the same keys would be
+    refused again; the user must fix ``user:`` / ``identity_file:`` or the box's keys.
+
+    Not a :class:`ConnectError` (nor an ``OSError``): the link works, so nothing that handles
+    a lost or refused connection (a retry, "the link broke while ...") may take it for one.
+    """
+
+
+AuthRefused = AuthenticationError  # the earlier name
+
+
 class ConnectError(OutrigError, ConnectionError):
-    """The box could not be reached or would not let us in."""
+    """The box could not be reached (or the link to it failed); a refused key is an
+    :class:`AuthenticationError` instead."""
 
 
 class HostKeyError(ConnectError):
@@ -49,11 +100,6 @@ class Interrupted(OutrigError):
     """The user pressed Ctrl-C; the message says what was stopped or what keeps running."""
 
     exit_code = 130
-
-
-class AuthRefused(ConnectError):
-    """The box answered and refused every key offered. Never retried: the same keys would be
-    refused again; the user must fix ``user:`` / ``identity_file:`` or the box's keys."""
 
 
 class LinkLost(ConnectError):

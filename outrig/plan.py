@@ -175,7 +175,7 @@ def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Pl
                         test_mode=job.test_mode, gpu_count=facts.gpu_count,
                         gpu_memory_mib=facts.gpu_memory_mib, gpu_source=facts.source,
                         models=facts.models, where=job.where, envs=facts.envs)
-    expansion = recipes.expand(spec.recipe, getattr(spec, spec.recipe), ctx)
+    expansion = recipes.get(spec.recipe).expand(spec.recipe_section(), ctx)
     plan.problems.extend(expansion.problems)
     plan.notes.extend(expansion.notes)
     aliases = {**job.aliases, **expansion.origins}

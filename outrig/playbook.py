@@ -15,14 +15,21 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
+from outrig import recipes
 from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
 from outrig.errors import ConfigError
-from outrig.recipes import RECIPE_NAMES
-from outrig.recipes.dflash import DFlashSpec
+from outrig.recipes import Recipe
 from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
 
 _PROCESS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
@@ -176,13 +183,14 @@ class StageItemSpec(_Strict):
         return value
 
 
-class PlaybookSpec(_Strict):
-    """The whole file."""
+class _PlaybookHead(_Strict):
+    """The keys before ``recipe:``. The schema is assembled from parts (head, recipe sections,
+    tail; see :func:`playbook_spec`) so that its keys keep the order the errors are told in."""
 
     name: str | None = None
     family: str | None = Field(
         None, description="playbooks of one job for different hardware share a family: "
-        "checkpoints are mirrored per family, and `inv migrate` picks the family member that "
+        "checkpoints are mirrored per family, and `outrig migrate` picks the family member that "
         "fits the new box (default: the playbook's name)")
     description: str | None = None
     params: dict[str, ParamValue] = Field(default_factory=dict)
@@ -191,19 +199,6 @@ class PlaybookSpec(_Strict):
         description="workstation environment variables passed to every process over the "
         "SSH channel (never in argv, logs, journal or messages)",
     )
-    recipe: Literal["dflash"] | None = Field(
-        None, description="expand a recipe section (e.g. dflash:) into processes")
-    dflash: DFlashSpec | None = Field(None, description="the dflash recipe's parameters")
-    processes: dict[str, ProcessSpec] = Field(
-        default_factory=dict, description="required unless a recipe provides them")
-    files: dict[str, str] = Field(default_factory=dict, description="remote path → local path")
-    stage: dict[str, StageItemSpec] = Field(
-        default_factory=dict, description="folders `inv stage` puts on the box, by name")
-    test: dict[str, Any] | None = Field(None, description="overrides applied with --test")
-    environments: dict[str, EnvironmentSpec] = Field(
-        default_factory=dict, description="venvs `inv provision` makes on the box, with pins")
-    requires: RequiresSpec | None = Field(
-        None, description="what the box must offer: python, NVIDIA driver, free disk")
 
     @field_validator("name")
     @classmethod
@@ -213,6 +208,38 @@ class PlaybookSpec(_Strict):
                 f"playbook name {value!r} must start with a letter or digit and hold only "
                 "letters, digits, '.', '_' and '-' (at most 64): it names files on the box")
         return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+
+_RECIPE_HELP = "expand a recipe section (e.g. dflash:) into processes"
+
+
+class _RecipeChoice(_PlaybookHead):
+    """``recipe:``; :func:`playbook_spec` narrows it to the registered names."""
+
+    recipe: str | None = Field(None, description=_RECIPE_HELP)
+
+
+class _PlaybookTail(_Strict):
+    """The keys after the recipe sections."""
+
+    processes: dict[str, ProcessSpec] = Field(
+        default_factory=dict, description="required unless a recipe provides them")
+    files: dict[str, str] = Field(default_factory=dict, description="remote path → local path")
+    stage: dict[str, StageItemSpec] = Field(
+        default_factory=dict, description="folders `outrig stage` puts on the box, by name")
+    test: dict[str, Any] | None = Field(None, description="overrides applied with --test")
+    environments: dict[str, EnvironmentSpec] = Field(
+        default_factory=dict, description="venvs `outrig provision` makes on the box, with pins")
+    requires: RequiresSpec | None = Field(
+        None, description="what the box must offer: python, NVIDIA driver, free disk")
 
     @field_validator("environments")
     @classmethod
@@ -230,14 +257,6 @@ class PlaybookSpec(_Strict):
                 )
         return value
 
-    @field_validator("secrets")
-    @classmethod
-    def _secret_names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-        return value
-
     @field_validator("files")
     @classmethod
     def _remote_paths_relative(cls, value: dict[str, str]) -> dict[str, str]:
@@ -249,6 +268,55 @@ class PlaybookSpec(_Strict):
                     "and stay inside it (no leading '/', no '..')"
                 )
         return value
+
+
+class PlaybookBase(_PlaybookTail, _RecipeChoice):
+    """Every key but the recipe sections: what code outside the schema may rely on.
+
+    A loaded playbook is a :func:`playbook_spec` model, a subclass that adds one optional
+    section per registered recipe."""
+
+    def recipe_section(self) -> Any:
+        """The validated section of the playbook's recipe (e.g. its ``dflash:``), or None."""
+        return getattr(self, self.recipe, None) if self.recipe else None
+
+
+_SPECS: dict[tuple[Recipe[Any], ...], type[PlaybookBase]] = {}
+
+
+def playbook_spec() -> type[PlaybookBase]:
+    """The whole file's schema for the recipes registered now (built once per registry state).
+
+    ``recipe:`` becomes a choice among their names and each gets its optional section, typed
+    by its own model, so a bad section's errors name the key and line like any other key.
+    The sections sit between the head and the tail, where ``dflash:`` always was: pydantic
+    orders keys by the reversed MRO, which is head, recipe sections, tail here.
+    """
+    key = tuple(recipes.RECIPES.values())
+    if key not in _SPECS:
+        _SPECS[key] = _build_spec(key)
+    return _SPECS[key]
+
+
+def _build_spec(registered: tuple[Recipe[Any], ...]) -> type[PlaybookBase]:
+    """See :func:`playbook_spec`."""
+    clash = sorted({r.name for r in registered} & set(PlaybookBase.model_fields))
+    if clash:
+        raise ValueError(f"recipe name(s) {clash} are playbook keys already; rename the recipe")
+    names = tuple(r.name for r in registered)
+    choice: Any = Optional[Literal[names]] if names else None
+    sections: dict[str, Any] = {
+        r.name: (Optional[r.section], Field(None, description=f"the {r.name} recipe's "
+                                             "parameters"))
+        for r in registered}
+    middle = create_model("_RecipeSections", __base__=_RecipeChoice, **sections)
+    bases: Any = (PlaybookBase, middle)  # PlaybookBase first: the result is one (for typing)
+    return cast("type[PlaybookBase]", create_model(
+        "PlaybookSpec", __base__=bases, __doc__="The whole file.", __module__=__name__,
+        recipe=(choice, Field(None, description=_RECIPE_HELP))))
+
+
+PlaybookSpec = playbook_spec()  # the built-in recipes' schema (docs, tests, JSON schema)
 
 
 @dataclass(frozen=True)
@@ -264,7 +332,7 @@ class Job:
     """A loaded playbook: the validated spec plus where it came from (for messages)."""
 
     name: str
-    spec: PlaybookSpec
+    spec: PlaybookBase
     doc: YamlDoc
     test_mode: bool
     files: list[LocalFile] = field(default_factory=list)
@@ -294,13 +362,15 @@ def _recipe_shape_errors(raw: dict[str, Any]) -> list[dict[str, Any]]:
     errors: list[dict[str, Any]] = []
     if recipe is None and not raw.get("processes"):
         kind = "missing" if "processes" not in raw else "value_error"
+        named = " or ".join(f"recipe: {name}" for name in recipes.names())
         errors.append({"type": kind, "loc": ("processes",),
-                       "msg": "list at least one process, or name a recipe (recipe: dflash)"})
-    if isinstance(recipe, str) and recipe in RECIPE_NAMES and raw.get(recipe) is None:
+                       "msg": f"list at least one process, or name a recipe ({named})"})
+    if isinstance(recipe, str) and recipe in recipes.RECIPES and raw.get(recipe) is None:
+        docs = recipes.get(recipe).docs
         errors.append({"type": "value_error", "loc": ("recipe",),
                        "msg": f"recipe: {recipe} needs a '{recipe}:' section with its "
-                              "parameters (see docs/dflash.md)"})
-    for name in RECIPE_NAMES:
+                              "parameters" + (f" (see {docs})" if docs else "")})
+    for name in recipes.names():
         if raw.get(name) is not None and recipe != name:
             errors.append({"type": "value_error", "loc": (name,),
                            "msg": f"a '{name}:' section is only used with recipe: {name}; "
@@ -378,9 +448,9 @@ def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None,
     if params:
         raw = override_params(raw, params, path)
     errors: list[Any] = []
-    spec: PlaybookSpec | None = None
+    spec: PlaybookBase | None = None
     try:
-        spec = PlaybookSpec.model_validate(raw)
+        spec = playbook_spec().model_validate(raw)
     except ValidationError as exc:
         errors = list(exc.errors())
     errors += _recipe_shape_errors(raw)

@@ -24,18 +24,33 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from outrig._box.agent import transfer as box_transfer
 from outrig._box.agent.events import AgentError as BoxError
 from outrig.agent_client import AgentCall, raise_for_result
 from outrig.errors import LinkLost, RemoteError
-from outrig.ops.base import HostSession, base_request
+from outrig.inventory import Host
+from outrig.transport import Transport
 
 Manifest = dict[str, dict[str, Any]]  # relative path → {"size", "sha256"}
 ProgressFn = Callable[[dict[str, Any]], None]
 RECEIVE_WINDOW = 16 << 20
-STREAMS = 4
+STREAMS = 4  # the default number of parallel streams, everywhere (stage, cli, copy)
+
+
+class BoxSession(Protocol):
+    """What a transfer needs of a session (:class:`outrig.ops.base.HostSession`): the box,
+    its connector, and the request body of an op. Named here so that this module, below the
+    ops, does not import them."""
+
+    host: Host
+    transport: Transport
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]: ...
+
+
+RESUME_HINT = "Run the same command again to resume from what was received."
 
 
 @dataclass
@@ -95,35 +110,21 @@ class _Sink:
 Source = Callable[[list[dict[str, Any]], Callable[[bytes], None]], None]
 
 
-def box_source(session: HostSession, root: str) -> Source:
+def box_source(session: BoxSession, root: str) -> Source:
     """Frames of ``root``'s files, produced by the box's agent (``send_files``)."""
 
     def pump(files: list[dict[str, Any]], write: Callable[[bytes], None]) -> None:
         call = AgentCall(session.transport)
-        request = base_request(session.host, "send_files", root=root, files=files)
+        request = session.request("send_files", root=root, files=files)
         channel = call.start(request, window_size=RECEIVE_WINDOW)
-        idle = call._idle_limit()
         try:
-            quiet_since = time.monotonic()
-            while True:
-                data = channel.read(timeout=1.0)
-                if data is None:
-                    if time.monotonic() - quiet_since > idle or not channel.alive():
-                        raise LinkLost(f"the stream from {session.host.describe()} stalled "
-                                       f"for {idle:.0f} s; run the command again to resume",
-                                       phase="stream", request_sent=True,
-                                       silent=channel.alive())
-                    continue
-                if data == b"":
-                    if not channel.alive() or channel.exit_status(timeout=2.0) in (None, -1):
-                        # EOF without an exit status: the link dropped, not the sender.
-                        raise LinkLost(f"the link to {session.host.describe()} dropped while "
-                                       "files were coming; run the command again to resume "
-                                       "from what was received", phase="stream",
-                                       request_sent=True)
-                    return
-                quiet_since = time.monotonic()
+            reader = call.reader(channel, after=RESUME_HINT)
+            for data in reader.chunks():
                 write(data)
+            if reader.link_dropped():  # EOF without an exit status: not the sender's end
+                raise LinkLost(f"the link to {session.host.describe()} dropped while files "
+                               f"were coming. {RESUME_HINT}", phase="stream",
+                               request_sent=True)
         finally:
             channel.close()
 
@@ -179,11 +180,11 @@ def _run_stream(source: Source, files: list[dict[str, Any]],
 
 
 def to_box(source: Source, files: list[dict[str, Any]], expect: Manifest,
-           progress: ProgressFn | None, *, session: HostSession, root: str) -> dict[str, Any]:
+           progress: ProgressFn | None, *, session: BoxSession, root: str) -> dict[str, Any]:
     """One stream into the box's ``recv_files``; the workstation pumps ``source`` into it."""
     call = AgentCall(session.transport)
     subset = {f["path"]: expect[f["path"]] for f in files}
-    channel = call.start(base_request(session.host, "recv_files", root=root, expect=subset))
+    channel = call.start(session.request("recv_files", root=root, expect=subset))
     broken: list[BaseException] = []
 
     def write(data: bytes) -> None:
@@ -193,7 +194,7 @@ def to_box(source: Source, files: list[dict[str, Any]], expect: Manifest,
 
     join = _run_stream(source, files, write, channel.close_input)
     try:
-        result = call.read(channel, lambda e: progress(e) if progress else None)
+        result = call.reader(channel, after=RESUME_HINT).result(progress, call.events)
     except BaseException as exc:
         broken.append(exc)
         channel.close()

@@ -1,6 +1,9 @@
 """Operations: each user-facing command, orchestrating inventory → plan → agent → journal.
 
-Only this package and :mod:`outrig.transport` touch the network. Each op is a plain function
-taking a :class:`~outrig.ops.base.Project` and a :class:`~outrig.console.Reporter`, so it can
-be called from ``tasks.py``, from tests, or from another program.
+Only this package and the connectors (:mod:`outrig.transport`, :mod:`outrig.connectors`) touch
+the network. Each op has a core that takes an open :class:`~outrig.ops.base.HostSession`
+(``status_on``, ``deploy_on``, ...) and a plain function taking a
+:class:`~outrig.ops.base.Project`, a ``--host`` string and a :class:`~outrig.console.Reporter`
+that opens one session and calls the core, so it can be called from ``tasks.py``, from tests,
+or from another program; a command on two boxes composes cores over one session per box.
 """

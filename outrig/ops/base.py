@@ -18,7 +18,8 @@ from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.plan import HostFacts
-from outrig.transport import Transport, retry_pause, transport_for
+from outrig.timing import retry_pause
+from outrig.transport import Transport, transport_for
 
 
 @dataclass
@@ -34,15 +35,6 @@ class Project:
     @property
     def playbooks_dir(self) -> Path:
         return self.root / "playbooks"
-
-    @classmethod
-    def discover(cls, start: Path | None = None) -> Project:
-        """The nearest folder upwards with a ``playbooks/`` or ``hosts/`` folder, else cwd."""
-        here = (start or Path.cwd()).resolve()
-        for folder in (here, *here.parents):
-            if (folder / "playbooks").is_dir() or (folder / "hosts").is_dir():
-                return cls(folder)
-        return cls(here)
 
 
 def playbook_name(project: Project, value: str | None) -> str | None:
@@ -125,22 +117,34 @@ def link_retry_allowed(op: str, exc: LinkLost) -> bool:
 
 
 class HostSession:
-    """One connection to one host for the length of an op; agent calls reuse it."""
+    """One box for as long as a command needs it: its host, connector, journal and reporter.
+
+    A session is opened once per box and handed to each op's core (``status_on(session,
+    ...)``, ``deploy_on(session, ...)``); a command that works on two boxes (migrate, stage
+    ``--from``) holds one session for each. Opening sends nothing: the connector connects on
+    the first agent call, and every later call reuses the connection. ``transport`` injects a
+    connector (a test's recording); by default :func:`outrig.transport.transport_for` picks
+    the one that serves the host."""
 
     def __init__(self, project: Project, host_spec: str, reporter: Reporter,
-                 journal: Journal | None = None) -> None:
+                 journal: Journal | None = None, *, transport: Transport | None = None) -> None:
         self.project = project
         self.reporter = reporter
         self.journal = journal or Journal()
         self.host_spec = host_spec
         self.host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+        self.last_events: list[dict[str, Any]] = []
         rtt_hint = self.journal.host_facts(self.host.name).get("rtt")
-        self.transport: Transport = transport_for(
+        self.transport: Transport = transport or transport_for(
             self.host, rtt_hint=rtt_hint if isinstance(rtt_hint, float) else None,
             notify=reporter.info)
 
     def facts(self) -> HostFacts:
         return host_facts(self.host, self.journal)
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """The body of an agent request for this box (workdir, env and ``fields``)."""
+        return base_request(self.host, op, **fields)
 
     def call(self, op: str, *, stream: bool = True,
              handler: Callable[[dict[str, Any]], None] | None = None,
@@ -182,13 +186,11 @@ class HostSession:
 
     def reconnect_after(self, exc: LinkLost, retry: int) -> None:
         """Say what broke, drop the dead connection and wait an RTT-scaled pause; the next
-        agent call connects afresh (through the transport's own bounded retries)."""
-        rtt = self.transport.rtt if self.transport.rtt is not None else \
-            getattr(self.transport, "rtt_hint", None)
-        pause = retry_pause(rtt, retry)
+        agent call connects afresh (through the connector's own bounded retries)."""
+        pause = retry_pause(self.transport.best_rtt, retry)
         self.reporter.warn(f"{exc} Reconnecting in {pause:.1f} s (retry {retry} of "
                            f"{LINK_RETRIES}).")
-        self.transport.close()
+        self.transport.reconnect()
         time.sleep(pause)
 
     def close(self) -> None:
@@ -199,6 +201,7 @@ class HostSession:
 @contextmanager
 def host_session(project: Project, host_spec: str, reporter: Reporter,
                  journal: Journal | None = None) -> Iterator[HostSession]:
+    """A session for the length of one op (the host-string entry points' way in)."""
     session = HostSession(project, host_spec, reporter, journal)
     try:
         yield session

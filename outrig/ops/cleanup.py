@@ -19,7 +19,8 @@ from rich.table import Table
 from outrig.console import Reporter, visible
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
-from outrig.ops.base import Project, host_session, playbook_name
+from outrig.layout import audit_gpus, gpu_summary_lines
+from outrig.ops.base import HostSession, Project, host_session, playbook_name
 
 HOW = {"term": "exited on SIGTERM", "kill": "killed (SIGKILL)", "gone": "was not running",
        "reused": "pid reused by another process: untouched", "refused": "refused"}
@@ -34,6 +35,17 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
             force_foreign: Sequence[int | str] = (), dry_run: bool = False,
             timeout: float = 60.0, journal: Journal | None = None) -> dict[str, Any]:
     """Stop the selected run(s) (and any ``force_foreign`` pids); raise when GPUs stay held."""
+    check_selection(run_id, playbook, all_runs, force_foreign, timeout)
+    playbook = playbook_name(project, playbook)
+    with host_session(project, host_spec, reporter, journal) as session:
+        return cleanup_on(session, run_id=run_id, playbook=playbook, all_runs=all_runs,
+                          force_foreign=force_foreign, dry_run=dry_run, timeout=timeout)
+
+
+def check_selection(run_id: str | None, playbook: str | None, all_runs: bool,
+                    force_foreign: Sequence[int | str], timeout: float) -> list[int]:
+    """The ``--force-foreign`` pids, once the selection is known to be sound (nothing is
+    sent otherwise): exactly one of run, playbook and all, or foreign pids alone."""
     if sum(bool(x) for x in (run_id, playbook, all_runs)) > 1:
         raise ConfigError("give at most one of --run, --playbook and --all")
     if not (run_id or playbook or all_runs or force_foreign):
@@ -50,13 +62,20 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
         pids.append(value)
     if timeout <= 0:
         raise ConfigError("--timeout must be a positive number of seconds")
-    journal = journal or Journal()
-    playbook = playbook_name(project, playbook)
+    return pids
+
+
+def cleanup_on(session: HostSession, *, run_id: str | None = None,
+               playbook: str | None = None, all_runs: bool = False,
+               force_foreign: Sequence[int | str] = (), dry_run: bool = False,
+               timeout: float = 60.0) -> dict[str, Any]:
+    """:func:`cleanup` on an open session (``playbook`` is the name runs are filed under)."""
+    pids = check_selection(run_id, playbook, all_runs, force_foreign, timeout)
+    reporter, journal, host_spec = session.reporter, session.journal, session.host_spec
     started = time.monotonic()
-    with host_session(project, host_spec, reporter, journal) as session:
-        result = session.call("cleanup", run_id=run_id, playbook=playbook, all=all_runs,
-                              force_foreign=pids, dry_run=dry_run, gpu_timeout=timeout,
-                              lock_timeout=10)
+    result = session.call("cleanup", run_id=run_id, playbook=playbook, all=all_runs,
+                          force_foreign=pids, dry_run=dry_run, gpu_timeout=timeout,
+                          lock_timeout=10)
     result["seconds"] = round(time.monotonic() - started, 3)
     if run_id:
         unknown_run(result, run_id, host_spec)
@@ -139,8 +158,10 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
                   f" {HOW.get(str(forced.get('how')), forced.get('how'))}")
     before = result.get("gpus_before") or {}
     after = result.get("gpus_after") or {}
-    if before.get("gpus"):
+    if before.get("gpus") and reporter.gpu_table:
         out.print(_gpu_table("GPUs", before, after))
+    elif before.get("gpus"):
+        reporter.lines(gpu_summary_lines(audit_gpus(after or before), reporter.width))
     elif before.get("error"):
         reporter.warn(f"GPU audit unavailable: {before['error']}")
     foreign = _foreign(after or before)

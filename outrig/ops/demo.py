@@ -24,7 +24,7 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import logs
-from outrig.ops.runs import status
+from outrig.ops.status import status
 
 
 def ensure_sshd(reporter: Reporter) -> str:
@@ -47,17 +47,23 @@ def ensure_sshd(reporter: Reporter) -> str:
             raise OutrigError(
                 f"could not install openssh-server ({' '.join(argv)} exited "
                 f"{proc.returncode}):\n{tail}\nInstall it by hand (apt-get install -y "
-                "openssh-server) and run `inv demo` again."
+                "openssh-server) and run `outrig demo` again."
             )
     return find_sshd()
 
 
 def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
              one_way_delay: float = 0.0, steps_wait: float = 3.0) -> None:
+    """Deploy smoke to a sandbox, show status and logs, clean up. With ``keep`` the sandbox
+    is the detached one of ``outrig sandbox-up`` (it outlives this command) and the run is
+    left running; ``outrig sandbox-down`` stops both."""
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
 
     ensure_sshd(reporter)
+    if keep:
+        _kept_demo(project, reporter, one_way_delay, steps_wait)
+        return
     root = Path(tempfile.mkdtemp(prefix="outrig-demo-"))
     journal = Journal()
     proxy: LatencyProxy | None = None
@@ -73,20 +79,35 @@ def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
             reporter.info(f"• latency proxy on port {port}: RTT {2 * one_way_delay * 1000:.0f} ms")
         host_file = box.write_host_file(root / "sandbox.yaml", port=port)
         reporter.info(f"• sandbox sshd on 127.0.0.1:{box.port}, host file {host_file}")
-        host = str(host_file)
-
-        deploy(project, host, "smoke", reporter, journal=journal)
-        time.sleep(steps_wait)  # let the trainer print a few metric lines
-        status(project, host, reporter, playbook="smoke", journal=journal)
-        logs(project, host, reporter, playbook="smoke", lines=8, journal=journal)
-        cleanup(project, host, reporter, playbook="smoke", journal=journal)
-        if keep:
-            reporter.info(f"sandbox kept: host file {host_file} (sshd pid file in {root}); "
-                          f"try: inv status --host {host_file}")
+        _loop(project, str(host_file), reporter, journal, steps_wait)
+        cleanup(project, str(host_file), reporter, playbook="smoke", journal=journal)
     finally:
-        if not keep:
-            if proxy is not None:
-                proxy.close()
-            if box is not None:
-                box.stop()
-            shutil.rmtree(root, ignore_errors=True)
+        if proxy is not None:
+            proxy.close()
+        if box is not None:
+            box.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _loop(project: Project, host: str, reporter: Reporter, journal: Journal,
+          steps_wait: float) -> None:
+    deploy(project, host, "smoke", reporter, journal=journal)
+    time.sleep(steps_wait)  # let the trainer print a few metric lines
+    status(project, host, reporter, playbook="smoke", journal=journal)
+    logs(project, host, reporter, playbook="smoke", lines=8, journal=journal)
+
+
+def _kept_demo(project: Project, reporter: Reporter, one_way_delay: float,
+               steps_wait: float) -> None:
+    """The demo on the sandbox of ``sandbox-up`` (started here, or already up), leaving it
+    and the smoke run running, and saying how to reach and stop them."""
+    from outrig.sandbox.service import describe_up, host_argument, sandbox_up
+
+    state = sandbox_up("sandbox", project.hosts_dir / "sandbox.yaml",
+                       one_way_delay=one_way_delay)
+    host = host_argument(Path(state["host_file"]), project.hosts_dir)
+    for line in describe_up(state, host, down="outrig sandbox-down"):
+        reporter.info(line)
+    _loop(project, host, reporter, Journal(), steps_wait)
+    reporter.info(f"kept: the sandbox and the smoke run on it keep running. Look: outrig "
+                  f"status --host {host}; stop both: outrig sandbox-down")

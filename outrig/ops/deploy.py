@@ -24,7 +24,14 @@ from outrig.console import Reporter
 from outrig.errors import Interrupted, PlanError, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, host_facts, new_run_id, secret_values
+from outrig.ops.base import (
+    HostSession,
+    Project,
+    host_facts,
+    host_session,
+    new_run_id,
+    secret_values,
+)
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.recipes import EnvFacts, ModelFacts
@@ -159,82 +166,89 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
 
     ``params`` (from ``--param``) override the playbook's params and are journalled with the
     run, so a later look at the run says what it was started with."""
-    journal = journal or Journal()
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
-    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
-    sessions: list[HostSession] = []  # opened at most once, on first need; closed at the end
+    with host_session(project, host_spec, reporter, journal) as session:
+        job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
+        return deploy_on(session, job, dry_run=dry_run, wait=wait, params=params)
 
-    def connect() -> HostSession:
-        if not sessions:
-            sessions.append(HostSession(project, host_spec, reporter, journal))
-        return sessions[0]
 
+def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bool = True,
+              params: dict[str, Any] | None = None) -> DeployResult:
+    """:func:`deploy` of a loaded playbook on an open session. A dry run sends nothing; a
+    deploy whose recipe needs facts about its models reads them first, on the same
+    connection."""
+    reporter, journal = session.reporter, session.journal
+    plan = plan_on(session, job, probe=not dry_run)
+    reporter.plan(plan)
+    if dry_run:
+        reporter.emit_json({"event": "plan", "plan": plan.to_dict()})
+        reporter.info("dry run: nothing was sent")
+        return DeployResult(plan=plan, launched=False)
+    secrets = secret_values(plan.secrets)
+    request = deploy_request(plan, wait=wait, secrets=secrets)
+    started = time.monotonic()
+    journal.record_run(plan.run_id, {"run_id": plan.run_id, "host": plan.host,
+                                     "playbook": plan.playbook, "created": time.time(),
+                                     "test_mode": plan.test_mode, "plan": plan.to_dict(),
+                                     "param_overrides": dict(params or {}),
+                                     "status": "deploying"})
+    result = _deploy_call(session, plan, request)
+    seconds = time.monotonic() - started
+    processes = list(result.get("processes") or [])
+    status = deployed_status(result, wait)
+    journal.record_run(plan.run_id, {"status": status, "processes": processes,
+                                     "run_dir": result.get("run_dir"),
+                                     "ran": status in ("running", "finished")})
+    outcome = DeployResult(plan=plan, launched=True, processes=processes, seconds=seconds,
+                           rtt=session.transport.rtt,
+                           connect_seconds=session.transport.connect_seconds, status=status)
+    reporter.emit_json({"event": "deployed", "run_id": plan.run_id, "ok": True,
+                        "status": status, "seconds": round(seconds, 3),
+                        "processes": processes})
+    reporter.success(deployed_message(plan, status, processes, seconds, session.host_spec))
+    return outcome
+
+
+def plan_on(session: HostSession, job: Job, *, probe: bool = True) -> Plan:
+    """The plan for ``job`` on the session's box. With ``probe``, models and interpreters the
+    recipe needs facts about (and the journal does not know) are read on the box first."""
+    probed: dict[str, ModelFacts] = {}
+    envs: dict[str, EnvFacts] = {}
+    if probe:
+        section = getattr(job.spec, job.spec.recipe) if job.spec.recipe else None
+        wanted = recipes.models_to_probe(job.spec.recipe, section,
+                                         cached_models(session.journal, session.host))
+        pythons = recipes.pythons_to_probe(job.spec.recipe, section)
+        if wanted or pythons:
+            probed, envs = probe_models(session, wanted, pythons)
+    return plan_job(job, session.host, session.journal, probed=probed, envs=envs)
+
+
+def _deploy_call(session: HostSession, plan: Plan, request: dict[str, Any]) -> dict[str, Any]:
+    """The one deploy exec. A first Ctrl-C asks the box to stop what it launched; every way
+    it can fail is journalled with the run before it is raised."""
+    journal, reporter = session.journal, session.reporter
     try:
-        probed: dict[str, ModelFacts] = {}
-        envs: dict[str, EnvFacts] = {}
-        if not dry_run:
-            section = getattr(job.spec, job.spec.recipe) if job.spec.recipe else None
-            wanted = recipes.models_to_probe(job.spec.recipe, section,
-                                             cached_models(journal, host))
-            pythons = recipes.pythons_to_probe(job.spec.recipe, section)
-            if wanted or pythons:
-                probed, envs = probe_models(connect(), wanted, pythons)
-        plan = plan_job(job, host, journal, probed=probed, envs=envs)
-        reporter.plan(plan)
-        if dry_run:
-            reporter.emit_json({"event": "plan", "plan": plan.to_dict()})
-            reporter.info("dry run: nothing was sent")
-            return DeployResult(plan=plan, launched=False)
-        secrets = secret_values(plan.secrets)
-        request = deploy_request(plan, wait=wait, secrets=secrets)
-        started = time.monotonic()
-        record: dict[str, Any] = {"run_id": plan.run_id, "host": plan.host,
-                                  "playbook": plan.playbook, "created": time.time(),
-                                  "test_mode": plan.test_mode, "plan": plan.to_dict(),
-                                  "param_overrides": dict(params or {}),
-                                  "status": "deploying"}
-        journal.record_run(plan.run_id, record)
-        session = connect()
-        try:
-            result = session.call("deploy", on_interrupt=lambda: reporter.warn(
-                "interrupted: the box is stopping what this deploy launched; Ctrl-C again "
-                "stops waiting for it (what was launched may then keep running)"), **request)
-        except RemoteError as exc:
-            journal.record_run(plan.run_id, {"status": "failed", "error": str(exc)})
-            if exc.kind == "cancelled":
-                raise Interrupted(
-                    f"deploy interrupted: the box stopped what run {plan.run_id} had launched "
-                    f"({launched_names(session.last_events) or 'nothing yet'}); nothing of it "
-                    "keeps running and the workdir is unlocked.") from None
-            raise
-        except KeyboardInterrupt:
-            journal.record_run(plan.run_id, {"status": "unknown", "error": "interrupted twice"})
+        return session.call("deploy", on_interrupt=lambda: reporter.warn(
+            "interrupted: the box is stopping what this deploy launched; Ctrl-C again "
+            "stops waiting for it (what was launched may then keep running)"), **request)
+    except RemoteError as exc:
+        journal.record_run(plan.run_id, {"status": "failed", "error": str(exc)})
+        if exc.kind == "cancelled":
             raise Interrupted(
-                f"interrupted twice: stopped waiting for the box. Launched so far by run "
-                f"{plan.run_id}: {launched_names(session.last_events) or 'nothing'}; the box "
-                "goes on stopping them. To make sure they are stopped: outrig cleanup --host "
-                f"{shlex.quote(host_spec)} --run {plan.run_id}") from None
-        except BaseException as exc:
-            journal.record_run(plan.run_id, {"status": "unknown", "error": repr(exc)})
-            raise
-        seconds = time.monotonic() - started
-        processes = list(result.get("processes") or [])
-        status = deployed_status(result, wait)
-        journal.record_run(plan.run_id, {"status": status, "processes": processes,
-                                         "run_dir": result.get("run_dir"),
-                                         "ran": status in ("running", "finished")})
-        outcome = DeployResult(plan=plan, launched=True, processes=processes, seconds=seconds,
-                               rtt=session.transport.rtt,
-                               connect_seconds=getattr(session.transport, "connect_seconds", None),
-                               status=status)
-        reporter.emit_json({"event": "deployed", "run_id": plan.run_id, "ok": True,
-                            "status": status, "seconds": round(seconds, 3),
-                            "processes": processes})
-        reporter.success(deployed_message(plan, status, processes, seconds, host_spec))
-        return outcome
-    finally:
-        for opened in sessions:
-            opened.close()
+                f"deploy interrupted: the box stopped what run {plan.run_id} had launched "
+                f"({launched_names(session.last_events) or 'nothing yet'}); nothing of it "
+                "keeps running and the workdir is unlocked.") from None
+        raise
+    except KeyboardInterrupt:
+        journal.record_run(plan.run_id, {"status": "unknown", "error": "interrupted twice"})
+        raise Interrupted(
+            f"interrupted twice: stopped waiting for the box. Launched so far by run "
+            f"{plan.run_id}: {launched_names(session.last_events) or 'nothing'}; the box "
+            "goes on stopping them. To make sure they are stopped: outrig cleanup --host "
+            f"{shlex.quote(session.host_spec)} --run {plan.run_id}") from None
+    except BaseException as exc:
+        journal.record_run(plan.run_id, {"status": "unknown", "error": repr(exc)})
+        raise
 
 
 def launched_names(events: list[dict[str, Any]]) -> str:

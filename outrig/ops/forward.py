@@ -17,13 +17,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from outrig.console import Reporter
-from outrig.errors import ConfigError, ConnectError
+from outrig.errors import ConfigError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import Project
-from outrig.transport import SSHTransport
-
-OPEN_TIMEOUT = 20.0  # seconds for the box to answer a channel open before a reconnect
+from outrig.timing import FORWARD_OPEN_TIMEOUT
+from outrig.transport import Transport, transport_for
 
 
 def process_port(journal: Journal, host: Host, process: str, *, run_id: str | None = None,
@@ -63,13 +62,12 @@ def process_port(journal: Journal, host: Host, process: str, *, run_id: str | No
 class Forwarder:
     """Accepts on a local socket and carries each connection over its own SSH channel."""
 
-    def __init__(self, transport: SSHTransport, remote: tuple[str, int],
+    def __init__(self, transport: Transport, remote: tuple[str, int],
                  listener: socket.socket, reporter: Reporter) -> None:
         self.transport = transport
         self.remote = remote
         self.listener = listener
         self.reporter = reporter
-        self.lock = threading.Lock()
 
     def serve_forever(self) -> None:
         """Until interrupted: accept, and hand each connection to a thread."""
@@ -78,34 +76,10 @@ class Forwarder:
             threading.Thread(target=self._handle, args=(client,), daemon=True).start()
 
     def _open(self, origin: tuple[str, int]) -> Any:
-        """A channel to the remote port; reconnects once when the link is found dead."""
-        import paramiko
-
-        for attempt in (1, 2):
-            with self.lock:
-                connection = self.transport.connection
-                link = connection.transport if connection is not None else None
-                if link is None or not link.is_active():
-                    if connection is not None:
-                        self.reporter.info("the link to the box was lost; reconnecting")
-                    self.transport.close()
-                    self.transport.connect()
-                    link = self.transport.connection.transport
-            try:
-                return link.open_channel("direct-tcpip", self.remote, origin,
-                                         timeout=OPEN_TIMEOUT)
-            except paramiko.ChannelException as exc:  # the box answered: nothing listens
-                raise ConnectError(
-                    f"the box refused {self.remote[0]}:{self.remote[1]} ({exc.text}); is the "
-                    "process running? see outrig status") from None
-            except (paramiko.SSHException, EOFError, OSError):
-                with self.lock:
-                    if self.transport.connection is not None \
-                            and self.transport.connection.transport is link:
-                        self.transport.close()  # the next attempt reconnects
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        """A channel to the remote port; the connector reconnects once when the link is dead."""
+        return self.transport.open_tunnel(
+            self.remote, origin, FORWARD_OPEN_TIMEOUT,
+            lambda: self.reporter.info("the link to the box was lost; reconnecting"))
 
     def _handle(self, client: socket.socket) -> None:
         try:
@@ -169,7 +143,7 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
     else:
         raise ConfigError("say what to forward: --process NAME (its port comes from the "
                           "run's plan) or --remote-port N")
-    transport = SSHTransport(host, notify=reporter.info)
+    transport = transport_for(host, notify=reporter.info)
     transport.connect()  # fail here, before listening, when the box is unreachable
     listener = listen(port if local_port is None and _free(port) else (local_port or 0))
     mine = listener.getsockname()[1]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import threading
 import time
@@ -45,7 +44,6 @@ from outrig.errors import (
     ConnectRefused,
     LinkLost,
     LocalWriteError,
-    RemoteError,
 )
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.logtail import (
@@ -59,25 +57,14 @@ from outrig.logtail import (
     partial_tail,
 )
 from outrig.ops.base import HostSession, Project, base_request, playbook_name
-from outrig.transport import AgentChannel, transport_for
+from outrig.reader import ChannelReader, take_events
+from outrig.timing import follow_idle_limit, heartbeat_for, jittered
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)
 BATCH_BYTES = 8 << 20  # commit (fsync + cursor write) at least this often while streaming
 CURSOR_SETS = 8  # how many recent runs' cursors a request carries when the run is not given
+RESUMES = "tail-logs reconnects and resumes from its saved cursors."
 COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)  # ANSI foreground colours
-
-
-def heartbeat_for(rtt: float | None) -> float:
-    """How often the agent must speak when idle: often enough to see a dead link within a few
-    seconds, rarely enough to cost nothing on a slow one."""
-    if rtt is None:
-        return 2.0
-    return max(1.0, min(5.0, 5 * rtt))
-
-
-def idle_limit_for(heartbeat: float, rtt: float | None) -> float:
-    """Silence longer than ~3 heartbeats (plus the link's own delay) means the link is dead."""
-    return max(3.0, 3 * heartbeat + 4 * (rtt or 0.0))
 
 
 # ------------------------------------------------------------------------------ local mirror
@@ -505,78 +492,40 @@ class LogTailer:
             channel = transport.start_with_input(
                 agent_command(self.session.host.python),
                 agent_payload() + encoded + b"\n", window_size=LOG_WINDOW)
-        limit = self.idle_limit or idle_limit_for(heartbeat, transport.rtt)
+        limit = self.idle_limit or follow_idle_limit(heartbeat, transport.rtt)
+        reader = ChannelReader(channel, self.session.host, limit, poll=0.25,
+                               batch=BATCH_BYTES, stop=self.stop, after=RESUMES)
         try:
-            return self._read(channel, limit)
+            return self._read(reader)
         finally:
             channel.close()
 
-    def _read(self, channel: AgentChannel, limit: float) -> dict[str, Any] | None:
+    def _read(self, reader: ChannelReader) -> dict[str, Any] | None:
+        """Apply the stream's events batch by batch (one commit per batch) until the result;
+        None when stopped. The reader decides silence, a dead link and a crash."""
         buffer = bytearray()
-        last_heard = time.monotonic()
-        host = self.session.host.describe()
-        while True:
-            if self.stop.is_set():
-                return None
-            data = channel.read(timeout=0.25)
-            if data is None:
-                silent = time.monotonic() - last_heard
-                if not channel.alive():
-                    raise LinkLost(f"the SSH connection to {host} closed", phase="stream",
-                                   request_sent=True)
-                if silent > limit:
-                    raise LinkLost(f"nothing from {host} for {silent:.1f} s (limit {limit:.1f} s,"
-                                   " ~3 agent heartbeats): the link is dead", phase="stream",
-                                   request_sent=True)
-                continue
-            if data == b"":
-                if channel.alive():
-                    status = channel.exit_status(timeout=2.0)
-                    if status not in (None, -1):
-                        err = channel.stderr_text().strip().splitlines()[-12:]
-                        raise RemoteError(
-                            f"the agent on {host} stopped without a result (exit {status})",
-                            kind="agent_crash", excerpt=err)
-                raise LinkLost(f"the connection to {host} dropped mid-stream", phase="stream",
-                               request_sent=True)
-            last_heard = time.monotonic()
+        for data in reader.chunks():
             buffer += data
-            # Take whatever else is already here, so one commit covers many chunks.
-            while len(buffer) < BATCH_BYTES:
-                more = channel.read(timeout=0.0)
-                if not more:
-                    break
-                buffer += more
             result = self._process(buffer)
             if result is not None:
                 return result
+        if reader.stopped:
+            return None
+        raise reader.no_result()
 
     def _process(self, buffer: bytearray) -> dict[str, Any] | None:
         """Apply every complete event line in ``buffer`` (consumed in place); commit; print."""
         shown: list[tuple[str, str]] = []
         changed = False
         result: dict[str, Any] | None = None
-        start = 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            line = bytes(buffer[start:end]).strip()
-            start = end + 1
-            if not line:
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                self.reporter.warn(f"agent: {line.decode('utf-8', 'replace')[:200]}")
-                continue
-            if not isinstance(event, dict):
-                continue
+        for event in take_events(buffer):
             if event.get("event") == "result":
                 result = event
                 break
+            if event.get("event") == "output":  # a line that is not an event: say it
+                self.reporter.warn(f"agent: {str(event.get('line'))[:200]}")
+                continue
             changed |= self._apply(event, shown)
-        del buffer[:start]
         if changed:
             self._commit()
         self._show(shown)
@@ -637,21 +586,18 @@ class LogTailer:
         return isinstance(exc, ConnectRefused) and self.result.run_id is not None
 
     def _reconnect(self, delay: float) -> None:
-        """Drop the dead connection, wait (with jitter), and make a fresh transport."""
+        """Drop the dead connection and wait (with jitter); the next call connects afresh."""
         self.result.reconnects += 1
+        self._known_rtt()
         try:
-            self.session.transport.close()
+            self.session.transport.reconnect()
         except Exception:  # a dead transport may fail to close cleanly; it is gone either way
             pass
-        self.stop.wait(delay * random.uniform(0.8, 1.2))
-        host = self.session.host
-        self.session.transport = transport_for(host, rtt_hint=self._known_rtt(),
-                                               notify=self.reporter.info)
+        self.stop.wait(jittered(delay))
 
     def _known_rtt(self) -> float | None:
         """The RTT measured in this command (kept across reconnects), else the journal's."""
-        transport = self.session.transport
-        rtt = transport.rtt if transport.rtt is not None else getattr(transport, "rtt_hint", None)
+        rtt = self.session.transport.best_rtt
         if rtt is not None:
             self.measured_rtt = rtt
         return self.measured_rtt
@@ -676,15 +622,9 @@ class LogTailer:
 def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
               playbook: str | None = None, processes: list[str] | None = None,
               lines: int | None = None, follow: bool = True, grep: str | None = None,
-              since: str | None = None, journal: Journal | None = None,
+              journal: Journal | None = None,
               stop: threading.Event | None = None, **tuning: Any) -> TailResult:
     """``inv tail-logs``. ``tuning`` passes LogTailer knobs (heartbeat, idle_limit, ...)."""
-    if since is not None:
-        raise ConfigError(
-            "--since is not supported: the logs of the processes outrig runs carry no reliable "
-            "timestamps (vLLM, the trainer and tqdm each print their own, or none), so a time "
-            "cannot be mapped to a byte offset. Use --lines N to start N lines before the end. "
-            "Nothing was sent.")
     if run_id is not None and playbook is not None:
         raise ConfigError("give at most one of --run and --playbook")
     # paramiko reports every reset socket through logging's last-resort stderr handler; a

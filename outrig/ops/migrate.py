@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 from rich.markup import escape
@@ -28,45 +29,48 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, host_session, pick_host_run
-from outrig.ops.cleanup import cleanup
-from outrig.ops.deploy import cached_models, deploy, plan_job
-from outrig.ops.stage import NoCheckpoint, family, stage
+from outrig.ops.base import HostSession, Project, pick_host_run
+from outrig.ops.cleanup import cleanup_on
+from outrig.ops.deploy import cached_models, deploy_on, plan_job
+from outrig.ops.stage import NoCheckpoint, family, stage_on
 from outrig.plan import Plan
-from outrig.playbook import find_playbook, load_job
+from outrig.playbook import Job, find_playbook, load_job
 from outrig.progress import argv_int
 from outrig.recipes import ModelFacts
-from outrig.transport import SSHTransport, connect_timeout_for
+from outrig.timing import MIGRATE_PROBE_PAUSE, TCP_PROBE_LIMIT, connect_timeout_for
 
 
 def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal, *,
-          attempts: int = 3, pause: float = 2.0) -> tuple[HostSession | None, list[str]]:
+          attempts: int = 3, pause: float = MIGRATE_PROBE_PAUSE
+          ) -> tuple[HostSession | None, list[str]]:
     """Try to reach a box ``attempts`` times (with pauses) before concluding anything.
 
-    Returns an open session when any attempt worked, and the list of what was tried.
+    Returns the box's session, open, when any attempt worked (migrate goes on using it), and
+    the list of what was tried.
     """
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    session = HostSession(project, host_spec, reporter, journal)
+    # this loop does the retrying of refused connects, with its own pauses
+    session.transport.retry = replace(session.transport.retry, refused=1)
     tried: list[str] = []
     for attempt in range(1, attempts + 1):
-        session = HostSession(project, host_spec, reporter, journal)
-        if isinstance(session.transport, SSHTransport):
-            session.transport.attempts = 1  # this loop does the retrying, with pauses
         started = time.monotonic()
         try:
             session.call("check", stream=False)
             tried.append(f"ssh attempt {attempt}: ok in {time.monotonic() - started:.1f}s")
             return session, tried
         except OutrigError as exc:  # ConnectError and every other failure: try again
-            session.close()
+            session.transport.reconnect()
             first = str(exc).split(". ")[0]
             tried.append(f"ssh attempt {attempt}: {first} ({time.monotonic() - started:.1f}s)")
         if attempt < attempts:
             time.sleep(pause * attempt)
+    session.close()
+    host = session.host
     if not host.is_local:
         timeout = connect_timeout_for(host, None)[0]
         address = (host.hostname, host.port or 22)
         try:
-            with socket.create_connection(address, timeout=min(timeout, 10)):
+            with socket.create_connection(address, timeout=min(timeout, TCP_PROBE_LIMIT)):
                 tried.append(f"tcp {address[0]}:{address[1]}: port open, but SSH did not "
                              "answer (sshd hung or the box is overloaded)")
         except OSError as exc:
@@ -193,82 +197,70 @@ def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
 
 def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, *,
             playbook: str | None = None, journal: Journal | None = None,
-            probe_attempts: int = 3, probe_pause: float = 2.0,
+            probe_attempts: int = 3, probe_pause: float = MIGRATE_PROBE_PAUSE,
             run_id: str | None = None) -> dict[str, Any]:
+    """Move a job from OLD to NEW and resume it there (the runbook is this module's doc).
+
+    One session per box for the whole move: NEW's connection is opened once and every step
+    (check, provision, stage, deploy) runs its core on it; OLD's session, when the probe
+    reached it, serves the box-to-box copies and the stop of its run."""
     journal = journal or Journal()
     old_host = resolve_host(from_spec, hosts_dir=project.hosts_dir)
     new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
     if old_host.name == new_host.name:
         raise ConfigError("--from and --to name the same host")
-    started = time.time()
-    report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": started}
-
+    report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": time.time()}
     reporter.info(f"• probing {from_spec} (up to {probe_attempts} tries)")
-    old_session, tried = probe(project, from_spec, reporter, journal,
-                               attempts=probe_attempts, pause=probe_pause)
-    report["old_alive"] = old_session is not None
+    old, tried = probe(project, from_spec, reporter, journal, attempts=probe_attempts,
+                       pause=probe_pause)
+    report["old_alive"] = old is not None
     report["probes"] = tried
     for line in tried:
         reporter.info(f"    {line}")
-    if old_session is None:
+    if old is None:
         reporter.warn(f"{from_spec} is unreachable after {len(tried)} checks; using the "
                       "checkpoint mirror on this workstation")
-    else:
-        old_session.close()  # its check brought the journal in line with the box's runs
-    last, why = old_run(journal, old_host.name, run_id=run_id, playbook=playbook)
+    new = HostSession(project, to_spec, reporter, journal)
+    try:
+        return _move(new, old, report, playbook=playbook, run_id=run_id)
+    finally:
+        new.close()
+        if old is not None:
+            old.close()
+
+
+def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
+          playbook: str | None, run_id: str | None) -> dict[str, Any]:
+    """Steps 2 to 7 of the runbook on open sessions (``old`` is None when OLD is dead)."""
+    project, reporter, journal = new.project, new.reporter, new.journal
+    from_spec, to_spec = str(report["from"]), new.host_spec
+    old_name = resolve_host(from_spec, hosts_dir=project.hosts_dir).name
+    last, why = old_run(journal, old_name, run_id=run_id, playbook=playbook)
     old_playbook = str(last["playbook"]) if last else None
     source = playbook or old_playbook
     if source is None:
-        raise ConfigError(f"the journal has no run on {old_host.name}; pass --playbook")
+        raise ConfigError(f"the journal has no run on {old_name}; pass --playbook")
     reporter.info(f"• moving {why}" if last else f"• no earlier run of {source} on "
-                  f"{old_host.name} in the journal; {source} starts afresh")
+                  f"{old_name} in the journal; {source} starts afresh")
     report["old_run"] = {"run_id": last.get("run_id") if last else None, "why": why}
-
-    with host_session(project, to_spec, reporter, journal) as new_session:
-        check = new_session.call("check", stream=False)
-        gpus = (check.get("facts") or {}).get("gpus") or []
-        reporter.info(f"• {to_spec}: python {check.get('python')}, {len(gpus)} GPU(s)"
-                      + (f" × {gpus[0].get('memory_total_mib')} MiB" if gpus else ""))
-    job = load_job(find_playbook(source, project.playbooks_dir))
-    if job.spec.environments:
-        from outrig.ops.provision import provision
-
-        provision(project, to_spec, reporter, playbook=source, journal=journal)
+    job = _prepare(new, source)
     old_plan = last.get("plan") if last else None
     plan, new_playbook, considered = choose_playbook(
         project, to_spec, source, explicit=playbook is not None, journal=journal,
         ranks=trainer_ranks((old_plan or {}).get("processes")), from_host=from_spec)
     if not reporter.json_mode:
-        reporter.stdout_console.print(placement_table(old_plan, plan, old_host.name,
-                                                      new_host.name))
+        reporter.stdout_console.print(placement_table(old_plan, plan, old_name, new.host.name))
         if len(considered) > 1:
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
                           f"(considered: {', '.join(considered)})")
     report["playbook"] = plan.playbook
-
-    from_host = from_spec if report["old_alive"] else None
-    report["stage"] = stage(project, to_spec, new_playbook, reporter, from_host=from_host,
-                            journal=journal, source_playbook=old_playbook,
-                            parts=("data",)) if _has_data(project, new_playbook, to_spec) \
-        else {"items": []}
-    if report["old_alive"] and old_playbook:
-        reporter.info(f"• stopping {old_playbook} on {from_spec}")
-        report["old_cleanup"] = cleanup(project, from_spec, reporter, playbook=old_playbook,
-                                        journal=journal)
-    try:
-        resumed = stage(project, to_spec, new_playbook, reporter, from_host=from_host,
-                        journal=journal, resume=True, source_playbook=old_playbook,
-                        parts=("checkpoint",))
-        report["checkpoint"] = resumed.get("checkpoint")
-    except NoCheckpoint as exc:
-        reporter.warn(f"{exc} The trainer on {to_spec} starts from scratch.")
-        report["checkpoint"] = None
-    deployed = deploy(project, to_spec, new_playbook, reporter, journal=journal)
+    _carry_state(new, old, report, new_playbook, old_playbook)
+    deployed = deploy_on(new, load_job(find_playbook(new_playbook, project.playbooks_dir)))
     report["run_id"] = deployed.plan.run_id
-    report["seconds"] = round(time.time() - started, 1)
+    report["seconds"] = round(time.time() - float(report["started"]), 1)
     journal.record_run(deployed.plan.run_id, {"migrated_from": {
-        "host": old_host.name, "run_id": last.get("run_id") if last else None,
-        "playbook": old_playbook, "alive": report["old_alive"], "probes": tried,
+        "host": old_name, "run_id": last.get("run_id") if last else None,
+        "playbook": old_playbook, "alive": report["old_alive"], "probes": report["probes"],
         "checkpoint": report["checkpoint"]}})
     if reporter.json_mode:
         reporter.emit_json(report)
@@ -278,6 +270,42 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
                          f"{report['seconds']:.0f}s, resuming from checkpoint {epoch} "
                          f"({(report['checkpoint'] or {}).get('route')})")
     return report
+
+
+def _prepare(new: HostSession, source: str) -> Job:
+    """Preflight NEW (reach, python, GPUs) and provision it when the playbook names
+    environments; returns the playbook being moved."""
+    check = new.call("check", stream=False)
+    gpus = (check.get("facts") or {}).get("gpus") or []
+    new.reporter.info(f"• {new.host_spec}: python {check.get('python')}, {len(gpus)} GPU(s)"
+                      + (f" × {gpus[0].get('memory_total_mib')} MiB" if gpus else ""))
+    job = load_job(find_playbook(source, new.project.playbooks_dir))
+    if job.spec.environments:
+        from outrig.ops.provision import pick_playbook, provision_on
+
+        provision_on(new, pick_playbook(new.project, source))
+    return job
+
+
+def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, Any],
+                 new_playbook: str, old_playbook: str | None) -> None:
+    """Stage data on NEW; stop OLD's run when it is alive; then bring the newest complete
+    checkpoint (OLD → NEW directly, or from the workstation's mirror)."""
+    if _has_data(new.project, new_playbook, new.host_spec):
+        report["stage"] = stage_on(new, new_playbook, src=old, source_playbook=old_playbook,
+                                   parts=("data",))
+    else:
+        report["stage"] = {"items": []}
+    if old is not None and old_playbook:
+        new.reporter.info(f"• stopping {old_playbook} on {old.host_spec}")
+        report["old_cleanup"] = cleanup_on(old, playbook=old_playbook)
+    try:
+        resumed = stage_on(new, new_playbook, src=old, resume=True,
+                           source_playbook=old_playbook, parts=("checkpoint",))
+        report["checkpoint"] = resumed.get("checkpoint")
+    except NoCheckpoint as exc:
+        new.reporter.warn(f"{exc} The trainer on {new.host_spec} starts from scratch.")
+        report["checkpoint"] = None
 
 
 def old_run(journal: Journal, host: str, *, run_id: str | None,

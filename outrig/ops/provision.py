@@ -18,7 +18,7 @@ from typing import Any
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.ops.base import Project, host_session
+from outrig.ops.base import HostSession, Project, host_session
 from outrig.playbook import Job, find_playbook, load_job
 
 RECORDED = {"ok", "created", "updated", "failed"}
@@ -128,8 +128,14 @@ def provision(project: Project, host_spec: str, reporter: Reporter, *,
               playbook: str | None = None, dry_run: bool = False,
               journal: Journal | None = None) -> ProvisionResult:
     """Check the box and make every environment of the playbook right (one agent exec)."""
-    journal = journal or Journal()
     job = pick_playbook(project, playbook)
+    with host_session(project, host_spec, reporter, journal) as session:
+        return provision_on(session, job, dry_run=dry_run)
+
+
+def provision_on(session: HostSession, job: Job, *, dry_run: bool = False) -> ProvisionResult:
+    """:func:`provision` of a loaded playbook on an open session."""
+    reporter, journal, host_spec = session.reporter, session.journal, session.host_spec
     request = provision_request(job, dry_run=dry_run)
     started = time.monotonic()
     reports: list[dict[str, Any]] = []
@@ -162,16 +168,15 @@ def provision(project: Project, host_spec: str, reporter: Reporter, *,
         else:
             reporter.event(event)
 
-    with host_session(project, host_spec, reporter, journal) as session:
-        names = ", ".join(job.spec.environments) or "no environments (checks only)"
-        reporter.info(f"• provisioning {session.host.name} for {job.name}: {names}"
-                      + (" (dry run: nothing is installed)" if dry_run else ""))
-        try:
-            result = session.call("provision", handler=handle, **request)
-        finally:
-            if not dry_run or reports:
-                record_environments(journal, session.host.name,
-                                    [r for r in reports if r.get("status") in RECORDED])
+    names = ", ".join(job.spec.environments) or "no environments (checks only)"
+    reporter.info(f"• provisioning {session.host.name} for {job.name}: {names}"
+                  + (" (dry run: nothing is installed)" if dry_run else ""))
+    try:
+        result = session.call("provision", handler=handle, **request)
+    finally:
+        if not dry_run or reports:
+            record_environments(journal, session.host.name,
+                                [r for r in reports if r.get("status") in RECORDED])
     outcome = ProvisionResult(environments=list(result.get("environments") or []),
                               checks=dict(result.get("checks") or {}),
                               dry_run=bool(result.get("dry_run")),

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from outrig import recipes
 from outrig._box.agent import transfer as box_transfer
 from outrig.checkpoints import listing_request, newest_complete
 from outrig.console import Reporter
@@ -40,6 +41,7 @@ from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.template import UndefinedName, substitute
 from outrig.transfer import (
+    STREAMS,
     Events,
     Manifest,
     Meter,
@@ -72,18 +74,9 @@ def stage_items(job: Job, host: Host) -> list[StageItem]:
     """The folders a job needs: the recipe's (model, data, checkpoints) plus ``stage:``."""
     params: dict[str, object] = {**job.spec.params, **builtin_params(host, job, "stage")}
     items: dict[str, StageItem] = {}
-    recipe = job.spec.dflash
-    if recipe is not None:
-        if recipe.model.startswith(("/", "~")):
-            source = recipe.source
-            if source and not source.startswith(("hf:", "hf-dataset:")) and "/" in source \
-                    and not source.startswith(("/", ".", "~")):
-                source = f"hf:{source}"
-            items["model"] = StageItem("model", recipe.model, source, "model")
-        regenerated = ("the recipe's prepare step builds it on the box"
-                       if recipe.prepare.enabled else None)
-        items["data"] = StageItem("data", recipe.data_path, None, "data", regenerated)
-        items["checkpoints"] = StageItem("checkpoints", recipe.save_path, None, "checkpoints")
+    for given in recipes.stage_items(job.spec.recipe, job.spec.recipe_section()):
+        items[given.name] = StageItem(given.name, given.path, given.source, given.kind,
+                                      given.optional_because)
     for name, spec in job.spec.stage.items():
         items[name] = StageItem(name, spec.path, spec.source, spec.kind)
     out = []
@@ -149,7 +142,7 @@ def _sources_files(listing: dict[str, Any]) -> Manifest:
 class Stager:
     """Copies one folder at a time into a box or the local mirror, choosing the route."""
 
-    def __init__(self, reporter: Reporter, journal: Journal, streams: int = 4) -> None:
+    def __init__(self, reporter: Reporter, journal: Journal, streams: int = STREAMS) -> None:
         if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
             raise ConfigError(f"--streams {streams!r}: give a whole number of parallel streams "
                               "of at least 1 (default 4). Nothing was sent.")
@@ -202,10 +195,8 @@ class Stager:
         src.call("authorize_key", stream=False, public_key=keys["public_key"], tag=tag)
         try:
             src_host = src.host
-            conn = getattr(src.transport, "connection", None)
-            host = conn.host if conn is not None else src_host.hostname
-            port = conn.port if conn is not None else (src_host.port or 22)
-            user = conn.user if conn is not None else src_host.user
+            address = src.transport.peer_address()  # after ~/.ssh/config, as connected
+            host, port, user = address.host, address.port, address.user
             known = _known_line(src_host, host, port)
             meter = self._meter(f"{name}: {src.host.name} ⇒ {dest.host.name} (direct)",
                                 plan.bytes)
@@ -277,52 +268,58 @@ def _load(project: Project, host: Host, playbook: str) -> tuple[Job, list[StageI
 
 def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
           from_host: str | None = None, resume: bool = False, journal: Journal | None = None,
-          streams: int = 4, source_playbook: str | None = None,
+          streams: int = STREAMS, source_playbook: str | None = None,
           parts: tuple[str, ...] = ("data", "checkpoint")) -> dict[str, Any]:
     """Put every item of the playbook on ``host_spec``; with ``resume`` also the newest complete
-    checkpoint (from ``from_host`` when given, else the local mirror).
+    checkpoint (from ``from_host`` when given, else the local mirror). See :func:`stage_on`."""
+    with host_session(project, host_spec, reporter, journal) as dest:
+        src = HostSession(project, from_host, reporter, dest.journal) if from_host else None
+        try:
+            return stage_on(dest, playbook, src=src, resume=resume, streams=streams,
+                            source_playbook=source_playbook, parts=parts)
+        finally:
+            if src is not None:
+                src.close()
+
+
+def stage_on(dest: HostSession, playbook: str, *, src: HostSession | None = None,
+             resume: bool = False, streams: int = STREAMS, source_playbook: str | None = None,
+             parts: tuple[str, ...] = ("data", "checkpoint")) -> dict[str, Any]:
+    """:func:`stage` onto an open session, copying from the ``src`` session when given.
 
     ``source_playbook`` is the playbook the old box ran (a family member for other hardware),
     whose paths are the ones to read there. ``parts`` lets ``migrate`` stage data first and the
     checkpoint after it has stopped the old run.
     """
-    journal = journal or Journal()
+    reporter, journal, project = dest.reporter, dest.journal, dest.project
     stager = Stager(reporter, journal, streams)
-    report: dict[str, Any] = {"host": host_spec, "playbook": playbook, "items": []}
-    with host_session(project, host_spec, reporter, journal) as dest:
-        job, items = _load(project, dest.host, playbook)
-        if not items:
-            raise ConfigError(f"playbook {job.name} names nothing to stage: add a stage: section "
-                              "(or use a recipe that has model and data paths)")
-        wanted = [i for i in items if i.kind != "checkpoints"] if "data" in parts else []
-        listings = box_manifest(dest, [(i.name, i.path) for i in wanted]) if wanted else {}
-        src: HostSession | None = None
-        try:
-            src_items: dict[str, StageItem] = {}
-            src_job = job
-            if from_host:
-                src = HostSession(project, from_host, reporter, journal)
-                if source_playbook:
-                    src_job = load_job(find_playbook(source_playbook, project.playbooks_dir))
-                src_items = {i.name: i for i in stage_items(src_job, src.host)}
-            for item in wanted:
-                src_path = src_items[item.name].path if item.name in src_items else item.path
-                outcome = _stage_item(stager, item, dest, listings[item.name], src, from_host,
-                                      src_path)
-                report["items"].append(outcome)
-                reporter.info(f"• {item.name}: {outcome['route']} — {_summary(outcome)}")
-            if resume and "checkpoint" in parts:
-                ckpt = next((i for i in items if i.kind == "checkpoints"), None)
-                if ckpt is None:
-                    raise ConfigError(f"--resume: playbook {job.name} has no checkpoints item")
-                src_ckpt = next((i.path for i in src_items.values()
-                                 if i.kind == "checkpoints"), ckpt.path)
-                report["checkpoint"] = _stage_checkpoint(stager, job, ckpt, dest, src,
-                                                         journal, reporter, src_ckpt,
-                                                         src_job.name)
-        finally:
-            if src is not None:
-                src.close()
+    report: dict[str, Any] = {"host": dest.host_spec, "playbook": playbook, "items": []}
+    job, items = _load(project, dest.host, playbook)
+    if not items:
+        raise ConfigError(f"playbook {job.name} names nothing to stage: add a stage: section "
+                          "(or use a recipe that has model and data paths)")
+    wanted = [i for i in items if i.kind != "checkpoints"] if "data" in parts else []
+    listings = box_manifest(dest, [(i.name, i.path) for i in wanted]) if wanted else {}
+    src_items: dict[str, StageItem] = {}
+    src_job = job
+    if src is not None:
+        if source_playbook:
+            src_job = load_job(find_playbook(source_playbook, project.playbooks_dir))
+        src_items = {i.name: i for i in stage_items(src_job, src.host)}
+    for item in wanted:
+        src_path = src_items[item.name].path if item.name in src_items else item.path
+        outcome = _stage_item(stager, item, dest, listings[item.name], src,
+                              src.host_spec if src is not None else None, src_path)
+        report["items"].append(outcome)
+        reporter.info(f"• {item.name}: {outcome['route']} — {_summary(outcome)}")
+    if resume and "checkpoint" in parts:
+        ckpt = next((i for i in items if i.kind == "checkpoints"), None)
+        if ckpt is None:
+            raise ConfigError(f"--resume: playbook {job.name} has no checkpoints item")
+        src_ckpt = next((i.path for i in src_items.values()
+                         if i.kind == "checkpoints"), ckpt.path)
+        report["checkpoint"] = _stage_checkpoint(stager, job, ckpt, dest, src, journal,
+                                                 reporter, src_ckpt, src_job.name)
     journal.update_host(dest.host.name, staged={i["name"]: i for i in report["items"]})
     if reporter.json_mode:
         reporter.emit_json(report)
@@ -432,7 +429,7 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
         raise NoCheckpoint(
             f"no complete checkpoint of {job.name} to resume from: "
             + (f"{src.host.name} has none, and " if src is not None else "")
-            + f"the mirror {mirror} is empty. Run `inv sync-checkpoints` while a box is alive, "
+            + f"the mirror {mirror} is empty. Run `outrig sync-checkpoints` while a box is alive, "
             "or deploy without resuming."
         )
     epoch = epochs[0]
@@ -449,36 +446,43 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
 
 def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
                      playbook: str | None = None, journal: Journal | None = None,
-                     streams: int = 4, run_id: str | None = None) -> dict[str, Any]:
+                     streams: int = STREAMS, run_id: str | None = None) -> dict[str, Any]:
     """Pull every complete checkpoint the workstation's mirror lacks (incremental)."""
-    journal = journal or Journal()
-    stager = Stager(reporter, journal, streams)
     with host_session(project, host_spec, reporter, journal) as session:
-        name = playbook or _latest_playbook(session, run_id)
-        job, items = _load(project, session.host, name)
-        ckpt = next((i for i in items if i.kind == "checkpoints"), None)
-        if ckpt is None:
-            raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
-                              "kind: checkpoints, or the dflash recipe's save_path)")
-        listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
-                               **_listing_fields(journal, session.host.name, job.name))
-        from outrig.checkpoints import assess
+        return sync_checkpoints_on(session, playbook=playbook, streams=streams, run_id=run_id)
 
-        pulled: list[dict[str, Any]] = []
-        skipped: list[dict[str, Any]] = []
-        for checkpoint in assess(listing):
-            if not checkpoint.complete:
-                skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
-                continue
-            root = mirror_root(family(job)) / str(checkpoint.epoch)
-            if box_transfer.staged_record(str(root)) is not None:
-                continue
-            src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
-            moved = stager.pull_local(session, checkpoint.path, src_listing, root,
-                                      f"checkpoint {checkpoint.epoch}")
-            pulled.append({"epoch": checkpoint.epoch, **moved})
-            summary = _summary({"route": "pull", **moved})
-            reporter.info(f"• checkpoint {checkpoint.epoch}: {summary}")
+
+def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
+                        streams: int = STREAMS, run_id: str | None = None) -> dict[str, Any]:
+    """:func:`sync_checkpoints` from an open session."""
+    project, reporter, journal = session.project, session.reporter, session.journal
+    host_spec = session.host_spec
+    stager = Stager(reporter, journal, streams)
+    name = playbook or _latest_playbook(session, run_id)
+    job, items = _load(project, session.host, name)
+    ckpt = next((i for i in items if i.kind == "checkpoints"), None)
+    if ckpt is None:
+        raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
+                          "kind: checkpoints, or the dflash recipe's save_path)")
+    listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
+                           **_listing_fields(journal, session.host.name, job.name))
+    from outrig.checkpoints import assess
+
+    pulled: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for checkpoint in assess(listing):
+        if not checkpoint.complete:
+            skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
+            continue
+        root = mirror_root(family(job)) / str(checkpoint.epoch)
+        if box_transfer.staged_record(str(root)) is not None:
+            continue
+        src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
+        moved = stager.pull_local(session, checkpoint.path, src_listing, root,
+                                  f"checkpoint {checkpoint.epoch}")
+        pulled.append({"epoch": checkpoint.epoch, **moved})
+        summary = _summary({"route": "pull", **moved})
+        reporter.info(f"• checkpoint {checkpoint.epoch}: {summary}")
     report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror_root(family(job))),
               "pulled": pulled, "not_complete": skipped,
               "others": listing.get("others") or []}

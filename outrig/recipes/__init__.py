@@ -8,136 +8,78 @@ recipe returns plain process mappings, the planner validates them as ordinary
 hand-written processes (GPU overlap and range, tensor × data, ``after``, ``${names}``). The
 recipe adds only the checks that need its own knowledge (layer ids, memory fit, token budgets).
 
+A recipe is one :class:`~outrig.recipes.base.Recipe` object, listed once in :data:`RECIPES`
+below. The playbook schema (one optional section per recipe, ``recipe:`` choosing among their
+names), the planner, deploy's probes and ``inv stage`` all ask this registry; none of them
+names a recipe. Adding one is a new module that defines its ``RECIPE`` plus one line in the
+table (``register`` does the same at run time, for tests).
+
 Nothing here does I/O. Facts about the model that only the box knows (its layer count, the
 size of its weights, whether the path exists) come in as :class:`ModelFacts`, declared in the
 playbook, cached in the journal, or read on the box by the agent's ``model_facts`` op.
 
-This module must not import :mod:`outrig.playbook` or :mod:`outrig.plan` (both import it).
+This package must not import :mod:`outrig.playbook` or :mod:`outrig.plan` (both import it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping
 from typing import Any
 
-KeyPath = tuple[object, ...]
-RECIPE_NAMES = ("dflash",)
+from outrig.recipes import dflash
+from outrig.recipes.base import (
+    EnvFacts,
+    Expansion,
+    KeyPath,
+    ModelFacts,
+    Recipe,
+    RecipeContext,
+    StageItem,
+)
+
+__all__ = ["RECIPES", "EnvFacts", "Expansion", "KeyPath", "ModelFacts", "Recipe",
+           "RecipeContext", "StageItem", "get", "models_to_probe", "names",
+           "pythons_to_probe", "register", "stage_items", "unregister"]
+
+# The registry: recipe name → recipe. One line per recipe.
+RECIPES: dict[str, Recipe[Any]] = {recipe.name: recipe for recipe in (
+    dflash.RECIPE,
+)}
+
+# The name is a playbook key and a field of the playbook schema, so a Python identifier.
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    """What is known about one model (a local path or a hub id) on one host.
-
-    ``exists`` is None when nobody looked; ``source`` says where the numbers came from so a
-    message can tell the user which value to fix.
-    """
-
-    model: str
-    exists: bool | None = None
-    num_hidden_layers: int | None = None
-    weight_bytes: int | None = None
-    path: str | None = None
-    source: str = "unknown"
-    vocab_size: int | None = None
-    hidden_size: int | None = None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str) -> ModelFacts:
-        """From the agent's ``model_facts`` result (or the journal's copy of it)."""
-        layers = data.get("num_hidden_layers")
-        size = data.get("weight_bytes")
-        exists = data.get("exists")
-        path = data.get("path")
-        vocab = data.get("vocab_size")
-        hidden = data.get("hidden_size")
-        return cls(
-            vocab_size=vocab if isinstance(vocab, int) and vocab > 0 else None,
-            hidden_size=hidden if isinstance(hidden, int) and hidden > 0 else None,
-            model=str(data.get("model", "")),
-            exists=exists if isinstance(exists, bool) else None,
-            num_hidden_layers=layers if isinstance(layers, int) and layers > 0 else None,
-            weight_bytes=size if isinstance(size, int) and size > 0 else None,
-            path=path if isinstance(path, str) else None,
-            source=source,
-        )
+def register(recipe: Recipe[Any]) -> Recipe[Any]:
+    """Add ``recipe`` at run time (tests, plugins); the playbook schema picks it up on the next
+    load. Built-in recipes go in :data:`RECIPES` instead."""
+    if not _NAME.match(recipe.name):
+        raise ValueError(f"recipe name {recipe.name!r} must be lower-case letters, digits and "
+                         "'_', starting with a letter: it is a key of the playbook")
+    if recipe.name in RECIPES and RECIPES[recipe.name] is not recipe:
+        raise ValueError(f"a recipe named {recipe.name!r} is already registered; pick "
+                         "another name")
+    RECIPES[recipe.name] = recipe
+    return recipe
 
 
-@dataclass(frozen=True)
-class EnvFacts:
-    """What one Python environment on the box holds, read without importing anything heavy.
-
-    The trainer's torch decides what works (torchrun's ``--shutdown-timeout``, which loss
-    implementation trains), so deploy reads it on the box as it reads model facts.
-    ``torchrun_shutdown_timeout`` is None when nobody looked."""
-
-    python: str
-    found: bool | None = None
-    versions: Mapping[str, str] = field(default_factory=dict)
-    torchrun_shutdown_timeout: bool | None = None
-    source: str = "unknown"
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str) -> EnvFacts:
-        versions = data.get("versions")
-        flag = data.get("torchrun_shutdown_timeout")
-        found = data.get("found")
-        return cls(python=str(data.get("python", "")),
-                   found=found if isinstance(found, bool) else None,
-                   versions={str(k): str(v) for k, v in versions.items() if v}
-                   if isinstance(versions, Mapping) else {},
-                   torchrun_shutdown_timeout=flag if isinstance(flag, bool) else None,
-                   source=source)
-
-    def version(self, dist: str) -> tuple[int, ...] | None:
-        """``2.11.0+cu130`` → (2, 11, 0); None when unknown."""
-        text = self.versions.get(dist)
-        if not text:
-            return None
-        parts: list[int] = []
-        for piece in text.split("+")[0].split("."):
-            digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-            if not digits:
-                break
-            parts.append(int(digits))
-        return tuple(parts) or None
+def unregister(name: str) -> None:
+    """Remove a recipe added with :func:`register` (a test's teardown)."""
+    RECIPES.pop(name, None)
 
 
-@dataclass(frozen=True)
-class RecipeContext:
-    """Everything a recipe may look at besides its own section. Built by the planner."""
-
-    host: str
-    playbook: str
-    run_id: str
-    run_dir: str
-    test_mode: bool
-    gpu_count: int | None
-    gpu_memory_mib: int | None
-    gpu_source: str
-    models: Mapping[str, ModelFacts]
-    where: Callable[[KeyPath], str]
-    envs: Mapping[str, EnvFacts] = field(default_factory=dict)
+def names() -> tuple[str, ...]:
+    """The registered names, in registration order (what ``recipe:`` accepts)."""
+    return tuple(RECIPES)
 
 
-@dataclass
-class Expansion:
-    """A recipe's output: process mappings (ProcessSpec-shaped), where each came from in the
-    playbook (for ``file:line`` messages), and the recipe's own problems and notes."""
-
-    processes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    origins: dict[KeyPath, KeyPath] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def expand(recipe: str, section: Any, ctx: RecipeContext) -> Expansion:
-    """Expand ``section`` (the validated ``dflash:`` model) into processes. Pure."""
-    if recipe == "dflash":
-        from outrig.recipes import dflash
-
-        return dflash.expand(section, ctx)
-    raise ValueError(f"unknown recipe {recipe!r}")  # the playbook schema prevents this
+def get(name: str) -> Recipe[Any]:
+    """The recipe called ``name``; the playbook schema only lets registered names through."""
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}") from None
 
 
 def models_to_probe(recipe: str | None, section: Any,
@@ -147,15 +89,20 @@ def models_to_probe(recipe: str | None, section: Any,
     A local path is always probed (it must exist on *this* box, which may be a fresh one);
     anything else only when the recipe needs a number nobody declared and nothing cached.
     """
-    if recipe == "dflash" and section is not None:
-        from outrig.recipes import dflash
-
-        return dflash.models_to_probe(section, known)
-    return []
+    if recipe is None or section is None:
+        return []
+    return get(recipe).models_to_probe(section, known)
 
 
 def pythons_to_probe(recipe: str | None, section: Any) -> list[str]:
     """Interpreters whose packages deploy reads on the box before planning (same exec)."""
-    if recipe == "dflash" and section is not None:
-        return [section.trainer.python]
-    return []
+    if recipe is None or section is None:
+        return []
+    return get(recipe).pythons_to_probe(section)
+
+
+def stage_items(recipe: str | None, section: Any) -> list[StageItem]:
+    """The folders the recipe's processes need on the box (model, data, checkpoints)."""
+    if recipe is None or section is None:
+        return []
+    return get(recipe).stage_items(section)

@@ -20,6 +20,12 @@ Rendered processes (argv lists; no shell anywhere):
   one short process start, and outrig needs no shell or skip logic of its own.
 * ``trainer``: ``torchrun --standalone --nproc_per_node N -m speculators.train ...``.
 
+:func:`expand` runs named steps: the run's paths (``--test``), the model and its layer ids, the
+token budgets, the memory fits, the flags the recipe owns, then one renderer per process. The
+flags it renders or refuses are tables at module level (``*_OWNED_FLAGS``, ``*_OPTIONAL_FLAGS``),
+the section's schema is :mod:`outrig.recipes.dflash_section`, and :data:`RECIPE` is what the
+registry in :mod:`outrig.recipes` lists.
+
 Pure: no I/O. Model facts come in through :class:`~outrig.recipes.RecipeContext`.
 """
 
@@ -28,12 +34,25 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel
 
 from outrig.progress import argv_option
-from outrig.recipes import EnvFacts, Expansion, KeyPath, ModelFacts, RecipeContext
+from outrig.recipes.base import (
+    EnvFacts,
+    Expansion,
+    KeyPath,
+    ModelFacts,
+    Recipe,
+    RecipeContext,
+    StageItem,
+)
+from outrig.recipes.dflash_section import (
+    DFlashSpec,
+    TrainerSpec,
+)
 
 GIB = 1 << 30
 Where = Callable[[KeyPath], str]
@@ -58,151 +77,6 @@ TRAINER_FATAL = [
 ]
 TRAINER_STARTED = (r"Starting fresh training run|Resuming training on epoch|"
                    r"Resuming mid-epoch from epoch")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-EnvMap = dict[str, str | int | float | bool]
-
-
-class ServerSpec(_Section):
-    """vLLM, serving the target model's hidden states on ``gpus``."""
-
-    gpus: list[int] = Field(min_length=1, description="physical GPU indices for vLLM")
-    tensor: int = Field(1, ge=1, description="--tensor-parallel-size")
-    data: int = Field(1, ge=1, description="--data-parallel-size (tensor × data = len(gpus))")
-    port: int = Field(8000, ge=1, le=65535, description="--port, on 127.0.0.1 only")
-    gpu_memory_utilization: float = Field(
-        0.85, gt=0, le=1, description="--gpu-memory-utilization (fraction of each GPU)")
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="--max-num-batched-tokens; default: max_model_len (one whole "
-        "sample per scheduler step, valid with or without chunked prefill)")
-    max_num_seqs: int | None = Field(None, ge=1, description="--max-num-seqs (vLLM default "
-                                     "when unset)")
-    max_model_len: int | None = Field(None, ge=2, description="--max-model-len; default "
-                                      "seq_length + 1 (the trainer sends a whole sample "
-                                      "with max_tokens=1)")
-    chunked_prefill: bool = Field(True, description="--enable-chunked-prefill; hybrid models "
-                                  "(Qwen3.5/3.6 Gated DeltaNet) require it")
-    min_kv_cache_gib: float = Field(4.0, ge=0, description="GiB per GPU that must stay free "
-                                    "for KV cache and activations after the weights")
-    python: str = Field("python3", min_length=1, description="the vLLM venv's interpreter")
-    extra_args: list[str] = Field(default_factory=list, description="more vLLM args, appended")
-    env: EnvMap = Field(default_factory=dict)
-    ready_timeout: float = Field(1800.0, gt=0, description="seconds for /health to answer")
-    stop_grace: float = Field(60.0, ge=0, description="SIGTERM → SIGKILL seconds")
-
-
-class TrainerSpec(_Section):
-    """``torchrun -m speculators.train`` on ``gpus`` (one rank per GPU)."""
-
-    gpus: list[int] = Field(min_length=1, description="physical GPU indices, one rank each")
-    python: str = Field("python3", min_length=1,
-                        description="the speculators venv's interpreter (runs prepare-data)")
-    torchrun: str | None = Field(None, description="torchrun of the speculators venv; default: "
-                                 "next to python (…/bin/torchrun), else 'torchrun' on PATH")
-    num_workers: int | None = Field(None, ge=1, description="--num-workers per rank (each sends "
-                                    "requests to vLLM). At least 1: with 0 a SIGTERM that lands "
-                                    "in a hidden-state request is swallowed by speculators' "
-                                    "retry loop and the trainer ignores the stop (seen on the "
-                                    "CPU rehearsal)")
-    extra_args: list[str] = Field(default_factory=list, description="more train args, appended")
-    env: EnvMap = Field(default_factory=dict)
-    ready_timeout: float = Field(900.0, gt=0, description="seconds until the trainer logs its "
-                                 "start (fresh or resuming)")
-    stop_grace: float = Field(150.0, ge=0, description="SIGTERM → SIGKILL seconds (≥ 130: "
-                              "speculators saves interrupted/ within 120 s)")
-
-
-class PrepareSpec(_Section):
-    """``speculators prepare-data`` through the running server's render endpoint."""
-
-    enabled: bool = Field(True, description="false: data_path is already prepared")
-    data: list[str] = Field(default_factory=list, description="--data inputs: files, dirs, "
-                            "presets (sharegpt, ...) or hf:<id>")
-    workers: int | None = Field(None, ge=1, description="--num-preprocessing-workers")
-    extra_args: list[str] = Field(default_factory=list)
-    env: EnvMap = Field(default_factory=dict)
-    timeout: float = Field(7200.0, gt=0, description="seconds for the one-shot step")
-
-
-class RegenerateSpec(_Section):
-    """``speculators regenerate-responses``: answers regenerated by the served target model
-    (on-policy data), written as JSONL for prepare to read. Off unless enabled."""
-
-    enabled: bool = Field(False, description="run it before prepare")
-    dataset: str = Field("ultrachat", min_length=1, description="--dataset: a preset or a "
-                         ".json/.jsonl file on the box")
-    output: str = Field("${run_dir}/regenerated.jsonl", min_length=1,
-                        description="--outfile; prepare reads it (add it to prepare.data)")
-    limit: int | None = Field(None, ge=1, description="--limit rows")
-    max_tokens: int | None = Field(None, ge=1, description="--max-tokens per answer")
-    concurrency: int | None = Field(None, ge=1, description="--concurrency")
-    extra_args: list[str] = Field(default_factory=list)
-    env: EnvMap = Field(default_factory=dict)
-    timeout: float = Field(86400.0, gt=0, description="seconds for the one-shot step")
-
-
-class DFlashSpec(_Section):
-    """The ``dflash:`` section of a playbook with ``recipe: dflash``."""
-
-    model: str = Field(min_length=1, description="what vLLM serves and the trainer verifies "
-                       "against: an absolute path on the box (runs offline) or a hub id")
-    source: str | None = Field(None, description="hub id the model is staged from "
-                               "(e.g. Qwen/Qwen3.6-27B)")
-    data_path: str = Field(min_length=1, description="prepare's --output = trainer --data-path")
-    save_path: str = Field(min_length=1, description="trainer --save-path (checkpoints)")
-    hidden_states_path: str = Field("${run_dir}/hidden_states", description="vLLM's "
-                                    "shared_storage_path for extracted hidden states")
-    seq_length: int = Field(8192, ge=16, description="prepare --seq-length = --total-seq-len")
-    max_samples: int | None = Field(None, ge=1, description="prepare --max-samples")
-    test_max_samples: int = Field(64, ge=1, description="--max-samples under --test")
-    epochs: int = Field(1, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    block_size: int = Field(16, ge=1)
-    max_steps: int | None = Field(None, ge=1, description="trainer --max-steps")
-    checkpoint_freq: float = Field(
-        0.1, gt=0, description="trainer --checkpoint-freq: < 1 saves every that fraction of an "
-        "epoch (0.1: ten checkpoints an epoch, something to resume from when a box dies); "
-        "speculators' own default 1 saves once an epoch")
-    draft_vocab_size: int | None = Field(
-        None, ge=1, description="trainer --draft-vocab-size (e.g. 32000): a smaller draft "
-        "vocabulary built from prepare's token frequencies; default: the verifier's whole "
-        "vocabulary (the draft's logits then cost tens of GB at 3072 anchors)")
-    loss_implementation: Literal["auto", "fused", "eager"] = Field(
-        "auto", description="trainer --loss-implementation; auto: eager when the trainer's "
-        "torch is older than 2.13 (the fused Triton loss fails to compile there), else fused")
-    target_layer_ids: list[int] | None = Field(None, description="auxiliary layer ids; default "
-                                               "[2, L//2, L-3] from num_hidden_layers L")
-    num_hidden_layers: int | None = Field(None, ge=1, description="declared L; else read from "
-                                          "the model's config.json on the box")
-    model_size_gb: float | None = Field(None, gt=0, description="declared weight size in GB "
-                                        "(1e9 bytes); else read on the box")
-    server: ServerSpec
-    trainer: TrainerSpec
-    prepare: PrepareSpec = Field(default_factory=lambda: PrepareSpec())
-    regenerate: RegenerateSpec = Field(default_factory=lambda: RegenerateSpec())
-    env: EnvMap = Field(default_factory=dict, description="added to all three processes")
-
-    @field_validator("checkpoint_freq")
-    @classmethod
-    def _freq_form(cls, value: float) -> float:
-        # speculators' schema (train/config/schema.py _validate_checkpoint_freq) refuses
-        # these at start-up, minutes into a deploy; refuse them here instead.
-        if value > 1 and not float(value).is_integer():
-            raise ValueError(f"checkpoint_freq {value} is not a whole number; values above 1 "
-                             "count epochs (use 2, 3, ...) and values below 1 fractions of one")
-        return value
-
-    @field_validator("model")
-    @classmethod
-    def _model_form(cls, value: str) -> str:
-        if value.startswith(("./", "../", "~")):
-            raise ValueError(f"model {value!r}: give an absolute path on the box (the "
-                             "processes' working directory is not the model's) or a hub id")
-        return value
 
 
 # ------------------------------------------------------------------------------------------ facts
@@ -237,6 +111,28 @@ def models_to_probe(spec: DFlashSpec, known: Mapping[str, ModelFacts]) -> list[s
     return []
 
 
+def pythons_to_probe(spec: DFlashSpec) -> list[str]:
+    """The trainer's interpreter: its torch picks the loss and torchrun's stop flags."""
+    return [spec.trainer.python]
+
+
+def stage_items(spec: DFlashSpec) -> list[StageItem]:
+    """The staged model (a local path only; a hub id is pulled by vLLM), the prepared data
+    (built on the box when prepare runs) and the checkpoints folder."""
+    items = []
+    if spec.model.startswith(("/", "~")):
+        source = spec.source
+        if source and not source.startswith(("hf:", "hf-dataset:")) and "/" in source \
+                and not source.startswith(("/", ".", "~")):
+            source = f"hf:{source}"
+        items.append(StageItem("model", spec.model, source, "model"))
+    regenerated = ("the recipe's prepare step builds it on the box"
+                   if spec.prepare.enabled else None)
+    items.append(StageItem("data", spec.data_path, None, "data", regenerated))
+    items.append(StageItem("checkpoints", spec.save_path, None, "checkpoints"))
+    return items
+
+
 def layer_ids(spec: DFlashSpec, layers: int) -> tuple[list[int], list[int], list[str]]:
     """(vLLM ids = aux + L, trainer ids = aux, problems). ``layers`` is L.
 
@@ -263,50 +159,178 @@ def layer_ids(spec: DFlashSpec, layers: int) -> tuple[list[int], list[int], list
     return [*aux, layers], aux, problems
 
 
+# ------------------------------------------------------------------------------ flags it owns
+
+# Flags the recipe renders itself, so they must not come in again through extra_args: flag →
+# where to set it instead (or why it is fixed). One table per extra_args list.
+SERVER_OWNED_FLAGS = {
+    "--served-model-name": "vLLM must serve the model string itself, which is the "
+    "trainer's --verifier-name-or-path (speculators checks /v1/models data[0].id)",
+    "--tensor-parallel-size": "set dflash.server.tensor", "-tp": "set dflash.server.tensor",
+    "--data-parallel-size": "set dflash.server.data", "-dp": "set dflash.server.data",
+    "--port": "set dflash.server.port", "--host": "vLLM listens on 127.0.0.1 only",
+    "--max-model-len": "set dflash.server.max_model_len",
+    "--max-num-batched-tokens": "set dflash.server.max_num_batched_tokens",
+    "--max-num-seqs": "set dflash.server.max_num_seqs",
+    "--gpu-memory-utilization": "set dflash.server.gpu_memory_utilization",
+    "--speculative-config": "rendered from target_layer_ids",
+    "--speculative_config": "rendered from target_layer_ids",
+    "--kv-transfer-config": "rendered from hidden_states_path",
+    "--kv_transfer_config": "rendered from hidden_states_path",
+    "--enable-chunked-prefill": "set dflash.server.chunked_prefill",
+    "--no-enable-chunked-prefill": "set dflash.server.chunked_prefill: false",
+    "--pipeline-parallel-size": "extract_hidden_states does not support pipeline "
+    "parallelism (vLLM PR #53015); use tensor and data",
+    "-pp": "extract_hidden_states does not support pipeline parallelism",
+    "--enable-scale-out": "always rendered: prepare-data needs the render route",
+}
+TRAINER_OWNED_FLAGS = {
+    "--verifier-name-or-path": "it is always dflash.model (what vLLM serves)",
+    "--speculator-type": "this recipe trains dflash",
+    "--data-path": "set dflash.data_path", "--save-path": "set dflash.save_path",
+    "--vllm-endpoint": "derived from dflash.server.port",
+    "--target-layer-ids": "set dflash.target_layer_ids",
+    "--block-size": "set dflash.block_size", "--epochs": "set dflash.epochs",
+    "--lr": "set dflash.lr", "--total-seq-len": "set dflash.seq_length",
+    "--num-workers": "set dflash.trainer.num_workers",
+    "--max-steps": "set dflash.max_steps",
+    "--checkpoint-freq": "set dflash.checkpoint_freq",
+    "--draft-vocab-size": "set dflash.draft_vocab_size",
+    "--loss-implementation": "set dflash.loss_implementation",
+}
+PREPARE_OWNED_FLAGS = {
+    "--model": "it is always dflash.model", "--output": "set dflash.data_path",
+    "--render-endpoint": "derived from dflash.server.port",
+    "--seq-length": "set dflash.seq_length", "--max-samples": "set dflash.max_samples",
+    "--data": "list inputs under dflash.prepare.data",
+}
+OWNED_FLAGS: tuple[tuple[KeyPath, Callable[[DFlashSpec], list[str]], dict[str, str]], ...] = (
+    (("dflash", "server", "extra_args"), lambda spec: spec.server.extra_args,
+     SERVER_OWNED_FLAGS),
+    (("dflash", "trainer", "extra_args"), lambda spec: spec.trainer.extra_args,
+     TRAINER_OWNED_FLAGS),
+    (("dflash", "prepare", "extra_args"), lambda spec: spec.prepare.extra_args,
+     PREPARE_OWNED_FLAGS),
+)
+# Optional flags rendered only when their key is set: (flag, key of the sub-section).
+SERVER_OPTIONAL_FLAGS = (("--max-num-seqs", "max_num_seqs"),)
+REGENERATE_OPTIONAL_FLAGS = (("--limit", "limit"), ("--max-tokens", "max_tokens"),
+                             ("--concurrency", "concurrency"))
+PREPARE_OPTIONAL_FLAGS = (("--num-preprocessing-workers", "workers"),)
+TRAINER_OPTIONAL_FLAGS = (("--num-workers", "num_workers"),)
+# prepare-data tokenizes through POST /v1/chat/completions/render, which vLLM 0.33 answers
+# 403 "Scale-out endpoints are disabled" without this flag
+# (vllm/entrypoints/scale_out/factories.py register_scale_out_api_routers).
+SERVER_FIXED_FLAGS = ("--enable-scale-out",)
+SERVER_HOST = "127.0.0.1"
+HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
+ONE_SHOT_GRACE = 10  # prepare and regenerate: SIGTERM → SIGKILL seconds
+
+
 # ------------------------------------------------------------------------------------------ expand
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What the checks decided and every renderer shares."""
+
+    spec: DFlashSpec
+    ctx: RecipeContext
+    facts: ModelFacts
+    data_path: str
+    save_path: str
+    epochs: int
+    max_samples: int | None
+    vllm_ids: list[int]
+    trainer_ids: list[int]
+    max_model_len: int
+    batched: int
+
+    @property
+    def served(self) -> str:
+        """vLLM serves the model argument as given: no --served-model-name."""
+        return self.spec.model
+
+    @property
+    def local(self) -> bool:
+        return is_local(self.spec.model)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.spec.server.port}"
+
+    @property
+    def offline(self) -> dict[str, str]:
+        """A staged model runs with the hub switched off: nothing is pulled at launch."""
+        return {"HF_HUB_OFFLINE": "1"} if self.local else {}
 
 
 def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     """Render server, prepare and trainer; check what only this recipe knows about."""
     out = Expansion()
-    at = ctx.where  # keypath → 'file:line: key.path'
-    server, trainer = spec.server, spec.trainer
     facts = model_facts(spec, ctx.models)
-    served = spec.model  # vLLM serves the model argument as given: no --served-model-name
-    local = is_local(spec.model)
+    data_path, save_path, epochs, max_samples = _run_paths(spec, ctx, out)
+    vllm_ids, trainer_ids = _check_model(spec, facts, ctx, out)
+    max_model_len, batched = _check_token_budgets(spec, ctx.where, out)
+    _check_fit(spec, facts, ctx, ctx.where, out)
+    _check_draft_fit(spec, facts, ctx, ctx.where, out)
+    for key, extras, owned in OWNED_FLAGS:
+        _check_extras(ctx.where, out, key, extras(spec), owned)
+    _check_steps(spec, ctx.where, out)
+    run = _Run(spec, ctx, facts, data_path, save_path, epochs, max_samples, vllm_ids,
+               trainer_ids, max_model_len, batched)
+    _render_server(run, out)
+    after = _render_regenerate(run, out, after="server")
+    after = _render_prepare(run, out, after=after)
+    _render_trainer(run, out, after=after)
+    _closing_notes(run, out)
+    return out
 
-    data_path, save_path, epochs, max_samples = (
-        spec.data_path, spec.save_path, spec.epochs, spec.max_samples)
-    if ctx.test_mode:
-        data_path, save_path, epochs = TEST_DATA_DIR, TEST_SAVE_DIR, 1
-        max_samples = min(spec.test_max_samples, spec.max_samples or spec.test_max_samples)
-        shown = {"${run_dir}": ctx.run_dir}
-        out.notes.append(
-            f"--test: one epoch, --max-samples {max_samples}, data prepared into "
-            f"{_shown(data_path, shown)} and checkpoints in {_shown(save_path, shown)} (the "
-            f"real {spec.data_path} and {spec.save_path} are not touched); same GPUs and "
-            "flags as the real run")
 
-    # --- model facts and layer ids
-    if local and facts.exists is False:
+def _run_paths(spec: DFlashSpec, ctx: RecipeContext,
+               out: Expansion) -> tuple[str, str, int, int | None]:
+    """(data_path, save_path, epochs, max_samples): the section's, or under ``--test`` one
+    epoch of a few samples in the run's own folders (the real data and checkpoints stay)."""
+    if not ctx.test_mode:
+        return spec.data_path, spec.save_path, spec.epochs, spec.max_samples
+    max_samples = min(spec.test_max_samples, spec.max_samples or spec.test_max_samples)
+    shown = {"${run_dir}": ctx.run_dir}
+    out.notes.append(
+        f"--test: one epoch, --max-samples {max_samples}, data prepared into "
+        f"{_shown(TEST_DATA_DIR, shown)} and checkpoints in {_shown(TEST_SAVE_DIR, shown)} "
+        f"(the real {spec.data_path} and {spec.save_path} are not touched); same GPUs and "
+        "flags as the real run")
+    return TEST_DATA_DIR, TEST_SAVE_DIR, 1, max_samples
+
+
+def _check_model(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext,
+                 out: Expansion) -> tuple[list[int], list[int]]:
+    """The model is on the box (when local) and its layer count gives valid layer ids.
+
+    Returns (vLLM's ids, the trainer's ids); both empty when the layer count is unknown."""
+    at = ctx.where
+    if is_local(spec.model) and facts.exists is False:
         out.problems.append(
             f"{at(('dflash', 'model'))}: {spec.model} does not exist on {ctx.host} "
-            f"({facts.source}). Stage it first: `inv stage --host {ctx.host} --playbook "
+            f"({facts.source}). Stage it first: `outrig stage --host {ctx.host} --playbook "
             f"{ctx.playbook}`, or by hand on the box: `hf download "
             f"{spec.source or '<hub id>'} --local-dir {spec.model}`")
-    vllm_ids: list[int] = []
-    trainer_ids: list[int] = []
     if facts.num_hidden_layers is None:
         out.problems.append(
             f"{at(('dflash', 'model'))}: num_hidden_layers of {spec.model} is not known, so "
             "the layer ids cannot be rendered. Declare it (dflash: num_hidden_layers: N, from "
-            "the model's config.json) or run `inv deploy`, which reads it on the box first")
-    else:
-        vllm_ids, trainer_ids, layer_problems = layer_ids(spec, facts.num_hidden_layers)
-        key = ("dflash", "target_layer_ids")
-        out.problems.extend(f"{at(key)}: {p}" for p in layer_problems)
+            "the model's config.json) or run `outrig deploy`, which reads it on the box first")
+        return [], []
+    vllm_ids, trainer_ids, layer_problems = layer_ids(spec, facts.num_hidden_layers)
+    key = ("dflash", "target_layer_ids")
+    out.problems.extend(f"{at(key)}: {p}" for p in layer_problems)
+    return vllm_ids, trainer_ids
 
-    # --- token budgets
+
+def _check_token_budgets(spec: DFlashSpec, at: Where, out: Expansion) -> tuple[int, int]:
+    """(max_model_len, max_num_batched_tokens): each whole sample must fit, and vLLM's own
+    start-up rules between the two and max_num_seqs must hold."""
+    server = spec.server
     max_model_len = server.max_model_len or spec.seq_length + 1
     if max_model_len < spec.seq_length + 1:
         out.problems.append(
@@ -329,57 +353,15 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
             f"{max_model_len} with chunked_prefill: false; vLLM fails with "
             "'max_num_batched_tokens (X) is smaller than max_model_len (Y)'. Raise it to "
             f"≥ {max_model_len} or set chunked_prefill: true")
+    return max_model_len, batched
 
-    # --- memory fit
-    _check_fit(spec, facts, ctx, at, out)
-    _check_draft_fit(spec, facts, ctx, at, out)
 
-    # --- flags the recipe owns must not come in again through extra_args
-    _check_extras(at, out, ("dflash", "server", "extra_args"), server.extra_args, {
-        "--served-model-name": "vLLM must serve the model string itself, which is the "
-        "trainer's --verifier-name-or-path (speculators checks /v1/models data[0].id)",
-        "--tensor-parallel-size": "set dflash.server.tensor", "-tp": "set dflash.server.tensor",
-        "--data-parallel-size": "set dflash.server.data", "-dp": "set dflash.server.data",
-        "--port": "set dflash.server.port", "--host": "vLLM listens on 127.0.0.1 only",
-        "--max-model-len": "set dflash.server.max_model_len",
-        "--max-num-batched-tokens": "set dflash.server.max_num_batched_tokens",
-        "--max-num-seqs": "set dflash.server.max_num_seqs",
-        "--gpu-memory-utilization": "set dflash.server.gpu_memory_utilization",
-        "--speculative-config": "rendered from target_layer_ids",
-        "--speculative_config": "rendered from target_layer_ids",
-        "--kv-transfer-config": "rendered from hidden_states_path",
-        "--kv_transfer_config": "rendered from hidden_states_path",
-        "--enable-chunked-prefill": "set dflash.server.chunked_prefill",
-        "--no-enable-chunked-prefill": "set dflash.server.chunked_prefill: false",
-        "--pipeline-parallel-size": "extract_hidden_states does not support pipeline "
-        "parallelism (vLLM PR #53015); use tensor and data",
-        "-pp": "extract_hidden_states does not support pipeline parallelism",
-        "--enable-scale-out": "always rendered: prepare-data needs the render route",
-    })
-    _check_extras(at, out, ("dflash", "trainer", "extra_args"), trainer.extra_args, {
-        "--verifier-name-or-path": "it is always dflash.model (what vLLM serves)",
-        "--speculator-type": "this recipe trains dflash",
-        "--data-path": "set dflash.data_path", "--save-path": "set dflash.save_path",
-        "--vllm-endpoint": "derived from dflash.server.port",
-        "--target-layer-ids": "set dflash.target_layer_ids",
-        "--block-size": "set dflash.block_size", "--epochs": "set dflash.epochs",
-        "--lr": "set dflash.lr", "--total-seq-len": "set dflash.seq_length",
-        "--num-workers": "set dflash.trainer.num_workers",
-        "--max-steps": "set dflash.max_steps",
-        "--checkpoint-freq": "set dflash.checkpoint_freq",
-        "--draft-vocab-size": "set dflash.draft_vocab_size",
-        "--loss-implementation": "set dflash.loss_implementation",
-    })
-    _check_extras(at, out, ("dflash", "prepare", "extra_args"), spec.prepare.extra_args, {
-        "--model": "it is always dflash.model", "--output": "set dflash.data_path",
-        "--render-endpoint": "derived from dflash.server.port",
-        "--seq-length": "set dflash.seq_length", "--max-samples": "set dflash.max_samples",
-        "--data": "list inputs under dflash.prepare.data",
-    })
-    if trainer.stop_grace < MIN_TRAINER_GRACE:
+def _check_steps(spec: DFlashSpec, at: Where, out: Expansion) -> None:
+    """The trainer has time to save when stopped; prepare has something to prepare."""
+    if spec.trainer.stop_grace < MIN_TRAINER_GRACE:
         out.problems.append(
-            f"{at(('dflash', 'trainer', 'stop_grace'))}: {trainer.stop_grace:g}s is too short: "
-            "on SIGTERM speculators saves interrupted/ under a 120 s watchdog; a SIGKILL "
+            f"{at(('dflash', 'trainer', 'stop_grace'))}: {spec.trainer.stop_grace:g}s is too "
+            "short: on SIGTERM speculators saves interrupted/ under a 120 s watchdog; a SIGKILL "
             f"before that loses the checkpoint. Use ≥ {MIN_TRAINER_GRACE:g}")
     if spec.prepare.enabled and not spec.prepare.data:
         out.problems.append(
@@ -387,38 +369,37 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
             "data: [conversations.jsonl, ...] or set enabled: false when data_path already "
             "holds prepared *.arrow files")
 
-    # --- render
-    endpoint = f"http://127.0.0.1:{server.port}"
-    offline = {"HF_HUB_OFFLINE": "1"} if local else {}
+
+def _render_server(run: _Run, out: Expansion) -> None:
+    """vLLM with the hidden-state extraction and its KV connector (what speculators'
+    scripts/launch_vllm.py would exec)."""
+    spec, server = run.spec, run.spec.server
     speculative = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                    "draft_model_config": {"hf_config": {
-                       "eagle_aux_hidden_state_layer_ids": vllm_ids}}}
-    kv_transfer = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                       "eagle_aux_hidden_state_layer_ids": run.vllm_ids}}}
+    kv_transfer = {"kv_connector": HIDDEN_STATES_CONNECTOR, "kv_role": "kv_producer",
                    "kv_connector_extra_config": {"shared_storage_path": spec.hidden_states_path}}
-    server_argv = [
+    argv = [
         server.python, "-m", "vllm.entrypoints.cli.main", "serve", spec.model,
         "--speculative_config", _json(speculative),
         "--kv_transfer_config", _json(kv_transfer),
         "--tensor-parallel-size", str(server.tensor),
         "--data-parallel-size", str(server.data),
-        "--max-num-batched-tokens", str(batched),
-        "--max-model-len", str(max_model_len),
+        "--max-num-batched-tokens", str(run.batched),
+        "--max-model-len", str(run.max_model_len),
         "--gpu-memory-utilization", f"{server.gpu_memory_utilization:g}",
-        *(["--max-num-seqs", str(server.max_num_seqs)] if server.max_num_seqs else []),
+        *_optional(server, SERVER_OPTIONAL_FLAGS),
         "--enable-chunked-prefill" if server.chunked_prefill else "--no-enable-chunked-prefill",
-        "--port", str(server.port), "--host", "127.0.0.1",
-        # prepare-data tokenizes through POST /v1/chat/completions/render, which vLLM 0.33
-        # answers 403 "Scale-out endpoints are disabled" without this flag
-        # (vllm/entrypoints/scale_out/factories.py register_scale_out_api_routers).
-        "--enable-scale-out",
+        "--port", str(server.port), "--host", SERVER_HOST,
+        *SERVER_FIXED_FLAGS,
         *server.extra_args,
     ]
     out.processes["server"] = {
-        "command": server_argv,
-        "env": {**spec.env, **offline, **server.env},
+        "command": argv,
+        "env": {**spec.env, **run.offline, **server.env},
         "gpus": list(server.gpus),
         "parallel": {"tensor": server.tensor, "data": server.data},
-        "ready": {"http": f"{endpoint}/health", "model": served,
+        "ready": {"http": f"{run.endpoint}/health", "model": run.served,
                   "timeout": server.ready_timeout},
         "fatal": list(SERVER_FATAL),
         "stop": {"grace": server.stop_grace},
@@ -430,94 +411,102 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     out.origins[("processes", "server", "parallel")] = ("dflash", "server", "tensor")
     out.origins[("processes", "server", "command")] = ("dflash", "model")
 
-    trainer_after = "server"
-    prepare_after = "server"
-    regen = spec.regenerate
-    if regen.enabled:
-        regen_argv = [
-            trainer.python, "-m", "speculators", "regenerate-responses",
-            "--endpoint", f"{endpoint}/v1/chat/completions",
-            "--model", served,
-            "--dataset", regen.dataset,
-            "--outfile", regen.output,
-            "--resume",  # a redeploy continues the file instead of starting over
-            *(["--limit", str(regen.limit)] if regen.limit else []),
-            *(["--max-tokens", str(regen.max_tokens)] if regen.max_tokens else []),
-            *(["--concurrency", str(regen.concurrency)] if regen.concurrency else []),
-            *regen.extra_args,
-        ]
-        out.processes["regenerate"] = {
-            "command": regen_argv,
-            "env": {**spec.env, **(offline if not is_hub_input(regen.dataset) else {}),
-                    "PYTHONUNBUFFERED": "1", **regen.env},
-            "gpus": [], "after": "server",
-            "ready": {"exit": True, "timeout": regen.timeout},
-            "fatal": list(PREPARE_FATAL), "stop": {"grace": 10},
-        }
-        out.origins[("processes", "regenerate")] = ("dflash", "regenerate")
-        prepare_after = trainer_after = "regenerate"
-        if spec.prepare.enabled and regen.output not in spec.prepare.data:
-            out.notes.append(f"regenerate writes {regen.output}, which prepare.data does not "
-                             "list: prepare will not train on the regenerated answers")
-        out.notes.append("regenerate-responses runs against the hidden-state server: each "
-                         "answer also leaves a hidden-state file, cleared when the run stops")
-    if spec.prepare.enabled:
-        prep = spec.prepare
-        hub_inputs = [d for d in prep.data if is_hub_input(d)]
-        prepare_argv = [
-            trainer.python, "-m", "speculators", "prepare-data",
-            "--model", spec.model,
-            *[arg for item in prep.data for arg in ("--data", item)],
-            "--render-endpoint", endpoint,
-            "--output", data_path,
-            "--seq-length", str(spec.seq_length),
-            *(["--max-samples", str(max_samples)] if max_samples else []),
-            *(["--num-preprocessing-workers", str(prep.workers)] if prep.workers else []),
-            # --draft-vocab-size maps the draft's vocabulary from token_freq.pt, which
-            # speculators 0.9 prepare-data skips by default (--skip-token-freq).
-            *(["--no-skip-token-freq"] if spec.draft_vocab_size else []),
-            *prep.extra_args,
-        ]
-        out.processes["prepare"] = {
-            "command": prepare_argv,
-            # Inputs that are presets or hf: ids must be fetched, so only local inputs run
-            # offline (the model itself is read from its local path either way).
-            "env": {**spec.env, **(offline if not hub_inputs else {}),
-                    "PYTHONUNBUFFERED": "1", **prep.env},
-            "gpus": [],
-            "after": prepare_after,
-            "ready": {"exit": True, "timeout": prep.timeout},
-            "fatal": list(PREPARE_FATAL),
-            "stop": {"grace": 10},
-        }
-        out.origins[("processes", "prepare")] = ("dflash", "prepare")
-        out.origins[("processes", "prepare", "command")] = ("dflash", "prepare", "data")
-        trainer_after = "prepare"
 
-    torchrun = trainer.torchrun or _sibling(trainer.python, "torchrun")
-    env_facts = ctx.envs.get(trainer.python)
+def _render_regenerate(run: _Run, out: Expansion, *, after: str) -> str:
+    """The optional on-policy step; returns what the next step waits for."""
+    spec, regen = run.spec, run.spec.regenerate
+    if not regen.enabled:
+        return after
+    argv = [
+        spec.trainer.python, "-m", "speculators", "regenerate-responses",
+        "--endpoint", f"{run.endpoint}/v1/chat/completions",
+        "--model", run.served,
+        "--dataset", regen.dataset,
+        "--outfile", regen.output,
+        "--resume",  # a redeploy continues the file instead of starting over
+        *_optional(regen, REGENERATE_OPTIONAL_FLAGS),
+        *regen.extra_args,
+    ]
+    out.processes["regenerate"] = {
+        "command": argv,
+        "env": {**spec.env, **(run.offline if not is_hub_input(regen.dataset) else {}),
+                "PYTHONUNBUFFERED": "1", **regen.env},
+        "gpus": [], "after": after,
+        "ready": {"exit": True, "timeout": regen.timeout},
+        "fatal": list(PREPARE_FATAL), "stop": {"grace": ONE_SHOT_GRACE},
+    }
+    out.origins[("processes", "regenerate")] = ("dflash", "regenerate")
+    if spec.prepare.enabled and regen.output not in spec.prepare.data:
+        out.notes.append(f"regenerate writes {regen.output}, which prepare.data does not "
+                         "list: prepare will not train on the regenerated answers")
+    out.notes.append("regenerate-responses runs against the hidden-state server: each "
+                     "answer also leaves a hidden-state file, cleared when the run stops")
+    return "regenerate"
+
+
+def _render_prepare(run: _Run, out: Expansion, *, after: str) -> str:
+    """``speculators prepare-data`` (a one-shot step); returns what the trainer waits for."""
+    spec, prep = run.spec, run.spec.prepare
+    if not prep.enabled:
+        return after
+    hub_inputs = [d for d in prep.data if is_hub_input(d)]
+    argv = [
+        spec.trainer.python, "-m", "speculators", "prepare-data",
+        "--model", spec.model,
+        *[arg for item in prep.data for arg in ("--data", item)],
+        "--render-endpoint", run.endpoint,
+        "--output", run.data_path,
+        "--seq-length", str(spec.seq_length),
+        *(["--max-samples", str(run.max_samples)] if run.max_samples else []),
+        *_optional(prep, PREPARE_OPTIONAL_FLAGS),
+        # --draft-vocab-size maps the draft's vocabulary from token_freq.pt, which
+        # speculators 0.9 prepare-data skips by default (--skip-token-freq).
+        *(["--no-skip-token-freq"] if spec.draft_vocab_size else []),
+        *prep.extra_args,
+    ]
+    out.processes["prepare"] = {
+        "command": argv,
+        # Inputs that are presets or hf: ids must be fetched, so only local inputs run
+        # offline (the model itself is read from its local path either way).
+        "env": {**spec.env, **(run.offline if not hub_inputs else {}),
+                "PYTHONUNBUFFERED": "1", **prep.env},
+        "gpus": [],
+        "after": after,
+        "ready": {"exit": True, "timeout": prep.timeout},
+        "fatal": list(PREPARE_FATAL),
+        "stop": {"grace": ONE_SHOT_GRACE},
+    }
+    out.origins[("processes", "prepare")] = ("dflash", "prepare")
+    out.origins[("processes", "prepare", "command")] = ("dflash", "prepare", "data")
+    return "prepare"
+
+
+def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
+    """``torchrun -m speculators.train`` with the flags the trainer's torch allows."""
+    spec, trainer = run.spec, run.spec.trainer
+    env_facts = run.ctx.envs.get(trainer.python)
     loss = _loss_implementation(spec, env_facts, out)
     launcher = _shutdown_timeout(trainer, env_facts, out)
-    scheduler_off = argv_option(trainer.extra_args, "--scheduler-type") == "none"
-    if spec.checkpoint_freq >= 1 and epochs <= spec.checkpoint_freq:
+    if spec.checkpoint_freq >= 1 and run.epochs <= spec.checkpoint_freq:
         out.notes.append(
-            f"checkpoint_freq {spec.checkpoint_freq:g} with {epochs} epoch(s): the first "
+            f"checkpoint_freq {spec.checkpoint_freq:g} with {run.epochs} epoch(s): the first "
             "checkpoint is written when training ends, so a box that dies mid-run leaves "
             "nothing to resume from. Use a fraction (0.1 saves ten times an epoch)")
-    trainer_argv = [
-        torchrun, "--standalone", "--nproc_per_node", str(len(trainer.gpus)), *launcher,
+    argv = [
+        trainer.torchrun or _sibling(trainer.python, "torchrun"),
+        "--standalone", "--nproc_per_node", str(len(trainer.gpus)), *launcher,
         "-m", "speculators.train",
         "--speculator-type", "dflash",
-        "--verifier-name-or-path", served,
-        "--data-path", data_path,
-        "--save-path", save_path,
-        "--vllm-endpoint", f"{endpoint}/v1",
-        "--target-layer-ids", *[str(i) for i in trainer_ids],
+        "--verifier-name-or-path", run.served,
+        "--data-path", run.data_path,
+        "--save-path", run.save_path,
+        "--vllm-endpoint", f"{run.endpoint}/v1",
+        "--target-layer-ids", *[str(i) for i in run.trainer_ids],
         "--block-size", str(spec.block_size),
-        "--epochs", str(epochs),
+        "--epochs", str(run.epochs),
         "--lr", f"{spec.lr:g}",
         "--total-seq-len", str(spec.seq_length),
-        *(["--num-workers", str(trainer.num_workers)] if trainer.num_workers is not None else []),
+        *_optional(trainer, TRAINER_OPTIONAL_FLAGS),
         *(["--max-steps", str(spec.max_steps)] if spec.max_steps else []),
         "--checkpoint-freq", f"{spec.checkpoint_freq:g}",
         *(["--draft-vocab-size", str(spec.draft_vocab_size)] if spec.draft_vocab_size else []),
@@ -525,31 +514,47 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
         *trainer.extra_args,
     ]
     out.processes["trainer"] = {
-        "command": trainer_argv,
+        "command": argv,
         # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: what torchrun waits between SIGTERM and SIGKILL
         # where it reads it (the torch releases with --shutdown-timeout); ignored elsewhere.
-        "env": {**spec.env, **offline, "COLUMNS": "300", "PYTHONUNBUFFERED": "1",
+        "env": {**spec.env, **run.offline, "COLUMNS": "300", "PYTHONUNBUFFERED": "1",
                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{int(trainer.stop_grace)}",
                 **trainer.env},
         "gpus": list(trainer.gpus),
-        "after": trainer_after,
+        "after": after,
         "ready": {"log": TRAINER_STARTED, "timeout": trainer.ready_timeout},
         "fatal": list(TRAINER_FATAL),
         # SIGTERM to the ranks themselves, not to torchrun: see _shutdown_timeout.
         "stop": {"grace": trainer.stop_grace, "children_first": True},
-        "checkpoints": {"path": save_path, "scheduler": not scheduler_off},
+        "checkpoints": {"path": run.save_path,
+                        "scheduler": argv_option(trainer.extra_args, "--scheduler-type")
+                        != "none"},
     }
     out.origins[("processes", "trainer")] = ("dflash", "trainer")
     out.origins[("processes", "trainer", "command")] = ("dflash", "trainer")
-    if local:
+
+
+def _closing_notes(run: _Run, out: Expansion) -> None:
+    """What the plan printout should say about the model: offline, and which layers."""
+    spec, facts = run.spec, run.facts
+    if run.local:
         out.notes.append(f"{spec.model} is a local path: server and trainer run with "
                          "HF_HUB_OFFLINE=1 (nothing is pulled from the hub at launch)")
     if facts.num_hidden_layers is not None:
         origin = "declared" if spec.num_hidden_layers else facts.source
         out.notes.append(f"layers: num_hidden_layers {facts.num_hidden_layers} ({origin}); "
-                         f"vLLM extracts {vllm_ids}, the trainer gets the auxiliary ids "
-                         f"{trainer_ids}")
-    return out
+                         f"vLLM extracts {run.vllm_ids}, the trainer gets the auxiliary ids "
+                         f"{run.trainer_ids}")
+
+
+def _optional(section: BaseModel, table: tuple[tuple[str, str], ...]) -> list[str]:
+    """``[flag, value]`` for each key of ``table`` that the section sets (None: left out)."""
+    argv: list[str] = []
+    for flag, key in table:
+        value = getattr(section, key)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _check_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at: Where,
@@ -562,7 +567,7 @@ def _check_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at: Wher
         return
     if ctx.gpu_memory_mib is None:
         out.notes.append("memory fit not checked: GPU memory not known until the box has "
-                         "been contacted once (inv check or inv deploy reads it)")
+                         "been contacted once (outrig check or outrig deploy reads it)")
         return
     per_gpu = facts.weight_bytes / server.tensor / GIB
     budget = ctx.gpu_memory_mib * server.gpu_memory_utilization / 1024
@@ -719,3 +724,7 @@ def _shown(text: str, names: dict[str, str]) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+RECIPE = Recipe(name="dflash", section=DFlashSpec, expand=expand, models_to_probe=models_to_probe,
+                pythons_to_probe=pythons_to_probe, stage_items=stage_items, docs="docs/dflash.md")

@@ -18,11 +18,17 @@ import pytest
 import yaml
 
 from outrig.console import Reporter
-from outrig.errors import ConnectError, HostKeyError, PlanError, RemoteError
+from outrig.errors import (
+    AuthenticationError,
+    ConnectError,
+    HostKeyError,
+    PlanError,
+    RemoteError,
+)
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import status
+from outrig.ops.status import status
 from tests.helpers import alive, free_port, stop_every_run, wait_gone
 
 pytestmark = pytest.mark.integration
@@ -300,7 +306,7 @@ def test_auth_failure_is_explained(box_host: Path, tmp_path: Path, reporter: Rep
     host = tmp_path / "wrongkey.yaml"
     host.write_text(yaml.safe_dump(config))
     playbook, _ = http_server_playbook(tmp_path)
-    with pytest.raises(ConnectError, match="authentication failed .* tried .*wrong_key"):
+    with pytest.raises(AuthenticationError, match="authentication failed .* tried .*wrong_key"):
         deploy(PROJECT, str(host), str(playbook), reporter, journal=journal)
     assert not (box_workdir(host) / "runs").exists()
 

@@ -211,7 +211,7 @@ def test_missing_model_refuses_before_anything_starts(
     with pytest.raises(PlanError) as info:
         deploy(PROJECT, str(box_host), str(playbook), Reporter(quiet=True), journal=journal)
     text = str(info.value)
-    assert "not-staged does not exist on" in text and "inv stage --host" in text
+    assert "not-staged does not exist on" in text and "outrig stage --host" in text
     assert not (box_workdir(box_host) / "runs").exists(), "nothing was launched"
 
 

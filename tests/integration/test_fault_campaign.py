@@ -31,8 +31,8 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
-from outrig.ops.runs import status
 from outrig.ops.stage import mirror_root, stage, sync_checkpoints
+from outrig.ops.status import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from tests.integration.test_logs import make_run
 from tests.integration.test_stage import checkpoint, make_tree, same_tree
@@ -89,7 +89,7 @@ class Campaign:
             if isinstance(exc, AuthRefused) or "authentication failed" in text:
                 self.false_auth += 1
             assert isinstance(exc, LinkLost), f"{command} at {phase}: {exc!r}"
-            assert "inv status" in text or "again" in text, text
+            assert "outrig status --host" in text or "again" in text, text
             self.outcomes.append((command, phase, "lost link, told what next"))
             return exc
         finally:

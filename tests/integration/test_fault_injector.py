@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from outrig.agent_client import AgentCall
+from outrig.connectors.ssh import SSHTransport
 from outrig.errors import LinkLost
 from outrig.inventory import resolve_host
 from outrig.sandbox.proxy import Fault, LatencyProxy, PhaseTracker
-from outrig.transport import SSHTransport
 from tests.integration.test_sandbox import _Echo
 
 pytestmark = pytest.mark.integration
@@ -72,7 +72,7 @@ def test_an_exec_cut_keeps_the_command_from_the_box(box_host: Path, tmp_path: Pa
     transport = through(box_host, proxy, tmp_path)
     try:
         with pytest.raises(LinkLost) as caught:
-            AgentCall(transport).read(transport.start(["touch", str(marker)]))
+            AgentCall(transport).reader(transport.start(["touch", str(marker)])).result()
     finally:
         transport.close()
     assert caught.value.request_sent and proxy.fired == [(1, "exec", "cut")]

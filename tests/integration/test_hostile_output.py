@@ -26,7 +26,7 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
-from outrig.ops.runs import print_status, status
+from outrig.ops.status import print_status, status
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -14,20 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig.connectors.ssh import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import AuthRefused, LinkLost, LocalWriteError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import Project
-from outrig.ops.runs import status
+from outrig.ops.status import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
-from outrig.transport import (
-    CHANNEL_ATTEMPTS,
-    LINK_ATTEMPTS,
-    SILENT_ATTEMPTS,
-    SSHTransport,
-    channel_timeout_for,
-)
+from outrig.timing import channel_timeout_for
+from outrig.transport import CHANNEL_ATTEMPTS, LINK_ATTEMPTS, SILENT_ATTEMPTS
 from tests.integration.test_logs import Follow, Writer, make_run, mirror_dir, wait_for
 
 pytestmark = pytest.mark.integration

@@ -285,8 +285,6 @@ def test_grep_and_unknown_process(box_host: Path, journal: Journal) -> None:
     with pytest.raises(RemoteError, match="no process nope"):
         tail_logs(PROJECT, str(box_host), Reporter(quiet=True), follow=False,
                   processes=["nope"], journal=journal)
-    with pytest.raises(ConfigError, match="--since"):
-        tail_logs(PROJECT, str(box_host), Reporter(quiet=True), since="1h", journal=journal)
     with pytest.raises(ConfigError, match="--grep"):
         tail_logs(PROJECT, str(box_host), Reporter(quiet=True), grep="(", journal=journal)
 

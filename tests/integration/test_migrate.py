@@ -13,13 +13,16 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from outrig.connectors.ssh import SSHTransport
 from outrig.console import Reporter
+from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
@@ -28,6 +31,7 @@ from outrig.ops.migrate import migrate
 from outrig.ops.stage import sync_checkpoints
 from outrig.sandbox.box import SandboxBox, start_sandbox
 from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
+from outrig.sandbox.proxy import Fault, LatencyProxy
 from tests.helpers import free_port, marked
 
 pytestmark = pytest.mark.integration
@@ -153,6 +157,25 @@ def start_on_a(box_a: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     return project, journal, a, first
 
 
+def count_connections(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """SSH connections made from now on, per host name (each successful connect counts)."""
+    made: Counter[str] = Counter()
+    real = SSHTransport.connect
+
+    def counted(transport: SSHTransport) -> None:
+        before = transport.connection
+        real(transport)
+        if transport.connection is not before:
+            made[transport.host.name] += 1
+
+    monkeypatch.setattr(SSHTransport, "connect", counted)
+    return made
+
+
+def host_name(project: Project, host: Path) -> str:
+    return resolve_host(str(host), hosts_dir=project.hosts_dir).name
+
+
 def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
         box_a: SandboxBox, host_b: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,9 +193,11 @@ def test_dead_node_migrates_from_the_mirror_and_resumes_on_bigger_hardware(
     box_a.stop()  # the node dies: no sshd, no processes
     kill_run(box_a.workdir, first.plan.run_id)
     b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+    connections = count_connections(monkeypatch)
     try:
         report = migrate(project, str(a), str(host_b), quiet, journal=journal,
                          probe_attempts=2, probe_pause=0.2)
+        assert connections[host_name(project, host_b)] == 1, "one session on the new box"
         assert report["old_run"]["run_id"] == first.plan.run_id
         assert "cut-deploy (deploying, never ran)" in report["old_run"]["why"]
         assert report["old_alive"] is False
@@ -195,9 +220,12 @@ def test_live_node_copies_the_checkpoint_directly_and_is_cleaned_up(
     project, journal, a, first = start_on_a(box_a, tmp_path, monkeypatch, 1)
     quiet = Reporter(quiet=True)
     b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+    connections = count_connections(monkeypatch)
     try:
         report = migrate(project, str(a), str(host_b), quiet, journal=journal,
                          playbook="mig-4gpu")
+        assert connections == {host_name(project, host_b): 1, host_name(project, a): 1}, \
+            "one session per box: probe, copy and stop share OLD's; every step NEW's"
         assert report["old_alive"] is True
         assert report["playbook"] == "mig-4gpu", "--playbook is taken as given"
         assert report["checkpoint"]["route"] == "peer"
@@ -209,3 +237,32 @@ def test_live_node_copies_the_checkpoint_directly_and_is_cleaned_up(
     finally:
         cleanup(project, str(host_b), quiet, all_runs=True, journal=journal)
         kill_run(box_a.workdir, first.plan.run_id)
+
+
+def test_a_cut_on_the_new_box_costs_one_reconnect_not_a_connection_per_step(
+        host_b: Path, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """OLD never answers (nothing listens on its port); NEW's first answer is cut. migrate
+    goes on over NEW's one session: its first connection plus the one reconnect after the cut,
+    whatever the number of steps (check, stage, deploy)."""
+    project = write_playbooks(tmp_path, free_port())
+    journal = Journal(tmp_path / "state")
+    config = yaml.safe_load(host_b.read_text())
+    proxy = make_proxy(config["port"], one_way_delay=0.005)
+    proxy.inject(Fault(phase="stream", connection=1))
+    new = tmp_path / "hosts" / "b-cut.yaml"
+    new.write_text(yaml.safe_dump({**config, "port": proxy.port}))
+    gone = tmp_path / "hosts" / "gone.yaml"
+    gone.write_text(yaml.safe_dump({**config, "port": free_port()}))
+    quiet = Reporter(quiet=True)
+    connections = count_connections(monkeypatch)
+    try:
+        report = migrate(project, str(gone), str(new), quiet, journal=journal,
+                         playbook="mig-4gpu", probe_attempts=1, probe_pause=0.0)
+        assert report["old_alive"] is False and report["checkpoint"] is None
+        assert proxy.fired == [(1, "stream", "cut")]
+        assert connections[host_name(project, new)] == 2, "one connection + one reconnect"
+        record = journal.run(report["run_id"])
+        assert record is not None and record["status"] == "running"
+    finally:
+        cleanup(project, str(new), quiet, all_runs=True, journal=journal)

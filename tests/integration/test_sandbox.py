@@ -4,9 +4,14 @@ so a failure points at the sandbox and not at outrig."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +23,7 @@ import yaml
 
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
+from tests.helpers import alive, wait_gone
 
 # One line of tests/fixtures/h200-1gpu/idle-gpu.csv (real H200, driver 580.159.04).
 CAPTURED_GPU_LINE = ("0, GPU-77a30507-495f-090f-c8dd-b62546cd0a77, NVIDIA H200, 143771, 0, 143156, "
@@ -303,3 +309,137 @@ def test_proxy_close_is_prompt_and_idempotent(echo: _Echo) -> None:
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", proxy.port), timeout=1).close()
 
+
+
+# ------------------------------------------------------------- sandbox-up / sandbox-down
+
+
+def outrig_cli(args: list[str], cwd: Path,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The installed ``outrig`` of this environment, as a separate process."""
+    binary = Path(sys.executable).parent / "outrig"
+    return subprocess.run([str(binary), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def sandbox_project(tmp_path: Path) -> Iterator[Path]:
+    """An empty project; whatever sandbox-up recorded for it is stopped afterwards."""
+    from outrig.sandbox.service import sandbox_down
+
+    root = tmp_path / "proj"
+    (root / "hosts").mkdir(parents=True)
+    yield root
+    sandbox_down("sandbox")
+
+
+def test_sandbox_up_outlives_the_command_and_down_stops_exactly_it(
+        sandbox_project: Path) -> None:
+    up = outrig_cli(["sandbox-up", "--delay", "20", "--json"], sandbox_project)
+    assert up.returncode == 0, up.stderr
+    state = json.loads(up.stdout)
+    server, sshd = state["server"]["pid"], state["sshd"]["pid"]
+    host_file = sandbox_project / "hosts" / "sandbox.yaml"
+    assert state["host_file"] == str(host_file) and state["already_up"] is False
+    # the host file points at the proxy, which lives in the server, not in `up`'s process
+    assert yaml.safe_load(host_file.read_text())["port"] == state["port"] != state["sshd_port"]
+    assert alive(server) and alive(sshd)
+
+    status = outrig_cli(["status", "--host", "sandbox", "--json"], sandbox_project)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["runs"] == []
+
+    again = outrig_cli(["sandbox-up", "--json"], sandbox_project)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["already_up"] is True
+    assert json.loads(again.stdout)["server"]["pid"] == server
+    told = outrig_cli(["sandbox-up"], sandbox_project)  # for people: how to use and stop it
+    assert told.returncode == 0, told.stderr
+    assert "sandbox sandbox already up" in told.stdout and f"server pid {server}" in told.stdout
+    assert "outrig check --host sandbox" in told.stdout and "stop it: outrig sandbox-down" in \
+        told.stdout
+    assert [ln for ln in told.stdout.splitlines() if len(ln) > 80 and " " in ln.strip()] == []
+
+    down = outrig_cli(["sandbox-down"], sandbox_project)
+    assert down.returncode == 0, down.stderr
+    assert f"pids {server}" in down.stderr and "removed" in down.stderr
+    assert wait_gone([server, sshd]) == []
+    assert not host_file.exists()
+    twice = outrig_cli(["sandbox-down"], sandbox_project)
+    assert twice.returncode == 0, twice.stderr
+    assert "sandbox sandbox is not up: nothing to stop" in twice.stderr
+
+
+def test_sandbox_up_leaves_a_host_file_it_did_not_write_alone(sandbox_project: Path) -> None:
+    mine = sandbox_project / "hosts" / "sandbox.yaml"
+    mine.write_text("hostname: 127.0.0.1\nworkdir: /w\n")
+    up = outrig_cli(["sandbox-up"], sandbox_project)
+    assert up.returncode == 2 and "was not written by outrig's sandbox" in up.stderr
+    assert mine.read_text() == "hostname: 127.0.0.1\nworkdir: /w\n"
+    from outrig.sandbox.service import read_state
+    assert read_state("sandbox") is None  # nothing was started
+
+
+def test_sandbox_down_stops_the_recorded_sshd_when_its_server_died(
+        sandbox_project: Path) -> None:
+    up = outrig_cli(["sandbox-up", "--json"], sandbox_project)
+    assert up.returncode == 0, up.stderr
+    state = json.loads(up.stdout)
+    os.kill(state["server"]["pid"], signal.SIGKILL)  # the server crashed; its sshd lives on
+    assert wait_gone([state["server"]["pid"]]) == []
+    assert alive(state["sshd"]["pid"])
+    down = outrig_cli(["sandbox-down", "--json"], sandbox_project)
+    assert down.returncode == 0, down.stderr
+    result = json.loads(down.stdout)
+    assert result["stopped"] == [state["sshd"]["pid"]] and result["host_file_removed"]
+    assert wait_gone([state["sshd"]["pid"]]) == []
+
+
+def test_demo_keep_leaves_a_reachable_sandbox_and_run_that_sandbox_down_stops(
+        sandbox_project: Path) -> None:
+    """The walkthrough's bug: `demo --keep --delay 120` wrote a host file pointing at a proxy
+    that closed with the command, and cleaned up the processes it said it kept."""
+    from tests.helpers import marked
+
+    repo = Path(__file__).resolve().parents[2]
+    (sandbox_project / "playbooks").mkdir()
+    shutil.copyfile(repo / "playbooks" / "smoke.yaml", sandbox_project / "playbooks" / "smoke.yaml")
+    (sandbox_project / "remote" / "examples").mkdir(parents=True)
+    shutil.copyfile(repo / "remote" / "examples" / "train_tiny.py",
+                    sandbox_project / "remote" / "examples" / "train_tiny.py")
+    demo = outrig_cli(["demo", "--keep", "--delay", "20"], sandbox_project, timeout=300)
+    assert demo.returncode == 0, demo.stderr
+    assert "stop both: outrig sandbox-down" in demo.stderr
+
+    status = outrig_cli(["status", "--host", "sandbox", "--json"], sandbox_project)
+    assert status.returncode == 0, status.stderr  # through the kept proxy, from a new process
+    runs = json.loads(status.stdout)["runs"]
+    assert [r["playbook"] for r in runs] == ["smoke"]
+    server = next(p for p in runs[0]["processes"] if p["name"] == "server")
+    assert server["state"] == "running"  # kept, not cleaned up
+    run_pids = marked(runs[0]["run_id"])
+    assert run_pids
+
+    state = json.loads((sandbox_root_state("sandbox")).read_text())
+    down = outrig_cli(["sandbox-down"], sandbox_project)
+    assert down.returncode == 0, down.stderr
+    assert wait_gone([state["server"]["pid"], state["sshd"]["pid"], *run_pids]) == []
+    assert not (sandbox_project / "hosts" / "sandbox.yaml").exists()
+
+
+def sandbox_root_state(name: str) -> Path:
+    from outrig.sandbox.service import STATE_FILE, sandbox_root
+
+    return sandbox_root(name) / STATE_FILE
+
+
+def test_demo_json_prints_only_json_lines(sandbox_project: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    demo = outrig_cli(["demo", "--json", "--project", str(repo)], sandbox_project, timeout=300)
+    assert demo.returncode == 0, demo.stderr
+    docs = [json.loads(line) for line in demo.stdout.splitlines()]  # every line is JSON
+    events = [d.get("event") for d in docs]
+    assert "deployed" in events and "stopped" in events  # deploy's and cleanup's events
+    assert any("runs" in d for d in docs)  # the status document
+    assert any({"process", "line"} <= set(d) for d in docs)  # log lines
+    assert "smoke ready on sandbox" in demo.stderr  # notes for people stay on stderr

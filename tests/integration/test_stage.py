@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig.connectors.ssh import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.stage import mirror_root, stage, sync_checkpoints
 from outrig.sandbox.box import SandboxBox
-from outrig.transport import SSHTransport
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

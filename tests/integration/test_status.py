@@ -19,7 +19,7 @@ from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import print_status, status
+from outrig.ops.status import print_status, status
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
@@ -89,12 +89,19 @@ def test_status_running_exited_killed_not_ready_with_progress_and_gpus(
         json.dumps(report)  # one JSON document
 
         text = io.StringIO()
-        human = Reporter(out=text)
-        human.stdout_console.width = 200
+        human = Reporter(out=text, gpu_table=True)
+        human.stdout_console.width = 80
         print_status(human, report)
         shown = text.getvalue()
         for needle in ("exited (3)", "killed (signal 9)", "boom: bad config", "ETA",
                        "newest complete checkpoint", "/health down", "trainer (pid"):
             assert needle in shown, needle
+        # at 80 columns only a single unbreakable word (a long path) may run past
+        assert [ln for ln in shown.splitlines() if len(ln) > 80 and " " in ln.strip()] == []
+        brief = io.StringIO()
+        print_status(Reporter(out=brief), report)
+        one_line = brief.getvalue()  # the default: the GPUs in one (wrapped) summary
+        assert "gpus: 8× NVIDIA L40S 48 GiB" in one_line and "· 1 ours (trainer of run" in one_line
+        assert "trainer (pid" not in one_line
     finally:
         cleanup(PROJECT, str(box_host), quiet, all_runs=True, journal=journal)

@@ -23,9 +23,10 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError, RemoteError
 from outrig.journal import Journal
 from outrig.ops.base import Project, pick_host_run
+from outrig.ops.check import check
 from outrig.ops.deploy import deploy
-from outrig.ops.runs import check, status
 from outrig.ops.stage import sync_checkpoints
+from outrig.ops.status import status
 from tests.helpers import alive, stop_every_run, wait_gone
 from tests.integration.test_stage import checkpoint
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from outrig.transport import register
 from tests.agent_harness import Box
 
 
@@ -18,3 +19,7 @@ def box(tmp_path: Path) -> Iterator[Box]:
         yield b
     finally:
         b.teardown()
+
+
+# The replay connector (tests/replay_connector.py) serves hosts with ``hostname: replay:FILE``.
+register("replay", "tests.replay_connector:ReplayConnector")

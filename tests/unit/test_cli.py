@@ -69,6 +69,24 @@ def test_host_precedence_flag_env_project_file_user_file(
     assert planned_host(capsys, "--host", "one") == "one"  # the flag beats everything
 
 
+def test_outrig_reads_the_projects_invoke_yaml_below_outrig_yaml(
+        project: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (isolated_home / ".outrig.yaml").write_text("host: four\n")
+    (project / "invoke.yaml").write_text("host: two\nplaybook: job\n")
+    code, out, err = outrig(["plan", "--json"], capsys)  # host and playbook from invoke.yaml
+    assert code == 0, err
+    assert json.loads(out)["host"] == "two"
+    assert f"playbook job (playbook: in {project / 'invoke.yaml'})" in err
+    (project / "outrig.yaml").write_text("host: three\n")
+    assert planned_host(capsys) == "three"  # outrig.yaml beats invoke.yaml
+    monkeypatch.setenv("OUTRIG_HOST", "one")
+    assert planned_host(capsys) == "one"  # the environment beats both
+    (project / "invoke.yaml").write_text("host: [not, a, name]\n")
+    code, _, err = outrig(["plan", "--playbook", "job"], capsys)
+    assert code == 2 and "invoke.yaml: host: must be a name" in err
+
+
 def test_no_host_anywhere_is_exit_2_naming_the_ways_to_give_one(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = outrig(["plan", "--playbook", "job"], capsys)
@@ -112,6 +130,7 @@ def test_param_overrides_reach_the_plan_and_unknown_names_are_refused(
     (["status", "--nope"], "No idea what '--nope' is"),
     (["nosuchtask"], "No idea what 'nosuchtask' is"),
     (["exec", "nvidia-smi"], "the command goes after --, e.g. `outrig exec --host NAME --"),
+    (["tail-logs", "--since", "1h"], "No idea what '--since' is"),  # no flag that only refuses
 ])
 def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], flag: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,3 +158,84 @@ def test_completion_offers_host_and_playbook_names_of_the_project(
     assert "--json" in out.split() and "one" not in out.split()  # a flag: Invoke's own
     code, out, _ = outrig(["--complete", "--", "outrig", "dep"], capsys)
     assert "deploy" in out.split()  # task names: Invoke's own
+
+
+def _product_strings(path: Path) -> list[tuple[int, str]]:
+    """Every string literal in ``path`` that can reach a user (messages, help texts, schema
+    descriptions): all string constants except docstrings, which explain the code."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                docstrings.add(id(first.value))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings]
+
+
+def test_no_product_message_tells_the_user_to_run_inv() -> None:
+    """Hints name the installed command (`outrig status --host X`): `inv` only works inside
+    a checkout of this repository, which docs/cli.md explains."""
+    import re
+
+    offenders = [f"{path.relative_to(REPO)}:{line}: {text.strip()[:80]}"
+                 for path in [*sorted((REPO / "outrig").rglob("*.py")), REPO / "tasks.py"]
+                 for line, text in _product_strings(path)
+                 if re.search(r"(^|[\s`(])inv [a-z-]+", text)]
+    assert offenders == []
+
+
+def test_exec_json_is_one_object_with_the_output_and_the_exit_status(
+        project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (project / "hosts" / "here.yaml").write_text(yaml.safe_dump(
+        {"hostname": "local", "workdir": str(workdir), "env": {"GREETING": "hi"}}))
+    code, out, err = outrig(["exec", "--host", "here", "--json", "--", "sh", "-c",
+                             'echo "$GREETING $(pwd)"; echo oops >&2; exit 3'], capsys)
+    assert code == 3, err
+    assert json.loads(out) == {"host": "here", "exit_code": 3, "stdout": f"hi {workdir}\n",
+                               "stderr": "oops\n",
+                               "command": ["sh", "-c",
+                                           'echo "$GREETING $(pwd)"; echo oops >&2; exit 3']}
+
+
+def test_ssh_json_prints_the_resolved_ssh_command_and_runs_nothing(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
+        {"hostname": "127.0.0.1", "port": 2222, "user": "ubuntu", "workdir": "/w",
+         "identity_file": "/keys/id_far"}))
+    code, out, err = outrig(["ssh", "--host", "far", "--json", "--", "htop"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    argv = doc["argv"]
+    assert doc["host"] == "far" and argv[0] == "ssh"
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu"
+    assert argv[argv.index("-i") + 1] == "/keys/id_far" and "-t" not in argv
+    assert argv[argv.index("--") + 1] == "127.0.0.1" and argv[-1].endswith(" htop")
+    code, _, err = outrig(["ssh", "--host", "one", "--json"], capsys)
+    assert code == 2 and "'local'" in err  # a local host has nothing to ssh to
+
+
+def test_init_json_lists_what_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = outrig(["init", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["project"] == str(tmp_path)
+    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in doc["wrote"]) == [
+        "hosts/box.yaml", "outrig.yaml", "playbooks/hello.yaml"]
+
+
+def test_every_task_takes_json() -> None:
+    """`--json` everywhere: scripts never have to parse tables."""
+    collection = make_collection()
+    missing = [name for name in collection.task_names
+               if "json" not in {a.name for a in collection[name].get_arguments()}]
+    assert missing == []

@@ -134,7 +134,7 @@ def test_unknown_layer_count_says_how_to_get_it(tmp_path: Path) -> None:
     doc = base()
     del doc["dflash"]["num_hidden_layers"]
     problem = only_problem(plan_for(tmp_path, doc), "num_hidden_layers of")
-    assert "Declare it" in problem and "inv deploy" in problem
+    assert "Declare it" in problem and "outrig deploy" in problem
 
 
 def test_layer_count_from_the_box_cache_is_used(tmp_path: Path) -> None:
@@ -322,7 +322,7 @@ def test_missing_local_model_refuses_with_the_stage_command(tmp_path: Path) -> N
     facts = HostFacts(gpu_count=4, models={MODEL: ModelFacts(model=MODEL, exists=False,
                                                              source="read on the box")})
     problem = only_problem(plan_for(tmp_path, base(), facts), "does not exist on box")
-    assert "inv stage --host box --playbook job" in problem
+    assert "outrig stage --host box --playbook job" in problem
     assert f"hf download Qwen/Qwen3.6-27B --local-dir {MODEL}" in problem
 
 

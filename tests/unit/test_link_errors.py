@@ -10,9 +10,10 @@ from typing import Any
 import paramiko
 import pytest
 
+from outrig.connectors.ssh import auth_refused, handshake_phase
 from outrig.errors import ConnectError, LinkLost
 from outrig.ops.base import RERUN_SAFE_OPS, link_retry_allowed
-from outrig.transport import auth_refused, handshake_phase, retry_pause
+from outrig.timing import retry_pause
 
 
 @dataclass

@@ -63,9 +63,9 @@ def test_too_old_python_on_the_box_is_named_with_the_fix(tmp_path: Path) -> None
     from dataclasses import replace
 
     from outrig.agent_client import AgentCall
+    from outrig.connectors.local import LocalTransport
     from outrig.errors import RemoteError
     from outrig.inventory import resolve_host
-    from outrig.transport import LocalTransport
 
     host = replace(resolve_host("local", hosts_dir=REPO / "hosts"), python=str(OLD_PYTHON))
     with pytest.raises(RemoteError) as info:

@@ -24,7 +24,8 @@ from outrig.logtail import (
     decode_chunk,
     partial_tail,
 )
-from outrig.ops.logs import MirrorStore, heartbeat_for, idle_limit_for
+from outrig.ops.logs import MirrorStore
+from outrig.timing import follow_idle_limit, heartbeat_for
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +145,8 @@ def test_mirror_store_cuts_bytes_written_after_the_last_commit(tmp_path: Path) -
 def test_dead_link_limits_scale_with_rtt() -> None:
     assert heartbeat_for(None) == 2.0 and heartbeat_for(0.24) == pytest.approx(1.2)
     assert heartbeat_for(5.0) == 5.0
-    assert idle_limit_for(1.2, 0.24) == pytest.approx(4.56)
-    assert idle_limit_for(0.1, 0.0) == 3.0
+    assert follow_idle_limit(1.2, 0.24) == pytest.approx(4.56)
+    assert follow_idle_limit(0.1, 0.0) == 3.0
 
 
 # ------------------------------------------------------------------ the agent's seek from end

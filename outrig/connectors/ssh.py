@@ -1,0 +1,473 @@
+"""The ``ssh`` connector: one Fabric/Paramiko connection per box, reused for every agent call.
+
+SSH specifics, and why:
+- Connections are built from a real ``fabric.Config`` that has loaded ``~/.ssh/config``, so an
+  alias means the same here as in ``ssh`` (the fabric#2111 pitfall: a cloned Invoke config
+  silently skips it).
+- Host keys: a new host's key is accepted and *recorded* (``accept-new``, like OpenSSH); a
+  changed key is refused with the ``ssh-keygen -R`` fix. Checking is never disabled.
+- Timeouts scale with the last measured RTT (kept in the journal; the rules are in
+  :mod:`outrig.timing`): a 240 ms link and a LAN get different limits, and every limit is
+  named in the error when it fires.
+- RTT is measured for free from the session-channel open (exactly one round trip).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from outrig.errors import (
+    AuthenticationError,
+    ConnectError,
+    ConnectRefused,
+    HostKeyError,
+    LinkLost,
+)
+from outrig.inventory import Host
+from outrig.timing import (
+    channel_timeout_for,
+    connect_timeout_for,
+    keepalive_interval_for,
+    retry_pause,
+)
+from outrig.transport import (
+    SILENT_ATTEMPTS,
+    AgentChannel,
+    PeerAddress,
+    RetryPolicy,
+    Transport,
+    known_hosts_path,
+)
+
+# paramiko logs its own tracebacks (banner timeouts, resets) through the root logger's
+# last-resort handler; outrig reports those failures itself, in one paragraph.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+
+
+def fingerprint(key: Any) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return f"{key.get_name()} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+
+
+class _SSHChannel(AgentChannel):
+    def __init__(self, channel: Any, host: str = "the box") -> None:
+        self.channel = channel
+        self.host = host
+        self._err = bytearray()
+
+    def write(self, data: bytes) -> None:
+        """Send ``data``; a dead link is a :class:`LinkLost`, whatever paramiko raised."""
+        import paramiko
+
+        try:
+            self.channel.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise LinkLost(f"the link to {self.host} dropped while sending "
+                           f"({type(exc).__name__}: {exc or 'closed'}).", phase="stream",
+                           request_sent=True) from None
+
+    def _drain_stderr(self) -> None:
+        while self.channel.recv_stderr_ready():
+            self._err.extend(self.channel.recv_stderr(65536))
+
+    def read(self, timeout: float) -> bytes | None:
+        self.channel.settimeout(timeout)
+        try:
+            data: bytes = self.channel.recv(65536)
+        except TimeoutError:
+            self._drain_stderr()
+            return None
+        self._drain_stderr()
+        return data
+
+    def stderr_text(self) -> str:
+        self.channel.settimeout(2.0)
+        try:
+            while True:
+                chunk = self.channel.recv_stderr(65536)
+                if not chunk:
+                    break
+                self._err.extend(chunk)
+        except (TimeoutError, OSError):
+            pass
+        return self._err.decode("utf-8", "replace")
+
+    def exit_status(self, timeout: float = 5.0) -> int | None:
+        if self.channel.status_event.wait(timeout):
+            return int(self.channel.recv_exit_status())
+        return None
+
+    def alive(self) -> bool:
+        transport = self.channel.get_transport()
+        return bool(transport is not None and transport.is_active())
+
+    def close_input(self) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.shutdown_write()
+
+    def close(self) -> None:
+        try:
+            self.channel.close()
+        except Exception:  # closing a channel on a dead transport may raise; nothing to do
+            pass
+
+
+class _AcceptNewPolicy:
+    """OpenSSH's ``StrictHostKeyChecking=accept-new``: trust a host seen for the first time and
+    record its key (appending one line, never rewriting the user's file); a *changed* key is
+    rejected by paramiko itself before this policy is ever consulted."""
+
+    def __init__(self, path: Path, notify: Callable[[str], None] | None) -> None:
+        self.path = path
+        self.notify = notify
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        fd = os.open(str(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="ascii") as handle:
+            handle.write(line)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        if self.notify:
+            self.notify(f"new host {hostname}: recorded key {fingerprint(key)} in {self.path}")
+
+
+def exec_pipelined(channel: Any, command: str) -> None:
+    """``exec`` without waiting for the server's reply: saves one round trip per agent call.
+
+    paramiko's ``exec_command`` asks for a reply and blocks on it (one RTT, 240 ms on the far
+    box). OpenSSH processes a channel's messages in order, so the agent's stdin, written right
+    after, reaches the command either way. A refused exec then shows as a channel that closes
+    without a result, which the agent client reports with the exit status and stderr.
+    """
+    from paramiko.common import cMSG_CHANNEL_REQUEST
+    from paramiko.message import Message
+
+    message = Message()
+    message.add_byte(cMSG_CHANNEL_REQUEST)
+    message.add_int(channel.remote_chanid)
+    message.add_string("exec")
+    message.add_boolean(False)
+    message.add_string(command)
+    channel.transport._send_user_message(message)
+
+
+PHASE_WORDS = {
+    "connect": "the TCP connect", "banner": "the SSH banner exchange",
+    "kex": "the key exchange", "auth": "authentication",
+    "channel": "the session-channel open, just after authentication",
+    "exec": "the start of the command", "stream": "the command's output",
+}
+
+
+def handshake_phase(transport: Any) -> str:
+    """How far a (possibly failed) paramiko transport got: which phase a failure hit."""
+    if transport is None:
+        return "connect"
+    if not getattr(transport, "remote_version", ""):
+        return "banner"
+    if getattr(transport, "session_id", None) is None:
+        return "kex"
+    if not transport.is_authenticated():
+        return "auth"
+    return "channel"
+
+
+def _watched_transport_factory() -> Callable[..., Any]:
+    """A paramiko Transport that remembers a DISCONNECT the server sent on purpose.
+
+    paramiko turns both a dropped link and the server's own goodbye (``Too many
+    authentication failures``) into the same "transport shut down or saw EOF"; the recorded
+    message is what tells a refusal from a cut."""
+    import paramiko
+
+    class WatchedTransport(paramiko.Transport):
+        server_disconnect: tuple[int, str] | None = None
+
+        def _parse_disconnect(self, m: Any) -> None:
+            code = m.get_int()
+            desc = m.get_text()
+            self.server_disconnect = (int(code), str(desc))
+
+    return WatchedTransport
+
+
+def auth_refused(transport: Any, exc: BaseException) -> bool:
+    """Whether an AuthenticationException is the server's refusal (not a lost link): the
+    server answered the last key with a failure, ended the session itself, or allows no
+    method we have. A transport that died or went silent before answering is a lost link."""
+    import paramiko
+
+    if isinstance(exc, paramiko.BadAuthenticationType):
+        return True
+    if transport is None:
+        return False
+    if getattr(transport, "server_disconnect", None) is not None:
+        return True
+    handler = getattr(transport, "auth_handler", None)
+    event = getattr(handler, "auth_event", None)
+    answered = event is not None and event.is_set()
+    return bool(answered and transport.is_active() and not transport.is_authenticated())
+
+
+class SSHTransport(Transport):
+    """One Fabric connection to one box, opened lazily, reused for every agent call.
+
+    Link failures before the agent's request is sent (TCP connect through the session-channel
+    open) are retried here, a bounded number of times with RTT-scaled pauses: nothing has
+    run on the box yet, so a retry is always safe. A refused key or a changed host key is
+    never retried."""
+
+    name = "ssh"
+
+    def __init__(self, host: Host, *, rtt_hint: float | None = None,
+                 notify: Callable[[str], None] | None = None,
+                 attempts: int = RetryPolicy.refused, link_attempts: int = RetryPolicy.link,
+                 channel_attempts: int = RetryPolicy.channel) -> None:
+        self.host = host
+        self.rtt_hint = rtt_hint
+        self.rtt = None
+        self.notify = notify
+        self.retry = RetryPolicy(refused=max(1, attempts), link=max(1, link_attempts),
+                                 channel=max(1, channel_attempts))
+        self.connection: Any = None
+        self.connect_seconds: float | None = None
+        self.link_failures = 0  # link failures retried by this transport (for reports, tests)
+        self._tunnel_lock = threading.Lock()  # forwarded connections arrive on threads
+
+    def _build(self, timeout: float) -> Any:
+        import fabric
+
+        # NOTE: a fresh fabric.Config loads ~/.ssh/config and /etc/ssh/ssh_config at init; a
+        # cloned invoke config would not (fabric#2111), and aliases would silently resolve to
+        # the local user on port 22.
+        config = fabric.Config()
+        connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
+                                          "transport_factory": _watched_transport_factory()}
+        if self.host.identity_file:
+            connect_kwargs["key_filename"] = [str(Path(self.host.identity_file).expanduser())]
+        conn = fabric.Connection(host=self.host.hostname, user=self.host.user,
+                                 port=self.host.port, config=config,
+                                 connect_timeout=timeout, connect_kwargs=connect_kwargs)
+        path = known_hosts_path(self.host)
+        if path.is_file():
+            conn.client.load_host_keys(str(path))
+        conn.client.set_missing_host_key_policy(_AcceptNewPolicy(path, self.notify))
+        return conn
+
+    def _target(self, conn: Any) -> str:
+        user = getattr(conn, "user", None) or "?"
+        return f"{user}@{conn.host}:{conn.port}"
+
+    def connect(self) -> None:
+        if self.connection is not None:
+            return
+        timeout, why = connect_timeout_for(self.host, self.rtt_hint)
+        refused = silent = lost = 0
+        attempt = 0
+        while True:
+            attempt += 1
+            conn = self._build(timeout)
+            started = time.monotonic()
+            try:
+                conn.open()
+            except BaseException as exc:
+                error = self._classify(conn, exc, timeout, why, time.monotonic() - started)
+                conn.close()
+                if isinstance(error, ConnectRefused):
+                    refused += 1
+                    if refused >= self.retry.refused:
+                        raise error from None
+                elif isinstance(error, LinkLost):
+                    lost += 1
+                    silent += error.silent
+                    if lost >= self.retry.link or silent >= min(SILENT_ATTEMPTS,
+                                                             self.retry.refused):
+                        raise LinkLost(f"{error} Tried {attempt} time(s).", phase=error.phase,
+                                       silent=error.silent) from None
+                    self.link_failures += 1
+                else:
+                    raise error from None
+            else:
+                self.connection = conn
+                self.connect_seconds = time.monotonic() - started
+                conn.transport.set_keepalive(keepalive_interval_for(self.rtt_hint))
+                return
+            pause = retry_pause(self.rtt_hint, attempt)
+            self._notice(str(error).split(" (")[0], pause)
+            time.sleep(pause)
+
+    def _notice(self, what: str, pause: float) -> None:
+        """Tell the user a link failure is being retried (not an error yet)."""
+        if self.notify is not None:
+            self.notify(f"{what}; retrying in {pause:.1f} s")
+
+    def _classify(self, conn: Any, exc: BaseException, timeout: float, why: str,
+                  spent: float) -> BaseException:
+        """Turn what ``conn.open()`` raised into outrig's error, by type and by how far the
+        handshake got (never by message text)."""
+        import paramiko
+
+        target = self._target(conn)
+        transport = conn.client.get_transport()
+        if not isinstance(exc, Exception):
+            return exc  # KeyboardInterrupt and the like pass through unchanged
+        if isinstance(exc, paramiko.BadHostKeyException):
+            path = known_hosts_path(self.host)
+            # paramiko reports the bare hostname; known_hosts keys non-22 ports as [h]:p
+            name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
+            return HostKeyError(
+                f"the host key of {name} has CHANGED: it now offers "
+                f"{fingerprint(exc.key)}, but {path} recorded {fingerprint(exc.expected_key)}."
+                f" If the box was rebuilt or its address reused, remove the old key with "
+                f"`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(path))}` and retry;"
+                " if not, someone may be intercepting the connection: do not continue.")
+        if isinstance(exc, paramiko.AuthenticationException) and auth_refused(transport, exc):
+            key = self.host.identity_file or "ssh-agent / ~/.ssh default keys"
+            said = getattr(transport, "server_disconnect", None)
+            reason = f"the box ended the session: {said[1]!r}" if said else str(exc)
+            return AuthenticationError(
+                f"authentication failed for {target} ({reason}); tried {key}. Check user: and "
+                "identity_file: in the host file (or ~/.ssh/config), and that the public key "
+                "is in the box's ~/.ssh/authorized_keys.")
+        if isinstance(exc, socket.gaierror):
+            return ConnectError(
+                f"cannot resolve hostname {conn.host!r} ({exc.strerror}); fix hostname: in "
+                "the host file or the alias in ~/.ssh/config")
+        no_valid = paramiko.ssh_exception.NoValidConnectionsError
+        if isinstance(exc, (ConnectionRefusedError, no_valid)):
+            if isinstance(exc, no_valid) and not all(
+                    getattr(e, "errno", None) == errno.ECONNREFUSED
+                    for e in exc.errors.values()):
+                return ConnectError(f"could not connect to {target}: {exc}")
+            return ConnectRefused(
+                f"connection refused by {target}: nothing listens on port {conn.port}. "
+                "Is the box up and sshd running, and is port: right?")
+        if isinstance(exc, (TimeoutError, socket.timeout, paramiko.SSHException, EOFError,
+                            OSError)):
+            phase = handshake_phase(transport)
+            # A drop (reset, EOF) kills paramiko's transport; a silent link leaves it waiting.
+            quiet = isinstance(exc, (TimeoutError, socket.timeout)) or bool(
+                transport is not None and transport.is_active())
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            how = (f"went silent during {PHASE_WORDS[phase]}: nothing within the connect "
+                   f"timeout of {timeout:g} s ({why})") if quiet else \
+                f"dropped during {PHASE_WORDS[phase]} after {spent:.1f} s ({detail})"
+            return LinkLost(
+                f"the link to {target} {how}. Check that the box is up and the address and "
+                "port are right; on a very slow link set connect_timeout: in the host file. "
+                "Run the same command again when the link is back.", phase=phase,
+                silent=quiet)
+        return exc
+
+    def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
+        attempt = silent = 0
+        while True:
+            attempt += 1
+            self.connect()
+            try:
+                return self._open(argv, window_size)
+            except LinkLost as exc:
+                self.close()
+                silent += exc.silent  # each silence costs a whole limit: fewer of those
+                if attempt >= self.retry.channel or silent >= SILENT_ATTEMPTS:
+                    raise
+                self.link_failures += 1
+                pause = retry_pause(self.best_rtt, attempt)
+                self._notice(str(exc).split(" (")[0], pause)
+            time.sleep(pause)
+
+    def _open(self, argv: list[str], window_size: int | None) -> AgentChannel:
+        """Open one session channel and send the exec (pipelined, no reply awaited)."""
+        import paramiko
+
+        transport = self.connection.transport
+        rtt = self.best_rtt
+        if rtt is None and self.connect_seconds is not None:
+            rtt = self.connect_seconds / 4  # the handshake is ≥4 round trips: an upper bound
+        limit, why = channel_timeout_for(self.host, rtt)
+        started = time.monotonic()
+        host = self.host.describe()
+        try:
+            channel = transport.open_session(window_size=window_size, timeout=limit)
+        except paramiko.ChannelException as exc:
+            raise ConnectError(
+                f"{host}: the box refused a session channel ({exc.text or exc.code}); its sshd "
+                "may limit sessions (MaxSessions) or forbid commands for this key.") from None
+        except Exception as exc:
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if transport.is_active():
+                raise LinkLost(
+                    f"{host}: the link went silent after authentication: no answer to the "
+                    f"session-channel open within {limit:.3g} s ({why}). Run the same command "
+                    "again when the link is back.", phase="channel", silent=True) from None
+            raise LinkLost(
+                f"{host}: the link dropped just after authentication, while opening a session "
+                f"channel ({detail}). Run the same command again when the link is back.",
+                phase="channel") from None
+        # The channel-open confirmation is exactly one round trip: a free RTT measurement.
+        self.rtt = time.monotonic() - started
+        transport.set_keepalive(keepalive_interval_for(self.rtt))
+        try:
+            exec_pipelined(channel, shlex.join(argv))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise LinkLost(f"{host}: the link dropped while sending the command "
+                           f"({type(exc).__name__}).", phase="exec") from None
+        return _SSHChannel(channel, host)
+
+    def peer_address(self) -> PeerAddress:
+        """What the connection really used (``~/.ssh/config`` may rename host, port and user);
+        the host file's values before the first connect."""
+        conn = self.connection
+        if conn is None:
+            return super().peer_address()
+        return PeerAddress(str(conn.host), int(conn.port), conn.user)
+
+    def open_tunnel(self, remote: tuple[str, int], origin: tuple[str, int],
+                    timeout: float, on_reconnect: Callable[[], None]) -> Any:
+        """A ``direct-tcpip`` channel to ``remote`` on this connection; when the link is
+        found dead (now, or by the open failing) it reconnects once and tries again."""
+        import paramiko
+
+        for attempt in (1, 2):
+            with self._tunnel_lock:
+                link = self.connection.transport if self.connection is not None else None
+                if link is None or not link.is_active():
+                    if self.connection is not None:
+                        on_reconnect()
+                    self.close()
+                    self.connect()
+                    link = self.connection.transport
+            try:
+                return link.open_channel("direct-tcpip", remote, origin, timeout=timeout)
+            except paramiko.ChannelException as exc:  # the box answered: nothing listens
+                raise ConnectError(
+                    f"the box refused {remote[0]}:{remote[1]} ({exc.text}); is the "
+                    "process running? see outrig status") from None
+            except (paramiko.SSHException, EOFError, OSError):
+                with self._tunnel_lock:
+                    if self.connection is not None and self.connection.transport is link:
+                        self.close()  # the next attempt reconnects
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.connection is not None:
+            try:
+                self.connection.close()
+            finally:
+                self.connection = None

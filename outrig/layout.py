@@ -1,0 +1,322 @@
+"""Plain-text layouts that stay readable in a narrow terminal (80 columns and up).
+
+Boxed tables fold every cell to fit, which breaks a command or a path into fragments spread
+over several rows. Here a table row holds only short fields (names, states, pids, numbers);
+every long value — a command, a path, a log line, a progress summary — goes on its own lines
+under its row. A command is printed whole on one line when it fits, else one option (with its
+values) per line, which is also how one would write it by hand; prose is wrapped at spaces. A
+single word longer than the terminal (a very long path) is printed whole, never cut.
+
+These functions return lines; :class:`outrig.console.Reporter` prints them.
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+INDENT = "    "  # where long values under a row start
+
+
+def shown(arg: str) -> str:
+    """One argument as a shell would need it typed."""
+    return shlex.quote(arg)
+
+
+def argv_lines(argv: Sequence[str]) -> list[str]:
+    """Shell-quoted argv, one option per line with its values (``--flag v1 v2``)."""
+    lines: list[str] = []
+    for arg in argv:
+        if lines and not (arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit()):
+            lines[-1] += " " + shown(arg)
+        else:
+            lines.append(shown(arg))
+    return lines
+
+
+def command_lines(argv: Sequence[str], width: int, indent: str = INDENT) -> list[str]:
+    """The command on one line when it fits in ``width``, else in the argv-per-line form
+    (continuation lines indented four more): never cut inside an argument."""
+    whole = " ".join(shown(a) for a in argv)
+    if len(indent) + len(whole) <= width:
+        return [indent + whole]
+    parts = argv_lines(argv)
+    out = [indent + parts[0]]
+    more = indent + "    "
+    for part in parts[1:]:
+        if len(more) + len(part) <= width or " " not in part:
+            out.append(more + part)
+        else:  # `--flag value` too long together: the value goes under its flag
+            flag, _, value = part.partition(" ")
+            out.extend([more + flag, more + "    " + value])
+    return out
+
+
+def wrapped(text: str, width: int, indent: str = INDENT, later: str | None = None) -> list[str]:
+    """Prose (a log line, a summary) wrapped at spaces to ``width``; words are never cut."""
+    later = indent if later is None else later
+    return textwrap.wrap(text, width=max(width, len(indent) + 20), initial_indent=indent,
+                         subsequent_indent=later, break_long_words=False,
+                         break_on_hyphens=False, replace_whitespace=False,
+                         drop_whitespace=True) or [indent.rstrip()]
+
+
+def labelled(label: str, value: str, width: int, indent: str = INDENT) -> list[str]:
+    """``label: value`` on one line when it fits, else the label and the value on its own
+    line under it (for paths: never split)."""
+    line = f"{indent}{label}: {value}"
+    if len(line) <= width:
+        return [line]
+    return [f"{indent}{label}:", f"{indent}    {value}"]
+
+
+def columns(headers: Sequence[str], rows: Iterable[Sequence[str]],
+            indent: str = "  ") -> tuple[str, list[str]]:
+    """A header line and row lines with columns aligned (short cells only)."""
+    rows = [list(r) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = (c.ljust(w) for c, w in zip(cells, widths, strict=False))
+        return (indent + "  ".join(padded)).rstrip()
+
+    return line(headers), [line(r) for r in rows]
+
+
+def ranges(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` as ``0-3,5``."""
+    spans: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+# ------------------------------------------------------------------------------------ GPUs
+
+
+def gpu_summary(gpus: Sequence[dict[str, Any]], error: str | None = None) -> str:
+    """One line for all GPUs, e.g. ``gpus: 8× NVIDIA H200 141 GiB · 0-3 ours (trainer of
+    run X) · 4-5,7 free · 6 held by pid 123 python3 (not ours)``."""
+    if not gpus:
+        return f"gpus: none ({error})" if error else "gpus: none"
+    kinds: dict[str, int] = {}
+    for gpu in gpus:
+        mem = gpu.get("memory_total_mib")
+        kind = str(gpu.get("name") or "GPU") + (f" {int(mem) // 1024} GiB" if mem else "")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    parts = [", ".join(f"{n}× {k}" for k, n in kinds.items())]
+    ours: dict[str, list[int]] = {}
+    foreign: dict[str, list[int]] = {}
+    free: list[int] = []
+    for gpu in gpus:
+        index = int(gpu.get("index") or 0)
+        holders = gpu.get("holders") or []
+        if not holders:
+            free.append(index)
+        for h in holders:
+            if h.get("ours"):
+                key = f"ours ({h.get('process')} of run {h.get('run_id')})"
+                ours.setdefault(key, []).append(index)
+            else:
+                comm = f" {h.get('comm')}" if h.get("comm") else ""
+                key = f"held by pid {h.get('pid')}{comm} (not ours)"
+                foreign.setdefault(key, []).append(index)
+    parts += [f"{ranges(i)} {key}" for key, i in ours.items()]
+    if free:
+        parts.append(f"{ranges(free)} free")
+    parts += [f"{ranges(i)} {key}" for key, i in foreign.items()]
+    return "gpus: " + " · ".join(parts)
+
+
+def gpu_summary_lines(gpus: Sequence[dict[str, Any]], width: int,
+                      error: str | None = None) -> list[str]:
+    """:func:`gpu_summary` wrapped to ``width`` at its `` · `` separators."""
+    text = gpu_summary(gpus, error)
+    out: list[str] = []
+    for part in text.split(" · "):
+        if out and len(out[-1]) + 3 + len(part) <= width:
+            out[-1] += " · " + part
+        else:
+            out.append((INDENT + "· " + part) if out else part)
+    return out
+
+
+def audit_gpus(audit: dict[str, Any]) -> list[dict[str, Any]]:
+    """A GPU audit (``{gpus, holders}``, as cleanup reports it) in status's shape: each GPU
+    with its ``holders`` (``ours``, ``run_id``, ``process``, ``pid``, ``comm``)."""
+    out = []
+    for gpu in audit.get("gpus") or []:
+        held = []
+        for h in audit.get("holders") or []:
+            if h.get("gpu_index") != gpu.get("index"):
+                continue
+            owner = h.get("owner") or {}
+            held.append({"pid": h.get("pid"), "used_mib": h.get("used_mib"),
+                         "comm": h.get("comm"), "ours": bool(owner),
+                         "run_id": owner.get("run_id"), "process": owner.get("process")})
+        out.append({**gpu, "holders": held})
+    return out
+
+
+def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
+    """The full GPU table (``--gpus``): one row per GPU, its holders on lines under it."""
+    rows = []
+    for gpu in gpus:
+        util = gpu.get("utilization_pct")
+        kinds = sorted({"ours" if h.get("ours") else "NOT OURS"
+                        for h in gpu.get("holders") or []}, reverse=True)
+        rows.append([str(gpu.get("index")), str(gpu.get("name")),
+                     f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
+                     "-" if util is None else f"{util}%", " + ".join(kinds) or "free"])
+    header, lines = columns(["gpu", "name", "memory", "util", "held by"], rows)
+    out = ["GPUs", header]
+    for gpu, line in zip(gpus, lines, strict=False):
+        out.append(line)
+        for h in gpu.get("holders") or []:
+            mem = f" {h['used_mib']} MiB" if h.get("used_mib") is not None else ""
+            if h.get("ours"):
+                who = f"{h.get('process')} (pid {h.get('pid')}{mem}, run {h.get('run_id')})"
+            else:
+                who = f"NOT OURS: pid {h.get('pid')} {h.get('comm') or ''}{mem}"
+            out += wrapped(who, width)
+    return out
+
+
+# ---------------------------------------------------------------------------------- status
+
+
+def _state(proc: dict[str, Any]) -> str:
+    state = str(proc.get("state"))
+    if state == "exited":
+        state += f" ({proc.get('exit_code')})"
+    elif state == "killed" and proc.get("signal"):
+        state += f" (signal {proc.get('signal')})"
+    return state
+
+
+def _detail(proc: dict[str, Any]) -> str:
+    from outrig.progress import Progress, summary
+
+    detail = ""
+    raw = proc.get("progress")
+    if isinstance(raw, dict):
+        detail = summary(Progress.from_json(raw))
+    server = proc.get("server") or {}
+    if server.get("health") is not None or server.get("health_error"):
+        health = server.get("health") or f"down ({server.get('health_error')})"
+        models = ", ".join(server.get("models") or []) or "?"
+        detail = f"/health {health}, serving {models}"
+    elif not detail and proc.get("log_tail"):
+        detail = str(proc["log_tail"][-1])
+    return detail
+
+
+def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False) -> list[str]:
+    """``outrig status`` for people: per run a table of short fields, each process's
+    progress (or server health, or last log line) under its row, then checkpoints, the last
+    log lines of failed processes, and the GPUs (one line, or the table with ``gpu_table``)."""
+    from outrig.console import visible
+    from outrig.progress import format_duration
+
+    out: list[str] = []
+    for run in result.get("runs") or []:
+        if out:
+            out.append("")
+        out.append(f"run {run.get('run_id')} ({run.get('playbook')}): {run.get('status')}")
+        procs = run.get("processes") or []
+        rows = []
+        for proc in procs:
+            ready = proc.get("ready")
+            uptime = proc.get("uptime")
+            rows.append([str(proc.get("name")), _state(proc), str(proc.get("pid") or "-"),
+                         "-" if uptime is None else format_duration(float(uptime)),
+                         "-" if ready is None else ("yes" if ready else "no"),
+                         ",".join(str(i) for i in proc.get("gpus_held") or []) or "-"])
+        header, lines = columns(["process", "state", "pid", "uptime", "ready", "GPUs"], rows)
+        out.append(header)
+        notes: list[str] = []
+        for proc, line in zip(procs, lines, strict=False):
+            out.append(line)
+            detail = _detail(proc)
+            if detail:
+                out += wrapped(visible(detail), width)
+            notes += _process_notes(proc, width)
+        out += notes
+    gpus = result.get("gpus") or []
+    if gpus and gpu_table:
+        out += ["", *gpu_table_lines(gpus, width)]
+    elif gpus or result.get("gpu_error"):
+        out += gpu_summary_lines(gpus, width, result.get("gpu_error"))
+    return out
+
+
+def _process_notes(proc: dict[str, Any], width: int) -> list[str]:
+    """Checkpoint and failure lines for one process (paths on their own lines)."""
+    from outrig.console import visible
+
+    name = str(proc.get("name"))
+    out: list[str] = []
+    checkpoint = proc.get("checkpoint")
+    if isinstance(checkpoint, dict):
+        if checkpoint.get("path"):
+            out += labelled(f"{name}: newest complete checkpoint ({checkpoint.get('count')} "
+                            "saved)", visible(str(checkpoint["path"])), width, "  ")
+        else:
+            out += labelled(f"{name}: no complete checkpoint yet in",
+                            visible(str(checkpoint.get("save_path"))), width, "  ")
+    failed = (proc.get("state") == "exited" and proc.get("exit_code") not in (0, None)) \
+        or proc.get("state") == "killed"
+    if failed and proc.get("log_tail"):
+        out.append(f"  {name} {_state(proc)}; last log lines:")
+        for line in proc["log_tail"]:
+            out += wrapped(visible(str(line)), width, INDENT + "| ", INDENT + "|   ")
+    return out
+
+
+# ------------------------------------------------------------------------------------ plan
+
+
+def plan_lines(plan: Any, width: int, *, full: bool = False) -> list[str]:
+    """``outrig plan`` (and deploy's plan) for people: each process's short fields in a
+    row, its readiness and whole command under it (and its env with ``full``)."""
+    mode = " (test mode)" if plan.test_mode else ""
+    out = [f"plan: {plan.playbook}{mode} on {plan.host}"]
+    out += labelled("run", plan.run_id, width, "  ")
+    out += labelled("workdir", plan.workdir, width, "  ")
+    rows, procs = [], []
+    for index, name in enumerate(plan.order, 1):
+        proc = plan.processes.get(name)
+        if proc is None:
+            continue
+        gpus = ",".join(map(str, proc.gpus)) or "-"
+        if proc.parallel:
+            gpus += f" (TP{proc.parallel[0]}×DP{proc.parallel[1]})"
+        rows.append([str(index), name, gpus, ",".join(proc.after) or "-",
+                     f"TERM, {proc.stop_grace:g}s, KILL"])
+        procs.append(proc)
+    header, lines = columns(["#", "process", "gpus", "after", "stop"], rows)
+    out.append(header)
+    for proc, line in zip(procs, lines, strict=False):
+        out.append(line)
+        ready = proc.ready.describe() if proc.ready else "up 2 s after launch"
+        out += wrapped(f"ready: {ready}", width)
+        out += command_lines(proc.argv, width)
+        if full and proc.env:
+            pairs = [f"{k}={shown(v)}" for k, v in sorted(proc.env.items())]
+            joined = INDENT + "env: " + " ".join(pairs)
+            out += [joined] if len(joined) <= width else \
+                [INDENT + "env:"] + [INDENT + "    " + p for p in pairs]
+    if plan.files:
+        out += wrapped("files pushed: " + ", ".join(remote for remote, _ in plan.files),
+                       width, "", INDENT)
+    if plan.secrets:
+        out += wrapped(f"secrets passed over the channel: {', '.join(plan.secrets)} "
+                       "(values hidden)", width, "", INDENT)
+    for note in plan.notes:
+        out += wrapped(f"note: {note}", width, "", INDENT)
+    return out

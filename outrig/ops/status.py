@@ -1,0 +1,116 @@
+"""``inv status``: one agent call; progress is parsed here (outrig/progress.py)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from outrig.console import Reporter
+from outrig.errors import ConfigError
+from outrig.journal import Journal
+from outrig.ops.base import HostSession, Project, host_session, playbook_name
+
+
+def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) -> dict[str, Any]:
+    if sum(bool(x) for x in (run_id, playbook, all_runs)) > 1:
+        raise ConfigError("give at most one of --run, --playbook and --all")
+    return {"run_id": run_id, "playbook": playbook}
+
+
+PROGRESS_BYTES = 16384  # log tail shipped per process for the progress parser
+PROGRESS_MARKERS = ["Training epoch "]  # last line holding these is found further back
+
+
+def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
+           playbook: str | None = None, log_lines: int = 5,
+           journal: Journal | None = None) -> dict[str, Any]:
+    """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
+    playbook = playbook_name(project, playbook)
+    with host_session(project, host_spec, reporter, journal) as session:
+        return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)
+
+
+def status_on(session: HostSession, *, run_id: str | None = None, playbook: str | None = None,
+              log_lines: int = 5) -> dict[str, Any]:
+    """Status of the runs on the session's box, shown (tables, or JSON) and returned."""
+    selector = _selector(run_id, playbook)
+    result = session.call("status", stream=False, log_lines=log_lines,
+                          progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
+                          gpu_holders=True, **selector)
+    enrich_status(result)
+    if session.reporter.json_mode:
+        session.reporter.emit_json(result)
+    else:
+        print_status(session.reporter, result)
+    return result
+
+
+def enrich_status(result: dict[str, Any]) -> dict[str, Any]:
+    """Turn the agent's raw status into the documented document (docs/logs-and-status.md):
+    parse each process's progress from its shipped log text (then drop the raw text), and map
+    every GPU to the processes holding it."""
+    from outrig.progress import parse_progress
+
+    holders = [h for h in result.pop("gpu_holders", None) or [] if isinstance(h, dict)]
+    for run in result.get("runs") or []:
+        redact_run(run)
+        for proc in run.get("processes") or []:
+            text = proc.pop("tail_text", None)
+            markers = proc.pop("markers", None) or {}
+            checkpoint = proc.get("checkpoint") or {}
+            progress = None
+            if isinstance(text, str) and text:
+                progress = parse_progress(
+                    text, argv=[str(a) for a in proc.get("argv") or []],
+                    epoch_line=markers.get("Training epoch "),
+                    training_state=checkpoint.get("training_state"))
+            proc["progress"] = progress.to_json() if progress is not None else None
+            proc["gpus_held"] = sorted({
+                h["gpu_index"] for h in holders
+                if h.get("gpu_index") is not None and (h.get("owner") or {}).get("run_id")
+                == run.get("run_id") and (h.get("owner") or {}).get("process") == proc.get("name")
+            })
+    facts = result.get("facts") or {}
+    gpus = []
+    for gpu in facts.get("gpus") or []:
+        held = []
+        for h in holders:
+            if h.get("gpu_index") != gpu.get("index"):
+                continue
+            owner = h.get("owner") or {}
+            held.append({"pid": h.get("pid"), "used_mib": h.get("used_mib"),
+                         "run_id": owner.get("run_id"), "process": owner.get("process"),
+                         "ours": bool(owner), "comm": h.get("comm"), "user": h.get("user")})
+        gpus.append({**gpu, "holders": held})
+    result["gpus"] = gpus
+    result["gpu_error"] = facts.get("gpu_error") or result.pop("gpu_audit_error", None)
+    return result
+
+
+def redact_run(run: dict[str, Any]) -> None:
+    """Replace the values of the run's secrets (``secret_keys``, read from this shell's
+    environment) in every log text the box shipped. The box redacts with the values of live
+    processes; once they are gone only this shell still knows them. Same function as the box."""
+    from outrig._box.agent.events import redact
+
+    keys = [str(k) for k in run.get("secret_keys") or []]
+    values = sorted({os.environ[k] for k in keys if os.environ.get(k)}, key=len, reverse=True)
+    if not values:
+        return
+    error = run.get("error")
+    if isinstance(error, dict):
+        error["message"] = redact(str(error.get("message") or ""), values)
+        error["excerpt"] = [redact(str(line), values) for line in error.get("excerpt") or []]
+    for proc in run.get("processes") or []:
+        proc["log_tail"] = [redact(str(line), values) for line in proc.get("log_tail") or []]
+        if isinstance(proc.get("tail_text"), str):
+            proc["tail_text"] = redact(proc["tail_text"], values)
+        markers = proc.get("markers")
+        if isinstance(markers, dict):
+            proc["markers"] = {k: redact(v, values) if isinstance(v, str) else v
+                               for k, v in markers.items()}
+
+
+def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
+    """For humans, laid out for the terminal's width (outrig/layout.py)."""
+    reporter.status(result)

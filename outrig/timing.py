@@ -1,0 +1,84 @@
+"""Every workstation-side time limit that depends on the link, in one place.
+
+A 240 ms link and a LAN need different limits: a fixed 5 s limit fires on a slow link that
+works, and a fixed 60 s one hides a dead LAN box for a minute. Each rule here scales with the
+round-trip time (RTT) measured on the last contact (kept in the journal) or on this
+connection, and never goes below a floor that a loaded box can need. A limit that comes with a
+"why" sentence is named in the error it raises, so a user can see where it came from.
+
+Nothing here does I/O: these are pure functions of the RTT (and the host file's override).
+"""
+
+from __future__ import annotations
+
+import random
+
+from outrig.inventory import Host
+
+DEFAULT_CONNECT_TIMEOUT = 15.0  # seconds; also the floor of the RTT-scaled connect limit
+CHANNEL_TIMEOUT_FLOOR = 5.0  # seconds; below this a loaded box's sshd may simply be slow
+AGENT_IDLE_FLOOR = 60.0  # seconds of silence before an agent call's link counts as dead
+FORWARD_OPEN_TIMEOUT = 20.0  # seconds for the box to answer a forwarded channel's open
+MIGRATE_PROBE_PAUSE = 2.0  # seconds between migrate's probes of the old box (× attempt)
+TCP_PROBE_LIMIT = 10.0  # seconds at most for migrate's bare TCP probe of the old box
+
+
+def _rtt_scaled(host: Host, rtt: float | None, floor: float, times: int,
+                which: str) -> tuple[float, str]:
+    """A limit and the sentence saying where it came from (for the error message): the host
+    file's connect_timeout, else ``times`` × the measured RTT but never below ``floor``."""
+    if host.connect_timeout is not None:
+        return host.connect_timeout, "connect_timeout in the host file"
+    if rtt is None:
+        return DEFAULT_CONNECT_TIMEOUT, "default; no RTT measured yet for this host"
+    return (max(floor, times * rtt),
+            f"max({floor:g} s, {times} × {which} RTT {rtt * 1000:.0f} ms)")
+
+
+def connect_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
+    """The connect limit and a sentence saying where it came from (for the error message)."""
+    return _rtt_scaled(host, rtt, DEFAULT_CONNECT_TIMEOUT, 30, "last measured")
+
+
+def channel_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
+    """How long a session-channel open may take once authenticated: one round trip, so a
+    generous multiple of the measured RTT (never below a floor a loaded sshd can need)."""
+    return _rtt_scaled(host, rtt, CHANNEL_TIMEOUT_FLOOR, 20, "measured")
+
+
+def keepalive_interval_for(rtt: float | None) -> int:
+    """SSH keepalive period: a dead link shows within ~3 intervals, never fires on a slow one."""
+    if rtt is None:
+        return 10
+    return max(5, round(10 * rtt))
+
+
+def retry_pause(rtt: float | None, attempt: int) -> float:
+    """The wait before retry ``attempt`` (1-based) after a lost link: a few round trips,
+    doubling, capped at 10 s, with jitter so that many workstations do not retry in step."""
+    base = max(0.2, 4 * (rtt or 0.05))
+    return float(min(base * 2 ** (attempt - 1), 10.0) * random.uniform(0.8, 1.2))
+
+
+def agent_idle_limit(rtt: float | None) -> float:
+    """Silence allowed on an agent call's channel. The agent speaks at least every progress
+    interval while it waits; silence longer than this means the link or the box is gone."""
+    return max(AGENT_IDLE_FLOOR, 40 * (rtt or 0.0))
+
+
+def heartbeat_for(rtt: float | None) -> float:
+    """How often the ``follow`` agent must speak when idle: often enough to see a dead link
+    within a few seconds, rarely enough to cost nothing on a slow one."""
+    if rtt is None:
+        return 2.0
+    return max(1.0, min(5.0, 5 * rtt))
+
+
+def follow_idle_limit(heartbeat: float, rtt: float | None) -> float:
+    """Silence longer than ~3 heartbeats (plus the link's own delay) means the link is dead."""
+    return max(3.0, 3 * heartbeat + 4 * (rtt or 0.0))
+
+
+def jittered(delay: float) -> float:
+    """``delay`` ± 20 %: reconnect waits of many workstations do not line up."""
+    return delay * random.uniform(0.8, 1.2)
