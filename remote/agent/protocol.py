@@ -133,7 +133,7 @@ RESULTS: Dict[str, Tuple[str, ...]] = {
     "authorize_key": ("path", "tag"),
     "revoke_key": ("removed",),
     "peer_keygen": ("public_key", "has_ssh"),
-    "checkpoints": ("save_path", "exists", "checkpoints", "others", "now"),
+    "checkpoints": ("save_path", "exists", "checkpoints", "others"),  # and "now" if it exists
 }
 
 

@@ -8,6 +8,7 @@ import ast
 import re
 import sys
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
 
@@ -17,6 +18,7 @@ from outrig.agent_client import AGENT_DIR
 from outrig.errors import RemoteError
 from outrig.inventory import Host
 from outrig.ops.base import base_request
+from tests.agent_harness import Box
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agent-protocol.md"
 HOST = Host(name="box", hostname="box.example", workdir="~/outrig", env={"A": "1"})
@@ -77,3 +79,20 @@ def test_the_agent_is_stdlib_only_and_python_3_8(path: Path) -> None:
             roots.add(node.module.split(".")[0])
     allowed = set(sys.stdlib_module_names) | {"__future__"}
     assert roots - allowed == set(), f"{path.name} imports {sorted(roots - allowed)}"
+
+
+def test_simple_results_have_the_fields_the_protocol_names(box: Box, tmp_path: Path) -> None:
+    box.workdir.mkdir()
+    requests: Dict[str, Dict[str, Any]] = {
+        "check": {},
+        "model_facts": {"models": [str(tmp_path)], "pythons": []},
+        "checkpoints": {"save_path": str(tmp_path / "none")},
+        "manifest": {"items": [{"name": "wd", "path": str(box.workdir)}]},
+        "mark_staged": {"root": str(tmp_path), "expect": {}},
+    }
+    assert set(requests) <= set(protocol.RESULTS)
+    for op, fields in requests.items():
+        _, result = box.agent({"op": op, **fields})
+        assert result["ok"] is True, (op, result)
+        missing = [name for name in protocol.RESULTS[op] if name not in result]
+        assert missing == [], (op, missing, result)
