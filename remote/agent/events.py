@@ -10,6 +10,7 @@ import traceback
 from typing import IO, Any, List, Optional
 
 from .constants import FULL_DISK_ERRNOS, JSONDict
+from .protocol import BAD_REQUEST, DISK, INTERNAL
 
 
 class AgentError(Exception):
@@ -43,7 +44,7 @@ class AgentError(Exception):
 
 def bad_request(message: str) -> AgentError:
     """Shorthand: the request itself is wrong; nothing was touched."""
-    return AgentError("bad_request", message)
+    return AgentError(BAD_REQUEST, message)
 
 
 class Emitter:
@@ -95,9 +96,9 @@ def internal_error(exc: BaseException, workdir: Optional[str] = None) -> AgentEr
     out, and cleanup is said to work on a full disk (it records what it can)."""
     if isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS:
         where = exc.filename or workdir or "the workdir"
-        return AgentError("disk", f"the box's disk is full or read-only writing {where} "
+        return AgentError(DISK, f"the box's disk is full or read-only writing {where} "
                           f"({os.strerror(exc.errno)}). Free space there (df -h; old runs' "
                           "logs and hidden-state files are the usual suspects); `outrig cleanup` "
                           "still stops running processes on a full disk")
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return AgentError("internal", last)
+    return AgentError(INTERNAL, last)
