@@ -7,40 +7,30 @@ the fix (no traceback), with exit status 2 for bad input (nothing was sent) and 
 on or while reaching the box. Run ``outrig --list`` for the tasks and ``outrig --help TASK``
 for each flag; docs/cli.md is the reference.
 
-Where values come from (highest first): the flag, an ``OUTRIG_*`` environment variable, the
-project's ``outrig.yaml``, then Invoke's own configuration (``~/.outrig.yaml`` and
-``/etc/outrig.yaml`` for ``outrig``; ``invoke.yaml`` files for ``inv``).
+Where values come from is :mod:`outrig.settings`; the program itself (parse errors, completion)
+is :mod:`outrig.program`.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from invoke.collection import Collection
-from invoke.config import Config, merge_dicts
-from invoke.exceptions import Exit, ParseError
-from invoke.program import Program
+from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from outrig import __version__
 from outrig.console import Reporter, visible
 from outrig.errors import ConfigError, OutrigError
-from outrig.ops.base import Project
+from outrig.program import OutrigConfig, OutrigProgram, remainder_argv
+from outrig.settings import Settings, parse_params, playbook_for, settings_for
 from outrig.transfer import STREAMS
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-PROJECT_FILE = "outrig.yaml"
-PROJECT_FILES = (PROJECT_FILE, "invoke.yaml", "invoke.yml")  # highest first
-SETTINGS = ("host", "playbook", "project")  # config keys and OUTRIG_* variables
 
 HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local' "
              "(default: OUTRIG_HOST, then host: in outrig.yaml)")
@@ -50,174 +40,6 @@ PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OU
 GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
              "summary")
 PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
-
-
-# --------------------------------------------------------------------------------- settings
-
-
-def find_project(start: Path) -> Path | None:
-    """The nearest folder upward from ``start`` holding ``hosts/``, ``playbooks/`` or
-    ``outrig.yaml``: users keep their hosts and playbooks in their own repositories."""
-    here = start.resolve()
-    for folder in (here, *here.parents):
-        if ((folder / "playbooks").is_dir() or (folder / "hosts").is_dir()
-                or (folder / PROJECT_FILE).is_file()):
-            return folder
-    return None
-
-
-def read_project_file(root: Path, name: str = PROJECT_FILE) -> dict[str, Any]:
-    """One config file of the project (an empty mapping when absent); a wrong shape is a
-    ConfigError naming the file and key."""
-    path = root / name
-    if not path.is_file():
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read it as YAML ({exc}); fix or remove the file") \
-            from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping such as 'host: my-box' (one key a line)")
-    for key in SETTINGS:
-        if key in data and data[key] is not None and not isinstance(data[key], str):
-            raise ConfigError(f"{path}: {key}: must be a name (text), not {data[key]!r}")
-    return data
-
-
-def read_project_config(root: Path) -> dict[str, tuple[str, Path]]:
-    """The project's defaults, each with the file it came from: ``outrig.yaml`` first, then
-    ``invoke.yaml`` (or ``invoke.yml``), so a project set up for ``inv`` works unchanged with
-    ``outrig``, which Invoke itself would not read it for."""
-    found: dict[str, tuple[str, Path]] = {}
-    for name in PROJECT_FILES:
-        data = read_project_file(root, name)
-        for key in SETTINGS:
-            if data.get(key) and key not in found:
-                found[key] = (str(data[key]), root / name)
-    return found
-
-
-def _invoke_setting(c: Any, key: str) -> str | None:
-    """``key`` from Invoke's merged config (user/system files, collection defaults)."""
-    config = getattr(c, "config", None)
-    if config is None:
-        return None
-    try:
-        value = config.get(key)
-    except (AttributeError, KeyError):
-        return None
-    return str(value) if value not in (None, "") else None
-
-
-@dataclass
-class Settings:
-    """The project of this command and where its defaults come from."""
-
-    project: Project
-    project_source: str
-    file: dict[str, tuple[str, Path]] = field(default_factory=dict)
-    context: Any = None
-
-    def value(self, key: str, flag: str | None) -> tuple[str | None, str]:
-        """``key``'s value and where it came from: flag > env > project files > Invoke
-        config."""
-        if flag not in (None, ""):
-            return flag, f"--{key}"
-        variable = f"OUTRIG_{key.upper()}"
-        if os.environ.get(variable):
-            return os.environ[variable], variable
-        if key in self.file:
-            value, path = self.file[key]
-            return value, f"{key}: in {path}"
-        configured = _invoke_setting(self.context, key)
-        if configured:
-            return configured, f"{key}: in the user configuration"
-        return None, ""
-
-    def host(self, flag: str | None) -> str:
-        """The host to act on; a clear ConfigError (exit 2) when none is given anywhere."""
-        value, _ = self.value("host", flag)
-        if value is None:
-            raise ConfigError(
-                "no host given: pass --host NAME (a file in "
-                f"{self.project.hosts_dir}, an ~/.ssh/config alias, user@host:port or "
-                f"'local'), or set a default with host: in {self.project.root / PROJECT_FILE} "
-                "or the OUTRIG_HOST variable. Nothing was sent.")
-        return value
-
-
-def settings_for(c: Any, project_flag: str | None) -> Settings:
-    """The project: --project, OUTRIG_PROJECT, found upward from here, the configured
-    ``project``, else this folder (host aliases and paths still work there)."""
-    explicit = project_flag or os.environ.get("OUTRIG_PROJECT")
-    source = "--project" if project_flag else "OUTRIG_PROJECT"
-    if explicit:
-        root = Path(explicit).expanduser()
-        if not root.is_dir():
-            raise ConfigError(f"{source} {explicit}: no such folder; name the folder that "
-                              "holds hosts/ and playbooks/ (outrig init makes one)")
-        return _settings(c, root.resolve(), source)
-    found = find_project(Path.cwd())
-    if found is not None:
-        return _settings(c, found, "found upward from the current folder")
-    configured = _invoke_setting(c, "project")
-    if configured and Path(configured).expanduser().is_dir():
-        return _settings(c, Path(configured).expanduser().resolve(), "project: in the config")
-    return _settings(c, Path.cwd().resolve(), "the current folder (no project found)")
-
-
-def _settings(c: Any, root: Path, source: str) -> Settings:
-    return Settings(Project(root), source, read_project_config(root), c)
-
-
-def playbook_for(settings: Settings, flag: str | None, host: str | None,
-                 reporter: Reporter, *, what: str) -> str:
-    """The playbook to plan or deploy: flag > env > config > the host's current run's
-    playbook. Never a built-in default: deploying something the user did not name is worse
-    than asking."""
-    value, source = settings.value("playbook", flag)
-    if value is not None:
-        if source != "--playbook":
-            reporter.info(f"playbook {value} ({source})")
-        return value
-    running: list[dict[str, Any]] = []
-    if host is not None:
-        from outrig.inventory import resolve_host
-        from outrig.journal import Journal
-
-        name = resolve_host(host, hosts_dir=settings.project.hosts_dir).name
-        running = [r for r in Journal().runs(host=name) if r.get("status") == "running"]
-    playbooks = sorted({str(r.get("playbook")) for r in running})
-    if len(playbooks) == 1:
-        reporter.info(f"playbook {playbooks[0]} (the current run on {host}, "
-                      f"{running[0].get('run_id')})")
-        return playbooks[0]
-    folder = settings.project.playbooks_dir
-    known = sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
-    why = (f"runs of {len(playbooks)} playbooks are running on {host} ({', '.join(playbooks)})"
-           if playbooks else f"{host} has no current run to take it from")
-    raise ConfigError(
-        f"which playbook to {what}? none was given or configured and {why}: pass --playbook "
-        f"NAME (in {folder}: {', '.join(known) or 'none'}), or set playbook: in "
-        f"{settings.project.root / PROJECT_FILE} or OUTRIG_PLAYBOOK. Nothing was sent.")
-
-
-def parse_params(values: list[str] | None) -> dict[str, Any]:
-    """``--param key=value`` flags as a mapping; each value is read as YAML (``5`` is a
-    number, ``true`` a boolean, anything else text), like the playbook's own params."""
-    params: dict[str, Any] = {}
-    for item in values or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--param {item!r}: expected key=value, e.g. --param steps=5")
-        try:
-            params[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            params[key.strip()] = raw
-    return params
 
 
 def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
@@ -230,16 +52,6 @@ def number(value: str | None, flag: str, default: float, *, whole: bool = True) 
         kind = "a whole number" if whole else "a number"
         raise ConfigError(f"--{flag} must be {kind}, not {value!r} (e.g. --{flag} "
                           f"{int(default)})") from None
-
-
-def remainder_argv() -> list[str]:
-    """The words after ``--`` exactly as typed (Invoke's parser joins them into one string,
-    which would lose quoting): from :class:`OutrigProgram`, else this process's argv."""
-    argv = _REMAINDER if _REMAINDER is not None else sys.argv
-    return list(argv[argv.index("--") + 1:]) if "--" in argv else []
-
-
-_REMAINDER: list[str] | None = None
 
 
 def _reporter(json: bool, gpus: bool = False) -> Reporter:
@@ -857,100 +669,6 @@ def make_collection(default_project: Path | None = None) -> Collection:
 
 
 ns = make_collection()
-
-
-# ---------------------------------------------------------------------------------- program
-
-
-class OutrigConfig(Config):
-    """Invoke's config with outrig's name: ``~/.outrig.yaml``, ``/etc/outrig.yaml`` and
-    ``OUTRIG_*`` variables (for the keys in :data:`SETTINGS`)."""
-
-    prefix = "outrig"
-
-    @staticmethod
-    def global_defaults() -> dict[str, Any]:
-        defaults: dict[str, Any] = merge_dicts(Config.global_defaults(),
-                                               dict.fromkeys(SETTINGS))
-        return defaults
-
-
-class OutrigProgram(Program):
-    """``outrig``: Invoke's Program with the outrig collection, keeping the words after
-    ``--`` as typed, and turning Invoke's parse errors into exit status 2 with the fix."""
-
-    def parse_core(self, argv: list[str] | None) -> None:
-        global _REMAINDER
-        words = list(sys.argv if argv is None else argv)
-        _REMAINDER = words if "--" in words else []
-        try:
-            super().parse_core(argv)
-        except ParseError as exc:
-            raise Exit(parse_error_message(exc, self.binary_names[0]), code=2) from None
-
-    def parse_cleanup(self) -> None:
-        """``--complete`` (the shell completion scripts' call) also completes the values of
-        --host (and --from, --to) and --playbook from the project; Invoke completes flags
-        and task names."""
-        if self.args.complete.value:
-            names = value_candidates(self.core.remainder)
-            if names is not None:
-                print("\n".join(names))
-                raise Exit
-        super().parse_cleanup()
-
-    def parse_tasks(self) -> None:
-        try:
-            super().parse_tasks()
-        except ParseError as exc:
-            raise Exit(parse_error_message(exc, self.binary_names[0]), code=2) from None
-        except ValueError as exc:  # a typed flag given a value of the wrong type
-            raise Exit(f"error: {exc}; see `outrig --help TASK` for the flag's type", code=2) \
-                from None
-
-
-VALUE_FLAGS = {"--host": "hosts", "--from": "hosts", "--to": "hosts",
-               "--playbook": "playbooks"}
-
-
-def value_candidates(invocation: str) -> list[str] | None:
-    """Names for the flag being completed in ``invocation`` (``outrig deploy --host`` or
-    ``outrig deploy --host uk``), or None when the word is not such a flag's value."""
-    import shlex
-
-    try:
-        words = shlex.split(invocation)
-    except ValueError:
-        return None
-    flag = next((w for w in words[-2:][::-1] if w in VALUE_FLAGS), None)
-    if flag is None or (words[-1] != flag and (words[-2:-1] != [flag]
-                                               or words[-1].startswith("-"))):
-        return None
-    root: Path | None = None
-    if "--project" in words[:-1]:
-        root = Path(words[words.index("--project") + 1]).expanduser()
-    elif os.environ.get("OUTRIG_PROJECT"):
-        root = Path(os.environ["OUTRIG_PROJECT"]).expanduser()
-    else:
-        root = find_project(Path.cwd())
-    folder = (root or Path.cwd()) / VALUE_FLAGS[flag]
-    return sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
-
-
-def parse_error_message(exc: ParseError, binary: str) -> str:
-    """One paragraph: Invoke's complaint, which task it concerns, and how to see the flags."""
-    context = getattr(exc, "context", None)
-    name = getattr(context, "name", None)
-    # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host
-    text = re.sub(r"<Argument: ([^,()> ]+)[^>]*>",
-                  lambda m: "--" + m.group(1).replace("_", "-"), str(exc)).rstrip(".!")
-    if name in ("exec", "ssh") and text.startswith("No idea what"):
-        fix = f"the command goes after --, e.g. `{binary} {name} --host NAME -- nvidia-smi`"
-    elif name:
-        fix = f"see `{binary} --help {name}` for its flags"
-    else:
-        fix = f"see `{binary} --list` for the tasks and `{binary} --help TASK` for their flags"
-    return f"error: {text}; {fix}. Nothing was run."
 
 
 program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],

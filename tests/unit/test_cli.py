@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outrig.cli import OutrigProgram, make_collection, parse_params
+from outrig.cli import make_collection
 from outrig.errors import ConfigError
 from outrig.journal import Journal
+from outrig.program import OutrigProgram
+from outrig.settings import parse_params
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,189 @@
+"""Where a command's project and defaults come from: the project folder (found upward, or
+named), its ``outrig.yaml`` / ``invoke.yaml``, ``OUTRIG_*`` variables and Invoke's own config.
+
+Precedence, highest first: the flag, an ``OUTRIG_*`` variable, the project's ``outrig.yaml``,
+its ``invoke.yaml``, then the user's configuration (docs/cli.md). Pure reading; nothing here
+reaches a box.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from outrig.console import Reporter
+from outrig.errors import ConfigError
+from outrig.ops.base import Project
+
+PROJECT_FILE = "outrig.yaml"
+PROJECT_FILES = (PROJECT_FILE, "invoke.yaml", "invoke.yml")  # highest first
+SETTINGS = ("host", "playbook", "project")  # config keys and OUTRIG_* variables
+
+
+def find_project(start: Path) -> Path | None:
+    """The nearest folder upward from ``start`` holding ``hosts/``, ``playbooks/`` or
+    ``outrig.yaml``: users keep their hosts and playbooks in their own repositories."""
+    here = start.resolve()
+    for folder in (here, *here.parents):
+        if ((folder / "playbooks").is_dir() or (folder / "hosts").is_dir()
+                or (folder / PROJECT_FILE).is_file()):
+            return folder
+    return None
+
+
+def read_project_file(root: Path, name: str = PROJECT_FILE) -> dict[str, Any]:
+    """One config file of the project (an empty mapping when absent); a wrong shape is a
+    ConfigError naming the file and key."""
+    path = root / name
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read it as YAML ({exc}); fix or remove the file") \
+            from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping such as 'host: my-box' (one key a line)")
+    for key in SETTINGS:
+        if key in data and data[key] is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{path}: {key}: must be a name (text), not {data[key]!r}")
+    return data
+
+
+def read_project_config(root: Path) -> dict[str, tuple[str, Path]]:
+    """The project's defaults, each with the file it came from: ``outrig.yaml`` first, then
+    ``invoke.yaml`` (or ``invoke.yml``), so a project set up for ``inv`` works unchanged with
+    ``outrig``, which Invoke itself would not read it for."""
+    found: dict[str, tuple[str, Path]] = {}
+    for name in PROJECT_FILES:
+        data = read_project_file(root, name)
+        for key in SETTINGS:
+            if data.get(key) and key not in found:
+                found[key] = (str(data[key]), root / name)
+    return found
+
+
+def _invoke_setting(c: Any, key: str) -> str | None:
+    """``key`` from Invoke's merged config (user/system files, collection defaults)."""
+    config = getattr(c, "config", None)
+    if config is None:
+        return None
+    try:
+        value = config.get(key)
+    except (AttributeError, KeyError):
+        return None
+    return str(value) if value not in (None, "") else None
+
+
+@dataclass
+class Settings:
+    """The project of this command and where its defaults come from."""
+
+    project: Project
+    project_source: str
+    file: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    context: Any = None
+
+    def value(self, key: str, flag: str | None) -> tuple[str | None, str]:
+        """``key``'s value and where it came from: flag > env > project files > Invoke
+        config."""
+        if flag not in (None, ""):
+            return flag, f"--{key}"
+        variable = f"OUTRIG_{key.upper()}"
+        if os.environ.get(variable):
+            return os.environ[variable], variable
+        if key in self.file:
+            value, path = self.file[key]
+            return value, f"{key}: in {path}"
+        configured = _invoke_setting(self.context, key)
+        if configured:
+            return configured, f"{key}: in the user configuration"
+        return None, ""
+
+    def host(self, flag: str | None) -> str:
+        """The host to act on; a clear ConfigError (exit 2) when none is given anywhere."""
+        value, _ = self.value("host", flag)
+        if value is None:
+            raise ConfigError(
+                "no host given: pass --host NAME (a file in "
+                f"{self.project.hosts_dir}, an ~/.ssh/config alias, user@host:port or "
+                f"'local'), or set a default with host: in {self.project.root / PROJECT_FILE} "
+                "or the OUTRIG_HOST variable. Nothing was sent.")
+        return value
+
+
+def settings_for(c: Any, project_flag: str | None) -> Settings:
+    """The project: --project, OUTRIG_PROJECT, found upward from here, the configured
+    ``project``, else this folder (host aliases and paths still work there)."""
+    explicit = project_flag or os.environ.get("OUTRIG_PROJECT")
+    source = "--project" if project_flag else "OUTRIG_PROJECT"
+    if explicit:
+        root = Path(explicit).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"{source} {explicit}: no such folder; name the folder that "
+                              "holds hosts/ and playbooks/ (outrig init makes one)")
+        return _settings(c, root.resolve(), source)
+    found = find_project(Path.cwd())
+    if found is not None:
+        return _settings(c, found, "found upward from the current folder")
+    configured = _invoke_setting(c, "project")
+    if configured and Path(configured).expanduser().is_dir():
+        return _settings(c, Path(configured).expanduser().resolve(), "project: in the config")
+    return _settings(c, Path.cwd().resolve(), "the current folder (no project found)")
+
+
+def _settings(c: Any, root: Path, source: str) -> Settings:
+    return Settings(Project(root), source, read_project_config(root), c)
+
+
+def playbook_for(settings: Settings, flag: str | None, host: str | None,
+                 reporter: Reporter, *, what: str) -> str:
+    """The playbook to plan or deploy: flag > env > config > the host's current run's
+    playbook. Never a built-in default: deploying something the user did not name is worse
+    than asking."""
+    value, source = settings.value("playbook", flag)
+    if value is not None:
+        if source != "--playbook":
+            reporter.info(f"playbook {value} ({source})")
+        return value
+    running: list[dict[str, Any]] = []
+    if host is not None:
+        from outrig.inventory import resolve_host
+        from outrig.journal import Journal
+
+        name = resolve_host(host, hosts_dir=settings.project.hosts_dir).name
+        running = [r for r in Journal().runs(host=name) if r.get("status") == "running"]
+    playbooks = sorted({str(r.get("playbook")) for r in running})
+    if len(playbooks) == 1:
+        reporter.info(f"playbook {playbooks[0]} (the current run on {host}, "
+                      f"{running[0].get('run_id')})")
+        return playbooks[0]
+    folder = settings.project.playbooks_dir
+    known = sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
+    why = (f"runs of {len(playbooks)} playbooks are running on {host} ({', '.join(playbooks)})"
+           if playbooks else f"{host} has no current run to take it from")
+    raise ConfigError(
+        f"which playbook to {what}? none was given or configured and {why}: pass --playbook "
+        f"NAME (in {folder}: {', '.join(known) or 'none'}), or set playbook: in "
+        f"{settings.project.root / PROJECT_FILE} or OUTRIG_PLAYBOOK. Nothing was sent.")
+
+
+def parse_params(values: list[str] | None) -> dict[str, Any]:
+    """``--param key=value`` flags as a mapping; each value is read as YAML (``5`` is a
+    number, ``true`` a boolean, anything else text), like the playbook's own params."""
+    params: dict[str, Any] = {}
+    for item in values or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--param {item!r}: expected key=value, e.g. --param steps=5")
+        try:
+            params[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            params[key.strip()] = raw
+    return params
