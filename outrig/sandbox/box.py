@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Dict, List, Optional, Type
 
+from outrig._box.agent.procs import read_stat
 from outrig.errors import OutrigError
 from outrig.sandbox import nvidia_smi
 
@@ -97,12 +98,8 @@ def children_of(pid: int) -> List[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2:].split()
-        if len(fields) > 1 and fields[1] == str(pid):
+        stat = read_stat(int(entry))
+        if stat is not None and stat.ppid == pid:
             out.append(int(entry))
     return out
 

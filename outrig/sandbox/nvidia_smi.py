@@ -146,7 +146,10 @@ def register_holder(gpu_dir: Path, pid: int, physical_gpu: int, mib: int,
 
 
 def _stat_fields(pid: int) -> Optional[List[str]]:
-    """Fields of /proc/PID/stat after the comm (which may contain spaces), or None if gone."""
+    """Fields of /proc/PID/stat after the comm (which may contain spaces), or None if gone.
+
+    Not the agent's parser (remote/agent/procs.py): this file runs on the sandbox box as a
+    standalone program and imports nothing of outrig."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

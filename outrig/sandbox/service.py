@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from outrig._box.agent.procs import read_stat
 from outrig.errors import ConfigError
 from outrig.journal import atomic_write_json, read_json, safe_name, state_dir
 from outrig.sandbox.box import SandboxError, children_of
@@ -57,14 +58,8 @@ def read_state(name: str) -> dict[str, Any] | None:
 def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or
     None when it is gone or a zombie: with the pid it names one process, never a reused pid."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    if len(fields) < 20 or fields[0] == "Z":
-        return None
-    return int(fields[19])
+    stat = read_stat(pid)
+    return stat.start_ticks if stat is not None and stat.live() else None
 
 
 def _record(pid: int) -> dict[str, Any]:

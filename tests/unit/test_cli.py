@@ -181,12 +181,14 @@ def _product_strings(path: Path) -> list[tuple[int, str]]:
 
 
 def test_no_product_message_tells_the_user_to_run_inv() -> None:
-    """Hints name the installed command (`outrig status --host X`): `inv` only works inside
-    a checkout of this repository, which docs/cli.md explains."""
+    """Hints name the installed command (`outrig status --host X`), on the workstation and in
+    the box agent: `inv` only works inside a checkout of this repository, which docs/cli.md
+    explains."""
     import re
 
     offenders = [f"{path.relative_to(REPO)}:{line}: {text.strip()[:80]}"
-                 for path in [*sorted((REPO / "outrig").rglob("*.py")), REPO / "tasks.py"]
+                 for path in [*sorted((REPO / "outrig").rglob("*.py")),
+                              *sorted((REPO / "remote").rglob("*.py")), REPO / "tasks.py"]
                  for line, text in _product_strings(path)
                  if re.search(r"(^|[\s`(])inv [a-z-]+", text)]
     assert offenders == []
