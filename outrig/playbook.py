@@ -36,7 +36,7 @@ _PROCESS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
 # The playbook name is a file name on the box (.outrig/current/<name>) and starts run ids.
 _PLAYBOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ParamValue = Union[str, int, float, bool]
+ParamValue = Union[str, int, float, bool]  # noqa: UP007 (a runtime alias pydantic reads)
 
 
 class _Strict(BaseModel):
@@ -304,10 +304,10 @@ def _build_spec(registered: tuple[Recipe[Any], ...]) -> type[PlaybookBase]:
     if clash:
         raise ValueError(f"recipe name(s) {clash} are playbook keys already; rename the recipe")
     names = tuple(r.name for r in registered)
-    choice: Any = Optional[Literal[names]] if names else None
+    choice: Any = Optional[Literal[names]] if names else None  # noqa: UP045
     sections: dict[str, Any] = {
-        r.name: (Optional[r.section], Field(None, description=f"the {r.name} recipe's "
-                                             "parameters"))
+        r.name: (Optional[r.section],  # noqa: UP045
+                 Field(None, description=f"the {r.name} recipe's parameters"))
         for r in registered}
     middle = create_model("_RecipeSections", __base__=_RecipeChoice, **sections)
     bases: Any = (PlaybookBase, middle)  # PlaybookBase first: the result is one (for typing)

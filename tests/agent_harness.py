@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from outrig._box.agent.procs import read_stat
 from outrig.agent_client import AGENT_DIR, agent_command, agent_payload, argv_command
@@ -36,10 +36,10 @@ AGENT = AGENT_DIR  # the package remote/agent/ (imported as outrig._box.agent)
 # The agent must run on Python >= 3.8: point this at an old interpreter to check that.
 PY = os.environ.get("OUTRIG_TEST_AGENT_PYTHON", sys.executable)
 
-Event = Dict[str, Any]
+Event = dict[str, Any]
 
 
-def stat_fields(pid: int) -> Optional[Tuple[str, int, int, int]]:
+def stat_fields(pid: int) -> tuple[str, int, int, int] | None:
     """(state, pgid, sid, start_ticks) from /proc/PID/stat (the agent's own parser), or None
     when the pid is gone."""
     st = read_stat(pid)
@@ -64,7 +64,7 @@ def wait_until(cond: Any, timeout: float = 5.0) -> bool:
 
 
 
-def agent_command_for(request: Dict[str, Any], python: str = PY) -> Tuple[List[str], bytes]:
+def agent_command_for(request: dict[str, Any], python: str = PY) -> tuple[list[str], bytes]:
     """(argv, stdin bytes) that run the agent on ``request`` the way AgentCall does over SSH:
     everything in the command line, or (requests with secrets, or too long) the bootstrap
     with the bundle and the request line on stdin."""
@@ -76,8 +76,8 @@ def agent_command_for(request: Dict[str, Any], python: str = PY) -> Tuple[List[s
             agent_payload() + encoded + b"\n")
 
 
-def run_agent(request: Dict[str, Any], *, python: str = PY, timeout: float = 60.0
-              ) -> List[Event]:
+def run_agent(request: dict[str, Any], *, python: str = PY, timeout: float = 60.0
+              ) -> list[Event]:
     """Run the agent once on ``request`` (which must be complete: v, workdir, env) and return
     every event it printed, the result last; a non-zero exit fails with its stderr."""
     argv, stdin = agent_command_for(request, python)
@@ -92,7 +92,7 @@ class Box:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
         self.workdir = tmp_path / "wd"
-        self.pids: Dict[int, int] = {}  # pid -> start ticks when recorded
+        self.pids: dict[int, int] = {}  # pid -> start ticks when recorded
 
     def track(self, pid: int) -> None:
         """Remember a pid (with its start ticks, so teardown never kills a reused pid)."""
@@ -100,14 +100,14 @@ class Box:
         if st is not None:
             self.pids.setdefault(pid, st[3])
 
-    def track_events(self, events: List[Event]) -> None:
+    def track_events(self, events: list[Event]) -> None:
         """Track every pid the agent reports as launched."""
         for ev in events:
             if ev["event"] == "launched":
                 self.track(ev["pid"])
 
-    def agent(self, req: Dict[str, Any], timeout: float = 40.0,
-              prefix: Optional[List[str]] = None) -> Tuple[List[Event], Event]:
+    def agent(self, req: dict[str, Any], timeout: float = 40.0,
+              prefix: list[str] | None = None) -> tuple[list[Event], Event]:
         """Run the agent with one request line; return (events before result, result).
 
         ``prefix`` is an argv the agent's command is appended to (e.g. one hiding /proc)."""
@@ -133,9 +133,9 @@ class Box:
         self.track_events(events)
         return events, result
 
-    def deploy(self, processes: List[Dict[str, Any]], **extra: Any) -> Tuple[List[Event], Event]:
+    def deploy(self, processes: list[dict[str, Any]], **extra: Any) -> tuple[list[Event], Event]:
         """A deploy request with test-friendly defaults."""
-        req: Dict[str, Any] = {
+        req: dict[str, Any] = {
             "op": "deploy",
             "playbook": "smoke",
             "run_id": R1,
@@ -146,9 +146,9 @@ class Box:
         req.update(extra)
         return self.agent(req)
 
-    def run_json(self, run_id: str = R1) -> Dict[str, Any]:
+    def run_json(self, run_id: str = R1) -> dict[str, Any]:
         """The run's manifest."""
-        data: Dict[str, Any] = json.loads((self.workdir / "runs" / run_id / "run.json").read_text())
+        data: dict[str, Any] = json.loads((self.workdir / "runs" / run_id / "run.json").read_text())
         return data
 
     def log(self, name: str, run_id: str = R1) -> str:
@@ -167,9 +167,9 @@ class Box:
                     os.kill(pid, signal.SIGKILL)
 
 
-def sleeper(name: str, **extra: Any) -> Dict[str, Any]:
+def sleeper(name: str, **extra: Any) -> dict[str, Any]:
     """A process that just runs for a minute (ready when launched)."""
-    proc: Dict[str, Any] = {
+    proc: dict[str, Any] = {
         "name": name,
         "argv": [PY, "-c", "import time; print('up', flush=True); time.sleep(60)"],
         "ready": None,
@@ -179,15 +179,15 @@ def sleeper(name: str, **extra: Any) -> Dict[str, Any]:
     return proc
 
 
-def error_of(result: Event, kind: str) -> Dict[str, Any]:
+def error_of(result: Event, kind: str) -> dict[str, Any]:
     """Assert the result failed with this kind; return the error."""
     assert result["ok"] is False, result
-    err: Dict[str, Any] = result["error"]
+    err: dict[str, Any] = result["error"]
     assert err["kind"] == kind, err
     return err
 
 
-def names(events: List[Event], kind: str) -> List[str]:
+def names(events: list[Event], kind: str) -> list[str]:
     """``process`` of every event of one kind, in order."""
     return [ev["process"] for ev in events if ev["event"] == kind]
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Type
+from typing import Any
 
 from outrig._box.agent.procs import read_stat
 from outrig.errors import OutrigError
@@ -92,9 +92,9 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
 
 
-def children_of(pid: int) -> List[int]:
+def children_of(pid: int) -> list[int]:
     """Pids whose parent is ``pid`` (sshd's per-connection processes; tests use it too)."""
-    out: List[int] = []
+    out: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -122,13 +122,13 @@ class SandboxBox:
     gpu_memory_mib: int
     sshd_config: Path = field(default=Path())
     log_file: Path = field(default=Path())
-    _proc: Optional[subprocess.Popen[bytes]] = field(default=None, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ host file
-    def host_config(self, *, port: Optional[int] = None,
-                    workdir: Optional[Path] = None,
-                    gpu_dir: Optional[Path] = None,
-                    known_hosts: Optional[Path] = None) -> Dict[str, object]:
+    def host_config(self, *, port: int | None = None,
+                    workdir: Path | None = None,
+                    gpu_dir: Path | None = None,
+                    known_hosts: Path | None = None) -> dict[str, object]:
         """The box as a hosts/NAME.yaml mapping.
 
         ``port`` points it through a :class:`~outrig.sandbox.proxy.LatencyProxy`; ``workdir``,
@@ -167,7 +167,7 @@ class SandboxBox:
 
     # ------------------------------------------------------------------ sshd lifecycle
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         """Pid of the sshd listener we started, while it runs."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
@@ -216,8 +216,8 @@ class SandboxBox:
     def __enter__(self) -> SandboxBox:
         return self
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]],
-                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None,
+                 exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
 
@@ -321,7 +321,7 @@ def start_sandbox(root: Path, *, name: str = "sandbox", gpus: int = 8,
         gpu_dir, nvidia_smi.make_inventory(gpus, gpu_memory_mib, gpu_name, seed=str(root)))
 
     config, log_file = root / "sshd_config", root / "sshd.log"
-    last_error: Optional[SandboxError] = None
+    last_error: SandboxError | None = None
     for _attempt in range(3):  # the free port can be taken between probe and bind: retry
         port = _free_port()
         config.write_text(_sshd_config(root, port, host_key, authorized, user))

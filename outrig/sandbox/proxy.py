@@ -36,13 +36,12 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Dict, List, Optional, Tuple, Type, Union
 
 _POLL = 0.1  # how often blocked threads look at their stop flag
 _CHUNK = 256 * 1024
 
 _CUT = b"<cut>"  # queue marker (compared by identity): reset the connection when delivered
-_Item = Tuple[float, Optional[bytes]]  # (deliver_at, data); None data = EOF from the reader
+_Item = tuple[float, bytes | None]  # (deliver_at, data); None data = EOF from the reader
 
 PHASES = ("tcp", "banner", "kex", "auth", "channel", "exec", "stream", "byte")
 ACTIONS = ("cut", "blackhole", "stall")
@@ -68,7 +67,7 @@ class Fault:
     after_bytes: int = 0
     direction: str = "s2c"
     seconds: float = 0.0
-    connection: Optional[int] = None
+    connection: int | None = None
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -99,9 +98,9 @@ class PhaseTracker:
         self.counted = {"c2s": 0, "s2c": 0}
         self.stream_bytes = 0
 
-    def feed(self, direction: str, data: bytes) -> Dict[str, int]:
+    def feed(self, direction: str, data: bytes) -> dict[str, int]:
         with self._lock:
-            found: Dict[str, int] = {}
+            found: dict[str, int] = {}
             if direction == "s2c":
                 self._feed_server(data, found)
             else:
@@ -109,11 +108,11 @@ class PhaseTracker:
             self.counted[direction] += len(data)
             return found
 
-    def _enter(self, phase: str, offset: int, found: Dict[str, int]) -> None:
+    def _enter(self, phase: str, offset: int, found: dict[str, int]) -> None:
         found.setdefault(phase, offset)
         self.phase = phase
 
-    def _feed_server(self, data: bytes, found: Dict[str, int]) -> None:
+    def _feed_server(self, data: bytes, found: dict[str, int]) -> None:
         if self.counted["s2c"] == 0 and data:
             self._enter("banner", 0, found)
         if self._newkeys:
@@ -123,7 +122,7 @@ class PhaseTracker:
                 self._enter("stream", 0, found)
             self.stream_bytes += len(data)
 
-    def _feed_client(self, data: bytes, found: Dict[str, int]) -> None:
+    def _feed_client(self, data: bytes, found: dict[str, int]) -> None:
         pos = 0
         if not self._banner_done:
             end = data.find(b"\n")
@@ -196,7 +195,7 @@ class _Connection:
     """One proxied client connection: two directions, four threads."""
 
     def __init__(self, proxy: LatencyProxy, client: socket.socket, upstream: socket.socket,
-                 number: int = 0, fault: Optional[Fault] = None):
+                 number: int = 0, fault: Fault | None = None):
         self.proxy = proxy
         self.client = client
         self.upstream = upstream
@@ -208,7 +207,7 @@ class _Connection:
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._open_dirs = 2
-        self.threads: List[threading.Thread] = []
+        self.threads: list[threading.Thread] = []
         for src, dst, tag in ((client, upstream, "c2s"), (upstream, client, "s2c")):
             q: queue.Queue[_Item] = queue.Queue()
             self.threads.append(threading.Thread(
@@ -248,7 +247,7 @@ class _Connection:
             if not data:
                 return
 
-    def _strike_at(self, direction: str, data: bytes) -> Optional[int]:
+    def _strike_at(self, direction: str, data: bytes) -> int | None:
         """Where in ``data`` this connection's fault strikes, if it does in this chunk."""
         before = self.tracker.counted[direction]
         stream_before = self.tracker.stream_bytes
@@ -353,24 +352,24 @@ class LatencyProxy:
     """
 
     def __init__(self, target_host: str, target_port: int, one_way_delay: float = 0.12, *,
-                 jitter: float = 0.0, seed: Optional[int] = None) -> None:
+                 jitter: float = 0.0, seed: int | None = None) -> None:
         self.target_host = _check_loopback(target_host)
         if jitter < 0:
             raise ValueError("jitter must be >= 0")
         self.jitter = float(jitter)
         self._random = random.Random(seed)
-        self._faults: List[Fault] = []
-        self.fired: List[Tuple[int, str, str]] = []  # (connection, phase, action) struck
-        self._held: List[socket.socket] = []  # clients blackholed at accept
+        self._faults: list[Fault] = []
+        self.fired: list[tuple[int, str, str]] = []  # (connection, phase, action) struck
+        self._held: list[socket.socket] = []  # clients blackholed at accept
         self.target_port = int(target_port)
         if one_way_delay < 0:
             raise ValueError("one_way_delay must be >= 0")
         self.one_way_delay = float(one_way_delay)
-        self._listener: Optional[socket.socket] = None
-        self._accept_thread: Optional[threading.Thread] = None
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._conns: List[_Connection] = []
+        self._conns: list[_Connection] = []
         self._port = 0
         self.accepted = 0  # total connections ever accepted (for tests counting reconnects)
 
@@ -437,14 +436,14 @@ class LatencyProxy:
         with self._lock:
             return len(self._faults)
 
-    def _take_fault(self, number: int) -> Optional[Fault]:
+    def _take_fault(self, number: int) -> Fault | None:
         with self._lock:
             for i, fault in enumerate(self._faults):
                 if fault.connection in (None, number):
                     return self._faults.pop(i)
         return None
 
-    def _fired(self, conn: Optional[_Connection], fault: Fault, number: int = 0) -> None:
+    def _fired(self, conn: _Connection | None, fault: Fault, number: int = 0) -> None:
         with self._lock:
             self.fired.append((conn.number if conn else number, fault.phase, fault.action))
 
@@ -475,8 +474,8 @@ class LatencyProxy:
     def __enter__(self) -> LatencyProxy:
         return self.start()
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]],
-                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None,
+                 exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     # ------------------------------------------------------------------ internals
@@ -510,7 +509,7 @@ class LatencyProxy:
         family = socket.AF_INET6 if ":" in self.target_host else socket.AF_INET
         upstream = socket.socket(family, socket.SOCK_STREAM)
         upstream.settimeout(5.0)
-        target: Union[Tuple[str, int], Tuple[str, int, int, int]] = (
+        target: tuple[str, int] | tuple[str, int, int, int] = (
             self.target_host, self.target_port)
         try:
             upstream.connect(target)

@@ -34,7 +34,7 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 
@@ -68,8 +68,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def speculators_body(messages: List[Dict[str, str]], *, add_generation_prompt: bool,
-                     truncate: int) -> Dict[str, Any]:
+def speculators_body(messages: list[dict[str, str]], *, add_generation_prompt: bool,
+                     truncate: int) -> dict[str, Any]:
     """The JSON speculators 0.9.0 posts (data_generation/render_client.py:74-85, called from
     preprocessing.py::_encode_render with right-side truncation at ``max_length`` =
     prepare's ``--seq-length``). It names no model."""
@@ -78,7 +78,7 @@ def speculators_body(messages: List[Dict[str, str]], *, add_generation_prompt: b
 
 
 @pytest.fixture(scope="module")
-def serve_parser() -> Tuple[Any, Any]:
+def serve_parser() -> tuple[Any, Any]:
     """(parser, serve subcommand) exactly as ``vllm.entrypoints.cli.main`` builds them.
 
     Same construction as ``test_real_parsers.vllm_serve``; see that module for why the
@@ -99,7 +99,7 @@ def serve_parser() -> Tuple[Any, Any]:
     return parser, command
 
 
-def parse_serve(serve_parser: Tuple[Any, Any], argv: List[str]) -> Namespace:
+def parse_serve(serve_parser: tuple[Any, Any], argv: list[str]) -> Namespace:
     """The Namespace ``vllm serve`` runs with, from a full rendered server argv."""
     parser, command = serve_parser
     assert argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
@@ -126,7 +126,7 @@ def serve_app(args: Namespace) -> Any:
 
 
 def request(app: Any, method: str, path: str,
-            body: Optional[Dict[str, Any]] = None) -> Tuple[int, Any]:
+            body: dict[str, Any] | None = None) -> tuple[int, Any]:
     """Send one request to ``app`` in process (no socket, no lifespan); (status, JSON or text).
 
     Exceptions become responses, as under uvicorn, so a missing engine shows as a 5xx.
@@ -145,7 +145,7 @@ def request(app: Any, method: str, path: str,
         return response.status_code, response.text
 
 
-def routes(app: Any) -> Dict[Tuple[str, str], str]:
+def routes(app: Any) -> dict[tuple[str, str], str]:
     """{(METHOD, path): endpoint function name} of the app's API routes."""
     from fastapi.routing import APIRoute
 
@@ -155,7 +155,7 @@ def routes(app: Any) -> Dict[Tuple[str, str], str]:
 
 
 @pytest.mark.parametrize(("playbook", "test"), cases())
-def test_rendered_server_serves_render_route(serve_parser: Tuple[Any, Any], playbook: str,
+def test_rendered_server_serves_render_route(serve_parser: tuple[Any, Any], playbook: str,
                                              test: bool) -> None:
     """The rendered argv gives an app whose render route reaches vLLM's render handler."""
     args = parse_serve(serve_parser, rendered(playbook, test=test).processes["server"].argv)
@@ -180,7 +180,7 @@ def test_rendered_server_serves_render_route(serve_parser: Tuple[Any, Any], play
 
 
 def test_render_route_is_refused_without_enable_scale_out(
-        serve_parser: Tuple[Any, Any]) -> None:
+        serve_parser: tuple[Any, Any]) -> None:
     """Without ``--enable-scale-out`` vLLM 0.33 answers the render route with 403.
 
     This is the bug the recipe must avoid, so it proves the test above can fail.
@@ -245,8 +245,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("vllm-render") / "model", 32768)
 
 
-def template_ids(model: Path, messages: List[Dict[str, str]], *,
-                 add_generation_prompt: bool) -> List[int]:
+def template_ids(model: Path, messages: list[dict[str, str]], *,
+                 add_generation_prompt: bool) -> list[int]:
     """Token ids of the model's own chat template (transformers), what render must return."""
     from transformers import AutoTokenizer
 
@@ -256,7 +256,7 @@ def template_ids(model: Path, messages: List[Dict[str, str]], *,
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def normalized(answer: Dict[str, Any]) -> Dict[str, Any]:
+def normalized(answer: dict[str, Any]) -> dict[str, Any]:
     """``answer`` without what varies per request or per tokenizer: the random request id
     (token_in_token_out/protocol.py:222-229), the token ids, and ``max_tokens`` (model length
     minus prompt length). The tests check those three against their own rules instead."""
@@ -267,7 +267,7 @@ def normalized(answer: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def check_fixture(name: str, body: Dict[str, Any], status: int, answer: Any) -> None:
+def check_fixture(name: str, body: dict[str, Any], status: int, answer: Any) -> None:
     """Compare (status, answer) to ``body`` with ``tests/fixtures/vllm-render/<name>.json``, or
     write that file under ``OUTRIG_RECORD_VLLM_FIXTURES=1``. The file keeps the exact
     response; for 200 answers the :func:`normalized` fields are left out of the comparison."""
@@ -326,14 +326,14 @@ def check_render_answers(post: Any, model: Path, max_model_len: int, seq_length:
         check_fixture("truncate-over-max-model-len-400", body, status, answer)
 
 
-def flag(argv: List[str], name: str) -> int:
+def flag(argv: list[str], name: str) -> int:
     """The integer value of ``name`` in a rendered argv."""
     return int(argv[argv.index(name) + 1])
 
 
 @pytest.mark.parametrize(("playbook", "test"), cases())
 def test_rendered_server_renders_speculators_requests(
-        serve_parser: Tuple[Any, Any], tiny_model: Path, playbook: str, test: bool) -> None:
+        serve_parser: tuple[Any, Any], tiny_model: Path, playbook: str, test: bool) -> None:
     """With the rendered flags, vLLM renders what speculators sends and serves the model id.
 
     Only the model path is swapped for the tiny model (the real one is 55 GB on the box).
@@ -410,7 +410,7 @@ def test_render_only_server_runs_on_cpu(procs: Any, tiny_model: Path, tmp_path: 
                 pass
             time.sleep(1)
 
-        def post(body: Dict[str, Any]) -> Tuple[int, Any]:
+        def post(body: dict[str, Any]) -> tuple[int, Any]:
             response = client.post(RENDER, json=body)
             return response.status_code, response.json()
 

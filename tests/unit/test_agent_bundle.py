@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ def cache_dir(box: Box) -> Path:
     return box.workdir / ".outrig" / "agent" / agent_digest()
 
 
-def run_with_env(box: Box, request: Dict[str, Any], env: Dict[str, str]) -> List[Dict[str, Any]]:
+def run_with_env(box: Box, request: dict[str, Any], env: dict[str, str]) -> list[dict[str, Any]]:
     """The agent as the transports run it, with ``env`` as its whole environment."""
     request = {"v": 1, "workdir": str(box.workdir), "env": {}, **request}
     argv, stdin = agent_command_for(request)

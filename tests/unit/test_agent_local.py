@@ -13,8 +13,8 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List
 
 import pytest
 
@@ -253,7 +253,7 @@ time.sleep(60)
 """
 
 
-def family_pids(box: Box) -> List[int]:
+def family_pids(box: Box) -> list[int]:
     """Leader, setsid escaper, SIGTERM-ignoring child (written by FAMILY)."""
     pids = [int(x) for x in (box.workdir / "pids.txt").read_text().split()]
     for pid in pids:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -20,9 +20,9 @@ from tests.helpers import free_port
 
 
 def write_model(root: Path, *, layers: int | None = 36, vlm: bool = False,
-                index_total: int | None = None, shards: Dict[str, int] | None = None) -> Path:
+                index_total: int | None = None, shards: dict[str, int] | None = None) -> Path:
     root.mkdir(parents=True)
-    config: Dict[str, Any] = {"model_type": "qwen3"}
+    config: dict[str, Any] = {"model_type": "qwen3"}
     if layers is not None:
         config.update({"text_config": {"num_hidden_layers": layers}} if vlm
                       else {"num_hidden_layers": layers})
@@ -83,7 +83,7 @@ def unique_run() -> str:
     return f"model-{uuid.uuid4().hex[:12]}"
 
 
-def vllm_proc(port: int, expected: str, *extra: str) -> Dict[str, Any]:
+def vllm_proc(port: int, expected: str, *extra: str) -> dict[str, Any]:
     return {
         "name": "server",
         "argv": [PY, str(standin_path("fake_vllm")), "serve", "/models/m", "--port", str(port),

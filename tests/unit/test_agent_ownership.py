@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -59,7 +59,7 @@ HIDE_PROC = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
 
 
 @pytest.fixture
-def gpu_env(tmp_path: Path) -> Dict[str, str]:
+def gpu_env(tmp_path: Path) -> dict[str, str]:
     """Request env putting the sandbox's fake nvidia-smi (2 GPUs) on the agent's PATH."""
     gpu_dir = tmp_path / "fakegpu"
     nvidia_smi.write_inventory(gpu_dir, nvidia_smi.make_inventory(2, 81559, "NVIDIA H100"))
@@ -71,7 +71,7 @@ def gpu_env(tmp_path: Path) -> Dict[str, str]:
     return {"PATH": f"{bindir}:$PATH", nvidia_smi.STATE_ENV: str(gpu_dir)}
 
 
-def deploy_escaper(box: Box, env: Dict[str, str]) -> Dict[str, Any]:
+def deploy_escaper(box: Box, env: dict[str, str]) -> dict[str, Any]:
     """Deploy ESCAPE on GPU 1; return the result, with the escaped child tracked."""
     _, result = box.deploy([{"name": "job", "argv": [PY, "-c", ESCAPE], "gpus": [1],
                              "ready": {"log": "^up$", "timeout": 30}, "stop_grace": 1}],
@@ -96,12 +96,12 @@ def orphan_the_child(box: Box) -> None:
     assert alive(child_pid(box))
 
 
-def no_cgroups(env: Dict[str, str]) -> Dict[str, str]:
+def no_cgroups(env: dict[str, str]) -> dict[str, str]:
     return {**env, "OUTRIG_CGROUPS": "0"}
 
 
 def test_setsid_child_without_markers_is_stopped_through_its_parent(
-        box: Box, gpu_env: Dict[str, str]) -> None:
+        box: Box, gpu_env: dict[str, str]) -> None:
     env = no_cgroups(gpu_env)
     deploy_escaper(box, env)
     _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
@@ -111,7 +111,7 @@ def test_setsid_child_without_markers_is_stopped_through_its_parent(
 
 
 def test_setsid_child_seen_by_status_is_stopped_after_its_parent_exited(
-        box: Box, gpu_env: Dict[str, str]) -> None:
+        box: Box, gpu_env: dict[str, str]) -> None:
     env = no_cgroups(gpu_env)
     deploy_escaper(box, env)
     _, status = box.agent({"op": "status", "playbook": "smoke", "env": env})
@@ -126,7 +126,7 @@ def test_setsid_child_seen_by_status_is_stopped_after_its_parent_exited(
 
 
 def test_unprovable_holder_of_the_runs_gpu_is_reported_not_called_done(
-        box: Box, gpu_env: Dict[str, str]) -> None:
+        box: Box, gpu_env: dict[str, str]) -> None:
     env = no_cgroups(gpu_env)
     deploy_escaper(box, env)
     orphan_the_child(box)  # never seen by status: nothing proves it ours any more
@@ -140,7 +140,7 @@ def test_unprovable_holder_of_the_runs_gpu_is_reported_not_called_done(
     assert alive(child_pid(box))  # not proven ours: not killed
 
 
-def test_setsid_child_in_the_runs_cgroup_is_stopped(box: Box, gpu_env: Dict[str, str]) -> None:
+def test_setsid_child_in_the_runs_cgroup_is_stopped(box: Box, gpu_env: dict[str, str]) -> None:
     result = deploy_escaper(box, gpu_env)
     run = box.run_json()
     cgroup = run["processes"][0]["cgroup"]
@@ -155,7 +155,7 @@ def test_setsid_child_in_the_runs_cgroup_is_stopped(box: Box, gpu_env: Dict[str,
     assert not Path(cgroup).exists()
 
 
-def hide_proc_prefix() -> List[str]:
+def hide_proc_prefix() -> list[str]:
     """The argv prefix that runs the agent with an empty /proc, or skip naming why."""
     if not shutil.which("unshare"):
         pytest.skip("unshare(1) is not installed: cannot hide /proc from the agent")

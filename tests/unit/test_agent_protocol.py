@@ -8,7 +8,7 @@ import ast
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -83,7 +83,7 @@ def test_the_agent_is_stdlib_only_and_python_3_8(path: Path) -> None:
 
 def test_simple_results_have_the_fields_the_protocol_names(box: Box, tmp_path: Path) -> None:
     box.workdir.mkdir()
-    requests: Dict[str, Dict[str, Any]] = {
+    requests: dict[str, dict[str, Any]] = {
         "check": {},
         "model_facts": {"models": [str(tmp_path)], "pythons": []},
         "checkpoints": {"save_path": str(tmp_path / "none")},

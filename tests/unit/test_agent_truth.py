@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -89,10 +89,10 @@ def test_one_shot_exit_ready_is_decided_as_before(box: Box) -> None:
     assert result["status"] == "running"
 
 
-def leaky(code: str, **extra: Any) -> Dict[str, Any]:
+def leaky(code: str, **extra: Any) -> dict[str, Any]:
     """A process that prints its secret and then does ``code``."""
     script = f"import os, sys, time; print('token=' + os.environ['HF_TOKEN'], flush=True); {code}"
-    proc: Dict[str, Any] = {"name": "leaky", "argv": [PY, "-c", script], "stop_grace": 1}
+    proc: dict[str, Any] = {"name": "leaky", "argv": [PY, "-c", script], "stop_grace": 1}
     proc.update(extra)
     return proc
 
