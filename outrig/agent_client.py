@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig._box.agent import bundle as agent_bundle
-from outrig._box.agent.protocol import PROTOCOL_VERSION
+from outrig._box.agent.protocol import PROTOCOL_VERSION, encode_request
 from outrig.errors import LinkLost, RemoteError
 from outrig.reader import ChannelReader, Event, EventHandler
 from outrig.timing import agent_idle_limit
@@ -127,7 +127,7 @@ def argv_command(python: str, request_json: bytes) -> list[str] | None:
     """The one-exec command carrying bundle and request, or None when it would be too long."""
     workdir = json.loads(request_json).get("workdir") or ""
     argv = agent_bundle.bootstrap_argv(python, agent_digest(), str(workdir), agent_b64(),
-                                       agent_bundle.encode_request(request_json))
+                                       encode_request(request_json))
     if sum(len(part) + 3 for part in argv) > ARGV_LIMIT:
         return None
     return argv

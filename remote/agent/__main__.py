@@ -6,61 +6,53 @@ the protocol's (protocol.py; a unit test keeps them in step).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
 from typing import Callable, Dict, Optional
 
-from .bundle import REQUEST_ENV, decode_request
-from .checkpoints import op_checkpoints
-from .cleanup import op_cleanup
 from .constants import JSONDict
-from .deploy import op_deploy
 from .events import AgentError, Emitter, internal_error
-from .follow import op_follow
-from .hub import op_hub_download
-from .model_facts import op_model_facts
-from .peer import op_peer_keygen, op_peer_pull
-from .provision import op_provision
-from .runs import report_runs
-from .status import op_check, op_logs, op_status
-from .transfer import (
-    op_authorize_key,
-    op_manifest,
-    op_mark_staged,
-    op_recv_files,
-    op_revoke_key,
-    op_send_files,
-)
+from .protocol import REQUEST_ENV, decode_request
 from .validation import Request, apply_env, parse_request
 
 OpFunction = Callable[[Request, Emitter], JSONDict]
-OPS: Dict[str, OpFunction] = {
-    "deploy": op_deploy,
-    "cleanup": op_cleanup,
-    "status": op_status,
-    "logs": op_logs,
-    "check": op_check,
-    "model_facts": op_model_facts,
-    "follow": op_follow,
-    "provision": op_provision,
-    "hub_download": op_hub_download,
-    "mark_staged": op_mark_staged,
-    "manifest": op_manifest,
-    "send_files": op_send_files,
-    "recv_files": op_recv_files,
-    "authorize_key": op_authorize_key,
-    "revoke_key": op_revoke_key,
-    "peer_keygen": op_peer_keygen,
-    "peer_pull": op_peer_pull,
-    "checkpoints": op_checkpoints,
+# op → "module:function" in this package. A call imports only its op's module (and what that
+# imports): a ``check`` or ``status`` does not pay for provision, transfer or hub on every start.
+OPS: Dict[str, str] = {
+    "deploy": "deploy:op_deploy",
+    "cleanup": "cleanup:op_cleanup",
+    "status": "status:op_status",
+    "logs": "status:op_logs",
+    "check": "status:op_check",
+    "model_facts": "model_facts:op_model_facts",
+    "follow": "follow:op_follow",
+    "provision": "provision:op_provision",
+    "hub_download": "hub:op_hub_download",
+    "mark_staged": "transfer:op_mark_staged",
+    "manifest": "transfer:op_manifest",
+    "send_files": "transfer:op_send_files",
+    "recv_files": "transfer:op_recv_files",
+    "authorize_key": "transfer:op_authorize_key",
+    "revoke_key": "transfer:op_revoke_key",
+    "peer_keygen": "peer:op_peer_keygen",
+    "peer_pull": "peer:op_peer_pull",
+    "checkpoints": "checkpoints:op_checkpoints",
 }
+
+
+def op_function(op: str) -> OpFunction:
+    """The function that runs ``op`` (its module imported on first use)."""
+    module, _, name = OPS[op].partition(":")
+    run: OpFunction = getattr(importlib.import_module("." + module, __package__), name)
+    return run
 
 
 def dispatch(req: Request, out: Emitter) -> JSONDict:
     """Apply the host env, then run the op (``Request`` has checked it is one of OPS)."""
     apply_env(req.env)
-    return OPS[req.op](req, out)
+    return op_function(req.op)(req, out)
 
 
 def read_request_line() -> bytes:
@@ -73,6 +65,14 @@ def read_request_line() -> bytes:
     return sys.stdin.buffer.readline()
 
 
+def _report_runs(req: Optional[Request], out: Emitter) -> None:
+    """The run index for the ops that report it (runs.py; imported only for those)."""
+    from .runs import RUN_INDEX_OPS, report_runs
+
+    if req is not None and req.op in RUN_INDEX_OPS:
+        report_runs(req, out)
+
+
 def main() -> None:
     """Read one request line, run it, always finish with a ``result`` line."""
     out = Emitter(sys.stdout.buffer)
@@ -80,10 +80,10 @@ def main() -> None:
     try:
         req = parse_request(read_request_line())
         result = dispatch(req, out)
-        report_runs(req, out)
+        _report_runs(req, out)
         out.emit("result", ok=True, **result)
     except AgentError as exc:
-        report_runs(req, out)
+        _report_runs(req, out)
         out.emit("result", ok=False, error=exc.to_json())
     except (Exception, KeyboardInterrupt) as exc:
         error = internal_error(exc, req.workdir if req is not None else None)

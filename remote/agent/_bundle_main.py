@@ -9,15 +9,9 @@ agent runs from the zip in memory through :class:`MemoryImporter`. Stdlib only, 
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-import io
 import os
-import shutil
 import sys
-import time
-import zipfile
 from types import ModuleType
 from typing import Any, Dict, Optional
 
@@ -36,6 +30,8 @@ class MemoryImporter:
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         """A spec for ``outrig_agent`` and its modules; None for everything else."""
+        import importlib.util
+
         rel = name.replace(".", "/")
         package = rel + "/__init__.py" in self.files
         if not package and rel + ".py" not in self.files:
@@ -82,6 +78,9 @@ def mark_valid(folder: str, digest: str) -> bool:
 
 def remove_stale(parent: str, digest: str) -> None:
     """Unpacking folders of this digest left by an agent that was killed mid-way."""
+    import shutil
+    import time
+
     now = time.time()
     for name in os.listdir(parent):
         if not name.startswith(digest + ".tmp."):
@@ -98,6 +97,11 @@ def unpack(bundle: bytes, cache: str, digest: str) -> bool:
     """Unpack the bundle into ``cache`` (a sibling temporary folder renamed into place, so a
     cut unpack never looks complete; a corrupt or partial folder there is replaced). False
     when it cannot be done, so the caller runs from memory."""
+    import hashlib
+    import io
+    import shutil
+    import zipfile
+
     if not cache or hashlib.sha256(bundle).hexdigest()[:20] != digest:
         return False  # no workdir given, or not the bundle the name promises
     if mark_valid(cache, digest):
@@ -115,6 +119,7 @@ def unpack(bundle: bytes, cache: str, digest: str) -> bool:
             zf.extractall(tmp)
             sizes = [f"{i.filename} {i.file_size}" for i in zf.infolist()
                      if not i.is_dir()]
+        compile_folder(tmp, cache)
         with open(os.path.join(tmp, MARK), "w") as f:
             f.write(" ".join([digest, *sizes]) + "\n")
         try:
@@ -130,8 +135,24 @@ def unpack(bundle: bytes, cache: str, digest: str) -> bool:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def compile_folder(folder: str, shown_as: str) -> None:
+    """Write this interpreter's ``__pycache__`` for the unpacked package (named as it will be
+    after the rename), so every later start loads compiled code: Python would not write it
+    itself where ``PYTHONDONTWRITEBYTECODE`` is set, as many container images do. Best effort:
+    without it the agent still runs, compiling in memory."""
+    import compileall
+
+    try:
+        compileall.compile_dir(folder, ddir=shown_as, quiet=2, workers=1)
+    except Exception:  # an unwritable folder or an odd interpreter: run anyway
+        pass
+
+
 def run_in_memory(bundle: bytes) -> None:
     """Import the package from the zip in memory and run the agent in this process."""
+    import io
+    import zipfile
+
     with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
         files = {name: zf.read(name) for name in zf.namelist() if not name.endswith("/")}
     sys.meta_path.insert(0, MemoryImporter(files, "<outrig-agent>"))
@@ -143,6 +164,11 @@ def start(g: Dict[str, Any]) -> None:
     import the package beside this file."""
     bundle = g.get("BUNDLE")
     if not isinstance(bundle, bytes):
+        here = os.path.dirname(os.path.abspath(str(g.get("__file__") or ".")))
+        tag = getattr(sys.implementation, "cache_tag", None)
+        if tag and not os.path.exists(os.path.join(here, PACKAGE, "__pycache__",
+                                                   f"__init__.{tag}.pyc")):
+            compile_folder(here, here)  # another interpreter than the one that unpacked it
         importlib.import_module(PACKAGE + ".__main__").main()
         return
     cache, digest = str(g.get("CACHE") or ""), str(g.get("DIGEST") or "")

@@ -13,7 +13,8 @@ WORKDIR BUNDLE REQUEST``):
 When ``<workdir>/.outrig/agent/<DIGEST>/`` holds this bundle unpacked (its ``BUNDLE`` file
 lists every file's size), the bootstrap ``execv``'s ``python -S <that folder>`` at once, with
 the request in ``OUTRIG_REQUEST`` (popped by the agent before it does anything), so ``ps``
-on the box shows one short line and Python's own ``__pycache__`` makes the start cheap.
+on the box shows one short line; the unpacker compiled the package there (``compileall``), so
+the start loads compiled code even where ``PYTHONDONTWRITEBYTECODE`` is set.
 Otherwise the bundle's ``__main__.py`` unpacks it there and does the same; where the folder
 cannot be written (no workdir yet, a full or read-only disk) the agent runs from the zip in
 memory. The same bundle is what ``peer_pull`` sends to the other box.
@@ -24,7 +25,6 @@ Used on both sides: the workstation imports it as ``outrig._box.agent.bundle``.
 from __future__ import annotations
 
 import ast
-import base64
 import hashlib
 import io
 import os
@@ -33,10 +33,11 @@ import zipfile
 import zlib
 from typing import Dict, List, Optional, Set
 
+from .protocol import REQUEST_ENV
+
 PACKAGE = "outrig_agent"  # the package's name inside the bundle
 ENTRY = "_bundle_main.py"  # becomes the bundle's top-level __main__.py
 MARK = "BUNDLE"  # in an unpacked bundle: the digest, then each file's name and size
-REQUEST_ENV = "OUTRIG_REQUEST"  # the request (argv path), handed from bootstrap to agent
 CACHE_PARTS = (".outrig", "agent")  # <workdir>/.outrig/agent/<digest>/
 KEEP_WHOLE = ("wrap.py",)  # files the box keeps for people to read: sent as they are
 _DOC_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -156,13 +157,3 @@ def bootstrap_argv(python: str, digest: str, workdir: str, bundle_b64: Optional[
     """The one exec: ``bundle_b64``/``request_b64`` None means "on stdin" (length-prefixed
     bundle first, then the request line). An empty ``workdir`` disables the folder cache."""
     return [python, "-S", "-c", BOOTSTRAP, digest, workdir, bundle_b64 or "-", request_b64 or ""]
-
-
-def encode_request(line: bytes) -> str:
-    """A request line as it rides in argv (and in ``OUTRIG_REQUEST``)."""
-    return base64.b64encode(zlib.compress(line, 9)).decode("ascii")
-
-
-def decode_request(text: str) -> bytes:
-    """The inverse of :func:`encode_request`."""
-    return zlib.decompress(base64.b64decode(text))

@@ -11,10 +11,11 @@ import shlex
 import shutil
 import subprocess
 
-from .bundle import bootstrap_argv, build_bundle, digest_of, encode_request, pack, package_sources
+from .bundle import bootstrap_argv, build_bundle, digest_of, pack, package_sources
 from .constants import JSONDict
 from .events import AgentError, Emitter
 from .layout import Layout, write_atomic
+from .protocol import encode_request
 from .transfer import KEY_TAG, FrameReceiver, _expect, _finish_receive
 from .validation import Request, get_dict, get_int, get_name, get_opt_str, get_str
 

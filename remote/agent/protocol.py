@@ -11,9 +11,22 @@ stay with the op that reads them. Stdlib only, Python 3.8.
 
 from __future__ import annotations
 
+import base64
+import zlib
 from typing import Any, Dict, List, NamedTuple, Tuple
 
 PROTOCOL_VERSION = 1
+REQUEST_ENV = "OUTRIG_REQUEST"  # the request (argv path), handed from bootstrap to agent
+
+
+def encode_request(line: bytes) -> str:
+    """A request line as it rides in argv (and in ``OUTRIG_REQUEST``): zlib, then base64."""
+    return base64.b64encode(zlib.compress(line, 9)).decode("ascii")
+
+
+def decode_request(text: str) -> bytes:
+    """The inverse of :func:`encode_request`."""
+    return zlib.decompress(base64.b64decode(text))
 
 # Error kinds (``result.error.kind``). The workstation decides on these, never on text.
 BAD_REQUEST = "bad_request"  # the request itself is wrong; nothing was touched

@@ -51,6 +51,23 @@ def test_the_bundle_is_cached_in_the_workdir_and_nothing_under_home(box: Box,
     assert list(home.iterdir()) == [], list(home.rglob("*"))
 
 
+def test_the_cache_holds_compiled_code_even_where_python_writes_none(box: Box) -> None:
+    """Container images often set PYTHONDONTWRITEBYTECODE; the unpacker compiles the package
+    itself so every later start loads compiled code instead of compiling 30 modules."""
+    import sys
+
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"}
+    box.workdir.mkdir()
+    events = run_with_env(box, {"op": "check"}, env)
+    assert events[-1]["ok"] is True, events
+    tag = sys.implementation.cache_tag
+    compiled = {p.name for p in (cache_dir(box) / "outrig_agent" / "__pycache__").iterdir()}
+    sources = {p.stem for p in (cache_dir(box) / "outrig_agent").glob("*.py")}
+    assert {f"{name}.{tag}.pyc" for name in sources} <= compiled, sorted(compiled)
+    events = run_with_env(box, {"op": "check"}, env)  # and the cached folder runs from them
+    assert events[-1]["ok"] is True, events
+
+
 def test_no_workdir_yet_runs_from_memory_and_creates_nothing(box: Box) -> None:
     _, result = box.agent({"op": "status", "playbook": "smoke"})
     assert result["ok"] is False and result["error"]["kind"] == "not_found", result

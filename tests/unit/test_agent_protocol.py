@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from outrig._box.agent import protocol
-from outrig._box.agent.__main__ import OPS
+from outrig._box.agent.__main__ import OPS, op_function
 from outrig.agent_client import AGENT_DIR
 from outrig.errors import RemoteError
 from outrig.inventory import Host
@@ -26,7 +26,8 @@ HOST = Host(name="box", hostname="box.example", workdir="~/outrig", env={"A": "1
 
 def test_the_agent_runs_exactly_the_protocols_ops() -> None:
     assert tuple(OPS) == protocol.OPS
-    assert all(callable(run) for run in OPS.values())
+    assert all(callable(op_function(op)) for op in OPS)
+    assert all(op_function(op).__name__ == f"op_{op}" for op in OPS)
 
 
 def test_a_wrong_field_is_refused_on_the_workstation() -> None:
