@@ -25,6 +25,7 @@ from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbo
 from outrig.sandbox.fulldisk import FullDiskUnavailable, mount_small_fs
 from outrig.sandbox.nvidia_smi import load_inventory, make_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
+from tests.agent_harness import Box
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 MARK_ENV = "OUTRIG_TEST_MARK"
@@ -232,3 +233,14 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
             yield path
     except FullDiskUnavailable as exc:
         pytest.skip(f"no full-disk workdir on this machine: {exc}")
+
+
+@pytest.fixture
+def full_box(small_fs: Path, tmp_path: Path) -> Iterator[Box]:
+    """A Box whose workdir is a small tmpfs (filled by the test), torn down before unmount."""
+    b = Box(tmp_path)
+    b.workdir = small_fs / "wd"
+    try:
+        yield b
+    finally:
+        b.teardown()

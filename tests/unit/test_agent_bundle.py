@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,17 +121,6 @@ def test_a_corrupt_or_cut_cache_is_replaced(box: Box) -> None:
     assert (cache_dir(box) / "BUNDLE").is_file()
     assert (cache_dir(box) / "outrig_agent" / "deploy.py").is_file()
     assert not stale.exists()
-
-
-@pytest.fixture
-def full_box(small_fs: Path, tmp_path: Path) -> Iterator[Box]:
-    """A Box whose workdir is a small tmpfs (filled by the test), torn down before unmount."""
-    b = Box(tmp_path)
-    b.workdir = small_fs / "wd"
-    try:
-        yield b
-    finally:
-        b.teardown()
 
 
 def test_a_full_disk_runs_the_agent_from_memory(full_box: Box) -> None:

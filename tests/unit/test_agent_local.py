@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -348,17 +347,6 @@ def test_cleanup_without_a_run_is_ok_and_idempotent(box: Box) -> None:
     assert result["ok"] is True and result["runs"] == []
     _, result = box.agent({"op": "cleanup"})
     assert "run_id" in error_of(result, "bad_request")["message"]
-
-
-@pytest.fixture
-def full_box(small_fs: Path, tmp_path: Path) -> Iterator[Box]:
-    """A Box whose workdir is a small tmpfs (filled by the test), torn down before unmount."""
-    b = Box(tmp_path)
-    b.workdir = small_fs / "wd"
-    try:
-        yield b
-    finally:
-        b.teardown()
 
 
 def test_cleanup_stops_a_run_when_the_workdir_disk_is_full(full_box: Box) -> None:
