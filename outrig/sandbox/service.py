@@ -200,10 +200,19 @@ def describe_up(state: dict[str, Any], host: str, *, down: str,
     quoted = shlex.quote(host)
     return [*lines,
             f"  use it:  outrig check --host {quoted}",
-            f"           outrig deploy --host {quoted} --playbook smoke",
+            f"           outrig deploy --host {quoted} --playbook "
+            f"{shlex.quote(_a_playbook(state.get('host_file')))}",
             f"  stop it: {down}",
             "           (stops its outrig runs, then exactly those two processes, and",
             "           removes the host file)"]
+
+
+def _a_playbook(host_file: Any) -> str:
+    """A playbook of the project the host file was written into, for the hint: smoke where
+    the project has it (this repository), else its first one, else a placeholder."""
+    folder = Path(str(host_file or "")).parent.parent / "playbooks"
+    names = sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
+    return "smoke" if "smoke" in names else (names[0] if names else "NAME")
 
 
 # ------------------------------------------------------------------------------------ down

@@ -243,3 +243,22 @@ def test_every_task_takes_json() -> None:
     missing = [name for name in collection.task_names
                if "json" not in {a.name for a in collection[name].get_arguments()}]
     assert missing == []
+
+
+@pytest.mark.parametrize(("playbooks", "named"), [(["hello"], "hello"),
+                                                   (["a", "smoke"], "smoke"), ([], "NAME")])
+def test_sandbox_up_suggests_a_playbook_the_project_has(tmp_path: Path, playbooks: list[str],
+                                                        named: str) -> None:
+    """`outrig init` makes hello.yaml, not this repository's smoke.yaml: the hint after
+    sandbox-up names a playbook that deploys from that project."""
+    from outrig.sandbox.service import describe_up
+
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "playbooks").mkdir()
+    for name in playbooks:
+        (tmp_path / "playbooks" / f"{name}.yaml").write_text("name: x\n")
+    state = {"name": "sandbox", "sshd_port": 2222, "port": 2222,
+             "host_file": str(tmp_path / "hosts" / "sandbox.yaml"), "log": "/l",
+             "server": {"pid": 1}, "sshd": {"pid": 2}}
+    lines = describe_up(state, "sandbox", down="outrig sandbox-down")
+    assert f"           outrig deploy --host sandbox --playbook {named}" in lines, lines
