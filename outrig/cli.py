@@ -465,8 +465,10 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
 @friendly
 def ssh(c: Any, host: str | None = None, project: str | None = None,
         json: bool = False) -> None:
-    """Open a shell on the box with the OpenSSH client: same address, port, user, key and
-    known_hosts as outrig's own connection, in the host's workdir with its env.
+    """Open a shell on the box (OpenSSH), in the host's workdir with its env.
+
+    The client gets the same address, port, user, key and known_hosts as outrig's own
+    connection.
 
     With words after --, runs that command there instead (as exec does, but through ssh,
     with a terminal whenever this one is a terminal: for htop, vim, watch).

@@ -262,3 +262,13 @@ def test_sandbox_up_suggests_a_playbook_the_project_has(tmp_path: Path, playbook
              "server": {"pid": 1}, "sshd": {"pid": 2}}
     lines = describe_up(state, "sandbox", down="outrig sandbox-down")
     assert f"           outrig deploy --host sandbox --playbook {named}" in lines, lines
+
+
+def test_every_task_says_what_it_does_in_one_whole_line() -> None:
+    """`outrig --list` shows each task's first docstring line: a whole sentence, never a
+    fragment cut at the line break."""
+    collection = make_collection()
+    for name in collection.task_names:
+        doc = (collection[name].__doc__ or "").strip()
+        first = doc.splitlines()[0] if doc else ""
+        assert first.endswith("."), (name, first)
