@@ -32,7 +32,7 @@ from outrig.connectors.kept import (
     send_frame,
     send_json,
 )
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh import SSHTransport, _SSHChannel
 from outrig.errors import ConnectError, LinkLost, OutrigError
 from outrig.inventory import Host
 from outrig.transport import RetryPolicy, known_hosts_path
@@ -222,7 +222,8 @@ class Keeper:
         argv = [str(a) for a in header["argv"]]
         window = header.get("window")
         channel = self.transport._open(argv, window if isinstance(window, int) else None)
-        return getattr(channel, "channel")  # the paramiko channel inside _SSHChannel
+        assert isinstance(channel, _SSHChannel)
+        return channel.channel
 
 
 class Relay:
