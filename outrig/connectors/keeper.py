@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -32,8 +33,8 @@ from outrig.connectors.kept import (
     send_frame,
     send_json,
 )
-from outrig.connectors.ssh import SSHTransport, _SSHChannel
-from outrig.errors import ConnectError, LinkLost, OutrigError
+from outrig.connectors.ssh import SSHTransport, _SSHChannel, exec_pipelined
+from outrig.errors import ConnectError, LinkLost
 from outrig.inventory import Host
 from outrig.transport import RetryPolicy, known_hosts_path
 
@@ -49,10 +50,10 @@ class Keeper:
         self.keep_seconds = float(config["keep_seconds"])
         self.path = Path(config["socket"])
         self.record = self.path.with_suffix(".json")
-        self.notices: list[str] = []
+        self.report: Any = None  # the starting command's pipe, until ready
         self.transport = SSHTransport(self.host, rtt_hint=config.get("rtt_hint"),
-                                      notify=self.notices.append)
-        self.transport.retry = RetryPolicy(refused=1, link=1, channel=1)
+                                      notify=self.notice)
+        self.transport.retry = RetryPolicy(**config.get("retry", {}))
         self.started = time.time()
         self.last_used = time.monotonic()
         self.active = 0
@@ -61,8 +62,22 @@ class Keeper:
         self.listener: socket.socket | None = None
         self.inode = 0
         self.server_key = b""
+        self.spare: Any = None  # one session channel opened ahead, with its open's RTT
+        self.spare_rtt: float | None = None
+        self.spare_lock = threading.Lock()
 
     # ---------------------------------------------------------------- start and stop
+
+    def notice(self, text: str) -> None:
+        """A connect notice (retrying, new host key), passed on to the starting command
+        at once, as the plain connector would show it."""
+        self.say({"notice": text})
+
+    def say(self, message: dict[str, Any]) -> None:
+        if self.report is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.report.write(json.dumps(message) + "\n")
+                self.report.flush()
 
     def open(self) -> None:
         """Connect, then bind the socket (0600 through the umask) and write the record."""
@@ -123,6 +138,7 @@ class Keeper:
         """Accept requests until idle, link down, socket taken over, or SIGTERM."""
         assert self.listener is not None
         self.listener.settimeout(TICK)
+        self.refill()
         while not self.stop.is_set():
             if not self.link_up() or self.idle_left() <= 0:
                 break
@@ -217,13 +233,58 @@ class Keeper:
                 self.last_used = time.monotonic()
 
     def open_channel(self, header: dict[str, Any]) -> Any:
-        """The session channel with the exec sent (the connector's own ``_open``, which
-        measures the RTT and classifies a failure)."""
+        """The session channel with the exec sent. The spare channel opened ahead saves the
+        open's round trip (a warm command then costs the exec and the answer); without one,
+        or for a larger window, the connector's own ``_open`` (which measures the RTT and
+        classifies a failure)."""
         argv = [str(a) for a in header["argv"]]
         window = header.get("window")
+        if not isinstance(window, int):
+            spare = self.take_spare()
+            if spare is not None:
+                self.refill()
+                try:
+                    exec_pipelined(spare, shlex.join(argv))
+                except Exception as exc:
+                    raise LinkLost(f"the link dropped while sending the command "
+                                   f"({type(exc).__name__}).", phase="exec") from None
+                return spare
         channel = self.transport._open(argv, window if isinstance(window, int) else None)
         assert isinstance(channel, _SSHChannel)
         return channel.channel
+
+    def take_spare(self) -> Any:
+        """The spare channel if it is still usable (link up, not closed by the box)."""
+        with self.spare_lock:
+            spare, self.spare = self.spare, None
+        if spare is None or spare.closed or not self.link_up():
+            return None
+        self.transport.rtt = self.spare_rtt
+        return spare
+
+    def refill(self) -> None:
+        """Open the next spare channel in the background (one round trip, off the clock of
+        any command)."""
+        threading.Thread(target=self._open_spare, daemon=True).start()
+
+    def _open_spare(self) -> None:
+        from outrig.timing import channel_timeout_for
+
+        link = self.transport.connection.transport if self.link_up() else None
+        if link is None:
+            return
+        limit, _ = channel_timeout_for(self.host, self.transport.best_rtt)
+        started = time.monotonic()
+        try:
+            channel = link.open_session(timeout=limit)
+        except Exception:  # the next command opens its own channel and reports the failure
+            return
+        with self.spare_lock:
+            if self.spare is None:
+                self.spare, self.spare_rtt = channel, time.monotonic() - started
+                return
+        with contextlib.suppress(Exception):
+            channel.close()
 
 
 class Relay:
@@ -313,34 +374,35 @@ def detach() -> bool:
     return True
 
 
+def error_report(exc: BaseException) -> dict[str, Any]:
+    """A connect failure as the starting command re-raises it: type, message and fields."""
+    return {"ready": False, "error": {
+        "type": type(exc).__name__, "message": str(exc),
+        "phase": getattr(exc, "phase", None), "silent": bool(getattr(exc, "silent", False))}}
+
+
 def main() -> int:
     config = json.loads(sys.stdin.read())
     if not detach():
         os._exit(0)
     keeper = Keeper(config)
-    out = os.fdopen(os.dup(1), "w")
+    keeper.report = os.fdopen(os.dup(1), "w")
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
         keeper.open()
-    except OutrigError as exc:
-        out.write(json.dumps({"ready": False, "message": str(exc),
-                              "notices": keeper.notices}) + "\n")
-        out.close()
-        keeper.close()
-        return 1
-    except Exception as exc:  # anything else: the command connects directly and reports it
-        out.write(json.dumps({"ready": False, "message": f"{type(exc).__name__}: {exc}",
-                              "notices": keeper.notices}) + "\n")
-        out.close()
+    except Exception as exc:  # the starting command raises it (or connects directly)
+        keeper.say(error_report(exc))
+        keeper.report.close()
         keeper.close()
         return 1
     signal.signal(signal.SIGTERM, lambda *_: keeper.stop.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    out.write(json.dumps({"ready": True, "pid": os.getpid(), "notices": keeper.notices,
-                          "connect_seconds": keeper.transport.connect_seconds}) + "\n")
-    out.close()
+    keeper.say({"ready": True, "pid": os.getpid(),
+                "connect_seconds": keeper.transport.connect_seconds})
+    keeper.report.close()
+    keeper.report = None
     try:
         keeper.serve()
     finally:

@@ -432,11 +432,14 @@ class KeptTransport(SSHTransport):
             path.unlink()
 
     def _start_keeper(self, folder: Path, path: Path) -> bool:
-        """Start a keeper and wait until it is connected and listening (or failed)."""
+        """Start a keeper and wait until it is connected and listening. It connects with this
+        connector's retry policy and passes its notices on as they happen, so a failure to
+        connect is raised here exactly as a direct connect raises it (same type, message
+        and retries: a dead box costs no more than without keeping). ``False`` when the
+        keeper could not be started at all (the command then connects directly)."""
         config = {"host": asdict(self.host), "rtt_hint": self.best_rtt,
                   "keep_seconds": self.keep_seconds, "socket": str(path),
-                  "identity": identity(self.host)}
-        limit, _ = connect_timeout_for(self.host, self.best_rtt)
+                  "identity": identity(self.host), "retry": asdict(self.retry)}
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "outrig.connectors.keeper"], stdin=subprocess.PIPE,
@@ -449,24 +452,42 @@ class KeptTransport(SSHTransport):
         with contextlib.suppress(OSError):
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
-        line = _read_line(proc.stdout, 2 * limit + 10.0)
-        proc.stdout.close()
-        proc.wait()  # the launcher exits once its detached keeper is ready or has failed
         try:
-            report = json.loads(line) if line else {}
-        except ValueError:
-            report = {}
-        for notice in report.get("notices", []):
-            self._say(str(notice))
-        if not report.get("ready"):
-            why = report.get("message") or "it exited without a word"
-            self._say(f"no warm connection ({why}); connecting directly")
-            return False
-        self.keepers_started += 1
-        seconds = report.get("connect_seconds")
-        if isinstance(seconds, (int, float)):
-            self.connect_seconds = float(seconds)
-        return True
+            report = self._follow_start(proc.stdout)
+        finally:
+            proc.stdout.close()
+            proc.wait()  # the launcher exits at once; the keeper is its detached grandchild
+        if report.get("ready"):
+            self.keepers_started += 1
+            seconds = report.get("connect_seconds")
+            if isinstance(seconds, (int, float)):
+                self.connect_seconds = float(seconds)
+            return True
+        error = rebuilt_error(report.get("error"))
+        if error is not None:
+            raise error
+        self._say(f"no warm connection ({report.get('error') or 'the keeper said nothing'});"
+                  " connecting directly")
+        return False
+
+    def _follow_start(self, stream: Any) -> dict[str, Any]:
+        """Relay the keeper's notices until its final word (``ready`` or an error)."""
+        limit, _ = connect_timeout_for(self.host, self.best_rtt)
+        # every handshake attempt may use the whole limit, plus the pauses between them
+        deadline = time.monotonic() + (self.retry.link + self.retry.refused) * (limit + 10.0)
+        lines = _Lines(stream)
+        while True:
+            line = lines.next(max(0.0, deadline - time.monotonic()))
+            if not line:
+                return {}
+            try:
+                message = json.loads(line)
+            except ValueError:
+                return {}
+            if "notice" in message:
+                self._say(str(message["notice"]))
+                continue
+            return dict(message)
 
     def _say(self, text: str) -> None:
         if self.notify is not None:
@@ -488,23 +509,46 @@ class KeptTransport(SSHTransport):
         return super().peer_address()
 
 
-def _read_line(stream: Any, timeout: float) -> bytes:
-    """One line from a child's stdout within ``timeout`` (what is there when it runs out)."""
-    deadline = time.monotonic() + timeout
-    buf = bytearray()
-    fd = stream.fileno()
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        buf.extend(chunk)
-    return bytes(buf.split(b"\n", 1)[0])
+class _Lines:
+    """Lines from a child's stdout, each within a deadline (``b""`` at EOF or time-out)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.fd = stream.fileno()
+        self.buf = bytearray()
+
+    def next(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, left))
+            if not ready:
+                return b""
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                return b""
+            self.buf.extend(chunk)
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf[:] = rest
+        return line
+
+
+def rebuilt_error(error: Any) -> Exception | None:
+    """The keeper's connect failure as the exception a direct connect raises (``None`` for
+    one that is not a connect failure: the command then connects directly)."""
+    from outrig import errors
+
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message", ""))
+    kind = error.get("type")
+    if kind == "LinkLost":
+        return errors.LinkLost(message, phase=str(error.get("phase") or "connect"),
+                               silent=bool(error.get("silent")))
+    known = {"ConnectRefused": errors.ConnectRefused, "HostKeyError": errors.HostKeyError,
+             "AuthenticationError": errors.AuthenticationError,
+             "ConnectError": errors.ConnectError}
+    factory = known.get(str(kind))
+    return factory(message) if factory is not None else None
 
 
 # ------------------------------------------------------------------------------ listing

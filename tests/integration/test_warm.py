@@ -28,9 +28,10 @@ from outrig.connectors.kept import (
     wait_gone,
 )
 from outrig.console import Reporter
+from outrig.errors import AuthenticationError
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project
-from outrig.sandbox.proxy import LatencyProxy
+from outrig.sandbox.proxy import Fault, LatencyProxy
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -318,3 +319,31 @@ def test_changed_host_key_in_known_hosts_gets_a_fresh_connection(
     assert any("host key" in n for n in notices), notices
     assert wait_gone(int(old["pid"]), 10.0)
     assert proxy.accepted == 2
+
+
+def test_first_command_with_keeping_fails_as_a_direct_one_refused_key(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    """The keeper's connect failure is the command's: same type and message, never a second
+    try by a direct connection."""
+    wrong_key = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)],
+                   check=True)
+    host, proxy = proxied(box_host, make_proxy, identity_file=str(wrong_key))
+    with pytest.raises(AuthenticationError, match="authentication failed .* tried .*wrong_key"):
+        status_once(host, Journal(tmp_path / "state"))
+    assert proxy.accepted == 1
+    assert keepers() == []
+
+
+def test_first_command_with_keeping_retries_cuts_and_tells_as_it_goes(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    proxy.inject(Fault(phase="auth"), Fault(phase="auth"))
+    notices: list[str] = []
+    result, session = status_once(host, Journal(tmp_path / "state"), notices)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport)
+    assert session.transport.keepers_started == 1
+    assert proxy.fired == [(1, "auth", "cut"), (2, "auth", "cut")]
+    assert proxy.accepted == 3
+    assert sum("retrying" in n for n in notices) == 2, notices
