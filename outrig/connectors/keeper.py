@@ -363,17 +363,6 @@ class Relay:
                 self.channel.close()
 
 
-def detach() -> bool:
-    """Double fork: the keeper runs as a grandchild, adopted by init, in its own session.
-    Returns False in the intermediate process (which must exit at once)."""
-    if os.fork() > 0:
-        return False
-    os.setsid()
-    if os.fork() > 0:
-        os._exit(0)
-    return True
-
-
 def error_report(exc: BaseException) -> dict[str, Any]:
     """A connect failure as the starting command re-raises it: type, message and fields."""
     return {"ready": False, "error": {
@@ -381,33 +370,60 @@ def error_report(exc: BaseException) -> dict[str, Any]:
         "phase": getattr(exc, "phase", None), "silent": bool(getattr(exc, "silent", False))}}
 
 
-def main() -> int:
-    config = json.loads(sys.stdin.read())
-    if not detach():
+def launch(config: dict[str, Any], report_fd: int) -> None:
+    """Become the keeper: a new session, then a second fork so that it is nobody's child
+    (adopted by init: no zombie waits on a command that has ended); the caller waits for
+    the intermediate process, which exits at once. Never returns."""
+    with contextlib.suppress(OSError):
+        os.setsid()  # already a session leader when started by Popen(start_new_session)
+    if os.fork() > 0:
         os._exit(0)
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        keep = {report_fd, 0, 1, 2}
+        for name in os.listdir("/proc/self/fd"):  # the command's files stay the command's
+            fd = int(name)
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        os._exit(run(config, os.fdopen(report_fd, "w")))
+    finally:
+        os._exit(1)
+
+
+def run(config: dict[str, Any], report: Any) -> int:
+    """Connect, say ready (or the error) on ``report``, then serve until done."""
     keeper = Keeper(config)
-    keeper.report = os.fdopen(os.dup(1), "w")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
+    keeper.report = report
     try:
         keeper.open()
     except Exception as exc:  # the starting command raises it (or connects directly)
         keeper.say(error_report(exc))
-        keeper.report.close()
+        report.close()
         keeper.close()
         return 1
     signal.signal(signal.SIGTERM, lambda *_: keeper.stop.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     keeper.say({"ready": True, "pid": os.getpid(),
                 "connect_seconds": keeper.transport.connect_seconds})
-    keeper.report.close()
+    report.close()
     keeper.report = None
     try:
         keeper.serve()
     finally:
         keeper.close()
     return 0
+
+
+def main() -> int:
+    """``python -m outrig.connectors.keeper``: the configuration on stdin, reports on
+    stdout (used when the starting process cannot simply fork: it has other threads)."""
+    config = json.loads(sys.stdin.read())
+    launch(config, os.dup(1))
+    return 1
 
 
 if __name__ == "__main__":

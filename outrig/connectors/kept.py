@@ -440,23 +440,12 @@ class KeptTransport(SSHTransport):
         config = {"host": asdict(self.host), "rtt_hint": self.best_rtt,
                   "keep_seconds": self.keep_seconds, "socket": str(path),
                   "identity": identity(self.host), "retry": asdict(self.retry)}
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "outrig.connectors.keeper"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
-                start_new_session=True, close_fds=True)
-        except OSError as exc:
-            self._say(f"cannot start a keeper ({exc}); connecting directly")
+        if threading.active_count() == 1:
+            report = self._fork_keeper(config)
+        else:
+            report = self._spawn_keeper(config)
+        if report is None:
             return False
-        assert proc.stdin is not None and proc.stdout is not None
-        with contextlib.suppress(OSError):
-            proc.stdin.write(json.dumps(config).encode())
-            proc.stdin.close()
-        try:
-            report = self._follow_start(proc.stdout)
-        finally:
-            proc.stdout.close()
-            proc.wait()  # the launcher exits at once; the keeper is its detached grandchild
         if report.get("ready"):
             self.keepers_started += 1
             seconds = report.get("connect_seconds")
@@ -469,6 +458,54 @@ class KeptTransport(SSHTransport):
         self._say(f"no warm connection ({report.get('error') or 'the keeper said nothing'});"
                   " connecting directly")
         return False
+
+    def _fork_keeper(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Fork the keeper from this process (one thread only, so no lock is held by a
+        thread the child would lack): it starts with everything already imported, and the
+        first command costs what a direct connect costs."""
+        from outrig.connectors import keeper
+
+        read_end, write_end = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(read_end)
+            os.close(write_end)
+            self._say(f"cannot start a keeper ({exc}); connecting directly")
+            return None
+        if pid == 0:  # the child: never returns into the command
+            try:
+                os.close(read_end)
+                keeper.launch(config, write_end)
+            finally:
+                os._exit(1)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as stream:
+            try:
+                return self._follow_start(stream)
+            finally:
+                os.waitpid(pid, 0)  # the intermediate process exits at once
+
+    def _spawn_keeper(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Start the keeper as ``python -m outrig.connectors.keeper`` (when this process
+        has other threads and must not fork)."""
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "outrig.connectors.keeper"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
+                start_new_session=True, close_fds=True)
+        except OSError as exc:
+            self._say(f"cannot start a keeper ({exc}); connecting directly")
+            return None
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.write(json.dumps(config).encode())
+            proc.stdin.close()
+        try:
+            return self._follow_start(proc.stdout)
+        finally:
+            proc.stdout.close()
+            proc.wait()  # the launcher exits at once; the keeper is its detached grandchild
 
     def _follow_start(self, stream: Any) -> dict[str, Any]:
         """Relay the keeper's notices until its final word (``ready`` or an error)."""

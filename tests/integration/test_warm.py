@@ -185,15 +185,20 @@ def test_host_file_keep_seconds_zero_connects_directly(
     assert proxy.accepted == 2 and keepers() == []
 
 
-def test_connections_lists_and_close_stops_the_keeper(
+def test_cli_commands_share_a_forked_keeper_and_connections_close_stops_it(
         box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
-    host, _proxy = proxied(box_host, make_proxy)
-    status_once(host, Journal(tmp_path / "state"))
-    entry = only_keeper()
+    """The CLI (one thread) forks its keeper; the next CLI command goes through it."""
+    host, proxy = proxied(box_host, make_proxy)
 
     def outrig(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*OUTRIG, *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
+
+    for _ in range(2):
+        done = outrig("status", "--host", str(host), "--json")
+        assert done.returncode == 0, done.stderr
+    assert proxy.accepted == 1, "two CLI commands, one TCP connection"
+    entry = only_keeper()
 
     listed = outrig("connections", "--json")
     assert listed.returncode == 0, listed.stderr
