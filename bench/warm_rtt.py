@@ -4,11 +4,12 @@
 Starts the sandbox box (a real OpenSSH sshd on 127.0.0.1) behind a latency proxy (one-way
 delay = RTT / 2) and times, through the proxy, in RTT multiples:
 
-- ``status`` in process (``HostSession.call("status")``, no Python start-up): cold (a
+- ``status`` in process (``outrig.ops.status.status``, no Python start-up): cold (a
   direct connection, ``OUTRIG_KEEP_SECONDS=0``), the first command with keeping on (it starts
   the keeper, which connects), and a second command through the keeper;
 - the same through the ``outrig`` CLI as a subprocess, with the CLI's own start-up measured
-  apart (``outrig connections`` with no keeper: no network at all);
+  apart (``outrig status`` with an unknown host: the same imports, exit 2, no network);
+- ``status`` on ``hostname: local``: the agent's own time, with no link at all;
 - OpenSSH ``ssh box true``: plain, and through a ControlMaster (``ControlPersist``), first
   and second command.
 
@@ -36,12 +37,12 @@ OUTRIG = [sys.executable, "-c",
           "import sys; from outrig.cli import program; program.run(['outrig', *sys.argv[1:]])"]
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+def timed(argv: list[str], env: dict[str, str] | None = None, expect: int = 0) -> float:
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           env=env, cwd=REPO)
     seconds = time.monotonic() - started
-    if done.returncode != 0:
+    if done.returncode != expect:
         raise SystemExit(f"{argv[:4]} failed ({done.returncode}):\n{done.stderr}")
     return seconds
 
@@ -65,7 +66,8 @@ def main() -> int:
     from outrig.connectors.kept import close_keepers, wait_gone
     from outrig.console import Reporter
     from outrig.journal import Journal
-    from outrig.ops.base import HostSession, Project
+    from outrig.ops.base import Project
+    from outrig.ops.status import status
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
 
@@ -82,15 +84,14 @@ def main() -> int:
     control = ["-o", "ControlMaster=auto", "-o", f"ControlPath={root}/cm-%C",
                "-o", "ControlPersist=600"]
 
-    def in_process(keep: str) -> tuple[float, int]:
+    local_file = root / "local.yaml"
+    local_file.write_text(f"hostname: local\nworkdir: {box.workdir}\n")
+
+    def in_process(keep: str, host: Path = host_file) -> tuple[float, int]:
         os.environ["OUTRIG_KEEP_SECONDS"] = keep
         before = proxy.accepted
-        session = HostSession(project, str(host_file), Reporter(quiet=True), journal)
         started = time.monotonic()
-        try:
-            session.call("status", stream=False)
-        finally:
-            session.transport.close()
+        status(project, str(host), Reporter(quiet=True), journal=journal)
         return time.monotonic() - started, proxy.accepted - before
 
     def close_all() -> None:
@@ -113,17 +114,19 @@ def main() -> int:
             add("status, first with keeping (starts the keeper), in process",
                 *in_process("600"))
             add("status, second through the keeper, in process", *in_process("600"))
+            add("status on hostname: local (the agent's own time, no link), in process",
+                *in_process("0", local_file))
             close_all()
             env = {**os.environ, "OUTRIG_KEEP_SECONDS": "600"}
-            status = [*OUTRIG, "status", "--host", str(host_file), "--json"]
-            add("outrig status --no-keep (CLI)", timed([*status, "--no-keep"], env))
-            add("outrig status, first (CLI, starts the keeper)", timed(status, env))
+            status_cmd = [*OUTRIG, "status", "--host", str(host_file), "--json"]
+            add("outrig status --no-keep (CLI)", timed([*status_cmd, "--no-keep"], env))
+            add("outrig status, first (CLI, starts the keeper)", timed(status_cmd, env))
             before = proxy.accepted
-            add("outrig status, second (CLI, through the keeper)", timed(status, env),
+            add("outrig status, second (CLI, through the keeper)", timed(status_cmd, env),
                 proxy.accepted - before)
             close_all()
-            add("CLI start-up (outrig connections, no keeper)",
-                timed([*OUTRIG, "connections"], env))
+            add("CLI start-up (outrig status --host no-such-host: exits 2, no network)",
+                timed([*OUTRIG, "status", "--host", "no-such-host"], env, expect=2))
             add("ssh box true (OpenSSH, no ControlMaster)",
                 timed(["ssh", *ssh_opts, target, "true"]))
             add("ssh box true, first (ControlMaster starts)",
