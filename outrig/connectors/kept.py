@@ -593,7 +593,8 @@ def rebuilt_error(error: Any) -> Exception | None:
 
 def keepers(folder: Path | None = None) -> list[dict[str, Any]]:
     """The live keepers of this user: each one's record plus ``idle_left`` and ``age`` as
-    it reports them. Records whose keeper no longer answers are removed."""
+    it reports them, with the pid recorded when it is the socket's own listener
+    (``SO_PEERCRED``). Records and sockets whose keeper no longer answers are removed."""
     place = folder or runtime_dir()
     if not place.is_dir():
         return []
@@ -602,14 +603,21 @@ def keepers(folder: Path | None = None) -> list[dict[str, Any]]:
     for record in sorted(place.glob("*.json")):
         sock_path = record.with_suffix(".sock")
         try:
+            recorded = json.loads(record.read_text()).get("pid")
             sock, body = request(sock_path, {"op": "info"}, 5.0)
-        except (KeeperGone, KeeperRefused, UnsafePlace, OSError):
-            with contextlib.suppress(OSError):
-                if not sock_path.exists():
-                    record.unlink()
+        except (KeeperGone, ValueError, OSError):
+            with contextlib.suppress(OSError):  # its keeper is gone: forget it
+                if sock_path.exists():
+                    check_socket_file(sock_path)
+                    sock_path.unlink()
+                record.unlink()
+            continue
+        except (KeeperRefused, UnsafePlace):
             continue
         pid, _uid = peer_credentials(sock)
         sock.close()
+        if pid != recorded:
+            continue  # a record that does not name the socket's own listener: never signalled
         body["pid"] = pid
         body["socket"] = str(sock_path)
         found.append(body)

@@ -352,3 +352,19 @@ def test_first_command_with_keeping_retries_cuts_and_tells_as_it_goes(
     assert proxy.fired == [(1, "auth", "cut"), (2, "auth", "cut")]
     assert proxy.accepted == 3
     assert sum("retrying" in n for n in notices) == 2, notices
+
+
+def test_connections_forgets_a_dead_keeper_and_signals_no_other_pid(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, _proxy = proxied(box_host, make_proxy)
+    status_once(host, Journal(tmp_path / "state"))
+    entry = only_keeper()
+    record = Path(entry["socket"]).with_suffix(".json")
+    doc = json.loads(record.read_text())
+    record.write_text(json.dumps({**doc, "pid": os.getpid()}))  # a record naming us
+    assert keepers() == [] and close_keepers() == [], "never signal a pid the socket denies"
+    record.write_text(json.dumps(doc))
+    os.kill(int(entry["pid"]), signal.SIGKILL)
+    assert wait_gone(int(entry["pid"]), 10.0)
+    assert keepers() == []
+    assert not record.exists() and not Path(entry["socket"]).exists()
