@@ -47,7 +47,9 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     # No warm connection unless a test asks for one: the link-fault tests count connections
     # and handshakes of the plain connector. Its sockets go in a short private folder.
-    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "0")
+    # OUTRIG_TEST_KEEP_SECONDS=N runs the tests through warm connections instead (keepers
+    # then exit N idle seconds after a test, or as soon as its folder is removed).
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", os.environ.get("OUTRIG_TEST_KEEP_SECONDS", "0"))
     runtime = Path(tempfile.mkdtemp(prefix="ork-", dir="/tmp"))
     monkeypatch.setenv("OUTRIG_RUNTIME_DIR", str(runtime / "run"))
     yield home
