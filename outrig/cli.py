@@ -14,6 +14,7 @@ is :mod:`outrig.program`.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,8 @@ PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OU
 GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
              "summary")
 PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
+NO_KEEP_HELP = ("connect directly: neither use nor leave a warm connection to the box "
+                "(default: keep one for keep_seconds, 10 minutes; see outrig connections)")
 
 
 def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
@@ -56,6 +59,22 @@ def number(value: str | None, flag: str, default: float, *, whole: bool = True) 
 
 def _reporter(json: bool, gpus: bool = False) -> Reporter:
     return Reporter(json_mode=json, gpu_table=gpus)
+
+
+def _keep(settings: Settings, no_keep: bool) -> None:
+    """Pass the warm-connection setting to the ssh connector (which reads
+    ``OUTRIG_KEEP_SECONDS``): ``--no-keep`` turns it off; else a ``keep_seconds:`` in the
+    project's config applies unless the variable is already set."""
+    from outrig.connectors.kept import KEEP_ENV
+
+    if no_keep:
+        os.environ[KEEP_ENV] = "0"
+        return
+    if os.environ.get(KEEP_ENV, "").strip():
+        return
+    configured = settings.keep_seconds()
+    if configured is not None:
+        os.environ[KEEP_ENV] = f"{configured:g}"
 
 
 def friendly(func: F) -> F:
@@ -90,14 +109,15 @@ def friendly(func: F) -> F:
         "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
         "dry_run": "print the plan and stop; nothing is sent",
         "no_wait": "return as soon as every process is launched and recorded",
-        "project": PROJECT_HELP,
+        "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
         "json": JSON_HELP,
     },
 )
 @friendly
 def deploy(c: Any, host: str | None = None, playbook: str | None = None,
            param: list[str] | None = None, test: bool = False, dry_run: bool = False,
-           no_wait: bool = False, project: str | None = None, json: bool = False) -> None:
+           no_wait: bool = False, project: str | None = None,
+           no_keep: bool = False, json: bool = False) -> None:
     """Push files, stop the previous run, launch every process and wait until it is ready.
 
     Examples:
@@ -108,6 +128,7 @@ def deploy(c: Any, host: str | None = None, playbook: str | None = None,
 
     reporter = _reporter(json)
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     host_spec = settings.host(host)
     name = playbook_for(settings, playbook, host_spec, reporter, what="deploy")
     run_deploy(settings.project, host_spec, name, reporter, test=test, dry_run=dry_run,
@@ -146,12 +167,12 @@ def plan(c: Any, host: str | None = None, playbook: str | None = None,
     help={"host": HOST_HELP, "run": "the run id to show (default: current runs)",
           "playbook": "show the current run of this playbook",
           "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
-          "project": PROJECT_HELP, "json": JSON_HELP},
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def status(c: Any, host: str | None = None, run: str | None = None,
            playbook: str | None = None, lines: str | None = None, gpus: bool = False,
-           project: str | None = None, json: bool = False) -> None:
+           project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Show each process (running / exited with code / killed), readiness, GPUs, progress.
 
     One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
@@ -165,6 +186,7 @@ def status(c: Any, host: str | None = None, run: str | None = None,
 
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_status(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                playbook=playbook, log_lines=count)
 
@@ -179,14 +201,14 @@ def status(c: Any, host: str | None = None, run: str | None = None,
                    "from the beginning the first time)",
           "no_follow": "print what is there now and exit",
           "grep": "show only lines matching this regular expression (the mirror keeps all)",
-          "project": PROJECT_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": "JSON lines {process, line} instead of prefixed text"},
 )
 @friendly
 def tail_logs(c: Any, host: str | None = None, run: str | None = None,
               playbook: str | None = None, process: list[str] | None = None,
               lines: str | None = None, no_follow: bool = False, grep: str | None = None,
-              project: str | None = None, json: bool = False) -> None:
+              project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
 
     Lines are prefixed with the process name. The mirror is kept under
@@ -203,6 +225,7 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
 
     count = None if lines is None else int(number(lines, "lines", 100))
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_tail(settings.project, settings.host(host), _reporter(json), run_id=run,
              playbook=playbook, processes=list(process or []), lines=count,
              follow=not no_follow, grep=grep)
@@ -217,13 +240,14 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
                            "it is shown before it is killed",
           "dry_run": "show what would be signalled and who holds the GPUs; signal nothing",
           "timeout": "seconds to wait for GPU memory to come back (default 60)",
-          "gpus": GPUS_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+          "gpus": GPUS_HELP, "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def cleanup(c: Any, host: str | None = None, run: str | None = None,
             playbook: str | None = None, all: bool = False,
             force_foreign: list[str] | None = None, dry_run: bool = False,
             timeout: str | None = None, gpus: bool = False, project: str | None = None,
+            no_keep: bool = False,
             json: bool = False) -> None:
     """Stop exactly what outrig started, then prove the GPUs are free (audit + wait).
 
@@ -240,6 +264,7 @@ def cleanup(c: Any, host: str | None = None, run: str | None = None,
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_cleanup(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                 playbook=playbook, all_runs=all, force_foreign=list(force_foreign or []),
                 dry_run=dry_run, timeout=seconds)
@@ -252,11 +277,12 @@ def cleanup(c: Any, host: str | None = None, run: str | None = None,
                       "OUTRIG_PLAYBOOK or outrig.yaml, else the only playbook in playbooks/ "
                       "that has environments:)",
           "dry_run": "check the box and say what would be created or updated; install nothing",
-          "project": PROJECT_HELP, "json": JSON_HELP},
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def provision(c: Any, host: str | None = None, playbook: str | None = None,
-              dry_run: bool = False, project: str | None = None, json: bool = False) -> None:
+              dry_run: bool = False, project: str | None = None,
+              no_keep: bool = False, json: bool = False) -> None:
     """Idempotent environment set-up: the playbook's venvs with pinned packages.
 
     Checks python, the NVIDIA driver and free disk against requires:, then creates or updates
@@ -270,6 +296,7 @@ def provision(c: Any, host: str | None = None, playbook: str | None = None,
     from outrig.ops.provision import provision as run_provision
 
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_provision(settings.project, settings.host(host), _reporter(json),
                   playbook=settings.value("playbook", playbook)[0], dry_run=dry_run)
 
@@ -284,12 +311,12 @@ def provision(c: Any, host: str | None = None, playbook: str | None = None,
           "resume": "also put the newest complete checkpoint in place (from --from, "
                     "else from this workstation's mirror)",
           "streams": f"parallel streams for copies through the workstation (default {STREAMS})",
-          "project": PROJECT_HELP, "json": JSON_HELP},
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def stage_(c: Any, host: str | None = None, playbook: str | None = None,
            from_: str | None = None, resume: bool = False, streams: str | None = None,
-           project: str | None = None, json: bool = False) -> None:
+           project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Put the model, data and (with --resume) a checkpoint on a box: fastest route, verified.
 
     A re-run moves nothing and costs one agent call (each folder carries a verified manifest).
@@ -305,6 +332,7 @@ def stage_(c: Any, host: str | None = None, playbook: str | None = None,
     count = int(number(streams, "streams", STREAMS))
     reporter = _reporter(json)
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     host_spec = settings.host(host)
     name = playbook_for(settings, playbook, None, reporter, what="stage")
     stage(settings.project, host_spec, name, reporter, from_host=from_, resume=resume,
@@ -315,12 +343,13 @@ def stage_(c: Any, host: str | None = None, playbook: str | None = None,
     auto_shortflags=False,
     help={"host": HOST_HELP, "playbook": "whose checkpoints (default: the playbook of the "
           "host's newest run that really ran)",
-          "run": "take the playbook of this run id instead", "project": PROJECT_HELP,
+          "run": "take the playbook of this run id instead",
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": JSON_HELP},
 )
 @friendly
 def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = None,
-                     run: str | None = None, project: str | None = None,
+                     run: str | None = None, project: str | None = None, no_keep: bool = False,
                      json: bool = False) -> None:
     """Pull new complete checkpoints from a box into this workstation's mirror.
 
@@ -334,6 +363,7 @@ def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = Non
     from outrig.ops.stage import sync_checkpoints as run_sync
 
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_sync(settings.project, settings.host(host), _reporter(json), playbook=playbook,
              run_id=run)
 
@@ -344,11 +374,12 @@ def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = Non
           "to": "the new box", "playbook": "playbook to run on the new box (default: the old "
           "box's last playbook, or the member of its family that fits the new box best)",
           "run": "the run on the old box to move (default: its newest run that really ran)",
-          "project": PROJECT_HELP, "json": JSON_HELP},
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def migrate(c: Any, from_: str | None = None, to: str | None = None,
             playbook: str | None = None, run: str | None = None, project: str | None = None,
+            no_keep: bool = False,
             json: bool = False) -> None:
     """Move a job to a fresh box and resume it from the newest complete checkpoint.
 
@@ -366,13 +397,14 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
         raise ConfigError("migrate needs both boxes: --from OLD --to NEW (host file names, "
                           "ssh aliases or user@host:port). Nothing was sent.")
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_migrate(settings.project, from_, to, _reporter(json), playbook=playbook, run_id=run)
 
 
 @task(auto_shortflags=False,
-      help={"host": HOST_HELP, "project": PROJECT_HELP, "json": JSON_HELP})
+      help={"host": HOST_HELP, "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP})
 @friendly
-def check(c: Any, host: str | None = None, project: str | None = None,
+def check(c: Any, host: str | None = None, project: str | None = None, no_keep: bool = False,
           json: bool = False) -> None:
     """Preflight: reach the box, measure RTT, check python3, GPUs, workdir and disk.
 
@@ -382,16 +414,17 @@ def check(c: Any, host: str | None = None, project: str | None = None,
     from outrig.ops.check import check as run_check
 
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_check(settings.project, settings.host(host), _reporter(json))
 
 
 @task(name="exec", auto_shortflags=False,
-      help={"host": HOST_HELP, "project": PROJECT_HELP,
+      help={"host": HOST_HELP, "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
             "json": "capture the output and print one JSON object {host, command, exit_code, "
                     "stdout, stderr} when the command ends (the exit status stays the "
                     "command's)"})
 @friendly
-def exec_(c: Any, host: str | None = None, project: str | None = None,
+def exec_(c: Any, host: str | None = None, project: str | None = None, no_keep: bool = False,
           json: bool = False) -> None:
     """Run one command on the box, in the host's workdir with its env; output streams here.
 
@@ -407,6 +440,7 @@ def exec_(c: Any, host: str | None = None, project: str | None = None,
 
     command = remainder_argv()
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     host_spec = settings.host(host)
     if not json:
         code = run_exec(settings.project, host_spec, command)
@@ -431,14 +465,14 @@ def exec_(c: Any, host: str | None = None, project: str | None = None,
           "playbook": "the running run of this playbook",
           "remote_port": "forward this port on the box instead of a process's",
           "local_port": "listen here (default: the same number if free, else any free port)",
-          "project": PROJECT_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": "print a JSON line {event: forwarding, url, ...} instead of text"},
 )
 @friendly
 def forward(c: Any, host: str | None = None, process: str | None = None,
             run: str | None = None, playbook: str | None = None,
             remote_port: str | None = None, local_port: str | None = None,
-            project: str | None = None, json: bool = False) -> None:
+            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Forward a local port to a process's port on the box (e.g. the vLLM server).
 
     Prints the local URL, then serves until Ctrl-C. Each local connection is carried over
@@ -454,6 +488,7 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
     remote = None if remote_port is None else int(number(remote_port, "remote-port", 8000))
     local = None if local_port is None else int(number(local_port, "local-port", 8000))
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_forward(settings.project, settings.host(host), _reporter(json), process=process,
                 run_id=run, playbook=playbook, remote_port=remote, local_port=local)
 
@@ -506,13 +541,13 @@ def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> N
                   "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
           "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
                    "(default 0; 120 gives a 240 ms RTT like a far-away box)",
-          "project": PROJECT_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": "each step's JSON (deploy events, the status document, log lines, the "
                   "cleanup report) as JSON lines; progress notes go to stderr"},
 )
 @friendly
 def demo(c: Any, keep: bool = False, delay: str | None = None,
-         project: str | None = None, json: bool = False) -> None:
+         project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
 
     Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
@@ -526,8 +561,56 @@ def demo(c: Any, keep: bool = False, delay: str | None = None,
 
     one_way_ms = number(delay, "delay", 0)
     settings = settings_for(c, project)
+    _keep(settings, no_keep)
     run_demo(settings.project, _reporter(json), keep=keep,
              one_way_delay=one_way_ms / 1000.0)
+
+
+@task(auto_shortflags=False,
+      help={"close": "stop the warm connections (all, or --host's)",
+            "host": "with --close: only this host's (its host-file name or address)",
+            "json": "print the list as JSON {connections: [...]}"})
+@friendly
+def connections(c: Any, close: bool = False, host: str | None = None,
+                json: bool = False) -> None:
+    """List the warm connections this user's commands left open, or close them.
+
+    Each is a keeper process holding one box's SSH connection; it exits by itself after
+    keep_seconds idle (10 minutes by default). --close stops them by the pid recorded.
+
+    Examples:
+        outrig connections
+        outrig connections --close --host uk-node
+    """
+    from outrig.connectors.kept import close_keepers, keepers, wait_gone
+
+    if host and not close:
+        raise ConfigError("--host goes with --close (outrig connections lists every host). "
+                          "Nothing was closed.")
+    reporter = _reporter(json)
+    if close:
+        closed = close_keepers(host)
+        gone = [e for e in closed if wait_gone(int(e["pid"]), 10.0)]
+        if json:
+            reporter.emit_json({"closed": closed})
+            return
+        for entry in closed:
+            state = "closed" if entry in gone else "asked to close"
+            print(f"{state} {entry['host']} ({entry['name']}), pid {entry['pid']}")
+        if not closed:
+            print("no warm connection" + (f" to {host}" if host else "") + " was open")
+        return
+    found = keepers()
+    if json:
+        reporter.emit_json({"connections": found})
+        return
+    if not found:
+        print("no warm connections")
+        return
+    print(f"{'HOST':<28} {'NAME':<16} {'PID':>8} {'AGE':>8} {'IDLE LEFT':>10}")
+    for entry in found:
+        print(f"{entry['host']:<28} {entry['name']:<16} {entry['pid']:>8} "
+              f"{entry['age']:>7.0f}s {entry['idle_left']:>9.0f}s")
 
 
 SANDBOX_NAME_HELP = "the sandbox's name (default sandbox); several can be up at once"
@@ -659,7 +742,8 @@ def init(c: Any, force: bool = False, json: bool = False) -> None:
 
 
 TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
-         migrate, check, exec_, ssh, forward, demo, sandbox_up, sandbox_down, init)
+         migrate, check, exec_, ssh, forward, connections, demo, sandbox_up, sandbox_down,
+         init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

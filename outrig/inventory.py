@@ -48,6 +48,9 @@ class HostFile(BaseModel):
     python: str = "python3"
     gpus: Literal["auto"] | int = "auto"
     connect_timeout: float | None = Field(None, gt=0, description="seconds; default from RTT")
+    keep_seconds: float | None = Field(
+        None, ge=0, description="seconds a warm connection to this box stays open when idle "
+        "(default 600; 0: none)")
 
     @field_validator("workdir")
     @classmethod
@@ -81,6 +84,7 @@ class Host:
     python: str = "python3"
     gpus: Literal["auto"] | int = "auto"
     connect_timeout: float | None = None
+    keep_seconds: float | None = None
     source: str = ""
     is_local: bool = False
 
@@ -120,7 +124,8 @@ def _host_from_file(name: str, path: Path) -> Host:
         name=name, hostname=spec.hostname, port=spec.port, user=spec.user,
         identity_file=spec.identity_file, known_hosts=spec.known_hosts, workdir=spec.workdir,
         env=dict(spec.env), python=spec.python, gpus=spec.gpus,
-        connect_timeout=spec.connect_timeout, source=str(path),
+        connect_timeout=spec.connect_timeout, keep_seconds=spec.keep_seconds,
+        source=str(path),
         is_local=spec.hostname == "local",
     )
 

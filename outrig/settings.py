@@ -106,6 +106,16 @@ class Settings:
             return configured, f"{key}: in the user configuration"
         return None, ""
 
+    def keep_seconds(self) -> float | None:
+        """``keep_seconds:`` (how long a warm connection waits idle; 0: none) from the
+        project's files, else the user configuration; ``None`` when set nowhere."""
+        for name in PROJECT_FILES:
+            data = read_project_file(self.project.root, name)
+            if data.get("keep_seconds") is not None:
+                return _seconds(data["keep_seconds"], f"{self.project.root / name}")
+        configured = _invoke_setting(self.context, "keep_seconds")
+        return None if configured is None else _seconds(configured, "the user configuration")
+
     def host(self, flag: str | None) -> str:
         """The host to act on; a clear ConfigError (exit 2) when none is given anywhere."""
         value, _ = self.value("host", flag)
@@ -116,6 +126,18 @@ class Settings:
                 f"'local'), or set a default with host: in {self.project.root / PROJECT_FILE} "
                 "or the OUTRIG_HOST variable. Nothing was sent.")
         return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    """A ``keep_seconds:`` value: a number ≥ 0, else a ConfigError naming where it is set."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or seconds < 0:
+        raise ConfigError(f"{where}: keep_seconds: must be a number of seconds ≥ 0 (0 turns "
+                          f"the warm connection off), not {value!r}")
+    return seconds
 
 
 def settings_for(c: Any, project_flag: str | None) -> Settings:

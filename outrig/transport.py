@@ -174,7 +174,8 @@ def _scheme(prefix: str) -> Callable[[Host], bool]:
 
 CONNECTORS: list[Registration] = [
     Registration("local", "outrig.connectors.local:LocalTransport", lambda h: h.is_local),
-    Registration("ssh", "outrig.connectors.ssh:SSHTransport", lambda h: True),
+    # SSH, through the host's warm connection unless keeping is off (connectors/kept.py)
+    Registration("ssh", "outrig.connectors.kept:ssh_connector", lambda h: True),
 ]
 
 

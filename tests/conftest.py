@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ MARK_ENV = "OUTRIG_TEST_MARK"
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory,
-                  monkeypatch: pytest.MonkeyPatch) -> Path:
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh HOME and XDG dirs per test: no real ~/.ssh/config, known_hosts, ssh-agent or
     outrig state can leak into (or be written by) a test."""
     home = tmp_path_factory.mktemp("home")
@@ -44,7 +45,15 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory,
         path.mkdir(parents=True)
         monkeypatch.setenv(var, str(path))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    return home
+    # No warm connection unless a test asks for one: the link-fault tests count connections
+    # and handshakes of the plain connector. Its sockets go in a short private folder.
+    # OUTRIG_TEST_KEEP_SECONDS=N runs the tests through warm connections instead (keepers
+    # then exit N idle seconds after a test, or as soon as its folder is removed).
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", os.environ.get("OUTRIG_TEST_KEEP_SECONDS", "0"))
+    runtime = Path(tempfile.mkdtemp(prefix="ork-", dir="/tmp"))
+    monkeypatch.setenv("OUTRIG_RUNTIME_DIR", str(runtime / "run"))
+    yield home
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,430 @@
+"""The keeper process behind a warm connection (``python -m outrig.connectors.keeper``).
+
+Started by :class:`outrig.connectors.kept.KeptTransport` with its configuration as JSON on
+stdin. It detaches (double fork: it is nobody's child, so no zombie waits on a command that
+has ended), connects with :class:`SSHTransport` (one attempt: the command that started it
+retries directly), listens on its Unix socket, says ``{"ready": true}`` on stdout, and then
+relays one channel per socket connection until it has been idle for ``keep_seconds``, its
+link dies, or it gets SIGTERM (``outrig connections --close``).
+
+Requests (frames of :mod:`outrig.connectors.kept`): ``exec`` (open a session channel, exec
+argv pipelined, then relay ``i``/``e`` in and ``o``/``r``/``x``/``L`` out), ``info`` (host,
+age, idle time left). Every request is refused unless the peer's uid is this process's and
+its identity is the one this keeper serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from outrig.connectors.kept import (
+    peer_credentials,
+    recv_frame,
+    send_frame,
+    send_json,
+)
+from outrig.connectors.ssh import SSHTransport, _SSHChannel, exec_pipelined
+from outrig.errors import ConnectError, LinkLost
+from outrig.inventory import Host
+from outrig.transport import RetryPolicy, known_hosts_path
+
+TICK = 1.0  # seconds between the keeper's checks of its link, idle time and socket
+
+
+class Keeper:
+    """One host's SSH connection and the socket that lends its channels."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.host = Host(**config["host"])
+        self.identity = config["identity"]
+        self.keep_seconds = float(config["keep_seconds"])
+        self.path = Path(config["socket"])
+        self.record = self.path.with_suffix(".json")
+        self.report: Any = None  # the starting command's pipe, until ready
+        self.transport = SSHTransport(self.host, rtt_hint=config.get("rtt_hint"),
+                                      notify=self.notice)
+        self.transport.retry = RetryPolicy(**config.get("retry", {}))
+        self.started = time.time()
+        self.last_used = time.monotonic()
+        self.active = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.listener: socket.socket | None = None
+        self.inode = 0
+        self.server_key = b""
+        self.spare: Any = None  # one session channel opened ahead, with its open's RTT
+        self.spare_rtt: float | None = None
+        self.spare_lock = threading.Lock()
+
+    # ---------------------------------------------------------------- start and stop
+
+    def notice(self, text: str) -> None:
+        """A connect notice (retrying, new host key), passed on to the starting command
+        at once, as the plain connector would show it."""
+        self.say({"notice": text})
+
+    def say(self, message: dict[str, Any]) -> None:
+        if self.report is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.report.write(json.dumps(message) + "\n")
+                self.report.flush()
+
+    def open(self) -> None:
+        """Connect, then bind the socket (0600 through the umask) and write the record."""
+        self.transport.connect()
+        link = self.transport.connection.transport
+        self.server_key = link.get_remote_server_key().asbytes()
+        os.umask(0o177)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+        listener.bind(str(temp))
+        listener.listen(16)
+        os.replace(temp, self.path)  # a stale socket of a dead keeper is replaced at once
+        self.inode = os.lstat(self.path).st_ino
+        self.listener = listener
+        record = {"pid": os.getpid(), "name": self.host.name, "host": self.host.describe(),
+                  "hostname": self.host.hostname, "started": self.started,
+                  "keep_seconds": self.keep_seconds}
+        temp_record = self.record.with_name(f".{self.record.name}.{os.getpid()}")
+        temp_record.write_text(json.dumps(record))
+        os.replace(temp_record, self.record)
+
+    def owns_socket(self) -> bool:
+        """Whether the socket path is still ours (a fresher keeper may have replaced it)."""
+        try:
+            return os.lstat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def link_up(self) -> bool:
+        conn = self.transport.connection
+        return bool(conn is not None and conn.transport is not None
+                    and conn.transport.is_active())
+
+    def close(self) -> None:
+        """Remove the socket and record if they are still ours, then drop the link."""
+        if self.owns_socket():
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(self.record.read_text()).get("pid") == os.getpid():
+                    self.record.unlink()
+        if self.listener is not None:
+            self.listener.close()
+        with contextlib.suppress(Exception):
+            self.transport.close()
+
+    def idle_left(self) -> float:
+        with self.lock:
+            if self.active:
+                return self.keep_seconds
+            return max(0.0, self.keep_seconds - (time.monotonic() - self.last_used))
+
+    # ---------------------------------------------------------------- serving
+
+    def serve(self) -> None:
+        """Accept requests until idle, link down, socket taken over, or SIGTERM."""
+        assert self.listener is not None
+        self.listener.settimeout(TICK)
+        self.refill()
+        while not self.stop.is_set():
+            if not self.link_up() or self.idle_left() <= 0:
+                break
+            if not self.owns_socket() and not self.active:
+                break
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket) -> None:
+        """One request on one socket connection."""
+        try:
+            _pid, uid = peer_credentials(conn)
+            if uid != os.getuid():
+                return  # never answer another user
+            conn.settimeout(30.0)
+            frame = recv_frame(conn)
+            if frame is None or frame[0] != b"h":
+                return
+            header = json.loads(frame[1])
+            if header.get("op") == "info":
+                send_json(conn, b"k", {"name": self.host.name, "host": self.host.describe(),
+                                       "hostname": self.host.hostname,
+                                       "age": time.time() - self.started,
+                                       "idle_left": self.idle_left(),
+                                       "keep_seconds": self.keep_seconds,
+                                       "link_up": self.link_up()})
+            elif header.get("op") == "exec":
+                self.exec(conn, header)
+        except (OSError, ValueError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def refuse(self, conn: socket.socket, kind: str, message: str) -> None:
+        send_json(conn, b"f", {"kind": kind, "message": message})
+
+    def host_key_current(self) -> bool:
+        """Whether known_hosts still holds the key this connection was checked against (a
+        user who ran ``ssh-keygen -R`` for a rebuilt box gets a fresh connection)."""
+        import paramiko
+
+        path = known_hosts_path(self.host)
+        conn = self.transport.connection
+        name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
+        try:
+            keys = paramiko.HostKeys(str(path)).lookup(name)
+        except (OSError, paramiko.SSHException):
+            return False
+        return keys is not None and any(k.asbytes() == self.server_key for k in keys.values())
+
+    def exec(self, conn: socket.socket, header: dict[str, Any]) -> None:
+        """Open a channel for ``argv`` and relay it; refuse when this keeper cannot serve."""
+        if header.get("identity") != self.identity:
+            self.refuse(conn, "stale", "this keeper serves another address, user or key")
+            return
+        if not self.link_up():
+            self.refuse(conn, "link", "the keeper's SSH link is down")
+            self.stop.set()
+            return
+        if not self.host_key_current():
+            self.refuse(conn, "stale", "the host key in known_hosts changed since this "
+                        "keeper connected")
+            self.stop.set()
+            return
+        with self.lock:
+            self.active += 1
+        try:
+            try:
+                channel = self.open_channel(header)
+            except LinkLost as exc:
+                self.refuse(conn, "link", str(exc))
+                self.stop.set()
+                return
+            except ConnectError as exc:
+                self.refuse(conn, "refused", str(exc))
+                return
+            conn.settimeout(None)
+            send_json(conn, b"k", {"rtt": self.transport.rtt,
+                                   "peer": [str(self.transport.connection.host),
+                                            int(self.transport.connection.port),
+                                            self.transport.connection.user]})
+            Relay(conn, channel, self.link_up).run()
+        finally:
+            with self.lock:
+                self.active -= 1
+                self.last_used = time.monotonic()
+
+    def open_channel(self, header: dict[str, Any]) -> Any:
+        """The session channel with the exec sent. The spare channel opened ahead saves the
+        open's round trip (a warm command then costs the exec and the answer); without one,
+        or for a larger window, the connector's own ``_open`` (which measures the RTT and
+        classifies a failure)."""
+        argv = [str(a) for a in header["argv"]]
+        window = header.get("window")
+        if not isinstance(window, int):
+            spare = self.take_spare()
+            if spare is not None:
+                self.refill()
+                try:
+                    exec_pipelined(spare, shlex.join(argv))
+                except Exception as exc:
+                    raise LinkLost(f"the link dropped while sending the command "
+                                   f"({type(exc).__name__}).", phase="exec") from None
+                return spare
+        channel = self.transport._open(argv, window if isinstance(window, int) else None)
+        assert isinstance(channel, _SSHChannel)
+        return channel.channel
+
+    def take_spare(self) -> Any:
+        """The spare channel if it is still usable (link up, not closed by the box)."""
+        with self.spare_lock:
+            spare, self.spare = self.spare, None
+        if spare is None or spare.closed or not self.link_up():
+            return None
+        self.transport.rtt = self.spare_rtt
+        return spare
+
+    def refill(self) -> None:
+        """Open the next spare channel in the background (one round trip, off the clock of
+        any command)."""
+        threading.Thread(target=self._open_spare, daemon=True).start()
+
+    def _open_spare(self) -> None:
+        from outrig.timing import channel_timeout_for
+
+        link = self.transport.connection.transport if self.link_up() else None
+        if link is None:
+            return
+        limit, _ = channel_timeout_for(self.host, self.transport.best_rtt)
+        started = time.monotonic()
+        try:
+            channel = link.open_session(timeout=limit)
+        except Exception:  # the next command opens its own channel and reports the failure
+            return
+        with self.spare_lock:
+            if self.spare is None:
+                self.spare, self.spare_rtt = channel, time.monotonic() - started
+                return
+        with contextlib.suppress(Exception):
+            channel.close()
+
+
+class Relay:
+    """Pump one SSH channel to one socket connection and back."""
+
+    def __init__(self, conn: socket.socket, channel: Any, link_up: Any) -> None:
+        self.conn = conn
+        self.channel = channel
+        self.link_up = link_up
+        self.send_lock = threading.Lock()
+
+    def send(self, kind: bytes, payload: bytes = b"") -> None:
+        with self.send_lock:
+            send_frame(self.conn, kind, payload)
+
+    def inbound(self) -> None:
+        """Socket → channel: stdin data and EOF; the socket closing closes the channel."""
+        try:
+            while True:
+                frame = recv_frame(self.conn)
+                if frame is None:
+                    break
+                kind, payload = frame
+                if kind == b"i":
+                    self.channel.sendall(payload)
+                elif kind == b"e":
+                    self.channel.shutdown_write()
+        except Exception:  # a dead link or a gone client: the channel is over either way
+            pass
+        with contextlib.suppress(Exception):
+            self.channel.close()
+
+    def drain_stderr(self) -> None:
+        while self.channel.recv_stderr_ready():
+            data = self.channel.recv_stderr(65536)
+            if not data:
+                break
+            self.send(b"r", data)
+
+    def run(self) -> None:
+        """Channel → socket: stdout, stderr, then the exit status (or ``L``: link lost)."""
+        threading.Thread(target=self.inbound, daemon=True).start()
+        try:
+            self.channel.settimeout(TICK)
+            while True:
+                try:
+                    data = self.channel.recv(65536)
+                except TimeoutError:
+                    self.drain_stderr()
+                    if not self.link_up():
+                        self.send(b"L")
+                        return
+                    continue
+                self.drain_stderr()
+                self.send(b"o", data)
+                if not data:
+                    break
+            while not self.channel.status_event.wait(TICK):
+                if not self.link_up() or self.channel.closed:
+                    break
+            self.channel.settimeout(2.0)
+            with contextlib.suppress(Exception):
+                while True:
+                    chunk = self.channel.recv_stderr(65536)
+                    if not chunk:
+                        break
+                    self.send(b"r", chunk)
+            if self.channel.status_event.is_set():
+                self.send(b"x", json.dumps(int(self.channel.recv_exit_status())).encode())
+            else:
+                self.send(b"L")
+        except OSError:
+            pass  # the client went away: closing the socket closes the channel
+        finally:
+            with contextlib.suppress(Exception):
+                self.channel.close()
+
+
+def error_report(exc: BaseException) -> dict[str, Any]:
+    """A connect failure as the starting command re-raises it: type, message and fields."""
+    return {"ready": False, "error": {
+        "type": type(exc).__name__, "message": str(exc),
+        "phase": getattr(exc, "phase", None), "silent": bool(getattr(exc, "silent", False))}}
+
+
+def launch(config: dict[str, Any], report_fd: int) -> None:
+    """Become the keeper: a new session, then a second fork so that it is nobody's child
+    (adopted by init: no zombie waits on a command that has ended); the caller waits for
+    the intermediate process, which exits at once. Never returns."""
+    with contextlib.suppress(OSError):
+        os.setsid()  # already a session leader when started by Popen(start_new_session)
+    if os.fork() > 0:
+        os._exit(0)
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        keep = {report_fd, 0, 1, 2}
+        for name in os.listdir("/proc/self/fd"):  # the command's files stay the command's
+            fd = int(name)
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        os._exit(run(config, os.fdopen(report_fd, "w")))
+    finally:
+        os._exit(1)
+
+
+def run(config: dict[str, Any], report: Any) -> int:
+    """Connect, say ready (or the error) on ``report``, then serve until done."""
+    keeper = Keeper(config)
+    keeper.report = report
+    try:
+        keeper.open()
+    except Exception as exc:  # the starting command raises it (or connects directly)
+        keeper.say(error_report(exc))
+        report.close()
+        keeper.close()
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: keeper.stop.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keeper.say({"ready": True, "pid": os.getpid(),
+                "connect_seconds": keeper.transport.connect_seconds})
+    report.close()
+    keeper.report = None
+    try:
+        keeper.serve()
+    finally:
+        keeper.close()
+    return 0
+
+
+def main() -> int:
+    """``python -m outrig.connectors.keeper``: the configuration on stdin, reports on
+    stdout (used when the starting process cannot simply fork: it has other threads)."""
+    config = json.loads(sys.stdin.read())
+    launch(config, os.dup(1))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,653 @@
+"""The ``ssh`` connector with a warm connection: a keeper process per host holds the SSH link.
+
+The first command to a host starts a small local keeper (:mod:`outrig.connectors.keeper`):
+it opens the SSH connection (the same :class:`SSHTransport`, the same host-key and retry
+rules), listens on a Unix socket, and exits after an idle time, like OpenSSH's
+``ControlPersist``. Later commands to that host ask the keeper for one session channel over
+that socket instead of connecting: a warm command costs the channel open (1 RTT) and the
+agent's answer (1 RTT), not the ~4-5 RTT of a handshake.
+
+Why a relay and not passing file descriptors: an SSH channel is not a file descriptor (its
+bytes are encrypted inside the one TCP stream paramiko owns), so the keeper has to pump each
+channel's stdin, stdout, stderr and exit status itself; the framing below does that, one
+channel per socket connection, and costs only local copies.
+
+Safety: the socket lives in a 0700 folder of this user (``OUTRIG_RUNTIME_DIR``, else
+``$XDG_RUNTIME_DIR/outrig``, else the state dir's ``run/``), is 0600, is checked for owner and
+mode before it is used, and both ends check the other's uid with ``SO_PEERCRED``. A keeper
+that is gone, whose link died, or that serves another address, user, key or host key is
+detected on the first request and the command starts a fresh keeper (or, when that fails,
+connects directly, with every error the plain connector gives).
+
+No op knows about this: it is the connector the ``ssh`` row of ``CONNECTORS`` builds when
+keeping is on (:func:`ssh_connector`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import select
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from outrig.connectors.ssh import SSHTransport
+from outrig.errors import ConfigError, ConnectError, LinkLost
+from outrig.inventory import Host
+from outrig.timing import connect_timeout_for
+from outrig.transport import AgentChannel, PeerAddress, Transport, known_hosts_path
+
+DEFAULT_KEEP_SECONDS = 600.0  # a keeper exits after this long without a channel
+KEEP_ENV = "OUTRIG_KEEP_SECONDS"  # 0 turns keeping off; --no-keep sets it to 0
+RUNTIME_ENV = "OUTRIG_RUNTIME_DIR"
+SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer path cannot be bound
+
+HEADER = struct.Struct(">cI")  # frame: one type byte, payload length
+MAX_FRAME = 1 << 20
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+def keep_seconds_for(host: Host) -> float:
+    """How long a keeper for ``host`` waits idle: ``OUTRIG_KEEP_SECONDS`` (which ``--no-keep``
+    and ``keep_seconds:`` in outrig.yaml set), else the host file's ``keep_seconds:``, else 10
+    minutes. 0 turns keeping off."""
+    raw = os.environ.get(KEEP_ENV, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{KEEP_ENV}={raw!r}: must be a number of seconds (0 turns the "
+                              "warm connection off)") from None
+        return max(0.0, value)
+    if host.keep_seconds is not None:
+        return max(0.0, host.keep_seconds)
+    return DEFAULT_KEEP_SECONDS
+
+
+def ssh_connector(host: Host, *, rtt_hint: float | None = None,
+                  notify: Callable[[str], None] | None = None) -> Transport:
+    """The ``ssh`` row's factory: a kept connection unless keeping is off for this host."""
+    keep = keep_seconds_for(host)
+    if keep <= 0:
+        return SSHTransport(host, rtt_hint=rtt_hint, notify=notify)
+    return KeptTransport(host, rtt_hint=rtt_hint, notify=notify, keep_seconds=keep)
+
+
+# ------------------------------------------------------------------------------ places
+
+
+def runtime_dir() -> Path:
+    """The folder of keeper sockets and records (created 0700 by :func:`private_dir`)."""
+    explicit = os.environ.get(RUNTIME_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_dir():
+        return Path(xdg) / "outrig"
+    state = Path(os.environ.get("XDG_STATE_HOME") or "~/.local/state").expanduser()
+    return state / "outrig" / "run"
+
+
+class UnsafePlace(ConnectError):
+    """The keeper folder or socket is not this user's alone: never used, never bound."""
+
+
+def private_dir(path: Path | None = None) -> Path:
+    """The runtime folder, made 0700 if new; refused when it is a symlink, another user's,
+    or open to others (a socket there could be someone else's)."""
+    folder = path or runtime_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \
+            or info.st_mode & 0o077:
+        raise UnsafePlace(
+            f"{folder} is not a private folder of this user (mode "
+            f"{stat.S_IMODE(info.st_mode):o}, owner uid {info.st_uid}): outrig keeps no warm "
+            f"connection there. Remove it, or set {RUNTIME_ENV} to a folder only you can open.")
+    return folder
+
+
+def identity(host: Host) -> dict[str, Any]:
+    """What makes two commands share a connection: address, port, user, key and the
+    known_hosts file (the host key it was checked against)."""
+    return {"hostname": host.hostname, "port": host.port, "user": host.user,
+            "identity_file": host.identity_file,
+            "known_hosts": str(known_hosts_path(host))}
+
+
+def key_of(host: Host) -> str:
+    """The file-name stem of a host's keeper (a digest of its identity)."""
+    text = json.dumps(identity(host), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def socket_path(host: Host, folder: Path) -> Path:
+    return folder / f"{key_of(host)}.sock"
+
+
+def check_socket_file(path: Path) -> None:
+    """A socket this user owns, mode 0600; anything else is refused (never connected to)."""
+    info = os.lstat(path)
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid() \
+            or stat.S_IMODE(info.st_mode) != 0o600:
+        raise UnsafePlace(
+            f"{path} is not a keeper socket of this user (mode "
+            f"{stat.S_IMODE(info.st_mode):o}, owner uid {info.st_uid}): refused. Remove it "
+            "(`outrig connections --close` does) to let outrig start a fresh keeper.")
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
+
+
+# ------------------------------------------------------------------------------ framing
+
+
+def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
+    sock.sendall(HEADER.pack(kind, len(payload)) + payload)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            return None
+        buf.extend(chunk)
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
+    """One frame, or ``None`` when the other end closed (or sent garbage)."""
+    head = _recv_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    kind, size = HEADER.unpack(head)
+    if size > MAX_FRAME:
+        return None
+    payload = _recv_exact(sock, size) if size else b""
+    if payload is None:
+        return None
+    return kind, payload
+
+
+def send_json(sock: socket.socket, kind: bytes, value: Any) -> None:
+    send_frame(sock, kind, json.dumps(value).encode())
+
+
+# ------------------------------------------------------------------------------ client side
+
+
+class KeeperRefused(Exception):
+    """The keeper answered with a failure: ``kind`` is ``link`` (its SSH link is dead),
+    ``stale`` (it serves another identity or host key) or ``refused`` (the box refused the
+    channel, as a direct connection would be)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class KeeperGone(Exception):
+    """No keeper answers at the socket: none started, or its process is gone."""
+
+
+def dial(path: Path, timeout: float = 5.0) -> socket.socket:
+    """Connect to a keeper socket after checking the file and, once connected, the peer's
+    uid. :class:`KeeperGone` when nothing listens; :class:`UnsafePlace` when refused."""
+    try:
+        check_socket_file(path)
+    except FileNotFoundError:
+        raise KeeperGone(f"no keeper at {path}") from None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
+        sock.close()
+        raise KeeperGone(f"the keeper at {path} is gone ({type(exc).__name__})") from None
+    except OSError:
+        sock.close()
+        raise
+    _pid, uid = peer_credentials(sock)
+    if uid != os.getuid():
+        sock.close()
+        raise UnsafePlace(f"{path} is served by uid {uid}, not this user: refused")
+    return sock
+
+
+def request(path: Path, header: dict[str, Any], timeout: float) -> tuple[socket.socket,
+                                                                          dict[str, Any]]:
+    """Send one request and read the keeper's answer: the open socket and the ``k`` body."""
+    sock = dial(path)
+    try:
+        sock.settimeout(timeout)
+        send_json(sock, b"h", header)
+        frame = recv_frame(sock)
+    except OSError as exc:
+        sock.close()
+        raise KeeperGone(f"the keeper at {path} did not answer ({type(exc).__name__})") \
+            from None
+    if frame is None:
+        sock.close()
+        raise KeeperGone(f"the keeper at {path} closed the connection without an answer")
+    kind, payload = frame
+    body = json.loads(payload or b"{}")
+    if kind == b"f":
+        sock.close()
+        raise KeeperRefused(str(body.get("kind", "stale")), str(body.get("message", "")))
+    sock.settimeout(None)
+    return sock, body
+
+
+class _KeptChannel(AgentChannel):
+    """One agent channel relayed by the keeper: frames from the socket are sorted by a
+    reader thread into stdout chunks, stderr and the exit status."""
+
+    def __init__(self, sock: socket.socket, host: str) -> None:
+        self.sock = sock
+        self.host = host
+        self._err = bytearray()
+        self._out: queue.Queue[bytes] = queue.Queue()
+        self._out_eof = False
+        self._status: int | None = None
+        self._ended = threading.Event()  # the relay is over (exit status or link lost)
+        self._link_lost = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, daemon=True,
+                                        name="outrig-kept-channel")
+        self._thread.start()
+
+    def _pump(self) -> None:
+        """Sort the keeper's frames until the exit status, a lost link or the socket's end."""
+        try:
+            while True:
+                frame = recv_frame(self.sock)
+                if frame is None:
+                    break
+                kind, payload = frame
+                if kind == b"o":
+                    self._out.put(payload)
+                elif kind == b"r":
+                    self._err.extend(payload)
+                elif kind == b"x":
+                    self._status = int(json.loads(payload))
+                    break
+                elif kind == b"L":
+                    break
+        except OSError:
+            pass
+        finally:
+            if self._status is None:
+                self._link_lost = True
+            self._out.put(b"")
+            self._ended.set()
+
+    def write(self, data: bytes) -> None:
+        try:
+            with self._lock:
+                for start in range(0, len(data), MAX_FRAME // 2):
+                    send_frame(self.sock, b"i", data[start:start + MAX_FRAME // 2])
+        except OSError as exc:
+            raise LinkLost(f"the link to {self.host} dropped while sending (the keeper's "
+                           f"socket: {type(exc).__name__}).", phase="stream",
+                           request_sent=True) from None
+
+    def read(self, timeout: float) -> bytes | None:
+        if self._out_eof:
+            return b""
+        try:
+            chunk = self._out.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if not chunk:
+            self._out_eof = True
+        return chunk
+
+    def stderr_text(self) -> str:
+        self._ended.wait(2.0)
+        return self._err.decode("utf-8", "replace")
+
+    def exit_status(self, timeout: float = 5.0) -> int | None:
+        self._ended.wait(timeout)
+        return self._status
+
+    def alive(self) -> bool:
+        return not self._link_lost
+
+    def close_input(self) -> None:
+        with contextlib.suppress(OSError), self._lock:
+            send_frame(self.sock, b"e")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class KeptTransport(SSHTransport):
+    """:class:`SSHTransport` whose agent channels go through the host's keeper.
+
+    ``start`` asks the keeper for a channel; with no live keeper it starts one (which makes
+    the connection, so the first command pays one handshake, as before) and, when that
+    fails, connects directly, which reports the failure exactly as the plain connector does.
+    ``connect`` and ``open_tunnel`` (``outrig forward``) always use a direct connection."""
+
+    def __init__(self, host: Host, *, rtt_hint: float | None = None,
+                 notify: Callable[[str], None] | None = None,
+                 keep_seconds: float = DEFAULT_KEEP_SECONDS) -> None:
+        super().__init__(host, rtt_hint=rtt_hint, notify=notify)
+        self.keep_seconds = keep_seconds
+        self.direct = False  # set once the keeper cannot serve this command
+        self.kept_channels = 0  # channels this transport got from a keeper (for tests)
+        self.keepers_started = 0
+        self._peer: PeerAddress | None = None
+
+    def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
+        if not self.direct and self.connection is None:
+            channel = self._via_keeper(argv, window_size)
+            if channel is not None:
+                return channel
+        return super().start(argv, window_size=window_size)
+
+    def _via_keeper(self, argv: list[str], window_size: int | None) -> AgentChannel | None:
+        """A channel from a live keeper, starting one when none answers; ``None`` (and
+        direct from now on) when no keeper can serve this command."""
+        try:
+            folder = private_dir()
+        except (UnsafePlace, OSError) as exc:
+            self._say(f"no warm connection: {exc}")
+            self.direct = True
+            return None
+        path = socket_path(self.host, folder)
+        if len(str(path)) > SOCKET_PATH_MAX:
+            self._say(f"no warm connection: the socket path {path} is too long; set "
+                      f"{RUNTIME_ENV} to a shorter folder")
+            self.direct = True
+            return None
+        header = {"op": "exec", "identity": identity(self.host), "argv": argv,
+                  "window": window_size}
+        limit, _ = connect_timeout_for(self.host, self.best_rtt)
+        for fresh in (False, True):
+            if fresh and not self._start_keeper(folder, path):
+                break
+            try:
+                sock, body = request(path, header, limit + 5.0)
+            except KeeperGone as exc:
+                if fresh:
+                    self._say(f"the fresh keeper did not answer ({exc}); connecting directly")
+                    break
+                self._drop_stale(path, str(exc))
+                continue
+            except KeeperRefused as exc:
+                if exc.kind == "refused":
+                    raise ConnectError(exc.args[0]) from None
+                self._say(f"warm connection not usable ({exc.kind}: {exc}); "
+                          + ("connecting directly" if fresh else "starting a fresh one"))
+                if fresh:
+                    break
+                self._drop_stale(path, str(exc))
+                continue
+            except UnsafePlace as exc:
+                self._say(f"no warm connection: {exc}")
+                break
+            self._took(body)
+            return _KeptChannel(sock, self.host.describe())
+        self.direct = True
+        return None
+
+    def _took(self, body: dict[str, Any]) -> None:
+        """Record what the keeper said about its link (RTT of this channel open, address)."""
+        rtt = body.get("rtt")
+        if isinstance(rtt, (int, float)):
+            self.rtt = float(rtt)
+        peer = body.get("peer")
+        if isinstance(peer, list) and len(peer) == 3:
+            self._peer = PeerAddress(str(peer[0]), int(peer[1]), peer[2])
+        self.kept_channels += 1
+
+    def _drop_stale(self, path: Path, why: str) -> None:
+        """Remove a keeper's socket that no longer answers (its process is gone); a keeper
+        that refused because its link died removes its own."""
+        self._say(f"stale warm connection ({why}); starting a fresh one")
+        with contextlib.suppress(OSError):
+            check_socket_file(path)
+            path.unlink()
+
+    def _start_keeper(self, folder: Path, path: Path) -> bool:
+        """Start a keeper and wait until it is connected and listening. It connects with this
+        connector's retry policy and passes its notices on as they happen, so a failure to
+        connect is raised here exactly as a direct connect raises it (same type, message
+        and retries: a dead box costs no more than without keeping). ``False`` when the
+        keeper could not be started at all (the command then connects directly)."""
+        config = {"host": asdict(self.host), "rtt_hint": self.best_rtt,
+                  "keep_seconds": self.keep_seconds, "socket": str(path),
+                  "identity": identity(self.host), "retry": asdict(self.retry)}
+        if threading.active_count() == 1:
+            report = self._fork_keeper(config)
+        else:
+            report = self._spawn_keeper(config)
+        if report is None:
+            return False
+        if report.get("ready"):
+            self.keepers_started += 1
+            seconds = report.get("connect_seconds")
+            if isinstance(seconds, (int, float)):
+                self.connect_seconds = float(seconds)
+            return True
+        error = rebuilt_error(report.get("error"))
+        if error is not None:
+            raise error
+        self._say(f"no warm connection ({report.get('error') or 'the keeper said nothing'});"
+                  " connecting directly")
+        return False
+
+    def _fork_keeper(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Fork the keeper from this process (one thread only, so no lock is held by a
+        thread the child would lack): it starts with everything already imported, and the
+        first command costs what a direct connect costs."""
+        from outrig.connectors import keeper
+
+        read_end, write_end = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(read_end)
+            os.close(write_end)
+            self._say(f"cannot start a keeper ({exc}); connecting directly")
+            return None
+        if pid == 0:  # the child: never returns into the command
+            try:
+                os.close(read_end)
+                keeper.launch(config, write_end)
+            finally:
+                os._exit(1)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as stream:
+            try:
+                return self._follow_start(stream)
+            finally:
+                os.waitpid(pid, 0)  # the intermediate process exits at once
+
+    def _spawn_keeper(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Start the keeper as ``python -m outrig.connectors.keeper`` (when this process
+        has other threads and must not fork)."""
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "outrig.connectors.keeper"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
+                start_new_session=True, close_fds=True)
+        except OSError as exc:
+            self._say(f"cannot start a keeper ({exc}); connecting directly")
+            return None
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.write(json.dumps(config).encode())
+            proc.stdin.close()
+        try:
+            return self._follow_start(proc.stdout)
+        finally:
+            proc.stdout.close()
+            proc.wait()  # the launcher exits at once; the keeper is its detached grandchild
+
+    def _follow_start(self, stream: Any) -> dict[str, Any]:
+        """Relay the keeper's notices until its final word (``ready`` or an error)."""
+        limit, _ = connect_timeout_for(self.host, self.best_rtt)
+        # every handshake attempt may use the whole limit, plus the pauses between them
+        deadline = time.monotonic() + (self.retry.link + self.retry.refused) * (limit + 10.0)
+        lines = _Lines(stream)
+        while True:
+            line = lines.next(max(0.0, deadline - time.monotonic()))
+            if not line:
+                return {}
+            try:
+                message = json.loads(line)
+            except ValueError:
+                return {}
+            if "notice" in message:
+                self._say(str(message["notice"]))
+                continue
+            return dict(message)
+
+    def _say(self, text: str) -> None:
+        if self.notify is not None:
+            self.notify(text)
+
+    def connect(self) -> None:
+        """A direct connection (``outrig forward`` holds its tunnels on it)."""
+        self.direct = True
+        super().connect()
+
+    def open_tunnel(self, remote: tuple[str, int], origin: tuple[str, int],
+                    timeout: float, on_reconnect: Callable[[], None]) -> Any:
+        self.direct = True
+        return super().open_tunnel(remote, origin, timeout, on_reconnect)
+
+    def peer_address(self) -> PeerAddress:
+        if self.connection is None and self._peer is not None:
+            return self._peer
+        return super().peer_address()
+
+
+class _Lines:
+    """Lines from a child's stdout, each within a deadline (``b""`` at EOF or time-out)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.fd = stream.fileno()
+        self.buf = bytearray()
+
+    def next(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, left))
+            if not ready:
+                return b""
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                return b""
+            self.buf.extend(chunk)
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf[:] = rest
+        return line
+
+
+def rebuilt_error(error: Any) -> Exception | None:
+    """The keeper's connect failure as the exception a direct connect raises (``None`` for
+    one that is not a connect failure: the command then connects directly)."""
+    from outrig import errors
+
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message", ""))
+    kind = error.get("type")
+    if kind == "LinkLost":
+        return errors.LinkLost(message, phase=str(error.get("phase") or "connect"),
+                               silent=bool(error.get("silent")))
+    known = {"ConnectRefused": errors.ConnectRefused, "HostKeyError": errors.HostKeyError,
+             "AuthenticationError": errors.AuthenticationError,
+             "ConnectError": errors.ConnectError}
+    factory = known.get(str(kind))
+    return factory(message) if factory is not None else None
+
+
+# ------------------------------------------------------------------------------ listing
+
+
+def keepers(folder: Path | None = None) -> list[dict[str, Any]]:
+    """The live keepers of this user: each one's record plus ``idle_left`` and ``age`` as
+    it reports them, with the pid recorded when it is the socket's own listener
+    (``SO_PEERCRED``). Records and sockets whose keeper no longer answers are removed."""
+    place = folder or runtime_dir()
+    if not place.is_dir():
+        return []
+    private_dir(place)
+    found = []
+    for record in sorted(place.glob("*.json")):
+        sock_path = record.with_suffix(".sock")
+        try:
+            recorded = json.loads(record.read_text()).get("pid")
+            sock, body = request(sock_path, {"op": "info"}, 5.0)
+        except (KeeperGone, ValueError, OSError):
+            with contextlib.suppress(OSError):  # its keeper is gone: forget it
+                if sock_path.exists():
+                    check_socket_file(sock_path)
+                    sock_path.unlink()
+                record.unlink()
+            continue
+        except (KeeperRefused, UnsafePlace):
+            continue
+        pid, _uid = peer_credentials(sock)
+        sock.close()
+        if pid != recorded:
+            continue  # a record that does not name the socket's own listener: never signalled
+        body["pid"] = pid
+        body["socket"] = str(sock_path)
+        found.append(body)
+    return found
+
+
+def close_keepers(host: str | None = None, folder: Path | None = None) -> list[dict[str, Any]]:
+    """Stop the live keepers (of ``host``: its ``--host`` name or address) by the pid
+    recorded, confirmed as the socket's own listener through ``SO_PEERCRED``."""
+    import signal
+
+    closed = []
+    for entry in keepers(folder):
+        if host is not None and host not in (entry.get("name"), entry.get("host"),
+                                             entry.get("hostname")):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(entry["pid"]), signal.SIGTERM)
+            closed.append(entry)
+    return closed
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` is gone within ``timeout`` (our keepers are not our children:
+    no zombie lingers)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False

@@ -1,0 +1,370 @@
+"""The warm connection: a keeper process per host holds the SSH link, later commands open
+their channels through it (connectors/kept.py, connectors/keeper.py). Keeping is off in the
+suite by default (conftest); every test here turns it on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.connectors.kept import (
+    KeptTransport,
+    close_keepers,
+    keepers,
+    recv_frame,
+    runtime_dir,
+    send_json,
+    wait_gone,
+)
+from outrig.console import Reporter
+from outrig.errors import AuthenticationError
+from outrig.journal import Journal
+from outrig.ops.base import HostSession, Project
+from outrig.sandbox.proxy import Fault, LatencyProxy
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = Project(REPO)
+OUTRIG = [sys.executable, "-c",
+          "import sys; from outrig.cli import program; program.run(['outrig', *sys.argv[1:]])"]
+
+
+@pytest.fixture
+def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Keeping on for this test; every keeper it started is closed at teardown."""
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "600")
+    yield
+    for entry in close_keepers():
+        wait_gone(int(entry["pid"]), 10.0)
+
+
+def proxied(box_host: Path, make_proxy: Any, **changes: Any) -> tuple[Path, LatencyProxy]:
+    """The sandbox's host file through a fresh proxy (which counts TCP connections)."""
+    config = yaml.safe_load(box_host.read_text())
+    proxy: LatencyProxy = make_proxy(config["port"], one_way_delay=0.005)
+    config["port"] = proxy.port
+    config.update(changes)
+    path = box_host.with_name("proxied.yaml")
+    path.write_text(yaml.safe_dump(config))
+    return path, proxy
+
+
+def status_once(host: Path, journal: Journal,
+                notices: list[str] | None = None) -> tuple[dict[str, Any], HostSession]:
+    """One command's worth: a session, one status call, closed (as the CLI does)."""
+    reporter = Reporter(quiet=True)
+    if notices is not None:
+        reporter.info = notices.append  # type: ignore[method-assign]
+    session = HostSession(PROJECT, str(host), reporter, journal)
+    try:
+        result = session.call("status", stream=False)
+    finally:
+        session.transport.close()
+    return result, session
+
+
+def test_second_status_goes_through_the_keeper(box_host: Path, make_proxy: Any,
+                                               tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    journal = Journal(tmp_path / "state")
+    first, one = status_once(host, journal)
+    second, two = status_once(host, journal)
+    assert isinstance(one.transport, KeptTransport) and one.transport.keepers_started == 1
+    assert isinstance(two.transport, KeptTransport) and two.transport.keepers_started == 0
+    assert two.transport.kept_channels == 1 and two.transport.connection is None
+    assert proxy.accepted == 1, "two commands, one TCP connection (the keeper's)"
+    assert first["ok"] and second["ok"]
+    listed = keepers()
+    assert [e["name"] for e in listed] == ["proxied"]
+    assert listed[0]["idle_left"] > 0 and listed[0]["pid"] != os.getpid()
+
+
+def only_keeper() -> dict[str, Any]:
+    """The one live keeper (its record and what it says about itself)."""
+    listed = keepers()
+    assert len(listed) == 1, listed
+    return listed[0]
+
+
+def test_killed_keeper_is_detected_and_the_command_starts_a_fresh_one(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    journal = Journal(tmp_path / "state")
+    status_once(host, journal)
+    old = only_keeper()
+    os.kill(int(old["pid"]), signal.SIGKILL)
+    assert wait_gone(int(old["pid"]), 10.0)
+    assert Path(old["socket"]).exists(), "a killed keeper leaves its socket behind"
+    notices: list[str] = []
+    result, session = status_once(host, journal, notices)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport)
+    assert session.transport.keepers_started == 1 and session.transport.kept_channels == 1
+    assert any("stale" in n for n in notices), notices
+    assert only_keeper()["pid"] != old["pid"]
+    assert proxy.accepted == 2
+
+
+def test_link_dropped_under_the_keeper_next_command_works(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    journal = Journal(tmp_path / "state")
+    status_once(host, journal)
+    old = only_keeper()
+    assert proxy.cut_all() == 1
+    result, session = status_once(host, journal)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport)
+    assert session.transport.kept_channels == 1
+    assert wait_gone(int(old["pid"]), 10.0), "a keeper whose link died exits"
+    assert proxy.accepted == 2
+
+
+def test_two_commands_at_the_same_time_share_the_keeper(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    journal = Journal(tmp_path / "state")
+    status_once(host, journal)
+    results: list[tuple[dict[str, Any], HostSession]] = []
+    errors: list[BaseException] = []
+    both_in = threading.Barrier(2)
+
+    def one() -> None:
+        try:
+            both_in.wait(30)
+            results.append(status_once(host, journal))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    assert [r["ok"] for r, _ in results] == [True, True]
+    assert all(isinstance(s.transport, KeptTransport) and s.transport.kept_channels == 1
+               and s.transport.keepers_started == 0 for _, s in results)
+    assert proxy.accepted == 1
+
+
+def test_keeper_exits_after_its_idle_time(box_host: Path, make_proxy: Any, tmp_path: Path,
+                                          keeping: None,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "1")
+    host, _proxy = proxied(box_host, make_proxy)
+    status_once(host, Journal(tmp_path / "state"))
+    entry = only_keeper()
+    assert entry["keep_seconds"] == 1
+    assert wait_gone(int(entry["pid"]), 60.0)
+    assert not Path(entry["socket"]).exists()
+    assert keepers() == []
+
+
+def test_host_file_keep_seconds_zero_connects_directly(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OUTRIG_KEEP_SECONDS")
+    host, proxy = proxied(box_host, make_proxy, keep_seconds=0)
+    journal = Journal(tmp_path / "state")
+    _, one = status_once(host, journal)
+    _, two = status_once(host, journal)
+    assert not isinstance(one.transport, KeptTransport)
+    assert not isinstance(two.transport, KeptTransport)
+    assert proxy.accepted == 2 and keepers() == []
+
+
+def test_cli_commands_share_a_forked_keeper_and_connections_close_stops_it(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    """The CLI (one thread) forks its keeper; the next CLI command goes through it."""
+    host, proxy = proxied(box_host, make_proxy)
+
+    def outrig(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*OUTRIG, *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    for _ in range(2):
+        done = outrig("status", "--host", str(host), "--json")
+        assert done.returncode == 0, done.stderr
+    assert proxy.accepted == 1, "two CLI commands, one TCP connection"
+    entry = only_keeper()
+
+    listed = outrig("connections", "--json")
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout)
+    assert [(c["name"], c["pid"]) for c in doc["connections"]] == [("proxied",
+                                                                     entry["pid"])]
+    other = outrig("connections", "--close", "--host", "elsewhere")
+    assert other.returncode == 0 and "no warm connection" in other.stdout
+    assert keepers() != []
+    closed = outrig("connections", "--close", "--host", "proxied")
+    assert closed.returncode == 0, closed.stderr
+    assert f"pid {entry['pid']}" in closed.stdout
+    assert wait_gone(int(entry["pid"]), 10.0)
+    assert keepers() == [] and not Path(entry["socket"]).exists()
+
+
+def test_no_keep_flag_neither_uses_nor_leaves_a_keeper(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    done = subprocess.run([*OUTRIG, "status", "--host", str(host),
+                           "--no-keep", "--json"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert keepers() == [] and proxy.accepted == 1
+
+
+def test_socket_open_to_others_is_refused(box_host: Path, make_proxy: Any, tmp_path: Path,
+                                          keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    journal = Journal(tmp_path / "state")
+    status_once(host, journal)
+    entry = only_keeper()
+    os.chmod(entry["socket"], 0o666)
+    notices: list[str] = []
+    result, session = status_once(host, journal, notices)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport)
+    assert session.transport.kept_channels == 0 and session.transport.direct
+    assert any("refused" in n for n in notices), notices
+    assert proxy.accepted == 2
+
+
+def test_runtime_folder_open_to_others_is_refused(box_host: Path, make_proxy: Any,
+                                                  tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    folder = runtime_dir()
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o755)
+    notices: list[str] = []
+    try:
+        result, session = status_once(host, Journal(tmp_path / "state"), notices)
+        assert list(folder.iterdir()) == []
+    finally:
+        os.chmod(folder, 0o700)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport) and session.transport.direct
+    assert any("not a private folder" in n for n in notices), notices
+    assert proxy.accepted == 1
+
+
+OTHER_PYTHON = "/usr/bin/python3"  # an interpreter another user can run
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not os.access(OTHER_PYTHON, os.X_OK),
+                    reason="needs root (to act as another user) and /usr/bin/python3")
+def test_keeper_answers_no_other_user(box_host: Path, make_proxy: Any, tmp_path: Path,
+                                      keeping: None) -> None:
+    host, _proxy = proxied(box_host, make_proxy)
+    status_once(host, Journal(tmp_path / "state"))
+    entry = only_keeper()
+    # Open the way to the socket for the test only, so that the keeper's own uid check is
+    # what refuses: another user gets no answer at all.
+    folder = Path(entry["socket"]).parent
+    opened = [folder, folder.parent]
+    for path in opened:
+        os.chmod(path, 0o711)
+    os.chmod(entry["socket"], 0o666)
+    probe = ("import json,socket,struct,sys\n"
+             "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(30)\n"
+             "body=json.dumps({'op':'info'}).encode()\n"
+             "s.sendall(struct.pack('>cI',b'h',len(body))+body)\n"
+             "try:\n    print(repr(s.recv(100)))\n"
+             "except ConnectionResetError:\n    print(repr(b''))\n")
+    try:
+        done = subprocess.run([OTHER_PYTHON, "-c", probe, entry["socket"]], user=65534,
+                              capture_output=True, text=True, timeout=60, cwd="/")
+    finally:
+        for path in opened:
+            os.chmod(path, 0o700)
+        os.chmod(entry["socket"], 0o600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "b''", "the keeper must close on another user unanswered"
+
+
+def test_keeper_refuses_a_request_for_another_identity(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, _proxy = proxied(box_host, make_proxy)
+    status_once(host, Journal(tmp_path / "state"))
+    entry = only_keeper()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(entry["socket"])
+    sock.settimeout(30)
+    send_json(sock, b"h", {"op": "exec", "argv": ["true"],
+                           "identity": {"hostname": "elsewhere"}})
+    frame = recv_frame(sock)
+    sock.close()
+    assert frame is not None and frame[0] == b"f"
+    assert json.loads(frame[1])["kind"] == "stale"
+
+
+def test_changed_host_key_in_known_hosts_gets_a_fresh_connection(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    journal = Journal(tmp_path / "state")
+    status_once(host, journal)
+    old = only_keeper()
+    (tmp_path / "known_hosts").write_text("")  # as after `ssh-keygen -R` for a rebuilt box
+    notices: list[str] = []
+    result, session = status_once(host, journal, notices)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport)
+    assert session.transport.keepers_started == 1
+    assert any("host key" in n for n in notices), notices
+    assert wait_gone(int(old["pid"]), 10.0)
+    assert proxy.accepted == 2
+
+
+def test_first_command_with_keeping_fails_as_a_direct_one_refused_key(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    """The keeper's connect failure is the command's: same type and message, never a second
+    try by a direct connection."""
+    wrong_key = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)],
+                   check=True)
+    host, proxy = proxied(box_host, make_proxy, identity_file=str(wrong_key))
+    with pytest.raises(AuthenticationError, match="authentication failed .* tried .*wrong_key"):
+        status_once(host, Journal(tmp_path / "state"))
+    assert proxy.accepted == 1
+    assert keepers() == []
+
+
+def test_first_command_with_keeping_retries_cuts_and_tells_as_it_goes(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, proxy = proxied(box_host, make_proxy)
+    proxy.inject(Fault(phase="auth"), Fault(phase="auth"))
+    notices: list[str] = []
+    result, session = status_once(host, Journal(tmp_path / "state"), notices)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport)
+    assert session.transport.keepers_started == 1
+    assert proxy.fired == [(1, "auth", "cut"), (2, "auth", "cut")]
+    assert proxy.accepted == 3
+    assert sum("retrying" in n for n in notices) == 2, notices
+
+
+def test_connections_forgets_a_dead_keeper_and_signals_no_other_pid(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    host, _proxy = proxied(box_host, make_proxy)
+    status_once(host, Journal(tmp_path / "state"))
+    entry = only_keeper()
+    record = Path(entry["socket"]).with_suffix(".json")
+    doc = json.loads(record.read_text())
+    record.write_text(json.dumps({**doc, "pid": os.getpid()}))  # a record naming us
+    assert keepers() == [] and close_keepers() == [], "never signal a pid the socket denies"
+    record.write_text(json.dumps(doc))
+    os.kill(int(entry["pid"]), signal.SIGKILL)
+    assert wait_gone(int(entry["pid"]), 10.0)
+    assert keepers() == []
+    assert not record.exists() and not Path(entry["socket"]).exists()

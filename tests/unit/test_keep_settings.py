@@ -1,0 +1,83 @@
+"""Where the warm connection's idle time comes from, and which connector the ``ssh`` row
+builds (connectors/kept.py); no box needed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from outrig.cli import _keep
+from outrig.connectors.kept import (
+    DEFAULT_KEEP_SECONDS,
+    KEEP_ENV,
+    KeptTransport,
+    UnsafePlace,
+    keep_seconds_for,
+    key_of,
+    private_dir,
+    ssh_connector,
+)
+from outrig.connectors.ssh import SSHTransport
+from outrig.errors import ConfigError
+from outrig.inventory import Host
+from outrig.settings import settings_for
+from outrig.transport import transport_for
+
+BOX = Host(name="box", hostname="10.0.0.5", workdir="/w", port=2222, user="u")
+
+
+def test_default_is_ten_minutes_and_env_wins_over_the_host_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEEP_ENV)
+    assert keep_seconds_for(BOX) == DEFAULT_KEEP_SECONDS == 600
+    host = Host(name="box", hostname="10.0.0.5", workdir="/w", keep_seconds=30)
+    assert keep_seconds_for(host) == 30
+    monkeypatch.setenv(KEEP_ENV, "5")
+    assert keep_seconds_for(host) == 5
+    monkeypatch.setenv(KEEP_ENV, "soon")
+    with pytest.raises(ConfigError, match=KEEP_ENV):
+        keep_seconds_for(host)
+
+
+def test_ssh_row_builds_the_kept_connector_unless_keeping_is_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEEP_ENV, "0")
+    plain = transport_for(BOX)
+    assert type(plain) is SSHTransport
+    monkeypatch.setenv(KEEP_ENV, "60")
+    kept = ssh_connector(BOX)
+    assert isinstance(kept, KeptTransport) and kept.keep_seconds == 60
+    assert isinstance(transport_for(BOX), KeptTransport)
+
+
+def test_keepers_are_per_address_user_and_key() -> None:
+    other_user = Host(name="box", hostname="10.0.0.5", workdir="/w", port=2222, user="v")
+    same = Host(name="alias", hostname="10.0.0.5", workdir="/elsewhere", port=2222, user="u")
+    assert key_of(BOX) != key_of(other_user)
+    assert key_of(BOX) == key_of(same), "the workdir and the name do not change the link"
+
+
+def test_private_dir_is_made_0700_and_an_open_one_refused(tmp_path: Path) -> None:
+    made = private_dir(tmp_path / "run")
+    assert os.stat(made).st_mode & 0o777 == 0o700
+    os.chmod(made, 0o750)
+    with pytest.raises(UnsafePlace, match="not a private folder"):
+        private_dir(made)
+
+
+def test_no_keep_and_the_project_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "outrig.yaml").write_text(yaml.safe_dump({"keep_seconds": 90}))
+    settings = settings_for(None, str(tmp_path))
+    monkeypatch.delenv(KEEP_ENV)
+    _keep(settings, no_keep=False)
+    assert os.environ[KEEP_ENV] == "90"
+    _keep(settings, no_keep=True)
+    assert os.environ[KEEP_ENV] == "0"
+    (tmp_path / "outrig.yaml").write_text(yaml.safe_dump({"keep_seconds": "later"}))
+    monkeypatch.delenv(KEEP_ENV)
+    with pytest.raises(ConfigError, match="keep_seconds"):
+        _keep(settings, no_keep=False)
