@@ -475,12 +475,19 @@ def test_migrate_between_two_boxes_resumes_from_the_newest_complete_checkpoint(
     checkpoint = report["checkpoint"]
     assert checkpoint is not None and checkpoint["epoch"] == 0, report
     copied = r.training_state("0", new_save)
-    assert copied is not None and copied["local_step"] > 0, copied
+    assert copied is not None, report
     # the newest complete one: what the old box held once its run had stopped
     assert copied == r.training_state("0", old_save)
-    resumed = r.wait_log(new, report["run_id"], "trainer", "Resuming mid-epoch from epoch=0")
+    if copied["local_step"] > 0:
+        resumed = r.wait_log(new, report["run_id"], "trainer",
+                             "Resuming mid-epoch from epoch=0")
+        assert f"local_step={copied['local_step']} " in resumed, resumed[-3000:]
+    else:
+        # The trainer finished epoch 0 (and rewrote ``0/`` as the end-of-epoch save) before
+        # migrate stopped it: a slower workstation loses that race on a loaded machine. The
+        # newest complete checkpoint is then the whole epoch, and the resume starts epoch 1.
+        resumed = r.wait_log(new, report["run_id"], "trainer", "Resuming training on epoch 1")
     assert f"Found checkpoint at {new_save}/0" in resumed, resumed[-3000:]
-    assert f"local_step={copied['local_step']} " in resumed, resumed[-3000:]
     r.wait_log(new, report["run_id"], "trainer", f"Saving checkpoint to {new_save}/")
 
 
