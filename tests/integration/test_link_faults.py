@@ -81,18 +81,24 @@ def test_refused_key_is_auth_failure_and_never_retried(box_host: Path, make_prox
     assert proxy.accepted == 1
 
 
-def test_cut_just_after_auth_names_what_happened(box_host: Path, make_proxy: Any,
-                                                tmp_path: Path) -> None:
-    host_file, proxy = proxied(box_host, make_proxy)
-    proxy.inject(*[Fault(phase="channel") for _ in range(CHANNEL_ATTEMPTS + 2)])
+def start_fails(host_file: Path, tmp_path: Path) -> LinkLost:
+    """The LinkLost that starting a command through ``host_file`` ends in."""
     transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path))
     try:
         with pytest.raises(LinkLost) as caught:
             transport.start(["true"])
     finally:
         transport.close()
-    text = str(caught.value)
-    assert caught.value.phase == "channel" and not caught.value.request_sent
+    return caught.value
+
+
+def test_cut_just_after_auth_names_what_happened(box_host: Path, make_proxy: Any,
+                                                tmp_path: Path) -> None:
+    host_file, proxy = proxied(box_host, make_proxy)
+    proxy.inject(*[Fault(phase="channel") for _ in range(CHANNEL_ATTEMPTS + 2)])
+    lost = start_fails(host_file, tmp_path)
+    text = str(lost)
+    assert lost.phase == "channel" and not lost.request_sent
     assert "dropped just after authentication" in text
     assert "channel: " not in text and "()" not in text, text
     assert [f[1] for f in proxy.fired] == ["channel"] * CHANNEL_ATTEMPTS  # bounded
@@ -105,13 +111,7 @@ def test_silence_just_after_auth_says_the_link_went_silent(box_host: Path, make_
     host_file, proxy = proxied(box_host, make_proxy, connect_timeout=4)
     proxy.inject(*[Fault(phase="channel", action="blackhole")
                    for _ in range(CHANNEL_ATTEMPTS + 2)])
-    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path))
-    try:
-        with pytest.raises(LinkLost) as caught:
-            transport.start(["true"])
-    finally:
-        transport.close()
-    text = str(caught.value)
+    text = str(start_fails(host_file, tmp_path))
     assert "went silent after authentication" in text and "within 4 s" in text
     assert "Timeout opening channel" not in text
     # each silence costs a whole limit, so fewer of them are tried than of quick cuts
