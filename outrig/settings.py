@@ -116,6 +116,25 @@ class Settings:
         configured = _invoke_setting(self.context, "keep_seconds")
         return None if configured is None else _seconds(configured, "the user configuration")
 
+    def on_event(self) -> list[str] | None:
+        """The ``on_event`` hook's argv (docs/watch.md#notifications): ``OUTRIG_ON_EVENT``,
+        else ``on_event:`` in the project's files, else the user configuration; ``None`` when
+        set nowhere (then nothing is sent anywhere)."""
+        from outrig.notify import hook_argv
+
+        if os.environ.get("OUTRIG_ON_EVENT"):
+            return hook_argv(os.environ["OUTRIG_ON_EVENT"], "OUTRIG_ON_EVENT")
+        for name in PROJECT_FILES:
+            data = read_project_file(self.project.root, name)
+            if data.get("on_event") is not None:
+                return hook_argv(data["on_event"], str(self.project.root / name))
+        config = getattr(self.context, "config", None)
+        try:
+            configured = config.get("on_event") if config is not None else None
+        except (AttributeError, KeyError):
+            configured = None
+        return hook_argv(configured, "the user configuration")
+
     def host(self, flag: str | None) -> str:
         """The host to act on; a clear ConfigError (exit 2) when none is given anywhere."""
         value, _ = self.value("host", flag)
