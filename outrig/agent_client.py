@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig._box.agent import bundle as agent_bundle
-from outrig._box.agent.protocol import PROTOCOL_VERSION, encode_request
+from outrig._box.agent.protocol import encode_request
 from outrig.errors import LinkLost, RemoteError
 from outrig.reader import ChannelReader, Event, EventHandler
 from outrig.timing import agent_idle_limit
@@ -123,10 +123,10 @@ def agent_command(python: str, workdir: str = "") -> list[str]:
     return agent_bundle.bootstrap_argv(python, agent_digest(), workdir, None, None)
 
 
-def argv_command(python: str, request_json: bytes) -> list[str] | None:
-    """The one-exec command carrying bundle and request, or None when it would be too long."""
-    workdir = json.loads(request_json).get("workdir") or ""
-    argv = agent_bundle.bootstrap_argv(python, agent_digest(), str(workdir), agent_b64(),
+def argv_command(python: str, request_json: bytes, workdir: str = "") -> list[str] | None:
+    """The one-exec command carrying bundle and request, or None when it would be too long.
+    ``workdir`` is the request's (where the box keeps the unpacked bundle)."""
+    argv = agent_bundle.bootstrap_argv(python, agent_digest(), workdir, agent_b64(),
                                        encode_request(request_json))
     if sum(len(part) + 3 for part in argv) > ARGV_LIMIT:
         return None
@@ -152,13 +152,18 @@ class AgentCall:
         return ChannelReader(channel, self.transport.host, self.idle_limit(), **options)
 
     def start(self, request: dict[str, Any], *, window_size: int | None = None) -> AgentChannel:
-        """Start the agent with ``request``; the caller may then stream more bytes to its
+        """Start the agent with ``request`` (as :func:`~outrig.ops.base.base_request` built
+        it), the one way every op and tail-logs' follow stream start it. The request rides in
+        the command line when it fits and carries no secret; else bundle and request go on
+        stdin, written at once after the exec (pipelined: no reply awaited). Either way the
+        box runs the bundle kept unpacked in the request's workdir. ``window_size``: a larger
+        receive window for bulk output. The caller may then stream more bytes to the agent's
         stdin (file frames) and reads its events and result with :meth:`reader`."""
-        host = self.transport.host
-        body = {"v": PROTOCOL_VERSION, **request}
-        encoded = json.dumps(body).encode()
-        argv = None if body.get("secrets") else argv_command(host.python, encoded)
-        command = argv or agent_command(host.python, str(body.get("workdir") or ""))
+        python = self.transport.host.python
+        workdir = str(request.get("workdir") or "")
+        encoded = json.dumps(request).encode()
+        argv = None if request.get("secrets") else argv_command(python, encoded, workdir)
+        command = argv or agent_command(python, workdir)
         channel = self.transport.start(command, window_size=window_size)
         if argv is None:
             try:

@@ -102,18 +102,6 @@ class Transport(ABC):
         """Open the link now (connectors also connect on the first :meth:`start`); a
         connector without a link has nothing to do."""
 
-    def start_with_input(self, argv: list[str], data: bytes, *,
-                         window_size: int | None = None) -> AgentChannel:
-        """Start ``argv`` and write ``data`` to its stdin (added for ``tail-logs``).
-
-        Transports may pipeline the two (SSH sends stdin without waiting for the exec reply,
-        saving one round trip) and may open the channel with a larger receive window
-        (``window_size`` bytes) for bulk output. The default is :meth:`start` + write.
-        """
-        channel = self.start(argv, window_size=window_size)
-        channel.write(data)
-        return channel
-
     @property
     def best_rtt(self) -> float | None:
         """The measured RTT of this connection, else the last one recorded for the host."""

@@ -69,11 +69,11 @@ def agent_command_for(request: dict[str, Any], python: str = PY) -> tuple[list[s
     everything in the command line, or (requests with secrets, or too long) the bootstrap
     with the bundle and the request line on stdin."""
     encoded = json.dumps(request).encode()
-    argv = None if request.get("secrets") else argv_command(python, encoded)
+    workdir = str(request.get("workdir") or "")
+    argv = None if request.get("secrets") else argv_command(python, encoded, workdir)
     if argv is not None:
         return argv, b""
-    return (agent_command(python, str(request.get("workdir") or "")),
-            agent_payload() + encoded + b"\n")
+    return agent_command(python, workdir), agent_payload() + encoded + b"\n"
 
 
 def run_agent(request: dict[str, Any], *, python: str = PY, timeout: float = 60.0

@@ -31,12 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig._box.agent.events import redact as box_redact
-from outrig.agent_client import (
-    agent_command,
-    agent_payload,
-    argv_command,
-    raise_for_result,
-)
+from outrig.agent_client import AgentCall, raise_for_result
 from outrig.console import Reporter, visible
 from outrig.errors import (
     ConfigError,
@@ -482,16 +477,9 @@ class LogTailer:
         transport = self.session.transport
         request = self._request()
         heartbeat = float(request["heartbeat"])
-        # The request rides in the command line (no stdin round trip for the send window);
-        # stdin stays open and unused: the agent ends when the workstation closes it.
-        encoded = json.dumps(request).encode()
-        argv = argv_command(self.session.host.python, encoded)
-        if argv is not None:
-            channel = transport.start(argv, window_size=LOG_WINDOW)
-        else:
-            channel = transport.start_with_input(
-                agent_command(self.session.host.python),
-                agent_payload() + encoded + b"\n", window_size=LOG_WINDOW)
+        # Started as every op's agent is (the request in the command line when it fits);
+        # stdin then stays open and unused: the agent ends when the workstation closes it.
+        channel = AgentCall(transport).start(request, window_size=LOG_WINDOW)
         limit = self.idle_limit or follow_idle_limit(heartbeat, transport.rtt)
         reader = ChannelReader(channel, self.session.host, limit, poll=0.25,
                                batch=BATCH_BYTES, stop=self.stop, after=RESUMES)
