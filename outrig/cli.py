@@ -14,7 +14,6 @@ is :mod:`outrig.program`.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -59,22 +58,6 @@ def number(value: str | None, flag: str, default: float, *, whole: bool = True) 
 
 def _reporter(json: bool, gpus: bool = False) -> Reporter:
     return Reporter(json_mode=json, gpu_table=gpus)
-
-
-def _keep(settings: Settings, no_keep: bool) -> None:
-    """Pass the warm-connection setting to the ssh connector (which reads
-    ``OUTRIG_KEEP_SECONDS``): ``--no-keep`` turns it off; else a ``keep_seconds:`` in the
-    project's config applies unless the variable is already set."""
-    from outrig.connectors.kept import KEEP_ENV
-
-    if no_keep:
-        os.environ[KEEP_ENV] = "0"
-        return
-    if os.environ.get(KEEP_ENV, "").strip():
-        return
-    configured = settings.keep_seconds()
-    if configured is not None:
-        os.environ[KEEP_ENV] = f"{configured:g}"
 
 
 def friendly(func: F) -> F:
@@ -127,8 +110,7 @@ def deploy(c: Any, host: str | None = None, playbook: str | None = None,
     from outrig.ops.deploy import deploy as run_deploy
 
     reporter = _reporter(json)
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     host_spec = settings.host(host)
     name = playbook_for(settings, playbook, host_spec, reporter, what="deploy")
     run_deploy(settings.project, host_spec, name, reporter, test=test, dry_run=dry_run,
@@ -185,8 +167,7 @@ def status(c: Any, host: str | None = None, run: str | None = None,
     from outrig.ops.status import status as run_status
 
     count = int(number(lines, "lines", 5))
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_status(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                playbook=playbook, log_lines=count)
 
@@ -224,8 +205,7 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
     from outrig.ops.logs import tail_logs as run_tail
 
     count = None if lines is None else int(number(lines, "lines", 100))
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_tail(settings.project, settings.host(host), _reporter(json), run_id=run,
              playbook=playbook, processes=list(process or []), lines=count,
              follow=not no_follow, grep=grep)
@@ -263,8 +243,7 @@ def cleanup(c: Any, host: str | None = None, run: str | None = None,
     from outrig.ops.cleanup import cleanup as run_cleanup
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_cleanup(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
                 playbook=playbook, all_runs=all, force_foreign=list(force_foreign or []),
                 dry_run=dry_run, timeout=seconds)
@@ -295,8 +274,7 @@ def provision(c: Any, host: str | None = None, playbook: str | None = None,
     """
     from outrig.ops.provision import provision as run_provision
 
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_provision(settings.project, settings.host(host), _reporter(json),
                   playbook=settings.value("playbook", playbook)[0], dry_run=dry_run)
 
@@ -331,8 +309,7 @@ def stage_(c: Any, host: str | None = None, playbook: str | None = None,
 
     count = int(number(streams, "streams", STREAMS))
     reporter = _reporter(json)
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     host_spec = settings.host(host)
     name = playbook_for(settings, playbook, None, reporter, what="stage")
     stage(settings.project, host_spec, name, reporter, from_host=from_, resume=resume,
@@ -362,8 +339,7 @@ def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = Non
     """
     from outrig.ops.stage import sync_checkpoints as run_sync
 
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_sync(settings.project, settings.host(host), _reporter(json), playbook=playbook,
              run_id=run)
 
@@ -396,8 +372,7 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
     if not from_ or not to:
         raise ConfigError("migrate needs both boxes: --from OLD --to NEW (host file names, "
                           "ssh aliases or user@host:port). Nothing was sent.")
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_migrate(settings.project, from_, to, _reporter(json), playbook=playbook, run_id=run)
 
 
@@ -413,8 +388,7 @@ def check(c: Any, host: str | None = None, project: str | None = None, no_keep: 
     """
     from outrig.ops.check import check as run_check
 
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_check(settings.project, settings.host(host), _reporter(json))
 
 
@@ -439,8 +413,7 @@ def exec_(c: Any, host: str | None = None, project: str | None = None, no_keep: 
     from outrig.ops.remote_exec import run_exec
 
     command = remainder_argv()
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     host_spec = settings.host(host)
     if not json:
         code = run_exec(settings.project, host_spec, command)
@@ -487,8 +460,7 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
 
     remote = None if remote_port is None else int(number(remote_port, "remote-port", 8000))
     local = None if local_port is None else int(number(local_port, "local-port", 8000))
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_forward(settings.project, settings.host(host), _reporter(json), process=process,
                 run_id=run, playbook=playbook, remote_port=remote, local_port=local)
 
@@ -560,8 +532,7 @@ def demo(c: Any, keep: bool = False, delay: str | None = None,
     from outrig.ops.demo import run_demo
 
     one_way_ms = number(delay, "delay", 0)
-    settings = settings_for(c, project)
-    _keep(settings, no_keep)
+    settings = settings_for(c, project, no_keep=no_keep)
     run_demo(settings.project, _reporter(json), keep=keep,
              one_way_delay=one_way_ms / 1000.0)
 

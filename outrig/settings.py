@@ -116,6 +116,18 @@ class Settings:
         configured = _invoke_setting(self.context, "keep_seconds")
         return None if configured is None else _seconds(configured, "the user configuration")
 
+    def command_keep_seconds(self, no_keep: bool) -> float | None:
+        """The warm-connection setting of a command that reaches a box: 0 with
+        ``--no-keep``; else ``OUTRIG_KEEP_SECONDS``; else ``keep_seconds:`` in the project's
+        files or the user configuration; ``None`` when set nowhere (then the host file's
+        ``keep_seconds:``, else 10 minutes)."""
+        if no_keep:
+            return 0.0
+        from outrig.connectors.kept import env_keep_seconds
+
+        from_env = env_keep_seconds()
+        return from_env if from_env is not None else self.keep_seconds()
+
     def on_event(self) -> list[str] | None:
         """The ``on_event`` hook's argv (docs/watch.md#notifications): ``OUTRIG_ON_EVENT``,
         else ``on_event:`` in the project's files, else the user configuration; ``None`` when
@@ -159,9 +171,23 @@ def _seconds(value: Any, where: str) -> float:
     return seconds
 
 
-def settings_for(c: Any, project_flag: str | None) -> Settings:
+def settings_for(c: Any, project_flag: str | None, *,
+                 no_keep: bool | None = None) -> Settings:
     """The project: --project, OUTRIG_PROJECT, found upward from here, the configured
-    ``project``, else this folder (host aliases and paths still work there)."""
+    ``project``, else this folder (host aliases and paths still work there).
+
+    ``no_keep``: a task that reaches a box passes its ``--no-keep`` (True or False), and
+    the project then carries the command's warm-connection setting
+    (:meth:`Settings.command_keep_seconds`) to every connector the command opens; ``None``
+    (a task that opens none through a connector) leaves it unset."""
+    settings = _find_settings(c, project_flag)
+    if no_keep is not None:
+        settings.project.keep_seconds = settings.command_keep_seconds(no_keep)
+    return settings
+
+
+def _find_settings(c: Any, project_flag: str | None) -> Settings:
+    """The project's folder, where it was found, and its config files."""
     explicit = project_flag or os.environ.get("OUTRIG_PROJECT")
     source = "--project" if project_flag else "OUTRIG_PROJECT"
     if explicit:

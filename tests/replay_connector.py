@@ -90,6 +90,7 @@ class ReplayConnector(Transport):
 
     def __init__(self, host: Host, *, rtt_hint: float | None = None,
                  notify: Callable[[str], None] | None = None,
+                 keep_seconds: float | None = None,
                  calls: list[Recording] | None = None) -> None:
         self.host = host
         self.rtt = 0.0

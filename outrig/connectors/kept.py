@@ -50,7 +50,7 @@ from outrig.timing import connect_timeout_for
 from outrig.transport import AgentChannel, PeerAddress, Transport, known_hosts_path
 
 DEFAULT_KEEP_SECONDS = 600.0  # a keeper exits after this long without a channel
-KEEP_ENV = "OUTRIG_KEEP_SECONDS"  # 0 turns keeping off; --no-keep sets it to 0
+KEEP_ENV = "OUTRIG_KEEP_SECONDS"  # 0 turns keeping off (as --no-keep does)
 RUNTIME_ENV = "OUTRIG_RUNTIME_DIR"
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer path cannot be bound
 
@@ -61,27 +61,42 @@ MAX_FRAME = 1 << 20
 # ------------------------------------------------------------------------------ settings
 
 
-def keep_seconds_for(host: Host) -> float:
-    """How long a keeper for ``host`` waits idle: ``OUTRIG_KEEP_SECONDS`` (which ``--no-keep``
-    and ``keep_seconds:`` in outrig.yaml set), else the host file's ``keep_seconds:``, else 10
-    minutes. 0 turns keeping off."""
+def env_keep_seconds() -> float | None:
+    """``OUTRIG_KEEP_SECONDS`` as a number of seconds (``None`` when unset); a value that is
+    not a number is a ConfigError naming the variable."""
     raw = os.environ.get(KEEP_ENV, "").strip()
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{KEEP_ENV}={raw!r}: must be a number of seconds (0 turns the "
-                              "warm connection off)") from None
-        return max(0.0, value)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{KEEP_ENV}={raw!r}: must be a number of seconds (0 turns the "
+                          "warm connection off)") from None
+    return max(0.0, value)
+
+
+def keep_seconds_for(host: Host, setting: float | None = None) -> float:
+    """How long a keeper for ``host`` waits idle. ``setting`` is the command's own (the
+    project's ``keep_seconds``: ``--no-keep``, ``OUTRIG_KEEP_SECONDS`` or ``keep_seconds:``
+    in outrig.yaml, resolved once by :func:`outrig.settings.settings_for`); without one,
+    ``OUTRIG_KEEP_SECONDS`` (a library caller's), else the host file's ``keep_seconds:``,
+    else 10 minutes. 0 turns keeping off."""
+    if setting is not None:
+        return max(0.0, setting)
+    from_env = env_keep_seconds()
+    if from_env is not None:
+        return from_env
     if host.keep_seconds is not None:
         return max(0.0, host.keep_seconds)
     return DEFAULT_KEEP_SECONDS
 
 
 def ssh_connector(host: Host, *, rtt_hint: float | None = None,
-                  notify: Callable[[str], None] | None = None) -> Transport:
-    """The ``ssh`` row's factory: a kept connection unless keeping is off for this host."""
-    keep = keep_seconds_for(host)
+                  notify: Callable[[str], None] | None = None,
+                  keep_seconds: float | None = None) -> Transport:
+    """The ``ssh`` row's factory: a kept connection unless keeping is off for this host
+    (``keep_seconds``: the command's setting, see :func:`keep_seconds_for`)."""
+    keep = keep_seconds_for(host, keep_seconds)
     if keep <= 0:
         return SSHTransport(host, rtt_hint=rtt_hint, notify=notify)
     return KeptTransport(host, rtt_hint=rtt_hint, notify=notify, keep_seconds=keep)

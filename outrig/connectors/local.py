@@ -100,9 +100,10 @@ class LocalTransport(Transport):
     """Runs the agent on this machine: ``--host local``, and the fast path in tests."""
 
     def __init__(self, host: Host, *, rtt_hint: float | None = None,
-                 notify: Callable[[str], None] | None = None) -> None:
-        """``rtt_hint`` and ``notify`` are every connector's arguments; a local child has no
-        link to time or to report on."""
+                 notify: Callable[[str], None] | None = None,
+                 keep_seconds: float | None = None) -> None:
+        """``rtt_hint``, ``notify`` and ``keep_seconds`` are every connector's arguments; a
+        local child has no link to time, report on or keep warm."""
         self.host = host
         self.rtt = 0.0
 

@@ -24,9 +24,17 @@ from outrig.transport import Transport, transport_for
 
 @dataclass
 class Project:
-    """The folder holding ``hosts/`` and ``playbooks/`` (where tasks.py is)."""
+    """The folder holding ``hosts/`` and ``playbooks/`` (where tasks.py is), and the
+    command's setting for warm connections.
+
+    ``keep_seconds``: how long a warm connection this command leaves waits idle (0: none),
+    as :func:`outrig.settings.settings_for` resolved it (``--no-keep``,
+    ``OUTRIG_KEEP_SECONDS``, ``keep_seconds:`` in outrig.yaml); ``None``: not set by the
+    command (the connector's own rule: ``OUTRIG_KEEP_SECONDS``, the host file, 10 minutes).
+    Carried to the connector by :class:`HostSession`, so no global is needed."""
 
     root: Path
+    keep_seconds: float | None = None
 
     @property
     def hosts_dir(self) -> Path:
@@ -137,7 +145,7 @@ class HostSession:
         rtt_hint = self.journal.host_facts(self.host.name).get("rtt")
         self.transport: Transport = transport or transport_for(
             self.host, rtt_hint=rtt_hint if isinstance(rtt_hint, float) else None,
-            notify=reporter.info)
+            notify=reporter.info, keep_seconds=project.keep_seconds)
 
     def facts(self) -> HostFacts:
         return host_facts(self.host, self.journal)

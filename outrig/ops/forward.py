@@ -143,7 +143,7 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
     else:
         raise ConfigError("say what to forward: --process NAME (its port comes from the "
                           "run's plan) or --remote-port N")
-    transport = transport_for(host, notify=reporter.info)
+    transport = transport_for(host, notify=reporter.info, keep_seconds=project.keep_seconds)
     transport.connect()  # fail here, before listening, when the box is unreachable
     listener = listen(port if local_port is None and _free(port) else (local_port or 0))
     mine = listener.getsockname()[1]

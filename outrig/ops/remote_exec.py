@@ -75,7 +75,7 @@ def run_exec(project: Project, host_spec: str, command: list[str], *,
     argv = exec_argv(host, command)
     out = out or sys.stdout.buffer
     err = err or sys.stderr.buffer
-    transport = transport_for(host)
+    transport = transport_for(host, keep_seconds=project.keep_seconds)
     try:
         channel = transport.start(argv)
         try:

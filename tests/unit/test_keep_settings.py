@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outrig.cli import _keep
 from outrig.connectors.kept import (
     DEFAULT_KEEP_SECONDS,
     KEEP_ENV,
@@ -21,8 +20,11 @@ from outrig.connectors.kept import (
     ssh_connector,
 )
 from outrig.connectors.ssh import SSHTransport
+from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.inventory import Host
+from outrig.journal import Journal
+from outrig.ops.base import HostSession
 from outrig.settings import settings_for
 from outrig.transport import transport_for
 
@@ -69,15 +71,48 @@ def test_private_dir_is_made_0700_and_an_open_one_refused(tmp_path: Path) -> Non
 
 
 def test_no_keep_and_the_project_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """settings_for resolves the command's setting once: --no-keep, then the variable, then
+    outrig.yaml; a task that opens no connector (no_keep=None) leaves it unset."""
     (tmp_path / "hosts").mkdir()
     (tmp_path / "outrig.yaml").write_text(yaml.safe_dump({"keep_seconds": 90}))
-    settings = settings_for(None, str(tmp_path))
     monkeypatch.delenv(KEEP_ENV)
-    _keep(settings, no_keep=False)
-    assert os.environ[KEEP_ENV] == "90"
-    _keep(settings, no_keep=True)
-    assert os.environ[KEEP_ENV] == "0"
+    assert settings_for(None, str(tmp_path), no_keep=False).project.keep_seconds == 90
+    assert settings_for(None, str(tmp_path), no_keep=True).project.keep_seconds == 0
+    assert settings_for(None, str(tmp_path)).project.keep_seconds is None
+    monkeypatch.setenv(KEEP_ENV, "5")
+    assert settings_for(None, str(tmp_path), no_keep=False).project.keep_seconds == 5
+    assert settings_for(None, str(tmp_path), no_keep=True).project.keep_seconds == 0
     (tmp_path / "outrig.yaml").write_text(yaml.safe_dump({"keep_seconds": "later"}))
     monkeypatch.delenv(KEEP_ENV)
     with pytest.raises(ConfigError, match="keep_seconds"):
-        _keep(settings, no_keep=False)
+        settings_for(None, str(tmp_path), no_keep=False)
+
+
+def test_the_setting_reaches_the_connector_through_the_project_not_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command's session builds its connector from its project's setting; nothing is
+    written to os.environ, so two commands in one process do not leak into each other."""
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "hosts" / "box.yaml").write_text(yaml.safe_dump(
+        {"hostname": "10.0.0.5", "port": 2222, "user": "u", "workdir": "/w"}))
+    (tmp_path / "outrig.yaml").write_text(yaml.safe_dump({"keep_seconds": 90}))
+    monkeypatch.delenv(KEEP_ENV)
+    before = dict(os.environ)
+    journal = Journal(tmp_path / "state")
+    off = settings_for(None, str(tmp_path), no_keep=True)
+    on = settings_for(None, str(tmp_path), no_keep=False)
+    plain = HostSession(off.project, "box", Reporter(quiet=True), journal)
+    kept = HostSession(on.project, "box", Reporter(quiet=True), journal)
+    assert type(plain.transport) is SSHTransport
+    assert isinstance(kept.transport, KeptTransport) and kept.transport.keep_seconds == 90
+    assert dict(os.environ) == before
+
+
+def test_the_commands_setting_wins_over_the_variable_and_the_host_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    host = Host(name="box", hostname="10.0.0.5", workdir="/w", keep_seconds=30)
+    monkeypatch.setenv(KEEP_ENV, "60")
+    assert keep_seconds_for(host, 0.0) == 0 and keep_seconds_for(host, 7.0) == 7
+    assert type(ssh_connector(host, keep_seconds=0.0)) is SSHTransport
+    assert type(transport_for(host, keep_seconds=0.0)) is SSHTransport
+    assert keep_seconds_for(host) == 60
