@@ -19,6 +19,13 @@ delay = RTT / 2) and times, through the proxy, in seconds and RTT multiples:
   (the proxy resets every connection) then a command; two commands started at the same
   time sharing one keeper (CLI, and two threads in process).
 
+Every round is run twice, alternately: at the RTT, and with the proxy's delay at 0 (the same
+commands, the same machine, no link time). The "link RTT" column is the difference over the
+RTT: the round trips a command waits for on the link, with the CPU's share (start-ups, the
+box's own time, and what a loaded machine adds to them) taken out. The "net RTT" column
+subtracts only the measured start-up. On a shared machine the wall-clock columns move with its
+load; the link column much less.
+
 The proxy counts TCP connections per command: a warm command must open none, a command after
 a killed keeper or a cut link one (the fresh keeper's). Everything is stopped at the end
 (keepers by their recorded pid, the ControlMaster by ``ssh -O exit``). The machine's load
@@ -94,47 +101,47 @@ class Table:
         return median(self.rows[name].seconds) if name in self.rows else float("nan")
 
 
+LINK_ROWS = {"two at once through one keeper, each, in process",
+             "outrig status, two at once through one keeper, each"}
 STARTUP_ROWS = {"outrig": "outrig CLI start-up alone (status --host no-such-host: exit 2, "
                           "no network)",
                 "ssh": "ssh client start-up alone (ssh -G: options only, no network)"}
 
 
-def report(table: Table, rtt: float, repeat: int,
+def report(table: Table, bare: Table, rtt: float, repeat: int,
            loads: list[tuple[float, float, float]]) -> None:
-    """The table: seconds, RTT, net of start-up (where a start-up applies), connections."""
+    """The table: seconds and RTT at ``rtt``, net of start-up (where one applies), the same
+    command with no delay, the link's share in RTT, connections per command."""
     print(f"RTT {rtt * 1000:.0f} ms, median of {repeat}; {os.cpu_count()} CPUs; load "
           f"average (1, 5, 15 min) before {loads[0][0]:.2f} {loads[0][1]:.2f} "
           f"{loads[0][2]:.2f}, after {loads[1][0]:.2f} {loads[1][1]:.2f} {loads[1][2]:.2f}")
     width = max(len(name) for name in table.rows)
-    print(f"{'what':<{width}} {'seconds':>8} {'RTT':>6} {'net s':>7} {'net RTT':>8} "
-          f"{'TCP/cmd':>8}")
+    print(f"{'what':<{width}} {'seconds':>8} {'RTT':>6} {'net RTT':>8} {'0 ms s':>7} "
+          f"{'link RTT':>9} {'TCP/cmd':>8}")
     for row in table.rows.values():
         seconds = median(row.seconds)
-        net = ""
-        if row.startup:
-            left = seconds - table.value(STARTUP_ROWS[row.startup])
-            net = f"{left:>7.3f} {left / rtt:>8.1f}"
-        else:
-            net = f"{'':>7} {'':>8}"
+        net = f"{(seconds - table.value(STARTUP_ROWS[row.startup])) / rtt:>8.1f}" \
+            if row.startup else f"{'':>8}"
+        zero = bare.value(row.name)
+        link = f"{zero:>7.3f} {(seconds - zero) / rtt:>9.1f}" if row.opened or \
+            row.name in LINK_ROWS else f"{zero:>7.3f} {'':>9}"
         opened = f"{sum(row.opened) / len(row.opened):>8.1f}" if row.opened else f"{'':>8}"
-        print(f"{row.name:<{width}} {seconds:>8.3f} {seconds / rtt:>6.1f} {net} {opened}")
+        print(f"{row.name:<{width}} {seconds:>8.3f} {seconds / rtt:>6.1f} {net} {link} "
+              f"{opened}")
 
 
-def verdict(table: Table, rtt: float) -> None:
+def verdict(table: Table, bare: Table, rtt: float) -> None:
     """The issue's two targets, from this run's rows."""
+    name = "outrig status, second (through the keeper)"
     startup = table.value(STARTUP_ROWS["outrig"])
-    warm = table.value("outrig status, second (through the keeper)") - startup
-    cold_keep = table.value("outrig status, first (forks the keeper, which connects)")
-    cold_direct = table.value("outrig status --no-keep (plain connector)")
+    warm = table.value(name) - startup
     print(f"warm second status, net of CLI start-up: {warm:.3f} s = {warm / rtt:.2f} RTT "
           f"(target <= {TARGET} RTT): {'met' if warm / rtt <= TARGET else 'NOT met'}")
-    # Everything the CLI adds to an agent call, link aside: the same command on
-    # hostname: local, through the CLI and in process.
-    overhead = table.value("outrig status on hostname: local (CLI, no link)") - table.value(
-        "status on hostname: local (the agent's own time, no link), in process")
-    second = table.value("outrig status, second (through the keeper)") - overhead
-    print(f"CLI overhead (status on hostname: local, CLI minus in process): {overhead:.3f} s;"
-          f" warm second status net of it: {second:.3f} s = {second / rtt:.2f} RTT")
+    link = (table.value(name) - bare.value(name)) / rtt
+    print(f"warm second status, the link's share (its time minus the same at 0 ms): "
+          f"{link:.2f} RTT")
+    cold_keep = table.value("outrig status, first (forks the keeper, which connects)")
+    cold_direct = table.value("outrig status --no-keep (plain connector)")
     print(f"cold status with keeping {cold_keep:.3f} s vs --no-keep {cold_direct:.3f} s: "
           f"{(cold_keep - cold_direct) / rtt:+.2f} RTT")
 
@@ -177,7 +184,7 @@ def main() -> int:
     local_file.write_text(f"hostname: local\nworkdir: {box.workdir}\n")
     env = {**os.environ, "OUTRIG_KEEP_SECONDS": "600"}
     status_cmd = [*OUTRIG, "status", "--host", str(host_file), "--json"]
-    table = Table()
+    tables = {"delayed": Table(), "bare": Table()}
 
     def counted(run: Callable[[], float]) -> tuple[float, int]:
         """Seconds of ``run`` and the TCP connections the proxy accepted meanwhile."""
@@ -227,7 +234,7 @@ def main() -> int:
             raise SystemExit("one of the two commands sharing the keeper failed")
         return took, span, proxy.accepted - before
 
-    def round_once() -> None:
+    def round_once(table: Table) -> None:
         table.add("status, direct (--no-keep), in process", *counted(lambda: in_process("0")))
         close_all()
         table.add("status, first with keeping (starts the keeper as a new interpreter), "
@@ -296,8 +303,10 @@ def main() -> int:
     try:
         in_process("0")  # warm-up: host key recorded, agent unpacked, RTT in the journal
         timed([*status_cmd, "--no-keep"], env)  # warm-up: the CLI's bundle cache
-        for _ in range(args.repeat):
-            round_once()
+        for number in range(2 * args.repeat):  # alternately at RTT and with no delay
+            delayed = number % 2 == 0
+            proxy.set_delay(rtt / 2 if delayed else 0.0)
+            round_once(tables["delayed" if delayed else "bare"])
     finally:
         close_all()
         proxy.close()
@@ -305,13 +314,14 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
     loads.append(os.getloadavg())
-    report(table, rtt, args.repeat, loads)
-    verdict(table, rtt)
+    report(tables["delayed"], tables["bare"], rtt, args.repeat, loads)
+    verdict(tables["delayed"], tables["bare"], rtt)
     if args.json:
         print(json.dumps({"rtt_ms": args.rtt_ms, "load": loads,
                           "rows": {r.name: {"seconds": r.seconds, "opened": r.opened,
-                                            "startup": r.startup}
-                                   for r in table.rows.values()}}, indent=2))
+                                            "startup": r.startup,
+                                            "seconds_at_0_ms": tables["bare"].rows[r.name].seconds}
+                                   for r in tables["delayed"].rows.values()}}, indent=2))
     return 0
 
 
