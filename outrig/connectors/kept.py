@@ -4,8 +4,9 @@ The first command to a host starts a small local keeper (:mod:`outrig.connectors
 it opens the SSH connection (the same :class:`SSHTransport`, the same host-key and retry
 rules), listens on a Unix socket, and exits after an idle time, like OpenSSH's
 ``ControlPersist``. Later commands to that host ask the keeper for one session channel over
-that socket instead of connecting: a warm command costs the channel open (1 RTT) and the
-agent's answer (1 RTT), not the ~4-5 RTT of a handshake.
+that socket instead of connecting: a warm command waits 1 RTT on the link (the exec goes out
+on the keeper's spare channel, opened ahead, and the agent's answer comes back), not the ~4-5
+RTT of a handshake plus the channel open (measured: docs/watch.md).
 
 Why a relay and not passing file descriptors: an SSH channel is not a file descriptor (its
 bytes are encrypted inside the one TCP stream paramiko owns), so the keeper has to pump each
