@@ -30,7 +30,14 @@ from typing import Any
 
 from outrig import recipes
 from outrig._box.agent import transfer as box_transfer
-from outrig.checkpoints import listing_request, newest_complete, order_text
+from outrig.checkpoints import (
+    assess,
+    checkpoint_order,
+    listing_request,
+    newest_complete,
+    order_text,
+    state_order,
+)
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hub import parse_hub_source
@@ -472,8 +479,6 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
                           "kind: checkpoints, or the dflash recipe's save_path)")
     listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
                            **_listing_fields(journal, session.host.name, job.name))
-    from outrig.checkpoints import assess
-
     mirror = mirror_root(family(job))
     moved = _moved_from(journal, record)
     pulled: list[dict[str, Any]] = []
@@ -523,8 +528,6 @@ def mirror_held(root: Path) -> tuple[int, int, int] | None:
     """Where the checkpoint the mirror holds in ``root`` stands in training (read from its
     training_state.json); None when the folder holds no complete checkpoint (no stage mark:
     absent, or a pull that was cut)."""
-    from outrig.checkpoints import state_order
-
     if box_transfer.staged_record(str(root)) is None:
         return None
     return state_order(int(root.name), read_json(root / "training_state.json"))
@@ -539,22 +542,24 @@ def mirror_newest(mirror: Path) -> tuple[int, int, int] | None:
 def moved_refusal(order: tuple[int, int, int], resumed_epoch: int | None,
                   held_here: tuple[int, int, int] | None,
                   newest: tuple[int, int, int] | None) -> str | None:
-    """Why a checkpoint of a run that was moved away must not enter the mirror, or None.
+    """Why a checkpoint of a run that was moved away must not enter the mirror, or None
+    (then the mirror's usual rule applies: only a newer state of an epoch replaces it).
 
     After a move the job's line is the run it moved to, which resumed from checkpoint
-    ``resumed_epoch`` (None: it started afresh). What the old run wrote past that point is a
-    second trainer's work; anything the mirror already holds an epoch folder for, or that is
-    not newer than the newest the mirror holds, would replace or shadow the successor's. The
-    mirror never goes backwards, so in all those cases nothing is taken."""
-    from outrig.checkpoints import order_text
-
+    ``resumed_epoch`` (None: it started afresh). What the old run wrote past that epoch is a
+    second trainer's work. Below it, the old run may not replace any epoch folder the mirror
+    holds (what the successor resumed from, or wrote), nor add one that is not newer than the
+    newest the mirror holds. A state the mirror holds already is no refusal: nothing to take."""
     if resumed_epoch is None:
         return "the run it moved to started afresh, so none of this run's checkpoints is its"
     if order[0] > resumed_epoch:
         return (f"written past checkpoint {resumed_epoch}, which the run it moved to resumed "
                 "from: a second trainer's work")
     if held_here is not None:
-        return f"the mirror already holds {order_text(held_here)}"
+        if order > held_here:
+            return (f"it would replace the mirror's {order_text(held_here)}, which the run "
+                    "it moved to resumed from or wrote")
+        return None
     if newest is not None and order <= newest:
         return f"not newer than the newest the mirror holds ({order_text(newest)})"
     return None
@@ -563,8 +568,6 @@ def moved_refusal(order: tuple[int, int, int], resumed_epoch: int | None,
 def refused_message(moved: dict[str, Any], refused: list[dict[str, Any]], host_spec: str) -> str:
     """One warning for every checkpoint a moved run was refused: the run, where it went, the
     reason per checkpoint, and the command that stops the old trainer."""
-    from outrig.checkpoints import checkpoint_order, order_text
-
     reasons = "; ".join(f"{order_text(checkpoint_order(r['epoch'], r['step']))}: {r['why']}"
                         for r in refused[:6]) + (f"; and {len(refused) - 6} more"
                                                  if len(refused) > 6 else "")
