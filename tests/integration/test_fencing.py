@@ -97,25 +97,32 @@ def wait_epoch_past(save: Path, epoch: int, timeout: float = 60) -> None:
     raise AssertionError(f"no checkpoint past {epoch} in {save}")
 
 
+def start_on_a(box_a: SandboxBox, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[Project, Journal, Path, str]:
+    """The job (family "mig") running on A until its trainer wrote two checkpoints. B's
+    member serves on another port than A's, so both boxes' runs can live at once."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    project = write_playbooks(tmp_path / "proj", free_port())
+    member = project.playbooks_dir / "mig-8gpu.yaml"
+    book = yaml.safe_load(member.read_text())
+    book["params"]["port"] = free_port()
+    member.write_text(yaml.safe_dump(book, sort_keys=False))
+    journal = Journal()
+    a = box_a.write_host_file(tmp_path / "hosts" / "a.yaml", workdir=box_a.workdir)
+    first = deploy(project, str(a), "mig-4gpu", Reporter(quiet=True), journal=journal)
+    wait_checkpoints(box_a.workdir / "ckpt", 2)
+    return project, journal, a, first.plan.run_id
+
+
 @pytest.fixture
 def moved(box_a: SandboxBox, host_b: Path, tmp_path: Path, procs: ProcessTracker,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[Moved]:
     """The job ran on A and was mirrored; A's sshd stopped (its processes keep training) and
     migrate moved the job to B from the mirror; then A's sshd came back."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    project = write_playbooks(tmp_path / "proj", free_port())
-    member = project.playbooks_dir / "mig-8gpu.yaml"  # B's server must not share A's port
-    book = yaml.safe_load(member.read_text())
-    book["params"]["port"] = free_port()
-    member.write_text(yaml.safe_dump(book, sort_keys=False))
-    journal = Journal()
     quiet = Reporter(quiet=True)
-    a = box_a.write_host_file(tmp_path / "hosts" / "a.yaml", workdir=box_a.workdir)
-    first = deploy(project, str(a), "mig-4gpu", quiet, journal=journal)
-    old_run = first.plan.run_id
+    project, journal, a, old_run = start_on_a(box_a, tmp_path, monkeypatch)
     new_run = None
     try:
-        wait_checkpoints(box_a.workdir / "ckpt", 2)
         assert sync_checkpoints(project, str(a), quiet, journal=journal)["pulled"]
         foreign = procs.spawn([sys.executable, "-c", "import time; time.sleep(600)"]).pid
         box_a.stop()  # A's link is gone; its trainer is not
@@ -226,6 +233,27 @@ def test_cleanup_of_the_old_box_without_a_selection_stops_the_moved_run(
     # nothing left to fence: a bare cleanup is the usual error again, and sends nothing
     with pytest.raises(ConfigError, match="say what to clean up"):
         cleanup(m.project, str(m.a), Reporter(quiet=True), journal=m.journal)
+
+
+def test_a_run_migrate_stopped_on_a_live_box_is_fenced_at_once(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    project, journal, a, old_run = start_on_a(box_a, tmp_path, monkeypatch)
+    quiet = Reporter(quiet=True)
+    try:
+        report = migrate(project, str(a), str(host_b), quiet, journal=journal,
+                         playbook="mig-8gpu")
+        assert report["old_alive"] is True and marked(old_run) == []
+        record = journal.run(old_run)
+        assert record is not None and record["moved_to"]["run_id"] == report["run_id"]
+        assert {p["process"] for p in record["fenced"]["stopped"]} == {"server", "trainer"}
+        assert moved_runs(journal, a.stem) == []
+        said = io.StringIO()
+        status(project, str(a), Reporter(err=said), journal=journal)
+        assert "was moved" not in said.getvalue(), "nothing to warn about: it is stopped"
+    finally:
+        cleanup(project, str(host_b), quiet, all_runs=True, journal=journal)
+        kill_run(box_a.workdir, old_run)
 
 
 def write_state(folder: Path, epoch: int, step: int, size: int = 20_000) -> None:
