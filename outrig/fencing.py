@@ -61,7 +61,8 @@ def moved_line(record: dict[str, Any], host_label: str) -> str:
             f"here — `outrig cleanup --host {host_label}` stops it")
 
 
-def fence_on(session: HostSession, notifier: Notifier | None = None) -> list[str]:
+def fence_on(session: HostSession, notifier: Notifier | None = None, *,
+             timeout: float = 60.0) -> list[str]:
     """Stop every moved, not-yet-fenced run on the session's box; return their run ids.
 
     Each run is stopped exactly, by its recorded id (the agent's ``cleanup`` op, as
@@ -69,7 +70,8 @@ def fence_on(session: HostSession, notifier: Notifier | None = None) -> list[str
     as the ``fenced`` event. A run the box has no record of and no process of which carries
     its marker is not running there: it is fenced with nothing stopped. A cleanup that cannot
     free the GPUs raises (:class:`outrig.ops.cleanup.CleanupIncomplete`) and the run stays
-    unfenced, so the next contact tries again."""
+    unfenced, so the next contact tries again. ``timeout``: how long to wait for the GPU
+    memory to come back (as ``cleanup --timeout``)."""
     journal, host = session.journal, session.host.name
     pending = moved_runs(journal, host)
     session.moved_warned = True  # acting on it: the session's "moved" warning would repeat it
@@ -79,7 +81,7 @@ def fence_on(session: HostSession, notifier: Notifier | None = None) -> list[str
         moved = record.get("moved_to") or {}
         session.reporter.info(f"• fencing run {run_id} on {session.host_spec}: it was moved to "
                               f"{moved.get('host')} at {when(moved.get('at'))}")
-        result = cleanup_on(session, run_id=run_id, missing_ok=True)
+        result = cleanup_on(session, run_id=run_id, timeout=timeout, missing_ok=True)
         stopped = [p for run in result.get("runs") or [] if run.get("run_id") == run_id
                    for p in stopped_processes(run)]
         journal.mark_fenced(run_id, stopped=stopped)

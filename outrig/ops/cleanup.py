@@ -61,7 +61,12 @@ def cleanup_moved(project: Project, host_spec: str, reporter: Reporter, *, dry_r
     with host_session(project, host_spec, reporter, journal) as session:
         pending = moved_runs(session.journal, session.host.name)
         if not pending:
-            check_selection(None, None, False, (), timeout)  # raises: say what to clean up
+            raise ConfigError(
+                "say what to clean up: --run ID, --playbook NAME, --all, or --force-foreign "
+                f"PID (no run was moved away from {host_spec} and left unstopped, which is "
+                "what cleanup stops when no run is named). Nothing was sent.")
+        if timeout <= 0:
+            raise ConfigError("--timeout must be a positive number of seconds")
         ids = ", ".join(str(r.get("run_id")) for r in pending)
         reporter.info(f"• no run named: stopping the run(s) moved away from {host_spec} "
                       f"and not stopped yet: {ids}")
@@ -71,7 +76,7 @@ def cleanup_moved(project: Project, host_spec: str, reporter: Reporter, *, dry_r
                                timeout=timeout, missing_ok=True) for r in pending]
             return {"dry_run": True, "moved": [r.get("run_id") for r in pending],
                     "runs": [run for result in runs for run in result.get("runs") or []]}
-        fenced = fence_on(session)
+        fenced = fence_on(session, timeout=timeout)
         reporter.success(f"fenced {len(fenced)} moved run(s) on {host_spec}: "
                          f"{', '.join(fenced)}")
         return {"fenced": fenced}
@@ -131,7 +136,20 @@ def cleanup_on(session: HostSession, *, run_id: str | None = None,
     verdict = result.get("gpu") or {}
     if not dry_run and verdict and not verdict.get("released", True):
         raise CleanupIncomplete(f"cleanup on {host_spec} is incomplete: {verdict.get('message')}")
+    if not dry_run:
+        fence_stopped(journal, result)
     return result
+
+
+def fence_stopped(journal: Journal, result: dict[str, Any]) -> None:
+    """Mark fenced every run a migrate moved away that this cleanup stopped (whatever the
+    selection was): its processes are confirmed stopped, so the "moved" warning ends."""
+    from outrig.fencing import stopped_processes
+
+    for run in result.get("runs") or []:
+        record = journal.run(str(run.get("run_id")))
+        if record is not None and record.get("moved_to") and not record.get("fenced"):
+            journal.mark_fenced(str(run.get("run_id")), stopped=stopped_processes(run))
 
 
 def unknown_run(result: dict[str, Any], run_id: str, host_spec: str) -> None:

@@ -16,6 +16,7 @@ from outrig.fencing import mark_moved, moved_runs
 from outrig.journal import Journal
 from outrig.layout import status_lines
 from outrig.ops.base import HostSession, Project
+from outrig.ops.cleanup import fence_stopped
 from outrig.ops.stage import moved_refusal
 
 
@@ -68,6 +69,19 @@ def test_a_cleanup_of_other_runs_does_not_fence_the_moved_one(tmp_path: Path) ->
     mark_moved(journal, "a", "old-1", "b", "new-1",
                stopped={"runs": [{"run_id": "another", "processes": []}]})
     assert [r["run_id"] for r in moved_runs(journal, "a")] == ["old-1"]
+
+
+def test_any_cleanup_that_stopped_a_moved_run_fences_it(tmp_path: Path) -> None:
+    journal = journal_with_run(tmp_path)
+    journal.record_run("other-1", {"run_id": "other-1", "host": "a", "playbook": "job",
+                                   "status": "running", "created": 2.0})
+    mark_moved(journal, "a", "old-1", "b", "new-1")
+    fence_stopped(journal, {"runs": [
+        {"run_id": "old-1", "processes": [{"process": "trainer", "pid": 6, "how": "term"}]},
+        {"run_id": "other-1", "processes": []}]})
+    record, other = journal.run("old-1"), journal.run("other-1")
+    assert record is not None and record["fenced"]["stopped"][0]["how"] == "term"
+    assert other is not None and "fenced" not in other, "only moved runs are fenced"
 
 
 def test_no_old_run_marks_nothing_and_an_unknown_one_is_filed_under_its_host(
