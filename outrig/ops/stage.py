@@ -31,6 +31,7 @@ from typing import Any
 from outrig import recipes
 from outrig._box.agent import transfer as box_transfer
 from outrig.checkpoints import (
+    Checkpoint,
     assess,
     checkpoint_order,
     listing_request,
@@ -502,8 +503,7 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
                 reporter.info(f"• checkpoint {order_text(checkpoint.order)} not mirrored: the "
                               f"mirror holds a newer one ({order_text(held)})")
             continue
-        moved_bytes = _pull_checkpoint(stager, session, checkpoint.path, root, held is not None,
-                                       f"checkpoint {checkpoint.epoch}")
+        moved_bytes = _pull_checkpoint(stager, session, checkpoint, root, held is not None)
         pulled.append({"epoch": checkpoint.epoch, "step": checkpoint.local_step,
                        "replaced": held is not None, **moved_bytes})
         summary = _summary({"route": "pull", **moved_bytes})
@@ -593,18 +593,25 @@ def _moved_from(journal: Journal, record: dict[str, Any] | None) -> dict[str, An
             "resumed_epoch": epoch if isinstance(epoch, int) else None}
 
 
-def _pull_checkpoint(stager: Stager, session: HostSession, path: str, root: Path,
-                     replace: bool, label: str) -> dict[str, Any]:
+def _pull_checkpoint(stager: Stager, session: HostSession, checkpoint: Checkpoint,
+                     root: Path, replace: bool) -> dict[str, Any]:
     """Pull one checkpoint folder into the mirror's ``root``. A newer state of an epoch the
-    mirror holds goes into a sibling folder first and is swapped in once whole, so the
-    mirror never holds a mix of two saves (nor loses the old one to a cut pull)."""
+    mirror holds goes into a sibling folder first (named for that state, so a cut pull
+    resumes there) and is swapped in once whole: the mirror never holds a mix of two saves,
+    nor loses the old one to a cut pull. Sibling names are not integers, so a resume from the
+    mirror never takes them."""
     import shutil
 
-    src_listing = box_manifest(session, [("ckpt", path)], verify=True)["ckpt"]
+    label = f"checkpoint {checkpoint.epoch}"
+    src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
     if not replace:
-        return stager.pull_local(session, path, src_listing, root, label)
-    incoming = root.with_name(f".{root.name}.incoming")
-    moved = stager.pull_local(session, path, src_listing, incoming, label)
+        return stager.pull_local(session, checkpoint.path, src_listing, root, label)
+    state = "end" if not checkpoint.mid_epoch else f"step{checkpoint.local_step}"
+    incoming = root.with_name(f".{root.name}.{state}.incoming")
+    for stale in root.parent.glob(f".{root.name}.*.incoming"):
+        if stale != incoming:  # a cut pull of another state of this epoch: superseded
+            shutil.rmtree(stale, ignore_errors=True)
+    moved = stager.pull_local(session, checkpoint.path, src_listing, incoming, label)
     retired = root.with_name(f".{root.name}.replaced-{_secrets.token_hex(4)}")
     root.rename(retired)
     incoming.rename(root)
