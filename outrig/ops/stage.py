@@ -623,12 +623,13 @@ def _synced_run(session: HostSession, playbook: str | None,
                 run_id: str | None) -> dict[str, Any] | None:
     """The run whose checkpoints are being synced: the host's newest run that really ran (or
     ``run_id``). One ``check`` first: its run index brings the journal in line with the box,
-    the truth. With ``playbook`` named, the journal's newest run of it on the host (None if
-    it has none), without a round trip: only its ``moved_to`` mark is needed, which the
-    journal alone knows."""
+    the truth. With ``playbook`` named, the journal's newest run of it on the host (or
+    ``run_id`` among them; None if there is none), without a round trip: only its
+    ``moved_to`` mark is needed, which the journal alone knows."""
     if playbook is not None:
         try:
-            return pick_host_run(session.journal, session.host.name, playbook=playbook)[0]
+            return pick_host_run(session.journal, session.host.name, run_id=run_id,
+                                 playbook=playbook)[0]
         except ConfigError:
             return None
     session.call("check", stream=False)
