@@ -507,9 +507,9 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
         pulled.append({"epoch": checkpoint.epoch, "step": checkpoint.local_step,
                        "replaced": held is not None, **moved_bytes})
         summary = _summary({"route": "pull", **moved_bytes})
-        reporter.info(f"• checkpoint {order_text(checkpoint.order)}"
-                      + (f" (replacing {order_text(held)})" if held is not None else "")
-                      + f": {summary}")
+        reporter.info(f"• checkpoint {checkpoint.epoch} ({order_text(checkpoint.order)}"
+                      + (f", replacing the mirror's {order_text(held)}" if held is not None
+                         else "") + f"): {summary}")
     report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror),
               "pulled": pulled, "not_complete": skipped, "refused": refused,
               "others": listing.get("others") or []}
