@@ -46,6 +46,33 @@ class Checkpoint:
         """Saved part-way through its epoch (a resume skips the steps already done)."""
         return self.local_step > 0
 
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """Where this checkpoint stands in training (see :func:`checkpoint_order`)."""
+        return checkpoint_order(self.epoch, self.local_step)
+
+
+def checkpoint_order(epoch: int, local_step: int) -> tuple[int, int, int]:
+    """A sort key for "which checkpoint is newer": by epoch, then within one epoch every
+    mid-epoch save (``local_step`` > 0, by step) before the end-of-epoch save
+    (``local_step`` 0). speculators rewrites ``<save>/<epoch>/`` in place at each save, so the
+    same folder name holds older and newer states of training; the folder name alone cannot
+    tell them apart."""
+    return (epoch, 0, local_step) if local_step > 0 else (epoch, 1, 0)
+
+
+def state_order(epoch: int, training_state: Any) -> tuple[int, int, int]:
+    """:func:`checkpoint_order` of a folder from its parsed training_state.json; a state
+    without a usable ``local_step`` counts as the end of the epoch (the newest the folder
+    can be, so nothing replaces it on a guess)."""
+    step = training_state.get("local_step") if isinstance(training_state, dict) else None
+    return checkpoint_order(epoch, step if isinstance(step, int) and step > 0 else 0)
+
+
+def order_text(order: tuple[int, int, int]) -> str:
+    """``epoch 3, step 40`` or ``end of epoch 3``."""
+    return f"end of epoch {order[0]}" if order[1] else f"epoch {order[0]}, step {order[2]}"
+
 
 def assess(listing: dict[str, Any]) -> list[Checkpoint]:
     """Every integer-named checkpoint folder with the agent's verdict, oldest first."""

@@ -233,9 +233,11 @@ def cleanup(c: Any, host: str | None = None, run: str | None = None,
 
     Exit status 0 only when nothing of ours is left and the GPU memory it held is back.
     Processes outrig did not start are listed, never killed, unless named with
-    --force-foreign.
+    --force-foreign. With no --run, --playbook or --all it stops the runs that a migrate
+    moved away from this box (fencing, docs/watch.md), and says so.
 
     Examples:
+        outrig cleanup --host old-node
         outrig cleanup --host uk-node --playbook dflash-qwen36
         outrig cleanup --host uk-node --all --dry-run
         outrig cleanup --host uk-node --force-foreign 4711

@@ -49,6 +49,14 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+def utc_text(stamp: Any) -> str:
+    """A journal time stamp (seconds since the epoch) for people: UTC, to the second."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(stamp)))
+    except (TypeError, ValueError, OverflowError):
+        return "an unknown time"
+
+
 class Journal:
     """Runs and host facts, one JSON file each."""
 
@@ -113,9 +121,36 @@ class Journal:
         out.sort(key=lambda r: (r.get("created", 0), r.get("run_id", "")), reverse=True)
         return out
 
+    def mark_moved(self, run_id: str, *, host: str, to_host: str, to_run_id: str,
+                   at: float | None = None) -> None:
+        """Record that ``run_id`` on ``host`` was moved to ``to_run_id`` on ``to_host``.
+
+        Kept under its own key, ``moved_to``, apart from the box-reconciled ``status``: when
+        the old box comes back and reports the run as running, :meth:`reconcile` sets
+        ``status`` from the box and leaves ``moved_to`` alone, so the run is still known to be
+        a second trainer that must be stopped (fenced)."""
+        record: dict[str, Any] = {"moved_to": {"host": to_host, "run_id": to_run_id,
+                                               "at": time.time() if at is None else at}}
+        existing = self.run(run_id)
+        if existing is None or not existing.get("host"):
+            record.update({"run_id": run_id, "host": host})
+        self.record_run(run_id, record)
+
+    def mark_fenced(self, run_id: str, *, stopped: list[dict[str, Any]],
+                    at: float | None = None) -> None:
+        """Record that a moved run's processes are confirmed stopped (``stopped``: what was
+        stopped and how; empty when nothing of it was running any more)."""
+        self.record_run(run_id, {"fenced": {"at": time.time() if at is None else at,
+                                            "stopped": stopped}})
+
+    def moved_runs(self, host: str) -> list[dict[str, Any]]:
+        """The host's runs that were moved to another box (fenced or not), newest first."""
+        return [r for r in self.runs(host=host) if isinstance(r.get("moved_to"), dict)]
+
     def reconcile(self, host: str, box_runs: list[dict[str, Any]]) -> list[str]:
         """Bring the host's run records in line with the box's run index (the box is the
-        truth): each run's ``status`` becomes the box's, ``ran`` is kept once known, runs the
+        truth): each run's ``status`` becomes the box's (``moved_to`` and ``fenced``, which
+        the box cannot know, are left as they are), ``ran`` is kept once known, runs the
         journal lacks (deployed from elsewhere, or a lost journal) are added, and a deploy that
         never reached the box (``deploying``/``unknown`` here, absent there) is marked
         ``not_on_box``. Returns the ids whose status changed."""

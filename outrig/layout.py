@@ -227,7 +227,7 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
     for run in result.get("runs") or []:
         if out:
             out.append("")
-        out.append(f"run {run.get('run_id')} ({run.get('playbook')}): {run.get('status')}")
+        out.append(f"run {run.get('run_id')} ({run.get('playbook')}): {run_state(run)}")
         procs = run.get("processes") or []
         rows = []
         for proc in procs:
@@ -253,6 +253,22 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
     elif gpus or result.get("gpu_error"):
         out += gpu_summary_lines(gpus, width, result.get("gpu_error"))
     return out
+
+
+def run_state(run: dict[str, Any]) -> str:
+    """A run's state for the header line; a run moved to another box says so, and whether
+    the box still runs it (status marks it, see :func:`outrig.ops.status.mark_moved_runs`)."""
+    moved = run.get("moved_to")
+    if not isinstance(moved, dict):
+        return str(run.get("status"))
+    from outrig.journal import utc_text as when
+
+    fenced = run.get("fenced")
+    if isinstance(fenced, dict):
+        return (f"moved to {moved.get('host')} at {when(moved.get('at'))}; fenced at "
+                f"{when(fenced.get('at'))} ({run.get('box_status')} here)")
+    return (f"moved to {moved.get('host')} at {when(moved.get('at'))}; "
+            f"{run.get('box_status')} here, not fenced yet")
 
 
 def _process_notes(proc: dict[str, Any], width: int) -> list[str]:

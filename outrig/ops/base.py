@@ -142,6 +142,8 @@ class HostSession:
         self.host_spec = host_spec
         self.host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
         self.last_events: list[dict[str, Any]] = []
+        # set once the "moved" warning was given (or an op acts on the moved runs itself)
+        self.moved_warned = False
         rtt_hint = self.journal.host_facts(self.host.name).get("rtt")
         self.transport: Transport = transport or transport_for(
             self.host, rtt_hint=rtt_hint if isinstance(rtt_hint, float) else None,
@@ -162,6 +164,7 @@ class HostSession:
         to show its own live progress); a failed result raises."""
         # host_label lets the agent write fix commands the user can paste (--host as typed)
         request = base_request(self.host, op, host_label=self.host_spec, **fields)
+        self.warn_moved()
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") == "facts":
@@ -191,6 +194,19 @@ class HostSession:
                 continue
             self.last_events = call.events
             return raise_for_result(result, where=f"{op} on {self.host.describe()}")
+
+    def warn_moved(self) -> None:
+        """Before the first agent call of the session: when a migrate moved a run away from
+        this box and nothing has confirmed it stopped, say so and name the command that stops
+        it. The box comes back from a lost link with that run still training; the user who
+        reaches it must not take it for the job's live run (see :mod:`outrig.fencing`)."""
+        if self.moved_warned:
+            return
+        self.moved_warned = True
+        from outrig.fencing import moved_line, moved_runs
+
+        for record in moved_runs(self.journal, self.host.name):
+            self.reporter.warn(moved_line(record, self.host_spec))
 
     def reconnect_after(self, exc: LinkLost, retry: int) -> None:
         """Say what broke, drop the dead connection and wait an RTT-scaled pause; the next

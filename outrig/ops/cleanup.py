@@ -34,12 +34,52 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
             playbook: str | None = None, all_runs: bool = False,
             force_foreign: Sequence[int | str] = (), dry_run: bool = False,
             timeout: float = 60.0, journal: Journal | None = None) -> dict[str, Any]:
-    """Stop the selected run(s) (and any ``force_foreign`` pids); raise when GPUs stay held."""
+    """Stop the selected run(s) (and any ``force_foreign`` pids); raise when GPUs stay held.
+
+    With no selection at all, the runs a migrate moved away from this box and that are not
+    fenced yet are the selection (see :mod:`outrig.fencing`): they are stopped, each by its
+    recorded id, and marked fenced. With none of those either, it is the usual error."""
+    if not (run_id or playbook or all_runs or force_foreign):
+        return cleanup_moved(project, host_spec, reporter, dry_run=dry_run, timeout=timeout,
+                             journal=journal)
     check_selection(run_id, playbook, all_runs, force_foreign, timeout)
     playbook = playbook_name(project, playbook)
     with host_session(project, host_spec, reporter, journal) as session:
         return cleanup_on(session, run_id=run_id, playbook=playbook, all_runs=all_runs,
                           force_foreign=force_foreign, dry_run=dry_run, timeout=timeout)
+
+
+def cleanup_moved(project: Project, host_spec: str, reporter: Reporter, *, dry_run: bool,
+                  timeout: float, journal: Journal | None = None) -> dict[str, Any]:
+    """``cleanup --host OLD`` with no selection: stop (fence) the runs moved away from OLD.
+
+    Why this is the default there: after a migrate, the old box's run is a second trainer
+    that costs money and writes checkpoints of its own; the warning every command to that box
+    prints names exactly this command."""
+    from outrig.fencing import fence_on, moved_runs
+
+    with host_session(project, host_spec, reporter, journal) as session:
+        pending = moved_runs(session.journal, session.host.name)
+        if not pending:
+            raise ConfigError(
+                "say what to clean up: --run ID, --playbook NAME, --all, or --force-foreign "
+                f"PID (no run was moved away from {host_spec} and left unstopped, which is "
+                "what cleanup stops when no run is named). Nothing was sent.")
+        if timeout <= 0:
+            raise ConfigError("--timeout must be a positive number of seconds")
+        ids = ", ".join(str(r.get("run_id")) for r in pending)
+        reporter.info(f"• no run named: stopping the run(s) moved away from {host_spec} "
+                      f"and not stopped yet: {ids}")
+        if dry_run:
+            session.moved_warned = True
+            runs = [cleanup_on(session, run_id=str(r.get("run_id")), dry_run=True,
+                               timeout=timeout, missing_ok=True) for r in pending]
+            return {"dry_run": True, "moved": [r.get("run_id") for r in pending],
+                    "runs": [run for result in runs for run in result.get("runs") or []]}
+        fenced = fence_on(session, timeout=timeout)
+        reporter.success(f"fenced {len(fenced)} moved run(s) on {host_spec}: "
+                         f"{', '.join(fenced)}")
+        return {"fenced": fenced}
 
 
 def check_selection(run_id: str | None, playbook: str | None, all_runs: bool,
@@ -68,8 +108,12 @@ def check_selection(run_id: str | None, playbook: str | None, all_runs: bool,
 def cleanup_on(session: HostSession, *, run_id: str | None = None,
                playbook: str | None = None, all_runs: bool = False,
                force_foreign: Sequence[int | str] = (), dry_run: bool = False,
-               timeout: float = 60.0) -> dict[str, Any]:
-    """:func:`cleanup` on an open session (``playbook`` is the name runs are filed under)."""
+               timeout: float = 60.0, missing_ok: bool = False) -> dict[str, Any]:
+    """:func:`cleanup` on an open session (``playbook`` is the name runs are filed under).
+
+    ``missing_ok``: a ``run_id`` the box has no record of, and no process of which carries
+    its marker, is not an error but simply not running (fencing a run of a box that lost its
+    workdir)."""
     pids = check_selection(run_id, playbook, all_runs, force_foreign, timeout)
     reporter, journal, host_spec = session.reporter, session.journal, session.host_spec
     started = time.monotonic()
@@ -77,7 +121,7 @@ def cleanup_on(session: HostSession, *, run_id: str | None = None,
                           force_foreign=pids, dry_run=dry_run, gpu_timeout=timeout,
                           lock_timeout=10)
     result["seconds"] = round(time.monotonic() - started, 3)
-    if run_id:
+    if run_id and not missing_ok:
         unknown_run(result, run_id, host_spec)
     if not dry_run:
         for run in result.get("runs") or []:
@@ -92,7 +136,20 @@ def cleanup_on(session: HostSession, *, run_id: str | None = None,
     verdict = result.get("gpu") or {}
     if not dry_run and verdict and not verdict.get("released", True):
         raise CleanupIncomplete(f"cleanup on {host_spec} is incomplete: {verdict.get('message')}")
+    if not dry_run:
+        fence_stopped(journal, result)
     return result
+
+
+def fence_stopped(journal: Journal, result: dict[str, Any]) -> None:
+    """Mark fenced every run a migrate moved away that this cleanup stopped (whatever the
+    selection was): its processes are confirmed stopped, so the "moved" warning ends."""
+    from outrig.fencing import stopped_processes
+
+    for run in result.get("runs") or []:
+        record = journal.run(str(run.get("run_id")))
+        if record is not None and record.get("moved_to") and not record.get("fenced"):
+            journal.mark_fenced(str(run.get("run_id")), stopped=stopped_processes(run))
 
 
 def unknown_run(result: dict[str, Any], run_id: str, host_spec: str) -> None:

@@ -620,6 +620,7 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
     playbook = playbook_name(project, playbook)
     session = HostSession(project, host_spec, reporter, journal)
+    session.warn_moved()  # its follow execs do not go through session.call
     tailer = LogTailer(session, run_id=run_id, playbook=playbook, processes=processes,
                        lines=lines, follow=follow, grep=grep, stop=stop, **tuning)
     try:

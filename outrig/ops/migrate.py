@@ -27,6 +27,7 @@ from rich.table import Table
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
+from outrig.fencing import mark_moved
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, pick_host_run
@@ -262,6 +263,8 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
         "host": old_name, "run_id": last.get("run_id") if last else None,
         "playbook": old_playbook, "alive": report["old_alive"], "probes": report["probes"],
         "checkpoint": report["checkpoint"]}})
+    mark_moved(journal, old_name, last.get("run_id") if last else None, new.host.name,
+               deployed.plan.run_id, stopped=report.get("old_cleanup"))
     if reporter.json_mode:
         reporter.emit_json(report)
     else:

@@ -30,12 +30,20 @@ from typing import Any
 
 from outrig import recipes
 from outrig._box.agent import transfer as box_transfer
-from outrig.checkpoints import listing_request, newest_complete
+from outrig.checkpoints import (
+    Checkpoint,
+    assess,
+    checkpoint_order,
+    listing_request,
+    newest_complete,
+    order_text,
+    state_order,
+)
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hub import parse_hub_source
 from outrig.inventory import Host
-from outrig.journal import Journal, state_dir
+from outrig.journal import Journal, read_json, state_dir
 from outrig.ops.base import HostSession, Project, host_session, pick_host_run
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
@@ -454,11 +462,17 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
 
 def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
                         streams: int = STREAMS, run_id: str | None = None) -> dict[str, Any]:
-    """:func:`sync_checkpoints` from an open session."""
+    """:func:`sync_checkpoints` from an open session.
+
+    The mirror only moves forward: a checkpoint replaces the mirror's folder of its epoch
+    only when it is newer (:func:`outrig.checkpoints.checkpoint_order`: a whole epoch after
+    its mid-epoch saves), and from a run that a migrate moved away it takes nothing that is
+    not the job's line (:func:`moved_refusal`)."""
     project, reporter, journal = session.project, session.reporter, session.journal
     host_spec = session.host_spec
     stager = Stager(reporter, journal, streams)
-    name = playbook or _latest_playbook(session, run_id)
+    record = _synced_run(session, playbook, run_id)
+    name = playbook or str((record or {}).get("playbook"))
     job, items = _load(project, session.host, name)
     ckpt = next((i for i in items if i.kind == "checkpoints"), None)
     if ckpt is None:
@@ -466,28 +480,43 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
                           "kind: checkpoints, or the dflash recipe's save_path)")
     listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
                            **_listing_fields(journal, session.host.name, job.name))
-    from outrig.checkpoints import assess
-
+    mirror = mirror_root(family(job))
+    moved = _moved_from(journal, record)
     pulled: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []
     for checkpoint in assess(listing):
         if not checkpoint.complete:
             skipped.append({"epoch": checkpoint.epoch, "why": checkpoint.why})
             continue
-        root = mirror_root(family(job)) / str(checkpoint.epoch)
-        if box_transfer.staged_record(str(root)) is not None:
+        root = mirror / str(checkpoint.epoch)
+        held = mirror_held(root)
+        if moved is not None:
+            why = moved_refusal(checkpoint.order, moved["resumed_epoch"], held,
+                                mirror_newest(mirror))
+            if why is not None:
+                refused.append({"epoch": checkpoint.epoch, "step": checkpoint.local_step,
+                                "why": why})
+                continue
+        if held is not None and checkpoint.order <= held:
+            if checkpoint.order < held:
+                reporter.info(f"• checkpoint {order_text(checkpoint.order)} not mirrored: the "
+                              f"mirror holds a newer one ({order_text(held)})")
             continue
-        src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
-        moved = stager.pull_local(session, checkpoint.path, src_listing, root,
-                                  f"checkpoint {checkpoint.epoch}")
-        pulled.append({"epoch": checkpoint.epoch, **moved})
-        summary = _summary({"route": "pull", **moved})
-        reporter.info(f"• checkpoint {checkpoint.epoch}: {summary}")
-    report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror_root(family(job))),
-              "pulled": pulled, "not_complete": skipped,
+        moved_bytes = _pull_checkpoint(stager, session, checkpoint, root, held is not None)
+        pulled.append({"epoch": checkpoint.epoch, "step": checkpoint.local_step,
+                       "replaced": held is not None, **moved_bytes})
+        summary = _summary({"route": "pull", **moved_bytes})
+        reporter.info(f"• checkpoint {checkpoint.epoch} ({order_text(checkpoint.order)}"
+                      + (f", replacing the mirror's {order_text(held)}" if held is not None
+                         else "") + f"): {summary}")
+    report = {"host": host_spec, "playbook": job.name, "mirror": str(mirror),
+              "pulled": pulled, "not_complete": skipped, "refused": refused,
               "others": listing.get("others") or []}
     for item in skipped:
         reporter.info(f"• checkpoint {item['epoch']} skipped: {item['why']}")
+    if refused and moved is not None:
+        reporter.warn(refused_message(moved, refused, host_spec))
     if reporter.json_mode:
         reporter.emit_json(report)
     else:
@@ -495,10 +524,115 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
     return report
 
 
-def _latest_playbook(session: HostSession, run_id: str | None) -> str:
-    """The playbook of the host's newest run that really ran (or of ``run_id``). One ``check``
-    first: its run index brings the journal in line with the box, which is the truth."""
+def mirror_held(root: Path) -> tuple[int, int, int] | None:
+    """Where the checkpoint the mirror holds in ``root`` stands in training (read from its
+    training_state.json); None when the folder holds no complete checkpoint (no stage mark:
+    absent, or a pull that was cut)."""
+    if box_transfer.staged_record(str(root)) is None:
+        return None
+    return state_order(int(root.name), read_json(root / "training_state.json"))
+
+
+def mirror_newest(mirror: Path) -> tuple[int, int, int] | None:
+    """The newest checkpoint the mirror holds (None when it holds none)."""
+    held = [mirror_held(p) for p in mirror.glob("*") if p.name.isdigit()]
+    return max((h for h in held if h is not None), default=None)
+
+
+def moved_refusal(order: tuple[int, int, int], resumed_epoch: int | None,
+                  held_here: tuple[int, int, int] | None,
+                  newest: tuple[int, int, int] | None) -> str | None:
+    """Why a checkpoint of a run that was moved away must not enter the mirror, or None
+    (then the mirror's usual rule applies: only a newer state of an epoch replaces it).
+
+    After a move the job's line is the run it moved to, which resumed from checkpoint
+    ``resumed_epoch`` (None: it started afresh). What the old run wrote past that epoch is a
+    second trainer's work. Below it, the old run may not replace any epoch folder the mirror
+    holds (what the successor resumed from, or wrote), nor add one that is not newer than the
+    newest the mirror holds. A state the mirror holds already is no refusal: nothing to take."""
+    if resumed_epoch is None:
+        return "the run it moved to started afresh, so none of this run's checkpoints is its"
+    if order[0] > resumed_epoch:
+        return (f"written past checkpoint {resumed_epoch}, which the run it moved to resumed "
+                "from: a second trainer's work")
+    if held_here is not None:
+        if order > held_here:
+            return (f"it would replace the mirror's {order_text(held_here)}, which the run "
+                    "it moved to resumed from or wrote")
+        return None
+    if newest is not None and order <= newest:
+        return f"not newer than the newest the mirror holds ({order_text(newest)})"
+    return None
+
+
+def refused_message(moved: dict[str, Any], refused: list[dict[str, Any]], host_spec: str) -> str:
+    """One warning for every checkpoint a moved run was refused: the run, where it went, the
+    reason per checkpoint, and the command that stops the old trainer."""
+    reasons = "; ".join(f"{order_text(checkpoint_order(r['epoch'], r['step']))}: {r['why']}"
+                        for r in refused[:6]) + (f"; and {len(refused) - 6} more"
+                                                 if len(refused) > 6 else "")
+    return (f"{len(refused)} checkpoint(s) of run {moved['run_id']} not mirrored: it was moved "
+            f"to {moved['to_host']} (run {moved['to_run_id']}) at {moved['at']} and the mirror "
+            f"follows that run ({reasons}). Stop the old run with `outrig cleanup --host "
+            f"{host_spec}`; sync the job's checkpoints from {moved['to_host']}")
+
+
+def _moved_from(journal: Journal, record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """When the synced run was moved away: where to, when, and which checkpoint epoch the run
+    it moved to resumed from (None: that run started afresh)."""
+    from outrig.journal import utc_text
+
+    moved = (record or {}).get("moved_to")
+    if not isinstance(moved, dict):
+        return None
+    successor = journal.run(str(moved.get("run_id"))) or {}
+    resumed = (successor.get("migrated_from") or {}).get("checkpoint")
+    epoch = resumed.get("epoch") if isinstance(resumed, dict) else None
+    return {"run_id": (record or {}).get("run_id"), "to_host": moved.get("host"),
+            "to_run_id": moved.get("run_id"), "at": utc_text(moved.get("at")),
+            "resumed_epoch": epoch if isinstance(epoch, int) else None}
+
+
+def _pull_checkpoint(stager: Stager, session: HostSession, checkpoint: Checkpoint,
+                     root: Path, replace: bool) -> dict[str, Any]:
+    """Pull one checkpoint folder into the mirror's ``root``. A newer state of an epoch the
+    mirror holds goes into a sibling folder first (named for that state, so a cut pull
+    resumes there) and is swapped in once whole: the mirror never holds a mix of two saves,
+    nor loses the old one to a cut pull. Sibling names are not integers, so a resume from the
+    mirror never takes them."""
+    import shutil
+
+    label = f"checkpoint {checkpoint.epoch}"
+    src_listing = box_manifest(session, [("ckpt", checkpoint.path)], verify=True)["ckpt"]
+    if not replace:
+        return stager.pull_local(session, checkpoint.path, src_listing, root, label)
+    state = "end" if not checkpoint.mid_epoch else f"step{checkpoint.local_step}"
+    incoming = root.with_name(f".{root.name}.{state}.incoming")
+    for stale in root.parent.glob(f".{root.name}.*.incoming"):
+        if stale != incoming:  # a cut pull of another state of this epoch: superseded
+            shutil.rmtree(stale, ignore_errors=True)
+    moved = stager.pull_local(session, checkpoint.path, src_listing, incoming, label)
+    retired = root.with_name(f".{root.name}.replaced-{_secrets.token_hex(4)}")
+    root.rename(retired)
+    incoming.rename(root)
+    shutil.rmtree(retired, ignore_errors=True)
+    return moved
+
+
+def _synced_run(session: HostSession, playbook: str | None,
+                run_id: str | None) -> dict[str, Any] | None:
+    """The run whose checkpoints are being synced: the host's newest run that really ran (or
+    ``run_id``). One ``check`` first: its run index brings the journal in line with the box,
+    the truth. With ``playbook`` named, the journal's newest run of it on the host (or
+    ``run_id`` among them; None if there is none), without a round trip: only its
+    ``moved_to`` mark is needed, which the journal alone knows."""
+    if playbook is not None:
+        try:
+            return pick_host_run(session.journal, session.host.name, run_id=run_id,
+                                 playbook=playbook)[0]
+        except ConfigError:
+            return None
     session.call("check", stream=False)
     run, why = pick_host_run(session.journal, session.host.name, run_id=run_id)
     session.reporter.info(f"• checkpoints of {why}")
-    return str(run["playbook"])
+    return run

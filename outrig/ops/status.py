@@ -38,6 +38,7 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
                           progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
                           gpu_holders=True, **selector)
     enrich_status(result)
+    mark_moved_runs(result, session)
     if session.reporter.json_mode:
         session.reporter.emit_json(result)
     else:
@@ -85,6 +86,22 @@ def enrich_status(result: dict[str, Any]) -> dict[str, Any]:
     result["gpus"] = gpus
     result["gpu_error"] = facts.get("gpu_error") or result.pop("gpu_audit_error", None)
     return result
+
+
+def mark_moved_runs(result: dict[str, Any], session: HostSession) -> None:
+    """Show runs a migrate moved away from this box as ``moved`` (or ``fenced`` once their
+    processes were confirmed stopped), not as the job's live run: ``status`` becomes that,
+    ``box_status`` keeps what the box said (``running`` when the old trainer still trains),
+    and ``moved_to``/``fenced`` are the journal's marks (see :mod:`outrig.fencing`)."""
+    moved = {str(r.get("run_id")): r for r in session.journal.moved_runs(session.host.name)}
+    for run in result.get("runs") or []:
+        record = moved.get(str(run.get("run_id")))
+        if record is None:
+            continue
+        run["box_status"] = run.get("status")
+        run["status"] = "fenced" if record.get("fenced") else "moved"
+        run["moved_to"] = record.get("moved_to")
+        run["fenced"] = record.get("fenced")
 
 
 def redact_run(run: dict[str, Any]) -> None:
