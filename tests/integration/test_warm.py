@@ -225,6 +225,28 @@ def test_no_keep_flag_neither_uses_nor_leaves_a_keeper(
     assert keepers() == [] and proxy.accepted == 1
 
 
+@pytest.mark.parametrize("keep", [0, 30])
+def test_keep_seconds_in_outrig_yaml_reaches_the_cli_commands_connector(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None,
+        monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
+    """The project's ``keep_seconds:`` travels with the command to its connector: 0 connects
+    directly and leaves no keeper; 30 leaves a keeper with that idle time."""
+    monkeypatch.delenv("OUTRIG_KEEP_SECONDS")
+    host, proxy = proxied(box_host, make_proxy)
+    project = tmp_path / "project"
+    (project / "hosts").mkdir(parents=True)
+    (project / "outrig.yaml").write_text(yaml.safe_dump({"keep_seconds": keep}))
+    done = subprocess.run([*OUTRIG, "status", "--host", str(host), "--project", str(project),
+                           "--json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert proxy.accepted == 1
+    if keep == 0:
+        assert keepers() == []
+    else:
+        assert only_keeper()["keep_seconds"] == keep
+
+
 def test_socket_open_to_others_is_refused(box_host: Path, make_proxy: Any, tmp_path: Path,
                                           keeping: None) -> None:
     host, proxy = proxied(box_host, make_proxy)
