@@ -28,10 +28,12 @@ from outrig.errors import OutrigError, RemoteError
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
+from outrig.ops.deploy import deploy
 from outrig.ops.migrate import migrate
-from tests.helpers import free_port
+from outrig.sandbox.box import SandboxBox
+from tests.helpers import free_port, marked
 
-from .test_migrate import host_b  # noqa: F401  (fixture: NEW, 8 GPUs, its own workdir)
+from .test_migrate import box_a, host_a, host_b  # noqa: F401  (fixtures: OLD and NEW)
 from .test_provision import make_wheel
 
 pytestmark = pytest.mark.integration
@@ -202,3 +204,37 @@ def test_a_failed_stage_is_reported_and_provision_ends_its_step(
     assert "stage:failed" in steps and "provision:done" in steps
     assert not [s for s in steps if s.startswith(("deploy:", "checkpoint:"))]
     assert (venv / "bin" / "python").exists(), "provision's running step was let finish"
+
+
+def test_a_live_old_run_is_stopped_only_after_provision_succeeded(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path, gate: threading.Event,  # noqa: F811
+        gated_index: str) -> None:
+    """OLD is alive: its job trains on while NEW installs; a failed provision leaves it
+    running, and a good one is followed by the stop and the checkpoint, in that order."""
+    gate.set()
+    journal = Journal(tmp_path / "state")
+    old = host_a(box_a, tmp_path)
+    quiet = Reporter(quiet=True)
+    bad = write_project(tmp_path / "bad", gated_index, tmp_path / "venvs" / "bad",
+                        tmp_path / "data", package="nosuchpkg==1.0")
+    first = deploy(bad, str(old), "ovl", quiet, journal=journal)
+    try:
+        recorder = Recorder(gate)
+        with pytest.raises(RemoteError) as info:
+            migrate(bad, str(old), str(host_b), Reporter(json_mode=True, out=recorder),
+                    journal=journal, playbook="ovl", probe_attempts=1, probe_pause=0.0)
+        assert info.value.kind == "pip"
+        assert marked(first.plan.run_id), "OLD's run goes on: NEW could not be made ready"
+        assert not [s for s in recorder.steps() if s.startswith(("checkpoint:", "deploy:"))]
+
+        good = write_project(tmp_path / "good", gated_index, tmp_path / "venvs" / "good",
+                             tmp_path / "data")
+        recorder = Recorder(gate)
+        report = migrate(good, str(old), str(host_b), Reporter(json_mode=True, out=recorder),
+                         journal=journal, playbook="ovl", probe_attempts=1, probe_pause=0.0)
+        steps = recorder.steps()
+        assert steps.index("provision:done") < steps.index("checkpoint:started")
+        assert report["old_alive"] is True and not marked(first.plan.run_id)
+    finally:
+        cleanup(bad, str(host_b), quiet, all_runs=True, journal=journal)
+        cleanup(bad, str(old), quiet, all_runs=True, journal=journal)
