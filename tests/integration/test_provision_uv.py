@@ -306,3 +306,33 @@ def test_an_index_token_never_reaches_argv_or_events(
         run(host, tmp_path, journal, envs)
     assert info.value.kind == "pip" and "outrigdemo==9.0" in str(info.value)
     assert TOKEN not in str(info.value) + json.dumps(info.value.excerpt)
+
+
+def test_a_failed_uv_install_falls_back_to_pip(
+        box_host: Path, tmp_path: Path, journal: Journal) -> None:
+    """A uv whose install fails in a way that is neither the disk nor the network (a stand-in
+    that answers --version and fails every install, as a resolver or build difference would)
+    leaves the work to pip; ``installer: uv`` would have stopped there."""
+    folder = tmp_path / "broken-uv"
+    folder.mkdir()
+    (folder / "uv").write_text(
+        "#!/bin/sh\n"
+        "if [ \"$1\" = --version ]; then echo 'uv 0.0.0'; exit 0; fi\n"
+        "echo 'error: Failed to build `outrigdemo==1.0`' >&2\n"
+        "echo '  cause: stand-in build backend refused' >&2\n"
+        "exit 2\n")
+    (folder / "uv").chmod(0o755)
+    host = uv_host(box_host, tmp_path, [folder])
+    wheels = wheel_folder(tmp_path, None)
+    venv = tmp_path / "venvs" / "demo"
+    result = run(host, tmp_path, journal, env_entry(venv, wheels))
+    kinds = [(e["installer"], e.get("fallback")) for e in installer_events(result)]
+    assert kinds == [("uv", None), ("pip", "uv pip install failed (exit 2): error: Failed to "
+                                           "build `outrigdemo==1.0` (cause: stand-in build "
+                                           "backend refused)")]
+    assert result.environments[0]["installer"] == "pip"
+    assert distributions(venv)["outrigdemo"] == "1.0"
+    with pytest.raises(RemoteError) as info:
+        run(host, tmp_path, journal, env_entry(tmp_path / "venvs" / "strict", wheels,
+                                               installer="uv"))
+    assert info.value.kind == "pip" and "uv install into" in str(info.value)
