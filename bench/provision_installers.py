@@ -10,7 +10,8 @@ which uv receives as SSL_CERT_FILE). For each installer:
 - warm: a new venv again, with the cache the cold run filled.
 uv comes from the bootstrap venv provision makes under the workdir's .outrig folder (``pip
 install uv`` from the same index); that one-time cost is timed on its own. The figure per run
-is the environment's ``seconds`` as the agent reports it (venv creation, install, checks).
+is the environment's ``seconds`` as the agent reports it (venv creation, install, checks) and
+its ``install_seconds`` (the install alone).
 
 Usage:  python bench/provision_installers.py [--repeat 2] [--packages P ...] [--json]
 """
@@ -88,16 +89,17 @@ def main() -> int:
         [env] = result.environments
         installers = [e for e in result.events if e.get("event") == "installer"]
         shutil.rmtree(venv, ignore_errors=True)
+        first_event = installers[0] if installers else {}
         return {"installer": env.get("installer"), "env_seconds": float(env["seconds"]),
-                "wall_seconds": round(wall, 2), "source": installers[0].get("source")
-                if installers else None}
+                "install_seconds": float(env.get("install_seconds") or 0.0),
+                "wall_seconds": round(wall, 2), "source": first_event.get("source"),
+                "bootstrap_seconds": first_event.get("bootstrap_seconds")}
 
     try:
         (root / "workdir").mkdir()
         # The uv bootstrap, once (and timed alone): a venv plus `pip install uv`.
         first = run("uv", root / "cache-bootstrap")
-        bootstrap = {"seconds_with_first_install": first["env_seconds"],
-                     "source": first["source"]}
+        bootstrap = {"seconds": first["bootstrap_seconds"], "source": first["source"]}
         for repeat in range(args.repeat):
             for installer in ("pip", "uv"):
                 cache = root / f"cache-{installer}-{repeat}"
@@ -105,9 +107,6 @@ def main() -> int:
                 warm = run(installer, cache)
                 rows.append({"repeat": repeat, "installer": installer, "cache": "cold", **cold})
                 rows.append({"repeat": repeat, "installer": installer, "cache": "warm", **warm})
-        bare = run("uv", root / "cache-bootstrap-bare")  # bootstrap reused, cold cache
-        bootstrap["bootstrap_alone_s"] = round(
-            bootstrap["seconds_with_first_install"] - bare["env_seconds"], 2)
     finally:
         box.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -115,9 +114,11 @@ def main() -> int:
     table: dict[str, dict[str, float]] = {}
     for installer in ("pip", "uv"):
         for cache in ("cold", "warm"):
-            values = [r["env_seconds"] for r in rows
-                      if r["installer"] == installer and r["cache"] == cache]
-            table.setdefault(installer, {})[cache] = round(statistics.median(values), 2)
+            chosen = [r for r in rows if r["installer"] == installer and r["cache"] == cache]
+            table.setdefault(installer, {})[cache] = round(
+                statistics.median(r["env_seconds"] for r in chosen), 2)
+            table[installer][f"{cache}_install"] = round(
+                statistics.median(r["install_seconds"] for r in chosen), 2)
     summary = {"packages": args.packages, "repeat": args.repeat, "median_seconds": table,
                "uv_bootstrap": bootstrap, "runs": rows}
     if args.json:
@@ -125,14 +126,16 @@ def main() -> int:
     else:
         print(f"provision of a new venv with {len(args.packages)} requirement(s) "
               f"(median of {args.repeat}; seconds as the agent reports them)")
-        print(f"  {'':6} {'cold cache':>11} {'warm cache':>11}")
+        print(f"  {'':6} {'cold: env':>10} {'install':>8} {'warm: env':>10} {'install':>8}")
         for installer in ("pip", "uv"):
-            print(f"  {installer:6} {table[installer]['cold']:11.2f} "
-                  f"{table[installer]['warm']:11.2f}")
-        print(f"  uv speed-up: cold {table['pip']['cold'] / table['uv']['cold']:.1f}x, "
-              f"warm {table['pip']['warm'] / table['uv']['warm']:.1f}x")
+            row = table[installer]
+            print(f"  {installer:6} {row['cold']:10.2f} {row['cold_install']:8.2f} "
+                  f"{row['warm']:10.2f} {row['warm_install']:8.2f}")
+        print(f"  uv speed-up of the install: cold "
+              f"{table['pip']['cold_install'] / table['uv']['cold_install']:.1f}x, warm "
+              f"{table['pip']['warm_install'] / table['uv']['warm_install']:.1f}x")
         print(f"  uv bootstrap (venv + pip install uv, once per box): "
-              f"~{bootstrap['bootstrap_alone_s']:.2f} s")
+              f"{bootstrap['seconds']} s")
     return 0
 
 

@@ -568,6 +568,7 @@ class Installing:
         self.lock_timeout = lock_timeout
         self.child_env = child_env
         self.secrets = secrets
+        self.bootstrap_seconds: Optional[float] = None
 
     def run(self, env: EnvSpec, argv: List[str], phase: str,
             extra_env: Optional[Dict[str, str]] = None) -> Tuple[int, List[str]]:
@@ -612,14 +613,17 @@ def bootstrap_uv(env: EnvSpec, ctx: Installing) -> Tuple[Optional[str], str]:
 
 def plan_uv(env: EnvSpec, ctx: Installing) -> Tuple[Optional[List[str]], Dict[str, str], str]:
     """The ``uv pip install`` command for this environment: (argv, its variables, where uv
-    came from) or (None, {}, why uv cannot be used)."""
+    came from) or (None, {}, why uv cannot be used). The bootstrap's seconds, when it ran,
+    go to ``ctx.bootstrap_seconds``."""
     try:
         translate_pip_args(env.pip_args)
     except Unsupported as exc:
         return None, {}, str(exc)
     uv, source = find_uv(ctx.state_dir, ctx.child_env)
     if uv is None:
+        started = time.monotonic()
         uv, why = bootstrap_uv(env, ctx)
+        ctx.bootstrap_seconds = round(time.monotonic() - started, 2)
         if uv is None:
             return None, {}, f"uv is not on PATH and cannot be installed: {why}"
         source = "bootstrapped"
@@ -648,7 +652,8 @@ def install_packages(env: EnvSpec, ctx: Installing) -> JSONDict:
                                  process=env.name)
             reason = source
         else:
-            ctx.out.emit("installer", env=env.name, installer="uv", uv=argv[0], source=source)
+            ctx.out.emit("installer", env=env.name, installer="uv", uv=argv[0], source=source,
+                         bootstrap_seconds=ctx.bootstrap_seconds)
             ctx.out.step(f"{env.name}: uv pip install {len(env.packages)} package(s)")
             code, lines = ctx.run(env, argv, "uv", extra)
             if code == 0:
@@ -730,7 +735,9 @@ def provision_env(env: EnvSpec, requires: JSONDict, out: Emitter, interval: floa
             if env.packages:
                 ctx = Installing(state_dir or os.path.join(os.path.dirname(env.path), ".outrig"),
                                  out, interval, lock_timeout, child_env, secrets or [])
+                install_started = time.monotonic()
                 report.update(install_packages(env, ctx))
+                report["install_seconds"] = round(time.monotonic() - install_started, 2)
             state = inspect_env(env)
             if state["wrong"]:
                 bad = ", ".join(f"{n} is {v or 'not installed'}"

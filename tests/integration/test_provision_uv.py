@@ -38,9 +38,12 @@ TOKEN = "idx-sekrit-TOKEN-4242"
 
 
 @pytest.fixture(scope="session")
-def uv_wheel(request: pytest.FixtureRequest) -> Path:
-    """A uv wheel for this platform, fetched once into pytest's cache (kept between runs)."""
-    folder = Path(request.config.cache.mkdir("uv-wheel"))
+def uv_wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A uv wheel for this platform, fetched once into pytest's cache (kept between runs; a
+    session folder when the cache plugin is off)."""
+    cache = getattr(request.config, "cache", None)
+    folder = Path(cache.mkdir("uv-wheel")) if cache is not None else \
+        tmp_path_factory.mktemp("uv-wheel")
     found = sorted(folder.glob("uv-*.whl"))
     if not found:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
