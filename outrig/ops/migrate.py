@@ -219,7 +219,7 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
     if old_host.name == new_host.name:
         raise ConfigError("--from and --to name the same host")
     report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": time.time(),
-                              "timings": {}}
+                              "timings": {step: 0.0 for step in (*STEPS, "total")}}
     reporter.info(f"• probing {from_spec} (up to {probe_attempts} tries)")
     with timed(report, reporter, "probe"):
         old, tried = probe(project, from_spec, reporter, journal, attempts=probe_attempts,
@@ -513,8 +513,8 @@ def timed(report: dict[str, Any], reporter: Reporter, step: str) -> Iterator[Non
 
 def describe_timings(timings: dict[str, Any]) -> str:
     """``probe 2.1s, provision 41.0s, stage 12.3s, checkpoint 3.2s, deploy 8.0s`` (the steps
-    that ran, in the runbook's order)."""
-    parts = [f"{step} {float(timings[step]):.1f}s" for step in STEPS if step in timings]
+    that took time, in the runbook's order)."""
+    parts = [f"{step} {float(timings[step]):.1f}s" for step in STEPS if timings.get(step)]
     return ", ".join(parts)
 
 
