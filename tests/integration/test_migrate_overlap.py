@@ -10,7 +10,6 @@ left waiting, or stage first and never show provision starting before staging en
 
 from __future__ import annotations
 
-import functools
 import http.server
 import io
 import json
@@ -35,6 +34,7 @@ from tests.helpers import free_port, marked
 
 from .test_migrate import box_a, host_a, host_b  # noqa: F401  (fixtures: OLD and NEW)
 from .test_provision import make_wheel
+from .test_provision_uv import serve
 
 pytestmark = pytest.mark.integration
 GATE_LIMIT_S = 120.0  # only a broken (sequential) move ever waits this long
@@ -90,17 +90,11 @@ def gated_index(tmp_path: Path, gate: threading.Event) -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Gated, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    finally:
-        gate.set()
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve(root, Gated) as port:
+        try:
+            yield f"http://127.0.0.1:{port}/simple"
+        finally:
+            gate.set()  # before the server stops: a held request must not keep it waiting
 
 
 def write_project(root: Path, index: str, venv: Path, data: Path,

@@ -9,6 +9,7 @@ tests need nothing from outside.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -247,6 +248,22 @@ def test_forced_uv_errors_are_read_from_uv_output(
     assert info.value.kind == "pip" and "installer: uv is set" in str(info.value)
 
 
+@contextlib.contextmanager
+def serve(root: Path, handler: type[http.server.SimpleHTTPRequestHandler] = (
+        http.server.SimpleHTTPRequestHandler)) -> Iterator[int]:
+    """Serve the folder ``root`` over HTTP on 127.0.0.1 while the block runs; its port."""
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 @pytest.fixture
 def token_index(tmp_path: Path) -> Iterator[str]:
     """A PEP 503 index of outrigdemo on 127.0.0.1 (it takes any credentials); its base URL."""
@@ -258,16 +275,8 @@ def token_index(tmp_path: Path) -> Iterator[str]:
         wheel = make_wheel(root / "files", "outrigdemo", version)
         links.append(f'<a href="/files/{wheel.name}">{wheel.name}</a>')
     (page / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve(root) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def argv_logger(folder: Path, real_uv: Path, log: Path) -> Path:
