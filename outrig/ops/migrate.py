@@ -324,7 +324,9 @@ def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, An
         old.reporter = StepReporter(main_reporter, "stage", lock)
     helper = HostSession(new.project, new.host_spec, StepReporter(main_reporter, "provision",
                                                                   lock), journal)
-    worker = threading.Thread(target=overlap.branch, name="migrate-provision",
+    # A daemon: after Ctrl-C the move waits for provision's running install, and a second
+    # Ctrl-C ends the command without it (the box finishes that install; a re-run resumes).
+    worker = threading.Thread(target=overlap.branch, name="migrate-provision", daemon=True,
                               args=("provision", lambda: _provision(helper, provision, report)))
     worker.start()
     try:
