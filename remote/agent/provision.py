@@ -597,6 +597,8 @@ def bootstrap_uv(env: EnvSpec, ctx: Installing) -> Tuple[Optional[str], str]:
             if make is not None:
                 code, lines = ctx.run(env, make, "uv-bootstrap")
                 if code != 0:
+                    # a half-made venv (no pip: ensurepip missing) would be taken as made
+                    shutil.rmtree(venv, ignore_errors=True)
                     return None, (f"making the bootstrap venv {venv} failed (exit {code}): "
                                   f"{lines[-1] if lines else 'no output'}")
             code, lines = ctx.run(env, install, "uv-bootstrap", index_env)

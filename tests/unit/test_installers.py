@@ -63,3 +63,29 @@ def test_uv_lines_and_credentials() -> None:
     assert uv_missing(lines) == ["nosuchpkg==1.0", "pkg==9.9"]
     assert url_secrets(["https://user:s%40cret@h/simple", None]) == ["s%40cret", "s@cret"]
     assert public_url("https://user:tok@h.invalid/simple") == "https://***@h.invalid/simple"
+
+
+def test_a_half_made_bootstrap_venv_is_removed_so_the_next_try_starts_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m venv`` without ensurepip (Debian without python3-venv) leaves bin/python
+    and fails; kept, it would pass for a made venv and every later try would fail at pip."""
+    import io
+    import sys
+
+    from outrig._box.agent import provision
+    from outrig._box.agent.events import Emitter
+
+    fake = tmp_path / "python-without-ensurepip"
+    fake.write_text(f"#!{sys.executable}\nimport os, sys\n"
+                    "venv = sys.argv[-1]\nos.makedirs(os.path.join(venv, 'bin'))\n"
+                    "open(os.path.join(venv, 'bin', 'python'), 'w').close()\n"
+                    "print('Error: ensurepip is not available'); sys.exit(1)\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    env = provision.EnvSpec({"name": "demo", "path": str(tmp_path / "venv"),
+                             "packages": ["x==1"]}, 0)
+    state = tmp_path / ".outrig"
+    ctx = provision.Installing(str(state), Emitter(io.BytesIO()), 1.0, 5.0, dict(os.environ), [])
+    uv, why = provision.bootstrap_uv(env, ctx)
+    assert uv is None and "making the bootstrap venv" in why and "ensurepip" in why
+    assert not (state / "uv-bootstrap").exists()
