@@ -113,12 +113,14 @@ def record_environments(journal: Journal, host: str, reports: list[dict[str, Any
 
 
 def describe_report(report: dict[str, Any]) -> str:
-    """``vllm (/workspace/venvs/vllm): created in 93.1s — vllm 0.33.0, torch 2.14.0``."""
+    """``vllm (/workspace/venvs/vllm): created in 93.1s with uv — vllm 0.33.0, torch 2.14.0``."""
     versions = ", ".join(f"{k} {v}" for k, v in sorted((report.get("versions") or {}).items()))
     status = str(report.get("status"))
     seconds = report.get("seconds")
     timing = f" in {float(seconds):.1f}s" if isinstance(seconds, (int, float)) else ""
-    text = f"{report.get('name')} ({report.get('path')}): {status.replace('_', ' ')}{timing}"
+    installer = f" with {report['installer']}" if report.get("installer") else ""
+    text = (f"{report.get('name')} ({report.get('path')}): {status.replace('_', ' ')}"
+            f"{timing}{installer}")
     missing = report.get("missing") or {}
     if status.startswith("would") and missing:
         text += " — needs " + ", ".join(f"{k} (now {v or 'missing'})"
