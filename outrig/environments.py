@@ -10,7 +10,7 @@ the same things again on the box (remote/agent/provision.py, ``op_provision``).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -60,6 +60,9 @@ class EnvironmentSpec(_Strict):
     find_links: list[str] = Field(default_factory=list, description="pip --find-links (on the box)")
     no_index: bool = Field(False, description="pip --no-index (only find_links)")
     pip_args: list[str] = Field(default_factory=list, description="more pip install arguments")
+    installer: Literal["auto", "uv", "pip"] = Field(
+        "auto", description="auto: uv where it can, else pip (docs/provision.md); uv or pip: "
+                            "only that one")
 
     @field_validator("path")
     @classmethod
@@ -80,7 +83,7 @@ class EnvironmentSpec(_Strict):
                 "packages": list(self.packages), "index_url": self.index_url,
                 "extra_index_urls": list(self.extra_index_urls),
                 "find_links": list(self.find_links), "no_index": self.no_index,
-                "pip_args": list(self.pip_args)}
+                "pip_args": list(self.pip_args), "installer": self.installer}
 
 
 class RequiresSpec(_Strict):

@@ -3,22 +3,31 @@
 The runbook, in order (docs/migrate.md):
 1. Probe OLD several times, and several ways (SSH, then a bare TCP connect), before calling it
    dead. A slow link is not a dead node; what was tried is always shown.
-2. Preflight NEW (reach, python, GPUs, disk) and provision it when the playbook names
-   environments.
+2. Preflight NEW (reach, python, GPUs, disk).
 3. Re-plan for NEW's hardware: the playbook itself, or the member of its family that fits NEW
    and uses the most GPUs. The old and new placement are shown side by side.
-4. Stage model and data on NEW (hub, box to box, or workstation; see ``inv stage``).
-5. If OLD is alive, stop its run (the trainer saves on SIGTERM; its last complete checkpoint is
-   final), then copy the newest complete checkpoint OLD → NEW. If OLD is dead, take the newest
-   one from the workstation's mirror (``inv sync-checkpoints``).
-6. Deploy on NEW; the trainer resumes from the highest complete epoch in its save path.
-7. Record the move in the journal. OLD's logs stay in the local mirror (``tail-logs``).
+4. Provision NEW when the playbook names environments, at the same time as 5 and 6 (they do
+   not depend on each other; a second session to NEW carries it).
+5. Stage model and data on NEW (hub, box to box, or workstation; see ``inv stage``).
+6. If OLD is alive, wait for provision to succeed (OLD goes on training meanwhile), stop its
+   run (the trainer saves on SIGTERM; its last complete checkpoint is final), then copy the
+   newest complete checkpoint OLD → NEW. If OLD is dead, take the newest one from the
+   workstation's mirror (``inv sync-checkpoints``) while the environments install.
+7. Deploy on NEW once 4 to 6 are done; the trainer resumes from the highest complete epoch in
+   its save path.
+8. Record the move in the journal. OLD's logs stay in the local mirror (``tail-logs``).
+
+``report["timings"]`` has the seconds of each step (probe, provision, stage, checkpoint,
+deploy, total); provision overlaps stage and checkpoint, so they add up to more than total.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -210,10 +219,12 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
     new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
     if old_host.name == new_host.name:
         raise ConfigError("--from and --to name the same host")
-    report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": time.time()}
+    report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": time.time(),
+                              "timings": {step: 0.0 for step in (*STEPS, "total")}}
     reporter.info(f"• probing {from_spec} (up to {probe_attempts} tries)")
-    old, tried = probe(project, from_spec, reporter, journal, attempts=probe_attempts,
-                       pause=probe_pause)
+    with timed(report, reporter, "probe"):
+        old, tried = probe(project, from_spec, reporter, journal, attempts=probe_attempts,
+                           pause=probe_pause)
     report["old_alive"] = old is not None
     report["probes"] = tried
     for line in tried:
@@ -244,7 +255,7 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
     reporter.info(f"• moving {why}" if last else f"• no earlier run of {source} on "
                   f"{old_name} in the journal; {source} starts afresh")
     report["old_run"] = {"run_id": last.get("run_id") if last else None, "why": why}
-    job = _prepare(new, source)
+    job = _prepare(new, source, report)
     old_plan = last.get("plan") if last else None
     plan, new_playbook, considered = choose_playbook(
         project, to_spec, source, explicit=playbook is not None, journal=journal,
@@ -255,10 +266,13 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
                           f"(considered: {', '.join(considered)})")
     report["playbook"] = plan.playbook
-    _carry_state(new, old, report, new_playbook, old_playbook)
-    deployed = deploy_on(new, load_job(find_playbook(new_playbook, project.playbooks_dir)))
+    _carry_state(new, old, report, new_playbook, old_playbook,
+                 provision=job if job.spec.environments else None)
+    with timed(report, reporter, "deploy"):
+        deployed = deploy_on(new, load_job(find_playbook(new_playbook, project.playbooks_dir)))
     report["run_id"] = deployed.plan.run_id
     report["seconds"] = round(time.time() - float(report["started"]), 1)
+    report["timings"]["total"] = report["seconds"]
     journal.record_run(deployed.plan.run_id, {"migrated_from": {
         "host": old_name, "run_id": last.get("run_id") if last else None,
         "playbook": old_playbook, "alive": report["old_alive"], "probes": report["probes"],
@@ -271,44 +285,245 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
         epoch = (report["checkpoint"] or {}).get("epoch")
         reporter.success(f"migrated {plan.playbook} from {from_spec} to {to_spec} in "
                          f"{report['seconds']:.0f}s, resuming from checkpoint {epoch} "
-                         f"({(report['checkpoint'] or {}).get('route')})")
+                         f"({(report['checkpoint'] or {}).get('route')}); "
+                         f"{describe_timings(report['timings'])}")
     return report
 
 
-def _prepare(new: HostSession, source: str) -> Job:
-    """Preflight NEW (reach, python, GPUs) and provision it when the playbook names
-    environments; returns the playbook being moved."""
-    check = new.call("check", stream=False)
+def _prepare(new: HostSession, source: str, report: dict[str, Any]) -> Job:
+    """Preflight NEW (reach, python, GPUs; counted in the probe's time) and return the
+    playbook being moved. Its environments are installed later, beside the staging
+    (:func:`_carry_state`)."""
+    with timed(report, new.reporter, "probe"):
+        check = new.call("check", stream=False)
     gpus = (check.get("facts") or {}).get("gpus") or []
     new.reporter.info(f"• {new.host_spec}: python {check.get('python')}, {len(gpus)} GPU(s)"
                       + (f" × {gpus[0].get('memory_total_mib')} MiB" if gpus else ""))
-    job = load_job(find_playbook(source, new.project.playbooks_dir))
-    if job.spec.environments:
-        from outrig.ops.provision import pick_playbook, provision_on
-
-        provision_on(new, pick_playbook(new.project, source))
-    return job
+    return load_job(find_playbook(source, new.project.playbooks_dir))
 
 
 def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, Any],
-                 new_playbook: str, old_playbook: str | None) -> None:
-    """Stage data on NEW; stop OLD's run when it is alive; then bring the newest complete
-    checkpoint (OLD → NEW directly, or from the workstation's mirror)."""
-    if _has_data(new.project, new_playbook, new.host_spec):
-        report["stage"] = stage_on(new, new_playbook, src=old, source_playbook=old_playbook,
-                                   parts=("data",))
-    else:
-        report["stage"] = {"items": []}
-    if old is not None and old_playbook:
-        new.reporter.info(f"• stopping {old_playbook} on {old.host_spec}")
-        report["old_cleanup"] = cleanup_on(old, playbook=old_playbook)
+                 new_playbook: str, old_playbook: str | None, *,
+                 provision: Job | None = None) -> None:
+    """Stage data on NEW and bring the newest complete checkpoint (OLD → NEW directly, or
+    from the workstation's mirror), while NEW's environments install when ``provision`` names
+    a playbook with environments. They do not depend on each other; deploy waits for both.
+
+    Provision runs on a second session to NEW: a session's transport keeps per-connection
+    state (reconnects, RTT, retries) without locks, so two threads never share one; with a
+    warm connection both ride the same SSH connection. The first failure in either branch
+    stops the other at its next step (nothing new starts: no stop of OLD's run, no
+    checkpoint copy, no deploy), the running step ends, and that first failure is raised."""
+    if provision is None:
+        _stage_and_checkpoint(new, old, report, new_playbook, old_playbook, Overlap())
+        return
+    overlap = Overlap(("provision", "stage"))
+    lock = threading.RLock()
+    journal = SerialJournal(new.journal.root, lock)
+    main_reporter, main_journal = new.reporter, new.journal
+    old_reporter = old.reporter if old is not None else None
+    new.reporter, new.journal = StepReporter(main_reporter, "stage", lock), journal
+    if old is not None:
+        old.reporter = StepReporter(main_reporter, "stage", lock)
+    helper = HostSession(new.project, new.host_spec, StepReporter(main_reporter, "provision",
+                                                                  lock), journal)
+    # A daemon: after Ctrl-C the move waits for provision's running install, and a second
+    # Ctrl-C ends the command without it (the box finishes that install; a re-run resumes).
+    worker = threading.Thread(target=overlap.branch, name="migrate-provision", daemon=True,
+                              args=("provision", lambda: _provision(helper, provision, report)))
+    worker.start()
     try:
-        resumed = stage_on(new, new_playbook, src=old, resume=True,
-                           source_playbook=old_playbook, parts=("checkpoint",))
-        report["checkpoint"] = resumed.get("checkpoint")
-    except NoCheckpoint as exc:
-        new.reporter.warn(f"{exc} The trainer on {new.host_spec} starts from scratch.")
-        report["checkpoint"] = None
+        overlap.branch("stage", lambda: _stage_and_checkpoint(
+            new, old, report, new_playbook, old_playbook, overlap))
+    finally:
+        worker.join()
+        helper.transport.close()
+        new.reporter, new.journal = main_reporter, main_journal
+        if old is not None and old_reporter is not None:
+            old.reporter = old_reporter
+    overlap.raise_first(main_reporter)
+
+
+def _provision(session: HostSession, job: Job, report: dict[str, Any]) -> None:
+    """Step 4: make NEW's environments right (``inv provision``'s core)."""
+    from outrig.ops.provision import provision_on
+
+    with timed(report, session.reporter, "provision"):
+        result = provision_on(session, job)
+    report["provision"] = {"environments": result.environments,
+                           "seconds": round(result.seconds, 2)}
+
+
+def _stage_and_checkpoint(new: HostSession, old: HostSession | None, report: dict[str, Any],
+                          new_playbook: str, old_playbook: str | None,
+                          overlap: Overlap) -> None:
+    """Steps 5 and 6: data, then (once provision succeeded, when OLD is alive) OLD's stop and
+    the checkpoint."""
+    with timed(report, new.reporter, "stage"):
+        if _has_data(new.project, new_playbook, new.host_spec):
+            report["stage"] = stage_on(new, new_playbook, src=old,
+                                       source_playbook=old_playbook, parts=("data",))
+        else:
+            report["stage"] = {"items": []}
+    overlap.go_on("stage")
+    if old is not None and old_playbook:
+        overlap.wait_for("provision")  # OLD trains on until NEW is known to be ready
+        with timed(report, new.reporter, "checkpoint"):
+            new.reporter.info(f"• stopping {old_playbook} on {old.host_spec}")
+            report["old_cleanup"] = cleanup_on(old, playbook=old_playbook)
+    with timed(report, new.reporter, "checkpoint"):
+        try:
+            resumed = stage_on(new, new_playbook, src=old, resume=True,
+                               source_playbook=old_playbook, parts=("checkpoint",))
+            report["checkpoint"] = resumed.get("checkpoint")
+        except NoCheckpoint as exc:
+            new.reporter.warn(f"{exc} The trainer on {new.host_spec} starts from scratch.")
+            report["checkpoint"] = None
+
+
+class MoveStopped(OutrigError):
+    """The other branch of a move failed, so this one starts nothing new."""
+
+
+class Overlap:
+    """Two branches of a move running at once: which have finished, and the first failure,
+    which stops the other branch at its next step."""
+
+    def __init__(self, branches: tuple[str, ...] = ()) -> None:
+        self.branches = set(branches)  # the names that run; waiting for another returns at once
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.done: set[str] = set()
+        self.failures: list[tuple[str, BaseException]] = []
+
+    def branch(self, name: str, body: Callable[[], None]) -> None:
+        """Run one branch, keeping its failure (the caller raises the first)."""
+        try:
+            body()
+        except BaseException as exc:  # Ctrl-C in the main thread must stop the other too
+            with self._changed:
+                self.failures.append((name, exc))
+                self._changed.notify_all()
+            return
+        with self._changed:
+            self.done.add(name)
+            self._changed.notify_all()
+
+    def go_on(self, name: str) -> None:
+        """Raise :class:`MoveStopped` when another branch failed: ``name`` starts nothing
+        more."""
+        with self._lock:
+            if self.failures:
+                raise MoveStopped(f"{name}: stopped because {self.failures[0][0]} failed")
+
+    def wait_for(self, name: str) -> None:
+        """Block until branch ``name`` finished (at once when it is not running), or raise
+        :class:`MoveStopped` when a branch failed."""
+        with self._changed:
+            while True:
+                if self.failures:
+                    raise MoveStopped(f"stopped because {self.failures[0][0]} failed")
+                if name in self.done or name not in self.branches:
+                    return
+                self._changed.wait()
+
+    def raise_first(self, reporter: Reporter) -> None:
+        """Raise the first real failure (a branch that merely stopped is not one); later ones
+        are shown as warnings."""
+        real = [(n, e) for n, e in self.failures if not isinstance(e, MoveStopped)]
+        if not real:
+            return
+        for name, exc in real[1:]:
+            reporter.warn(f"{name} failed as well: {exc}")
+        raise real[0][1]
+
+
+class StepReporter(Reporter):
+    """A reporter's output for one of two steps running at once: each line starts with the
+    step's name, and the two never write at the same moment (they share ``lock``); the one
+    live status line shows whichever step spoke last."""
+
+    def __init__(self, parent: Reporter, step: str, lock: threading.RLock) -> None:
+        super().__init__(json_mode=parent.json_mode, out=parent.out, quiet=parent.quiet,
+                         gpu_table=parent.gpu_table)
+        self.console, self.stdout_console = parent.console, parent.stdout_console
+        self.parent, self.step, self.lock = parent, step, lock
+
+    def info(self, message: str) -> None:
+        with self.lock:
+            self.parent.info(f"[{self.step}] {message}")
+
+    def warn(self, message: str) -> None:
+        with self.lock:
+            self.parent.warn(f"[{self.step}] {message}")
+
+    def success(self, message: str) -> None:
+        with self.lock:
+            self.parent.success(f"[{self.step}] {message}")
+
+    def live(self, text: str) -> None:
+        with self.lock:
+            self.parent.live(f"[{self.step}] {text}")
+
+    def lines(self, lines: list[str]) -> None:
+        with self.lock:
+            self.parent.lines([f"[{self.step}] {line}" for line in lines])
+
+    def emit_json(self, document: Any) -> None:
+        with self.lock:
+            self.parent.emit_json({**document, "branch": self.step}
+                                  if isinstance(document, dict) else document)
+
+    def close(self) -> None:
+        """The parent's status line belongs to the parent."""
+
+
+class SerialJournal(Journal):
+    """The journal for two branches at once: its read-modify-write updates one at a time."""
+
+    def __init__(self, root: Any, lock: threading.RLock) -> None:
+        super().__init__(root)
+        self.lock = lock
+
+    def update_host(self, host: str, **facts: Any) -> None:
+        with self.lock:
+            super().update_host(host, **facts)
+
+    def record_run(self, run_id: str, record: dict[str, Any]) -> None:
+        with self.lock:
+            super().record_run(run_id, record)
+
+    def reconcile(self, host: str, box_runs: list[dict[str, Any]]) -> list[str]:
+        with self.lock:
+            return super().reconcile(host, box_runs)
+
+
+@contextmanager
+def timed(report: dict[str, Any], reporter: Reporter, step: str) -> Iterator[None]:
+    """Add the seconds ``step`` takes to ``report["timings"]`` and say when it starts and
+    ends (``migrate_step`` JSON events, in the order they happen)."""
+    started = time.monotonic()
+    reporter.emit_json({"event": "migrate_step", "step": step, "state": "started"})
+    state = "failed"
+    try:
+        yield
+        state = "done"
+    finally:
+        seconds = time.monotonic() - started
+        timings = report.setdefault("timings", {})
+        timings[step] = round(float(timings.get(step, 0.0)) + seconds, 2)
+        reporter.emit_json({"event": "migrate_step", "step": step, "state": state,
+                            "seconds": round(seconds, 2)})
+
+
+def describe_timings(timings: dict[str, Any]) -> str:
+    """``probe 2.1s, provision 41.0s, stage 12.3s, checkpoint 3.2s, deploy 8.0s`` (the steps
+    that took time, in the runbook's order)."""
+    parts = [f"{step} {float(timings[step]):.1f}s" for step in STEPS if timings.get(step)]
+    return ", ".join(parts)
+
+
+STEPS = ("probe", "provision", "stage", "checkpoint", "deploy")
 
 
 def old_run(journal: Journal, host: str, *, run_id: str | None,

@@ -12,6 +12,7 @@ See docs/provision.md.
 from __future__ import annotations
 
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ from outrig.ops.base import HostSession, Project, host_session
 from outrig.playbook import Job, find_playbook, load_job
 
 RECORDED = {"ok", "created", "updated", "failed"}
+PHASES = {"venv": "creating venv", "pip": "pip install", "uv": "uv pip install",
+          "uv-bootstrap": "installing uv"}
 
 
 @dataclass
@@ -68,13 +71,30 @@ def pick_playbook(project: Project, playbook: str | None) -> Job:
     return job
 
 
+def index_secrets(job: Job) -> dict[str, str]:
+    """The credentials inside the environments' index URLs (``https://user:TOKEN@host/...``).
+    A request with secrets goes over stdin, never the box's argv, and the agent redacts their
+    values from every line it sends back (docs/agent-protocol.md)."""
+    found: dict[str, str] = {}
+    for name, spec in job.spec.environments.items():
+        for number, url in enumerate([spec.index_url, *spec.extra_index_urls]):
+            parsed = urllib.parse.urlsplit(url or "")
+            secret = parsed.password or (parsed.username if "@" in parsed.netloc else None)
+            if secret:
+                found[f"INDEX_{name}_{number}"] = secret
+    return found
+
+
 def provision_request(job: Job, *, dry_run: bool) -> dict[str, Any]:
     """The agent request (docs/provision.md)."""
     requires = job.spec.requires.to_request() if job.spec.requires else {}
-    return {"environments": [spec.to_request(name)
-                             for name, spec in job.spec.environments.items()],
-            "requires": requires, "dry_run": dry_run, "progress_interval": 1.0,
-            "lock_timeout": 30}
+    request: dict[str, Any] = {
+        "environments": [spec.to_request(name) for name, spec in job.spec.environments.items()],
+        "requires": requires, "dry_run": dry_run, "progress_interval": 1.0, "lock_timeout": 30}
+    secrets = index_secrets(job)
+    if secrets:
+        request["secrets"] = secrets
+    return request
 
 
 def record_environments(journal: Journal, host: str, reports: list[dict[str, Any]]) -> None:
@@ -87,17 +107,20 @@ def record_environments(journal: Journal, host: str, reports: list[dict[str, Any
         merged[report["name"]] = {
             "path": report.get("path"), "status": report.get("status"),
             "python": report.get("python"), "versions": report.get("versions") or {},
-            "seconds": report.get("seconds"), "checked": time.time()}
+            "seconds": report.get("seconds"), "installer": report.get("installer"),
+            "checked": time.time()}
     journal.update_host(host, environments=merged)
 
 
 def describe_report(report: dict[str, Any]) -> str:
-    """``vllm (/workspace/venvs/vllm): created in 93.1s — vllm 0.33.0, torch 2.14.0``."""
+    """``vllm (/workspace/venvs/vllm): created in 93.1s with uv — vllm 0.33.0, torch 2.14.0``."""
     versions = ", ".join(f"{k} {v}" for k, v in sorted((report.get("versions") or {}).items()))
     status = str(report.get("status"))
     seconds = report.get("seconds")
     timing = f" in {float(seconds):.1f}s" if isinstance(seconds, (int, float)) else ""
-    text = f"{report.get('name')} ({report.get('path')}): {status.replace('_', ' ')}{timing}"
+    installer = f" with {report['installer']}" if report.get("installer") else ""
+    text = (f"{report.get('name')} ({report.get('path')}): {status.replace('_', ' ')}"
+            f"{timing}{installer}")
     missing = report.get("missing") or {}
     if status.startswith("would") and missing:
         text += " — needs " + ", ".join(f"{k} (now {v or 'missing'})"
@@ -105,6 +128,17 @@ def describe_report(report: dict[str, Any]) -> str:
     elif versions:
         text += f" — {versions}"
     return text
+
+
+def describe_installer(event: dict[str, Any]) -> str:
+    """``train: installing with uv (/usr/bin/uv, on PATH)`` or ``... with pip: <why not uv>``."""
+    name = event.get("env")
+    if event.get("installer") == "uv":
+        where = {"path": "on PATH", "bootstrap": "bootstrap venv",
+                 "bootstrapped": "bootstrap venv, just made"}.get(str(event.get("source")), "")
+        return f"{name}: installing with uv ({event.get('uv')}, {where})"
+    fallback = event.get("fallback")
+    return f"{name}: installing with pip" + (f" ({fallback})" if fallback else "")
 
 
 def describe_checks(checks: dict[str, Any]) -> str:
@@ -155,8 +189,12 @@ def provision_on(session: HostSession, job: Job, *, dry_run: bool = False) -> Pr
             phase_started.setdefault(name, time.monotonic())
             elapsed = float(event.get("elapsed") or 0)
             last = str(event.get("line") or "")[-110:]
-            what = "creating venv" if event.get("phase") == "venv" else "pip install"
+            what = PHASES.get(str(event.get("phase")), "pip install")
             reporter.live(f"{name}: {what} {elapsed:.0f}s" + (f" — {last}" if last else ""))
+        elif kind == "installer" and event.get("fallback"):
+            reporter.warn(describe_installer(event))
+        elif kind == "installer":
+            reporter.info(f"• {describe_installer(event)}")
         elif kind == "environment":
             text = describe_report(event)
             if event.get("status") == "failed":

@@ -111,7 +111,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
     },
     "provision": {
         "environments": f("list", True), "requires": f("dict"), "dry_run": f("bool"),
-        "progress_interval": f("num"), "lock_timeout": f("num"),
+        "progress_interval": f("num"), "lock_timeout": f("num"), "secrets": f("dict"),
     },
     "hub_download": {
         "probe_only": f("bool"), "repo_id": f("str"), "revision": f("str|null"),

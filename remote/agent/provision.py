@@ -17,7 +17,23 @@ from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 from .constants import EXCERPT_LINES, JSONDict
 from .events import AgentError, Emitter, bad_request
 from .gpus import gather_facts
-from .layout import nearest_existing
+from .installers import (
+    INSTALLERS,
+    UV_NO_INTERNET_PATTERNS,
+    Unsupported,
+    bootstrap_commands,
+    bootstrap_paths,
+    find_uv,
+    pip_settings,
+    public_url,
+    translate_pip_args,
+    url_secrets,
+    uv_error_line,
+    uv_install_argv,
+    uv_missing,
+    uv_runs,
+)
+from .layout import Layout, nearest_existing
 from .lock import FileLock
 from .logs import clean_line
 from .validation import (
@@ -28,6 +44,7 @@ from .validation import (
     get_num,
     get_opt_str,
     get_str,
+    get_str_dict,
     get_str_list,
 )
 
@@ -101,6 +118,7 @@ NO_INTERNET_PATTERNS = (
     "ConnectionError",
     "We couldn't connect to",
     "OfflineModeIsEnabled",
+    *UV_NO_INTERNET_PATTERNS,
 )
 DISK_PATTERNS = ("No space left on device", "[Errno 28]", "Disk quota exceeded")
 
@@ -223,20 +241,38 @@ class EnvSpec:
         self.find_links = get_str_list(raw, "find_links", where)
         self.no_index = get_bool(raw, "no_index", where, False)
         self.pip_args = get_str_list(raw, "pip_args", where)
+        self.installer = get_opt_str(raw, "installer", where) or "auto"
+        if self.installer not in INSTALLERS:
+            raise bad_request(f"{where}installer: {self.installer!r} is not one of "
+                              f"{', '.join(INSTALLERS)}")
 
     @property
     def env_python(self) -> str:
         """The environment's own interpreter."""
         return os.path.join(self.path, "bin", "python")
 
+    @property
+    def secrets(self) -> List[str]:
+        """Credentials inside this environment's index URLs (redacted from all output)."""
+        return url_secrets([self.index_url, *self.extra_index_urls])
+
+    def pip_env(self) -> Dict[str, str]:
+        """The index URLs for pip, as variables: they may carry a token, and argv is visible
+        to every user of the box (``ps``). ``PIP_EXTRA_INDEX_URL`` replaces what pip's config
+        says, where ``--extra-index-url`` would add to it, so the config's come first."""
+        env: Dict[str, str] = {}
+        if self.index_url:
+            env["PIP_INDEX_URL"] = self.index_url
+        if self.extra_index_urls:
+            configured = pip_settings(dict(os.environ), self.path).extra_index_urls
+            env["PIP_EXTRA_INDEX_URL"] = " ".join([*configured, *self.extra_index_urls])
+        return env
+
     def pip_argv(self) -> List[str]:
-        """``pip install`` with this environment's index options and every package."""
+        """``pip install`` with this environment's index options (the URLs go by
+        :meth:`pip_env`) and every package."""
         argv = [self.env_python, "-m", "pip", "install", "--disable-pip-version-check",
                 "--no-input"]
-        if self.index_url:
-            argv += ["--index-url", self.index_url]
-        for url in self.extra_index_urls:
-            argv += ["--extra-index-url", url]
         for link in self.find_links:
             argv += ["--find-links", link]
         if self.no_index:
@@ -481,28 +517,29 @@ def unreachable_index(env: EnvSpec) -> Optional[str]:
     return None if ok else why
 
 
-def pip_failure(env: EnvSpec, code: int, lines: List[str]) -> AgentError:
-    """Why pip failed, as ``no_internet``, ``disk`` or ``pip``, with a fix."""
+def pip_failure(env: EnvSpec, code: int, lines: List[str], installer: str = "pip") -> AgentError:
+    """Why pip (or ``uv pip``) failed, as ``no_internet``, ``disk`` or ``pip``, with a fix."""
     excerpt = lines[-EXCERPT_LINES:]
     kind = classify_child_failure(lines)
     offline = unreachable_index(env) if kind is None else None
     if offline is not None:
         kind = "no_internet"
         excerpt = [*excerpt, f"(outrig: cannot connect to the index: {offline})"]
-    where = env.index_url or ("find_links only" if env.no_index else "PyPI")
+    where = public_url(env.index_url) if env.index_url else (
+        "find_links only" if env.no_index else "PyPI")
     if kind == "disk":
-        return AgentError("disk", f"environment {env.name}: the disk filled up while pip "
+        return AgentError("disk", f"environment {env.name}: the disk filled up while {installer} "
                                   f"installed into {env.path}; free space and run provision "
-                                  "again (pip resumes with what is already there)",
+                                  f"again ({installer} resumes with what is already there)",
                           process=env.name, excerpt=excerpt, exit_code=code)
     if kind == "no_internet":
-        return AgentError("no_internet", f"environment {env.name}: pip cannot reach the package "
-                                         f"index ({where}) from the box. Check the box's network "
-                                         "(DNS, proxy: set HTTPS_PROXY in the host file's env:), "
-                                         "or point index_url at a reachable mirror, or pre-build "
-                                         "wheels and use find_links + no_index: true",
+        return AgentError("no_internet", f"environment {env.name}: {installer} cannot reach the "
+                                         f"package index ({where}) from the box. Check the box's "
+                                         "network (DNS, proxy: set HTTPS_PROXY in the host file's "
+                                         "env:), or point index_url at a reachable mirror, or "
+                                         "pre-build wheels and use find_links + no_index: true",
                           process=env.name, excerpt=excerpt, exit_code=code)
-    missing = []
+    missing = uv_missing(lines)
     for line in lines:
         match = re.search(r"No matching distribution found for (\S+)", line)
         if match and match.group(1) not in missing:
@@ -510,23 +547,143 @@ def pip_failure(env: EnvSpec, code: int, lines: List[str]) -> AgentError:
     if missing:
         hint = (f"it is not in find_links ({', '.join(env.find_links) or 'none'}) and no_index "
                 "is set" if env.no_index else f"the index ({where}) has no such version")
-        return AgentError("pip", f"environment {env.name}: pip found no distribution for "
-                                 f"{', '.join(missing)}: {hint}. Check the name and the pin, or "
-                                 "add the index/wheel that has it",
+        return AgentError("pip", f"environment {env.name}: {installer} found no distribution "
+                                 f"for {', '.join(missing)}: {hint}. Check the name and the pin, "
+                                 "or add the index/wheel that has it",
                           process=env.name, excerpt=excerpt, exit_code=code)
-    return AgentError("pip", f"environment {env.name}: pip install into {env.path} failed (exit "
-                             f"{code}); see its last lines below", process=env.name,
+    return AgentError("pip", f"environment {env.name}: {installer} install into {env.path} "
+                             f"failed (exit {code}); see its last lines below", process=env.name,
                       excerpt=excerpt, exit_code=code)
 
 
+class Installing:
+    """What one environment's install needs besides the environment: where the bootstrap venv
+    lives, the progress settings, the child's environment and the values to redact."""
+
+    def __init__(self, state_dir: str, out: Emitter, interval: float, lock_timeout: float,
+                 child_env: Dict[str, str], secrets: List[str]) -> None:
+        self.state_dir = state_dir
+        self.out = out
+        self.interval = interval
+        self.lock_timeout = lock_timeout
+        self.child_env = child_env
+        self.secrets = secrets
+        self.bootstrap_seconds: Optional[float] = None
+
+    def run(self, env: EnvSpec, argv: List[str], phase: str,
+            extra_env: Optional[Dict[str, str]] = None) -> Tuple[int, List[str]]:
+        """One installer child, streamed as ``progress`` events of ``phase``."""
+        child = dict(self.child_env)
+        child.update(extra_env or {})
+        return run_streaming(argv, self.out, self.interval, {"env": env.name, "phase": phase},
+                             env=child, secrets=[*self.secrets, *env.secrets])
+
+
+def bootstrap_uv(env: EnvSpec, ctx: Installing) -> Tuple[Optional[str], str]:
+    """Make the bootstrap venv with uv in it (once per box; reused after): (uv, "") or (None,
+    why not). Under a lock, so two provisions never build it at once."""
+    venv = bootstrap_paths(ctx.state_dir)[0]
+    lock = FileLock(os.path.join(ctx.state_dir, "uv-bootstrap.lock"), "provision",
+                    ctx.lock_timeout, "another provision is installing uv; let it finish")
+    try:
+        with lock:
+            made = bootstrap_paths(ctx.state_dir)[2]
+            if os.path.exists(made) and uv_runs(made):
+                return made, ""  # another provision made it while this one waited
+            make, install, index_env = bootstrap_commands(
+                ctx.state_dir, index_url=env.index_url, extra_index_urls=env.extra_index_urls,
+                find_links=env.find_links, no_index=env.no_index)
+            ctx.out.step(f"{env.name}: installing uv into {venv} (once per box)")
+            if make is not None:
+                code, lines = ctx.run(env, make, "uv-bootstrap")
+                if code != 0:
+                    # a half-made venv (no pip: ensurepip missing) would be taken as made
+                    shutil.rmtree(venv, ignore_errors=True)
+                    return None, (f"making the bootstrap venv {venv} failed (exit {code}): "
+                                  f"{lines[-1] if lines else 'no output'}")
+            code, lines = ctx.run(env, install, "uv-bootstrap", index_env)
+            if code != 0:
+                return None, (f"pip install uv into {venv} failed (exit {code}): "
+                              f"{lines[-1] if lines else 'no output'}")
+    except AgentError as exc:
+        return None, exc.message
+    uv = bootstrap_paths(ctx.state_dir)[2]
+    if not uv_runs(uv):
+        return None, f"{uv} was installed but does not run"
+    return uv, ""
+
+
+def plan_uv(env: EnvSpec, ctx: Installing) -> Tuple[Optional[List[str]], Dict[str, str], str]:
+    """The ``uv pip install`` command for this environment: (argv, its variables, where uv
+    came from) or (None, {}, why uv cannot be used). The bootstrap's seconds, when it ran,
+    go to ``ctx.bootstrap_seconds``."""
+    try:
+        translate_pip_args(env.pip_args)
+    except Unsupported as exc:
+        return None, {}, str(exc)
+    uv, source = find_uv(ctx.state_dir, ctx.child_env)
+    if uv is None:
+        started = time.monotonic()
+        uv, why = bootstrap_uv(env, ctx)
+        ctx.bootstrap_seconds = round(time.monotonic() - started, 2)
+        if uv is None:
+            return None, {}, f"uv is not on PATH and cannot be installed: {why}"
+        source = "bootstrapped"
+    argv, extra = uv_install_argv(
+        uv, env.env_python, [p.text for p in env.packages], index_url=env.index_url,
+        extra_index_urls=env.extra_index_urls, find_links=env.find_links,
+        no_index=env.no_index, pip_args=env.pip_args, environ=ctx.child_env,
+        site_prefix=env.path)
+    return argv, extra, source
+
+
+def install_packages(env: EnvSpec, ctx: Installing) -> JSONDict:
+    """Install every package with uv where it can, else pip: {installer, fallback}.
+
+    ``installer: auto`` falls back to pip when uv cannot be had or fails in a way pip might
+    not (a resolver or build difference); a full disk or an unreachable index is an error at
+    once, as pip would meet the same. ``installer: uv`` never falls back."""
+    reason = "installer: pip is set"
+    if env.installer != "pip":
+        argv, extra, source = plan_uv(env, ctx)
+        if argv is None:
+            if env.installer == "uv":
+                raise AgentError("pip", f"environment {env.name}: installer: uv is set, but "
+                                        f"{source}. Put uv on the box's PATH, or let the index "
+                                        "offer it, or set installer: auto to fall back to pip",
+                                 process=env.name)
+            reason = source
+        else:
+            ctx.out.emit("installer", env=env.name, installer="uv", uv=argv[0], source=source,
+                         bootstrap_seconds=ctx.bootstrap_seconds)
+            ctx.out.step(f"{env.name}: uv pip install {len(env.packages)} package(s)")
+            code, lines = ctx.run(env, argv, "uv", extra)
+            if code == 0:
+                return {"installer": "uv", "fallback": None}
+            failure = pip_failure(env, code, lines, installer="uv")
+            if env.installer == "uv" or failure.kind in ("disk", "no_internet"):
+                raise failure
+            reason = f"uv pip install failed (exit {code}): {uv_error_line(lines)}"
+    if env.installer == "auto":
+        ctx.out.emit("installer", env=env.name, installer="pip", fallback=reason)
+    else:
+        ctx.out.emit("installer", env=env.name, installer="pip", fallback=None)
+    code, lines = ctx.run(env, env.pip_argv(), "pip", env.pip_env())
+    if code != 0:
+        raise pip_failure(env, code, lines)
+    return {"installer": "pip", "fallback": reason if env.installer == "auto" else None}
+
+
 def provision_env(env: EnvSpec, requires: JSONDict, out: Emitter, interval: float,
-                  dry_run: bool, lock_timeout: float) -> JSONDict:
+                  dry_run: bool, lock_timeout: float, state_dir: str = "",
+                  secrets: Optional[List[str]] = None) -> JSONDict:
     """Check one environment; create or update it unless it is already right."""
     started = time.monotonic()
     state = inspect_env(env)
     report: JSONDict = {"name": env.name, "path": env.path, "python": state["python"],
                         "versions": dict(state["versions"]), "seconds": 0.0,
-                        "missing": dict(state["wrong"])}
+                        "missing": dict(state["wrong"]), "installer": None,
+                        "fallback": None}
     if state["error"] is not None:
         raise python_error(env, f"the venv at {env.path} is broken ({state['error']}); remove "
                                 f"it (rm -rf {env.path}) and run provision again")
@@ -575,18 +732,20 @@ def provision_env(env: EnvSpec, requires: JSONDict, out: Emitter, interval: floa
                                  exit_code=code)
         if state["wrong"] or created:
             wrong = ", ".join(f"{n} ({v or 'missing'})" for n, v in sorted(state["wrong"].items()))
-            out.step(f"{env.name}: pip install {len(env.packages)} package(s)"
+            out.step(f"{env.name}: install {len(env.packages)} package(s)"
                      + (f"; needed: {wrong}" if wrong and not created else ""))
             if env.packages:
-                code, lines = run_streaming(env.pip_argv(), out, interval,
-                                            {**fields, "phase": "pip"}, env=child_env)
-                if code != 0:
-                    raise pip_failure(env, code, lines)
+                ctx = Installing(state_dir or os.path.join(os.path.dirname(env.path), ".outrig"),
+                                 out, interval, lock_timeout, child_env, secrets or [])
+                install_started = time.monotonic()
+                report.update(install_packages(env, ctx))
+                report["install_seconds"] = round(time.monotonic() - install_started, 2)
             state = inspect_env(env)
             if state["wrong"]:
                 bad = ", ".join(f"{n} is {v or 'not installed'}"
                                 for n, v in sorted(state["wrong"].items()))
-                raise AgentError("pip", f"environment {env.name}: pip finished but {bad}, not "
+                raise AgentError("pip", f"environment {env.name}: {report.get('installer')} "
+                                        f"finished but {bad}, not "
                                         "what the playbook pins; another requirement may pull a "
                                         "different version (see pip's resolver output with "
                                         "--dry-run locally) — align the pins",
@@ -611,6 +770,7 @@ def op_provision(req: Request, out: Emitter) -> JSONDict:
     dry_run = get_bool(raw, "dry_run", "", False)
     interval = get_num(raw, "progress_interval", "", 1.0, positive=True)
     lock_timeout = get_num(raw, "lock_timeout", "", PROVISION_LOCK_DEFAULT_S)
+    secrets = [v for v in get_str_dict(raw, "secrets", "").values() if v]
     facts = gather_facts()
     out.emit("facts", **facts)
     checks: JSONDict = {"python": {"agent": platform.python_version(),
@@ -625,7 +785,8 @@ def op_provision(req: Request, out: Emitter) -> JSONDict:
     reports: List[JSONDict] = []
     for env in envs:
         try:
-            report = provision_env(env, requires, out, interval, dry_run, lock_timeout)
+            report = provision_env(env, requires, out, interval, dry_run, lock_timeout,
+                                   Layout(req.workdir).state, secrets)
         except AgentError as exc:
             out.emit("environment", name=env.name, path=env.path, status="failed",
                      versions={}, seconds=None, error=exc.kind)

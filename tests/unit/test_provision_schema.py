@@ -90,3 +90,31 @@ def test_agent_requirement_parsing(agent: ModuleType) -> None:
     assert agent.parse_requirement("pkg @ https://x/pkg.whl", "p").spec == ""
     with pytest.raises(agent.AgentError):
         agent.parse_requirement("--pre", "p")
+
+
+def test_installer_key_is_checked_where_the_playbook_loads(tmp_path: Path) -> None:
+    job = load(tmp_path, environments={"a": {"path": "/v/a"}, "b": {"path": "/v/b",
+                                                                  "installer": "pip"}})
+    assert job.spec.environments["a"].to_request("a")["installer"] == "auto"
+    assert job.spec.environments["b"].to_request("b")["installer"] == "pip"
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, environments={"a": {"path": "/v/a", "installer": "conda"}})
+    assert str(tmp_path / "p.yaml") in str(info.value)
+    assert "environments.a.installer" in str(info.value) and "'uv'" in str(info.value)
+
+
+def test_index_credentials_travel_as_secrets(tmp_path: Path) -> None:
+    from outrig.ops.provision import provision_request
+
+    job = load(tmp_path, environments={"a": {"path": "/v/a",
+                                             "index_url": "https://me:t0ken@h.invalid/simple",
+                                             "extra_index_urls": ["https://h.invalid/x"]}})
+    request = provision_request(job, dry_run=False)
+    assert request["secrets"] == {"INDEX_a_0": "t0ken"}
+    plain = load(tmp_path, environments={"a": {"path": "/v/a"}})
+    assert "secrets" not in provision_request(plain, dry_run=False)
+
+
+def test_the_agent_refuses_an_unknown_installer(agent: ModuleType) -> None:
+    with pytest.raises(agent.AgentError, match="installer"):
+        agent.EnvSpec({"name": "a", "path": "/v/a", "installer": "conda"}, 0)
