@@ -22,6 +22,13 @@ packets of the key exchange up to the client's NEWKEYS; after that it counts the
 open and 4 the (pipelined) exec; ``stream`` is the server's bytes after that. A client that
 authenticates differently (several keys, keyboard-interactive) shifts the later flights, so
 tests check :attr:`LatencyProxy.fired` to see where a fault actually struck.
+
+Whole-proxy faults act on every connection at once, live ones and those accepted meanwhile,
+while they stay open: :meth:`LatencyProxy.stall_all` forwards nothing for N seconds and then
+delivers everything held, in order (a link that froze and came back);
+:meth:`LatencyProxy.blackhole_all` forwards nothing until :meth:`LatencyProxy.restore` (a
+link gone for good, or until restored: TCP's retransmissions then deliver what was held,
+which is what holding the bytes here imitates). Neither ever closes a connection.
 """
 
 from __future__ import annotations
@@ -290,7 +297,8 @@ class _Connection:
             except queue.Empty:
                 continue
             while not self.stop.is_set():
-                wait = max(deliver_at, self.hold_until) - time.monotonic()
+                wait = max(deliver_at, self.hold_until, self.proxy.held_until()) \
+                    - time.monotonic()
                 if wait <= 0:
                     break
                 time.sleep(min(wait, _POLL))
@@ -372,6 +380,8 @@ class LatencyProxy:
         self._conns: list[_Connection] = []
         self._port = 0
         self.accepted = 0  # total connections ever accepted (for tests counting reconnects)
+        self._stall_until = 0.0  # stall_all: nothing is delivered before this time
+        self._blackholed = False  # blackhole_all: nothing is delivered until restore()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> LatencyProxy:
@@ -414,6 +424,27 @@ class LatencyProxy:
         if seconds < 0:
             raise ValueError("jitter must be >= 0")
         self.jitter = float(seconds)
+
+    def stall_all(self, seconds: float) -> None:
+        """Forward nothing for ``seconds`` on every connection (live, or accepted meanwhile),
+        without closing any; then deliver what was held, in order, and go on."""
+        if seconds < 0:
+            raise ValueError("a stall lasts >= 0 seconds")
+        self._stall_until = max(self._stall_until, time.monotonic() + seconds)
+
+    def blackhole_all(self) -> None:
+        """Forward nothing on any connection, live or new, and close none, until
+        :meth:`restore`."""
+        self._blackholed = True
+
+    def restore(self) -> None:
+        """End :meth:`blackhole_all` and any :meth:`stall_all`: held bytes flow again."""
+        self._blackholed = False
+        self._stall_until = 0.0
+
+    def held_until(self) -> float:
+        """Until when the whole proxy holds every byte (``inf`` while blackholed)."""
+        return float("inf") if self._blackholed else self._stall_until
 
     def deliver_at(self) -> float:
         """When a chunk read now is delivered: the delay plus this chunk's jitter."""
