@@ -466,7 +466,7 @@ class Watcher:
                 skipped.append(f"{spare}: {problem}")
                 self.reporter.warn(f"spare {spare} skipped: {problem}")
                 continue
-            self.send("migrating", to=spare)
+            self.send("migrating", to=spare, skipped=skipped)
             report = self.migrate_to(old_host, old_run, spare)
             if report is None:
                 skipped.append(f"{spare}: the move failed")

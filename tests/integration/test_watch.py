@@ -1,0 +1,304 @@
+"""``watch`` against real sshd sandboxes behind the latency proxy, with the vLLM and trainer
+stand-ins: a real death moves the job to the spare with no command typed; a crash on a box
+that answers is never moved (and restarts in place when asked); a jittery, stalling link
+that stays up moves nothing; a restarted watch carries on from the journal.
+
+The watch runs in a thread of the test (``stop`` ends it); the tests wait for its events and
+its record, never for a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.console import Reporter
+from outrig.errors import OutrigError
+from outrig.health import limits_for
+from outrig.journal import Journal, read_json
+from outrig.notify import Notifier
+from outrig.ops.base import Project
+from outrig.ops.cleanup import cleanup
+from outrig.ops.deploy import DeployResult, deploy
+from outrig.ops.watch import WatchOptions, watch, watch_file
+from outrig.sandbox.box import SandboxBox
+from outrig.sandbox.proxy import LatencyProxy
+from tests.helpers import free_port
+from tests.integration.test_migrate import (
+    box_a,  # noqa: F401  (a fixture)
+    host_b,  # noqa: F401  (a fixture)
+    kill_run,
+    resumed_log,
+    wait_checkpoints,
+    write_playbooks,
+)
+
+pytestmark = pytest.mark.integration
+THRESHOLD = 4.0  # seconds: small, so a death is called soon; the judge scales it by the RTT
+PERIOD = 0.5
+
+
+class Running:
+    """A watch in a thread: its notifier (the events sent), its end and its error."""
+
+    def __init__(self, project: Project, host: str, journal: Journal, options: WatchOptions,
+                 playbook: str = "mig-4gpu") -> None:
+        self.notifier = Notifier(None)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.result: dict[str, Any] | None = None
+        self.record_path = watch_file(journal, host, playbook)
+
+        def target() -> None:
+            try:
+                self.result = watch(project, host, playbook, Reporter(quiet=True),
+                                    options=options, journal=journal, notifier=self.notifier,
+                                    stop=self.stop)
+            except BaseException as exc:  # handed to the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, name="test-watch", daemon=True)
+        self.thread.start()
+
+    def events(self) -> list[str]:
+        return [str(e["event"]) for e in self.notifier.sent]
+
+    def wait_event(self, name: str, timeout: float = 180, count: int = 1) -> dict[str, Any]:
+        """The ``count``-th event ``name`` once sent (fails if the watch ended first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.notifier.sent if e["event"] == name]
+            if len(found) >= count:
+                return found[count - 1]
+            if not self.thread.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no {name} event (sent: {self.events()}; error: {self.error})")
+
+    def wait_record(self, check: Callable[[dict[str, Any]], bool],
+                    timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data = read_json(self.record_path)
+            if isinstance(data, dict) and check(data):
+                return data
+            if not self.thread.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"the watch record never got there: {read_json(self.record_path)}"
+                             f" (events {self.events()}; error: {self.error})")
+
+    def end(self, timeout: float = 60) -> None:
+        self.stop.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the watch stops when asked"
+
+
+def behind_proxy(box: SandboxBox, tmp_path: Path, proxy: LatencyProxy, name: str = "a") -> Path:
+    path = box.write_host_file(tmp_path / "hosts" / f"{name}.yaml", workdir=box.workdir)
+    config = yaml.safe_load(path.read_text())
+    config["port"] = proxy.port
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_job(box: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              proxy: LatencyProxy, epochs: int | None = None
+              ) -> tuple[Project, Journal, Path, DeployResult]:
+    """mig-4gpu running on ``box`` (through ``proxy``) until its first checkpoint; with
+    ``epochs``, a trainer that finishes after that many."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    project = write_playbooks(tmp_path / "proj", free_port())
+    if epochs is not None:
+        book = project.playbooks_dir / "mig-4gpu.yaml"
+        data = yaml.safe_load(book.read_text())
+        argv = data["processes"]["trainer"]["command"]
+        argv[argv.index("--epochs") + 1] = str(epochs)
+        argv[argv.index("--fake-step-seconds") + 1] = "0.5"
+        book.write_text(yaml.safe_dump(data, sort_keys=False))
+    journal = Journal()
+    a = behind_proxy(box, tmp_path, proxy)
+    first = deploy(project, str(a), "mig-4gpu", Reporter(quiet=True), journal=journal)
+    wait_checkpoints(box.workdir / "ckpt", 1)
+    return project, journal, a, first
+
+
+def kill_process(workdir: Path, run_id: str, name: str) -> None:
+    """One process of the run crashes (SIGKILL to the program under outrig's wrapper, which
+    records how it ended); the rest of the box stays up."""
+    run = json.loads((workdir / "runs" / run_id / "run.json").read_text())
+    wrapper = next(p for p in run["processes"] if p["name"] == name)["pid"]
+    children = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
+    os.kill(int(children[0]), signal.SIGKILL)
+
+
+@pytest.fixture
+def watches() -> Iterator[list[Running]]:
+    made: list[Running] = []
+    yield made
+    for running in made:
+        running.stop.set()
+    for running in made:
+        running.thread.join(60)
+
+
+def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
+        watches: list[Running]) -> None:
+    proxy = make_proxy(box_a.port, one_way_delay=0.01)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    gone = tmp_path / "hosts" / "gone.yaml"  # a spare nobody answers for: skipped
+    gone.write_text(yaml.safe_dump({**yaml.safe_load(host_b.read_text()), "port": free_port()}))
+    b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+    running = Running(project, str(a), journal, WatchOptions(
+        spares=[str(gone), str(host_b)], threshold=THRESHOLD, period=PERIOD))
+    watches.append(running)
+    try:
+        mirrored = running.wait_record(lambda r: r.get("mirrored") is not None)["mirrored"]
+        assert (tmp_path / "xdg" / "outrig" / "checkpoints" / "mig" / str(mirrored)).is_dir()
+        assert "suspect" not in running.events(), "a healthy box is not suspect"
+
+        box_a.stop()  # the node dies: sshd and its sessions, the link, every process
+        proxy.cut_all()
+        kill_run(box_a.workdir, first.plan.run_id)
+
+        resumed = running.wait_event("resumed")
+        events = running.events()
+        assert events[:4] == ["suspect", "dead", "migrating", "resumed"], events
+        assert "failed" not in events
+        migrating = running.wait_event("migrating")
+        assert migrating["to"] == str(host_b)
+        assert [s.split(":")[0] for s in migrating["skipped"]] == [str(gone)]
+        assert resumed["old_run_id"] == first.plan.run_id
+        checkpoint = resumed["checkpoint"]
+        assert checkpoint is not None and checkpoint >= mirrored
+        record = running.wait_record(lambda r: r.get("host") == str(host_b))
+        assert record["spares"] == [str(gone)], "the spare used is spent; the other stays"
+        assert record["moved"][0]["run_id"] == first.plan.run_id
+        new_run = record["run_id"]
+        assert resumed["run_id"] == new_run and resumed["host"] == str(host_b)
+        journalled = journal.run(new_run)
+        assert journalled is not None and journalled["migrated_from"]["alive"] is False
+        assert f"Resuming training on epoch {checkpoint + 1}" in \
+            resumed_log(b_workdir, new_run)
+        # and it now watches B: progress of the new run arrives
+        running.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running"
+                            and r.get("run_id") == new_run)
+        assert "dead" not in running.events()[2:], "B is alive"
+        running.end()
+        assert running.error is None
+
+        # (d) a watch started again for A carries on on B, from the journal
+        again = Running(project, str(a), journal, WatchOptions(threshold=THRESHOLD,
+                                                               period=PERIOD))
+        watches.append(again)
+        again.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running"
+                          and r.get("updated", 0) > time.time() - 5
+                          and r.get("run_id") == new_run)
+        again.end()
+        assert again.error is None
+        assert again.events() == [], "nothing to report: B is alive, nothing moved again"
+        assert read_json(again.record_path)["host"] == str(host_b)
+    finally:
+        cleanup(project, str(host_b), Reporter(quiet=True), all_runs=True, journal=journal)
+
+
+def test_a_crash_on_a_live_box_is_reported_and_restarted_in_place_not_moved(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
+        watches: list[Running]) -> None:
+    proxy = make_proxy(box_a.port, one_way_delay=0.01)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    running = Running(project, str(a), journal, WatchOptions(
+        spares=[str(host_b)], restarts=1, threshold=THRESHOLD, period=PERIOD))
+    watches.append(running)
+    try:
+        running.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running")
+        kill_process(box_a.workdir, first.plan.run_id, "trainer")  # the job crashes
+
+        failed = running.wait_event("failed")
+        assert "trainer was killed" in failed["why"]
+        running.wait_event("restarting")
+        record = running.wait_record(lambda r: r.get("run_id") != first.plan.run_id
+                                     and r.get("restarts_used") == 1)
+        second = record["run_id"]
+        assert record["host"] == str(a), "restarted in place"
+        assert "Resuming training on epoch" in resumed_log(box_a.workdir, second)
+
+        kill_process(box_a.workdir, second, "trainer")  # again: no restart left
+        running.thread.join(120)
+        assert not running.thread.is_alive()
+        assert isinstance(running.error, OutrigError)
+        assert "was not moved" in str(running.error)
+        assert running.events() == ["failed", "restarting", "failed"]
+        assert read_json(running.record_path)["status"] == "failed"
+        b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+        assert not (b_workdir / "runs").exists(), "nothing was moved to the spare"
+    finally:
+        kill_run(box_a.workdir, first.plan.run_id)
+
+
+SOAK_SECONDS = float(os.environ.get("OUTRIG_SOAK_SECONDS", "60"))
+
+
+def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
+        watches: list[Running]) -> None:
+    """240 ms RTT, up to +100 ms jitter per chunk, and stalls of 80 % of the threshold, while
+    the box stays alive: zero migrations (``OUTRIG_SOAK_SECONDS`` makes it longer)."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.12)
+    proxy.set_jitter(0.1)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    threshold = 6.0
+    stall = 0.8 * limits_for(threshold, 0.24).threshold  # the watch's RTT is at least this
+    running = Running(project, str(a), journal, WatchOptions(
+        spares=[str(host_b)], threshold=threshold))
+    watches.append(running)
+    try:
+        running.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running")
+        end = time.monotonic() + SOAK_SECONDS
+        stalls = 0
+        while time.monotonic() < end and running.thread.is_alive():
+            proxy.stall_all(stall)
+            stalls += 1
+            running.stop.wait(stall)  # the stall's own length, then a stretch of calm
+            running.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running"
+                                and r.get("updated", 0) > time.time() - 30)
+            running.stop.wait(min(10.0, max(0.0, end - time.monotonic())))
+        assert stalls >= 1
+        assert running.thread.is_alive() and running.error is None
+        events = running.events()
+        assert "dead" not in events and "migrating" not in events, events
+        record = read_json(running.record_path)
+        assert record["host"] == str(a) and record["run_id"] == first.plan.run_id
+        running.end()
+    finally:
+        kill_run(box_a.workdir, first.plan.run_id)
+
+
+def test_a_finished_run_ends_the_watch(
+        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, watches: list[Running]) -> None:
+    """The trainer ends by itself (exit 0) while the server runs on: the job is done."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.01)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy, epochs=4)
+    running = Running(project, str(a), journal, WatchOptions(threshold=THRESHOLD,
+                                                             period=PERIOD))
+    watches.append(running)
+    try:
+        running.thread.join(120)
+        assert not running.thread.is_alive() and running.error is None
+        assert running.events() == ["finished"]
+        assert read_json(running.record_path)["status"] == "finished"
+    finally:
+        kill_run(box_a.workdir, first.plan.run_id)
