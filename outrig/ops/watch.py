@@ -188,6 +188,7 @@ class Watcher:
         self.stop = stop or threading.Event()
         self.results: queue.Queue[tuple[float, Any]] = queue.Queue()
         self._fencing: threading.Thread | None = None
+        self.mirroring = threading.Event()  # the worker is copying a checkpoint
         self._warned_fence = False
 
     # --- events --------------------------------------------------------------------------
@@ -253,10 +254,16 @@ class Watcher:
                 worker_started = time.monotonic()
                 worker.start()
             elif tick - worker_started > limits.suspect_after and tick - flagged >= limits.period:
-                flagged = tick
-                seen.append(Observation(tick, "heartbeat", False,
-                                        f"no answer for {tick - worker_started:.0f}s"))
-                session = self._fresh_session(session)
+                # An answer overdue: a failure, unless the worker is busy mirroring over a
+                # link that works. When the link looks down too, drop the connection (the
+                # hung call ends) and connect afresh for the next heartbeat.
+                link_down = any(not o.ok for o in seen[-3:] if o.signal == "banner")
+                if link_down or not self.mirroring.is_set():
+                    flagged = tick
+                    seen.append(Observation(tick, "heartbeat", False,
+                                            f"no answer for {tick - worker_started:.0f}s"))
+                    if link_down:
+                        session = self._fresh_session(session)
             seen += self.probe(session, limits)
             seen += self.drain(session)
             now = time.monotonic()
@@ -351,6 +358,7 @@ class Watcher:
 
         quiet = Reporter(quiet=True)
         previous, session.reporter = session.reporter, quiet
+        self.mirroring.set()
         try:
             report = sync_checkpoints_on(session, playbook=self.run_playbook(),
                                          run_id=self.record["run_id"])
@@ -359,6 +367,7 @@ class Watcher:
             return
         finally:
             session.reporter = previous
+            self.mirroring.clear()
         self.record.update(mirror_tried=newest)
         pulled = [int(p["epoch"]) for p in report.get("pulled") or []]
         self.results.put((time.monotonic(), ("mirrored", pulled)))
