@@ -279,6 +279,7 @@ def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
         assert running.thread.is_alive() and running.error is None
         events = running.events()
         assert "dead" not in events and "migrating" not in events, events
+        assert "suspect" in events, "the stalls were long enough to be noticed"
         record = read_json(running.record_path)
         assert record["host"] == str(a) and record["run_id"] == first.plan.run_id
         running.end()
