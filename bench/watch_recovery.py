@@ -12,7 +12,10 @@ done by hand. Printed, in seconds:
   probe period and the confirming connection);
 - the migrate flow, ``migrating`` → ``resumed``, with migrate's own breakdown (``probe``,
   ``provision``, ``stage``, ``checkpoint``, ``deploy``) when its report carries ``timings``;
-- ``resume``: ``resumed`` → the trainer's "Resuming training" line in its log on B;
+- the same steps timed from outside (migrate's functions wrapped: ``probe``,
+  ``check+provision``, ``stage``, ``checkpoint``, ``deploy``);
+- ``resume``: ``resumed`` → the trainer's "Resuming training" line in its log on B (deploy
+  already waits for the trainer's first step, so this is ~0: resuming is inside deploy);
 - ``total``: death → that line.
 
 Usage:  python bench/watch_recovery.py [--rtt-ms 240] [--threshold 20] [--json]
@@ -42,6 +45,29 @@ def wait_for(check: Any, timeout: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise SystemExit(f"timed out waiting for {what}")
+
+
+def time_steps(steps: dict[str, float]) -> None:
+    """Time migrate's steps from outside (its report's ``timings``, where present, is printed
+    as well): each function migrate calls is wrapped to add its seconds under a step name."""
+    import outrig.ops.migrate as mig
+
+    def wrap(name: str, func: Any, step: Any) -> None:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                key = step(kwargs) if callable(step) else step
+                steps[key] = round(steps.get(key, 0.0) + time.monotonic() - started, 2)
+
+        setattr(mig, name, timed)
+
+    wrap("probe", mig.probe, "probe")
+    wrap("_prepare", mig._prepare, "check+provision")
+    wrap("stage_on", mig.stage_on,
+         lambda kw: "checkpoint" if "checkpoint" in (kw.get("parts") or ()) else "stage")
+    wrap("deploy_on", mig.deploy_on, "deploy")
 
 
 def main() -> int:
@@ -89,6 +115,8 @@ def main() -> int:
         journal = Journal()
         first = deploy(project, str(hosts[0]), "mig-4gpu", quiet, journal=journal)
         notifier = Notifier(None)
+        steps: dict[str, float] = {}
+        time_steps(steps)
         options = WatchOptions(spares=[str(hosts[1])], threshold=args.threshold)
         errors: list[BaseException] = []
 
@@ -129,7 +157,8 @@ def main() -> int:
             "probe_period": round(limits.period, 2),
             "detect": round(float(dead["time"]) - died, 1),
             "migrate": round(float(resumed["time"]) - float(migrating["time"]), 1),
-            "migrate_steps": resumed.get("timings"),
+            "migrate_steps": steps,
+            "migrate_timings": resumed.get("timings"),
             "resume": round(training - float(resumed["time"]), 1),
             "total": round(training - died, 1),
             "checkpoint": resumed.get("checkpoint"),
@@ -142,9 +171,13 @@ def main() -> int:
                   f"{figures['probe_period']} s)")
             print(f"  detect   {figures['detect']:6.1f} s  death → dead verdict")
             print(f"  migrate  {figures['migrate']:6.1f} s  migrating → resumed")
-            for step, seconds in (figures["migrate_steps"] or {}).items():
-                print(f"    {step:<10} {float(seconds):6.1f} s")
-            print(f"  resume   {figures['resume']:6.1f} s  deployed → 'Resuming training'")
+            for step, seconds in figures["migrate_steps"].items():
+                print(f"    {step:<16} {float(seconds):6.1f} s")
+            if figures["migrate_timings"]:
+                print("    migrate's own timings: " + ", ".join(
+                    f"{k} {float(v):.1f} s" for k, v in figures["migrate_timings"].items()))
+            print(f"  resume   {figures['resume']:6.1f} s  deployed → 'Resuming training' "
+                  "(deploy waits for the trainer's first step, so this is in deploy)")
             print(f"  total    {figures['total']:6.1f} s  death → training resumed "
                   f"(from checkpoint {figures['checkpoint']})")
         stop.set()

@@ -202,7 +202,7 @@ class Watcher:
         line = f"{event}: {self.record['host']} {self.record['run_id']}" + (
             f": {why}" if why else "")
         if self.reporter.json_mode:
-            self.reporter.emit_json({"event": "watch", **payload})
+            self.reporter.emit_json(payload)
         elif event in ("failed", "dead"):
             self.reporter.warn(line)
         else:

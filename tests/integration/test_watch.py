@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +26,7 @@ from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.health import limits_for
 from outrig.journal import Journal, read_json
-from outrig.notify import Notifier
+from outrig.notify import EVENTS, Notifier
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
@@ -280,6 +282,7 @@ def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
         events = running.events()
         assert "dead" not in events and "migrating" not in events, events
         assert "suspect" in events, "the stalls were long enough to be noticed"
+        print(f"soak: {SOAK_SECONDS:.0f}s, {stalls} stalls of {stall:.1f}s, events {events}")
         record = read_json(running.record_path)
         assert record["host"] == str(a) and record["run_id"] == first.plan.run_id
         running.end()
@@ -301,5 +304,63 @@ def test_a_finished_run_ends_the_watch(
         assert not running.thread.is_alive() and running.error is None
         assert running.events() == ["finished"]
         assert read_json(running.record_path)["status"] == "finished"
+    finally:
+        kill_run(box_a.workdir, first.plan.run_id)
+
+
+def cli_watch(procs: Any, project: Project, a: Path, out: Path, *extra: str) -> Any:
+    """``outrig watch`` as a user runs it (a process of its own; --json lines to ``out``)."""
+    argv = [sys.executable, "-c", "import sys; from outrig.cli import program; "
+            "program.run(['outrig', *sys.argv[1:]])", "watch", "--project", str(project.root),
+            "--host", str(a), "--playbook", "mig-4gpu", "--threshold", str(THRESHOLD),
+            "--json", *extra]
+    with out.open("ab") as sink:
+        return procs.spawn(argv, stdout=sink, stderr=subprocess.STDOUT)
+
+
+def test_a_killed_watch_started_again_carries_on_from_the_journal(
+        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, procs: Any) -> None:
+    """The CLI's watch restarts a crashed run in place (its one restart), is SIGKILLed, and
+    is started again: it follows the restarted run, knows the restart is spent, and so
+    reports the next crash as final (exit 1) instead of restarting again."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.01)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    record_path = watch_file(journal, str(a), "mig-4gpu")
+    out = tmp_path / "watch.out"
+    first_watch = cli_watch(procs, project, a, out, "--restarts", "1")
+    try:
+        def record(check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                data = read_json(record_path)
+                if isinstance(data, dict) and check(data):
+                    return data
+                time.sleep(0.1)
+            raise AssertionError(f"{read_json(record_path)}\n{out.read_text()}")
+
+        record(lambda r: (r.get("progress") or {}).get("state") == "running")
+        kill_process(box_a.workdir, first.plan.run_id, "trainer")
+        second = record(lambda r: r.get("restarts_used") == 1
+                        and (r.get("progress") or {}).get("state") == "running")["run_id"]
+        assert second != first.plan.run_id
+        started = read_json(record_path)["started"]
+        os.killpg(first_watch.pid, signal.SIGKILL)  # the watch dies, not the job
+        first_watch.wait(30)
+
+        again = cli_watch(procs, project, a, out)  # no --restarts: the journal has it
+        record(lambda r: r.get("updated", 0) > time.time() - 3
+               and (r.get("progress") or {}).get("state") == "running")
+        kill_process(box_a.workdir, second, "trainer")
+        assert again.wait(120) == 1, out.read_text()
+        text = out.read_text()
+        assert "carrying on the watch of mig-4gpu" in text
+        final = read_json(record_path)
+        assert final["started"] == started and final["run_id"] == second
+        assert final["status"] == "failed" and final["restarts_used"] == 1
+        assert [e["event"] for e in final["events"]] == ["failed", "restarting", "failed"]
+        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        assert [d["event"] for d in lines if d.get("event") in EVENTS] == \
+            ["failed", "restarting", "failed"], "each event is a JSON line, as the hook gets it"
     finally:
         kill_run(box_a.workdir, first.plan.run_id)
