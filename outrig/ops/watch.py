@@ -249,7 +249,7 @@ class Watcher:
             tick = time.monotonic()
             seen += self.drain(session)
             if worker is None or not worker.is_alive():
-                worker = threading.Thread(target=self.heartbeat, args=(session,),
+                worker = threading.Thread(target=self.heartbeat, args=(session, self.results),
                                           name="outrig-watch-heartbeat", daemon=True)
                 worker_started = time.monotonic()
                 worker.start()
@@ -257,7 +257,8 @@ class Watcher:
                 # An answer overdue: a failure, unless the worker is busy mirroring over a
                 # link that works. When the link looks down too, drop the connection (the
                 # hung call ends) and connect afresh for the next heartbeat.
-                link_down = any(not o.ok for o in seen[-3:] if o.signal == "banner")
+                banner = next((o for o in reversed(seen) if o.signal == "banner"), None)
+                link_down = banner is not None and not banner.ok
                 if link_down or not self.mirroring.is_set():
                     flagged = tick
                     seen.append(Observation(tick, "heartbeat", False,
@@ -314,28 +315,30 @@ class Watcher:
         return list(probe_port(host.hostname, host.port or 22, timeout))
 
     # --- the worker: heartbeat, progress, mirror -------------------------------------------
-    def heartbeat(self, session: HostSession) -> None:
+    def heartbeat(self, session: HostSession, results: queue.Queue[tuple[float, Any]]) -> None:
         """One ``status`` call for the run (the agent answering, its processes, its log),
-        then a mirror of any new complete checkpoint. Results go to the loop's queue."""
+        then a mirror of any new complete checkpoint. Results go to ``results``, the queue
+        of the loop that started this worker (a worker still hung on a box the job has
+        left reports to that loop's queue, which nobody reads any more)."""
         run_id = self.record["run_id"]
         try:
             result = session.call("status", stream=False, run_id=run_id, log_lines=0,
                                   progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
                                   gpu_holders=False)
         except RemoteError as exc:  # the agent answered: the run is not there
-            self.results.put((time.monotonic(), ("gone", str(exc))))
+            results.put((time.monotonic(), ("gone", str(exc))))
             return
         except OutrigError as exc:
-            self.results.put((time.monotonic(), ("error", str(exc).split(". ")[0])))
+            results.put((time.monotonic(), ("error", str(exc).split(". ")[0])))
             return
         except Exception as exc:  # a worker must report, never die silently
-            self.results.put((time.monotonic(), ("error", f"{type(exc).__name__}: {exc}")))
+            results.put((time.monotonic(), ("error", f"{type(exc).__name__}: {exc}")))
             return
-        self.results.put((time.monotonic(), ("status", result)))
+        results.put((time.monotonic(), ("status", result)))
         newest = self._newest_checkpoint(result)
         tried = self.record["mirror_tried"]
         if newest is not None and (tried is None or newest > int(tried)):
-            self.mirror(session, newest)
+            self.mirror(session, newest, results)
 
     def _newest_checkpoint(self, result: dict[str, Any]) -> int | None:
         for run in result.get("runs") or []:
@@ -351,7 +354,8 @@ class Watcher:
         run = self.journal.run(str(self.record["run_id"])) or {}
         return str(run.get("playbook") or self.record["playbook"])
 
-    def mirror(self, session: HostSession, newest: int) -> None:
+    def mirror(self, session: HostSession, newest: int,
+               results: queue.Queue[tuple[float, Any]]) -> None:
         """Pull the new complete checkpoints into the workstation's mirror (the one migrate
         resumes from when the box is dead)."""
         from outrig.ops.stage import sync_checkpoints_on
@@ -363,14 +367,14 @@ class Watcher:
             report = sync_checkpoints_on(session, playbook=self.run_playbook(),
                                          run_id=self.record["run_id"])
         except OutrigError as exc:
-            self.results.put((time.monotonic(), ("mirror_error", str(exc).split(". ")[0])))
+            results.put((time.monotonic(), ("mirror_error", str(exc).split(". ")[0])))
             return
         finally:
             session.reporter = previous
             self.mirroring.clear()
         self.record.update(mirror_tried=newest)
         pulled = [int(p["epoch"]) for p in report.get("pulled") or []]
-        self.results.put((time.monotonic(), ("mirrored", pulled)))
+        results.put((time.monotonic(), ("mirrored", pulled)))
 
     def drain(self, session: HostSession) -> list[Observation]:
         """Turn the worker's results into observations (and progress lines)."""
@@ -567,8 +571,8 @@ class Watcher:
                 with contextlib.suppress(Exception):
                     session.transport.close()
             moved = [{**m, "fenced": time.time(), "stopped": stopped}
-                     if m is not entry and m.get("run_id") == entry.get("run_id")
-                     and m.get("host") == entry.get("host") else m
+                     if (m.get("host"), m.get("run_id")) == (entry.get("host"),
+                                                             entry.get("run_id")) else m
                      for m in self.record["moved"] or []]
             self.record.update(moved=moved)
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+import outrig
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.health import limits_for
@@ -196,6 +198,25 @@ def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
         running.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running"
                             and r.get("run_id") == new_run)
         assert "dead" not in running.events()[2:], "B is alive"
+
+        # A comes back: the watch fences it through outrig.fencing.fence_on (a recorder here)
+        calls: list[str] = []
+
+        def fence_on(session: Any, notifier: Notifier | None = None) -> list[str]:
+            calls.append(session.host_spec)
+            assert notifier is running.notifier
+            notifier.send("fenced", host=session.host_spec, run_id=first.plan.run_id)
+            return [first.plan.run_id]
+
+        fake = types.ModuleType("outrig.fencing")
+        fake.fence_on = fence_on  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "outrig.fencing", fake)
+        monkeypatch.setattr(outrig, "fencing", fake, raising=False)
+        box_a.start()
+        running.wait_event("fenced")
+        fenced = running.wait_record(lambda r: bool(r["moved"][0].get("fenced")))
+        assert fenced["moved"][0]["stopped"] == [first.plan.run_id]
+        assert calls == [str(a)], "once, on the old box"
         running.end()
         assert running.error is None
 
