@@ -227,15 +227,16 @@ class Watcher:
 
     def follow(self) -> Verdict | None:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
-        session = HostSession(self.project, str(self.record["host"]), self.reporter,
-                              self.journal)
+        self.session = HostSession(self.project, str(self.record["host"]), self.reporter,
+                                   self.journal)
         try:
-            return self._follow(session)
+            return self._follow()
         finally:
             with contextlib.suppress(Exception):
-                session.transport.close()
+                self.session.transport.close()
 
-    def _follow(self, session: HostSession) -> Verdict | None:
+    def _follow(self) -> Verdict | None:
+        session = self.session
         since = time.monotonic()
         seen: list[Observation] = []
         worker: threading.Thread | None = None
@@ -248,7 +249,7 @@ class Watcher:
             limits = self.limits(session)
             tick = time.monotonic()
             seen += self.drain(session)
-            if worker is None or not worker.is_alive():
+            if worker is None or not worker.is_alive():  # one heartbeat at a time
                 worker = threading.Thread(target=self.heartbeat, args=(session, self.results),
                                           name="outrig-watch-heartbeat", daemon=True)
                 worker_started = time.monotonic()
@@ -263,8 +264,9 @@ class Watcher:
                     flagged = tick
                     seen.append(Observation(tick, "heartbeat", False,
                                             f"no answer for {tick - worker_started:.0f}s"))
-                    if link_down:
-                        session = self._fresh_session(session)
+                    if link_down:  # the hung worker ends on its own; the next one connects
+                        session = self.session = self._fresh_session(session)
+                        worker = None
             seen += self.probe(session, limits)
             seen += self.drain(session)
             now = time.monotonic()
@@ -519,9 +521,13 @@ class Watcher:
     def migrate_to(self, old_host: str, old_run: str, spare: str) -> dict[str, Any] | None:
         from outrig.ops.migrate import migrate
 
+        # The death was confirmed a moment ago by a fresh SSH login; migrate's own SSH
+        # probes would only add their connect timeouts (up to 15 s each on a blackholed
+        # box) to the recovery, so it only does its bare TCP check. Should OLD answer
+        # after all, the moved run there is fenced when it does.
         try:
             return migrate(self.project, old_host, spare, self.reporter, journal=self.journal,
-                           run_id=old_run, probe_attempts=1, probe_pause=0.0)
+                           run_id=old_run, probe_attempts=0, probe_pause=0.0)
         except OutrigError as exc:
             self.reporter.warn(f"moving {old_run} to {spare} failed: {exc}")
             return None
