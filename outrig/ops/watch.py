@@ -189,6 +189,7 @@ class Watcher:
         self.results: queue.Queue[tuple[float, Any]] = queue.Queue()
         self._fencing: threading.Thread | None = None
         self.mirroring = threading.Event()  # the worker is copying a checkpoint
+        self._mirror_lock = threading.Lock()  # one mirror at a time into the one folder
         self._warned_fence = False
 
     # --- events --------------------------------------------------------------------------
@@ -362,18 +363,23 @@ class Watcher:
         resumes from when the box is dead)."""
         from outrig.ops.stage import sync_checkpoints_on
 
+        if not self._mirror_lock.acquire(blocking=False):
+            return  # a worker left behind on a replaced session still mirrors: next time
         quiet = Reporter(quiet=True)
         previous, session.reporter = session.reporter, quiet
         self.mirroring.set()
         try:
             report = sync_checkpoints_on(session, playbook=self.run_playbook(),
                                          run_id=self.record["run_id"])
-        except OutrigError as exc:
-            results.put((time.monotonic(), ("mirror_error", str(exc).split(". ")[0])))
+        except Exception as exc:  # OutrigError, or a local file error: report, go on
+            text = str(exc).split(". ")[0] if isinstance(exc, OutrigError) else \
+                f"{type(exc).__name__}: {exc}"
+            results.put((time.monotonic(), ("mirror_error", text)))
             return
         finally:
             session.reporter = previous
             self.mirroring.clear()
+            self._mirror_lock.release()
         self.record.update(mirror_tried=newest)
         pulled = [int(p["epoch"]) for p in report.get("pulled") or []]
         results.put((time.monotonic(), ("mirrored", pulled)))

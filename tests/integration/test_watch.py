@@ -115,10 +115,10 @@ def behind_proxy(box: SandboxBox, tmp_path: Path, proxy: LatencyProxy, name: str
 
 
 def start_job(box: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-              proxy: LatencyProxy, epochs: int | None = None
+              proxy: LatencyProxy, epochs: int | None = None, step_seconds: float = 0.5
               ) -> tuple[Project, Journal, Path, DeployResult]:
     """mig-4gpu running on ``box`` (through ``proxy``) until its first checkpoint; with
-    ``epochs``, a trainer that finishes after that many."""
+    ``epochs``, a trainer that finishes after that many (``step_seconds`` a step)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     project = write_playbooks(tmp_path / "proj", free_port())
     if epochs is not None:
@@ -126,7 +126,7 @@ def start_job(box: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         data = yaml.safe_load(book.read_text())
         argv = data["processes"]["trainer"]["command"]
         argv[argv.index("--epochs") + 1] = str(epochs)
-        argv[argv.index("--fake-step-seconds") + 1] = "0.5"
+        argv[argv.index("--fake-step-seconds") + 1] = str(step_seconds)
         book.write_text(yaml.safe_dump(data, sort_keys=False))
     journal = Journal()
     a = behind_proxy(box, tmp_path, proxy)
@@ -281,7 +281,8 @@ def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
     the box stays alive: zero migrations (``OUTRIG_SOAK_SECONDS`` makes it longer)."""
     proxy = make_proxy(box_a.port, one_way_delay=0.12)
     proxy.set_jitter(0.1)
-    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy,
+                                           epochs=10 ** 6, step_seconds=0.1)
     threshold = 6.0
     stall = 0.8 * limits_for(threshold, 0.24).threshold  # the watch's RTT is at least this
     running = Running(project, str(a), journal, WatchOptions(
@@ -299,7 +300,8 @@ def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
                                 and r.get("updated", 0) > time.time() - 30)
             running.stop.wait(min(10.0, max(0.0, end - time.monotonic())))
         assert stalls >= 1
-        assert running.thread.is_alive() and running.error is None
+        assert running.thread.is_alive() and running.error is None, \
+            f"{running.error!r}; events {running.notifier.sent}"
         events = running.events()
         assert "dead" not in events and "migrating" not in events, events
         assert "suspect" in events, "the stalls were long enough to be noticed"
