@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +33,7 @@ from outrig.notify import EVENTS, Notifier
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
-from outrig.ops.watch import WatchOptions, watch, watch_file
+from outrig.ops.watch import WatchOptions, probe_port, watch, watch_file
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 from tests.helpers import free_port
@@ -387,3 +388,42 @@ def test_a_killed_watch_started_again_carries_on_from_the_journal(
             ["failed", "restarting", "failed"], "each event is a JSON line, as the hook gets it"
     finally:
         kill_run(box_a.workdir, first.plan.run_id)
+
+
+@pytest.mark.parametrize(("behaviour", "tcp", "banner"), [
+    ("banner", True, True), ("silent", True, False), ("close", False, False),
+    ("refuse", False, False), ("http", True, False)])
+def test_probe_port_tells_a_banner_from_a_silent_port_and_a_dropped_one(
+        behaviour: str, tcp: bool, banner: bool) -> None:
+    """The ``tcp`` and ``banner`` signals: a port that accepts and stays silent (a stalled link,
+    a gateway) is TCP only; one that accepts and closes at once (a stopped sshd behind a
+    gateway) fails both, like a refused connect."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+    if behaviour == "refuse":
+        server.close()
+    else:
+        server.listen(4)
+
+        def serve() -> None:
+            conn, _ = server.accept()
+            if behaviour == "banner":
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            elif behaviour == "http":
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n")
+            elif behaviour == "close":
+                conn.close()
+                return
+            held.append(conn)
+
+        threading.Thread(target=serve, daemon=True).start()
+    try:
+        got_tcp, got_banner = probe_port("127.0.0.1", port, 1.0)
+        assert (got_tcp.signal, got_banner.signal) == ("tcp", "banner")
+        assert (got_tcp.ok, got_banner.ok) == (tcp, banner), (got_tcp, got_banner)
+    finally:
+        for conn in held:
+            conn.close()
+        server.close()
