@@ -10,6 +10,7 @@ done by hand. Printed, in seconds:
 
 - ``detect``: death → the ``dead`` verdict (the threshold, scaled by the RTT, plus up to one
   probe period and the confirming connection);
+- ``spare``: ``dead`` → ``migrating`` (``check`` on the spare);
 - the migrate flow, ``migrating`` → ``resumed``, with migrate's own breakdown (``probe``,
   ``provision``, ``stage``, ``checkpoint``, ``deploy``) when its report carries ``timings``;
 - the same steps timed from outside (migrate's functions wrapped: ``probe``,
@@ -156,6 +157,7 @@ def main() -> int:
             "threshold_scaled": round(limits.threshold, 1),
             "probe_period": round(limits.period, 2),
             "detect": round(float(dead["time"]) - died, 1),
+            "spare": round(float(migrating["time"]) - float(dead["time"]), 1),
             "migrate": round(float(resumed["time"]) - float(migrating["time"]), 1),
             "migrate_steps": steps,
             "migrate_timings": resumed.get("timings"),
@@ -170,6 +172,7 @@ def main() -> int:
                   f"(scaled {figures['threshold_scaled']} s, probe every "
                   f"{figures['probe_period']} s)")
             print(f"  detect   {figures['detect']:6.1f} s  death → dead verdict")
+            print(f"  spare    {figures['spare']:6.1f} s  dead → migrating (check the spare)")
             print(f"  migrate  {figures['migrate']:6.1f} s  migrating → resumed")
             for step, seconds in figures["migrate_steps"].items():
                 print(f"    {step:<16} {float(seconds):6.1f} s")
