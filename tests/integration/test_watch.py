@@ -46,7 +46,10 @@ from tests.integration.test_migrate import (
     write_playbooks,
 )
 
-pytestmark = pytest.mark.integration
+# A worker thread of the watch that dies of an exception fails the test (it would otherwise be
+# only a warning at the end of the run).
+pytestmark = [pytest.mark.integration,
+              pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")]
 THRESHOLD = 4.0  # seconds: small, so a death is called soon; the judge scales it by the RTT
 PERIOD = 0.5
 
