@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import queue
 import socket
 import threading
@@ -93,17 +94,29 @@ class WatchRecord:
     def __init__(self, path: Path, data: dict[str, Any]) -> None:
         self.path = path
         self.data = data
+        self._lock = threading.Lock()  # the loop, its worker and the fencing thread write
 
     def __getitem__(self, key: str) -> Any:
         return self.data.get(key)
 
     def update(self, **fields: Any) -> None:
-        self.data.update(fields)
-        self.data["updated"] = time.time()
-        atomic_write_json(self.path, self.data)
+        with self._lock:
+            self.data.update(fields)
+            self.data["updated"] = time.time()
+            atomic_write_json(self.path, self.data)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return json.loads(json.dumps(self.data, default=str))
+
+    def note(self, **fields: Any) -> None:
+        """Change fields without writing (a frequent detail, saved with the next update)."""
+        with self._lock:
+            self.data.update(fields)
 
     def add_event(self, payload: dict[str, Any]) -> None:
-        events = [*(self.data.get("events") or []), payload][-EVENTS_KEPT:]
+        with self._lock:
+            events = [*(self.data.get("events") or []), payload][-EVENTS_KEPT:]
         self.update(events=events)
 
 
@@ -224,7 +237,7 @@ class Watcher:
                 self.on_crash(verdict)
             elif verdict.state == "dead":
                 self.on_death(verdict)
-        return dict(self.record.data)
+        return self.record.snapshot()
 
     def follow(self) -> Verdict | None:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
@@ -416,7 +429,7 @@ class Watcher:
         digest = hashlib.sha256(texts.encode()).hexdigest() if texts else None
         grew = digest is not None and digest != self.record["log_seen"]
         if grew:
-            self.record.data["log_seen"] = digest  # saved with the next change, not each beat
+            self.record.note(log_seen=digest)  # saved with the next change, not each beat
         enrich_status(result)
         out = [Observation(at, "heartbeat", True), Observation(at, "log", grew)]
         if not runs:
@@ -567,8 +580,12 @@ class Watcher:
                                    "with `outrig cleanup --host OLD` when it answers")
             return
         for entry in pending:
-            session = HostSession(self.project, str(entry["host"]), Reporter(quiet=True),
-                                  self.journal)
+            try:
+                session = HostSession(self.project, str(entry["host"]), Reporter(quiet=True),
+                                      self.journal)
+            except OutrigError as exc:  # e.g. its host file was removed
+                self.reporter.warn(f"cannot look at {entry['host']} to fence it: {exc}")
+                continue
             host = session.host
             if not host.is_local:
                 _, banner = probe_port(host.hostname, host.port or 22, 5.0)
