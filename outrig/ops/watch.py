@@ -107,7 +107,8 @@ class WatchRecord:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return json.loads(json.dumps(self.data, default=str))
+            copy: dict[str, Any] = json.loads(json.dumps(self.data, default=str))
+        return copy
 
     def note(self, **fields: Any) -> None:
         """Change fields without writing (a frequent detail, saved with the next update)."""
