@@ -274,6 +274,35 @@ def test_a_crash_on_a_live_box_is_reported_and_restarted_in_place_not_moved(
         kill_run(box_a.workdir, first.plan.run_id)
 
 
+def test_a_blackholed_link_that_still_accepts_tcp_is_suspect_not_moved(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
+        watches: list[Running]) -> None:
+    """Through a blackhole that still accepts TCP (here the proxy; out there a provider's
+    port gateway) nothing proves the box dead, however long it lasts: the watch says
+    ``suspect``, moves nothing, and says ``recovered`` when the link comes back."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.01)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    running = Running(project, str(a), journal, WatchOptions(
+        spares=[str(host_b)], threshold=THRESHOLD, period=PERIOD))
+    watches.append(running)
+    try:
+        running.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running")
+        proxy.blackhole_all()
+        running.wait_event("suspect")
+        running.stop.wait(3 * THRESHOLD)  # well past the threshold, still blackholed
+        assert "dead" not in running.events() and "migrating" not in running.events()
+        proxy.restore()
+        running.wait_event("recovered")
+        running.end()
+        assert running.error is None
+        assert running.events() == ["suspect", "recovered"]
+        assert read_json(running.record_path)["run_id"] == first.plan.run_id
+    finally:
+        proxy.restore()
+        kill_run(box_a.workdir, first.plan.run_id)
+
+
 SOAK_SECONDS = float(os.environ.get("OUTRIG_SOAK_SECONDS", "60"))
 
 
