@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import queue
 import socket
@@ -242,7 +243,7 @@ class Watcher:
 
     def follow(self) -> Verdict | None:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
-        self.session = HostSession(self.project, str(self.record["host"]), self.reporter,
+        self.session = HostSession(self.project, str(self.record["host"]), silent(),
                                    self.journal)
         try:
             return self._follow()
@@ -312,7 +313,7 @@ class Watcher:
         afresh on the new session."""
         with contextlib.suppress(Exception):
             session.transport.close()
-        return HostSession(self.project, session.host_spec, self.reporter, self.journal)
+        return HostSession(self.project, session.host_spec, silent(), self.journal)
 
     def limits(self, session: HostSession) -> Limits:
         rtt = session.transport.best_rtt if hasattr(session.transport, "best_rtt") else None
@@ -379,8 +380,6 @@ class Watcher:
 
         if not self._mirror_lock.acquire(blocking=False):
             return  # a worker left behind on a replaced session still mirrors: next time
-        quiet = Reporter(quiet=True)
-        previous, session.reporter = session.reporter, quiet
         self.mirroring.set()
         try:
             report = sync_checkpoints_on(session, playbook=self.run_playbook(),
@@ -391,7 +390,6 @@ class Watcher:
             results.put((time.monotonic(), ("mirror_error", text)))
             return
         finally:
-            session.reporter = previous
             self.mirroring.clear()
             self._mirror_lock.release()
         self.record.update(mirror_tried=newest)
@@ -416,8 +414,6 @@ class Watcher:
             elif kind == "mirrored" and value:
                 newest = max(value)
                 self.record.update(mirrored=max(newest, int(self.record["mirrored"] or -1)))
-                self.reporter.info(f"• mirrored checkpoint {newest} of "
-                                   f"{self.record['run_id']}")
                 self.emit_progress({"mirrored": newest})
             elif kind == "mirror_error":
                 self.reporter.warn(f"mirroring the newest checkpoint failed: {value}; "
@@ -449,19 +445,26 @@ class Watcher:
         checkpoint = ((trainer or {}).get("checkpoint") or {}).get("name")
         line = {"state": state, "step": progress.get("step"), "epoch": progress.get("epoch"),
                 "checkpoint": checkpoint}
-        if line == self.record["progress"]:
+        before = self.record["progress"] or {}
+        if line == before:
             return
         self.record.update(progress=line)
-        self.emit_progress(line)
+        # a new state or checkpoint is a line of its own; a new step only redraws the
+        # status line (a long run must not print a line per probe period)
+        lasting = any(line[k] != before.get(k) for k in ("state", "checkpoint"))
+        self.emit_progress(line, lasting=lasting)
 
-    def emit_progress(self, fields: dict[str, Any]) -> None:
+    def emit_progress(self, fields: dict[str, Any], *, lasting: bool = True) -> None:
         if self.reporter.json_mode:
             self.reporter.emit_json({"event": "progress", "host": self.record["host"],
                                      "run_id": self.record["run_id"], **fields})
             return
         parts = [f"{k} {v}" for k, v in fields.items() if v is not None]
-        self.reporter.info(f"  {self.record['host']} {self.record['run_id']}: "
-                           + ", ".join(parts))
+        text = f"{self.record['host']} {self.record['run_id']}: " + ", ".join(parts)
+        if lasting:
+            self.reporter.info(f"  {text}")
+        else:
+            self.reporter.live(text)
 
     # --- verdicts ------------------------------------------------------------------------
     def on_crash(self, verdict: Verdict) -> None:
@@ -605,6 +608,20 @@ class Watcher:
                                                              entry.get("run_id")) else m
                      for m in self.record["moved"] or []]
             self.record.update(moved=moved)
+
+
+def silent() -> Reporter:
+    """The reporter of the watch's own sessions: their retry notices and "lost contact"
+    warnings are what the health signals already judge, and a hung call that ends after the
+    loop has moved on must not print into the watch's output."""
+    return Reporter(quiet=True, err=_Discard())
+
+
+class _Discard(io.StringIO):
+    """A text stream that keeps nothing."""
+
+    def write(self, text: str) -> int:
+        return len(text)
 
 
 @contextlib.contextmanager
