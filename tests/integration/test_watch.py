@@ -8,6 +8,7 @@ its record, never for a time."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import pytest
 import yaml
 
 import outrig
+import outrig.ops.migrate as migrate_module
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.health import limits_for
@@ -168,8 +170,19 @@ def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
     gone = tmp_path / "hosts" / "gone.yaml"  # a spare nobody answers for: skipped
     gone.write_text(yaml.safe_dump({**yaml.safe_load(host_b.read_text()), "port": free_port()}))
     b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+    real_migrate = migrate_module.migrate
+
+    def migrate_with_timings(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        """migrate as it is, with a report["timings"] where this migrate has none."""
+        report = real_migrate(*args, **kwargs)
+        report.setdefault("timings", {"deploy": 1.0, "total": 2.0})
+        return report
+
+    monkeypatch.setattr(migrate_module, "migrate", migrate_with_timings)
+    out = io.StringIO()
     running = Running(project, str(a), journal, WatchOptions(
-        spares=[str(gone), str(host_b)], threshold=THRESHOLD, period=PERIOD))
+        spares=[str(gone), str(host_b)], threshold=THRESHOLD, period=PERIOD),
+        reporter=Reporter(err=out, out=io.StringIO()))
     watches.append(running)
     try:
         mirrored = running.wait_record(lambda r: r.get("mirrored") is not None)["mirrored"]
@@ -189,6 +202,11 @@ def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
         assert [s.split(":")[0] for s in migrating["skipped"]] == [str(gone)]
         assert resumed["old_run_id"] == first.plan.run_id
         checkpoint = resumed["checkpoint"]
+        timings = resumed["timings"]
+        assert set(timings) >= {"deploy", "total"}, "migrate's timings travel with resumed"
+        assert "recovery: " in out.getvalue() and "deploy " in out.getvalue(), \
+            "and are printed"
+        assert f"spare {gone} skipped" in out.getvalue(), "the skipped spare's reason shown"
         assert checkpoint is not None and checkpoint >= mirrored
         record = running.wait_record(lambda r: r.get("host") == str(host_b))
         assert record["spares"] == [str(gone)], "the spare used is spent; the other stays"
