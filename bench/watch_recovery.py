@@ -5,8 +5,9 @@ Two sandbox boxes (each a real OpenSSH sshd on 127.0.0.1) sit behind latency pro
 (one-way delay = RTT / 2). Box A runs the job (the vLLM and trainer stand-ins of
 tests/standins, 4 fake GPUs); box B (8 fake GPUs) is the spare. ``watch`` follows A in this
 process until the newest checkpoint is mirrored; then A dies (its sshd and sessions stop,
-every live connection is reset, every process of the run is killed) and nothing else is
-done by hand. Printed, in seconds:
+every live connection is reset, every process of the run is killed; or, with ``--death
+blackhole``, its link goes silent for good and new TCP connects are never answered) and
+nothing else is done by hand. Printed, in seconds:
 
 - ``detect``: death → the ``dead`` verdict (the threshold, scaled by the RTT, plus up to one
   probe period and the confirming connection);
@@ -19,7 +20,8 @@ done by hand. Printed, in seconds:
   already waits for the trainer's first step, so this is ~0: resuming is inside deploy);
 - ``total``: death → that line.
 
-Usage:  python bench/watch_recovery.py [--rtt-ms 240] [--threshold 20] [--json]
+Usage:  python bench/watch_recovery.py [--rtt-ms 240] [--threshold 20] [--death sshd|blackhole]
+        [--json]
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def main() -> int:
     parser.add_argument("--rtt-ms", type=float, default=240.0)
     parser.add_argument("--threshold", type=float, default=20.0,
                         help="watch --threshold (seconds, before RTT scaling)")
+    parser.add_argument("--death", choices=("sshd", "blackhole"), default="sshd",
+                        help="how A dies: its sshd and processes stop (default), or its link "
+                             "is blackholed for good (new TCP connects unanswered)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     one_way = args.rtt_ms / 2000.0
@@ -135,8 +140,12 @@ def main() -> int:
                  "the first mirrored checkpoint")
 
         died = time.time()
-        box_a.stop()
-        proxies[0].cut_all()
+        if args.death == "blackhole":  # the link goes for good: nothing through, no new TCP
+            proxies[0].blackhole_all(drop_new=True)
+        else:
+            box_a.stop()
+            proxies[0].cut_all()
+        # the run's processes go as well (both boxes share this machine's ports)
         kill_run(box_a.workdir, first.plan.run_id)
 
         def event(name: str) -> dict[str, Any] | None:
@@ -153,7 +162,7 @@ def main() -> int:
         training = time.time()
         limits = limits_for(args.threshold, args.rtt_ms / 1000.0)
         figures: dict[str, Any] = {
-            "rtt_ms": args.rtt_ms, "threshold": args.threshold,
+            "rtt_ms": args.rtt_ms, "threshold": args.threshold, "death": args.death,
             "threshold_scaled": round(limits.threshold, 1),
             "probe_period": round(limits.period, 2),
             "detect": round(float(dead["time"]) - died, 1),
@@ -168,7 +177,7 @@ def main() -> int:
         if args.json:
             print(json.dumps(figures, indent=2))
         else:
-            print(f"RTT {args.rtt_ms:.0f} ms, threshold {args.threshold:g} s "
+            print(f"death: {args.death}; RTT {args.rtt_ms:.0f} ms, threshold {args.threshold:g} s "
                   f"(scaled {figures['threshold_scaled']} s, probe every "
                   f"{figures['probe_period']} s)")
             print(f"  detect   {figures['detect']:6.1f} s  death → dead verdict")

@@ -164,14 +164,21 @@ def probe_port(host: str, port: int, timeout: float) -> tuple[Observation, Obser
                         "" if ok else "the port does not speak SSH"))
 
 
-def confirm_dead(session: HostSession) -> Observation:
-    """The fresh probe a death needs: a new SSH connection and login (never the warm one),
-    with one attempt; ``ok`` when the box answered."""
+def confirm_dead(session: HostSession, timeout: float) -> Observation:
+    """The fresh probe a death needs (never the warm connection): a TCP connect and the SSH
+    banner within ``timeout``, then, when they answer, a whole SSH login with one attempt;
+    ``ok`` when the box answered. A port that gives no banner fails at once, so a link that
+    is gone costs the probe's limit here, not the SSH connect limit."""
     from outrig.connectors.ssh import SSHTransport
 
     started = time.monotonic()
-    if session.host.is_local:
+    host = session.host
+    if host.is_local:
         return Observation(started, "confirm", True, "local")
+    tcp, banner = probe_port(host.hostname, host.port or 22, timeout)
+    if not banner.ok:
+        return Observation(time.monotonic(), "confirm", False,
+                           f"{banner.detail}" if tcp.ok else f"TCP: {tcp.detail}")
     transport = SSHTransport(session.host, rtt_hint=session.transport.best_rtt,
                              attempts=1, link_attempts=1, channel_attempts=1)
     try:
@@ -288,7 +295,7 @@ class Watcher:
             now = time.monotonic()
             verdict = judge(seen, now, limits, since)
             if verdict.needs_confirm:
-                seen.append(confirm_dead(session))
+                seen.append(confirm_dead(session, self.probe_timeout(session, limits)))
                 verdict = judge(seen, time.monotonic(), limits, since)
             if verdict.state in ("dead", "crashed", "finished"):
                 if verdict.state == "dead" and not suspect:
@@ -329,8 +336,13 @@ class Watcher:
         if host.is_local:
             now = time.monotonic()
             return [Observation(now, "tcp", True), Observation(now, "banner", True)]
-        timeout = min(max(2.0, limits.period), connect_timeout_for(host, None)[0])
-        return list(probe_port(host.hostname, host.port or 22, timeout))
+        return list(probe_port(host.hostname, host.port or 22,
+                               self.probe_timeout(session, limits)))
+
+    def probe_timeout(self, session: HostSession, limits: Limits) -> float:
+        """How long a TCP connect plus banner may take: a probe period, at least 2 s (a
+        loaded sshd), at most the host's connect limit."""
+        return min(max(2.0, limits.period), connect_timeout_for(session.host, None)[0])
 
     # --- the worker: heartbeat, progress, mirror -------------------------------------------
     def heartbeat(self, session: HostSession, results: queue.Queue[tuple[float, Any]]) -> None:

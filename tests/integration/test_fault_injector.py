@@ -238,3 +238,24 @@ def test_blackhole_all_holds_until_restore(
                 s.settimeout(10)
             assert _recv_exactly(live, 5) == b"lost?"
             assert _recv_exactly(new, 3) == b"new"
+
+
+def test_blackhole_all_drop_new_leaves_new_connects_unanswered_until_restore(
+        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+    """A link that is down: new connects time out (no SYN answered), live connections stay
+    open and silent; after restore both work again."""
+    proxy = make_proxy(echo.port, one_way_delay=0.0)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as live:
+        proxy.blackhole_all(drop_new=True)
+        live.sendall(b"held")
+        with pytest.raises(TimeoutError):
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=1.0).close()
+        live.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            live.recv(1)
+        proxy.restore()
+        live.settimeout(10)
+        assert _recv_exactly(live, 4) == b"held"
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as new:
+            new.sendall(b"back")
+            assert _recv_exactly(new, 4) == b"back"

@@ -258,6 +258,43 @@ def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
         cleanup(project, str(host_b), Reporter(quiet=True), all_runs=True, journal=journal)
 
 
+def test_a_link_gone_for_good_is_a_death_and_moves_the_job(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
+        watches: list[Running]) -> None:
+    """The link to A is blackholed for good (live connections silent, new connects never
+    answered): every signal fails, the fresh probe too (its TCP connect times out), so the
+    job moves to B from the mirror."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.01)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
+    running = Running(project, str(a), journal, WatchOptions(
+        spares=[str(host_b)], threshold=THRESHOLD, period=PERIOD))
+    watches.append(running)
+    try:
+        running.wait_record(lambda r: r.get("mirrored") is not None)
+        proxy.blackhole_all(drop_new=True)
+        # Behind a real dead link A's run could go on (fencing's business); here both boxes
+        # share this machine's ports, so A's server must not hold the port B's will use.
+        kill_run(box_a.workdir, first.plan.run_id)
+        resumed = running.wait_event("resumed")
+        assert running.events()[:4] == ["suspect", "dead", "migrating", "resumed"]
+        dead = running.wait_event("dead")
+        assert "fresh connection failed" in dead["why"]
+        checkpoint = resumed["checkpoint"]
+        assert checkpoint is not None
+        assert f"Resuming training on epoch {checkpoint + 1}" in \
+            resumed_log(b_workdir, resumed["run_id"])
+        record = running.wait_record(lambda r: r.get("host") == str(host_b))
+        assert record["moved"] == [{"host": str(a), "run_id": first.plan.run_id,
+                                    "fenced": None}]
+        running.end()
+    finally:
+        proxy.restore()
+        kill_run(box_a.workdir, first.plan.run_id)
+        cleanup(project, str(host_b), Reporter(quiet=True), all_runs=True, journal=journal)
+
+
 def test_a_crash_on_a_live_box_is_reported_and_restarted_in_place_not_moved(
         box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
         make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
