@@ -56,6 +56,7 @@ from outrig.timing import connect_timeout_for
 WATCH_DIR = "watches"
 EVENTS_KEPT = 200  # newest events kept in the watch's record
 FENCE_EVERY = 5  # probe periods between two looks at a box a run was moved from
+CONFIRM_FLOOR = 7.5  # seconds: a confirming TCP connect outlasts SYN retries at 0, 1, 3, 7 s
 
 
 @dataclass
@@ -167,8 +168,8 @@ def probe_port(host: str, port: int, timeout: float) -> tuple[Observation, Obser
 def confirm_dead(session: HostSession, timeout: float) -> Observation:
     """The fresh probe a death needs (never the warm connection): a TCP connect and the SSH
     banner within ``timeout``, then, when they answer, a whole SSH login with one attempt;
-    ``ok`` when the box answered. A port that gives no banner fails at once, so a link that
-    is gone costs the probe's limit here, not the SSH connect limit."""
+    ``ok`` when the box answered. A port that gives no banner within ``timeout`` fails
+    without the SSH connect's own (longer) limit."""
     from outrig.connectors.ssh import SSHTransport
 
     started = time.monotonic()
@@ -295,7 +296,7 @@ class Watcher:
             now = time.monotonic()
             verdict = judge(seen, now, limits, since)
             if verdict.needs_confirm:
-                seen.append(confirm_dead(session, self.probe_timeout(session, limits)))
+                seen.append(confirm_dead(session, self.confirm_timeout(session, limits)))
                 verdict = judge(seen, time.monotonic(), limits, since)
             if verdict.state in ("dead", "crashed", "finished"):
                 if verdict.state == "dead" and not suspect:
@@ -338,6 +339,13 @@ class Watcher:
             return [Observation(now, "tcp", True), Observation(now, "banner", True)]
         return list(probe_port(host.hostname, host.port or 22,
                                self.probe_timeout(session, limits)))
+
+    def confirm_timeout(self, session: HostSession, limits: Limits) -> float:
+        """The confirming probe's limit for TCP and the banner: longer than a routine
+        probe's, since it decides a death: it outlasts TCP's SYN retries (sent at 0, 1, 3
+        and 7 s) on a lossy link, at most the host's connect limit."""
+        return min(max(CONFIRM_FLOOR, 3 * limits.period),
+                   connect_timeout_for(session.host, None)[0])
 
     def probe_timeout(self, session: HostSession, limits: Limits) -> float:
         """How long a TCP connect plus banner may take: a probe period, at least 2 s (a
