@@ -378,6 +378,52 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
     run_migrate(settings.project, from_, to, _reporter(json), playbook=playbook, run_id=run)
 
 
+@task(
+    auto_shortflags=False,
+    iterable=["spare"],
+    help={"host": HOST_HELP,
+          "playbook": "the playbook whose run to follow (its current run on the host)",
+          "spare": "a box to move the job to if the host dies (repeat for several; the first "
+                   "that passes check wins)",
+          "run": "the run to follow (default: the playbook's current run on the host)",
+          "restarts": "after a crash on a healthy box, redeploy in place at most N times "
+                      "(default 0: report and stop)",
+          "threshold": "seconds with every health signal failing before the box may be "
+                       "called dead (default 60; scaled up with the measured RTT)",
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def watch(c: Any, host: str | None = None, playbook: str | None = None,
+          spare: list[str] | None = None, run: str | None = None, restarts: str | None = None,
+          threshold: str | None = None, project: str | None = None, no_keep: bool = False,
+          json: bool = False) -> None:
+    """Follow one run until it finishes; move it to a spare if its box dies.
+
+    Judges the box from several signals (TCP, SSH banner, the agent's answer, the run's
+    processes, log growth) with RTT-scaled limits, mirrors each new complete checkpoint, and
+    on a confirmed death migrates to the first spare that passes check. A crash on a box
+    that answers is reported, never migrated (--restarts N redeploys in place). Events go
+    to the on_event hook; its state lives in the journal, so a restarted watch carries on.
+    See docs/watch.md.
+
+    Example:
+        outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
+    """
+    from outrig.notify import Notifier
+    from outrig.ops.watch import WatchOptions
+    from outrig.ops.watch import watch as run_watch
+
+    reporter = _reporter(json)
+    settings = settings_for(c, project, no_keep=no_keep)
+    host_spec = settings.host(host)
+    name = playbook_for(settings, playbook, host_spec, reporter, what="watch")
+    options = WatchOptions(spares=list(spare or []), run_id=run,
+                           restarts=int(number(restarts, "restarts", 0)),
+                           threshold=float(number(threshold, "threshold", 60, whole=False)))
+    run_watch(settings.project, host_spec, name, reporter, options=options,
+              notifier=Notifier(settings.on_event(), reporter))
+
+
 @task(auto_shortflags=False,
       help={"host": HOST_HELP, "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP})
 @friendly
@@ -715,7 +761,7 @@ def init(c: Any, force: bool = False, json: bool = False) -> None:
 
 
 TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
-         migrate, check, exec_, ssh, forward, connections, demo, sandbox_up, sandbox_down,
+         migrate, watch, check, exec_, ssh, forward, connections, demo, sandbox_up, sandbox_down,
          init)
 
 

@@ -22,6 +22,13 @@ packets of the key exchange up to the client's NEWKEYS; after that it counts the
 open and 4 the (pipelined) exec; ``stream`` is the server's bytes after that. A client that
 authenticates differently (several keys, keyboard-interactive) shifts the later flights, so
 tests check :attr:`LatencyProxy.fired` to see where a fault actually struck.
+
+Whole-proxy faults act on every connection at once, live ones and those accepted meanwhile,
+while they stay open: :meth:`LatencyProxy.stall_all` forwards nothing for N seconds and then
+delivers everything held, in order (a link that froze and came back);
+:meth:`LatencyProxy.blackhole_all` forwards nothing until :meth:`LatencyProxy.restore` (a
+link gone for good, or until restored: TCP's retransmissions then deliver what was held,
+which is what holding the bytes here imitates). Neither ever closes a connection.
 """
 
 from __future__ import annotations
@@ -290,7 +297,8 @@ class _Connection:
             except queue.Empty:
                 continue
             while not self.stop.is_set():
-                wait = max(deliver_at, self.hold_until) - time.monotonic()
+                wait = max(deliver_at, self.hold_until, self.proxy.held_until()) \
+                    - time.monotonic()
                 if wait <= 0:
                     break
                 time.sleep(min(wait, _POLL))
@@ -372,6 +380,11 @@ class LatencyProxy:
         self._conns: list[_Connection] = []
         self._port = 0
         self.accepted = 0  # total connections ever accepted (for tests counting reconnects)
+        self._stall_until = 0.0  # stall_all: nothing is delivered before this time
+        self._blackholed = False  # blackhole_all: nothing is delivered until restore()
+        self._accepting = threading.Event()  # cleared: new connections are not answered
+        self._accepting.set()
+        self._fillers: list[socket.socket] = []  # fill the accept queue while not accepting
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> LatencyProxy:
@@ -414,6 +427,47 @@ class LatencyProxy:
         if seconds < 0:
             raise ValueError("jitter must be >= 0")
         self.jitter = float(seconds)
+
+    def stall_all(self, seconds: float) -> None:
+        """Forward nothing for ``seconds`` on every connection (live, or accepted meanwhile),
+        without closing any; then deliver what was held, in order, and go on."""
+        if seconds < 0:
+            raise ValueError("a stall lasts >= 0 seconds")
+        self._stall_until = max(self._stall_until, time.monotonic() + seconds)
+
+    def blackhole_all(self, *, drop_new: bool = False) -> None:
+        """Forward nothing on any connection, live or new, and close none, until
+        :meth:`restore`. New connections are accepted and held (what a gateway in front of
+        a gone box does); with ``drop_new`` they get no answer at all, their connect times
+        out, as on a link that is down: the proxy stops accepting and fills its accept
+        queue (listen backlog 0) with one connection of its own, so the kernel drops the
+        SYNs of the rest."""
+        self._blackholed = True
+        if drop_new and self._listener is not None and not self._fillers:
+            self._accepting.clear()
+            self._listener.listen(0)
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError, OSError):
+                filler.connect(("127.0.0.1", self.port))
+            self._fillers.append(filler)
+
+    def restore(self) -> None:
+        """End :meth:`blackhole_all` and any :meth:`stall_all`: held bytes flow again and
+        new connections are answered."""
+        self._blackholed = False
+        self._stall_until = 0.0
+        if self._listener is not None and not self._accepting.is_set():
+            with contextlib.suppress(OSError):
+                self._listener.listen(128)
+            self._accepting.set()
+        fillers, self._fillers = self._fillers, []
+        for filler in fillers:
+            _abort(filler)
+
+    def held_until(self) -> float:
+        """Until when the whole proxy holds every byte (``inf`` while blackholed)."""
+        return float("inf") if self._blackholed else self._stall_until
 
     def deliver_at(self) -> float:
         """When a chunk read now is delivered: the delay plus this chunk's jitter."""
@@ -467,8 +521,9 @@ class LatencyProxy:
             self._accept_thread.join(2.0)
         with self._lock:
             held, self._held = self._held, []
-        for sock in held:
+        for sock in [*held, *self._fillers]:
             _abort(sock)
+        self._fillers = []
         self.cut_all()
 
     def __enter__(self) -> LatencyProxy:
@@ -482,6 +537,9 @@ class LatencyProxy:
     def _accept_loop(self) -> None:
         assert self._listener is not None
         while not self._closed.is_set():
+            if not self._accepting.is_set():
+                self._closed.wait(_POLL)
+                continue
             try:
                 client, _ = self._listener.accept()
             except TimeoutError:

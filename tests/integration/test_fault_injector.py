@@ -188,3 +188,74 @@ def test_faults_are_validated() -> None:
                 {"after_bytes": -1}):
         with pytest.raises(ValueError):
             Fault(**bad)
+
+
+def _recv_exactly(s: socket.socket, size: int) -> bytes:
+    got = b""
+    while len(got) < size:
+        chunk = s.recv(size - len(got))
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_stall_all_holds_live_and_new_connections_then_delivers(
+        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+    proxy = make_proxy(echo.port, one_way_delay=0.0)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as live:
+        live.sendall(b"one")
+        assert _recv_exactly(live, 3) == b"one"  # flowing before the stall
+        proxy.stall_all(1.5)
+        live.sendall(b"two")
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as new:
+            new.sendall(b"new")
+            for s in (live, new):
+                s.settimeout(0.3)
+                with pytest.raises(socket.timeout):
+                    s.recv(1)  # held, and not closed (an EOF would return b"")
+                s.settimeout(10)
+            assert _recv_exactly(live, 3) == b"two"  # then delivered, the same connection
+            assert _recv_exactly(new, 3) == b"new"
+    assert proxy.fired == []
+
+
+def test_blackhole_all_holds_until_restore(
+        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+    proxy = make_proxy(echo.port, one_way_delay=0.0)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as live:
+        proxy.blackhole_all()
+        live.sendall(b"lost?")
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as new:
+            new.sendall(b"new")
+            for s in (live, new):
+                s.settimeout(1.0)
+                with pytest.raises(socket.timeout):
+                    s.recv(1)
+            assert proxy.connections == 2, "both stay open"
+            proxy.restore()
+            for s in (live, new):
+                s.settimeout(10)
+            assert _recv_exactly(live, 5) == b"lost?"
+            assert _recv_exactly(new, 3) == b"new"
+
+
+def test_blackhole_all_drop_new_leaves_new_connects_unanswered_until_restore(
+        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+    """A link that is down: new connects time out (no SYN answered), live connections stay
+    open and silent; after restore both work again."""
+    proxy = make_proxy(echo.port, one_way_delay=0.0)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as live:
+        proxy.blackhole_all(drop_new=True)
+        live.sendall(b"held")
+        with pytest.raises(TimeoutError):
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=1.0).close()
+        live.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            live.recv(1)
+        proxy.restore()
+        live.settimeout(10)
+        assert _recv_exactly(live, 4) == b"held"
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as new:
+            new.sendall(b"back")
+            assert _recv_exactly(new, 4) == b"back"

@@ -1,0 +1,719 @@
+"""``outrig watch --host A --playbook P [--spare B ...]``: follow one run until it finishes.
+
+What it does, each probe period (from the measured RTT, see :func:`outrig.health.limits_for`):
+
+* probes the SSH port afresh (TCP connect and banner) from this thread, and asks the agent
+  for the run's ``status`` over the open session from a worker thread, so a silent link never
+  holds the loop up; each answer becomes observations for :func:`outrig.health.judge`;
+* shows progress (run state, the trainer's step and epoch, the newest complete checkpoint)
+  and mirrors each new complete checkpoint to this workstation (``sync-checkpoints`` on the
+  same session);
+* acts on the verdict: ``suspect`` and back is a notice; ``dead`` (every signal failing for
+  the threshold, confirmed by a fresh connection) runs the migrate flow to the first spare
+  that passes ``check`` and watches the new box; ``crashed`` (the box answers, the run's
+  processes are gone) is reported and, with ``--restarts N``, redeployed in place at most N
+  times; ``finished`` ends the watch.
+
+Its state (the box and run it follows, spares left, restarts used, the newest mirrored
+checkpoint, runs moved away and not yet fenced, the events sent) is a small JSON file in the
+journal (``<journal>/watches/``), written after every change: a restarted ``watch`` with the
+same ``--host`` (or the box it moved to) and ``--playbook`` carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outrig.console import Reporter
+from outrig.errors import ConfigError, OutrigError, RemoteError
+from outrig.health import (
+    DEFAULT_THRESHOLD,
+    Limits,
+    Observation,
+    Verdict,
+    judge,
+    limits_for,
+    prune,
+    run_state,
+)
+from outrig.journal import Journal, atomic_write_json, read_json, safe_name
+from outrig.notify import Notifier
+from outrig.ops.base import HostSession, Project, playbook_name
+from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status
+from outrig.timing import connect_timeout_for
+
+WATCH_DIR = "watches"
+EVENTS_KEPT = 200  # newest events kept in the watch's record
+FENCE_EVERY = 5  # probe periods between two looks at a box a run was moved from
+CONFIRM_FLOOR = 7.5  # seconds: a confirming TCP connect outlasts SYN retries at 0, 1, 3, 7 s
+
+
+@dataclass
+class WatchOptions:
+    """The flags of ``watch``: spares in order, a run to follow (else the playbook's current
+    run on the host), in-place restarts allowed after a crash, the death threshold, and a
+    fixed probe period (tests; default: from the RTT)."""
+
+    spares: list[str] = field(default_factory=list)
+    run_id: str | None = None
+    restarts: int = 0
+    threshold: float = DEFAULT_THRESHOLD
+    period: float | None = None
+
+
+# ------------------------------------------------------------------------------ the record
+
+
+def watch_file(journal: Journal, origin: str, playbook: str) -> Path:
+    return journal.root / WATCH_DIR / f"{safe_name(playbook)}@{safe_name(origin)}.json"
+
+
+def find_watch(journal: Journal, host: str, playbook: str) -> tuple[Path, dict[str, Any]] | None:
+    """The unfinished watch of ``playbook`` that began on ``host`` or has moved to it."""
+    for path in sorted((journal.root / WATCH_DIR).glob("*.json")):
+        data = read_json(path)
+        if (isinstance(data, dict) and data.get("playbook") == playbook
+                and data.get("status") == "watching"
+                and host in (data.get("origin"), data.get("host"))):
+            return path, data
+    return None
+
+
+class WatchRecord:
+    """The watch's state in the journal; every change is written at once (atomically)."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self._lock = threading.Lock()  # the loop, its worker and the fencing thread write
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            self.data.update(fields)
+            self.data["updated"] = time.time()
+            atomic_write_json(self.path, self.data)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            copy: dict[str, Any] = json.loads(json.dumps(self.data, default=str))
+        return copy
+
+    def note(self, **fields: Any) -> None:
+        """Change fields without writing (a frequent detail, saved with the next update)."""
+        with self._lock:
+            self.data.update(fields)
+
+    def add_event(self, payload: dict[str, Any]) -> None:
+        with self._lock:
+            events = [*(self.data.get("events") or []), payload][-EVENTS_KEPT:]
+        self.update(events=events)
+
+
+# ------------------------------------------------------------------------------ probes
+
+
+def probe_port(host: str, port: int, timeout: float) -> tuple[Observation, Observation]:
+    """A fresh TCP connect to the SSH port and its banner, within ``timeout`` in all: the
+    ``tcp`` and ``banner`` observations. A port that accepts and then resets or closes (a
+    stopped sshd behind a gateway) fails both; one that accepts and stays silent passes TCP
+    only."""
+    started = time.monotonic()
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return (Observation(started, "tcp", False, why),
+                Observation(time.monotonic(), "banner", False, "no TCP connection"))
+    with sock:
+        connected = time.monotonic()
+        data = b""
+        try:
+            while b"\n" not in data and len(data) < 256:
+                left = timeout - (time.monotonic() - started)
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                chunk = sock.recv(256)
+                if not chunk:
+                    return (Observation(connected, "tcp", False, "closed at once"),
+                            Observation(time.monotonic(), "banner", False, "closed"))
+                data += chunk
+        except TimeoutError:
+            return (Observation(connected, "tcp", True),
+                    Observation(time.monotonic(), "banner", False,
+                                f"no SSH banner within {timeout:.1f}s"))
+        except OSError as exc:
+            return (Observation(connected, "tcp", False, f"reset ({exc.strerror or exc})"),
+                    Observation(time.monotonic(), "banner", False, "reset"))
+    ok = data.startswith(b"SSH-")
+    return (Observation(connected, "tcp", True),
+            Observation(time.monotonic(), "banner", ok,
+                        "" if ok else "the port does not speak SSH"))
+
+
+def confirm_dead(session: HostSession, timeout: float) -> Observation:
+    """The fresh probe a death needs (never the warm connection): a TCP connect and the SSH
+    banner within ``timeout``, then, when they answer, a whole SSH login with one attempt;
+    ``ok`` when the box answered. A port that gives no banner within ``timeout`` fails
+    without the SSH connect's own (longer) limit."""
+    from outrig.connectors.ssh import SSHTransport
+
+    started = time.monotonic()
+    host = session.host
+    if host.is_local:
+        return Observation(started, "confirm", True, "local")
+    tcp, banner = probe_port(host.hostname, host.port or 22, timeout)
+    if not banner.ok:
+        return Observation(time.monotonic(), "confirm", False,
+                           f"{banner.detail}" if tcp.ok else f"TCP: {tcp.detail}")
+    transport = SSHTransport(session.host, rtt_hint=session.transport.best_rtt,
+                             attempts=1, link_attempts=1, channel_attempts=1)
+    try:
+        transport.connect()
+        return Observation(time.monotonic(), "confirm", True, "a fresh SSH login worked")
+    except OutrigError as exc:
+        return Observation(time.monotonic(), "confirm", False, str(exc).split(". ")[0])
+    finally:
+        with contextlib.suppress(Exception):
+            transport.close()
+
+
+# ------------------------------------------------------------------------------ the watcher
+
+
+class Watcher:
+    """One watch: the loop, its state, and what it sends. ``stop`` ends it from outside
+    (tests, a signal handler) at the next period."""
+
+    def __init__(self, project: Project, reporter: Reporter, journal: Journal,
+                 notifier: Notifier, record: WatchRecord, options: WatchOptions,
+                 stop: threading.Event | None = None) -> None:
+        self.project = project
+        self.reporter = reporter
+        self.journal = journal
+        self.notifier = notifier
+        self.record = record
+        self.options = options
+        self.stop = stop or threading.Event()
+        self.results: queue.Queue[tuple[float, Any]] = queue.Queue()
+        self._fencing: threading.Thread | None = None
+        self.mirroring = threading.Event()  # the worker is copying a checkpoint
+        self._mirror_lock = threading.Lock()  # one mirror at a time into the one folder
+
+    # --- events --------------------------------------------------------------------------
+    def send(self, event: str, **fields: Any) -> None:
+        """One event: to the hook, into the record, and on the terminal."""
+        payload = self.notifier.send(event, host=self.record["host"],
+                                     run_id=self.record["run_id"],
+                                     playbook=self.record["playbook"], **fields)
+        self.record.add_event(payload)
+        why = fields.get("why")
+        line = f"{event}: {self.record['host']} {self.record['run_id']}" + (
+            f": {why}" if why else "")
+        if self.reporter.json_mode:
+            self.reporter.emit_json(payload)
+        elif event in ("failed", "dead"):
+            self.reporter.warn(line)
+        else:
+            self.reporter.info(f"• {line}")
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Follow the run (across migrations and restarts) until it ends; the record."""
+        while not self.stop.is_set():
+            verdict = self.follow()
+            if verdict is None:
+                break
+            if verdict.state == "finished":
+                self.send("finished", why=verdict.why)
+                self.record.update(status="finished")
+                break
+            if verdict.state == "crashed":
+                self.on_crash(verdict)
+            elif verdict.state == "dead":
+                self.on_death(verdict)
+        return self.record.snapshot()
+
+    def follow(self) -> Verdict | None:
+        """Watch the record's box and run until the verdict is final (or ``stop``)."""
+        self.session = HostSession(self.project, str(self.record["host"]), silent(),
+                                   self.journal)
+        try:
+            return self._follow()
+        finally:
+            with contextlib.suppress(Exception):
+                self.session.transport.close()
+
+    def _follow(self) -> Verdict | None:
+        session = self.session
+        since = time.monotonic()
+        seen: list[Observation] = []
+        worker: threading.Thread | None = None
+        worker_started = 0.0
+        flagged = 0.0
+        suspect = False
+        ticks = 0
+        self.results = queue.Queue()
+        while not self.stop.is_set():
+            limits = self.limits(session)
+            tick = time.monotonic()
+            seen += self.drain(session)
+            if worker is None or not worker.is_alive():  # one heartbeat at a time
+                worker = threading.Thread(target=self.heartbeat, args=(session, self.results),
+                                          name="outrig-watch-heartbeat", daemon=True)
+                worker_started = time.monotonic()
+                worker.start()
+            elif tick - worker_started > limits.suspect_after and tick - flagged >= limits.period:
+                # An answer overdue: a failure, unless the worker is busy mirroring over a
+                # link that works. When the link looks down too, drop the connection (the
+                # hung call ends) and connect afresh for the next heartbeat.
+                banner = next((o for o in reversed(seen) if o.signal == "banner"), None)
+                link_down = banner is not None and not banner.ok
+                if link_down or not self.mirroring.is_set():
+                    flagged = tick
+                    seen.append(Observation(tick, "heartbeat", False,
+                                            f"no answer for {tick - worker_started:.0f}s"))
+                    if link_down:  # the hung worker ends on its own; the next one connects
+                        session = self.session = self._fresh_session(session)
+                        worker = None
+            seen += self.probe(session, limits)
+            seen += self.drain(session)
+            now = time.monotonic()
+            verdict = judge(seen, now, limits, since)
+            if verdict.needs_confirm:
+                seen.append(confirm_dead(session, self.confirm_timeout(session, limits)))
+                verdict = judge(seen, time.monotonic(), limits, since)
+            if verdict.state in ("dead", "crashed", "finished"):
+                if verdict.state == "dead" and not suspect:
+                    self.send("suspect", why=verdict.why)
+                return verdict
+            if verdict.state == "suspect" and not suspect:
+                suspect = True
+                self.send("suspect", why=verdict.why)
+            elif verdict.state == "alive" and suspect:
+                suspect = False
+                self.send("recovered", why="answering again")
+            ticks += 1
+            if ticks % FENCE_EVERY == 1:
+                self.fence_moved()
+            seen = prune(seen, now, 2 * limits.threshold)
+            self.stop.wait(max(0.0, limits.period - (time.monotonic() - tick)))
+        return None
+
+    def _fresh_session(self, session: HostSession) -> HostSession:
+        """A session to replace one whose heartbeat hangs: the hung call keeps the old
+        connection (its worker ends when that call gives up); the next heartbeat connects
+        afresh on the new session."""
+        with contextlib.suppress(Exception):
+            session.transport.close()
+        return HostSession(self.project, session.host_spec, silent(), self.journal)
+
+    def limits(self, session: HostSession) -> Limits:
+        rtt = session.transport.best_rtt if hasattr(session.transport, "best_rtt") else None
+        limits = limits_for(self.options.threshold, rtt)
+        if self.options.period is not None:
+            limits = Limits(limits.threshold, max(limits.suspect_after,
+                                                  3 * self.options.period),
+                            self.options.period)
+        return limits
+
+    def probe(self, session: HostSession, limits: Limits) -> list[Observation]:
+        host = session.host
+        if host.is_local:
+            now = time.monotonic()
+            return [Observation(now, "tcp", True), Observation(now, "banner", True)]
+        return list(probe_port(host.hostname, host.port or 22,
+                               self.probe_timeout(session, limits)))
+
+    def confirm_timeout(self, session: HostSession, limits: Limits) -> float:
+        """The confirming probe's limit for TCP and the banner: longer than a routine
+        probe's, since it decides a death: it outlasts TCP's SYN retries (sent at 0, 1, 3
+        and 7 s) on a lossy link, at most the host's connect limit."""
+        return min(max(CONFIRM_FLOOR, 3 * limits.period),
+                   connect_timeout_for(session.host, None)[0])
+
+    def probe_timeout(self, session: HostSession, limits: Limits) -> float:
+        """How long a TCP connect plus banner may take: a probe period, at least 2 s (a
+        loaded sshd), at most the host's connect limit."""
+        return min(max(2.0, limits.period), connect_timeout_for(session.host, None)[0])
+
+    # --- the worker: heartbeat, progress, mirror -------------------------------------------
+    def heartbeat(self, session: HostSession, results: queue.Queue[tuple[float, Any]]) -> None:
+        """One ``status`` call for the run (the agent answering, its processes, its log),
+        then a mirror of any new complete checkpoint. Results go to ``results``, the queue
+        of the loop that started this worker (a worker still hung on a box the job has
+        left reports to that loop's queue, which nobody reads any more)."""
+        run_id = self.record["run_id"]
+        try:
+            result = session.call("status", stream=False, run_id=run_id, log_lines=0,
+                                  progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
+                                  gpu_holders=False)
+        except RemoteError as exc:  # the agent answered: the run is not there
+            results.put((time.monotonic(), ("gone", str(exc))))
+            return
+        except OutrigError as exc:
+            results.put((time.monotonic(), ("error", str(exc).split(". ")[0])))
+            return
+        except Exception as exc:  # a worker must report, never die silently
+            results.put((time.monotonic(), ("error", f"{type(exc).__name__}: {exc}")))
+            return
+        results.put((time.monotonic(), ("status", result)))
+        newest = self._newest_checkpoint(result)
+        tried = self.record["mirror_tried"]
+        if newest is not None and (tried is None or newest > int(tried)):
+            self.mirror(session, newest, results)
+
+    def _newest_checkpoint(self, result: dict[str, Any]) -> int | None:
+        for run in result.get("runs") or []:
+            for proc in run.get("processes") or []:
+                name = (proc.get("checkpoint") or {}).get("name")
+                if isinstance(name, str) and name.isdigit():
+                    return int(name)
+        return None
+
+    def run_playbook(self) -> str:
+        """The playbook the followed run runs (after a move, the family member migrate
+        chose, which may not be the one the watch began with)."""
+        run = self.journal.run(str(self.record["run_id"])) or {}
+        return str(run.get("playbook") or self.record["playbook"])
+
+    def mirror(self, session: HostSession, newest: int,
+               results: queue.Queue[tuple[float, Any]]) -> None:
+        """Pull the new complete checkpoints into the workstation's mirror (the one migrate
+        resumes from when the box is dead)."""
+        from outrig.ops.stage import sync_checkpoints_on
+
+        if not self._mirror_lock.acquire(blocking=False):
+            return  # a worker left behind on a replaced session still mirrors: next time
+        self.mirroring.set()
+        try:
+            report = sync_checkpoints_on(session, playbook=self.run_playbook(),
+                                         run_id=self.record["run_id"])
+        except Exception as exc:  # OutrigError, or a local file error: report, go on
+            text = str(exc).split(". ")[0] if isinstance(exc, OutrigError) else \
+                f"{type(exc).__name__}: {exc}"
+            results.put((time.monotonic(), ("mirror_error", text)))
+            return
+        finally:
+            self.mirroring.clear()
+            self._mirror_lock.release()
+        self.record.update(mirror_tried=newest)
+        pulled = [int(p["epoch"]) for p in report.get("pulled") or []]
+        results.put((time.monotonic(), ("mirrored", pulled)))
+
+    def drain(self, session: HostSession) -> list[Observation]:
+        """Turn the worker's results into observations (and progress lines)."""
+        out: list[Observation] = []
+        while True:
+            try:
+                at, (kind, value) = self.results.get_nowait()
+            except queue.Empty:
+                return out
+            if kind == "status":
+                out += self.on_status(at, value)
+            elif kind == "gone":
+                out += [Observation(at, "heartbeat", True),
+                        Observation(at, "processes", False, value, run_state="failed")]
+            elif kind == "error":
+                out.append(Observation(at, "heartbeat", False, value))
+            elif kind == "mirrored" and value:
+                newest = max(value)
+                self.record.update(mirrored=max(newest, int(self.record["mirrored"] or -1)))
+                self.emit_progress({"mirrored": newest})
+            elif kind == "mirror_error":
+                self.reporter.warn(f"mirroring the newest checkpoint failed: {value}; "
+                                   "trying again after the next one")
+
+    def on_status(self, at: float, result: dict[str, Any]) -> list[Observation]:
+        runs = [r for r in result.get("runs") or [] if isinstance(r, dict)]
+        texts = "".join(str(p.get("tail_text") or "") for r in runs
+                        for p in r.get("processes") or [])
+        digest = hashlib.sha256(texts.encode()).hexdigest() if texts else None
+        grew = digest is not None and digest != self.record["log_seen"]
+        if grew:
+            self.record.note(log_seen=digest)  # saved with the next change, not each beat
+        enrich_status(result)
+        out = [Observation(at, "heartbeat", True), Observation(at, "log", grew)]
+        if not runs:
+            out.append(Observation(at, "processes", False, "the box has no such run",
+                                   run_state="failed"))
+            return out
+        state, why = run_state(runs[0].get("processes") or [])
+        out.append(Observation(at, "processes", state != "failed", why, run_state=state))
+        self.show_progress(runs[0], state)
+        return out
+
+    def show_progress(self, run: dict[str, Any], state: str) -> None:
+        trainer = next((p for p in run.get("processes") or []
+                        if p.get("name") == "trainer"), None)
+        progress = (trainer or {}).get("progress") or {}
+        checkpoint = ((trainer or {}).get("checkpoint") or {}).get("name")
+        line = {"state": state, "step": progress.get("step"), "epoch": progress.get("epoch"),
+                "checkpoint": checkpoint}
+        before = self.record["progress"] or {}
+        if line == before:
+            return
+        self.record.update(progress=line)
+        # a new state or checkpoint is a line of its own; a new step only redraws the
+        # status line (a long run must not print a line per probe period)
+        lasting = any(line[k] != before.get(k) for k in ("state", "checkpoint"))
+        self.emit_progress(line, lasting=lasting)
+
+    def emit_progress(self, fields: dict[str, Any], *, lasting: bool = True) -> None:
+        if self.reporter.json_mode:
+            self.reporter.emit_json({"event": "progress", "host": self.record["host"],
+                                     "run_id": self.record["run_id"], **fields})
+            return
+        parts = [f"{k} {v}" for k, v in fields.items() if v is not None]
+        text = f"{self.record['host']} {self.record['run_id']}: " + ", ".join(parts)
+        if lasting:
+            self.reporter.info(f"  {text}")
+        else:
+            self.reporter.live(text)
+
+    # --- verdicts ------------------------------------------------------------------------
+    def on_crash(self, verdict: Verdict) -> None:
+        """A crash on a healthy box: never a migrate. Restart in place while allowed."""
+        self.send("failed", why=verdict.why)
+        used = int(self.record["restarts_used"] or 0)
+        if used >= self.options.restarts:
+            self.record.update(status="failed")
+            raise OutrigError(
+                f"run {self.record['run_id']} failed on {self.record['host']}: {verdict.why}. "
+                f"The box answers, so it was not moved (used {used} of "
+                f"{self.options.restarts} restart(s)). See `outrig tail-logs --host "
+                f"{self.record['host']} --run {self.record['run_id']}`; to restart it "
+                f"yourself: `outrig deploy --host {self.record['host']} --playbook "
+                f"{self.record['playbook']}` (the trainer resumes from its newest checkpoint)")
+        self.send("restarting", why=f"restart {used + 1} of {self.options.restarts}")
+        from outrig.ops.deploy import deploy_on
+        from outrig.playbook import find_playbook, load_job
+
+        name = self.run_playbook()
+        with opened(HostSession(self.project, str(self.record["host"]),
+                                           self.reporter, self.journal)) as session:
+            job = load_job(find_playbook(name, self.project.playbooks_dir))
+            deployed = deploy_on(session, job)
+        self.record.update(run_id=deployed.plan.run_id, restarts_used=used + 1,
+                           log_seen=None, progress=None)
+        self.reporter.info(f"• restarted in place as {deployed.plan.run_id}")
+
+    def on_death(self, verdict: Verdict) -> None:
+        """Migrate to the first spare that passes ``check``; then watch it."""
+        self.send("dead", why=verdict.why)
+        old_host, old_run = str(self.record["host"]), str(self.record["run_id"])
+        skipped: list[str] = []
+        for spare in list(self.record["spares"] or []):
+            problem = self.check_spare(spare)
+            if problem:
+                skipped.append(f"{spare}: {problem}")
+                self.reporter.warn(f"spare {spare} skipped: {problem}")
+                continue
+            self.send("migrating", to=spare, skipped=skipped)
+            report = self.migrate_to(old_host, old_run, spare)
+            if report is None:
+                skipped.append(f"{spare}: the move failed")
+                continue
+            moved = [*(self.record["moved"] or []), {"host": old_host, "run_id": old_run,
+                                                     "fenced": None}]
+            self.record.update(host=spare, run_id=report["run_id"], moved=moved,
+                               spares=[s for s in self.record["spares"] or [] if s != spare],
+                               log_seen=None, progress=None)
+            checkpoint = report.get("checkpoint") or {}
+            self.send("resumed", **{"from": old_host}, old_run_id=old_run,
+                      checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
+                      seconds=report.get("seconds"))
+            self.show_timings(report)
+            return
+        self.send("failed", why="the box is dead and no spare took the job"
+                  + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))
+        self.record.update(status="failed")
+        raise OutrigError(
+            f"{old_host} is dead ({verdict.why}) and no spare took run {old_run}"
+            + (f": {'; '.join(skipped)}" if skipped else ": no --spare left")
+            + ". Rent a box, write its host file, and run `outrig migrate --from "
+            f"{old_host} --to NEW` (the mirror holds the newest complete checkpoint)")
+
+    def check_spare(self, spare: str) -> str | None:
+        """Why ``spare`` cannot take the job (its ``check`` failed), or None."""
+        try:
+            with opened(HostSession(self.project, spare, Reporter(quiet=True),
+                                               self.journal)) as session:
+                result = session.call("check", stream=False)
+        except OutrigError as exc:
+            return str(exc).split(". ")[0]
+        if not result.get("workdir_writable"):
+            return "its workdir is not writable"
+        return None
+
+    def migrate_to(self, old_host: str, old_run: str, spare: str) -> dict[str, Any] | None:
+        from outrig.ops.migrate import migrate
+
+        # The death was confirmed a moment ago by a fresh SSH login; migrate's own SSH
+        # probes would only add their connect timeouts (up to 15 s each on a blackholed
+        # box) to the recovery, so it only does its bare TCP check. Should OLD answer
+        # after all, the moved run there is fenced when it does.
+        try:
+            return migrate(self.project, old_host, spare, self.reporter, journal=self.journal,
+                           run_id=old_run, probe_attempts=0, probe_pause=0.0)
+        except OutrigError as exc:
+            self.reporter.warn(f"moving {old_run} to {spare} failed: {exc}")
+            return None
+
+    def show_timings(self, report: dict[str, Any]) -> None:
+        timings = report.get("timings")
+        if not isinstance(timings, dict) or self.reporter.json_mode:
+            return
+        parts = [f"{k} {float(v):.1f}s" for k, v in timings.items()
+                 if isinstance(v, (int, float))]
+        self.reporter.info("  recovery: " + ", ".join(parts))
+
+    # --- fencing -------------------------------------------------------------------------
+    def fence_moved(self) -> None:
+        """Look at the boxes runs were moved from; stop the moved run on one that answers
+        again (in the background: a flaky old box must not hold up the watch)."""
+        pending = [m for m in self.record["moved"] or [] if not m.get("fenced")]
+        if not pending or (self._fencing is not None and self._fencing.is_alive()):
+            return
+        self._fencing = threading.Thread(target=self._fence, args=(pending,),
+                                         name="outrig-watch-fence", daemon=True)
+        self._fencing.start()
+
+    def _fence(self, pending: list[dict[str, Any]]) -> None:
+        from outrig import fencing
+
+        for entry in pending:
+            try:
+                session = HostSession(self.project, str(entry["host"]), Reporter(quiet=True),
+                                      self.journal)
+            except OutrigError as exc:  # e.g. its host file was removed
+                self.reporter.warn(f"cannot look at {entry['host']} to fence it: {exc}")
+                continue
+            host = session.host
+            if not host.is_local:
+                _, banner = probe_port(host.hostname, host.port or 22, 5.0)
+                if not banner.ok:
+                    continue
+            try:
+                stopped = fencing.fence_on(session, self.notifier)
+            except OutrigError as exc:
+                self.reporter.warn(f"fencing {entry['host']} failed: {exc}")
+                continue
+            finally:
+                with contextlib.suppress(Exception):
+                    session.transport.close()
+            moved = [{**m, "fenced": time.time(), "stopped": stopped}
+                     if (m.get("host"), m.get("run_id")) == (entry.get("host"),
+                                                             entry.get("run_id")) else m
+                     for m in self.record["moved"] or []]
+            self.record.update(moved=moved)
+
+
+def silent() -> Reporter:
+    """The reporter of the watch's own sessions: their retry notices and "lost contact"
+    warnings are what the health signals already judge, and a hung call that ends after the
+    loop has moved on must not print into the watch's output."""
+    return Reporter(quiet=True, err=_Discard())
+
+
+class _Discard(io.StringIO):
+    """A text stream that keeps nothing."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+@contextlib.contextmanager
+def opened(session: HostSession) -> Iterator[HostSession]:
+    """``with`` for a session whose reporter outlives it (the watch's own): closes the
+    connection only."""
+    try:
+        yield session
+    finally:
+        with contextlib.suppress(Exception):
+            session.transport.close()
+
+
+# ------------------------------------------------------------------------------ entry point
+
+
+def open_record(project: Project, journal: Journal, host_spec: str, playbook: str,
+                options: WatchOptions, reporter: Reporter) -> WatchRecord:
+    """The watch's record: an unfinished one for this host and playbook (a restarted watch
+    carries on, even on the box it moved to), else a new one for the run to follow."""
+    found = find_watch(journal, host_spec, playbook)
+    if found is not None:
+        path, data = found
+        reporter.info(f"• carrying on the watch of {playbook} begun on {data.get('origin')}: "
+                      f"now {data.get('host')} run {data.get('run_id')}, spares left "
+                      f"{', '.join(data.get('spares') or []) or 'none'}, restarts used "
+                      f"{data.get('restarts_used') or 0}")
+        record = WatchRecord(path, data)
+        if options.run_id and options.run_id != data.get("run_id"):
+            raise ConfigError(f"the watch of {playbook} follows run {data.get('run_id')}, not "
+                              f"{options.run_id}; remove {path} to start another watch")
+        return record
+    run_id = options.run_id or current_run(project, journal, host_spec, playbook, reporter)
+    record = WatchRecord(watch_file(journal, host_spec, playbook), {
+        "origin": host_spec, "host": host_spec, "playbook": playbook, "run_id": run_id,
+        "spares": list(options.spares), "restarts": options.restarts, "restarts_used": 0,
+        "mirrored": None, "mirror_tried": None, "moved": [], "events": [],
+        "status": "watching", "started": time.time()})
+    record.update()
+    return record
+
+
+def current_run(project: Project, journal: Journal, host_spec: str, playbook: str,
+                reporter: Reporter) -> str:
+    """The playbook's current run on the box (one ``status`` call)."""
+    try:
+        with opened(HostSession(project, host_spec, reporter, journal)) as session:
+            result = session.call("status", stream=False, playbook=playbook, log_lines=0)
+    except RemoteError as exc:
+        raise ConfigError(f"no run of {playbook} to watch on {host_spec} ({exc}); deploy it "
+                          f"first (`outrig deploy --host {host_spec} --playbook "
+                          f"{playbook}`) or name one with --run") from None
+    runs = [r for r in result.get("runs") or [] if isinstance(r, dict)]
+    if not runs or not isinstance(runs[0].get("run_id"), str):
+        raise ConfigError(f"{host_spec} has no run of {playbook}; deploy it first "
+                          f"(`outrig deploy --host {host_spec} --playbook {playbook}`)")
+    return str(runs[0]["run_id"])
+
+
+def watch(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
+          options: WatchOptions | None = None, journal: Journal | None = None,
+          notifier: Notifier | None = None,
+          stop: threading.Event | None = None) -> dict[str, Any]:
+    """``outrig watch``: follow the run until it finishes (see the module docstring).
+    Returns the watch's record; raises when the run failed for good."""
+    options = options or WatchOptions()
+    if options.restarts < 0:
+        raise ConfigError("--restarts must be 0 or more")
+    if options.threshold <= 0:
+        raise ConfigError("--threshold must be more than 0 seconds (default 60)")
+    journal = journal or Journal()
+    notifier = notifier or Notifier(None, reporter)
+    name = playbook_name(project, playbook) or playbook
+    record = open_record(project, journal, host_spec, name, options, reporter)
+    options.restarts = int(record["restarts"] if record["restarts"] is not None
+                           else options.restarts)
+    reporter.info(f"• watching {record['run_id']} on {record['host']}"
+                  + (f" (spares: {', '.join(record['spares'])})" if record["spares"] else ""))
+    try:
+        return Watcher(project, reporter, journal, notifier, record, options, stop).run()
+    finally:
+        notifier.close(timeout=60)
