@@ -24,8 +24,15 @@ The rules, in order:
    threshold, the TCP probe and the heartbeat were tried and failed in that window, AND a
    fresh confirming probe made after the threshold was reached failed too. Without that
    confirmation the verdict is ``suspect`` with ``needs_confirm``.
-3. ``suspect``: the agent or the SSH banner has not answered for ``suspect_after``.
-4. Otherwise ``alive``. A slow link is not a dead box: delays shorter than the threshold
+3. ``dead`` too when only the port has answered (TCP, perhaps a banner) but no login and no
+   agent for ``unreachable_after`` (default ``UNREACHABLE_FACTOR`` × the threshold), the
+   heartbeat was tried and failed in that window, and a fresh login made after it failed:
+   a provider's gateway in front of a box that is gone keeps accepting, so rule 2 alone
+   would leave such a box ``suspect`` for ever and the run unattended. The longer limit
+   keeps a box whose sshd merely hangs for a while from being moved; if it was alive after
+   all, fencing stops its run when it answers again.
+4. ``suspect``: the agent or the SSH banner has not answered for ``suspect_after``.
+5. Otherwise ``alive``. A slow link is not a dead box: delays shorter than the threshold
    never count against it.
 """
 
@@ -41,6 +48,7 @@ RTT_THRESHOLD_FACTOR = 50  # the threshold grows by this many RTTs (240 ms: +12 
 PERIOD_FLOOR = 1.0  # seconds: never probe more often than this
 PERIOD_RTT_FACTOR = 10  # probe period: 10 RTTs (240 ms: 2.4 s) ...
 PERIOD_SHARE = 6  # ... but at least 6 probes fit in the threshold
+UNREACHABLE_FACTOR = 5  # no login for this many thresholds while the port answers: dead
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,12 @@ class Limits:
     threshold: float
     suspect_after: float
     period: float
+    unreachable_after: float = 0.0  # 0: UNREACHABLE_FACTOR × threshold
+
+    @property
+    def login_limit(self) -> float:
+        """How long only the port may answer (no login, no agent) before a death."""
+        return self.unreachable_after or UNREACHABLE_FACTOR * self.threshold
 
 
 def limits_for(threshold: float = DEFAULT_THRESHOLD, rtt: float | None = None) -> Limits:
@@ -150,6 +164,23 @@ def judge(observations: Sequence[Observation], now: float, limits: Limits,
                                f"{confirm[-1].detail or 'no answer'}", quiet)
             return Verdict("suspect", f"nothing answered for {quiet:.0f}s; confirming with "
                            "a fresh connection", quiet, needs_confirm=True)
+    logged_in = max([since, *(o.t for o in seen if o.ok
+                              and o.signal in ("heartbeat", "confirm"))])
+    unreachable = now - logged_in
+    if unreachable >= limits.login_limit and any(
+            o.signal == "heartbeat" and not o.ok and o.t > logged_in for o in seen):
+        reached = logged_in + limits.login_limit
+        confirm = [o for o in seen if o.signal == "confirm" and o.t >= reached]
+        port = "only the port answered" if quiet < limits.threshold else "nothing answered"
+        if confirm and not confirm[-1].ok:
+            return Verdict("dead", f"no login and no agent answer for {unreachable:.0f}s "
+                           f"({port}: a gateway in front of a box that is gone, or an sshd "
+                           f"hung that long; limit {limits.login_limit:.0f}s) and a fresh "
+                           f"connection failed: {confirm[-1].detail or 'no answer'}",
+                           unreachable)
+        return Verdict("suspect", f"no login and no agent answer for {unreachable:.0f}s "
+                       f"({port}); confirming with a fresh connection", unreachable,
+                       needs_confirm=True)
     answered = max([since, *(o.t for o in seen if o.ok
                              and o.signal in ("heartbeat", "banner", "confirm"))])
     if now - answered >= limits.suspect_after:

@@ -56,8 +56,12 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
     """Try to reach a box ``attempts`` times (with pauses) before concluding anything.
 
     Returns the box's session, open, when any attempt worked (migrate goes on using it), and
-    the list of what was tried.
+    the list of what was tried. ``attempts=0``: the caller has just confirmed the death
+    (``watch`` does, with a fresh login); nothing is tried, not even the bare TCP check,
+    whose connect limit would only add to the recovery on a blackholed link.
     """
+    if attempts <= 0:
+        return None, ["not probed: the death was confirmed before the move"]
     session = HostSession(project, host_spec, reporter, journal)
     # this loop does the retrying of refused connects, with its own pauses
     session.transport.retry = replace(session.transport.retry, refused=1)
@@ -221,7 +225,8 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
         raise ConfigError("--from and --to name the same host")
     report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": time.time(),
                               "timings": {step: 0.0 for step in (*STEPS, "total")}}
-    reporter.info(f"• probing {from_spec} (up to {probe_attempts} tries)")
+    if probe_attempts > 0:
+        reporter.info(f"• probing {from_spec} (up to {probe_attempts} tries)")
     with timed(report, reporter, "probe"):
         old, tried = probe(project, from_spec, reporter, journal, attempts=probe_attempts,
                            pause=probe_pause)
@@ -230,8 +235,9 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
     for line in tried:
         reporter.info(f"    {line}")
     if old is None:
-        reporter.warn(f"{from_spec} is unreachable after {len(tried)} checks; using the "
-                      "checkpoint mirror on this workstation")
+        reporter.warn(f"{from_spec} is unreachable" + (f" after {len(tried)} checks"
+                      if probe_attempts > 0 else "") + "; using the checkpoint mirror on "
+                      "this workstation")
     new = HostSession(project, to_spec, reporter, journal)
     try:
         return _move(new, old, report, playbook=playbook, run_id=run_id)

@@ -563,10 +563,10 @@ class Watcher:
     def migrate_to(self, old_host: str, old_run: str, spare: str) -> dict[str, Any] | None:
         from outrig.ops.migrate import migrate
 
-        # The death was confirmed a moment ago by a fresh SSH login; migrate's own SSH
+        # The death was confirmed a moment ago by a failed fresh SSH login; migrate's own
         # probes would only add their connect timeouts (up to 15 s each on a blackholed
-        # box) to the recovery, so it only does its bare TCP check. Should OLD answer
-        # after all, the moved run there is fenced when it does.
+        # box, 10 s for the bare TCP check) to the recovery, so it probes nothing. Should
+        # OLD answer after all, the moved run there is fenced when it does.
         try:
             return migrate(self.project, old_host, spare, self.reporter, journal=self.journal,
                            run_id=old_run, probe_attempts=0, probe_pause=0.0)

@@ -178,6 +178,71 @@ def test_a_tcp_answer_alone_keeps_it_from_dead() -> None:
     assert verdict.state == "suspect" and not verdict.needs_confirm
 
 
+def gateway_rounds(start: int, end: int, *, banner: bool) -> list[Observation]:
+    """A port that keeps accepting (a gateway in front of a gone box): TCP answers, perhaps
+    a banner too, but no login and no agent."""
+    seen: list[Observation] = []
+    for t in range(start, end):
+        seen += [Observation(t, "tcp", True), Observation(t, "banner", banner),
+                 Observation(t, "heartbeat", False, "no answer within the limit")]
+    return seen
+
+
+@pytest.mark.parametrize("banner", [False, True])
+def test_only_the_port_answering_for_the_login_limit_is_a_death(banner: bool) -> None:
+    """A gateway keeps TCP (even banners) answering for a box that is gone: past the login
+    limit (5 × threshold) a failed fresh login makes it dead; before it, suspect."""
+    limits = Limits(threshold=10, suspect_after=3, period=1)
+    assert limits.login_limit == 50
+    seen = [Observation(1, "heartbeat", True), *gateway_rounds(2, 52, banner=banner)]
+    early = judge(seen, 50, limits, since=0)
+    assert early.state != "dead" and not early.needs_confirm
+    assert early.state == ("alive" if banner else "suspect"), "sshd's banner counts as an answer"
+    asks = judge(seen, 52, limits, since=0)
+    assert asks.state == "suspect" and asks.needs_confirm
+    seen.append(Observation(52, "confirm", False, "no SSH banner within 7.5s"))
+    dead = judge(seen, 52, limits, since=0)
+    assert dead.state == "dead"
+    assert "only the port answered" in dead.why and "no SSH banner" in dead.why
+
+
+def test_a_login_that_works_keeps_a_port_only_box_from_dead() -> None:
+    """The fresh login works (the agent alone hangs): the box is not gone."""
+    limits = Limits(threshold=10, suspect_after=3, period=1)
+    seen = [Observation(1, "heartbeat", True), *gateway_rounds(2, 52, banner=True)]
+    seen.append(Observation(52, "confirm", True, "a fresh SSH login worked"))
+    seen += gateway_rounds(53, 70, banner=True)
+    verdict = judge(seen, 70, limits, since=0)
+    assert verdict.state != "dead" and not verdict.needs_confirm
+
+
+def test_the_login_limit_can_be_set() -> None:
+    limits = Limits(threshold=10, suspect_after=3, period=1, unreachable_after=20)
+    seen = [Observation(1, "heartbeat", True), *gateway_rounds(2, 22, banner=False)]
+    seen.append(Observation(22, "confirm", False, "refused"))
+    assert judge(seen, 22, limits, since=0).state == "dead"
+
+
+def test_port_only_stalls_below_the_login_limit_never_yield_dead() -> None:
+    """Long stretches with only TCP answering (4 thresholds each), then the agent again:
+    never dead, however often."""
+    limits = Limits(threshold=10, suspect_after=3, period=1)
+    seen: list[Observation] = []
+    t = 0
+    for _ in range(20):
+        seen += gateway_rounds(t, t + 40, banner=False)
+        t += 40
+        seen.append(Observation(t, "heartbeat", True))
+        for now in range(t - 40, t + 1):
+            verdict = judge(seen, now, limits, since=0)
+            assert verdict.state != "dead", (now, verdict)
+            if verdict.needs_confirm:
+                seen.append(Observation(now, "confirm", False, "refused"))
+                assert judge(seen, now, limits, since=0).state != "dead"
+        seen = prune(seen, t, 2 * limits.login_limit)
+        t += 1
+
+
 def test_processes_gone_on_an_answering_box_is_a_crash_not_a_death() -> None:
     limits = Limits(threshold=10, suspect_after=3, period=1)
     seen = [Observation(1, "tcp", True), Observation(1, "banner", True),
