@@ -24,6 +24,7 @@ next to the code that raises them are marked with their module)::
     ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
     ├── CleanupIncomplete               outrig.ops.cleanup: something still holds a GPU
     ├── NoCheckpoint                    outrig.ops.stage: no complete checkpoint anywhere
+    ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
     ├── SandboxError [RuntimeError]     outrig.sandbox.box: the sandbox could not start
     └── FullDiskUnavailable [RuntimeError]  outrig.sandbox.fulldisk: no small fs to mount
 
