@@ -70,8 +70,21 @@ def read_groups(hosts_dir: Path) -> dict[str, list[str]]:
         if str(name) == ALL:
             raise ConfigError(f"{path}: groups.{ALL}: 'all' already means every host file "
                               "in hosts/; give the group another name")
+        if str(name) in host_files(hosts_dir):
+            raise ConfigError(f"{path}: groups.{name}: there is also a host file "
+                              f"{hosts_dir}/{name}.yaml; give the group another name so "
+                              f"that --host {name} means one thing")
         out[str(name)] = [m.strip() for m in members]
     return out
+
+
+def names_several(value: str, hosts_dir: Path) -> bool:
+    """Whether a ``--host`` value is a selection rather than one host: a list, ``all`` or a
+    group of ``hosts/groups.yaml``."""
+    names = split_values([value])
+    if len(names) != 1:
+        return len(names) > 1
+    return names[0] == ALL or names[0] in read_groups(hosts_dir)
 
 
 def expand_hosts(values: Iterable[str], hosts_dir: Path) -> list[str]:
@@ -86,6 +99,8 @@ def expand_hosts(values: Iterable[str], hosts_dir: Path) -> list[str]:
         raise ConfigError("--host is empty; pass a name from hosts/, a group of "
                           f"hosts/{GROUPS_FILE}, 'all', an ssh alias or user@host:port")
     groups = read_groups(hosts_dir)
+    if len(names) == 1 and names[0] != ALL and names[0] not in groups and not groups:
+        return names  # one host, in a project without groups: resolved as it always was
     path = hosts_dir / GROUPS_FILE
     specs: list[str] = []
     for name in names:
