@@ -9,7 +9,11 @@ answer), one stalled (connects are accepted, nothing is forwarded), and ``status
 all N again: it prints when the healthy boxes' results were in, when the command ended (the
 bad ones' deadline) and each bad box's reason.
 
-Usage:  python bench/fanout_bench.py [--rtt-ms 240] [--boxes 20] [--repeat 3] [--json]
+``--deadline S`` gives the bad round a per-host deadline (``outrig status --deadline S``)
+instead of the RTT-derived default.
+
+Usage:  python bench/fanout_bench.py [--rtt-ms 240] [--boxes 20] [--repeat 3]
+                                     [--deadline S] [--json]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def main() -> int:
     parser.add_argument("--rtt-ms", type=float, default=240.0)
     parser.add_argument("--boxes", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--deadline", type=float, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -63,9 +68,9 @@ def main() -> int:
         def core(session: Any) -> dict[str, Any]:
             return status_on(session, log_lines=0)
 
-        def timed(hosts: list[str]) -> tuple[float, list[Any]]:
+        def timed(hosts: list[str], deadline: float | None = None) -> tuple[float, list[Any]]:
             start = time.monotonic()
-            outcomes = run_fanout(project, hosts, core)
+            outcomes = run_fanout(project, hosts, core, deadline=deadline)
             return time.monotonic() - start, outcomes
 
         timed(names)  # first contact: host keys recorded, RTTs in the journal
@@ -79,7 +84,7 @@ def main() -> int:
         boxes[-3].stop()
         proxies[-2].blackhole_all(drop_new=True)
         proxies[-1].stall_all(3600)
-        total, outcomes = timed(names)
+        total, outcomes = timed(names, args.deadline)
         healthy = [o for o in outcomes if o.host not in bad]
         rows["dead"] = {
             "healthy_ok": sum(o.ok for o in healthy), "healthy": len(healthy),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from outrig import cli
 from outrig.console import Reporter
 from outrig.ops.base import Project
 from outrig.ops.deploy import deploy
-from outrig.sandbox.box import SandboxBox, find_sshd, start_sandbox
+from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbox
 from outrig.sandbox.proxy import LatencyProxy
 from tests.helpers import alive, wait_gone
 
@@ -34,7 +35,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SandboxBox]
     """Five sandbox boxes, each its own sshd, keys, workdir and fake GPUs."""
     try:
         find_sshd()
-    except Exception as exc:  # noqa: BLE001 - the same rule as conftest's sandbox fixture
+    except SandboxError as exc:  # the same rule as conftest's sandbox fixture
+        if os.environ.get("CI"):
+            pytest.fail(f"CI requires the sandbox sshd: {exc}")
         pytest.skip(str(exc))
     boxes: list[SandboxBox] = []
     try:
