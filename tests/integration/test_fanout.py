@@ -136,3 +136,15 @@ def test_cleanup_all_stops_exactly_outrigs_runs_on_every_box(
     code, rows = _run(cli.status, root, host=["b0,b1", "b2", "b3", "b4"])
     assert code == 0 and all(r["result"]["runs"] == [] or all(
         run["status"] != "running" for run in r["result"]["runs"]) for r in rows)
+
+
+def test_a_bad_selection_contacts_no_box(project: tuple[Path, list[LatencyProxy]]) -> None:
+    root, proxies = project
+    (root / "hosts" / "groups.yaml").write_text(yaml.safe_dump(
+        {"groups": {"pair": ["b0", "b1"], "spare": []}}))
+    for flags in ({"host": ["b0,nosuch"]}, {"host": ["pair", "spare"]}):
+        code, rows = _run(cli.status, root, **flags)
+        assert (code, rows) == (2, [])
+    code, rows = _run(cli.cleanup, root, host=["pair"], run="some-run")
+    assert (code, rows) == (2, [])
+    assert [p.accepted for p in proxies] == [0] * BOXES

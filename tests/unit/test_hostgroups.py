@@ -89,3 +89,18 @@ def test_a_malformed_groups_file_says_where_and_how(tmp_path: Path, doc: object,
     with pytest.raises(ConfigError, match="groups.yaml") as err:
         expand_hosts(["a"], hosts)
     assert needle in str(err.value)
+
+
+def test_one_host_commands_refuse_a_selection(tmp_path: Path) -> None:
+    from outrig.hostgroups import names_several
+    from outrig.ops.base import Project
+    from outrig.settings import Settings
+
+    hosts = _hosts(tmp_path, ["a", "b"], {"groups": {"pair": ["a", "b"]}})
+    assert [names_several(v, hosts) for v in ("a", "a,b", "pair", "all")] == [
+        False, True, True, True]
+    settings = Settings(Project(tmp_path), "test")
+    assert settings.host("a") == "a"
+    with pytest.raises(ConfigError, match="--host pair names several hosts"):
+        settings.host("pair")
+    assert settings.hosts(["pair", "a"]) == ["a", "b"]
