@@ -44,6 +44,16 @@ NO_KEEP_HELP = ("connect directly: neither use nor leave a warm connection to th
                 "(default: keep one for keep_seconds, 10 minutes; see outrig connections)")
 
 
+HOSTS_HELP = ("host(s): a file name in hosts/, an ~/.ssh/config alias, user@host:port or "
+              "'local'; or several (repeat --host, or a,b,c), a group of hosts/groups.yaml, "
+              "or 'all' (every host file), which run at once (default: OUTRIG_HOST, then "
+              "host: in outrig.yaml)")
+MAX_PARALLEL_HELP = ("with several hosts: how many are worked on at once (default "
+                     "16)")
+DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
+                 "giving no answer (default: from its last RTT, see docs/cli.md)")
+
+
 def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
     """A numeric flag, parsed here so that ``--lines abc`` is one clear exit-2 paragraph."""
     if value is None:
@@ -58,6 +68,23 @@ def number(value: str | None, flag: str, default: float, *, whole: bool = True) 
 
 def _reporter(json: bool, gpus: bool = False) -> Reporter:
     return Reporter(json_mode=json, gpu_table=gpus)
+
+
+def _fan_out(settings: Settings, hosts: list[str], core: Callable[[Any], dict[str, Any]],
+             reporter: Reporter, *, max_parallel: str | None, deadline: str | None,
+             summarize: Callable[[dict[str, Any]], str], what: str,
+             work: float = 0.0) -> None:
+    """Run an op core on several hosts at once and show one row (or JSON line) per host;
+    a failed host makes the exit status 1 (outrig/fanout.py)."""
+    from outrig.fanout import MAX_PARALLEL, report, run_fanout
+
+    bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
+    limit = None if deadline is None else float(number(deadline, "deadline", 60, whole=False))
+    if limit is not None and limit <= 0:
+        raise ConfigError(f"--deadline must be a positive number of seconds, not {deadline}")
+    outcomes = run_fanout(settings.project, hosts, core, max_parallel=bound, work=work,
+                          deadline=limit)
+    report(reporter, outcomes, summarize, what=what)
 
 
 def friendly(func: F) -> F:
@@ -146,14 +173,19 @@ def plan(c: Any, host: str | None = None, playbook: str | None = None,
 
 @task(
     auto_shortflags=False,
-    help={"host": HOST_HELP, "run": "the run id to show (default: current runs)",
+    iterable=["host"],
+    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs)",
           "playbook": "show the current run of this playbook",
           "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
-          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host {host, ok, state, "
+                  "seconds, error, result}"},
 )
 @friendly
-def status(c: Any, host: str | None = None, run: str | None = None,
+def status(c: Any, host: list[str] | None = None, run: str | None = None,
            playbook: str | None = None, lines: str | None = None, gpus: bool = False,
+           max_parallel: str | None = None, deadline: str | None = None,
            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Show each process (running / exited with code / killed), readiness, GPUs, progress.
 
@@ -161,15 +193,32 @@ def status(c: Any, host: str | None = None, run: str | None = None,
     trainer's step, loss, acceptance, speed and ETA parsed from its metric lines; the newest
     complete checkpoint; vLLM's /health and served model; the last lines of a failed process.
 
-    Example:
+    With several hosts (--host a,b, a group, or all) every host is asked at once and the
+    answer is one row per host (runs, GPUs free); hosts that fail or give no answer within
+    their deadline are listed with the reason, and the exit status is then 1.
+
+    Examples:
         outrig status --host uk-node
+        outrig status --host all
     """
+    from outrig.fanout import status_summary
+    from outrig.ops.base import playbook_name
     from outrig.ops.status import status as run_status
+    from outrig.ops.status import status_on
 
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project, no_keep=no_keep)
-    run_status(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
-               playbook=playbook, log_lines=count)
+    hosts = settings.hosts(host)
+    reporter = _reporter(json, gpus)
+    if len(hosts) == 1:
+        run_status(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
+                   log_lines=count)
+        return
+    name = playbook_name(settings.project, playbook)
+    _fan_out(settings, hosts,
+             lambda session: status_on(session, run_id=run, playbook=name, log_lines=count),
+             reporter, max_parallel=max_parallel, deadline=deadline,
+             summarize=status_summary, what="status")
 
 
 @task(
@@ -213,21 +262,25 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
 
 @task(
     auto_shortflags=False,
-    iterable=["force_foreign"],
-    help={"host": HOST_HELP, "run": "stop this run id", "playbook": "stop this playbook's run",
+    iterable=["force_foreign", "host"],
+    help={"host": HOSTS_HELP, "run": "stop this run id", "playbook": "stop this playbook's run",
           "all": "stop every outrig run on the box",
           "force_foreign": "also kill this pid that outrig did not start (repeat for several); "
                            "it is shown before it is killed",
           "dry_run": "show what would be signalled and who holds the GPUs; signal nothing",
           "timeout": "seconds to wait for GPU memory to come back (default 60)",
-          "gpus": GPUS_HELP, "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+          "gpus": GPUS_HELP, "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host {host, ok, state, "
+                  "seconds, error, result}"},
 )
 @friendly
-def cleanup(c: Any, host: str | None = None, run: str | None = None,
+def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
             playbook: str | None = None, all: bool = False,
             force_foreign: list[str] | None = None, dry_run: bool = False,
-            timeout: str | None = None, gpus: bool = False, project: str | None = None,
-            no_keep: bool = False,
+            timeout: str | None = None, gpus: bool = False,
+            max_parallel: str | None = None, deadline: str | None = None,
+            project: str | None = None, no_keep: bool = False,
             json: bool = False) -> None:
     """Stop exactly what outrig started, then prove the GPUs are free (audit + wait).
 
@@ -241,14 +294,47 @@ def cleanup(c: Any, host: str | None = None, run: str | None = None,
         outrig cleanup --host uk-node --playbook dflash-qwen36
         outrig cleanup --host uk-node --all --dry-run
         outrig cleanup --host uk-node --force-foreign 4711
+        outrig cleanup --host all --all
     """
     from outrig.ops.cleanup import cleanup as run_cleanup
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
     settings = settings_for(c, project, no_keep=no_keep)
-    run_cleanup(settings.project, settings.host(host), _reporter(json, gpus), run_id=run,
-                playbook=playbook, all_runs=all, force_foreign=list(force_foreign or []),
-                dry_run=dry_run, timeout=seconds)
+    hosts = settings.hosts(host)
+    reporter = _reporter(json, gpus)
+    if len(hosts) == 1:
+        run_cleanup(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
+                    all_runs=all, force_foreign=list(force_foreign or []), dry_run=dry_run,
+                    timeout=seconds)
+        return
+    _cleanup_hosts(settings, hosts, reporter, playbook=playbook, all_runs=all,
+                   run=run, force_foreign=list(force_foreign or []), dry_run=dry_run,
+                   timeout=seconds, max_parallel=max_parallel, deadline=deadline)
+
+
+def _cleanup_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
+                   playbook: str | None, all_runs: bool, run: str | None,
+                   force_foreign: list[str], dry_run: bool, timeout: float,
+                   max_parallel: str | None, deadline: str | None) -> None:
+    """``cleanup`` on several hosts at once: ``--all`` or ``--playbook`` only (a run id or
+    a pid belongs to one box), checked before anything is sent."""
+    from outrig.fanout import cleanup_summary
+    from outrig.ops.base import playbook_name
+    from outrig.ops.cleanup import check_selection, cleanup_on
+
+    if run or force_foreign or not (all_runs or playbook):
+        raise ConfigError(
+            f"cleanup on several hosts ({', '.join(hosts)}) takes --all or --playbook NAME; "
+            "a --run id or a --force-foreign pid belongs to one box, and fencing moved runs "
+            "(no selection) is done one host at a time: pass that host alone. Nothing was "
+            "sent.")
+    check_selection(None, playbook, all_runs, [], timeout)
+    name = playbook_name(settings.project, playbook)
+    _fan_out(settings, hosts,
+             lambda session: cleanup_on(session, playbook=name, all_runs=all_runs,
+                                        dry_run=dry_run, timeout=timeout),
+             reporter, max_parallel=max_parallel, deadline=deadline,
+             summarize=cleanup_summary, what="cleanup", work=timeout + 10)
 
 
 @task(
@@ -424,20 +510,34 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
               notifier=Notifier(settings.on_event(), reporter))
 
 
-@task(auto_shortflags=False,
-      help={"host": HOST_HELP, "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP})
+@task(auto_shortflags=False, iterable=["host"],
+      help={"host": HOSTS_HELP, "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+            "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+            "json": JSON_HELP + "; with several hosts one line per host {host, ok, state, "
+                    "seconds, error, result}"})
 @friendly
-def check(c: Any, host: str | None = None, project: str | None = None, no_keep: bool = False,
+def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None,
+          deadline: str | None = None, project: str | None = None, no_keep: bool = False,
           json: bool = False) -> None:
     """Preflight: reach the box, measure RTT, check python3, GPUs, workdir and disk.
 
     Example:
         outrig check --host uk-node
+        outrig check --host sweep --json
     """
+    from outrig.fanout import check_summary
     from outrig.ops.check import check as run_check
+    from outrig.ops.check import check_on
 
     settings = settings_for(c, project, no_keep=no_keep)
-    run_check(settings.project, settings.host(host), _reporter(json))
+    hosts = settings.hosts(host)
+    if len(hosts) == 1:
+        run_check(settings.project, hosts[0], _reporter(json))
+        return
+    _fan_out(settings, hosts,
+             lambda session: {**check_on(session), "rtt": session.transport.rtt},
+             _reporter(json), max_parallel=max_parallel, deadline=deadline,
+             summarize=check_summary, what="check")
 
 
 @task(name="exec", auto_shortflags=False,

@@ -173,7 +173,9 @@ def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> H
         return Host(name=spec, hostname=host, port=port, user=match.group("user"),
                     workdir=workdir or DEFAULT_WORKDIR, source="command line")
     _bad_port(spec)
-    known = sorted(p.stem for p in hosts_dir.glob("*.y*ml")) if hosts_dir.is_dir() else []
+    from outrig.hostgroups import host_files  # not at the top: it imports this module
+
+    known = host_files(hosts_dir)
     hint = f" Known host files: {', '.join(known)}." if known else ""
     raise ConfigError(
         f"unknown host {spec!r}: there is no {hosts_dir}/{spec}.yaml and no 'Host {spec}' in "

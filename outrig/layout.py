@@ -336,3 +336,26 @@ def plan_lines(plan: Any, width: int, *, full: bool = False) -> list[str]:
     for note in plan.notes:
         out += wrapped(f"note: {note}", width, "", INDENT)
     return out
+
+
+# --------------------------------------------------------------------------------- fan-out
+
+
+def fanout_lines(rows: Sequence[tuple[str, str, str]],
+                 failures: Sequence[tuple[str, str]], width: int) -> list[str]:
+    """A command run on several hosts: one row per host (host, state, summary), the summary
+    under its row when the row would not fit in ``width``; then each failed host with its
+    whole reason, wrapped."""
+    header, lines = columns(["host", "state", "summary"], rows)
+    _, short = columns(["host", "state"], [(h, s) for h, s, _ in rows])
+    out = [header]
+    for (_, _, summary), line, bare in zip(rows, lines, short, strict=True):
+        if len(line) <= width:
+            out.append(line)
+        else:
+            out += [bare, *wrapped(summary, width)]
+    if failures:
+        out += ["", f"{len(failures)} of {len(rows)} hosts failed:"]
+        for host, reason in failures:
+            out += wrapped(f"{host}: {reason}", width, "  ", INDENT)
+    return out

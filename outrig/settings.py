@@ -156,7 +156,32 @@ class Settings:
                 f"{self.project.hosts_dir}, an ~/.ssh/config alias, user@host:port or "
                 f"'local'), or set a default with host: in {self.project.root / PROJECT_FILE} "
                 "or the OUTRIG_HOST variable. Nothing was sent.")
+        from outrig.hostgroups import names_several
+
+        if names_several(value, self.project.hosts_dir):
+            raise ConfigError(
+                f"--host {value} names several hosts (a list, a group or 'all'); only "
+                "check, status and cleanup run on several hosts so far: pass one host here. "
+                "Nothing was sent.")
         return value
+
+    def hosts(self, flags: list[str] | str | None) -> list[str]:
+        """The hosts a command that runs on several at once acts on: every ``--host`` value
+        (repeated, comma-separated, groups, ``all``; see :mod:`outrig.hostgroups`), else the
+        configured host (which may be a group too). Checked before anything is sent."""
+        from outrig.hostgroups import expand_hosts
+
+        values = [flags] if isinstance(flags, str) else [v for v in flags or [] if v]
+        if not values:
+            values = [self.host_value()]
+        return expand_hosts(values, self.project.hosts_dir)
+
+    def host_value(self) -> str:
+        """The configured ``--host`` value as given (a host, a list or a group)."""
+        value, _ = self.value("host", None)
+        if value is None:
+            self.host(None)  # raises the "no host given" error
+        return str(value)
 
 
 def _seconds(value: Any, where: str) -> float:

@@ -82,3 +82,18 @@ def follow_idle_limit(heartbeat: float, rtt: float | None) -> float:
 def jittered(delay: float) -> float:
     """``delay`` ± 20 %: reconnect waits of many workstations do not line up."""
     return delay * random.uniform(0.8, 1.2)
+
+
+FANOUT_CALL_FLOOR = 10.0  # seconds an agent call of a fanned-out command gets beyond connect
+
+
+def fanout_deadline_for(host: Host, rtt: float | None, work: float = 0.0) -> tuple[float, str]:
+    """How long one host of a command run on several hosts at once may take before it is
+    reported as giving no answer (and the others' results are shown without it): the
+    connect limit, then one agent call (``max(10 s, 40 × RTT)``), plus ``work``, the op's
+    own wait on the box (cleanup's GPU wait). Returns the limit and where it came from."""
+    connect, why = connect_timeout_for(host, rtt)
+    call = max(FANOUT_CALL_FLOOR, 40 * (rtt or 0.0))
+    total = connect + call + work
+    extra = f" + {work:g} s of waiting on the box" if work else ""
+    return total, f"connect {connect:g} s ({why}) + call {call:g} s{extra}"
