@@ -381,7 +381,7 @@ def test_a_blackholed_link_that_still_accepts_tcp_is_suspect_not_moved(
         kill_run(box_a.workdir, first.plan.run_id)
 
 
-SOAK_SECONDS = float(os.environ.get("OUTRIG_SOAK_SECONDS", "60"))
+SOAK_SECONDS = float(os.environ.get("OUTRIG_SOAK_SECONDS", "40"))
 
 
 def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
