@@ -34,34 +34,12 @@ from outrig.ops.deploy import deploy
 from outrig.ops.migrate import migrate
 from outrig.ops.stage import mirror_root, sync_checkpoints
 from outrig.ops.status import status
-from outrig.sandbox.box import SandboxBox, start_sandbox
-from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
+from outrig.sandbox.box import SandboxBox
 from tests.conftest import ProcessTracker
 from tests.helpers import alive, free_port, marked
 from tests.integration.test_migrate import kill_run, wait_checkpoints, write_playbooks
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def box_a(tmp_path: Path) -> Iterator[SandboxBox]:
-    box = start_sandbox(tmp_path / "box-a", name="a", gpus=4, gpu_memory_mib=49152)
-    try:
-        yield box
-    finally:
-        box.stop()
-
-
-@pytest.fixture
-def host_b(sandbox: SandboxBox, tmp_path: Path) -> Path:
-    """B on the shared sshd, with its own workdir and an 8 × 96 GB inventory."""
-    if not sandbox.is_running():
-        sandbox.start()
-    gpu_dir = tmp_path / "gpu-b"
-    write_inventory(gpu_dir, make_inventory(8, 98304, "NVIDIA H100 NVL", seed="b"))
-    (tmp_path / "workdir-b").mkdir()
-    return sandbox.write_host_file(tmp_path / "hosts" / "b.yaml", workdir=tmp_path / "workdir-b",
-                                   gpu_dir=gpu_dir, known_hosts=tmp_path / "known_hosts_b")
 
 
 @dataclass

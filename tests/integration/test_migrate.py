@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,8 +29,7 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
 from outrig.ops.migrate import migrate
 from outrig.ops.stage import sync_checkpoints
-from outrig.sandbox.box import SandboxBox, start_sandbox
-from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
+from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from tests.helpers import free_port, marked
 
@@ -68,27 +67,6 @@ def write_playbooks(root: Path, port: int) -> Project:
                     "stop": {"grace": 10}}}}
         (root / "playbooks" / f"{name}.yaml").write_text(yaml.safe_dump(book, sort_keys=False))
     return Project(root)
-
-
-@pytest.fixture
-def box_a(tmp_path: Path) -> Iterator[SandboxBox]:
-    box = start_sandbox(tmp_path / "box-a", name="a", gpus=4, gpu_memory_mib=49152)
-    try:
-        yield box
-    finally:
-        box.stop()
-
-
-@pytest.fixture
-def host_b(sandbox: SandboxBox, tmp_path: Path) -> Path:
-    """B on the shared sshd, with its own workdir and an 8 × 96 GB inventory."""
-    if not sandbox.is_running():
-        sandbox.start()
-    gpu_dir = tmp_path / "gpu-b"
-    write_inventory(gpu_dir, make_inventory(8, 98304, "NVIDIA H100 NVL", seed="b"))
-    (tmp_path / "workdir-b").mkdir()
-    return sandbox.write_host_file(tmp_path / "hosts" / "b.yaml", workdir=tmp_path / "workdir-b",
-                                   gpu_dir=gpu_dir, known_hosts=tmp_path / "known_hosts_b")
 
 
 def host_a(box: SandboxBox, tmp_path: Path) -> Path:

@@ -32,7 +32,7 @@ from outrig.ops.migrate import migrate
 from outrig.sandbox.box import SandboxBox
 from tests.helpers import free_port, marked
 
-from .test_migrate import box_a, host_a, host_b  # noqa: F401  (fixtures: OLD and NEW)
+from .test_migrate import host_a
 from .test_provision import make_wheel
 from .test_provision_uv import serve
 
@@ -123,7 +123,7 @@ def dead_host(new: Path, tmp_path: Path) -> Path:
 
 
 def test_provision_runs_while_data_stages_and_deploy_waits_for_both(
-        host_b: Path, tmp_path: Path, gate: threading.Event,  # noqa: F811
+        host_b: Path, tmp_path: Path, gate: threading.Event,
         gated_index: str) -> None:
     venv = tmp_path / "venvs" / "demo"
     project = write_project(tmp_path / "proj", gated_index, venv, tmp_path / "data")
@@ -156,7 +156,7 @@ def test_provision_runs_while_data_stages_and_deploy_waits_for_both(
 
 
 def test_a_failed_provision_stops_the_move_before_deploy(
-        host_b: Path, tmp_path: Path, gate: threading.Event,  # noqa: F811
+        host_b: Path, tmp_path: Path, gate: threading.Event,
         gated_index: str) -> None:
     venv = tmp_path / "venvs" / "demo"
     project = write_project(tmp_path / "proj", gated_index, venv, tmp_path / "data",
@@ -179,7 +179,7 @@ def test_a_failed_provision_stops_the_move_before_deploy(
 
 
 def test_a_failed_stage_is_reported_and_provision_ends_its_step(
-        host_b: Path, tmp_path: Path, gate: threading.Event,  # noqa: F811
+        host_b: Path, tmp_path: Path, gate: threading.Event,
         gated_index: str) -> None:
     venv = tmp_path / "venvs" / "demo"
     data = tmp_path / "data"
@@ -201,7 +201,7 @@ def test_a_failed_stage_is_reported_and_provision_ends_its_step(
 
 
 def test_a_live_old_run_is_stopped_only_after_provision_succeeded(
-        box_a: SandboxBox, host_b: Path, tmp_path: Path, gate: threading.Event,  # noqa: F811
+        box_a: SandboxBox, host_b: Path, tmp_path: Path, gate: threading.Event,
         gated_index: str) -> None:
     """OLD is alive: its job trains on while NEW installs; a failed provision leaves it
     running, and a good one is followed by the stop and the checkpoint, in that order."""

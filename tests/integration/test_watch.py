@@ -38,8 +38,6 @@ from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 from tests.helpers import free_port
 from tests.integration.test_migrate import (
-    box_a,  # noqa: F401  (a fixture)
-    host_b,  # noqa: F401  (a fixture)
     kill_run,
     resumed_log,
     wait_checkpoints,
@@ -175,7 +173,7 @@ def watches() -> Iterator[list[Running]]:
 
 
 def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
-        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
         make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
         watches: list[Running]) -> None:
     proxy = make_proxy(box_a.port, one_way_delay=0.01)
@@ -264,7 +262,7 @@ def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
 
 
 def test_a_link_gone_for_good_is_a_death_and_moves_the_job(
-        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
         make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
         watches: list[Running]) -> None:
     """The link to A is blackholed for good (live connections silent, new connects never
@@ -316,7 +314,7 @@ def test_a_link_gone_for_good_is_a_death_and_moves_the_job(
 
 
 def test_a_crash_on_a_live_box_is_reported_and_restarted_in_place_not_moved(
-        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
         make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
         watches: list[Running]) -> None:
     proxy = make_proxy(box_a.port, one_way_delay=0.01)
@@ -352,7 +350,7 @@ def test_a_crash_on_a_live_box_is_reported_and_restarted_in_place_not_moved(
 
 
 def test_a_blackholed_link_that_still_accepts_tcp_is_suspect_not_moved(
-        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
         make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
         watches: list[Running]) -> None:
     """Through a blackhole that still accepts TCP (here the proxy; out there a provider's
@@ -385,7 +383,7 @@ SOAK_SECONDS = float(os.environ.get("OUTRIG_SOAK_SECONDS", "40"))
 
 
 def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
-        box_a: SandboxBox, host_b: Path, tmp_path: Path,  # noqa: F811
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
         make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
         watches: list[Running]) -> None:
     """240 ms RTT, up to +100 ms jitter per chunk, and stalls of 80 % of the threshold, while
@@ -425,7 +423,7 @@ def test_soak_jitter_and_stalls_below_the_threshold_move_nothing(
 
 
 def test_a_finished_run_ends_the_watch(
-        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],  # noqa: F811
+        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],
         monkeypatch: pytest.MonkeyPatch, watches: list[Running]) -> None:
     """The trainer ends by itself (exit 0) while the server runs on: the job is done."""
     proxy = make_proxy(box_a.port, one_way_delay=0.01)
@@ -453,7 +451,7 @@ def cli_watch(procs: Any, project: Project, a: Path, out: Path, *extra: str) -> 
 
 
 def test_a_killed_watch_started_again_carries_on_from_the_journal(
-        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],  # noqa: F811
+        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],
         monkeypatch: pytest.MonkeyPatch, procs: Any) -> None:
     """The CLI's watch restarts a crashed run in place (its one restart), is SIGKILLed, and
     is started again: it follows the restarted run, knows the restart is spent, and so
