@@ -36,7 +36,7 @@ from outrig.ops.deploy import DeployResult, deploy
 from outrig.ops.watch import WatchOptions, probe_port, watch, watch_file
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
-from tests.helpers import free_port
+from tests.helpers import alive, free_port
 from tests.integration.test_migrate import (
     kill_run,
     resumed_log,
@@ -142,15 +142,6 @@ def run_pids(workdir: Path, run_id: str) -> list[int]:
     """The pids of the run's wrapped processes, as the box's run record lists them."""
     run = json.loads((workdir / "runs" / run_id / "run.json").read_text())
     return [int(p["pid"]) for p in run["processes"] if p.get("pid")]
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 def kill_process(workdir: Path, run_id: str, name: str) -> None:
