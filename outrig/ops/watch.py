@@ -479,9 +479,11 @@ class Watcher:
                                      "run_id": self.record["run_id"], **fields})
             return
         parts = [f"{k} {v}" for k, v in fields.items() if v is not None]
-        text = f"{self.record['host']} {self.record['run_id']}: " + ", ".join(parts)
+        # The same two-space indent for both, so that off a terminal (where the live line
+        # is printed too, at most every 10 s) the lines stay aligned.
+        text = f"  {self.record['host']} {self.record['run_id']}: " + ", ".join(parts)
         if lasting:
-            self.reporter.info(f"  {text}")
+            self.reporter.info(text)
         else:
             self.reporter.live(text)
 
