@@ -20,7 +20,7 @@ Rendered processes (argv lists; no shell anywhere):
   one short process start, and outrig needs no shell or skip logic of its own.
 * ``trainer``: ``torchrun --standalone --nproc_per_node N -m speculators.train ...``; with
   ``nodes: N`` > 1 in the playbook, ``torchrun --nnodes ${nnodes} --node-rank ${node_rank}
-  --rdzv-backend c10d --rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${run_id} ...``
+  --rdzv-backend c10d --rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} ...``
   instead, the names substituted per node by the planner. Every node runs all three processes:
   its own server on its own GPUs serves that node's trainer ranks on 127.0.0.1, the hidden
   states stay on its local disk, and torch's rendezvous joins the ranks
@@ -87,8 +87,6 @@ TRAINER_STARTED = (r"Starting fresh training run|Resuming training on epoch|"
 # (speculators train/distributed.py maybe_setup_distributed, override_rank0_filter); the lines
 # above are rank 0's only, so on several nodes they appear on one node alone.
 TRAINER_JOINED = r"Started distributed with local_rank="
-# The names the planner substitutes per node of a multi-node job.
-NODE_NAMES = ("${nnodes}", "${node_rank}", "${head_host}", "${rdzv_port}")
 
 
 # ------------------------------------------------------------------------------------------ facts
@@ -560,12 +558,14 @@ def _rendezvous(run: _Run) -> list[str]:
     bounded by those two steps' timeouts, not by torch's 600 s join default."""
     if run.nodes <= 1:
         return ["--standalone"]
+    # The rendezvous id is the job's, shared by its nodes (${run_id} is each node's own run):
+    # torch keys the rendezvous state by it, so nodes with different ids never meet.
     backend = run.spec.trainer.rendezvous
     # c10d reads join_timeout (dynamic_rendezvous.py _get_timeout); static reads timeout.
     key = "join_timeout" if backend == "c10d" else "timeout"
     return ["--nnodes", "${nnodes}", "--node-rank", "${node_rank}",
             "--rdzv-backend", backend, "--rdzv-endpoint", "${head_host}:${rdzv_port}",
-            "--rdzv-id", "${run_id}", "--rdzv-conf", f"{key}={_join_wait(run.spec)}"]
+            "--rdzv-id", "${job_id}", "--rdzv-conf", f"{key}={_join_wait(run.spec)}"]
 
 
 def _join_wait(spec: DFlashSpec) -> int:

@@ -186,7 +186,7 @@ def test_multi_node_launcher_parses_with_torchrun(backend: str,
     builtin = plan_module.builtin_params
     monkeypatch.setattr(plan_module, "builtin_params", lambda *a, **k: {
         **builtin(*a, **k), "node_rank": 1, "nnodes": 2, "head_host": "gpu-head",
-        "rdzv_port": 29400})
+        "rdzv_port": 29400, "job_id": "job-1"})
     plan = make_plan(dataclasses.replace(job, spec=spec), HOST,
                      HostFacts(gpu_count=8, gpu_memory_mib=97_871), "run-1")
     assert plan.ok, plan.problems
@@ -194,7 +194,7 @@ def test_multi_node_launcher_parses_with_torchrun(backend: str,
     assert not args.standalone and args.module and args.training_script == "speculators.train"
     config, _, _ = config_from_args(args)
     assert (config.min_nodes, config.max_nodes) == (2, 2)
-    assert config.rdzv_backend == backend and config.run_id == "run-1"
+    assert config.rdzv_backend == backend and config.run_id == "job-1"
     assert config.rdzv_endpoint == "gpu-head:29400"
     key = "join_timeout" if backend == "c10d" else "timeout"
     assert int(config.rdzv_configs[key]) > 600

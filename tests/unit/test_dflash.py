@@ -587,13 +587,15 @@ TODAYS_TRAINER = [
 
 
 def node_params(rank: int, nnodes: int = 2) -> dict[str, object]:
-    return {"node_rank": rank, "nnodes": nnodes, "head_host": "gpu-head", "rdzv_port": 29400}
+    return {"node_rank": rank, "nnodes": nnodes, "head_host": "gpu-head", "rdzv_port": 29400,
+            "job_id": "job-1"}
 
 
 def nodes_plan(tmp_path: Path, doc: dict[str, Any], nodes: int | None,
                monkeypatch: pytest.MonkeyPatch, rank: int | None = None) -> Plan:
     """The plan of ``doc`` with ``nodes`` on its spec (None: no such key at all), and, for
-    ``rank``, the per-node names defined as the planner defines them for that node."""
+    ``rank``, the per-node names defined as the planner defines them for that node, whose
+    own run id is the job's plus ``-node<rank>``."""
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     job = load_job(path, test=False)
@@ -603,7 +605,7 @@ def nodes_plan(tmp_path: Path, doc: dict[str, Any], nodes: int | None,
         builtin = plan_module.builtin_params
         monkeypatch.setattr(plan_module, "builtin_params", lambda *a, **k: {
             **builtin(*a, **k), **node_params(rank, nodes or 1)})
-    return make_plan(job, HOST, H200, "run-1")
+    return make_plan(job, HOST, H200, "run-1" if rank is None else f"job-1-node{rank}")
 
 
 def recipe_output(nodes: int, **overrides: Any) -> Expansion:
@@ -638,7 +640,7 @@ def test_two_nodes_render_torch_rendezvous_with_the_per_node_names() -> None:
     assert argv[:17] == [
         "/s/bin/torchrun", "--nnodes", "${nnodes}", "--node-rank", "${node_rank}",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "${head_host}:${rdzv_port}",
-        "--rdzv-id", "${run_id}", "--rdzv-conf", "join_timeout=9000",
+        "--rdzv-id", "${job_id}", "--rdzv-conf", "join_timeout=9000",
         "--nproc_per_node", "2", "-m", "speculators.train"]
     # everything after the launcher flags is the one-box trainer's, unchanged
     assert argv[argv.index("-m"):] == TODAYS_TRAINER[TODAYS_TRAINER.index("-m"):]
@@ -660,7 +662,8 @@ def test_two_nodes_plan_substitutes_each_node(tmp_path: Path,
         assert flag(rendered[rank], "--node-rank") == str(rank)
         assert flag(rendered[rank], "--nnodes") == "2"
         assert flag(rendered[rank], "--rdzv-endpoint") == "gpu-head:29400"
-        assert flag(rendered[rank], "--rdzv-id") == "run-1"  # the same run on every node
+        # the job's id, shared by the nodes (each node's run id is its own)
+        assert flag(rendered[rank], "--rdzv-id") == "job-1"
         assert plan.processes["server"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
         assert plan.processes["trainer"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
     differ = [i for i, (a, b) in enumerate(zip(rendered[0], rendered[1], strict=True)) if a != b]
