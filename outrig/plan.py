@@ -174,7 +174,8 @@ def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Pl
     ctx = RecipeContext(host=host.name, playbook=job.name, run_id=run_id, run_dir=run_dir,
                         test_mode=job.test_mode, gpu_count=facts.gpu_count,
                         gpu_memory_mib=facts.gpu_memory_mib, gpu_source=facts.source,
-                        models=facts.models, where=job.where, envs=facts.envs)
+                        models=facts.models, where=job.where, envs=facts.envs,
+                        nodes=int(getattr(spec, "nodes", 1) or 1))
     expansion = recipes.get(spec.recipe).expand(spec.recipe_section(), ctx)
     plan.problems.extend(expansion.problems)
     plan.notes.extend(expansion.notes)

@@ -110,6 +110,9 @@ class RecipeContext:
     models: Mapping[str, ModelFacts]
     where: Callable[[KeyPath], str]
     envs: Mapping[str, EnvFacts] = field(default_factory=dict)
+    # The playbook's node count: above 1 the same processes run on every node, with
+    # ${node_rank}, ${nnodes}, ${head_host} and ${rdzv_port} substituted per node.
+    nodes: int = 1
 
 
 @dataclass

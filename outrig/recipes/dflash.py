@@ -18,7 +18,13 @@ Rendered processes (argv lists; no shell anywhere):
   render endpoint; a one-shot step. When its output already holds ``*.arrow`` files,
   speculators itself skips preprocessing and exits 0 (0.9.0 behaviour), so a redeploy costs
   one short process start, and outrig needs no shell or skip logic of its own.
-* ``trainer``: ``torchrun --standalone --nproc_per_node N -m speculators.train ...``.
+* ``trainer``: ``torchrun --standalone --nproc_per_node N -m speculators.train ...``; with
+  ``nodes: N`` > 1 in the playbook, ``torchrun --nnodes ${nnodes} --node-rank ${node_rank}
+  --rdzv-backend c10d --rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} ...``
+  instead, the names substituted per node by the planner. Every node runs all three processes:
+  its own server on its own GPUs serves that node's trainer ranks on 127.0.0.1, the hidden
+  states stay on its local disk, and torch's rendezvous joins the ranks
+  (docs/scale-out.md has the evidence).
 
 :func:`expand` runs named steps: the run's paths (``--test``), the model and its layer ids, the
 token budgets, the memory fits, the flags the recipe owns, then one renderer per process. The
@@ -77,6 +83,10 @@ TRAINER_FATAL = [
 ]
 TRAINER_STARTED = (r"Starting fresh training run|Resuming training on epoch|"
                    r"Resuming mid-epoch from epoch")
+# Every rank logs this once init_process_group returned, i.e. once all nodes joined
+# (speculators train/distributed.py maybe_setup_distributed, override_rank0_filter); the lines
+# above are rank 0's only, so on several nodes they appear on one node alone.
+TRAINER_JOINED = r"Started distributed with local_rank="
 
 
 # ------------------------------------------------------------------------------------------ facts
@@ -245,6 +255,7 @@ class _Run:
     trainer_ids: list[int]
     max_model_len: int
     batched: int
+    nodes: int = 1
 
     @property
     def served(self) -> str:
@@ -277,8 +288,9 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     for key, extras, owned in OWNED_FLAGS:
         _check_extras(ctx.where, out, key, extras(spec), owned)
     _check_steps(spec, ctx.where, out)
+    _check_nodes(spec, ctx, out)
     run = _Run(spec, ctx, facts, data_path, save_path, epochs, max_samples, vllm_ids,
-               trainer_ids, max_model_len, batched)
+               trainer_ids, max_model_len, batched, nodes=max(ctx.nodes, 1))
     _render_server(run, out)
     after = _render_regenerate(run, out, after="server")
     after = _render_prepare(run, out, after=after)
@@ -494,7 +506,7 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
             "nothing to resume from. Use a fraction (0.1 saves ten times an epoch)")
     argv = [
         trainer.torchrun or _sibling(trainer.python, "torchrun"),
-        "--standalone", "--nproc_per_node", str(len(trainer.gpus)), *launcher,
+        *_rendezvous(run), "--nproc_per_node", str(len(trainer.gpus)), *launcher,
         "-m", "speculators.train",
         "--speculator-type", "dflash",
         "--verifier-name-or-path", run.served,
@@ -519,10 +531,13 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
         # where it reads it (the torch releases with --shutdown-timeout); ignored elsewhere.
         "env": {**spec.env, **run.offline, "COLUMNS": "300", "PYTHONUNBUFFERED": "1",
                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{int(trainer.stop_grace)}",
+                # torchrun's agent then logs its rendezvous result (group_rank, global_ranks):
+                # the line that tells which node holds global rank 0, the checkpoint writer.
+                **({"LOGLEVEL": "INFO"} if run.nodes > 1 else {}),
                 **trainer.env},
         "gpus": list(trainer.gpus),
         "after": after,
-        "ready": {"log": TRAINER_STARTED, "timeout": trainer.ready_timeout},
+        "ready": _trainer_ready(run),
         "fatal": list(TRAINER_FATAL),
         # SIGTERM to the ranks themselves, not to torchrun: see _shutdown_timeout.
         "stop": {"grace": trainer.stop_grace, "children_first": True},
@@ -532,6 +547,75 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
     }
     out.origins[("processes", "trainer")] = ("dflash", "trainer")
     out.origins[("processes", "trainer", "command")] = ("dflash", "trainer")
+
+
+def _rendezvous(run: _Run) -> list[str]:
+    """torchrun's rendezvous flags: ``--standalone`` on one box, torch's own rendezvous across
+    several nodes (outrig only substitutes the names per node and starts the processes).
+
+    ``--rdzv-conf`` lets a node wait for the slowest other node to reach its trainer: each
+    node first starts its own server and prepares its data, so the skew between nodes is
+    bounded by those two steps' timeouts, not by torch's 600 s join default."""
+    if run.nodes <= 1:
+        return ["--standalone"]
+    # The rendezvous id is the job's, shared by its nodes (${run_id} is each node's own run):
+    # torch keys the rendezvous state by it, so nodes with different ids never meet.
+    backend = run.spec.trainer.rendezvous
+    # c10d reads join_timeout (dynamic_rendezvous.py _get_timeout); static reads timeout.
+    key = "join_timeout" if backend == "c10d" else "timeout"
+    return ["--nnodes", "${nnodes}", "--node-rank", "${node_rank}",
+            "--rdzv-backend", backend, "--rdzv-endpoint", "${head_host}:${rdzv_port}",
+            "--rdzv-id", "${job_id}", "--rdzv-conf", f"{key}={_join_wait(run.spec)}"]
+
+
+def _join_wait(spec: DFlashSpec) -> int:
+    """Seconds one node may wait for the others at the rendezvous: their server start plus
+    their prepare step, each at its own timeout."""
+    wait = spec.server.ready_timeout + (spec.prepare.timeout if spec.prepare.enabled else 0)
+    return int(wait)
+
+
+def _trainer_ready(run: _Run) -> dict[str, Any]:
+    """On one box: rank 0's start line. On several nodes the start line is printed on the
+    node holding global rank 0 only, so every node waits for its ranks' "Started
+    distributed" instead (all nodes joined), within the rendezvous wait as well."""
+    trainer = run.spec.trainer
+    if run.nodes <= 1:
+        return {"log": TRAINER_STARTED, "timeout": trainer.ready_timeout}
+    return {"log": f"{TRAINER_STARTED}|{TRAINER_JOINED}",
+            "timeout": trainer.ready_timeout + _join_wait(run.spec)}
+
+
+def _check_nodes(spec: DFlashSpec, ctx: RecipeContext, out: Expansion) -> None:
+    """What changes with ``nodes`` > 1: the layout note, and what cannot run on every node."""
+    if ctx.nodes <= 1:
+        return
+    ranks = len(spec.trainer.gpus)
+    out.notes.append(
+        f"nodes: {ctx.nodes} × (vLLM on GPUs {spec.server.gpus} serving that node's "
+        f"{ranks} trainer rank(s) on 127.0.0.1:{spec.server.port}, hidden states on its local "
+        f"{spec.hidden_states_path}) = {ctx.nodes * ranks} ranks joined by torchrun's "
+        f"{spec.trainer.rendezvous} rendezvous at ${{head_host}}:${{rdzv_port}} "
+        "(docs/scale-out.md)")
+    writer = ("node 0" if spec.trainer.rendezvous == "static" else
+              "the node whose host name sorts first (c10d ignores --node-rank), not "
+              "necessarily node 0")
+    out.notes.append(
+        f"checkpoints: only global rank 0 writes {spec.save_path}, on {writer}. Every rank "
+        "reads its own node's copy when it starts, so before a resume every node must hold "
+        "the same latest checkpoint there (or none)")
+    if spec.prepare.enabled:
+        out.notes.append(
+            "prepare runs on every node against that node's server; every rank packs the "
+            "whole dataset, so the inputs must be the same files on every node (the prepared "
+            f"{spec.data_path} must come out identical)")
+    if spec.regenerate.enabled:
+        out.problems.append(
+            f"{ctx.where(('dflash', 'regenerate', 'enabled'))}: regenerate-responses samples "
+            f"new answers from each node's own server, so with nodes: {ctx.nodes} every node "
+            "would train on different data (and ranks whose datasets differ hang). Run it in a "
+            "one-node job, stage its output to every node and list it under prepare.data, then "
+            "set regenerate.enabled: false here")
 
 
 def _closing_notes(run: _Run, out: Expansion) -> None:

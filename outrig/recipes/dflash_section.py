@@ -66,6 +66,11 @@ class TrainerSpec(_Section):
                                  "start (fresh or resuming)")
     stop_grace: float = Field(150.0, ge=0, description="SIGTERM → SIGKILL seconds (≥ 130: "
                               "speculators saves interrupted/ within 120 s)")
+    rendezvous: Literal["c10d", "static"] = Field(
+        "c10d", description="torchrun --rdzv-backend when the playbook has nodes > 1. c10d: "
+        "torch orders the nodes by host name (--node-rank is ignored), so global rank 0, the "
+        "only checkpoint writer, may be on any node; static: --node-rank is honoured (rank 0 "
+        "on node 0) and MASTER_ADDR is head_host (docs/scale-out.md)")
 
 
 class PrepareSpec(_Section):

@@ -165,3 +165,38 @@ def test_trainer_argv_parses_with_torchrun_and_speculators(playbook: str, test: 
     else:
         assert config.trainer.save_path == "/workspace/dflash/checkpoints"
     json.dumps(config.model_dump(), default=str)  # the whole config resolved
+
+
+@pytest.mark.parametrize("backend", ["c10d", "static"])
+def test_multi_node_launcher_parses_with_torchrun(backend: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``nodes: 2`` the launcher flags, substituted for node 1, are what torchrun reads:
+    the node count, the rendezvous backend, endpoint, id and the join wait."""
+    pytest.importorskip("torch", reason=SKIP.format("torch"))
+    import dataclasses
+
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from outrig import plan as plan_module
+
+    job = load_job(REPO / "playbooks" / "dflash-qwen36.yaml", test=False)
+    section = job.spec.recipe_section().model_copy(update={
+        "trainer": job.spec.recipe_section().trainer.model_copy(update={"rendezvous": backend})})
+    spec = job.spec.model_copy(update={"nodes": 2, "dflash": section})
+    builtin = plan_module.builtin_params
+    monkeypatch.setattr(plan_module, "builtin_params", lambda *a, **k: {
+        **builtin(*a, **k), "node_rank": 1, "nnodes": 2, "head_host": "gpu-head",
+        "rdzv_port": 29400, "job_id": "job-1"})
+    plan = make_plan(dataclasses.replace(job, spec=spec), HOST,
+                     HostFacts(gpu_count=8, gpu_memory_mib=97_871), "run-1")
+    assert plan.ok, plan.problems
+    args = get_args_parser().parse_args(plan.processes["trainer"].argv[1:])
+    assert not args.standalone and args.module and args.training_script == "speculators.train"
+    config, _, _ = config_from_args(args)
+    assert (config.min_nodes, config.max_nodes) == (2, 2)
+    assert config.rdzv_backend == backend and config.run_id == "job-1"
+    assert config.rdzv_endpoint == "gpu-head:29400"
+    key = "join_timeout" if backend == "c10d" else "timeout"
+    assert int(config.rdzv_configs[key]) > 600
+    if backend == "static":
+        assert config.rdzv_configs["rank"] == 1  # --node-rank reaches the static backend

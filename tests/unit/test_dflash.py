@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from outrig import plan as plan_module
 from outrig.errors import ConfigError, PlanError
 from outrig.inventory import Host
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import deep_merge, load_job
-from outrig.recipes import EnvFacts, ModelFacts, models_to_probe
+from outrig.recipes import EnvFacts, ModelFacts, RecipeContext, dflash, models_to_probe
+from outrig.recipes.base import Expansion
+from outrig.recipes.dflash import expand as dflash_expand
+from outrig.recipes.dflash_section import DFlashSpec
 
 HOST = Host(name="box", hostname="127.0.0.1", workdir="/workspace/dflash")
 REPO = Path(__file__).resolve().parents[2]
@@ -563,3 +569,150 @@ def test_regenerate_runs_before_prepare_when_enabled(tmp_path: Path) -> None:
     assert flag(regen.argv, "--endpoint") == "http://127.0.0.1:8000/v1/chat/completions"
     assert flag(regen.argv, "--outfile") == out and "--resume" in regen.argv
     assert plan.processes["prepare"].after == ["regenerate"]
+
+
+# ------------------------------------------------------------------------------ several nodes
+#
+# The playbook's node count arrives as ``job.spec.nodes``; the tests put it on a loaded spec
+# with model_copy (no schema change needed) and stand in for the planner's per-node names by
+# adding them to the built-in parameters, which is where the planner substitutes them.
+
+TODAYS_TRAINER = [
+    "/s/bin/torchrun", "--standalone", "--nproc_per_node", "2", "-m", "speculators.train",
+    "--speculator-type", "dflash", "--verifier-name-or-path", MODEL,
+    "--data-path", "/d/tokenized", "--save-path", "/d/ckpt",
+    "--vllm-endpoint", "http://127.0.0.1:8000/v1", "--target-layer-ids", "2", "32", "61",
+    "--block-size", "16", "--epochs", "2", "--lr", "0.0006", "--total-seq-len", "8192",
+    "--checkpoint-freq", "0.1", "--loss-implementation", "eager"]
+
+
+def node_params(rank: int, nnodes: int = 2) -> dict[str, object]:
+    return {"node_rank": rank, "nnodes": nnodes, "head_host": "gpu-head", "rdzv_port": 29400,
+            "job_id": "job-1"}
+
+
+def nodes_plan(tmp_path: Path, doc: dict[str, Any], nodes: int | None,
+               monkeypatch: pytest.MonkeyPatch, rank: int | None = None) -> Plan:
+    """The plan of ``doc`` with ``nodes`` on its spec (None: no such key at all), and, for
+    ``rank``, the per-node names defined as the planner defines them for that node, whose
+    own run id is the job's plus ``-node<rank>``."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    job = load_job(path, test=False)
+    if nodes is not None:
+        job = dataclasses.replace(job, spec=job.spec.model_copy(update={"nodes": nodes}))
+    if rank is not None:
+        builtin = plan_module.builtin_params
+        monkeypatch.setattr(plan_module, "builtin_params", lambda *a, **k: {
+            **builtin(*a, **k), **node_params(rank, nodes or 1)})
+    return make_plan(job, HOST, H200, "run-1" if rank is None else f"job-1-node{rank}")
+
+
+def recipe_output(nodes: int, **overrides: Any) -> Expansion:
+    """The recipe's own output, before the planner substitutes anything."""
+    section = DFlashSpec.model_validate(base(**overrides)["dflash"])
+    ctx = RecipeContext(host="box", playbook="job", run_id="run-1",
+                        run_dir="/workspace/dflash/runs/run-1", test_mode=False, gpu_count=4,
+                        gpu_memory_mib=143_771, gpu_source="test", models={},
+                        where=lambda key: ".".join(map(str, key)), nodes=nodes)
+    return dflash_expand(section, ctx)
+
+
+def test_one_node_renders_exactly_as_before(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    without = nodes_plan(tmp_path, base(), None, monkeypatch)
+    one = nodes_plan(tmp_path, base(), 1, monkeypatch)
+    assert without.ok, without.problems
+    assert one.to_dict() == without.to_dict()
+    trainer = one.processes["trainer"]
+    assert trainer.argv == TODAYS_TRAINER
+    assert trainer.ready is not None and trainer.ready.timeout == 900
+    assert trainer.ready.log == dflash.TRAINER_STARTED
+    assert "LOGLEVEL" not in trainer.env
+    assert not [n for n in one.notes if n.startswith(("nodes:", "checkpoints:"))]
+
+
+def test_two_nodes_render_torch_rendezvous_with_the_per_node_names() -> None:
+    out = recipe_output(2)
+    assert not out.problems, out.problems
+    argv = out.processes["trainer"]["command"]
+    assert "--standalone" not in argv
+    assert argv[:17] == [
+        "/s/bin/torchrun", "--nnodes", "${nnodes}", "--node-rank", "${node_rank}",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "${head_host}:${rdzv_port}",
+        "--rdzv-id", "${job_id}", "--rdzv-conf", "join_timeout=9000",
+        "--nproc_per_node", "2", "-m", "speculators.train"]
+    # everything after the launcher flags is the one-box trainer's, unchanged
+    assert argv[argv.index("-m"):] == TODAYS_TRAINER[TODAYS_TRAINER.index("-m"):]
+    one = recipe_output(1)
+    # each node's server: its own GPUs, on 127.0.0.1, hidden states under its own run folder
+    assert out.processes["server"] == one.processes["server"]
+    assert out.processes["prepare"] == one.processes["prepare"]
+    assert flag(argv, "--vllm-endpoint") == "http://127.0.0.1:8000/v1"
+
+
+def test_two_nodes_plan_substitutes_each_node(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered = {}
+    for rank in (0, 1):
+        plan = nodes_plan(tmp_path, base(), 2, monkeypatch, rank=rank)
+        assert plan.ok, plan.problems
+        rendered[rank] = plan.processes["trainer"].argv
+        assert not [a for a in rendered[rank] if "${" in a], rendered[rank]
+        assert flag(rendered[rank], "--node-rank") == str(rank)
+        assert flag(rendered[rank], "--nnodes") == "2"
+        assert flag(rendered[rank], "--rdzv-endpoint") == "gpu-head:29400"
+        # the job's id, shared by the nodes (each node's run id is its own)
+        assert flag(rendered[rank], "--rdzv-id") == "job-1"
+        assert plan.processes["server"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert plan.processes["trainer"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    differ = [i for i, (a, b) in enumerate(zip(rendered[0], rendered[1], strict=True)) if a != b]
+    assert [rendered[0][i - 1] for i in differ] == ["--node-rank"]
+
+
+def test_two_nodes_ready_when_all_ranks_joined(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """speculators prints its start line on global rank 0 only: one node of the two."""
+    trainer = nodes_plan(tmp_path, base(), 2, monkeypatch, rank=1).processes["trainer"]
+    assert trainer.ready is not None and trainer.ready.log is not None
+    pattern = re.compile(trainer.ready.log)
+    assert pattern.search("Started distributed with local_rank=1, dp_size=4, sp_size=1")
+    assert pattern.search("No previous training checkpoint found in '/d/ckpt'. "
+                          "Starting fresh training run.")
+    # its own start, plus the slowest other node's server start and prepare
+    assert trainer.ready.timeout == 900 + 1800 + 7200
+    assert trainer.env["LOGLEVEL"] == "INFO"  # torchrun logs group_rank / global_ranks
+
+
+def test_two_nodes_wait_only_for_the_server_without_prepare() -> None:
+    argv = recipe_output(2, prepare={"enabled": False, "data": []})
+    assert flag(argv.processes["trainer"]["command"], "--rdzv-conf") == "join_timeout=1800"
+
+
+def test_static_rendezvous_puts_rank_0_on_node_0() -> None:
+    out = recipe_output(2, trainer={"rendezvous": "static"})
+    argv = out.processes["trainer"]["command"]
+    assert flag(argv, "--rdzv-backend") == "static"
+    assert flag(argv, "--node-rank") == "${node_rank}"
+    assert flag(argv, "--rdzv-conf") == "timeout=9000"
+    assert any(n.startswith("checkpoints:") and "on node 0" in n for n in out.notes)
+
+
+def test_two_nodes_say_where_checkpoints_and_data_must_be() -> None:
+    notes = recipe_output(2).notes
+    layout = next(n for n in notes if n.startswith("nodes:"))
+    assert "2 × (vLLM on GPUs [0, 1]" in layout and "= 4 ranks" in layout
+    checkpoints = next(n for n in notes if n.startswith("checkpoints:"))
+    assert "only global rank 0 writes /d/ckpt" in checkpoints
+    assert "ignores --node-rank" in checkpoints and "every node" in checkpoints
+    assert any("prepare runs on every node" in n for n in notes)
+
+
+def test_two_nodes_refuse_regenerate() -> None:
+    """Sampled answers differ per node's server: the nodes would train on different data."""
+    out = recipe_output(2, regenerate={"enabled": True, "output": "/d/regen.jsonl"},
+                        prepare={"data": ["/d/regen.jsonl"]})
+    problem = next(p for p in out.problems if "regenerate" in p)
+    assert problem.startswith("dflash.regenerate.enabled:")
+    assert "one-node job" in problem and "enabled: false" in problem
+    assert not recipe_output(1, regenerate={"enabled": True}).problems
