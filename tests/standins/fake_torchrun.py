@@ -12,12 +12,14 @@ Not product code. Reproduces the launcher behaviour outrig depends on, read from
 | workers get RANK, GROUP_RANK, ROLE_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID | elastic/agent/server/local_elastic_agent.py:425-437, 522 | same; RANK = GROUP_RANK × nproc + LOCAL_RANK, WORLD_SIZE = nnodes × nproc, the run id is ``--rdzv-id`` (``none`` alone) |
 | MASTER_ADDR/PORT: the group-rank-0 node's address and a port it picked | elastic/agent/server/api.py:533-548 | same: the store host hands out group rank 0's address and a free port |
 | ``--node-rank`` is ignored by c10d (a warning when it is not 0) | run.py:968-977 | same warning; the rank comes from the rendezvous |
-| c10d: the process whose endpoint host is this machine (``localhost``, a loopback or own address) hosts the TCP store; when the port is taken it falls back to a client of the store there | elastic/rendezvous/c10d_rendezvous_backend.py:137-145, 154-181; elastic/rendezvous/utils.py:117-133 | same: the first node started on the endpoint's machine hosts the store (outrig starts node 0 first), and logs "Process PID hosts the TCP store for the C10d rendezvous backend." (:165) |
+| c10d: the process whose endpoint host is this machine (``localhost``, a loopback or own address) hosts the TCP store; when the port is taken it falls back to a client of the store there | elastic/rendezvous/c10d_rendezvous_backend.py:137-145, 154-181; elastic/rendezvous/utils.py:117-133 | same: the first node started on the endpoint's machine hosts the store (outrig starts node 0 first) |
 | a client reaches the store within ``read_timeout`` (``--rdzv-conf read_timeout=S``, default 60 s), else RendezvousConnectionError | c10d_rendezvous_backend.py:148, 161, 179-181 | same: connects retrying until then, else exits 1 |
 | the rendezvous completes when ``--nnodes`` nodes joined, within ``join_timeout`` (default 600 s) | elastic/rendezvous/dynamic_rendezvous.py:143-144, 1405 | same (``--rdzv-conf join_timeout=S``); nodes of another ``--rdzv-id`` do not meet |
 | group ranks are assigned by sorting the participants (address, pid, local id), not by ``--node-rank`` | dynamic_rendezvous.py:833 | same sort (address, pid) |
-| each node logs "The node 'ADDR_PID_0' has joined round 0 of the rendezvous 'ID' as rank R in a world of size N." | dynamic_rendezvous.py:1186-1188 (node name: :241-242) | same line |
-| the agent then logs "[default] starting workers for entrypoint: MOD" | elastic/agent/server/api.py:913 | same |
+| the store and join messages ("Process PID hosts the TCP store ...", "The node ... has joined round 0 ...") go to module loggers torchrun leaves unconfigured, so they are not in the log | c10d_rendezvous_backend.py:29, 165-169; dynamic_rendezvous.py:49, 1186-1191 | not printed either |
+| the agent logs "[default] starting workers for entrypoint: python" (the binary's name) before the rendezvous, "[default] Rendezvous'ing worker group", then "[default] Rendezvous complete for workers. Result:" with ``group_rank=R``, ``group_world_size=N``, ``master_addr``, ``master_port`` ... on lines of their own | elastic/agent/server/api.py:912-914, 707, 553-575 | same lines, in that order |
+| those agent lines are INFO: shown only with ``LOGLEVEL=INFO`` (default WARNING) | elastic/utils/logging.py:34-37 | same |
+| MASTER_ADDR is group rank 0's ``--local-addr`` or ``socket.getfqdn()``, MASTER_PORT a free port it picked | elastic/rendezvous/api.py:89-100 | same (``getfqdn()``) |
 | SIGTERM/SIGINT/SIGHUP/SIGQUIT to torchrun: ``close(death_sig)`` sends the signal to each worker's whole process group (``os.killpg``) | subprocess_handler.py:79-85, elastic/multiprocessing/api.py ``_close`` | same |
 | then waits ``--shutdown-timeout`` (else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s) and SIGKILLs the groups still alive | run.py:690 (flag), api.py ``_close`` | same |
 | ``--shutdown-timeout`` is a usage error on torch 2.11 (seen on the real H200) | | ``FAKE_TORCHRUN_NO_SHUTDOWN_TIMEOUT=1`` makes it one: exit 2 with argparse's message |
@@ -93,6 +95,9 @@ def shutdown_timeout(args: argparse.Namespace) -> float:
 
 
 def log(msg: str, where: str = "elastic/multiprocessing/api.py:1030", level: str = "W") -> None:
+    """A line as torch's elastic loggers write it; INFO ones only with ``LOGLEVEL=INFO``."""
+    if level == "I" and os.environ.get("LOGLEVEL", "WARNING").upper() not in ("INFO", "DEBUG"):
+        return
     print(f"{level}1201 00:00:00.000000 {os.getpid()} {ENTRY}/{where}] {msg}", flush=True)
 
 
@@ -147,7 +152,7 @@ class Store:
                 self.lock.wait()
             ranked = sorted(members[: self.nnodes])
             return {"rank": ranked.index((addr, pid)), "world": self.nnodes,
-                    "master_addr": ranked[0][0], "master_port": self.master_port}
+                    "master_addr": socket.getfqdn(), "master_port": self.master_port}
 
 
 def free_port() -> int:
@@ -177,15 +182,13 @@ def host_store(host: str, port: int, nnodes: int) -> Optional[Store]:
     sock.listen(64)
     store = Store(sock, nnodes)
     store.serve()
-    log(f"Process {os.getpid()} hosts the TCP store for the C10d rendezvous backend.",
-        "elastic/rendezvous/c10d_rendezvous_backend.py:169", "I")
     return store
 
 
 def rendezvous(args: argparse.Namespace) -> Tuple[Dict[str, Any], Optional[socket.socket]]:
     """Join the rendezvous; return its answer and the open store connection."""
     if args.nnodes == 1:
-        return {"rank": 0, "world": 1, "master_addr": "127.0.0.1",
+        return {"rank": 0, "world": 1, "master_addr": socket.getfqdn(),
                 "master_port": free_port()}, None
     if args.node_rank != 0:
         log(f"node_rank is only used for static rdzv_backend. It will be ignored for "
@@ -219,9 +222,6 @@ def rendezvous(args: argparse.Namespace) -> Tuple[Dict[str, Any], Optional[socke
         log(f"RendezvousTimeoutError: the rendezvous '{args.rdzv_id}' did not complete within "
             f"{join_timeout:g} s", "elastic/rendezvous/dynamic_rendezvous.py:1180", "E")
         sys.exit(1)
-    log(f"The node '{me}_{os.getpid()}_0' has joined round 0 of the rendezvous "
-        f"'{args.rdzv_id}' as rank {answer['rank']} in a world of size {answer['world']}.",
-        "elastic/rendezvous/dynamic_rendezvous.py:1192", "I")
     conn.settimeout(read_timeout)
     if store is not None:
         answer["store"] = store  # kept alive with this process
@@ -254,13 +254,23 @@ def main(argv: List[str]) -> int:
 
     # A signal during the rendezvous ends the process at once (torch raises
     # SignalException there); from here on it closes the workers first.
+    log(f"[default] starting workers for entrypoint: {os.path.basename(sys.executable)}",
+        "elastic/agent/server/api.py:912", "I")
+    log("[default] Rendezvous'ing worker group", "elastic/agent/server/api.py:707", "I")
     group, conn = rendezvous(args)
+    nproc, nnodes = args.nproc_per_node, int(group["world"])
+    ranks = [int(group["rank"]) * nproc + local for local in range(nproc)]
+    for line in ("[default] Rendezvous complete for workers. Result:", "  restart_count=0",
+                 f"  master_addr={group['master_addr']}",
+                 f"  master_port={group['master_port']}", f"  group_rank={group['rank']}",
+                 f"  group_world_size={nnodes}", f"  local_ranks={list(range(nproc))}",
+                 f"  role_ranks={ranks}", f"  global_ranks={ranks}",
+                 f"  role_world_sizes={[nnodes * nproc] * nproc}",
+                 f"  global_world_sizes={[nnodes * nproc] * nproc}"):
+        log(line, "elastic/agent/server/api.py:553", "I")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, on_signal)
     reader = conn.makefile("r") if conn is not None else None
-    log(f"[default] starting workers for entrypoint: {args.module}",
-        "elastic/agent/server/api.py:913", "I")
-    nproc, nnodes = args.nproc_per_node, int(group["world"])
     for local in range(nproc):
         rank = int(group["rank"]) * nproc + local
         env = {**os.environ, "RANK": str(rank), "GROUP_RANK": str(group["rank"]),
