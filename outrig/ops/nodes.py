@@ -220,6 +220,12 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
         raise PlanError([f"{nodes[rank].label()}: {line}" for rank in sorted(problems)
                          for line in problems[rank]],
                         context=f"{job.name} on {len(nodes)} nodes")
+    first = sessions[0].host
+    if first.node_address is None:
+        plans[0].notes.append(
+            f"${{head_host}} is {head}, the hostname in {first.source or first.name}; if the "
+            "other nodes reach node 0 by another address (a cluster-internal one), set "
+            "node_address: there")
     return [plans[n.rank] for n in nodes]
 
 
