@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.console import Reporter, describe_event
@@ -397,7 +397,7 @@ def _why(error: BaseException | None) -> str:
 
 def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
           sessions: Sequence[HostSession], journal: Journal, reporter: Reporter,
-          job_id: str) -> None:
+          job_id: str) -> NoReturn:
     """One node failed (or Ctrl-C): cancel the deploys still waiting, let them end, stop the
     run on every node that was started, and raise :class:`NodesFailed` naming the node."""
     who = failed.node.label() if failed is not None else "the deploy"
@@ -529,7 +529,7 @@ def node_log_targets(journal: Journal, ident: str) -> list[NodeRun]:
 
 
 @dataclass
-class _Seen:
+class NodeSeen:
     """What the guard knows of one node: its last state and since when it has not answered."""
 
     state: str = "starting"
@@ -549,7 +549,7 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
     journal = journal or Journal()
     record, nodes = _job_nodes(journal, ident)
     job_id = str(record.get("job_id"))
-    seen = {n.rank: _Seen() for n in nodes}
+    seen = {n.rank: NodeSeen() for n in nodes}
     stop = stop or threading.Event()
     reporter.info(f"• watching job {job_id} on {len(nodes)} nodes: "
                   + ", ".join(n.label() for n in nodes))
@@ -563,11 +563,11 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
                               journal=journal)
         now = time.monotonic()
         for node, outcome in zip(nodes, outcomes, strict=True):
-            _judge_node(seen[node.rank], node, outcome, now, threshold, reporter)
+            judge_node(seen[node.rank], node, outcome, now, threshold, reporter)
         bad = next((n for n in nodes if seen[n.rank].state in ("failed", "missing", "lost")),
                    None)
         if bad is not None:
-            return _stop_after_failure(project, job_id, bad, seen[bad.rank], reporter, journal)
+            _stop_after_failure(project, job_id, bad, seen[bad.rank], reporter, journal)
         if all(s.state == "finished" for s in seen.values()):
             journal.record_job(job_id, {"status": "finished"})
             reporter.success(f"job {job_id} finished on every node")
@@ -576,7 +576,7 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
     return {"job_id": job_id, "status": "watching"}
 
 
-def _judge_node(seen: _Seen, node: NodeRun, outcome: HostOutcome, now: float,
+def judge_node(seen: NodeSeen, node: NodeRun, outcome: HostOutcome, now: float,
                 threshold: float, reporter: Reporter) -> None:
     """Update ``seen`` from one status answer; say so when the node's state changes."""
     before = seen.state
@@ -595,8 +595,8 @@ def _judge_node(seen: _Seen, node: NodeRun, outcome: HostOutcome, now: float,
             reporter.info(f"{node.label()}: {seen.state} — {seen.why}")
 
 
-def _stop_after_failure(project: Project, job_id: str, bad: NodeRun, seen: _Seen,
-                        reporter: Reporter, journal: Journal) -> dict[str, Any]:
+def _stop_after_failure(project: Project, job_id: str, bad: NodeRun, seen: NodeSeen,
+                        reporter: Reporter, journal: Journal) -> NoReturn:
     """Stop every other node of the job (and the failed one's leftovers), then raise."""
     reporter.warn(f"{bad.label()} failed: {seen.why}. Stopping the job on every node.")
     journal.record_job(job_id, {"status": "failed", "failed_node": bad.rank,

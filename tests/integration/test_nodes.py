@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -190,6 +191,27 @@ def test_node_1_failing_under_the_guard_stops_node_0(
     assert marked(head.run_id) == [] and marked(other.run_id) == []
     record = journal().job(result.job_id)
     assert record is not None and (record["status"], record["failed_node"]) == ("failed", 1)
+
+
+def test_node_0_disappearing_is_named_and_node_1_is_stopped(
+        project: Project, fake_job: Path, box_a: SandboxBox) -> None:
+    result = deploy_nodes(project, ["a", "b"], load_job(fake_job), Reporter(quiet=True),
+                          journal=journal())
+    head, other = node_log_targets(journal(), result.job_id)
+    box_a.stop()  # node 0's box stops answering; its processes keep running there
+    try:
+        with pytest.raises(NodesFailed) as info:
+            watch_nodes(project, result.job_id, Reporter(quiet=True), period=0.5,
+                        threshold=2.0, journal=journal())
+        message = str(info.value)
+        assert re.search(r"node 0 \(a\) of job .* failed: no answer for \d+ s", message)
+        assert "could not stop node 0 (a)" in message
+        assert marked(other.run_id) == []  # node 1 was stopped
+        assert marked(head.run_id) != []  # what could not be reached is still running
+    finally:
+        box_a.start()
+    stop_nodes(project, result.job_id, Reporter(quiet=True), journal=journal())
+    assert marked(head.run_id) == []
 
 
 def test_a_node_failing_at_deploy_stops_the_other_and_names_it(

@@ -7,16 +7,27 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, PlanError
+from outrig.fanout import HostOutcome
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import Project
-from outrig.ops.nodes import deploy_nodes, find_job, node_run_id, select_nodes
+from outrig.ops.nodes import (
+    NodeRun,
+    NodeSeen,
+    deploy_nodes,
+    find_job,
+    judge_node,
+    node_run_id,
+    node_state,
+    select_nodes,
+)
 from outrig.plan import HostFacts, NodePlace, make_plan
 from outrig.playbook import load_job
 
@@ -198,3 +209,56 @@ def test_find_job_by_its_id_or_a_node_run_id(tmp_path: Path) -> None:
         assert [(n.rank, n.host, n.run_id) for n in found[1]] == [
             (0, "a", "j-node0"), (1, "b", "j-node1")]
     assert find_job(journal, "solo") is None and find_job(journal, "nosuch") is None
+
+
+# ------------------------------------------------------------------------------ the guard
+
+
+def outcome(result: dict[str, Any] | None, error: str | None = None) -> HostOutcome:
+    return HostOutcome("b", "ok" if error is None else "failed", 0.1, result=result,
+                       error=error)
+
+
+def status_of(run_id: str, *procs: dict[str, Any]) -> dict[str, Any]:
+    return {"runs": [{"run_id": run_id, "status": "running", "processes": list(procs)}]}
+
+
+def test_the_guard_judges_a_node_by_its_runs_processes() -> None:
+    running = {"name": "trainer", "state": "running"}
+    failed = {"name": "trainer", "state": "exited", "exit_code": 1}
+    assert node_state(status_of("j-node1", running), "j-node1") == ("running", "running")
+    assert node_state(status_of("j-node1", failed), "j-node1") == ("failed",
+                                                                   "trainer exited 1")
+    assert node_state(status_of("other", running), "j-node1")[0] == "missing"
+
+
+def test_a_node_silent_for_the_threshold_is_lost() -> None:
+    node, seen, quiet = NodeRun(1, "b", "j-node1"), NodeSeen(), Reporter(quiet=True)
+    judge_node(seen, node, outcome(status_of("j-node1", {"name": "t", "state": "running"})),
+                100.0, 60.0, quiet)
+    assert seen.state == "running"
+    judge_node(seen, node, outcome(None, "connection refused"), 110.0, 60.0, quiet)
+    assert seen.state == "silent"
+    judge_node(seen, node, outcome(None, "connection refused"), 169.0, 60.0, quiet)
+    assert seen.state == "silent"
+    judge_node(seen, node, outcome(None, "connection refused"), 170.0, 60.0, quiet)
+    assert seen.state == "lost" and seen.why == "no answer for 60 s: connection refused"
+
+
+def test_a_dry_run_plans_every_node_and_contacts_none(tmp_path: Path,
+                                                      listener: socket.socket) -> None:
+    port = listener.getsockname()[1]
+    host_file(tmp_path, "head", port=port, gpus=2, node_address="10.0.0.1")
+    host_file(tmp_path, "peer", port=port, gpus=2)
+    job = load_job(playbook(tmp_path, "nodes: [head, peer]\n"))
+    result = deploy_nodes(Project(tmp_path), [], job, Reporter(quiet=True), dry_run=True,
+                          journal=Journal(tmp_path / "state"))
+    assert not result.launched
+    assert [(p.host, p.node_rank, p.nnodes, p.run_id) for p in result.plans] == [
+        ("head", 0, 2, f"{result.job_id}-node0"), ("peer", 1, 2, f"{result.job_id}-node1")]
+    for plan in result.plans:
+        argv = plan.processes["trainer"].argv
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
+        assert argv[argv.index("--rdzv-id") + 1] == result.job_id
+    with pytest.raises(BlockingIOError):
+        listener.accept()
