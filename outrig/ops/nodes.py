@@ -350,10 +350,13 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
                 call.start(on_finished)
             started = list(calls)
         failed = _wait_all(started, finished, changed)
+        why = _why(failed.error) if failed is not None else ""
     except KeyboardInterrupt:
-        _fail(started, None, "interrupted (Ctrl-C)", sessions, journal, reporter, job_id)
-    if failed is not None:
-        _fail(started, failed, _why(failed.error), sessions, journal, reporter, job_id)
+        failed, why = None, "interrupted (Ctrl-C)"
+    for call in calls[len(started):]:  # node 0 failed: the others were never sent
+        journal.record_run(call.node.run_id, {"status": "not_on_box"})
+    if why:
+        _fail(started, failed, why, sessions, journal, reporter, job_id)
     statuses = {c.node.rank: deployed_status(c.result or {}, wait) for c in calls}
     for call in calls:
         journal.record_run(call.node.run_id, {
@@ -418,8 +421,12 @@ def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
                                               else "stopped"})
     journal.record_job(job_id, {"status": "failed", "failed_node": failed.node.rank
                                 if failed is not None else None, "error": why})
-    raise NodesFailed(f"{who} failed: {why}. The job {job_id} was stopped on every node it "
-                      f"had reached: {'; '.join(stopped)}.")
+    # A failure often ends the peers too (torch's store host gone): their errors follow it.
+    others = [f"{c.node.label()}: {_why(c.error)}" for c in calls
+              if c is not failed and c.error is not None]
+    also = f" Then also failed: {'; '.join(others)}." if others else ""
+    raise NodesFailed(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
+                      f"it had reached: {'; '.join(stopped)}.")
 
 
 # ------------------------------------------------------------------------------ status, stop
