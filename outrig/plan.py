@@ -137,9 +137,10 @@ def single_node(host: Host, run_id: str) -> NodePlace:
 def builtin_params(host: Host, job: Job, run_id: str,
                    node: NodePlace | None = None) -> dict[str, object]:
     """Names every playbook may use without defining them. The node names (``node_rank``,
-    ``nnodes``, ``head_host``, ``rdzv_port``, ``job_id``) are what a multi-node launcher
-    needs (``torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-endpoint
-    ${head_host}:${rdzv_port} --rdzv-id ${job_id}``); a one-node job gets rank 0 of 1."""
+    ``nnodes``, ``head_host``, ``rdzv_port``, ``job_id``, ``is_head``) are what a multi-node
+    launcher needs (``torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-endpoint
+    ${head_host}:${rdzv_port} --rdzv-id ${job_id} --rdzv-conf is_host=${is_head}``); a
+    one-node job gets rank 0 of 1."""
     workdir = host.workdir.rstrip("/")
     node = node or single_node(host, run_id)
     return {
@@ -153,6 +154,7 @@ def builtin_params(host: Host, job: Job, run_id: str,
         "head_host": node.head_host,
         "rdzv_port": job.spec.rdzv_port,
         "job_id": node.job_id,
+        "is_head": node.rank == 0,
     }
 
 

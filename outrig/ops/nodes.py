@@ -571,10 +571,9 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
         now = time.monotonic()
         for node, outcome in zip(nodes, outcomes, strict=True):
             judge_node(seen[node.rank], node, outcome, now, threshold, reporter)
-        bad = next((n for n in nodes if seen[n.rank].state in ("failed", "missing", "lost")),
-                   None)
-        if bad is not None:
-            _stop_after_failure(project, job_id, bad, seen[bad.rank], reporter, journal)
+        bad = [n for n in nodes if seen[n.rank].state in ("failed", "missing", "lost")]
+        if bad:
+            _stop_after_failure(project, job_id, bad, seen, reporter, journal)
         if all(s.state == "finished" for s in seen.values()):
             journal.record_job(job_id, {"status": "finished"})
             reporter.success(f"job {job_id} finished on every node")
@@ -602,16 +601,21 @@ def judge_node(seen: NodeSeen, node: NodeRun, outcome: HostOutcome, now: float,
             reporter.info(f"{node.label()}: {seen.state} — {seen.why}")
 
 
-def _stop_after_failure(project: Project, job_id: str, bad: NodeRun, seen: NodeSeen,
-                        reporter: Reporter, journal: Journal) -> NoReturn:
-    """Stop every other node of the job (and the failed one's leftovers), then raise."""
-    reporter.warn(f"{bad.label()} failed: {seen.why}. Stopping the job on every node.")
-    journal.record_job(job_id, {"status": "failed", "failed_node": bad.rank,
-                                "error": seen.why})
+def _stop_after_failure(project: Project, job_id: str, bad: Sequence[NodeRun],
+                        seen: dict[int, NodeSeen], reporter: Reporter,
+                        journal: Journal) -> NoReturn:
+    """Stop every other node of the job (and the failed ones' leftovers), then raise.
+
+    Every node found failed in the same look is named: one look cannot tell which failed
+    first (a node hosting torch's rendezvous store takes the others down with it)."""
+    why = "; ".join(f"{n.label()} failed: {seen[n.rank].why}" for n in bad)
+    reporter.warn(f"{why}. Stopping the job on every node.")
+    journal.record_job(job_id, {"status": "failed", "failed_node": bad[0].rank,
+                                "failed_nodes": [n.rank for n in bad], "error": why})
     try:
         stop_nodes(project, job_id, reporter, journal=journal)
         stopped = "every node was stopped"
     except NodesFailed as exc:
         stopped = str(exc)
     journal.record_job(job_id, {"status": "failed"})
-    raise NodesFailed(f"{bad.label()} of job {job_id} failed: {seen.why}; {stopped}.")
+    raise NodesFailed(f"job {job_id}: {why}; {stopped}.")

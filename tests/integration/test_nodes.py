@@ -179,7 +179,7 @@ def test_node_1_failing_under_the_guard_stops_node_0(
     timer.start()
     (tmp_path / "fail-1").touch()
     try:
-        with pytest.raises(NodesFailed, match=r"node 1 \(b\) of job .* failed: trainer "
+        with pytest.raises(NodesFailed, match=r"job .*: node 1 \(b\) failed: trainer "
                                               r"exited 1; every node was stopped"):
             watch_nodes(project, result.job_id, Reporter(quiet=True), period=0.5,
                         journal=journal(), stop=stop)
@@ -204,7 +204,7 @@ def test_node_0_disappearing_is_named_and_node_1_is_stopped(
             watch_nodes(project, result.job_id, Reporter(quiet=True), period=0.5,
                         threshold=2.0, journal=journal())
         message = str(info.value)
-        assert re.search(r"node 0 \(a\) of job .* failed: no answer for \d+ s", message)
+        assert re.search(r"job .*: node 0 \(a\) failed: no answer for \d+ s", message)
         assert "could not stop node 0 (a)" in message
         assert marked(other.run_id) == []  # node 1 was stopped
         assert marked(head.run_id) != []  # what could not be reached is still running
@@ -242,7 +242,7 @@ def test_real_torchrun_joins_two_nodes_over_gloo_and_the_guard_stops_node_0(
     script.write_text(TORCH_WORKER)
     python = os.environ["OUTRIG_TORCH_PYTHON"]
     command = [*launcher(python, ["-m", "torch.distributed.run"]), "--nproc-per-node", "1",
-               "--rdzv-conf", "join_timeout=120", str(script),
+               "--rdzv-conf", "join_timeout=120,is_host=${is_head}", str(script),
                str(tmp_path / "fail-${node_rank}")]
     playbook = trainer_playbook(tmp_path, command, r"all_reduce 3 world 2",
                                 {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
@@ -258,7 +258,9 @@ def test_real_torchrun_joins_two_nodes_over_gloo_and_the_guard_stops_node_0(
     assert [r["state"] for r in document["nodes"]] == ["running", "running"]
 
     (tmp_path / "fail-1").touch()
-    with pytest.raises(NodesFailed, match=r"node 1 \(b\) of job"):
+    # node 0 hosts the store (is_host): node 1's end does not end it, the guard does
+    with pytest.raises(NodesFailed, match=r"job .*: node 1 \(b\) failed: trainer exited 1; "
+                                          r"every node was stopped"):
         watch_nodes(project, result.job_id, Reporter(quiet=True), period=0.5,
                     journal=journal())
     assert marked(head.run_id) == [] and marked(other.run_id) == []

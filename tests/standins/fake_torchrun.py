@@ -12,7 +12,7 @@ Not product code. Reproduces the launcher behaviour outrig depends on, read from
 | workers get RANK, GROUP_RANK, ROLE_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID | elastic/agent/server/local_elastic_agent.py:425-437, 522 | same; RANK = GROUP_RANK × nproc + LOCAL_RANK, WORLD_SIZE = nnodes × nproc, the run id is ``--rdzv-id`` (``none`` alone) |
 | MASTER_ADDR/PORT: the group-rank-0 node's address and a port it picked | elastic/agent/server/api.py:533-548 | same: the store host hands out group rank 0's address and a free port |
 | ``--node-rank`` is ignored by c10d (a warning when it is not 0) | run.py:968-977 | same warning; the rank comes from the rendezvous |
-| c10d: the process whose endpoint host is this machine (``localhost``, a loopback or own address) hosts the TCP store; when the port is taken it falls back to a client of the store there | elastic/rendezvous/c10d_rendezvous_backend.py:137-145, 154-181; elastic/rendezvous/utils.py:117-133 | same: the first node started on the endpoint's machine hosts the store (outrig starts node 0 first) |
+| c10d: the process whose endpoint host is this machine (``localhost``, a loopback or own address) hosts the TCP store; when the port is taken it falls back to a client of the store there | elastic/rendezvous/c10d_rendezvous_backend.py:137-145, 154-181; elastic/rendezvous/utils.py:117-133 | same: the first node started on the endpoint's machine hosts the store (outrig starts node 0 first, but torch's import time can reorder them: seen with real torchrun 2.14 on one machine); ``--rdzv-conf is_host=1/0`` decides it, with no fallback |
 | a client reaches the store within ``read_timeout`` (``--rdzv-conf read_timeout=S``, default 60 s), else RendezvousConnectionError | c10d_rendezvous_backend.py:148, 161, 179-181 | same: connects retrying until then, else exits 1 |
 | the rendezvous completes when ``--nnodes`` nodes joined, within ``join_timeout`` (default 600 s) | elastic/rendezvous/dynamic_rendezvous.py:143-144, 1405 | same (``--rdzv-conf join_timeout=S``); nodes of another ``--rdzv-id`` do not meet |
 | group ranks are assigned by sorting the participants (address, pid, local id), not by ``--node-rank`` | dynamic_rendezvous.py:833 | same sort (address, pid) |
@@ -25,7 +25,7 @@ Not product code. Reproduces the launcher behaviour outrig depends on, read from
 | ``--shutdown-timeout`` is a usage error on torch 2.11 (seen on the real H200) | | ``FAKE_TORCHRUN_NO_SHUTDOWN_TIMEOUT=1`` makes it one: exit 2 with argparse's message |
 | all workers exit 0 → torchrun exits 0; one fails and ``--max-restarts`` is 0 (the default) → its node's workers are closed as above, exit 1 | elastic/agent/server/api.py:937-953 | same (restarts are not modelled: a ``--max-restarts`` other than 0 is refused) |
 | a peer node's workers fail: that node's agent exits; the other agents do not learn of it (a departed node never enters the wait list, so ``num_nodes_waiting()`` stays 0); their workers fail only if a collective with the gone peer errors, else they hang until the process group's timeout | api.py:957-969; dynamic_rendezvous.py:1265-1271 | the other nodes keep running: the stand-in's ranks run no collectives (the case where only outrig's guard stops them) |
-| the store host's node goes away (its torchrun ends): every other agent's next ``num_nodes_waiting()`` fails, the error propagates out of ``run()`` whose ``finally`` shuts the workers down, exit 1 | api.py:959, 741-761; dynamic_rendezvous.py:1273-1278; local_elastic_agent.py:527-537 | same: each node asks the store every ``--monitor-interval`` (default 0.1 s, run.py:572-578); a lost store closes the workers (SIGTERM, shutdown timeout) and exits 1 |
+| the store host's node goes away (its torchrun ends): every other agent's next ``num_nodes_waiting()`` fails, the error propagates out of ``run()`` whose ``finally`` shuts the workers down, exit 1 | api.py:959, 741-761; dynamic_rendezvous.py:1273-1278; local_elastic_agent.py:527-537 | same: each node asks the store every ``--monitor-interval`` (default 0.1 s, run.py:572-578); a lost store closes the workers (SIGTERM, shutdown timeout) and exits 1. Seen with real torchrun 2.14: the client node's agent failed with RendezvousConnectionError from ``num_nodes_waiting`` (c10d_rendezvous_backend.py:116) about a second after the store's node ended |
 
 Difference: ranks >= 1 of the trainer stand-in only hold their GPUs, so when a node's local
 rank 0 ends with code 0 this launcher ends that node's other ranks (SIGTERM to their groups)
@@ -168,16 +168,22 @@ def matches_this_machine(host: str) -> bool:
     return host in (socket.gethostname(), socket.getfqdn())
 
 
-def host_store(host: str, port: int, nnodes: int) -> Optional[Store]:
-    """Host the store when the endpoint is this machine and its port is free (else None:
-    a client of the store already there, c10d_rendezvous_backend.py:154-181)."""
-    if not matches_this_machine(host):
+def host_store(host: str, port: int, nnodes: int, is_host: Optional[str]) -> Optional[Store]:
+    """Host the store when ``is_host`` says so, or (unset) when the endpoint is this machine
+    and its port is free; else None: a client of the store already there
+    (c10d_rendezvous_backend.py:137-145, 154-181)."""
+    told = None if is_host is None else is_host.lower() in ("1", "true", "t", "yes", "y")
+    if told is False or (told is None and not matches_this_machine(host)):
         return None
     sock = socket.socket()
     try:
         sock.bind((host, port))
-    except OSError:
+    except OSError as exc:
         sock.close()
+        if told:
+            log(f"RendezvousConnectionError: The connection to the C10d store has failed "
+                f"({exc}).", "elastic/rendezvous/c10d_rendezvous_backend.py:180", "E")
+            sys.exit(1)
         return None
     sock.listen(64)
     store = Store(sock, nnodes)
@@ -200,7 +206,7 @@ def rendezvous(args: argparse.Namespace) -> Tuple[Dict[str, Any], Optional[socke
     conf = rdzv_conf(args.rdzv_conf)
     read_timeout = float(conf.get("read_timeout", 60))
     join_timeout = float(conf.get("join_timeout", 600))
-    store = host_store(host, port, args.nnodes)
+    store = host_store(host, port, args.nnodes, conf.get("is_host"))
     deadline = time.monotonic() + read_timeout
     while True:
         try:

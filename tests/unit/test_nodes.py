@@ -28,7 +28,7 @@ from outrig.ops.nodes import (
     node_state,
     select_nodes,
 )
-from outrig.plan import HostFacts, NodePlace, make_plan
+from outrig.plan import HostFacts, NodePlace, builtin_params, make_plan
 from outrig.playbook import load_job
 
 TORCHRUN = ("torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-backend c10d "
@@ -90,6 +90,9 @@ def test_each_node_renders_its_rank_the_count_and_the_head(tmp_path: Path) -> No
         "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "multi-job", "-m", "train"]
     assert (plan.node_rank, plan.nnodes, plan.job_id, plan.run_id) == (
         1, 2, "multi-job", "multi-job-node1")
+    head = NodePlace(rank=0, nnodes=2, head_host="10.0.0.1", job_id="multi-job")
+    assert [builtin_params(host, job, "r", p)["is_head"] for p in (head, place)] == [
+        True, False]
 
 
 def test_a_single_node_job_is_rank_0_of_1_with_its_own_box_as_head(tmp_path: Path) -> None:

@@ -53,20 +53,20 @@ class Node:
 
 @pytest.fixture
 def start(tmp_path: Path, procs: Any, standin: Callable[[str], Path]
-          ) -> Callable[[int, int], Node]:
-    """``start(rank, port)``: a node of a 2-node job with 2 ranks each."""
+          ) -> Callable[..., Node]:
+    """``start(rank, port[, rdzv_conf])``: a node of a 2-node job with 2 ranks each."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
 
-    def run(rank: int, port: int) -> Node:
+    def run(rank: int, port: int, conf: str = "") -> Node:
         log = tmp_path / f"node{rank}.log"
         fail = tmp_path / f"fail{rank}"
         handle = log.open("w")
         proc = procs.spawn(
             [sys.executable, str(standin("fake_torchrun")), "--nnodes", "2", "--node-rank",
              str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             "--rdzv-id", "job-7", "--nproc-per-node", "2", "--shutdown-timeout", "5",
-             "-m", "work", str(fail)],
+             "--rdzv-id", "job-7", "--rdzv-conf", conf, "--nproc-per-node", "2",
+             "--shutdown-timeout", "5", "-m", "work", str(fail)],
             env={"FAKE_TORCHRUN_MODULES": json.dumps({"work": str(script)}),
                  "LOGLEVEL": "INFO" if rank == 0 else "WARNING"},
             stdout=handle, stderr=subprocess.STDOUT)
@@ -132,3 +132,15 @@ def test_the_store_host_ending_ends_the_other_node(start: Callable[[int, int], N
     assert "The connection to the C10d store has failed" in other.text()
     assert "closing signal SIGTERM" in other.text()
     assert wait_gone([other.proc.pid]) == []
+
+
+def test_is_host_decides_who_hosts_the_store(start: Callable[..., Node]) -> None:
+    port = free_port()
+    other = start(1, port, "is_host=0")  # started first, yet told not to host: it waits
+    head = start(0, port, "is_host=1")
+    head.wait_for("worker ", 2)
+    other.wait_for("worker ", 2)
+    head.fail.touch()
+    assert head.proc.wait(60) == 1
+    assert other.proc.wait(60) == 1  # the store was the head's: its end ends node 1
+    assert "The connection to the C10d store has failed" in other.text()
