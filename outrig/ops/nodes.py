@@ -29,11 +29,13 @@ as an ordinary run of that box.
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.console import Reporter, describe_event
@@ -45,6 +47,7 @@ from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, new_run_id, remember_facts, secret_values
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_request, deployed_status, plan_on
+from outrig.ops.logs import TailResult, tail_logs
 from outrig.ops.status import status_on
 from outrig.plan import NodePlace, Plan
 from outrig.playbook import Job
@@ -530,6 +533,73 @@ def node_log_targets(journal: Journal, ident: str) -> list[NodeRun]:
     """``tail-logs --run JOB``: the (host, run id) of every node, node 0 first, to tail
     each node's run on its host (lines prefixed with the host, as for several hosts)."""
     return _job_nodes(journal, ident)[1]
+
+
+class _NodeLines(io.StringIO):
+    """One node's log output, written whole lines at a time to the shared stream: each line
+    prefixed with the node (``node 1 b | trainer | ...``), or, as JSON lines, with
+    ``node_rank`` and ``host`` added. The lock keeps two nodes' lines from interleaving."""
+
+    def __init__(self, node: NodeRun, out: IO[str], lock: threading.Lock,
+                 json_mode: bool) -> None:
+        super().__init__()
+        self.node, self.target, self.lock, self.json_mode = node, out, lock, json_mode
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *whole, self.pending = self.pending.split("\n")
+        if whole:
+            with self.lock:
+                self.target.write("".join(self._line(line) + "\n" for line in whole))
+                self.target.flush()
+        return len(text)
+
+    def _line(self, line: str) -> str:
+        if not self.json_mode:
+            return f"node {self.node.rank} {self.node.host} | {line}"
+        try:
+            document = json.loads(line)
+        except ValueError:
+            return line
+        if isinstance(document, dict):
+            document = {"node_rank": self.node.rank, "host": self.node.host, **document}
+        return json.dumps(document)
+
+
+def tail_nodes(project: Project, ident: str, reporter: Reporter, *, lines: int | None = None,
+               follow: bool = True, grep: str | None = None,
+               processes: list[str] | None = None, journal: Journal | None = None,
+               stop: threading.Event | None = None) -> dict[int, TailResult]:
+    """``tail-logs --run JOB``: every node's logs at once, each line prefixed with its node
+    (a tailer per node, each with its own session, cursors and mirror, exactly as for one
+    box). Returns each node's :class:`~outrig.ops.logs.TailResult` by rank."""
+    journal = journal or Journal()
+    nodes = node_log_targets(journal, ident)
+    lock = threading.Lock()
+    results: dict[int, TailResult] = {}
+    errors: dict[int, str] = {}
+
+    def one(node: NodeRun) -> None:
+        out = _NodeLines(node, reporter.out, lock, reporter.json_mode)
+        mine = Reporter(json_mode=reporter.json_mode, out=out, quiet=reporter.quiet)
+        try:
+            results[node.rank] = tail_logs(project, node.host, mine, run_id=node.run_id,
+                                           processes=processes, lines=lines, follow=follow,
+                                           grep=grep, journal=journal, stop=stop)
+        except OutrigError as exc:
+            errors[node.rank] = str(exc)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True,
+                                name=f"outrig-tail {n.host}") for n in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise NodesFailed("tail-logs failed on " + "; ".join(
+            f"{nodes[rank].label()}: {why}" for rank, why in sorted(errors.items())))
+    return results
 
 
 # ------------------------------------------------------------------------------ the guard

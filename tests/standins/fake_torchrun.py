@@ -11,7 +11,7 @@ Not product code. Reproduces the launcher behaviour outrig depends on, read from
 | each worker (rank) is started with ``start_new_session=True`` | elastic/multiprocessing/subprocess_handler/subprocess_handler.py:66 | same: every rank leads its own session and group (so a SIGKILLed launcher, a node that "disappears", leaves its ranks running: outrig's cleanup stops them by group and marker) |
 | workers get RANK, GROUP_RANK, ROLE_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID | elastic/agent/server/local_elastic_agent.py:425-437, 522 | same; RANK = GROUP_RANK × nproc + LOCAL_RANK, WORLD_SIZE = nnodes × nproc, the run id is ``--rdzv-id`` (``none`` alone) |
 | MASTER_ADDR/PORT: the group-rank-0 node's address and a port it picked | elastic/agent/server/api.py:533-548 | same: the store host hands out group rank 0's address and a free port |
-| ``--node-rank`` is ignored by c10d (a warning when it is not 0) | run.py:968-977 | same warning; the rank comes from the rendezvous |
+| ``--node-rank`` is ignored by c10d (a warning when it is not 0, a bare line first in the log) | run.py:968-977 | same warning; the rank comes from the rendezvous |
 | c10d: the process whose endpoint host is this machine (``localhost``, a loopback or own address) hosts the TCP store; when the port is taken it falls back to a client of the store there | elastic/rendezvous/c10d_rendezvous_backend.py:137-145, 154-181; elastic/rendezvous/utils.py:117-133 | same: the first node started on the endpoint's machine hosts the store (outrig starts node 0 first, but torch's import time can reorder them: seen with real torchrun 2.14 on one machine); ``--rdzv-conf is_host=1/0`` decides it, with no fallback |
 | a client reaches the store within ``read_timeout`` (``--rdzv-conf read_timeout=S``, default 60 s), else RendezvousConnectionError | c10d_rendezvous_backend.py:148, 161, 179-181 | same: connects retrying until then, else exits 1 |
 | the rendezvous completes when ``--nnodes`` nodes joined, within ``join_timeout`` (default 600 s) | elastic/rendezvous/dynamic_rendezvous.py:143-144, 1405 | same (``--rdzv-conf join_timeout=S``); nodes of another ``--rdzv-id`` do not meet |
@@ -196,9 +196,6 @@ def rendezvous(args: argparse.Namespace) -> Tuple[Dict[str, Any], Optional[socke
     if args.nnodes == 1:
         return {"rank": 0, "world": 1, "master_addr": socket.getfqdn(),
                 "master_port": free_port()}, None
-    if args.node_rank != 0:
-        log(f"node_rank is only used for static rdzv_backend. It will be ignored for "
-            f"rdzv_backend={args.rdzv_backend}.", "run.py:973")
     host, _, port_text = args.rdzv_endpoint.rpartition(":")
     if not host:
         host, port_text = args.rdzv_endpoint, ""
@@ -260,6 +257,10 @@ def main(argv: List[str]) -> int:
 
     # A signal during the rendezvous ends the process at once (torch raises
     # SignalException there); from here on it closes the workers first.
+    if args.node_rank != 0 and args.rdzv_backend != "static":
+        # run.py's own logger: a bare line, before anything of the agent (seen on 2.14)
+        print(f"node_rank is only used for static rdzv_backend. It will be ignored for "
+              f"rdzv_backend={args.rdzv_backend}.", flush=True)
     log(f"[default] starting workers for entrypoint: {os.path.basename(sys.executable)}",
         "elastic/agent/server/api.py:912", "I")
     log("[default] Rendezvous'ing worker group", "elastic/agent/server/api.py:707", "I")
