@@ -10,7 +10,6 @@ Not product code. Reproduces the launcher behaviour outrig depends on, read from
 |---|---|---|
 | each worker (rank) is started with ``start_new_session=True`` | elastic/multiprocessing/subprocess_handler/subprocess_handler.py:66 | same: every rank leads its own session and group (so a SIGKILLed launcher, a node that "disappears", leaves its ranks running: outrig's cleanup stops them by group and marker) |
 | workers get RANK, GROUP_RANK, ROLE_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID | elastic/agent/server/local_elastic_agent.py:425-437, 522 | same; RANK = GROUP_RANK × nproc + LOCAL_RANK, WORLD_SIZE = nnodes × nproc, the run id is ``--rdzv-id`` (``none`` alone) |
-| MASTER_ADDR/PORT: the group-rank-0 node's address and a port it picked | elastic/agent/server/api.py:533-548 | same: the store host hands out group rank 0's address and a free port |
 | ``--node-rank`` is ignored by c10d (a warning when it is not 0, a bare line first in the log) | run.py:968-977 | same warning; the rank comes from the rendezvous |
 | c10d: the process whose endpoint host is this machine (``localhost``, a loopback or own address) hosts the TCP store; when the port is taken it falls back to a client of the store there | elastic/rendezvous/c10d_rendezvous_backend.py:137-145, 154-181; elastic/rendezvous/utils.py:117-133 | same: the first node started on the endpoint's machine hosts the store (outrig starts node 0 first, but torch's import time can reorder them: seen with real torchrun 2.14 on one machine); ``--rdzv-conf is_host=1/0`` decides it, with no fallback |
 | a client reaches the store within ``read_timeout`` (``--rdzv-conf read_timeout=S``, default 60 s), else RendezvousConnectionError | c10d_rendezvous_backend.py:148, 161, 179-181 | same: connects retrying until then, else exits 1 |
@@ -24,13 +23,14 @@ Not product code. Reproduces the launcher behaviour outrig depends on, read from
 | then waits ``--shutdown-timeout`` (else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s) and SIGKILLs the groups still alive | run.py:690 (flag), api.py ``_close`` | same |
 | ``--shutdown-timeout`` is a usage error on torch 2.11 (seen on the real H200) | | ``FAKE_TORCHRUN_NO_SHUTDOWN_TIMEOUT=1`` makes it one: exit 2 with argparse's message |
 | all workers exit 0 → torchrun exits 0; one fails and ``--max-restarts`` is 0 (the default) → its node's workers are closed as above, exit 1 | elastic/agent/server/api.py:937-953 | same (restarts are not modelled: a ``--max-restarts`` other than 0 is refused) |
-| a peer node's workers fail: that node's agent exits; the other agents do not learn of it (a departed node never enters the wait list, so ``num_nodes_waiting()`` stays 0); their workers fail only if a collective with the gone peer errors, else they hang until the process group's timeout | api.py:957-969; dynamic_rendezvous.py:1265-1271 | the other nodes keep running: the stand-in's ranks run no collectives (the case where only outrig's guard stops them) |
+| a peer node's workers fail: that node's agent exits, closing the rendezvous on its way out (launcher/api.py:373, 405-406; dynamic_rendezvous.py:1284-1289); the other agents do not learn of it (a departed node never enters the wait list, so ``num_nodes_waiting()`` stays 0); their workers fail only if a collective with the gone peer errors, else they hang until the process group's timeout | api.py:957-969; dynamic_rendezvous.py:1265-1271 | the other nodes keep running: the stand-in's ranks run no collectives (the case where only outrig's guard stops them) |
 | the store host's node goes away (its torchrun ends): every other agent's next ``num_nodes_waiting()`` fails, the error propagates out of ``run()`` whose ``finally`` shuts the workers down, exit 1 | api.py:959, 741-761; dynamic_rendezvous.py:1273-1278; local_elastic_agent.py:527-537 | same: each node asks the store every ``--monitor-interval`` (default 0.1 s, run.py:572-578); a lost store closes the workers (SIGTERM, shutdown timeout) and exits 1. Seen with real torchrun 2.14: the client node's agent failed with RendezvousConnectionError from ``num_nodes_waiting`` (c10d_rendezvous_backend.py:116) about a second after the store's node ended |
 
 Difference: ranks >= 1 of the trainer stand-in only hold their GPUs, so when a node's local
 rank 0 ends with code 0 this launcher ends that node's other ranks (SIGTERM to their groups)
-instead of waiting for their loop. The exit barrier a finished node waits in (api.py:940, up
-to 300 s for the other nodes) is not modelled: a node whose workers all exited 0 exits 0.
+instead of waiting for their loop. The exit barrier a finished node waits in
+(api.py:931-940, 976; up to 300 s for the other nodes) is not modelled: a node whose
+workers all exited 0 exits 0.
 
 The module is run as ``python -m MOD`` (``-m speculators.train`` maps to the trainer
 stand-in through ``FAKE_TORCHRUN_MODULES``: a JSON object module → script path).
