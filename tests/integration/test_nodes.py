@@ -264,3 +264,19 @@ def test_real_torchrun_joins_two_nodes_over_gloo_and_the_guard_stops_node_0(
         watch_nodes(project, result.job_id, Reporter(quiet=True), period=0.5,
                     journal=journal())
     assert marked(head.run_id) == [] and marked(other.run_id) == []
+
+
+def test_no_wait_launches_node_0_then_node_1_and_returns(
+        project: Project, fake_job: Path) -> None:
+    result = deploy_nodes(project, ["a", "b"], load_job(fake_job), Reporter(quiet=True),
+                          wait=False, journal=journal())
+    assert result.status == "launched"
+    assert [len(result.processes[rank]) for rank in (0, 1)] == [1, 1]
+    record = journal().job(result.job_id)
+    assert record is not None and record["status"] == "launched"
+    for node in node_log_targets(journal(), result.job_id):
+        assert (journal().run(node.run_id) or {}).get("status") == "launched"
+        assert marked(node.run_id) != []
+    stop_nodes(project, result.job_id, Reporter(quiet=True), journal=journal())
+    for node in node_log_targets(journal(), result.job_id):
+        assert marked(node.run_id) == []
