@@ -51,6 +51,10 @@ class HostFile(BaseModel):
     keep_seconds: float | None = Field(
         None, ge=0, description="seconds a warm connection to this box stays open when idle "
         "(default 600; 0: none)")
+    node_address: str | None = Field(
+        None, min_length=1, description="the address the other nodes of a multi-node job "
+        "reach this box by (a cluster-internal IP or name), as ${head_host} when it is node "
+        "0 (default: hostname; 127.0.0.1 for hostname: local)")
 
     @field_validator("workdir")
     @classmethod
@@ -87,6 +91,15 @@ class Host:
     keep_seconds: float | None = None
     source: str = ""
     is_local: bool = False
+    node_address: str | None = None
+
+    def peer_address(self) -> str:
+        """How the other nodes of a multi-node job reach this box (``${head_host}`` when it
+        is node 0): ``node_address:`` from the host file, else the SSH hostname (this
+        machine's loopback for ``hostname: local``)."""
+        if self.node_address:
+            return self.node_address
+        return "127.0.0.1" if self.is_local else self.hostname.strip("[]")
 
     def describe(self) -> str:
         """``root@1.2.3.4:10978`` (what a person would type to ssh there)."""
@@ -125,7 +138,7 @@ def _host_from_file(name: str, path: Path) -> Host:
         identity_file=spec.identity_file, known_hosts=spec.known_hosts, workdir=spec.workdir,
         env=dict(spec.env), python=spec.python, gpus=spec.gpus,
         connect_timeout=spec.connect_timeout, keep_seconds=spec.keep_seconds,
-        source=str(path),
+        source=str(path), node_address=spec.node_address,
         is_local=spec.hostname == "local",
     )
 

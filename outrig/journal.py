@@ -121,6 +121,34 @@ class Journal:
         out.sort(key=lambda r: (r.get("created", 0), r.get("run_id", "")), reverse=True)
         return out
 
+    def job_path(self, job_id: str) -> Path:
+        return self.root / "jobs" / f"{safe_name(job_id)}.json"
+
+    def record_job(self, job_id: str, record: dict[str, Any]) -> None:
+        """Merge ``record`` into a multi-node job's record: the id its nodes share, its
+        playbook and ``nodes`` (``rank``, ``host``, ``run_id`` each). Each node's run keeps its
+        own run record (``job_id`` and ``node_rank`` in it), so everything that works on one
+        host's runs (status, reconcile, cleanup --run) works on each node unchanged."""
+        existing = read_json(self.job_path(job_id))
+        merged = existing if isinstance(existing, dict) else {}
+        merged.update(record)
+        merged["updated"] = time.time()
+        atomic_write_json(self.job_path(job_id), merged)
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        data = read_json(self.job_path(job_id))
+        return data if isinstance(data, dict) else None
+
+    def jobs(self, *, playbook: str | None = None) -> list[dict[str, Any]]:
+        """Recorded multi-node jobs (of ``playbook``, if given), newest first."""
+        out = []
+        for path in (self.root / "jobs").glob("*.json"):
+            data = read_json(path)
+            if isinstance(data, dict) and playbook in (None, data.get("playbook")):
+                out.append(data)
+        out.sort(key=lambda r: (r.get("created", 0), r.get("job_id", "")), reverse=True)
+        return out
+
     def mark_moved(self, run_id: str, *, host: str, to_host: str, to_run_id: str,
                    at: float | None = None) -> None:
         """Record that ``run_id`` on ``host`` was moved to ``to_run_id`` on ``to_host``.

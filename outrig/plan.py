@@ -39,6 +39,18 @@ class HostFacts:
     envs: dict[str, EnvFacts] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NodePlace:
+    """Where one node's plan sits in a multi-node job: its rank, the node count, how the
+    others reach node 0 (``head_host``) and the id shared by the nodes (``job_id``; each
+    node's own run id is that plus ``-node<rank>``)."""
+
+    rank: int
+    nnodes: int
+    head_host: str
+    job_id: str
+
+
 @dataclass
 class ReadyPlan:
     http: str | None = None
@@ -96,6 +108,9 @@ class Plan:
     secrets: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    node_rank: int = 0
+    nnodes: int = 1
+    job_id: str = ""  # shared by the nodes of a multi-node job (the run id for one node)
 
     @property
     def ok(self) -> bool:
@@ -114,28 +129,57 @@ class Plan:
         return data
 
 
-def builtin_params(host: Host, job: Job, run_id: str) -> dict[str, object]:
-    """Names every playbook may use without defining them."""
+def single_node(host: Host, run_id: str) -> NodePlace:
+    """A one-node job: rank 0 of 1, its own box the head, the run id the job id."""
+    return NodePlace(rank=0, nnodes=1, head_host=host.peer_address(), job_id=run_id)
+
+
+def builtin_params(host: Host, job: Job, run_id: str,
+                   node: NodePlace | None = None) -> dict[str, object]:
+    """Names every playbook may use without defining them. The node names (``node_rank``,
+    ``nnodes``, ``head_host``, ``rdzv_port``, ``job_id``, ``is_head``) are what a multi-node
+    launcher needs (``torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-endpoint
+    ${head_host}:${rdzv_port} --rdzv-id ${job_id} --rdzv-conf is_host=${is_head}``); a
+    one-node job gets rank 0 of 1."""
     workdir = host.workdir.rstrip("/")
+    node = node or single_node(host, run_id)
     return {
         "run_id": run_id,
         "workdir": workdir,
         "run_dir": f"{workdir}/runs/{run_id}",
         "playbook": job.name,
         "host": host.name,
+        "node_rank": node.rank,
+        "nnodes": node.nnodes,
+        "head_host": node.head_host,
+        "rdzv_port": job.spec.rdzv_port,
+        "job_id": node.job_id,
+        "is_head": node.rank == 0,
     }
 
 
-def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str) -> Plan:
-    """Build the plan and collect *every* problem (not just the first) for one clear report."""
+def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
+              node: NodePlace | None = None) -> Plan:
+    """Build the plan and collect *every* problem (not just the first) for one clear report.
+
+    ``node``: this box's place in a multi-node job (:mod:`outrig.ops.nodes` plans every node
+    with its own); None plans a one-node job, or node 0 of a multi-node playbook shown alone
+    (``outrig plan``), which a note says."""
     spec = job.spec
+    place = node or single_node(host, run_id)
     plan = Plan(host=host.name, playbook=job.name, run_id=run_id, workdir=host.workdir,
                 test_mode=job.test_mode, facts=facts, secrets=list(spec.secrets),
-                files=[(f.remote, str(f.local)) for f in job.files])
+                files=[(f.remote, str(f.local)) for f in job.files],
+                node_rank=place.rank, nnodes=place.nnodes, job_id=place.job_id)
+    if node is None and spec.nodes > 1:
+        plan.notes.append(
+            f"{job.where(('nodes',))}: the job spans {spec.nodes} nodes; planned here as node "
+            f"0 alone (nnodes 1). Deploy it with --host naming {spec.nodes} hosts, node 0 "
+            "first.")
     job = _expand_recipe(job, host, facts, run_id, plan)
     spec = job.spec
     params: dict[str, object] = dict(spec.params)
-    for key, value in builtin_params(host, job, run_id).items():
+    for key, value in builtin_params(host, job, run_id, node).items():
         if key in params:
             plan.problems.append(
                 f"{job.where(('params', key))}: '{key}' is a built-in name "

@@ -21,9 +21,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     create_model,
     field_validator,
+    model_validator,
 )
 
 from outrig import recipes
@@ -37,6 +40,7 @@ _PROCESS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
 _PLAYBOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ParamValue = Union[str, int, float, bool]  # noqa: UP007 (a runtime alias pydantic reads)
+RDZV_PORT = 29400  # torchrun's c10d rendezvous port when --rdzv-endpoint names none
 
 
 class _Strict(BaseModel):
@@ -199,6 +203,41 @@ class _PlaybookHead(_Strict):
         description="workstation environment variables passed to every process over the "
         "SSH channel (never in argv, logs, journal or messages)",
     )
+    nodes: int = Field(
+        1, description="machines the job spans: a count N (deploy --host names N hosts, "
+        "node 0 first), or a list of host names (node 0 first); see docs/playbooks.md")
+    rdzv_port: int = Field(
+        RDZV_PORT, ge=1, le=65535, description="the rendezvous port on node 0, as "
+        "${rdzv_port} (torchrun's c10d default)")
+    # ``nodes:`` given as a list of hosts: kept here, ``nodes`` holds their count
+    _node_hosts: tuple[str, ...] | None = PrivateAttr(None)
+
+    @property
+    def node_hosts(self) -> tuple[str, ...] | None:
+        """The hosts ``nodes:`` listed (node 0 first), or None when it gave a count."""
+        return self._node_hosts
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _node_count(cls, value: Any) -> Any:
+        """A list of hosts counts as its length (the list itself is kept by
+        :meth:`_keep_node_hosts`); a count must be a whole number ≥ 1."""
+        if isinstance(value, list):
+            return len(check_node_hosts(value))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"nodes: {value!r} is neither a count ≥ 1 nor a list of host "
+                             "names; write e.g. nodes: 2 or nodes: [gpu-a, gpu-b]")
+        return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_node_hosts(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Keep ``nodes:``'s host list (node 0 first) beside the count ``nodes`` holds."""
+        model = handler(data)
+        hosts = data.get("nodes") if isinstance(data, dict) else None
+        if isinstance(hosts, list) and isinstance(model, _PlaybookHead):
+            model._node_hosts = tuple(str(h) for h in hosts)
+        return model
 
     @field_validator("name")
     @classmethod
@@ -216,6 +255,21 @@ class _PlaybookHead(_Strict):
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
                 raise ValueError(f"{name!r} is not an environment variable name")
         return value
+
+
+def check_node_hosts(hosts: list[Any]) -> list[str]:
+    """``nodes:`` as a list: host names (as ``--host`` takes them), each once."""
+    if not hosts:
+        raise ValueError("nodes: [] lists no host; give a count or at least one host name")
+    for host in hosts:
+        if not isinstance(host, str) or not host.strip():
+            raise ValueError(f"nodes: {host!r} is not a host name; list names from hosts/ "
+                             "(node 0 first)")
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        raise ValueError(f"nodes: {', '.join(twice)} is listed twice; each node of a job is "
+                         "a different host")
+    return [str(h) for h in hosts]
 
 
 _RECIPE_HELP = "expand a recipe section (e.g. dflash:) into processes"

@@ -32,7 +32,7 @@ from outrig.ops.base import (
     new_run_id,
     secret_values,
 )
-from outrig.plan import HostFacts, Plan, make_plan
+from outrig.plan import HostFacts, NodePlace, Plan, make_plan
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.recipes import EnvFacts, ModelFacts
 
@@ -86,14 +86,15 @@ def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = 
 
 def plan_job(job: Job, host: Host, journal: Journal, *, run_id: str | None = None,
              probed: dict[str, ModelFacts] | None = None,
-             envs: dict[str, EnvFacts] | None = None) -> Plan:
-    """Plan with what the journal knows (plus models and environments just probed)."""
+             envs: dict[str, EnvFacts] | None = None, node: NodePlace | None = None) -> Plan:
+    """Plan with what the journal knows (plus models and environments just probed);
+    ``node``: the box's place in a multi-node job (see :mod:`outrig.ops.nodes`)."""
     facts = host_facts(host, journal)
     models = cached_models(journal, host)
     models.update(probed or {})
     facts = HostFacts(gpu_count=facts.gpu_count, gpu_memory_mib=facts.gpu_memory_mib,
                       source=facts.source, models=models, envs=dict(envs or {}))
-    plan = make_plan(job, host, facts, run_id or new_run_id(job.name))
+    plan = make_plan(job, host, facts, run_id or new_run_id(job.name), node)
     if plan.problems:
         raise PlanError(plan.problems, context=f"{job.name} on {host.name}")
     return plan
@@ -208,7 +209,8 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
     return outcome
 
 
-def plan_on(session: HostSession, job: Job, *, probe: bool = True) -> Plan:
+def plan_on(session: HostSession, job: Job, *, probe: bool = True, run_id: str | None = None,
+            node: NodePlace | None = None) -> Plan:
     """The plan for ``job`` on the session's box. With ``probe``, models and interpreters the
     recipe needs facts about (and the journal does not know) are read on the box first."""
     probed: dict[str, ModelFacts] = {}
@@ -220,7 +222,8 @@ def plan_on(session: HostSession, job: Job, *, probe: bool = True) -> Plan:
         pythons = recipes.pythons_to_probe(job.spec.recipe, section)
         if wanted or pythons:
             probed, envs = probe_models(session, wanted, pythons)
-    return plan_job(job, session.host, session.journal, probed=probed, envs=envs)
+    return plan_job(job, session.host, session.journal, probed=probed, envs=envs,
+                    run_id=run_id, node=node)
 
 
 def _deploy_call(session: HostSession, plan: Plan, request: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,691 @@
+"""Multi-node jobs: one playbook's run on several boxes at once, tied together by a job id.
+
+A playbook with ``nodes: N`` (or a list of N hosts) runs on N boxes; each box is one node and
+gets its own plan, with ``${node_rank}`` (0..N-1), ``${nnodes}``, ``${head_host}`` (how the
+others reach node 0), ``${rdzv_port}`` and ``${job_id}`` (shared). Torch's own rendezvous
+(``torchrun --rdzv-backend c10d``) does the distributed work; outrig starts, watches and
+stops it:
+
+* :func:`deploy_nodes` plans every node first (each node's GPUs checked against that node's
+  facts; nothing is started when any plan has a problem), launches node 0 (the rendezvous
+  host) and, once every process of node 0 is launched, the others at once, and waits until
+  every node is ready. When a node fails to launch or to become ready, the deploy calls still
+  waiting are cancelled (their boxes stop what they launched) and every node's run is stopped
+  by its recorded process groups (``cleanup``), and the error says which node failed and why.
+* :func:`nodes_status`, :func:`stop_nodes` and :func:`node_log_targets` cover every node of a
+  job for ``status``, ``cleanup --run`` and ``tail-logs``.
+* :func:`watch_nodes` is the workstation-side guard once the job is up: it asks every node
+  for its run's state each period and, when one node's processes fail (or the node stops
+  answering for the threshold), stops the others and says which node failed and why. A peer
+  failure does not always end the other nodes by itself: their ranks may sit in a collective
+  until the process group's timeout (tests/standins/fake_torchrun.py lists torch's rules).
+
+The journal keeps one record per job (``jobs/<job_id>.json``: playbook, nodes with rank, host
+and run id) and one run record per node, whose run id is ``<job_id>-node<rank>``; each node's
+run record carries ``job_id`` and ``node_rank``, so one box's commands still see a node's run
+as an ordinary run of that box.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, NoReturn
+
+from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
+from outrig.console import Reporter, describe_event
+from outrig.errors import ConfigError, OutrigError, PlanError
+from outrig.fanout import HostOutcome, run_fanout
+from outrig.health import DEFAULT_THRESHOLD, run_state
+from outrig.inventory import resolve_host
+from outrig.journal import Journal
+from outrig.ops.base import HostSession, Project, new_run_id, remember_facts, secret_values
+from outrig.ops.cleanup import cleanup_on
+from outrig.ops.deploy import deploy_request, deployed_status, plan_on
+from outrig.ops.logs import TailResult, tail_logs
+from outrig.ops.status import status_on
+from outrig.plan import NodePlace, Plan
+from outrig.playbook import Job
+
+NODE_SUFFIX = "-node"
+STOP_TIMEOUT = 60.0  # seconds each node's cleanup may wait for its GPUs to come back
+
+
+class NodesFailed(OutrigError):
+    """A node of a multi-node job failed (to launch, to become ready, or later); the other
+    nodes were stopped. The message names the node and the reason."""
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One node of a job: its rank, its host (as ``--host`` names it) and its run id there."""
+
+    rank: int
+    host: str
+    run_id: str
+
+    def label(self) -> str:
+        return f"node {self.rank} ({self.host})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "run_id": self.run_id}
+
+
+@dataclass
+class NodesResult:
+    """What :func:`deploy_nodes` did: the job id, each node's plan and deploy answer."""
+
+    job_id: str
+    nodes: list[NodeRun]
+    plans: list[Plan]
+    launched: bool
+    status: str = "planned"
+    processes: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def node_run_id(job_id: str, rank: int) -> str:
+    """The run id of node ``rank`` of job ``job_id`` on its box."""
+    return f"{job_id}{NODE_SUFFIX}{rank}"
+
+
+# ------------------------------------------------------------------------------ selection
+
+
+def select_nodes(project: Project, job: Job, selection: Sequence[str]) -> list[str]:
+    """The hosts of the job's nodes, node 0 first, from the ``--host`` selection (already
+    expanded, in order) and the playbook's ``nodes:``. Raises :class:`ConfigError` naming the
+    file, the key and the fix when they disagree, or when one box would be two nodes."""
+    spec, where = job.spec, job.where(("nodes",))
+    listed = list(spec.node_hosts or [])
+    chosen = list(selection)
+    if listed and chosen and sorted(listed) != sorted(chosen):
+        raise ConfigError(
+            f"{where}: the playbook's nodes are {', '.join(listed)} but --host selected "
+            f"{', '.join(chosen)}; drop --host (the playbook's list is used, node 0 first) or "
+            "select exactly those hosts. Nothing was sent.")
+    hosts = listed or chosen
+    if len(hosts) != spec.nodes:
+        raise ConfigError(
+            f"{where}: the job spans nodes: {spec.nodes}, but --host selected {len(hosts)} "
+            f"host(s) ({', '.join(hosts) or 'none'}); select exactly {spec.nodes} hosts, node "
+            "0 (the rendezvous host) first, or change nodes:. Nothing was sent.")
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        raise ConfigError(f"--host names {', '.join(twice)} twice; each node of {job.name} "
+                          "must be a different host. Nothing was sent.")
+    boxes: dict[tuple[str, int | None, str], str] = {}
+    for spec_text in hosts:
+        host = resolve_host(spec_text, hosts_dir=project.hosts_dir)
+        key = (host.hostname, host.port, host.workdir)
+        if key in boxes:
+            raise ConfigError(
+                f"--host {boxes[key]} and {spec_text} are the same box ({host.describe()}, "
+                f"workdir {host.workdir}); each node of {job.name} must be a different box. "
+                "Nothing was sent.")
+        boxes[key] = spec_text
+    return hosts
+
+
+def find_job(journal: Journal, ident: str) -> tuple[dict[str, Any], list[NodeRun]] | None:
+    """The multi-node job ``ident`` names (its job id, or one of its nodes' run ids) and its
+    nodes, or None when ``ident`` is not a multi-node job (then it is an ordinary run id).
+    This is how ``status``/``cleanup``/``tail-logs --run ID`` decide to cover every node."""
+    record = journal.job(ident)
+    if record is None:
+        run = journal.run(ident)
+        job_id = run.get("job_id") if run else None
+        record = journal.job(job_id) if isinstance(job_id, str) else None
+    if record is None:
+        return None
+    nodes = [NodeRun(int(n["rank"]), str(n["host"]), str(n["run_id"]))
+             for n in record.get("nodes") or [] if isinstance(n, dict)]
+    return record, sorted(nodes, key=lambda n: n.rank)
+
+
+def current_job(journal: Journal, playbook: str) -> tuple[dict[str, Any], list[NodeRun]] | None:
+    """The newest multi-node job of ``playbook`` in the journal (``--playbook`` selections)."""
+    jobs = journal.jobs(playbook=playbook)
+    return find_job(journal, str(jobs[0].get("job_id"))) if jobs else None
+
+
+def _job_nodes(journal: Journal, ident: str) -> tuple[dict[str, Any], list[NodeRun]]:
+    found = find_job(journal, ident)
+    if found is None:
+        raise ConfigError(f"the journal has no multi-node job {ident}; pass the job id that "
+                          "deploy printed (or a node's run id)")
+    return found
+
+
+# ------------------------------------------------------------------------------ deploy
+
+
+def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Reporter, *,
+                 dry_run: bool = False, wait: bool = True, journal: Journal | None = None,
+                 params: dict[str, Any] | None = None) -> NodesResult:
+    """``deploy`` of a playbook with ``nodes`` > 1 on the ``--host`` selection (expanded).
+
+    Plans every node first and sends nothing when any plan fails; then node 0, then the
+    others; when any node fails, every node's run is stopped and :class:`NodesFailed` names
+    the node. ``wait=False`` launches without waiting for readiness (node 0 first still)."""
+    journal = journal or Journal()
+    names = select_nodes(project, job, hosts)
+    job_id = new_run_id(job.name)
+    nodes = [NodeRun(rank, host, node_run_id(job_id, rank)) for rank, host in enumerate(names)]
+    sessions = [HostSession(project, n.host, reporter, journal) for n in nodes]
+    try:
+        plans = plan_nodes(sessions, job, nodes, job_id, probe=not dry_run)
+        for plan in plans:
+            reporter.plan(plan)
+        if dry_run:
+            reporter.emit_json({"event": "plan", "job_id": job_id,
+                                "plans": [p.to_dict() for p in plans]})
+            reporter.info("dry run: nothing was sent")
+            return NodesResult(job_id, nodes, plans, launched=False)
+        return _launch(sessions, nodes, plans, job, journal, reporter, wait=wait,
+                       params=params)
+    finally:
+        for session in sessions:
+            session.transport.close()
+
+
+def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRun],
+               job_id: str, *, probe: bool = True) -> list[Plan]:
+    """Every node's plan (in parallel: a probe costs an exec per box), each against its own
+    box's facts; raise one :class:`PlanError` listing every node's problems."""
+    head = sessions[0].host.peer_address()
+    plans: dict[int, Plan] = {}
+    problems: dict[int, list[str]] = {}
+
+    def plan_one(session: HostSession, node: NodeRun) -> None:
+        place = NodePlace(rank=node.rank, nnodes=len(nodes), head_host=head, job_id=job_id)
+        try:
+            plans[node.rank] = plan_on(session, job, probe=probe, run_id=node.run_id,
+                                       node=place)
+        except PlanError as exc:
+            problems[node.rank] = exc.problems
+        except OutrigError as exc:
+            problems[node.rank] = [str(exc)]
+
+    threads = [threading.Thread(target=plan_one, args=(s, n), daemon=True,
+                                name=f"outrig-plan {n.host}")
+               for s, n in zip(sessions, nodes, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if problems:
+        raise PlanError([f"{nodes[rank].label()}: {line}" for rank in sorted(problems)
+                         for line in problems[rank]],
+                        context=f"{job.name} on {len(nodes)} nodes")
+    first = sessions[0].host
+    if first.node_address is None:
+        plans[0].notes.append(
+            f"${{head_host}} is {head}, the hostname in {first.source or first.name}; if the "
+            "other nodes reach node 0 by another address (a cluster-internal one), set "
+            "node_address: there")
+    return [plans[n.rank] for n in nodes]
+
+
+class _NodeDeploy:
+    """One node's deploy exec, on a thread of its own, that another thread can cancel (the
+    ``cancel`` line a Ctrl-C writes: the box stops what this deploy launched and answers)."""
+
+    def __init__(self, node: NodeRun, session: HostSession, plan: Plan,
+                 request: dict[str, Any], show: Callable[[NodeRun, dict[str, Any]], None]
+                 ) -> None:
+        self.node, self.session, self.plan, self.request = node, session, plan, request
+        self.show = show
+        self.launched = threading.Event()  # every process of its plan launched, or call over
+        self.done = threading.Event()
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.count = 0
+        self._lock = threading.Lock()
+        self._channel: Any = None
+        self._cancelled = False
+
+    def start(self, finished: Callable[[_NodeDeploy], None]) -> None:
+        def work() -> None:
+            try:
+                self.result = self._call()
+            except BaseException as exc:  # the thread's outcome, read by deploy_nodes
+                self.error = exc
+            finally:
+                self.launched.set()
+                self.done.set()
+                finished(self)
+
+        threading.Thread(target=work, daemon=True, name=f"outrig-deploy {self.node.host}").start()
+
+    def _call(self) -> dict[str, Any]:
+        session = self.session
+        call = AgentCall(session.transport)
+        request = session.request("deploy", host_label=session.host_spec, **self.request)
+        channel = call.start(request)
+        with self._lock:
+            self._channel, cancelled = channel, self._cancelled
+        if cancelled:
+            channel.write(CANCEL_LINE)
+        try:
+            result = call.reader(channel).result(self._on_event, call.events)
+        finally:
+            channel.close()
+        return raise_for_result(result, where=f"deploy on {self.node.label()}")
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        session, kind = self.session, event.get("event")
+        if kind == "facts":
+            remember_facts(session.journal, session.host, event, session.transport.rtt)
+        elif kind == "runs":
+            runs = event.get("runs")
+            if isinstance(runs, list):
+                session.journal.reconcile(session.host.name,
+                                          [r for r in runs if isinstance(r, dict)])
+            return
+        elif kind == "launched":
+            self.count += 1
+            if self.count >= len(self.plan.order):
+                self.launched.set()
+        self.show(self.node, event)
+
+    def cancel(self) -> None:
+        """Ask the box to stop what this deploy launched (a no-op once the call is over)."""
+        with self._lock:
+            self._cancelled, channel = True, self._channel
+        if channel is not None and not self.done.is_set():
+            with contextlib.suppress(Exception):  # a dead link: cleanup stops the run instead
+                channel.write(CANCEL_LINE)
+
+
+def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Sequence[Plan],
+            job: Job, journal: Journal, reporter: Reporter, *, wait: bool,
+            params: dict[str, Any] | None) -> NodesResult:
+    """Launch node 0, then the rest; wait for all; on any failure stop every node."""
+    secrets = secret_values(plans[0].secrets)
+    job_id = plans[0].job_id
+    began = time.monotonic()
+    journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
+                                "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
+                                "test_mode": job.test_mode, "status": "deploying",
+                                "param_overrides": dict(params or {})})
+    for node, plan in zip(nodes, plans, strict=True):
+        journal.record_run(node.run_id, {
+            "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
+            "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
+            "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
+            "node_rank": node.rank, "nnodes": len(nodes)})
+    lock = threading.Lock()
+
+    def show(node: NodeRun, event: dict[str, Any]) -> None:
+        with lock:
+            if reporter.json_mode:
+                reporter.emit_json({**event, "node_rank": node.rank, "host": node.host})
+                return
+            text = describe_event(event)
+            if text is not None and event.get("event") not in ("waiting", "stopping"):
+                reporter.info(f"{node.label()}: {text}")
+
+    calls = [_NodeDeploy(n, s, p, deploy_request(p, wait=wait, secrets=secrets), show)
+             for n, s, p in zip(nodes, sessions, plans, strict=True)]
+    finished: list[_NodeDeploy] = []
+    changed = threading.Condition()
+
+    def on_finished(call: _NodeDeploy) -> None:
+        with changed:
+            finished.append(call)
+            changed.notify_all()
+
+    reporter.info(f"• {nodes[0].label()} first: it hosts the rendezvous "
+                  f"({plans[0].job_id}, {len(nodes)} nodes)")
+    calls[0].start(on_finished)
+    started = calls[:1]
+    try:
+        calls[0].launched.wait()
+        if calls[0].error is None:
+            reporter.info("• " + ", ".join(c.node.label() for c in calls[1:]) + ": launching")
+            for call in calls[1:]:
+                call.start(on_finished)
+            started = list(calls)
+        failed = _wait_all(started, finished, changed)
+        why = _why(failed.error) if failed is not None else ""
+    except KeyboardInterrupt:
+        failed, why = None, "interrupted (Ctrl-C)"
+    for call in calls[len(started):]:  # node 0 failed: the others were never sent
+        journal.record_run(call.node.run_id, {"status": "not_on_box"})
+    if why:
+        _fail(started, failed, why, sessions, journal, reporter, job_id)
+    statuses = {c.node.rank: deployed_status(c.result or {}, wait) for c in calls}
+    for call in calls:
+        journal.record_run(call.node.run_id, {
+            "status": statuses[call.node.rank], "ran": statuses[call.node.rank] != "launched",
+            "processes": list((call.result or {}).get("processes") or []),
+            "run_dir": (call.result or {}).get("run_dir")})
+    status = "running" if wait else "launched"
+    if all(s == "finished" for s in statuses.values()):
+        status = "finished"
+    journal.record_job(job_id, {"status": status})
+    seconds = time.monotonic() - began
+    result = NodesResult(job_id, list(nodes), list(plans), launched=True, status=status,
+                         processes={c.node.rank: list((c.result or {}).get("processes") or [])
+                                    for c in calls}, seconds=seconds)
+    reporter.emit_json({"event": "deployed", "job_id": job_id, "ok": True, "status": status,
+                        "seconds": round(seconds, 3),
+                        "nodes": [n.to_json() for n in nodes]})
+    hosts = ",".join(n.host for n in nodes)
+    reporter.success(f"{job.name} {'ready' if wait else 'launched'} on {len(nodes)} nodes "
+                     f"({hosts}) in {seconds:.1f}s — job {job_id}. Next: outrig status "
+                     f"--host {hosts} --run {job_id}")
+    return result
+
+
+def _wait_all(calls: Sequence[_NodeDeploy], finished: list[_NodeDeploy],
+              changed: threading.Condition) -> _NodeDeploy | None:
+    """Wait until every call has ended, or one has failed (returned at once)."""
+    with changed:
+        while True:
+            bad = next((c for c in finished if c.error is not None), None)
+            if bad is not None or len(finished) == len(calls):
+                return bad
+            changed.wait()
+
+
+def _why(error: BaseException | None) -> str:
+    if isinstance(error, OutrigError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
+          sessions: Sequence[HostSession], journal: Journal, reporter: Reporter,
+          job_id: str) -> NoReturn:
+    """One node failed (or Ctrl-C): cancel the deploys still waiting, let them end, stop the
+    run on every node that was started, and raise :class:`NodesFailed` naming the node."""
+    who = failed.node.label() if failed is not None else "the deploy"
+    reporter.warn(f"{who} failed: {why}. Stopping the job on every node.")
+    for call in calls:
+        call.cancel()
+    for call in calls:
+        call.done.wait()
+    stopped = []
+    for call in calls:
+        try:
+            cleanup_on(sessions[call.node.rank], run_id=call.node.run_id,
+                       timeout=STOP_TIMEOUT, missing_ok=True)
+            stopped.append(f"{call.node.label()} stopped")
+        except OutrigError as exc:
+            stopped.append(f"{call.node.label()}: could not be stopped ({exc})")
+        journal.record_run(call.node.run_id, {"status": "failed" if call is failed
+                                              else "stopped"})
+    journal.record_job(job_id, {"status": "failed", "failed_node": failed.node.rank
+                                if failed is not None else None, "error": why})
+    # A failure often ends the peers too (torch's store host gone): their errors follow it.
+    others = [f"{c.node.label()}: {_why(c.error)}" for c in calls
+              if c is not failed and c.error is not None]
+    also = f" Then also failed: {'; '.join(others)}." if others else ""
+    raise NodesFailed(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
+                      f"it had reached: {'; '.join(stopped)}.")
+
+
+# ------------------------------------------------------------------------------ status, stop
+
+
+def _node_core(nodes: Sequence[NodeRun],
+               core: Callable[[HostSession, NodeRun], dict[str, Any]]
+               ) -> Callable[[HostSession], dict[str, Any]]:
+    by_host = {n.host: n for n in nodes}
+    return lambda session: core(session, by_host[session.host_spec])
+
+
+def node_state(result: dict[str, Any] | None, run_id: str) -> tuple[str, str]:
+    """(running | finished | failed | missing, why) of the node's run in a status answer."""
+    runs = [r for r in (result or {}).get("runs") or [] if r.get("run_id") == run_id]
+    if not runs:
+        return "missing", f"the box has no run {run_id}"
+    run = runs[0]
+    if run.get("status") in ("stopped", "failed") and not run.get("processes"):
+        return "failed", f"the run is {run.get('status')}"
+    state, why = run_state(run.get("processes") or [])
+    if state == "running" and run.get("status") == "stopped":
+        return "failed", "the run was stopped"
+    return state, why
+
+
+def nodes_status(project: Project, ident: str, reporter: Reporter, *, log_lines: int = 5,
+                 journal: Journal | None = None) -> dict[str, Any]:
+    """``status --run JOB`` of a multi-node job: every node's run, asked at once; a row per
+    node (rank, host, state, why), then each node's status as for one box."""
+    journal = journal or Journal()
+    record, nodes = _job_nodes(journal, ident)
+
+    def one(session: HostSession, node: NodeRun) -> dict[str, Any]:
+        return status_on(session, run_id=node.run_id, log_lines=log_lines)
+
+    outcomes = run_fanout(project, [n.host for n in nodes], _node_core(nodes, one),
+                          journal=journal)
+    rows = [_status_row(n, o) for n, o in zip(nodes, outcomes, strict=True)]
+    document = {"job_id": record.get("job_id"), "playbook": record.get("playbook"),
+                "nnodes": len(nodes), "nodes": rows}
+    if reporter.json_mode:
+        reporter.emit_json(document)
+        return document
+    reporter.info(f"job {record.get('job_id')} ({record.get('playbook')}, {len(nodes)} nodes)")
+    for row in rows:
+        reporter.info(f"  node {row['rank']} {row['host']}: {row['state']} — {row['why']}")
+    for node, outcome in zip(nodes, outcomes, strict=True):
+        if outcome.result is not None:
+            reporter.info(f"── {node.label()}, run {node.run_id}")
+            reporter.status(outcome.result)
+    return document
+
+
+def _status_row(node: NodeRun, outcome: HostOutcome) -> dict[str, Any]:
+    if not outcome.ok:
+        state, why = "unreachable", str(outcome.error)
+    else:
+        state, why = node_state(outcome.result, node.run_id)
+    return {**node.to_json(), "ok": outcome.ok, "state": state, "why": why,
+            "error": outcome.error, "result": outcome.result}
+
+
+def stop_nodes(project: Project, ident: str, reporter: Reporter, *,
+               timeout: float = STOP_TIMEOUT, journal: Journal | None = None) -> dict[str, Any]:
+    """``cleanup --run JOB``: stop the job's run on every node at once (each by its recorded
+    process groups, as cleanup does; nothing else on the boxes). Raises
+    :class:`NodesFailed` naming the nodes that could not be stopped."""
+    journal = journal or Journal()
+    record, nodes = _job_nodes(journal, ident)
+
+    def one(session: HostSession, node: NodeRun) -> dict[str, Any]:
+        return cleanup_on(session, run_id=node.run_id, timeout=timeout, missing_ok=True)
+
+    outcomes = run_fanout(project, [n.host for n in nodes], _node_core(nodes, one),
+                          journal=journal, work=timeout)
+    rows = []
+    for node, outcome in zip(nodes, outcomes, strict=True):
+        stopped = [p for r in (outcome.result or {}).get("runs") or []
+                   for p in r.get("processes") or []]
+        rows.append({**node.to_json(), "ok": outcome.ok, "error": outcome.error,
+                     "stopped": len(stopped)})
+        if not reporter.json_mode:
+            line = (f"{node.label()}: run {node.run_id}, {len(stopped)} process(es) stopped"
+                    if outcome.ok else f"{node.label()}: not stopped: {outcome.error}")
+            (reporter.info if outcome.ok else reporter.warn)(line)
+    document = {"job_id": record.get("job_id"), "nodes": rows}
+    reporter.emit_json(document)
+    failed = [r for r in rows if not r["ok"]]
+    if record.get("status") != "failed":
+        journal.record_job(str(record.get("job_id")),
+                           {"status": "stopped" if not failed else "stop_failed"})
+    if failed:
+        raise NodesFailed("could not stop " + "; ".join(
+            f"node {r['rank']} ({r['host']}): {r['error']}" for r in failed)
+            + f". Run outrig cleanup --run {record.get('job_id')} again once they answer.")
+    return document
+
+
+def node_log_targets(journal: Journal, ident: str) -> list[NodeRun]:
+    """``tail-logs --run JOB``: the (host, run id) of every node, node 0 first, to tail
+    each node's run on its host (lines prefixed with the host, as for several hosts)."""
+    return _job_nodes(journal, ident)[1]
+
+
+class _NodeLines(io.StringIO):
+    """One node's log output, written whole lines at a time to the shared stream: each line
+    prefixed with the node (``node 1 b | trainer | ...``), or, as JSON lines, with
+    ``node_rank`` and ``host`` added. The lock keeps two nodes' lines from interleaving."""
+
+    def __init__(self, node: NodeRun, out: IO[str], lock: threading.Lock,
+                 json_mode: bool) -> None:
+        super().__init__()
+        self.node, self.target, self.lock, self.json_mode = node, out, lock, json_mode
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *whole, self.pending = self.pending.split("\n")
+        if whole:
+            with self.lock:
+                self.target.write("".join(self._line(line) + "\n" for line in whole))
+                self.target.flush()
+        return len(text)
+
+    def _line(self, line: str) -> str:
+        if not self.json_mode:
+            return f"node {self.node.rank} {self.node.host} | {line}"
+        try:
+            document = json.loads(line)
+        except ValueError:
+            return line
+        if isinstance(document, dict):
+            document = {"node_rank": self.node.rank, "host": self.node.host, **document}
+        return json.dumps(document)
+
+
+def tail_nodes(project: Project, ident: str, reporter: Reporter, *, lines: int | None = None,
+               follow: bool = True, grep: str | None = None,
+               processes: list[str] | None = None, journal: Journal | None = None,
+               stop: threading.Event | None = None) -> dict[int, TailResult]:
+    """``tail-logs --run JOB``: every node's logs at once, each line prefixed with its node
+    (a tailer per node, each with its own session, cursors and mirror, exactly as for one
+    box). Returns each node's :class:`~outrig.ops.logs.TailResult` by rank."""
+    journal = journal or Journal()
+    nodes = node_log_targets(journal, ident)
+    lock = threading.Lock()
+    results: dict[int, TailResult] = {}
+    errors: dict[int, str] = {}
+
+    def one(node: NodeRun) -> None:
+        out = _NodeLines(node, reporter.out, lock, reporter.json_mode)
+        mine = Reporter(json_mode=reporter.json_mode, out=out, quiet=reporter.quiet)
+        try:
+            results[node.rank] = tail_logs(project, node.host, mine, run_id=node.run_id,
+                                           processes=processes, lines=lines, follow=follow,
+                                           grep=grep, journal=journal, stop=stop)
+        except OutrigError as exc:
+            errors[node.rank] = str(exc)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True,
+                                name=f"outrig-tail {n.host}") for n in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise NodesFailed("tail-logs failed on " + "; ".join(
+            f"{nodes[rank].label()}: {why}" for rank, why in sorted(errors.items())))
+    return results
+
+
+# ------------------------------------------------------------------------------ the guard
+
+
+@dataclass
+class NodeSeen:
+    """What the guard knows of one node: its last state and since when it has not answered."""
+
+    state: str = "starting"
+    why: str = ""
+    silent_since: float | None = None
+
+
+def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: float = 5.0,
+                threshold: float = DEFAULT_THRESHOLD, journal: Journal | None = None,
+                stop: threading.Event | None = None) -> dict[str, Any]:
+    """``watch`` of a multi-node job: every ``period`` seconds, ask every node (at once, each
+    under its own deadline) for its run's state, judged as ``watch`` judges one run
+    (:func:`outrig.health.run_state`). When a node's run failed, is gone from its box, or the
+    node has not answered for ``threshold`` seconds, the other nodes are stopped and
+    :class:`NodesFailed` names that node and why. Returns once every node finished (or when
+    ``stop`` is set)."""
+    journal = journal or Journal()
+    record, nodes = _job_nodes(journal, ident)
+    job_id = str(record.get("job_id"))
+    seen = {n.rank: NodeSeen() for n in nodes}
+    stop = stop or threading.Event()
+    reporter.info(f"• watching job {job_id} on {len(nodes)} nodes: "
+                  + ", ".join(n.label() for n in nodes))
+
+    def one(session: HostSession, node: NodeRun) -> dict[str, Any]:
+        return session.call("status", stream=False, log_lines=0, run_id=node.run_id,
+                            playbook=None)
+
+    while not stop.is_set():
+        outcomes = run_fanout(project, [n.host for n in nodes], _node_core(nodes, one),
+                              journal=journal)
+        now = time.monotonic()
+        for node, outcome in zip(nodes, outcomes, strict=True):
+            judge_node(seen[node.rank], node, outcome, now, threshold, reporter)
+        bad = [n for n in nodes if seen[n.rank].state in ("failed", "missing", "lost")]
+        if bad:
+            _stop_after_failure(project, job_id, bad, seen, reporter, journal)
+        if all(s.state == "finished" for s in seen.values()):
+            journal.record_job(job_id, {"status": "finished"})
+            reporter.success(f"job {job_id} finished on every node")
+            return {"job_id": job_id, "status": "finished"}
+        stop.wait(period)
+    return {"job_id": job_id, "status": "watching"}
+
+
+def judge_node(seen: NodeSeen, node: NodeRun, outcome: HostOutcome, now: float,
+                threshold: float, reporter: Reporter) -> None:
+    """Update ``seen`` from one status answer; say so when the node's state changes."""
+    before = seen.state
+    if outcome.ok:
+        seen.silent_since = None
+        seen.state, seen.why = node_state(outcome.result, node.run_id)
+    else:
+        seen.silent_since = seen.silent_since if seen.silent_since is not None else now
+        silent = now - seen.silent_since
+        seen.state = "lost" if silent >= threshold else "silent"
+        seen.why = f"no answer for {silent:.0f} s: {outcome.error}"
+    if seen.state != before:
+        reporter.emit_json({"event": "node", "node_rank": node.rank, "host": node.host,
+                            "state": seen.state, "why": seen.why})
+        if not reporter.json_mode:
+            reporter.info(f"{node.label()}: {seen.state} — {seen.why}")
+
+
+def _stop_after_failure(project: Project, job_id: str, bad: Sequence[NodeRun],
+                        seen: dict[int, NodeSeen], reporter: Reporter,
+                        journal: Journal) -> NoReturn:
+    """Stop every other node of the job (and the failed ones' leftovers), then raise.
+
+    Every node found failed in the same look is named: one look cannot tell which failed
+    first (a node hosting torch's rendezvous store takes the others down with it)."""
+    why = "; ".join(f"{n.label()} failed: {seen[n.rank].why}" for n in bad)
+    reporter.warn(f"{why}. Stopping the job on every node.")
+    journal.record_job(job_id, {"status": "failed", "failed_node": bad[0].rank,
+                                "failed_nodes": [n.rank for n in bad], "error": why})
+    try:
+        stop_nodes(project, job_id, reporter, journal=journal)
+        stopped = "every node was stopped"
+    except NodesFailed as exc:
+        stopped = str(exc)
+    journal.record_job(job_id, {"status": "failed"})
+    raise NodesFailed(f"job {job_id}: {why}; {stopped}.")
