@@ -20,8 +20,9 @@ Rendered processes (argv lists; no shell anywhere):
   one short process start, and outrig needs no shell or skip logic of its own.
 * ``trainer``: ``torchrun --standalone --nproc_per_node N -m speculators.train ...``; with
   ``nodes: N`` > 1 in the playbook, ``torchrun --nnodes ${nnodes} --node-rank ${node_rank}
-  --rdzv-backend c10d --rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} ...``
-  instead, the names substituted per node by the planner. Every node runs all three processes:
+  --rdzv-backend static --rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} ...``
+  instead (``trainer.rendezvous: c10d`` for torch's c10d backend, pinned to node 0), the names
+  substituted per node by the planner. Every node runs all three processes:
   its own server on its own GPUs serves that node's trainer ranks on 127.0.0.1, the hidden
   states stay on its local disk, and torch's rendezvous joins the ranks
   (docs/scale-out.md has the evidence).
@@ -562,10 +563,13 @@ def _rendezvous(run: _Run) -> list[str]:
     # torch keys the rendezvous state by it, so nodes with different ids never meet.
     backend = run.spec.trainer.rendezvous
     # c10d reads join_timeout (dynamic_rendezvous.py _get_timeout); static reads timeout.
-    key = "join_timeout" if backend == "c10d" else "timeout"
+    # c10d hosts its store on the node whose own names match the endpoint, which a NAT'd
+    # head address never does; is_host pins it to node 0 (c10d_rendezvous_backend.py:137-145).
+    conf = (f"join_timeout={_join_wait(run.spec)},is_host=${{is_head}}" if backend == "c10d"
+            else f"timeout={_join_wait(run.spec)}")
     return ["--nnodes", "${nnodes}", "--node-rank", "${node_rank}",
             "--rdzv-backend", backend, "--rdzv-endpoint", "${head_host}:${rdzv_port}",
-            "--rdzv-id", "${job_id}", "--rdzv-conf", f"{key}={_join_wait(run.spec)}"]
+            "--rdzv-id", "${job_id}", "--rdzv-conf", conf]
 
 
 def _join_wait(spec: DFlashSpec) -> int:

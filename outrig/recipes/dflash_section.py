@@ -67,10 +67,11 @@ class TrainerSpec(_Section):
     stop_grace: float = Field(150.0, ge=0, description="SIGTERM → SIGKILL seconds (≥ 130: "
                               "speculators saves interrupted/ within 120 s)")
     rendezvous: Literal["c10d", "static"] = Field(
-        "c10d", description="torchrun --rdzv-backend when the playbook has nodes > 1. c10d: "
-        "torch orders the nodes by host name (--node-rank is ignored), so global rank 0, the "
-        "only checkpoint writer, may be on any node; static: --node-rank is honoured (rank 0 "
-        "on node 0) and MASTER_ADDR is head_host (docs/scale-out.md)")
+        "static", description="torchrun --rdzv-backend when the playbook has nodes > 1. "
+        "static (default): --node-rank is honoured, so global rank 0, the only checkpoint "
+        "writer, is on node 0, and MASTER_ADDR is head_host; c10d: torch orders the nodes by "
+        "host name (--node-rank is ignored), so rank 0 may be on any node, and MASTER_ADDR is "
+        "that node's own FQDN, which the other nodes must resolve (docs/scale-out.md)")
 
 
 class PrepareSpec(_Section):

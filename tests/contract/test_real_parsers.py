@@ -186,7 +186,7 @@ def test_multi_node_launcher_parses_with_torchrun(backend: str,
     builtin = plan_module.builtin_params
     monkeypatch.setattr(plan_module, "builtin_params", lambda *a, **k: {
         **builtin(*a, **k), "node_rank": 1, "nnodes": 2, "head_host": "gpu-head",
-        "rdzv_port": 29400, "job_id": "job-1"})
+        "rdzv_port": 29400, "job_id": "job-1", "is_head": False})
     plan = make_plan(dataclasses.replace(job, spec=spec), HOST,
                      HostFacts(gpu_count=8, gpu_memory_mib=97_871), "run-1")
     assert plan.ok, plan.problems
@@ -200,3 +200,5 @@ def test_multi_node_launcher_parses_with_torchrun(backend: str,
     assert int(config.rdzv_configs[key]) > 600
     if backend == "static":
         assert config.rdzv_configs["rank"] == 1  # --node-rank reaches the static backend
+    else:  # node 1 does not host the c10d store, whatever its own names are
+        assert config.rdzv_configs["is_host"] in ("false", False)

@@ -588,7 +588,7 @@ TODAYS_TRAINER = [
 
 def node_params(rank: int, nnodes: int = 2) -> dict[str, object]:
     return {"node_rank": rank, "nnodes": nnodes, "head_host": "gpu-head", "rdzv_port": 29400,
-            "job_id": "job-1"}
+            "job_id": "job-1", "is_head": rank == 0}
 
 
 def nodes_plan(tmp_path: Path, doc: dict[str, Any], nodes: int | None,
@@ -639,8 +639,8 @@ def test_two_nodes_render_torch_rendezvous_with_the_per_node_names() -> None:
     assert "--standalone" not in argv
     assert argv[:17] == [
         "/s/bin/torchrun", "--nnodes", "${nnodes}", "--node-rank", "${node_rank}",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", "${head_host}:${rdzv_port}",
-        "--rdzv-id", "${job_id}", "--rdzv-conf", "join_timeout=9000",
+        "--rdzv-backend", "static", "--rdzv-endpoint", "${head_host}:${rdzv_port}",
+        "--rdzv-id", "${job_id}", "--rdzv-conf", "timeout=9000",
         "--nproc_per_node", "2", "-m", "speculators.train"]
     # everything after the launcher flags is the one-box trainer's, unchanged
     assert argv[argv.index("-m"):] == TODAYS_TRAINER[TODAYS_TRAINER.index("-m"):]
@@ -686,11 +686,11 @@ def test_two_nodes_ready_when_all_ranks_joined(tmp_path: Path,
 
 def test_two_nodes_wait_only_for_the_server_without_prepare() -> None:
     argv = recipe_output(2, prepare={"enabled": False, "data": []})
-    assert flag(argv.processes["trainer"]["command"], "--rdzv-conf") == "join_timeout=1800"
+    assert flag(argv.processes["trainer"]["command"], "--rdzv-conf") == "timeout=1800"
 
 
-def test_static_rendezvous_puts_rank_0_on_node_0() -> None:
-    out = recipe_output(2, trainer={"rendezvous": "static"})
+def test_static_rendezvous_by_default_puts_rank_0_on_node_0() -> None:
+    out = recipe_output(2)
     argv = out.processes["trainer"]["command"]
     assert flag(argv, "--rdzv-backend") == "static"
     assert flag(argv, "--node-rank") == "${node_rank}"
@@ -698,8 +698,17 @@ def test_static_rendezvous_puts_rank_0_on_node_0() -> None:
     assert any(n.startswith("checkpoints:") and "on node 0" in n for n in out.notes)
 
 
+def test_c10d_rendezvous_pins_its_store_to_node_0() -> None:
+    """c10d hosts the store where the endpoint matches the node's own names (a NAT'd head
+    address matches none): ``is_host=${is_head}`` pins it to node 0."""
+    out = recipe_output(2, trainer={"rendezvous": "c10d"})
+    argv = out.processes["trainer"]["command"]
+    assert flag(argv, "--rdzv-backend") == "c10d"
+    assert flag(argv, "--rdzv-conf") == "join_timeout=9000,is_host=${is_head}"
+
+
 def test_two_nodes_say_where_checkpoints_and_data_must_be() -> None:
-    notes = recipe_output(2).notes
+    notes = recipe_output(2, trainer={"rendezvous": "c10d"}).notes
     layout = next(n for n in notes if n.startswith("nodes:"))
     assert "2 × (vLLM on GPUs [0, 1]" in layout and "= 4 ranks" in layout
     checkpoints = next(n for n in notes if n.startswith("checkpoints:"))
