@@ -433,6 +433,7 @@ def serve_launches(sock: socket.socket, idle: float) -> int:
     "env"}`` with the write end of the keeper's report pipe attached. Before leaving on
     idle it shuts its end, so a command sending meanwhile gets EPIPE (and starts a fresh
     launcher) and nothing already queued is dropped."""
+    warm_up()
     while True:
         ready, _, _ = select.select([sock], [], [], idle)
         if not ready:
@@ -443,6 +444,21 @@ def serve_launches(sock: socket.socket, idle: float) -> int:
             return 0
         if not _serve_one(sock):
             return 0
+
+
+def warm_up() -> None:
+    """Import here, once, what every keeper needs (the connector imports paramiko and
+    Fabric only when it connects), and freeze the objects made so far out of the garbage
+    collector's reach: each forked keeper then neither imports them again nor copies the
+    pages a collection would touch (about 0.1 s of CPU per keeper, measured)."""
+    import gc
+
+    import fabric
+    import paramiko
+
+    fabric.Config()  # loads the rest of Invoke's and Fabric's configuration machinery
+    del paramiko
+    gc.freeze()
 
 
 def _serve_one(sock: socket.socket) -> bool:
