@@ -268,7 +268,7 @@ def main() -> int:
     os.environ["OUTRIG_RUNTIME_DIR"] = str(root / "run")
     os.environ.pop("OUTRIG_KEEP_SECONDS", None)
 
-    from outrig.connectors.kept import close_keepers, wait_gone
+    from outrig.connectors.kept import LAUNCHER, close_keepers, wait_gone
     from outrig.fanout import run_fanout
     from outrig.ops.base import Project
     from outrig.ops.status import status_on
@@ -309,6 +309,7 @@ def main() -> int:
                 outcomes = run_fanout(project, hosts, core, deadline=deadline,
                                       max_parallel=max_parallel)
             seconds = time.monotonic() - start
+            LAUNCHER.close()  # reaped: its CPU (one interpreter start) is this round's
             client = self_cpu() - self0
             if prof is not None and profile:
                 prof.dump(profile)

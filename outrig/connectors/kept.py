@@ -629,6 +629,19 @@ class KeeperLauncher:
         self._sock = ours
         return ours
 
+    def close(self, timeout: float = 10.0) -> None:
+        """Let the launcher go now (it leaves at the end of its socket) and reap it; the
+        keepers it started stay. A later request starts a fresh one."""
+        with self._lock:
+            proc = self._proc
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._proc = None
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout)
+
     def _drop(self) -> None:
         """Forget a launcher that no longer takes requests (reaped if it has ended)."""
         if self._sock is not None:

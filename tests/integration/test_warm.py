@@ -450,6 +450,11 @@ def test_fanout_starts_every_keeper_from_one_launcher(
     assert all(o.ok for o in again), again
     assert [p.accepted for p in proxies] == [1, 1, 1], "the second round used the keepers"
     assert len(started) == 1
+    launcher = kept.LAUNCHER._proc
+    assert launcher is not None
+    kept.LAUNCHER.close()
+    assert launcher.returncode == 0, "the launcher leaves at the end of its socket"
+    assert sorted(e["name"] for e in keepers()) == names, "its keepers stay"
 
 
 def test_launcher_gone_idle_is_replaced_by_a_fresh_one(
@@ -470,3 +475,4 @@ def test_launcher_gone_idle_is_replaced_by_a_fresh_one(
     assert second[0].ok, second
     assert kept.LAUNCHER.started == 2 and len(started) == 2
     assert sorted(e["name"] for e in keepers()) == names
+    kept.LAUNCHER.close()
