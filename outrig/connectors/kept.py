@@ -503,8 +503,17 @@ class KeptTransport(SSHTransport):
                 os.waitpid(pid, 0)  # the intermediate process exits at once
 
     def _spawn_keeper(self, config: dict[str, Any]) -> dict[str, Any] | None:
-        """Start the keeper as ``python -m outrig.connectors.keeper`` (when this process
-        has other threads and must not fork)."""
+        """Start the keeper from this command's keeper launcher (when this process has
+        other threads and must not fork); without one, as ``python -m
+        outrig.connectors.keeper``."""
+        report = LAUNCHER.launch(config)
+        if report is None:
+            return self._spawn_alone(config)
+        with os.fdopen(report, "rb") as stream:
+            return self._follow_start(stream)
+
+    def _spawn_alone(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Start the keeper as a process of its own, ``python -m outrig.connectors.keeper``."""
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "outrig.connectors.keeper"], stdin=subprocess.PIPE,
@@ -560,6 +569,90 @@ class KeptTransport(SSHTransport):
         if self.connection is None and self._peer is not None:
             return self._peer
         return super().peer_address()
+
+
+class KeeperLauncher:
+    """This command's keeper launcher: one ``python -m outrig.connectors.keeper
+    --launcher`` that forks a keeper per request (:func:`outrig.connectors.keeper.
+    serve_launches`), shared by the command's threads.
+
+    Why: a fan-out starts a keeper per host from a process with many threads, which must
+    not fork; one interpreter per keeper would pay Python's start and paramiko's imports
+    (about 0.25 s of CPU) once per host, 20 times for 20 hosts, on the workstation. The
+    launcher pays them once; it leaves when the command ends or after :data:`IDLE_S`
+    without a request, and a command that finds it gone starts a fresh one."""
+
+    IDLE_S = 30.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self.started = 0  # launcher processes started (for tests)
+
+    def launch(self, config: dict[str, Any]) -> int | None:
+        """Ask the launcher for a keeper; the read end of its report pipe (what
+        :meth:`KeptTransport._follow_start` reads), or ``None`` when no launcher can be had
+        (the caller then starts the keeper on its own)."""
+        read_end, write_end = os.pipe()
+        message = json.dumps({"config": config, "env": dict(os.environ)}).encode()
+        try:
+            with self._lock:
+                for _attempt in (1, 2):  # a launcher that just left on idle: a fresh one
+                    sock = self._sock or self._start()
+                    if sock is None:
+                        break
+                    try:
+                        socket.send_fds(sock, [message], [write_end])
+                        return read_end
+                    except OSError:
+                        self._drop()
+        finally:
+            os.close(write_end)
+        os.close(read_end)
+        return None
+
+    def _start(self) -> socket.socket | None:
+        """Start a launcher (its stdin is our socket pair's other end)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "outrig.connectors.keeper", "--launcher",
+                 str(self.IDLE_S)], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, cwd="/", start_new_session=True, close_fds=True)
+        except OSError:
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        self.started += 1
+        self._sock = ours
+        return ours
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Let the launcher go now (it leaves at the end of its socket) and reap it; the
+        keepers it started stay. A later request starts a fresh one."""
+        with self._lock:
+            proc = self._proc
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._proc = None
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout)
+
+    def _drop(self) -> None:
+        """Forget a launcher that no longer takes requests (reaped if it has ended)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            self._proc.poll()
+            self._proc = None
+
+
+LAUNCHER = KeeperLauncher()
 
 
 class _Lines:

@@ -100,9 +100,14 @@ def query_gpus() -> Tuple[List[JSONDict], Optional[str]]:
     return parse_gpu_csv(out), None
 
 
-def gather_facts() -> JSONDict:
-    """What the box is (the ``facts`` event)."""
-    gpus, gpu_error = query_gpus()
+GpuQuery = Tuple[List[JSONDict], Optional[str]]  # query_gpus' answer: (gpus, why not)
+
+
+def gather_facts(queried: Optional[GpuQuery] = None) -> JSONDict:
+    """What the box is (the ``facts`` event). ``queried``: the answer of a
+    :func:`query_gpus` this call already made (status's GPU audit), so that nvidia-smi,
+    0.1-0.5 s on a real box, is not run twice for one request."""
+    gpus, gpu_error = queried if queried is not None else query_gpus()
     return {
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
@@ -248,6 +253,11 @@ class Owners:
 
 def gpu_audit(layout: Layout, stopper: Stopper) -> JSONDict:
     """Every GPU and every process holding one, each classified as ours (which run) or foreign."""
+    return gpu_audit_queried(layout, stopper)[0]
+
+
+def gpu_audit_queried(layout: Layout, stopper: Stopper) -> Tuple[JSONDict, GpuQuery]:
+    """:func:`gpu_audit`, and the GPU query it made (for :func:`gather_facts`)."""
     # The two nvidia-smi queries run side by side: each costs 0.1-0.5 s on a real box.
     apps_box: List[Tuple[List[JSONDict], Optional[str]]] = []
     worker = threading.Thread(target=lambda: apps_box.append(query_compute_apps()), daemon=True)
@@ -279,7 +289,8 @@ def gpu_audit(layout: Layout, stopper: Stopper) -> JSONDict:
         holder.update(gpu_index=None, gpu_uuid=None, used_mib=None, devices=minors,
                       source="fd", owner=owners.owner(pid))
         holders.append(holder)
-    return {"gpus": gpus, "holders": holders, "error": gpu_error or apps_error}
+    audit = {"gpus": gpus, "holders": holders, "error": gpu_error or apps_error}
+    return audit, (gpus, gpu_error)
 
 
 def holder_line(h: JSONDict) -> str:

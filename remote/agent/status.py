@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 from .checkpoints import newest_checkpoint
 from .constants import PROBE_TIMEOUT_S, JSONDict
 from .events import AgentError, Emitter, bad_request, redact
-from .gpus import gather_facts, gpu_audit
+from .gpus import gather_facts, gpu_audit_queried
 from .layout import Layout, all_pointers, nearest_existing
 from .logs import last_lines_containing, tail_lines, tail_text
 from .procs import require_proc
@@ -68,8 +68,8 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
         )
     if not want_gpus:
         return {"facts": gather_facts(), "runs": runs}
-    audit = gpu_audit(layout, stopper)
-    facts = gather_facts()
+    audit, queried = gpu_audit_queried(layout, stopper)
+    facts = gather_facts(queried)  # the audit's nvidia-smi answer: not run a second time
     return {"facts": facts, "runs": runs, "gpu_holders": audit["holders"],
             "gpu_audit_error": audit["error"]}
 

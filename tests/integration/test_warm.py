@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig.connectors import kept
 from outrig.connectors.kept import (
     KeptTransport,
     close_keepers,
@@ -29,6 +30,7 @@ from outrig.connectors.kept import (
 )
 from outrig.console import Reporter
 from outrig.errors import AuthenticationError
+from outrig.fanout import run_fanout
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project
 from outrig.sandbox.proxy import Fault, LatencyProxy
@@ -393,3 +395,84 @@ def test_connections_forgets_a_dead_keeper_and_signals_no_other_pid(
     assert wait_gone(int(entry["pid"]), 10.0)
     assert keepers() == []
     assert not record.exists() and not Path(entry["socket"]).exists()
+
+
+def counting_keeper_processes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Record every keeper process the connector starts (argv), and give this test a
+    launcher of its own (one left by an earlier test would hide a start)."""
+    started: list[list[str]] = []
+    real_popen = kept.subprocess.Popen
+
+    def popen(argv: list[str], *args: Any, **kwargs: Any) -> Any:
+        if "outrig.connectors.keeper" in argv:
+            started.append(list(argv))
+        return real_popen(argv, *args, **kwargs)
+
+    monkeypatch.setattr(kept.subprocess, "Popen", popen)
+    monkeypatch.setattr(kept, "LAUNCHER", kept.KeeperLauncher())
+    return started
+
+
+def fanout_hosts(box_host: Path, make_proxy: Any, tmp_path: Path, count: int) -> tuple[
+        Project, list[str], list[LatencyProxy]]:
+    """``count`` hosts in a project of their own: the sandbox, each through its own proxy
+    (so each is its own identity, with a keeper of its own)."""
+    config = yaml.safe_load(box_host.read_text())
+    proxies = []
+    for i in range(count):
+        proxy: LatencyProxy = make_proxy(config["port"], one_way_delay=0.005)
+        proxies.append(proxy)
+        hosts = tmp_path / "fan" / "hosts"
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / f"h{i}.yaml").write_text(yaml.safe_dump({**config, "port": proxy.port}))
+    return Project(tmp_path / "fan"), [f"h{i}" for i in range(count)], proxies
+
+
+def test_fanout_starts_every_keeper_from_one_launcher(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command with threads cannot fork its keepers: one launcher process forks them all
+    (one interpreter start for the command, not one per host), and each is a working
+    keeper that the next command uses."""
+    started = counting_keeper_processes(monkeypatch)
+    project, names, proxies = fanout_hosts(box_host, make_proxy, tmp_path, 3)
+    journal = Journal(tmp_path / "state")
+    outcomes = run_fanout(project, names, lambda s: s.call("status", stream=False),
+                          journal=journal)
+    assert [(o.host, o.state) for o in outcomes] == [(n, "ok") for n in names], outcomes
+    assert len(started) == 1 and "--launcher" in started[0], started
+    assert kept.LAUNCHER.started == 1
+    listed = keepers()
+    assert sorted(e["name"] for e in listed) == names
+    assert len({e["pid"] for e in listed}) == 3
+    again = run_fanout(project, names, lambda s: s.call("status", stream=False),
+                       journal=journal)
+    assert all(o.ok for o in again), again
+    assert [p.accepted for p in proxies] == [1, 1, 1], "the second round used the keepers"
+    assert len(started) == 1
+    launcher = kept.LAUNCHER._proc
+    assert launcher is not None
+    kept.LAUNCHER.close()
+    assert launcher.returncode == 0, "the launcher leaves at the end of its socket"
+    assert sorted(e["name"] for e in keepers()) == names, "its keepers stay"
+
+
+def test_launcher_gone_idle_is_replaced_by_a_fresh_one(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    started = counting_keeper_processes(monkeypatch)
+    monkeypatch.setattr(kept.LAUNCHER, "IDLE_S", 0.5)
+    project, names, _ = fanout_hosts(box_host, make_proxy, tmp_path, 2)
+    journal = Journal(tmp_path / "state")
+    first = run_fanout(project, names[:1], lambda s: s.call("status", stream=False),
+                       journal=journal)
+    assert first[0].ok, first
+    launcher = kept.LAUNCHER._proc
+    assert launcher is not None
+    assert launcher.wait(30) == 0  # left on its own after its idle time
+    second = run_fanout(project, names[1:], lambda s: s.call("status", stream=False),
+                        journal=journal)
+    assert second[0].ok, second
+    assert kept.LAUNCHER.started == 2 and len(started) == 2
+    assert sorted(e["name"] for e in keepers()) == names
+    kept.LAUNCHER.close()
