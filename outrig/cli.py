@@ -74,17 +74,21 @@ def _fan_out(settings: Settings, hosts: list[str], core: Callable[[Any], dict[st
              reporter: Reporter, *, max_parallel: str | None, deadline: str | None,
              summarize: Callable[[dict[str, Any]], str], what: str,
              work: float = 0.0) -> None:
-    """Run an op core on several hosts at once and show one row (or JSON line) per host;
-    a failed host makes the exit status 1 (outrig/fanout.py)."""
-    from outrig.fanout import MAX_PARALLEL, report, run_fanout
+    """Run an op core on several hosts at once and show each host's row (or JSON line) as
+    soon as it finishes; a failed host makes the exit status 1 (outrig/fanout.py)."""
+    from outrig.fanout import MAX_PARALLEL, Rows, run_fanout
 
     bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
     limit = None if deadline is None else float(number(deadline, "deadline", 60, whole=False))
     if limit is not None and limit <= 0:
         raise ConfigError(f"--deadline must be a positive number of seconds, not {deadline}")
+    if bound < 1:
+        raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
+    rows = Rows(reporter, hosts, summarize, what=what)
+    rows.start()
     outcomes = run_fanout(settings.project, hosts, core, max_parallel=bound, work=work,
-                          deadline=limit)
-    report(reporter, outcomes, summarize, what=what)
+                          deadline=limit, on_outcome=rows.show)
+    rows.finish(outcomes)
 
 
 def friendly(func: F) -> F:

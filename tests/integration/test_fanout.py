@@ -67,9 +67,10 @@ def project(fleet: list[SandboxBox], tmp_path: Path,
     return tmp_path, proxies
 
 
-def _run(task: Any, root: Path, **flags: Any) -> tuple[int, list[dict[str, Any]]]:
+def _run(task: Any, root: Path, *, out: io.StringIO | None = None,
+         **flags: Any) -> tuple[int, list[dict[str, Any]]]:
     """A task as the CLI runs it, with --json: its exit status and JSON lines."""
-    out = io.StringIO()
+    out = out if out is not None else io.StringIO()
     saved = sys.stdout
     sys.stdout = out
     try:
@@ -95,7 +96,7 @@ def test_status_names_the_refusing_and_blackholed_boxes_and_shows_the_rest(
 
     assert code == 1
     by_host = {r["host"]: r for r in rows}
-    assert list(by_host) == ["b0", "b1", "b2", "b3", "b4"]
+    assert sorted(by_host) == ["b0", "b1", "b2", "b3", "b4"]
     for name in ("b0", "b1", "b2"):
         row = by_host[name]
         assert row["ok"] is True and row["error"] is None, row
@@ -118,8 +119,8 @@ def test_cleanup_all_stops_exactly_outrigs_runs_on_every_box(
     for i in range(BOXES):
         deploy(Project(root), f"b{i}", str(playbook), quiet, wait=False)
     code, rows = _run(cli.status, root, host=["all"])
-    assert code == 0 and [r["host"] for r in rows] == [f"b{i}" for i in range(BOXES)]
-    for row in rows:
+    assert code == 0 and sorted(r["host"] for r in rows) == [f"b{i}" for i in range(BOXES)]
+    for row in sorted(rows, key=lambda r: str(r["host"])):
         (run,) = row["result"]["runs"]
         (proc,) = run["processes"]
         assert proc["state"] == "running"
@@ -148,3 +149,71 @@ def test_a_bad_selection_contacts_no_box(project: tuple[Path, list[LatencyProxy]
     code, rows = _run(cli.cleanup, root, host=["pair"], run="some-run")
     assert (code, rows) == (2, [])
     assert [p.accepted for p in proxies] == [0] * BOXES
+
+
+class _Lines(io.StringIO):
+    """stdout that hands each complete line to ``seen`` the moment it is written."""
+
+    def __init__(self, seen: Callable[[str], None]) -> None:
+        super().__init__()
+        self.seen = seen
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        self.partial += text
+        *lines, self.partial = self.partial.split("\n")
+        for line in lines:
+            self.seen(line)
+        return written
+
+
+def test_healthy_rows_are_printed_while_a_blackholed_box_is_pending(
+        fleet: list[SandboxBox], project: tuple[Path, list[LatencyProxy]]) -> None:
+    """b4's link holds every byte until the other four rows are on stdout; only then is it
+    restored. So b4 can answer only if the healthy rows were printed while it was pending
+    (with rows printed at the end, b4 would run into its deadline instead)."""
+    root, proxies = project
+    b4 = root / "hosts" / "b4.yaml"
+    b4.write_text(yaml.safe_dump({**yaml.safe_load(b4.read_text()), "connect_timeout": 80}))
+    proxies[4].blackhole_all()  # connections accepted and held, nothing forwarded
+    order: list[str] = []
+
+    def seen(line: str) -> None:
+        order.append(json.loads(line)["host"])
+        if sorted(order) == ["b0", "b1", "b2", "b3"]:
+            proxies[4].restore()
+
+    code, rows = _run(cli.status, root, out=_Lines(seen), host=["b4,b0,b1,b2,b3"],
+                      deadline="90")
+
+    assert order[-1] == "b4" and sorted(order[:-1]) == ["b0", "b1", "b2", "b3"]
+    assert code == 0, rows
+    assert all(r["ok"] for r in rows) and rows[-1]["host"] == "b4"
+
+
+def test_each_hosts_warnings_are_shown_with_its_row(
+        fleet: list[SandboxBox], project: tuple[Path, list[LatencyProxy]]) -> None:
+    """The "moved run" warning (outrig/fencing.py) of one host reaches its JSON object and
+    its row; the other host has none."""
+    from outrig.journal import Journal
+
+    root, _ = project
+    Journal().mark_moved("old-run", host="b1", to_host="b2", to_run_id="new-run")
+    code, rows = _run(cli.status, root, host=["b0,b1"])
+    assert code == 0, rows
+    by_host = {r["host"]: r for r in rows}
+    assert by_host["b0"]["warnings"] == []
+    (warning,) = by_host["b1"]["warnings"]
+    assert "run old-run" in warning and "moved to b2" in warning
+
+    out = io.StringIO()
+    saved = sys.stdout
+    sys.stdout = out
+    try:
+        cli.status(Context(), project=str(root), host=["b0,b1"])
+    finally:
+        sys.stdout = saved
+    lines = out.getvalue().splitlines()
+    row = next(i for i, line in enumerate(lines) if line.split()[:2] == ["b1", "ok"])
+    assert lines[row + 1].strip().startswith("warning: run old-run")
