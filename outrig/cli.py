@@ -50,6 +50,11 @@ HOSTS_HELP = ("host(s): a file name in hosts/, an ~/.ssh/config alias, user@host
               "host: in outrig.yaml)")
 MAX_PARALLEL_HELP = ("with several hosts: how many are worked on at once (default "
                      "16)")
+FANOUT_JSON = "{host, ok, state, seconds, error, result, warnings}"
+DEPLOY_WORK = 60.0  # seconds a deploy on several hosts allows for pushing files and launching
+LONG_WORK = 3600.0  # provision, stage, sync-checkpoints: installs and copies (use --deadline)
+LONG_DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
+                      "giving no answer (default: its connect limit plus an hour)")
 DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
                  "giving no answer (default: from its last RTT, see docs/cli.md)")
 
@@ -114,38 +119,85 @@ def friendly(func: F) -> F:
 
 @task(
     auto_shortflags=False,
-    iterable=["param"],
+    iterable=["param", "host"],
     help={
-        "host": HOST_HELP,
+        "host": HOSTS_HELP,
         "playbook": "playbook name in playbooks/ (or a path to one); default: OUTRIG_PLAYBOOK, "
                     "playbook: in outrig.yaml, else the playbook of the host's current run",
         "param": PARAM_HELP,
         "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
         "dry_run": "print the plan and stop; nothing is sent",
         "no_wait": "return as soon as every process is launched and recorded",
+        "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
         "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-        "json": JSON_HELP,
+        "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON,
     },
 )
 @friendly
-def deploy(c: Any, host: str | None = None, playbook: str | None = None,
+def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
            param: list[str] | None = None, test: bool = False, dry_run: bool = False,
-           no_wait: bool = False, project: str | None = None,
+           no_wait: bool = False, max_parallel: str | None = None,
+           deadline: str | None = None, project: str | None = None,
            no_keep: bool = False, json: bool = False) -> None:
     """Push files, stop the previous run, launch every process and wait until it is ready.
+
+    With several hosts (--host a,b, a group, or all) the same playbook is deployed on every
+    host at once, each as a run of its own (a sweep); one row per host with its run id and
+    state.
 
     Examples:
         outrig deploy --host uk-node --playbook dflash-qwen36
         outrig deploy --playbook smoke --param steps=50 --dry-run
+        outrig deploy --host sweep --playbook smoke
     """
     from outrig.ops.deploy import deploy as run_deploy
 
     reporter = _reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
-    host_spec = settings.host(host)
-    name = playbook_for(settings, playbook, host_spec, reporter, what="deploy")
-    run_deploy(settings.project, host_spec, name, reporter, test=test, dry_run=dry_run,
+    hosts = settings.hosts(host)
+    if len(hosts) > 1:
+        name = playbook_for(settings, playbook, None, reporter, what="deploy")
+        _deploy_hosts(settings, hosts, reporter, name, test=test, dry_run=dry_run,
+                      wait=not no_wait, params=parse_params(param),
+                      max_parallel=max_parallel, deadline=deadline)
+        return
+    name = playbook_for(settings, playbook, hosts[0], reporter, what="deploy")
+    run_deploy(settings.project, hosts[0], name, reporter, test=test, dry_run=dry_run,
                wait=not no_wait, params=parse_params(param))
+
+
+def _deploy_hosts(settings: Settings, hosts: list[str], reporter: Reporter, name: str, *,
+                  test: bool, dry_run: bool, wait: bool, params: dict[str, Any],
+                  max_parallel: str | None, deadline: str | None) -> None:
+    """``deploy`` on several hosts: the one place that decides what several hosts mean for
+    a deploy. A single-node playbook runs on every host of the selection, each host its own
+    run (its own run id and journal record), its deadline including the processes' ready
+    waits. (A playbook whose job spans several nodes takes its nodes from the selection
+    instead; that dispatch belongs here, before the fan-out.)"""
+    from outrig.fanout import deploy_summary, deploy_work
+    from outrig.ops.base import new_run_id
+    from outrig.ops.deploy import deploy_on
+    from outrig.playbook import find_playbook, load_job
+
+    job = load_job(find_playbook(name, settings.project.playbooks_dir), test=test,
+                   params=params)
+    ids: dict[str, str] = {}
+    for spec in hosts:  # one id per host: runs started in the same second never collide
+        while (run_id := new_run_id(job.name)) in ids.values():
+            pass
+        ids[spec] = run_id
+
+    def core(session: Any) -> dict[str, Any]:
+        result = deploy_on(session, job, dry_run=dry_run, wait=wait, params=params,
+                           run_id=ids[session.host_spec])
+        return {"run_id": result.plan.run_id, "playbook": result.plan.playbook,
+                "status": result.status, "seconds": round(result.seconds, 3),
+                "processes": result.processes or [{"process": p} for p in result.plan.order]}
+
+    ready = deploy_work(settings.project, job, hosts) if wait and not dry_run else 0.0
+    _fan_out(settings, hosts, core, reporter, max_parallel=max_parallel, deadline=deadline,
+             summarize=deploy_summary, what="deploy",
+             work=0.0 if dry_run else DEPLOY_WORK + ready)
 
 
 @task(
@@ -227,22 +279,26 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 
 @task(
     auto_shortflags=False,
-    iterable=["process"],
-    help={"host": HOST_HELP, "run": "run id (default: the current run)",
+    iterable=["process", "host"],
+    help={"host": HOSTS_HELP, "run": "run id (default: the current run)",
           "playbook": "the current run of this playbook",
           "process": "only this process (repeat for several)",
           "lines": "start N lines before the end (default: resume from the saved cursor, or "
                    "from the beginning the first time)",
           "no_follow": "print what is there now and exit",
           "grep": "show only lines matching this regular expression (the mirror keeps all)",
+          "max_parallel": "with several hosts and --no-follow: how many are read at once "
+                          "(default 16; a follow reads every host at once)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-          "json": "JSON lines {process, line} instead of prefixed text"},
+          "json": "JSON lines {process, line} instead of prefixed text (with several hosts "
+                  "{host, process, line}, then one line per host {host, ok, state, ...})"},
 )
 @friendly
-def tail_logs(c: Any, host: str | None = None, run: str | None = None,
+def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
               playbook: str | None = None, process: list[str] | None = None,
               lines: str | None = None, no_follow: bool = False, grep: str | None = None,
-              project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
+              max_parallel: str | None = None, project: str | None = None,
+              no_keep: bool = False, json: bool = False) -> None:
     """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
 
     Lines are prefixed with the process name. The mirror is kept under
@@ -250,18 +306,62 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
     and resumes there, and so does the next tail-logs (no line lost or repeated). Stop with
     Ctrl-C. See docs/logs-and-status.md.
 
+    With several hosts every line is prefixed with its host too (HOST | process | line) and
+    comes as it arrives; a host that fails is named at the end with its reason (exit 1),
+    the others' lines go on.
+
     Examples:
         outrig tail-logs --host uk-node
         outrig tail-logs --host uk-node --process trainer --lines 100 --grep global_step
         outrig tail-logs --host uk-node --no-follow --json
+        outrig tail-logs --host sweep --process trainer
     """
     from outrig.ops.logs import tail_logs as run_tail
 
     count = None if lines is None else int(number(lines, "lines", 100))
     settings = settings_for(c, project, no_keep=no_keep)
-    run_tail(settings.project, settings.host(host), _reporter(json), run_id=run,
-             playbook=playbook, processes=list(process or []), lines=count,
-             follow=not no_follow, grep=grep)
+    hosts = settings.hosts(host)
+    reporter = _reporter(json)
+    if len(hosts) == 1:
+        run_tail(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
+                 processes=list(process or []), lines=count, follow=not no_follow, grep=grep)
+        return
+    _tail_hosts(settings, hosts, reporter, run=run, playbook=playbook,
+                processes=list(process or []), lines=count, follow=not no_follow, grep=grep,
+                max_parallel=max_parallel)
+
+
+def _tail_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
+                run: str | None, playbook: str | None, processes: list[str],
+                lines: int | None, follow: bool, grep: str | None,
+                max_parallel: str | None) -> None:
+    """``tail-logs`` on several hosts (outrig.fanout.tail_hosts); the flags are checked
+    before any host is contacted."""
+    import logging
+    import re
+
+    from outrig.fanout import MAX_PARALLEL, tail_hosts
+    from outrig.ops.base import playbook_name
+
+    if run is not None:
+        raise ConfigError(f"tail-logs on several hosts ({', '.join(hosts)}) takes --playbook "
+                          "NAME or the current runs: a --run id belongs to one box. Nothing "
+                          "was sent.")
+    if lines is not None and lines < 0:
+        raise ConfigError(f"--lines must be ≥ 0, not {lines}")
+    if grep is not None:
+        try:
+            re.compile(grep)
+        except re.error as exc:
+            raise ConfigError(f"--grep {grep!r} is not a valid regular expression: {exc}. "
+                              "Nothing was sent.") from None
+    bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
+    if bound < 1:
+        raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())  # reconnects are ours
+    tail_hosts(settings.project, hosts, reporter, follow=follow, max_parallel=bound,
+               playbook=playbook_name(settings.project, playbook), processes=processes,
+               lines=lines, grep=grep)
 
 
 @task(
@@ -343,16 +443,20 @@ def _cleanup_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
 
 @task(
     auto_shortflags=False,
-    help={"host": HOST_HELP,
+    iterable=["host"],
+    help={"host": HOSTS_HELP,
           "playbook": "playbook whose environments:/requires: to set up (default: "
                       "OUTRIG_PLAYBOOK or outrig.yaml, else the only playbook in playbooks/ "
                       "that has environments:)",
           "dry_run": "check the box and say what would be created or updated; install nothing",
-          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def provision(c: Any, host: str | None = None, playbook: str | None = None,
-              dry_run: bool = False, project: str | None = None,
+def provision(c: Any, host: list[str] | None = None, playbook: str | None = None,
+              dry_run: bool = False, max_parallel: str | None = None,
+              deadline: str | None = None, project: str | None = None,
               no_keep: bool = False, json: bool = False) -> None:
     """Idempotent environment set-up: the playbook's venvs with pinned packages.
 
@@ -367,25 +471,47 @@ def provision(c: Any, host: str | None = None, playbook: str | None = None,
     from outrig.ops.provision import provision as run_provision
 
     settings = settings_for(c, project, no_keep=no_keep)
-    run_provision(settings.project, settings.host(host), _reporter(json),
-                  playbook=settings.value("playbook", playbook)[0], dry_run=dry_run)
+    hosts = settings.hosts(host)
+    name = settings.value("playbook", playbook)[0]
+    if len(hosts) == 1:
+        run_provision(settings.project, hosts[0], _reporter(json), playbook=name,
+                      dry_run=dry_run)
+        return
+    from outrig.fanout import provision_summary
+    from outrig.ops.provision import pick_playbook, provision_on
+
+    job = pick_playbook(settings.project, name)
+
+    def core(session: Any) -> dict[str, Any]:
+        result = provision_on(session, job, dry_run=dry_run)
+        return {"playbook": job.name, "dry_run": result.dry_run, "checks": result.checks,
+                "environments": result.environments, "seconds": round(result.seconds, 3)}
+
+    _fan_out(settings, hosts, core, _reporter(json), max_parallel=max_parallel,
+             deadline=deadline, summarize=provision_summary, what="provision",
+             work=LONG_WORK)
 
 
 @task(
     auto_shortflags=False,
     name="stage",
-    help={"host": HOST_HELP, "playbook": "playbook whose model, data (and checkpoints) to "
+    iterable=["host"],
+    help={"host": HOSTS_HELP, "max_parallel": MAX_PARALLEL_HELP,
+          "deadline": LONG_DEADLINE_HELP,
+          "playbook": "playbook whose model, data (and checkpoints) to "
           "stage (default: OUTRIG_PLAYBOOK or outrig.yaml)",
           "from_": "copy from this box (direct box-to-box when they can reach each other, "
                        "else relayed through this workstation)",
           "resume": "also put the newest complete checkpoint in place (from --from, "
                     "else from this workstation's mirror)",
           "streams": f"parallel streams for copies through the workstation (default {STREAMS})",
-          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def stage_(c: Any, host: str | None = None, playbook: str | None = None,
+def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
            from_: str | None = None, resume: bool = False, streams: str | None = None,
+           max_parallel: str | None = None, deadline: str | None = None,
            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Put the model, data and (with --resume) a checkpoint on a box: fastest route, verified.
 
@@ -402,24 +528,44 @@ def stage_(c: Any, host: str | None = None, playbook: str | None = None,
     count = int(number(streams, "streams", STREAMS))
     reporter = _reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
-    host_spec = settings.host(host)
+    hosts = settings.hosts(host)
     name = playbook_for(settings, playbook, None, reporter, what="stage")
-    stage(settings.project, host_spec, name, reporter, from_host=from_, resume=resume,
-          streams=count)
+    if len(hosts) == 1:
+        stage(settings.project, hosts[0], name, reporter, from_host=from_, resume=resume,
+              streams=count)
+        return
+    from outrig.fanout import stage_summary
+    from outrig.ops.base import HostSession
+    from outrig.ops.stage import stage_on
+
+    def core(session: Any) -> dict[str, Any]:
+        src = HostSession(settings.project, from_, session.reporter, session.journal) \
+            if from_ else None
+        try:
+            return stage_on(session, name, src=src, resume=resume, streams=count)
+        finally:
+            if src is not None:
+                src.close()
+
+    _fan_out(settings, hosts, core, reporter, max_parallel=max_parallel, deadline=deadline,
+             summarize=stage_summary, what="stage", work=LONG_WORK)
 
 
 @task(
     auto_shortflags=False,
-    help={"host": HOST_HELP, "playbook": "whose checkpoints (default: the playbook of the "
+    iterable=["host"],
+    help={"host": HOSTS_HELP, "playbook": "whose checkpoints (default: the playbook of the "
           "host's newest run that really ran)",
           "run": "take the playbook of this run id instead",
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-          "json": JSON_HELP},
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = None,
-                     run: str | None = None, project: str | None = None, no_keep: bool = False,
-                     json: bool = False) -> None:
+def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None = None,
+                     run: str | None = None, max_parallel: str | None = None,
+                     deadline: str | None = None, project: str | None = None,
+                     no_keep: bool = False, json: bool = False) -> None:
     """Pull new complete checkpoints from a box into this workstation's mirror.
 
     Only checkpoints that are complete (every file present, training_state.json readable, and
@@ -432,8 +578,29 @@ def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = Non
     from outrig.ops.stage import sync_checkpoints as run_sync
 
     settings = settings_for(c, project, no_keep=no_keep)
-    run_sync(settings.project, settings.host(host), _reporter(json), playbook=playbook,
-             run_id=run)
+    hosts = settings.hosts(host)
+    if len(hosts) == 1:
+        run_sync(settings.project, hosts[0], _reporter(json), playbook=playbook, run_id=run)
+        return
+    if run is not None:
+        raise ConfigError(f"sync-checkpoints on several hosts ({', '.join(hosts)}) takes "
+                          "--playbook NAME or each host's newest run: a --run id belongs to "
+                          "one box. Nothing was sent.")
+    import threading
+
+    from outrig.fanout import sync_summary
+    from outrig.ops.stage import sync_checkpoints_on
+
+    mirror = threading.Lock()
+
+    def core(session: Any) -> dict[str, Any]:
+        # the mirror is one folder per playbook family, shared by the hosts: one host
+        # writes it at a time (and only ever moves it forward, docs/migrate.md)
+        with mirror:
+            return sync_checkpoints_on(session, playbook=playbook)
+
+    _fan_out(settings, hosts, core, _reporter(json), max_parallel=max_parallel, deadline=deadline,
+             summarize=sync_summary, what="sync-checkpoints", work=LONG_WORK)
 
 
 @task(

@@ -19,12 +19,13 @@ to end on its own (its connection is closed), and the command goes on with the r
 from __future__ import annotations
 
 import io
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from outrig.console import Reporter, visible
 from outrig.errors import OutrigError
@@ -69,9 +70,10 @@ class HostReporter(Reporter):
     or in its JSON object: a warning such as fencing's "moved run" must reach the user from
     every host, not only when one host is driven alone."""
 
-    def __init__(self, host: str, *, json_mode: bool = False) -> None:
-        super().__init__(quiet=True, json_mode=json_mode, out=io.StringIO(),
-                         err=io.StringIO())
+    def __init__(self, host: str, *, json_mode: bool = False, quiet: bool = True,
+                 out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+        super().__init__(quiet=quiet, json_mode=json_mode, out=out or io.StringIO(),
+                         err=err or io.StringIO())
         self.host = host
         self.warnings: list[str] = []
         self._lock = threading.Lock()
@@ -105,8 +107,8 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
                max_parallel: int = MAX_PARALLEL, work: float = 0.0,
                deadline: float | None = None, journal: Journal | None = None,
                on_outcome: Shown | None = None,
-               reporter_for: Callable[[str], HostReporter] = HostReporter
-               ) -> list[HostOutcome]:
+               reporter_for: Callable[[str], HostReporter] = HostReporter,
+               on_interrupt: Callable[[], None] | None = None) -> list[HostOutcome]:
     """Run ``core`` on every host of ``specs`` (at most ``max_parallel`` in progress at
     once); return one outcome per host, in the order given.
 
@@ -115,7 +117,10 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
     ``on_outcome`` is called (on this thread) with each host's outcome the moment it is
     known, in the order the hosts finish: that is how rows are shown as they come.
     ``reporter_for`` makes each host's reporter (``tail-logs`` prints its lines through
-    it)."""
+    it). ``deadline`` may be ``math.inf`` (``tail-logs --follow`` runs until stopped).
+    ``on_interrupt``: on a first Ctrl-C, call it (it asks the running hosts to stop), give
+    the hosts not started yet up, and collect the running ones' outcomes; a second Ctrl-C,
+    or any Ctrl-C without it, is raised."""
     if max_parallel < 1:
         from outrig.errors import ConfigError
 
@@ -124,6 +129,7 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
     pending = list(dict.fromkeys(specs))
     running: dict[str, _Running] = {}
     outcomes: dict[str, HostOutcome] = {}
+    interrupted = False
     while pending or running:
         while pending and len(running) < max_parallel:
             spec = pending.pop(0)
@@ -134,7 +140,20 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
                              args=(project, spec, core, journal, running[spec], done)).start()
         soonest = min(r.start + r.limit for r in running.values())
         try:
-            outcome = done.get(timeout=max(0.0, soonest - time.monotonic()))
+            outcome = done.get(timeout=None if soonest == math.inf else
+                               max(0.0, soonest - time.monotonic()))
+        except KeyboardInterrupt:
+            if on_interrupt is None or interrupted:
+                raise
+            interrupted = True
+            on_interrupt()
+            for spec in pending:
+                outcomes[spec] = HostOutcome(spec, "failed", 0.0,
+                                             error="interrupted before it was started")
+                if on_outcome is not None:
+                    on_outcome(outcomes[spec])
+            pending.clear()
+            continue
         except queue.Empty:
             for expired in _expire(running):
                 outcomes[expired.host] = expired
@@ -257,6 +276,69 @@ def check_summary(result: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def deploy_work(project: Project, job: Any, hosts: Sequence[str]) -> float:
+    """Seconds a deploy waits on the box for its processes to be ready (the sum of their
+    ready timeouts, as they start one after another), the largest over the hosts' plans;
+    added to each host's deadline. A plan that cannot be made here (facts not known yet)
+    counts the playbook's own processes."""
+    from outrig.ops.deploy import plan_job
+
+    journal = Journal()
+    most = sum(p.ready.timeout for p in job.spec.processes.values() if p.ready is not None)
+    for spec in hosts:
+        try:
+            plan = plan_job(job, resolve_host(spec, hosts_dir=project.hosts_dir), journal)
+        except OutrigError:
+            continue
+        most = max(most, sum(p.ready.timeout for p in plan.processes.values()
+                             if p.ready is not None))
+    return float(most)
+
+
+def deploy_summary(result: dict[str, Any]) -> str:
+    """``run smoke-20260101-000000-ab12 running · server, trainer`` (one host's deploy)."""
+    names = ", ".join(str(p.get("process") or p.get("name")) for p in
+                      result.get("processes") or [])
+    return f"run {result.get('run_id')} {result.get('status')}" + (f" · {names}" if names
+                                                                    else "")
+
+
+def provision_summary(result: dict[str, Any]) -> str:
+    """What provision set up (or would, with ``--dry-run``) on one host."""
+    envs = result.get("environments") or []
+    by_status: dict[str, list[str]] = {}
+    for env in envs:
+        by_status.setdefault(str(env.get("status")), []).append(str(env.get("name")))
+    if not envs:
+        return "checks passed; no environments"
+    return " · ".join(f"{status}: {', '.join(names)}" for status, names in by_status.items())
+
+
+def stage_summary(result: dict[str, Any]) -> str:
+    """``model present · data pushed 1.2 GB`` (one host's stage)."""
+    from outrig.transfer import human_bytes
+
+    parts = []
+    for item in result.get("items") or []:
+        route = str(item.get("route"))
+        moved = int(item.get("bytes") or 0)
+        parts.append(f"{item.get('name')} {route}" + (f" {human_bytes(moved)}" if moved else ""))
+    checkpoint = result.get("checkpoint")
+    if isinstance(checkpoint, dict):
+        parts.append(f"checkpoint {checkpoint.get('route', 'placed')}")
+    return " · ".join(parts) or "nothing to stage"
+
+
+def sync_summary(result: dict[str, Any]) -> str:
+    """``2 new checkpoint(s) · 1 not complete`` (one host's sync-checkpoints)."""
+    text = f"{len(result.get('pulled') or [])} new checkpoint(s)"
+    if result.get("not_complete"):
+        text += f" · {len(result['not_complete'])} not complete"
+    if result.get("refused"):
+        text += f" · {len(result['refused'])} refused (moved run)"
+    return text
+
+
 # ------------------------------------------------------------------------------- output
 
 
@@ -318,3 +400,121 @@ def report(reporter: Reporter, outcomes: Sequence[HostOutcome],
     for outcome in outcomes:
         rows.show(outcome)
     rows.finish(outcomes)
+
+
+# ----------------------------------------------------------------------------- tail-logs
+
+
+class SharedOut:
+    """One stream that several hosts' threads write to: each write (a batch of whole lines)
+    goes out whole, never interleaved with another host's."""
+
+    def __init__(self, stream: IO[str], lock: threading.Lock) -> None:
+        self.stream = stream
+        self.lock = lock
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            return self.stream.write(text)
+
+    def flush(self) -> None:
+        with self.lock:
+            self.stream.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+
+class LineReporter(HostReporter):
+    """The reporter of one host of ``tail-logs`` on several hosts: its log lines go straight
+    to the shared stdout (prefixed with the host by the tailer), its notes and warnings to
+    stderr as ``HOST | ...`` the moment they happen; warnings are kept too."""
+
+    def __init__(self, host: str, host_width: int, *, json_mode: bool, out: SharedOut,
+                 err: SharedOut) -> None:
+        super().__init__(host, json_mode=json_mode, quiet=False, out=out)  # type: ignore[arg-type]
+        self.err = err
+        self.prefix = f"{visible(host):<{host_width}} | "
+
+    def info(self, message: str) -> None:
+        self.err.write(f"{self.prefix}{visible(message)}\n")
+
+    def warn(self, message: str) -> None:
+        super().warn(message)
+        self.err.write(f"{self.prefix}warning: {visible(message)}\n")
+
+    def success(self, message: str) -> None:
+        self.info(message)
+
+    def live(self, text: str) -> None:
+        """Nothing: a redrawn status line per host would garble the others' lines."""
+
+
+def tail_summary(result: dict[str, Any]) -> str:
+    """``run smoke-2026... · 120 lines · 1 reconnect`` (one host's tail-logs)."""
+    reconnects = int(result.get("reconnects") or 0)
+    return (f"run {result.get('run_id')} · {result.get('lines')} lines"
+            + (f" · {reconnects} reconnect{'s' if reconnects != 1 else ''}" if reconnects
+               else ""))
+
+
+def tail_hosts(project: Project, hosts: Sequence[str], reporter: Reporter, *, follow: bool,
+               max_parallel: int = MAX_PARALLEL, stop: threading.Event | None = None,
+               **tail: Any) -> list[HostOutcome]:
+    """``tail-logs`` on several hosts at once: every line as ``HOST | process | line`` (or
+    a JSON object with a ``host`` key) the moment it arrives from any host, exactly once per
+    host (each host has its own mirror and cursors). A host that fails (refused, or gone for
+    longer than the tailer's reconnects last) ends alone, said at once on stderr as
+    ``HOST | failed: reason``; the others go on. At the end the
+    failed hosts are named with their reasons on stderr (``--json``: one object per host),
+    and :class:`FanOutFailed` is raised if any failed.
+
+    With ``follow`` every host is followed at once (``max_parallel`` is not a bound then:
+    a follow never ends by itself) until ``stop`` is set or Ctrl-C. No deadline: a host
+    that answers goes on streaming, and one that does not fails on its own connect and
+    reconnect limits without holding the others' lines back: a host that has not answered
+    once within its fan-out deadline (:func:`outrig.timing.fanout_deadline_for`) is given up,
+    one that answered and then went away is retried as with one host."""
+    from outrig.ops.logs import tail_on
+
+    stop = stop or threading.Event()
+    selection = list(dict.fromkeys(hosts))
+    width = max(len(visible(h)) for h in selection)
+    lock = threading.Lock()
+    out, err = SharedOut(reporter.out, lock), SharedOut(reporter.console.file, lock)
+
+    def ended(outcome: HostOutcome) -> None:
+        """Say on stderr, the moment it happens, that a host's lines stopped and why."""
+        if not outcome.ok:
+            err.write(f"{visible(outcome.host):<{width}} | {outcome.state}: "
+                      f"{outcome.error}\n")
+
+    def core(session: HostSession) -> dict[str, Any]:
+        first = fanout_deadline_for(session.host, session.transport.best_rtt)[0]
+        result = tail_on(session, follow=follow, stop=stop, host_label=session.host_spec,
+                         host_width=width, first_answer_within=first, **tail)
+        return {"run_id": result.run_id, "lines": result.lines, "bytes": result.bytes,
+                "reconnects": result.reconnects,
+                "mirror_dir": None if result.mirror_dir is None else str(result.mirror_dir)}
+
+    outcomes = run_fanout(
+        project, selection, core, deadline=math.inf,
+        max_parallel=len(selection) if follow else max_parallel,
+        reporter_for=lambda host: LineReporter(host, width, json_mode=reporter.json_mode,
+                                               out=out, err=err),
+        on_interrupt=stop.set, on_outcome=ended)
+    failures = [(o.host, o.error or o.state) for o in outcomes if not o.ok]
+    if reporter.json_mode:
+        for outcome in outcomes:
+            reporter.emit_json(outcome.to_json())
+    elif failures:
+        from outrig.layout import fanout_failures
+
+        err.write("".join(f"{line}\n" for line in
+                          fanout_failures(failures, len(outcomes), reporter.width)[1:]))
+    if failures:
+        raise FanOutFailed(
+            f"tail-logs failed on {len(failures)} of {len(outcomes)} hosts: "
+            f"{', '.join(h for h, _ in failures)} (the reasons are listed above); the other "
+            "hosts' lines are shown")
+    return outcomes

@@ -172,12 +172,14 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
 
 
 def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bool = True,
-              params: dict[str, Any] | None = None) -> DeployResult:
+              params: dict[str, Any] | None = None, run_id: str | None = None
+              ) -> DeployResult:
     """:func:`deploy` of a loaded playbook on an open session. A dry run sends nothing; a
     deploy whose recipe needs facts about its models reads them first, on the same
-    connection."""
+    connection. ``run_id``: the run's id (default: a new one; a deploy on several hosts
+    gives each host its own, so their journal records never collide)."""
     reporter, journal = session.reporter, session.journal
-    plan = plan_on(session, job, probe=not dry_run)
+    plan = plan_on(session, job, probe=not dry_run, run_id=run_id)
     reporter.plan(plan)
     if dry_run:
         reporter.emit_json({"event": "plan", "plan": plan.to_dict()})
@@ -208,7 +210,8 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
     return outcome
 
 
-def plan_on(session: HostSession, job: Job, *, probe: bool = True) -> Plan:
+def plan_on(session: HostSession, job: Job, *, probe: bool = True,
+            run_id: str | None = None) -> Plan:
     """The plan for ``job`` on the session's box. With ``probe``, models and interpreters the
     recipe needs facts about (and the journal does not know) are read on the box first."""
     probed: dict[str, ModelFacts] = {}
@@ -220,7 +223,8 @@ def plan_on(session: HostSession, job: Job, *, probe: bool = True) -> Plan:
         pythons = recipes.pythons_to_probe(job.spec.recipe, section)
         if wanted or pythons:
             probed, envs = probe_models(session, wanted, pythons)
-    return plan_job(job, session.host, session.journal, probed=probed, envs=envs)
+    return plan_job(job, session.host, session.journal, run_id=run_id, probed=probed,
+                    envs=envs)
 
 
 def _deploy_call(session: HostSession, plan: Plan, request: dict[str, Any]) -> dict[str, Any]:

@@ -156,3 +156,19 @@ def test_rows_are_printed_one_by_one_with_warnings_and_failures_last(tmp_path: P
                 what="status")
     rows.show(outcomes[0])
     assert json.loads(doc.getvalue())["warnings"] == ["run x on node-a was moved to b"]
+
+
+def test_a_deploys_deadline_counts_its_processes_ready_waits(tmp_path: Path) -> None:
+    """Processes start one after another, each waiting up to its ready timeout: a deploy on
+    several hosts adds their sum to each host's deadline."""
+    from outrig.fanout import deploy_work
+    from outrig.playbook import load_job
+
+    project = _project(tmp_path, ["a", "b"])
+    book = tmp_path / "two.yaml"
+    book.write_text(yaml.safe_dump({"name": "two", "processes": {
+        "server": {"command": "true", "gpus": [], "ready": {"port": 8000, "timeout": 30}},
+        "trainer": {"command": "true", "gpus": [], "after": ["server"],
+                    "ready": {"log": "step", "timeout": 45}},
+        "helper": {"command": "true", "gpus": []}}}))
+    assert deploy_work(project, load_job(book), ["a", "b"]) == 75.0
