@@ -202,29 +202,56 @@ def _deploy_hosts(settings: Settings, hosts: list[str], reporter: Reporter, name
 
 @task(
     auto_shortflags=False,
-    iterable=["param"],
-    help={"host": HOST_HELP, "playbook": "playbook name in playbooks/ (or a path); default "
-          "as for deploy", "param": PARAM_HELP,
-          "test": "plan with the playbook's test: overrides", "project": PROJECT_HELP,
-          "json": JSON_HELP},
+    iterable=["param", "host"],
+    help={"host": HOSTS_HELP, "playbook": "playbook name in playbooks/ (or a path); default "
+          "as for deploy; with several hosts optional (say where it fits)", "param": PARAM_HELP,
+          "test": "plan with the playbook's test: overrides",
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def plan(c: Any, host: str | None = None, playbook: str | None = None,
-         param: list[str] | None = None, test: bool = False, project: str | None = None,
+def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
+         param: list[str] | None = None, test: bool = False, max_parallel: str | None = None,
+         deadline: str | None = None, project: str | None = None, no_keep: bool = False,
          json: bool = False) -> None:
     """Show the plan (GPU map, full commands, env, start order); nothing is sent.
 
+    With several hosts (--host GROUP) it asks each box instead, at once: which runs it holds
+    (with their GPUs) and which GPUs are free, and with --playbook whether that playbook
+    fits there now; one row per host.
+
     Example:
         outrig plan --host uk-node --playbook dflash-qwen36 --param epochs=2
+        outrig plan --host sweep --playbook smoke
     """
     from outrig.ops.deploy import show_plan
 
     reporter = _reporter(json)
-    settings = settings_for(c, project)
-    host_spec = settings.host(host)
-    name = playbook_for(settings, playbook, host_spec, reporter, what="plan")
-    show_plan(settings.project, host_spec, name, reporter, test=test,
+    settings = settings_for(c, project, no_keep=no_keep)
+    hosts = settings.hosts(host)
+    if len(hosts) > 1:
+        _place_hosts(settings, hosts, reporter, settings.value("playbook", playbook)[0],
+                     test=test, params=parse_params(param), max_parallel=max_parallel,
+                     deadline=deadline)
+        return
+    name = playbook_for(settings, playbook, hosts[0], reporter, what="plan")
+    show_plan(settings.project, hosts[0], name, reporter, test=test,
               params=parse_params(param))
+
+
+def _place_hosts(settings: Settings, hosts: list[str], reporter: Reporter,
+                 playbook: str | None, *, test: bool, params: dict[str, Any],
+                 max_parallel: str | None, deadline: str | None) -> None:
+    """``plan`` on several hosts: where the next run can go (outrig/placement.py)."""
+    from outrig.placement import placement_on, placement_summary
+    from outrig.playbook import find_playbook, load_job
+
+    job = None if playbook is None else load_job(
+        find_playbook(playbook, settings.project.playbooks_dir), test=test, params=params)
+    _fan_out(settings, hosts, lambda session: placement_on(session, job), reporter,
+             max_parallel=max_parallel, deadline=deadline, summarize=placement_summary,
+             what="plan")
 
 
 @task(

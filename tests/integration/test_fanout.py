@@ -423,3 +423,42 @@ def test_provision_stage_deploy_and_sync_run_the_same_job_on_every_host(
 
     code, rows = _run(cli.cleanup, root, host=["b0,b1"], all=True)
     assert code == 0 and [len(r["result"]["runs"]) for r in rows] == [1, 1]
+
+
+def test_plan_on_a_group_shows_each_hosts_runs_free_gpus_and_the_fit(
+        fleet: list[SandboxBox], project: tuple[Path, list[LatencyProxy]],
+        tmp_path: Path) -> None:
+    root, _ = project
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    holder = tmp_path / "holder.yaml"
+    holder.write_text(yaml.safe_dump({"name": "holder", "processes": {
+        "trainer": {"command": sleep, "gpus": [0, 1]}}}))
+    wants = tmp_path / "wants.yaml"
+    wants.write_text(yaml.safe_dump({"name": "wants", "processes": {
+        "trainer": {"command": sleep, "gpus": [1, 2]}}}))
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(yaml.safe_dump({"name": "huge", "processes": {
+        "trainer": {"command": sleep, "gpus": [8, 9]}}}))
+    held = deploy(Project(root), "b0", str(holder), Reporter(quiet=True), wait=False)
+    fleet[3].stop()  # refusing
+    try:
+        code, rows = _run(cli.plan, root, host=["b0,b1,b3"], playbook=str(wants))
+        assert code == 1
+        by_host = {r["host"]: r["result"] for r in rows}
+        assert by_host["b3"] is None
+        b0, b1 = by_host["b0"], by_host["b1"]
+        assert [(r["run_id"], r["gpus"]) for r in b0["runs"]] == [(held.plan.run_id, [0, 1])]
+        assert b0["free"] == [2, 3, 4, 5, 6, 7] and b0["gpus"] == 8
+        assert b0["fits"] is False and held.plan.run_id in b0["why"]
+        assert b1["runs"] == [] and b1["free"] == list(range(8))
+        assert b1["fits"] is True and b1["needs"] == [1, 2]
+
+        code, rows = _run(cli.plan, root, host=["b0,b1"], playbook=str(huge))
+        assert code == 0
+        assert [r["result"]["fits"] for r in rows] == [False, False]
+        assert all("GPU" in r["result"]["why"] for r in rows)
+
+        code, rows = _run(cli.plan, root, host=["b0,b1"])  # no playbook: runs and GPUs only
+        assert code == 0 and all("fits" not in r["result"] for r in rows)
+    finally:
+        _run(cli.cleanup, root, host=["b0,b1"], all=True)
