@@ -8,110 +8,55 @@ on or while reaching the box. Run ``outrig --list`` for the tasks and ``outrig -
 for each flag; docs/cli.md is the reference.
 
 Where values come from is :mod:`outrig.settings`; the program itself (parse errors, completion)
-is :mod:`outrig.program`.
+is :mod:`outrig.program`. What the tasks share (help texts, :func:`friendly`) is
+:mod:`outrig.taskkit`; what a task does on several hosts is :mod:`outrig.fanout_tasks`; the
+sandbox tasks are :mod:`outrig.sandbox_tasks`.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from invoke.collection import Collection
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from outrig import __version__
-from outrig.console import Reporter, visible
-from outrig.errors import ConfigError, OutrigError
+from outrig.console import Reporter
+from outrig.errors import ConfigError
+from outrig.fanout_tasks import (
+    cleanup_hosts,
+    deploy_hosts,
+    fan_out,
+    place_hosts,
+    provision_hosts,
+    stage_hosts,
+    sync_hosts,
+    tail_logs_hosts,
+)
 from outrig.program import OutrigConfig, OutrigProgram, remainder_argv
+from outrig.sandbox_tasks import demo, sandbox_down, sandbox_up
 from outrig.settings import Settings, parse_params, playbook_for, settings_for
+from outrig.taskkit import (
+    DEADLINE_HELP,
+    FANOUT_JSON,
+    GPUS_HELP,
+    HOST_HELP,
+    HOSTS_HELP,
+    JSON_HELP,
+    LONG_DEADLINE_HELP,
+    MAX_PARALLEL_HELP,
+    NO_KEEP_HELP,
+    PARAM_HELP,
+    PROJECT_HELP,
+    friendly,
+    make_reporter,
+    number,
+)
 from outrig.transfer import STREAMS
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local' "
-             "(default: OUTRIG_HOST, then host: in outrig.yaml)")
-JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
-PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OUTRIG_PROJECT, "
-                "else the nearest such folder upward from here")
-GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
-             "summary")
-PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
-NO_KEEP_HELP = ("connect directly: neither use nor leave a warm connection to the box "
-                "(default: keep one for keep_seconds, 10 minutes; see outrig connections)")
-
-
-HOSTS_HELP = ("host(s): a file name in hosts/, an ~/.ssh/config alias, user@host:port or "
-              "'local'; or several (repeat --host, or a,b,c), a group of hosts/groups.yaml, "
-              "or 'all' (every host file), which run at once (default: OUTRIG_HOST, then "
-              "host: in outrig.yaml)")
-MAX_PARALLEL_HELP = ("with several hosts: how many are worked on at once (default "
-                     "16)")
-FANOUT_JSON = "{host, ok, state, seconds, error, result, warnings}"
-DEPLOY_WORK = 60.0  # seconds a deploy on several hosts allows for pushing files and launching
-LONG_WORK = 3600.0  # provision, stage, sync-checkpoints: installs and copies (use --deadline)
-LONG_DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
-                      "giving no answer (default: its connect limit plus an hour)")
-DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
-                 "giving no answer (default: from its last RTT, see docs/cli.md)")
-
-
-def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
-    """A numeric flag, parsed here so that ``--lines abc`` is one clear exit-2 paragraph."""
-    if value is None:
-        return default
-    try:
-        return int(value) if whole else float(value)
-    except ValueError:
-        kind = "a whole number" if whole else "a number"
-        raise ConfigError(f"--{flag} must be {kind}, not {value!r} (e.g. --{flag} "
-                          f"{int(default)})") from None
-
-
-def _reporter(json: bool, gpus: bool = False) -> Reporter:
-    return Reporter(json_mode=json, gpu_table=gpus)
-
-
-def _fan_out(settings: Settings, hosts: list[str], core: Callable[[Any], dict[str, Any]],
-             reporter: Reporter, *, max_parallel: str | None, deadline: str | None,
-             summarize: Callable[[dict[str, Any]], str], what: str,
-             work: float = 0.0) -> None:
-    """Run an op core on several hosts at once and show each host's row (or JSON line) as
-    soon as it finishes; a failed host makes the exit status 1 (outrig/fanout.py)."""
-    from outrig.fanout import MAX_PARALLEL, Rows, run_fanout
-
-    bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
-    limit = None if deadline is None else float(number(deadline, "deadline", 60, whole=False))
-    if limit is not None and limit <= 0:
-        raise ConfigError(f"--deadline must be a positive number of seconds, not {deadline}")
-    if bound < 1:
-        raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
-    rows = Rows(reporter, hosts, summarize, what=what)
-    rows.start()
-    outcomes = run_fanout(settings.project, hosts, core, max_parallel=bound, work=work,
-                          deadline=limit, on_outcome=rows.show)
-    rows.finish(outcomes)
-
-
-def friendly(func: F) -> F:
-    """Print an OutrigError's message (no traceback) and exit with its status."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except OutrigError as exc:
-            print(f"error: {visible(str(exc))}", file=sys.stderr)
-            raise Exit(code=exc.exit_code) from None
-        except KeyboardInterrupt:
-            print("interrupted: anything already launched keeps running on the box; "
-                  "see `outrig status`", file=sys.stderr)
-            raise Exit(code=130) from None
-
-    return wrapper  # type: ignore[return-value]
+__all__ = ["friendly", "make_collection", "ns", "program"]
 
 
 # ------------------------------------------------------------------------------------ tasks
@@ -152,52 +97,18 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
     """
     from outrig.ops.deploy import deploy as run_deploy
 
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
     if len(hosts) > 1:
         name = playbook_for(settings, playbook, None, reporter, what="deploy")
-        _deploy_hosts(settings, hosts, reporter, name, test=test, dry_run=dry_run,
-                      wait=not no_wait, params=parse_params(param),
-                      max_parallel=max_parallel, deadline=deadline)
+        deploy_hosts(settings, hosts, reporter, name, test=test, dry_run=dry_run,
+                     wait=not no_wait, params=parse_params(param),
+                     max_parallel=max_parallel, deadline=deadline)
         return
     name = playbook_for(settings, playbook, hosts[0], reporter, what="deploy")
     run_deploy(settings.project, hosts[0], name, reporter, test=test, dry_run=dry_run,
                wait=not no_wait, params=parse_params(param))
-
-
-def _deploy_hosts(settings: Settings, hosts: list[str], reporter: Reporter, name: str, *,
-                  test: bool, dry_run: bool, wait: bool, params: dict[str, Any],
-                  max_parallel: str | None, deadline: str | None) -> None:
-    """``deploy`` on several hosts: the one place that decides what several hosts mean for
-    a deploy. A single-node playbook runs on every host of the selection, each host its own
-    run (its own run id and journal record), its deadline including the processes' ready
-    waits. (A playbook whose job spans several nodes takes its nodes from the selection
-    instead; that dispatch belongs here, before the fan-out.)"""
-    from outrig.fanout import deploy_summary, deploy_work
-    from outrig.ops.base import new_run_id
-    from outrig.ops.deploy import deploy_on
-    from outrig.playbook import find_playbook, load_job
-
-    job = load_job(find_playbook(name, settings.project.playbooks_dir), test=test,
-                   params=params)
-    ids: dict[str, str] = {}
-    for spec in hosts:  # one id per host: runs started in the same second never collide
-        while (run_id := new_run_id(job.name)) in ids.values():
-            pass
-        ids[spec] = run_id
-
-    def core(session: Any) -> dict[str, Any]:
-        result = deploy_on(session, job, dry_run=dry_run, wait=wait, params=params,
-                           run_id=ids[session.host_spec])
-        return {"run_id": result.plan.run_id, "playbook": result.plan.playbook,
-                "status": result.status, "seconds": round(result.seconds, 3),
-                "processes": result.processes or [{"process": p} for p in result.plan.order]}
-
-    ready = deploy_work(settings.project, job, hosts) if wait and not dry_run else 0.0
-    _fan_out(settings, hosts, core, reporter, max_parallel=max_parallel, deadline=deadline,
-             summarize=deploy_summary, what="deploy",
-             work=0.0 if dry_run else DEPLOY_WORK + ready)
 
 
 @task(
@@ -227,31 +138,17 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
     """
     from outrig.ops.deploy import show_plan
 
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
     if len(hosts) > 1:
-        _place_hosts(settings, hosts, reporter, settings.value("playbook", playbook)[0],
-                     test=test, params=parse_params(param), max_parallel=max_parallel,
-                     deadline=deadline)
+        place_hosts(settings, hosts, reporter, settings.value("playbook", playbook)[0],
+                    test=test, params=parse_params(param), max_parallel=max_parallel,
+                    deadline=deadline)
         return
     name = playbook_for(settings, playbook, hosts[0], reporter, what="plan")
     show_plan(settings.project, hosts[0], name, reporter, test=test,
               params=parse_params(param))
-
-
-def _place_hosts(settings: Settings, hosts: list[str], reporter: Reporter,
-                 playbook: str | None, *, test: bool, params: dict[str, Any],
-                 max_parallel: str | None, deadline: str | None) -> None:
-    """``plan`` on several hosts: where the next run can go (outrig/placement.py)."""
-    from outrig.placement import placement_on, placement_summary
-    from outrig.playbook import find_playbook, load_job
-
-    job = None if playbook is None else load_job(
-        find_playbook(playbook, settings.project.playbooks_dir), test=test, params=params)
-    _fan_out(settings, hosts, lambda session: placement_on(session, job), reporter,
-             max_parallel=max_parallel, deadline=deadline, summarize=placement_summary,
-             what="plan")
 
 
 @task(
@@ -292,16 +189,16 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
-    reporter = _reporter(json, gpus)
+    reporter = make_reporter(json, gpus)
     if len(hosts) == 1:
         run_status(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                    log_lines=count)
         return
     name = playbook_name(settings.project, playbook)
-    _fan_out(settings, hosts,
-             lambda session: status_on(session, run_id=run, playbook=name, log_lines=count),
-             reporter, max_parallel=max_parallel, deadline=deadline,
-             summarize=status_summary, what="status")
+    fan_out(settings, hosts,
+            lambda session: status_on(session, run_id=run, playbook=name, log_lines=count),
+            reporter, max_parallel=max_parallel, deadline=deadline,
+            summarize=status_summary, what="status")
 
 
 @task(
@@ -348,47 +245,14 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
     count = None if lines is None else int(number(lines, "lines", 100))
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     if len(hosts) == 1:
         run_tail(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                  processes=list(process or []), lines=count, follow=not no_follow, grep=grep)
         return
-    _tail_hosts(settings, hosts, reporter, run=run, playbook=playbook,
-                processes=list(process or []), lines=count, follow=not no_follow, grep=grep,
-                max_parallel=max_parallel)
-
-
-def _tail_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
-                run: str | None, playbook: str | None, processes: list[str],
-                lines: int | None, follow: bool, grep: str | None,
-                max_parallel: str | None) -> None:
-    """``tail-logs`` on several hosts (outrig.fanout.tail_hosts); the flags are checked
-    before any host is contacted."""
-    import logging
-    import re
-
-    from outrig.fanout import MAX_PARALLEL, tail_hosts
-    from outrig.ops.base import playbook_name
-
-    if run is not None:
-        raise ConfigError(f"tail-logs on several hosts ({', '.join(hosts)}) takes --playbook "
-                          "NAME or the current runs: a --run id belongs to one box. Nothing "
-                          "was sent.")
-    if lines is not None and lines < 0:
-        raise ConfigError(f"--lines must be ≥ 0, not {lines}")
-    if grep is not None:
-        try:
-            re.compile(grep)
-        except re.error as exc:
-            raise ConfigError(f"--grep {grep!r} is not a valid regular expression: {exc}. "
-                              "Nothing was sent.") from None
-    bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
-    if bound < 1:
-        raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())  # reconnects are ours
-    tail_hosts(settings.project, hosts, reporter, follow=follow, max_parallel=bound,
-               playbook=playbook_name(settings.project, playbook), processes=processes,
-               lines=lines, grep=grep)
+    tail_logs_hosts(settings, hosts, reporter, run=run, playbook=playbook,
+                    processes=list(process or []), lines=count, follow=not no_follow, grep=grep,
+                    max_parallel=max_parallel)
 
 
 @task(
@@ -432,40 +296,15 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
-    reporter = _reporter(json, gpus)
+    reporter = make_reporter(json, gpus)
     if len(hosts) == 1:
         run_cleanup(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                     all_runs=all, force_foreign=list(force_foreign or []), dry_run=dry_run,
                     timeout=seconds)
         return
-    _cleanup_hosts(settings, hosts, reporter, playbook=playbook, all_runs=all,
-                   run=run, force_foreign=list(force_foreign or []), dry_run=dry_run,
-                   timeout=seconds, max_parallel=max_parallel, deadline=deadline)
-
-
-def _cleanup_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
-                   playbook: str | None, all_runs: bool, run: str | None,
-                   force_foreign: list[str], dry_run: bool, timeout: float,
-                   max_parallel: str | None, deadline: str | None) -> None:
-    """``cleanup`` on several hosts at once: ``--all`` or ``--playbook`` only (a run id or
-    a pid belongs to one box), checked before anything is sent."""
-    from outrig.fanout import cleanup_summary
-    from outrig.ops.base import playbook_name
-    from outrig.ops.cleanup import check_selection, cleanup_on
-
-    if run or force_foreign or not (all_runs or playbook):
-        raise ConfigError(
-            f"cleanup on several hosts ({', '.join(hosts)}) takes --all or --playbook NAME; "
-            "a --run id or a --force-foreign pid belongs to one box, and fencing moved runs "
-            "(no selection) is done one host at a time: pass that host alone. Nothing was "
-            "sent.")
-    check_selection(None, playbook, all_runs, [], timeout)
-    name = playbook_name(settings.project, playbook)
-    _fan_out(settings, hosts,
-             lambda session: cleanup_on(session, playbook=name, all_runs=all_runs,
-                                        dry_run=dry_run, timeout=timeout),
-             reporter, max_parallel=max_parallel, deadline=deadline,
-             summarize=cleanup_summary, what="cleanup", work=timeout + 10)
+    cleanup_hosts(settings, hosts, reporter, playbook=playbook, all_runs=all,
+                  run=run, force_foreign=list(force_foreign or []), dry_run=dry_run,
+                  timeout=seconds, max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
@@ -501,22 +340,11 @@ def provision(c: Any, host: list[str] | None = None, playbook: str | None = None
     hosts = settings.hosts(host)
     name = settings.value("playbook", playbook)[0]
     if len(hosts) == 1:
-        run_provision(settings.project, hosts[0], _reporter(json), playbook=name,
+        run_provision(settings.project, hosts[0], make_reporter(json), playbook=name,
                       dry_run=dry_run)
         return
-    from outrig.fanout import provision_summary
-    from outrig.ops.provision import pick_playbook, provision_on
-
-    job = pick_playbook(settings.project, name)
-
-    def core(session: Any) -> dict[str, Any]:
-        result = provision_on(session, job, dry_run=dry_run)
-        return {"playbook": job.name, "dry_run": result.dry_run, "checks": result.checks,
-                "environments": result.environments, "seconds": round(result.seconds, 3)}
-
-    _fan_out(settings, hosts, core, _reporter(json), max_parallel=max_parallel,
-             deadline=deadline, summarize=provision_summary, what="provision",
-             work=LONG_WORK)
+    provision_hosts(settings, hosts, make_reporter(json), name, dry_run=dry_run,
+                    max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
@@ -553,7 +381,7 @@ def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
     from outrig.ops.stage import stage
 
     count = int(number(streams, "streams", STREAMS))
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
     name = playbook_for(settings, playbook, None, reporter, what="stage")
@@ -561,21 +389,8 @@ def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
         stage(settings.project, hosts[0], name, reporter, from_host=from_, resume=resume,
               streams=count)
         return
-    from outrig.fanout import stage_summary
-    from outrig.ops.base import HostSession
-    from outrig.ops.stage import stage_on
-
-    def core(session: Any) -> dict[str, Any]:
-        src = HostSession(settings.project, from_, session.reporter, session.journal) \
-            if from_ else None
-        try:
-            return stage_on(session, name, src=src, resume=resume, streams=count)
-        finally:
-            if src is not None:
-                src.close()
-
-    _fan_out(settings, hosts, core, reporter, max_parallel=max_parallel, deadline=deadline,
-             summarize=stage_summary, what="stage", work=LONG_WORK)
+    stage_hosts(settings, hosts, reporter, name, from_=from_, resume=resume,
+                streams=count, max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
@@ -607,27 +422,10 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
     if len(hosts) == 1:
-        run_sync(settings.project, hosts[0], _reporter(json), playbook=playbook, run_id=run)
+        run_sync(settings.project, hosts[0], make_reporter(json), playbook=playbook, run_id=run)
         return
-    if run is not None:
-        raise ConfigError(f"sync-checkpoints on several hosts ({', '.join(hosts)}) takes "
-                          "--playbook NAME or each host's newest run: a --run id belongs to "
-                          "one box. Nothing was sent.")
-    import threading
-
-    from outrig.fanout import sync_summary
-    from outrig.ops.stage import sync_checkpoints_on
-
-    mirror = threading.Lock()
-
-    def core(session: Any) -> dict[str, Any]:
-        # the mirror is one folder per playbook family, shared by the hosts: one host
-        # writes it at a time (and only ever moves it forward, docs/migrate.md)
-        with mirror:
-            return sync_checkpoints_on(session, playbook=playbook)
-
-    _fan_out(settings, hosts, core, _reporter(json), max_parallel=max_parallel, deadline=deadline,
-             summarize=sync_summary, what="sync-checkpoints", work=LONG_WORK)
+    sync_hosts(settings, hosts, make_reporter(json), playbook, run=run,
+               max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
@@ -659,7 +457,7 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
         raise ConfigError("migrate needs both boxes: --from OLD --to NEW (host file names, "
                           "ssh aliases or user@host:port). Nothing was sent.")
     settings = settings_for(c, project, no_keep=no_keep)
-    run_migrate(settings.project, from_, to, _reporter(json), playbook=playbook, run_id=run)
+    run_migrate(settings.project, from_, to, make_reporter(json), playbook=playbook, run_id=run)
 
 
 @task(
@@ -697,7 +495,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     from outrig.ops.watch import WatchOptions
     from outrig.ops.watch import watch as run_watch
 
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
     host_spec = settings.host(host)
     name = playbook_for(settings, playbook, host_spec, reporter, what="watch")
@@ -730,12 +528,12 @@ def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
     if len(hosts) == 1:
-        run_check(settings.project, hosts[0], _reporter(json))
+        run_check(settings.project, hosts[0], make_reporter(json))
         return
-    _fan_out(settings, hosts,
-             lambda session: {**check_on(session), "rtt": session.transport.rtt},
-             _reporter(json), max_parallel=max_parallel, deadline=deadline,
-             summarize=check_summary, what="check")
+    fan_out(settings, hosts,
+            lambda session: {**check_on(session), "rtt": session.transport.rtt},
+            make_reporter(json), max_parallel=max_parallel, deadline=deadline,
+            summarize=check_summary, what="check")
 
 
 @task(name="exec", auto_shortflags=False,
@@ -807,7 +605,7 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
     remote = None if remote_port is None else int(number(remote_port, "remote-port", 8000))
     local = None if local_port is None else int(number(local_port, "local-port", 8000))
     settings = settings_for(c, project, no_keep=no_keep)
-    run_forward(settings.project, settings.host(host), _reporter(json), process=process,
+    run_forward(settings.project, settings.host(host), make_reporter(json), process=process,
                 run_id=run, playbook=playbook, remote_port=remote, local_port=local)
 
 
@@ -853,36 +651,6 @@ def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> N
         "argv": ssh_argv(resolved, command, tty=False)})
 
 
-@task(
-    auto_shortflags=False,
-    help={"keep": "leave the sandbox and the smoke run running after this command (the "
-                  "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
-          "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
-                   "(default 0; 120 gives a 240 ms RTT like a far-away box)",
-          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-          "json": "each step's JSON (deploy events, the status document, log lines, the "
-                  "cleanup report) as JSON lines; progress notes go to stderr"},
-)
-@friendly
-def demo(c: Any, keep: bool = False, delay: str | None = None,
-         project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
-    """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
-
-    Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
-    installing openssh-server with apt-get first if this machine has no sshd. Needs a project
-    with the smoke playbook (this repository's).
-
-    Example:
-        outrig demo
-    """
-    from outrig.ops.demo import run_demo
-
-    one_way_ms = number(delay, "delay", 0)
-    settings = settings_for(c, project, no_keep=no_keep)
-    run_demo(settings.project, _reporter(json), keep=keep,
-             one_way_delay=one_way_ms / 1000.0)
-
-
 @task(auto_shortflags=False,
       help={"close": "stop the warm connections (all, or --host's)",
             "host": "with --close: only this host's (its host-file name or address)",
@@ -904,7 +672,7 @@ def connections(c: Any, close: bool = False, host: str | None = None,
     if host and not close:
         raise ConfigError("--host goes with --close (outrig connections lists every host). "
                           "Nothing was closed.")
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     if close:
         closed = close_keepers(host)
         gone = [e for e in closed if wait_gone(int(e["pid"]), 10.0)]
@@ -928,109 +696,6 @@ def connections(c: Any, close: bool = False, host: str | None = None,
     for entry in found:
         print(f"{entry['host']:<28} {entry['name']:<16} {entry['pid']:>8} "
               f"{entry['age']:>7.0f}s {entry['idle_left']:>9.0f}s")
-
-
-SANDBOX_NAME_HELP = "the sandbox's name (default sandbox); several can be up at once"
-
-
-def _sandbox_host_file(settings: Settings, name: str, flag: str | None) -> Path:
-    """``--host-file``, else ``hosts/NAME.yaml`` in the project, so ``--host NAME`` works."""
-    return Path(flag).expanduser() if flag else settings.project.hosts_dir / f"{name}.yaml"
-
-
-def _down_command(name: str) -> str:
-    import shlex
-
-    return "outrig sandbox-down" + ("" if name == "sandbox" else f" --name {shlex.quote(name)}")
-
-
-@task(
-    name="sandbox-up",
-    auto_shortflags=False,
-    help={"name": SANDBOX_NAME_HELP,
-          "delay": "one-way delay in ms added by a latency proxy in front of the sshd "
-                   "(default 0: no proxy; 120 gives a 240 ms RTT like a far-away box)",
-          "host_file": "write the host file here (default: hosts/NAME.yaml in the project)",
-          "project": PROJECT_HELP, "json": JSON_HELP},
-)
-@friendly
-def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
-               host_file: str | None = None, project: str | None = None,
-               json: bool = False) -> None:
-    """Start a sandbox box here that stays up after this command; sandbox-down stops it.
-
-    The box is a real sshd on 127.0.0.1 with throwaway keys and fake GPUs, behind a latency
-    proxy with --delay. Writes a host file for it and prints how to use it and how to stop it
-    (outrig sandbox-down). A second sandbox-up with the same name finds it up and starts
-    nothing. See docs/sandbox.md.
-
-    Examples:
-        outrig sandbox-up --delay 120
-        outrig check --host sandbox
-    """
-    from outrig.ops.demo import ensure_sshd
-    from outrig.sandbox.service import describe_up, host_argument
-    from outrig.sandbox.service import sandbox_up as start
-
-    one_way_ms = number(delay, "delay", 0, whole=False)
-    settings = settings_for(c, project)
-    reporter = _reporter(json)
-    ensure_sshd(reporter)
-    path = _sandbox_host_file(settings, name, host_file)
-    state = start(name, path, one_way_delay=one_way_ms / 1000.0)
-    if json:
-        reporter.emit_json(state)
-        return
-    host = host_argument(Path(state["host_file"]), settings.project.hosts_dir)
-    reporter.lines(describe_up(state, host, down=_down_command(name), width=reporter.width))
-
-
-@task(
-    name="sandbox-down",
-    auto_shortflags=False,
-    help={"name": SANDBOX_NAME_HELP,
-          "keep_runs": "do not ask the box to stop its outrig runs first (their processes "
-                       "then keep running on this machine)",
-          "project": PROJECT_HELP, "json": JSON_HELP},
-)
-@friendly
-def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
-                 project: str | None = None, json: bool = False) -> None:
-    """Stop the sandbox that sandbox-up (or demo --keep) started and remove its host file.
-
-    First stops every outrig run on it (as cleanup --all would), then signals exactly the
-    server and sshd processes that sandbox-up recorded (checked by pid and start time, never
-    found by name). Harmless when nothing is up.
-
-    Example:
-        outrig sandbox-down
-    """
-    from outrig.sandbox.service import is_up, read_state
-    from outrig.sandbox.service import sandbox_down as stop
-
-    settings = settings_for(c, project)
-    reporter = _reporter(json)
-    state = read_state(name)
-    if state is not None and is_up(state) and not keep_runs:
-        from outrig.ops.cleanup import cleanup
-
-        try:
-            import io
-
-            quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
-            cleanup(settings.project, str(state["host_file"]), quiet, all_runs=True)
-        except OutrigError as exc:
-            reporter.warn(f"could not stop the runs on sandbox {name} ({exc}); stopping the "
-                          "box anyway, their processes may keep running")
-    result = stop(name)
-    if json:
-        reporter.emit_json(result)
-    elif not result["stopped"] and not result["was_up"] and state is None:
-        reporter.info(f"sandbox {name} is not up: nothing to stop")
-    else:
-        pids = ", ".join(map(str, result["stopped"])) or "none were still running"
-        removed = f"; removed {result['host_file']}" if result["host_file_removed"] else ""
-        reporter.success(f"sandbox {name} stopped (pids {pids}){removed}")
 
 
 @task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present",
