@@ -56,6 +56,8 @@ def deploy_hosts(settings: Settings, hosts: list[str], reporter: Reporter, name:
 
     job = load_job(find_playbook(name, settings.project.playbooks_dir), test=test,
                    params=params)
+    # A multi-node playbook is dispatched here, before the fan-out: its hosts are the job's
+    # nodes, one run across them, not one run per host.
     ids: dict[str, str] = {}
     for spec in hosts:  # one id per host: runs started in the same second never collide
         while (run_id := new_run_id(job.name)) in ids.values():
