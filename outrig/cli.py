@@ -8,101 +8,55 @@ on or while reaching the box. Run ``outrig --list`` for the tasks and ``outrig -
 for each flag; docs/cli.md is the reference.
 
 Where values come from is :mod:`outrig.settings`; the program itself (parse errors, completion)
-is :mod:`outrig.program`.
+is :mod:`outrig.program`. What the tasks share (help texts, :func:`friendly`) is
+:mod:`outrig.taskkit`; what a task does on several hosts is :mod:`outrig.fanout_tasks`; the
+sandbox tasks are :mod:`outrig.sandbox_tasks`.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from invoke.collection import Collection
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from outrig import __version__
-from outrig.console import Reporter, visible
-from outrig.errors import ConfigError, OutrigError
+from outrig.console import Reporter
+from outrig.errors import ConfigError
+from outrig.fanout_tasks import (
+    cleanup_hosts,
+    deploy_hosts,
+    fan_out,
+    place_hosts,
+    provision_hosts,
+    stage_hosts,
+    sync_hosts,
+    tail_logs_hosts,
+)
 from outrig.program import OutrigConfig, OutrigProgram, remainder_argv
+from outrig.sandbox_tasks import demo, sandbox_down, sandbox_up
 from outrig.settings import Settings, parse_params, playbook_for, settings_for
+from outrig.taskkit import (
+    DEADLINE_HELP,
+    FANOUT_JSON,
+    GPUS_HELP,
+    HOST_HELP,
+    HOSTS_HELP,
+    JSON_HELP,
+    LONG_DEADLINE_HELP,
+    MAX_PARALLEL_HELP,
+    NO_KEEP_HELP,
+    PARAM_HELP,
+    PROJECT_HELP,
+    friendly,
+    make_reporter,
+    number,
+)
 from outrig.transfer import STREAMS
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local' "
-             "(default: OUTRIG_HOST, then host: in outrig.yaml)")
-JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
-PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OUTRIG_PROJECT, "
-                "else the nearest such folder upward from here")
-GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
-             "summary")
-PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
-NO_KEEP_HELP = ("connect directly: neither use nor leave a warm connection to the box "
-                "(default: keep one for keep_seconds, 10 minutes; see outrig connections)")
-
-
-HOSTS_HELP = ("host(s): a file name in hosts/, an ~/.ssh/config alias, user@host:port or "
-              "'local'; or several (repeat --host, or a,b,c), a group of hosts/groups.yaml, "
-              "or 'all' (every host file), which run at once (default: OUTRIG_HOST, then "
-              "host: in outrig.yaml)")
-MAX_PARALLEL_HELP = ("with several hosts: how many are worked on at once (default "
-                     "16)")
-DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
-                 "giving no answer (default: from its last RTT, see docs/cli.md)")
-
-
-def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
-    """A numeric flag, parsed here so that ``--lines abc`` is one clear exit-2 paragraph."""
-    if value is None:
-        return default
-    try:
-        return int(value) if whole else float(value)
-    except ValueError:
-        kind = "a whole number" if whole else "a number"
-        raise ConfigError(f"--{flag} must be {kind}, not {value!r} (e.g. --{flag} "
-                          f"{int(default)})") from None
-
-
-def _reporter(json: bool, gpus: bool = False) -> Reporter:
-    return Reporter(json_mode=json, gpu_table=gpus)
-
-
-def _fan_out(settings: Settings, hosts: list[str], core: Callable[[Any], dict[str, Any]],
-             reporter: Reporter, *, max_parallel: str | None, deadline: str | None,
-             summarize: Callable[[dict[str, Any]], str], what: str,
-             work: float = 0.0) -> None:
-    """Run an op core on several hosts at once and show one row (or JSON line) per host;
-    a failed host makes the exit status 1 (outrig/fanout.py)."""
-    from outrig.fanout import MAX_PARALLEL, report, run_fanout
-
-    bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
-    limit = None if deadline is None else float(number(deadline, "deadline", 60, whole=False))
-    if limit is not None and limit <= 0:
-        raise ConfigError(f"--deadline must be a positive number of seconds, not {deadline}")
-    outcomes = run_fanout(settings.project, hosts, core, max_parallel=bound, work=work,
-                          deadline=limit)
-    report(reporter, outcomes, summarize, what=what)
-
-
-def friendly(func: F) -> F:
-    """Print an OutrigError's message (no traceback) and exit with its status."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except OutrigError as exc:
-            print(f"error: {visible(str(exc))}", file=sys.stderr)
-            raise Exit(code=exc.exit_code) from None
-        except KeyboardInterrupt:
-            print("interrupted: anything already launched keeps running on the box; "
-                  "see `outrig status`", file=sys.stderr)
-            raise Exit(code=130) from None
-
-    return wrapper  # type: ignore[return-value]
+__all__ = ["friendly", "make_collection", "ns", "program"]
 
 
 # ------------------------------------------------------------------------------------ tasks
@@ -110,64 +64,90 @@ def friendly(func: F) -> F:
 
 @task(
     auto_shortflags=False,
-    iterable=["param"],
+    iterable=["param", "host"],
     help={
-        "host": HOST_HELP,
+        "host": HOSTS_HELP,
         "playbook": "playbook name in playbooks/ (or a path to one); default: OUTRIG_PLAYBOOK, "
                     "playbook: in outrig.yaml, else the playbook of the host's current run",
         "param": PARAM_HELP,
         "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
         "dry_run": "print the plan and stop; nothing is sent",
         "no_wait": "return as soon as every process is launched and recorded",
+        "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
         "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-        "json": JSON_HELP,
+        "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON,
     },
 )
 @friendly
-def deploy(c: Any, host: str | None = None, playbook: str | None = None,
+def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
            param: list[str] | None = None, test: bool = False, dry_run: bool = False,
-           no_wait: bool = False, project: str | None = None,
+           no_wait: bool = False, max_parallel: str | None = None,
+           deadline: str | None = None, project: str | None = None,
            no_keep: bool = False, json: bool = False) -> None:
     """Push files, stop the previous run, launch every process and wait until it is ready.
+
+    With several hosts (--host a,b, a group, or all) the same playbook is deployed on every
+    host at once, each as a run of its own (a sweep); one row per host with its run id and
+    state.
 
     Examples:
         outrig deploy --host uk-node --playbook dflash-qwen36
         outrig deploy --playbook smoke --param steps=50 --dry-run
+        outrig deploy --host sweep --playbook smoke
     """
     from outrig.ops.deploy import deploy as run_deploy
 
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
-    host_spec = settings.host(host)
-    name = playbook_for(settings, playbook, host_spec, reporter, what="deploy")
-    run_deploy(settings.project, host_spec, name, reporter, test=test, dry_run=dry_run,
+    hosts = settings.hosts(host)
+    if len(hosts) > 1:
+        name = playbook_for(settings, playbook, None, reporter, what="deploy")
+        deploy_hosts(settings, hosts, reporter, name, test=test, dry_run=dry_run,
+                     wait=not no_wait, params=parse_params(param),
+                     max_parallel=max_parallel, deadline=deadline)
+        return
+    name = playbook_for(settings, playbook, hosts[0], reporter, what="deploy")
+    run_deploy(settings.project, hosts[0], name, reporter, test=test, dry_run=dry_run,
                wait=not no_wait, params=parse_params(param))
 
 
 @task(
     auto_shortflags=False,
-    iterable=["param"],
-    help={"host": HOST_HELP, "playbook": "playbook name in playbooks/ (or a path); default "
-          "as for deploy", "param": PARAM_HELP,
-          "test": "plan with the playbook's test: overrides", "project": PROJECT_HELP,
-          "json": JSON_HELP},
+    iterable=["param", "host"],
+    help={"host": HOSTS_HELP, "playbook": "playbook name in playbooks/ (or a path); default "
+          "as for deploy; with several hosts optional (say where it fits)", "param": PARAM_HELP,
+          "test": "plan with the playbook's test: overrides",
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def plan(c: Any, host: str | None = None, playbook: str | None = None,
-         param: list[str] | None = None, test: bool = False, project: str | None = None,
+def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
+         param: list[str] | None = None, test: bool = False, max_parallel: str | None = None,
+         deadline: str | None = None, project: str | None = None, no_keep: bool = False,
          json: bool = False) -> None:
     """Show the plan (GPU map, full commands, env, start order); nothing is sent.
 
+    With several hosts (--host GROUP) it asks each box instead, at once: which runs it holds
+    (with their GPUs) and which GPUs are free, and with --playbook whether that playbook
+    fits there now; one row per host.
+
     Example:
         outrig plan --host uk-node --playbook dflash-qwen36 --param epochs=2
+        outrig plan --host sweep --playbook smoke
     """
     from outrig.ops.deploy import show_plan
 
-    reporter = _reporter(json)
-    settings = settings_for(c, project)
-    host_spec = settings.host(host)
-    name = playbook_for(settings, playbook, host_spec, reporter, what="plan")
-    show_plan(settings.project, host_spec, name, reporter, test=test,
+    reporter = make_reporter(json)
+    settings = settings_for(c, project, no_keep=no_keep)
+    hosts = settings.hosts(host)
+    if len(hosts) > 1:
+        place_hosts(settings, hosts, reporter, settings.value("playbook", playbook)[0],
+                    test=test, params=parse_params(param), max_parallel=max_parallel,
+                    deadline=deadline)
+        return
+    name = playbook_for(settings, playbook, hosts[0], reporter, what="plan")
+    show_plan(settings.project, hosts[0], name, reporter, test=test,
               params=parse_params(param))
 
 
@@ -209,36 +189,40 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
-    reporter = _reporter(json, gpus)
+    reporter = make_reporter(json, gpus)
     if len(hosts) == 1:
         run_status(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                    log_lines=count)
         return
     name = playbook_name(settings.project, playbook)
-    _fan_out(settings, hosts,
-             lambda session: status_on(session, run_id=run, playbook=name, log_lines=count),
-             reporter, max_parallel=max_parallel, deadline=deadline,
-             summarize=status_summary, what="status")
+    fan_out(settings, hosts,
+            lambda session: status_on(session, run_id=run, playbook=name, log_lines=count),
+            reporter, max_parallel=max_parallel, deadline=deadline,
+            summarize=status_summary, what="status")
 
 
 @task(
     auto_shortflags=False,
-    iterable=["process"],
-    help={"host": HOST_HELP, "run": "run id (default: the current run)",
+    iterable=["process", "host"],
+    help={"host": HOSTS_HELP, "run": "run id (default: the current run)",
           "playbook": "the current run of this playbook",
           "process": "only this process (repeat for several)",
           "lines": "start N lines before the end (default: resume from the saved cursor, or "
                    "from the beginning the first time)",
           "no_follow": "print what is there now and exit",
           "grep": "show only lines matching this regular expression (the mirror keeps all)",
+          "max_parallel": "with several hosts and --no-follow: how many are read at once "
+                          "(default 16; a follow reads every host at once)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-          "json": "JSON lines {process, line} instead of prefixed text"},
+          "json": "JSON lines {process, line} instead of prefixed text (with several hosts "
+                  "{host, process, line}, then one line per host {host, ok, state, ...})"},
 )
 @friendly
-def tail_logs(c: Any, host: str | None = None, run: str | None = None,
+def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
               playbook: str | None = None, process: list[str] | None = None,
               lines: str | None = None, no_follow: bool = False, grep: str | None = None,
-              project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
+              max_parallel: str | None = None, project: str | None = None,
+              no_keep: bool = False, json: bool = False) -> None:
     """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
 
     Lines are prefixed with the process name. The mirror is kept under
@@ -246,18 +230,29 @@ def tail_logs(c: Any, host: str | None = None, run: str | None = None,
     and resumes there, and so does the next tail-logs (no line lost or repeated). Stop with
     Ctrl-C. See docs/logs-and-status.md.
 
+    With several hosts every line is prefixed with its host too (HOST | process | line) and
+    comes as it arrives; a host that fails is named at the end with its reason (exit 1),
+    the others' lines go on.
+
     Examples:
         outrig tail-logs --host uk-node
         outrig tail-logs --host uk-node --process trainer --lines 100 --grep global_step
         outrig tail-logs --host uk-node --no-follow --json
+        outrig tail-logs --host sweep --process trainer
     """
     from outrig.ops.logs import tail_logs as run_tail
 
     count = None if lines is None else int(number(lines, "lines", 100))
     settings = settings_for(c, project, no_keep=no_keep)
-    run_tail(settings.project, settings.host(host), _reporter(json), run_id=run,
-             playbook=playbook, processes=list(process or []), lines=count,
-             follow=not no_follow, grep=grep)
+    hosts = settings.hosts(host)
+    reporter = make_reporter(json)
+    if len(hosts) == 1:
+        run_tail(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
+                 processes=list(process or []), lines=count, follow=not no_follow, grep=grep)
+        return
+    tail_logs_hosts(settings, hosts, reporter, run=run, playbook=playbook,
+                    processes=list(process or []), lines=count, follow=not no_follow, grep=grep,
+                    max_parallel=max_parallel)
 
 
 @task(
@@ -301,54 +296,33 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
-    reporter = _reporter(json, gpus)
+    reporter = make_reporter(json, gpus)
     if len(hosts) == 1:
         run_cleanup(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                     all_runs=all, force_foreign=list(force_foreign or []), dry_run=dry_run,
                     timeout=seconds)
         return
-    _cleanup_hosts(settings, hosts, reporter, playbook=playbook, all_runs=all,
-                   run=run, force_foreign=list(force_foreign or []), dry_run=dry_run,
-                   timeout=seconds, max_parallel=max_parallel, deadline=deadline)
-
-
-def _cleanup_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
-                   playbook: str | None, all_runs: bool, run: str | None,
-                   force_foreign: list[str], dry_run: bool, timeout: float,
-                   max_parallel: str | None, deadline: str | None) -> None:
-    """``cleanup`` on several hosts at once: ``--all`` or ``--playbook`` only (a run id or
-    a pid belongs to one box), checked before anything is sent."""
-    from outrig.fanout import cleanup_summary
-    from outrig.ops.base import playbook_name
-    from outrig.ops.cleanup import check_selection, cleanup_on
-
-    if run or force_foreign or not (all_runs or playbook):
-        raise ConfigError(
-            f"cleanup on several hosts ({', '.join(hosts)}) takes --all or --playbook NAME; "
-            "a --run id or a --force-foreign pid belongs to one box, and fencing moved runs "
-            "(no selection) is done one host at a time: pass that host alone. Nothing was "
-            "sent.")
-    check_selection(None, playbook, all_runs, [], timeout)
-    name = playbook_name(settings.project, playbook)
-    _fan_out(settings, hosts,
-             lambda session: cleanup_on(session, playbook=name, all_runs=all_runs,
-                                        dry_run=dry_run, timeout=timeout),
-             reporter, max_parallel=max_parallel, deadline=deadline,
-             summarize=cleanup_summary, what="cleanup", work=timeout + 10)
+    cleanup_hosts(settings, hosts, reporter, playbook=playbook, all_runs=all,
+                  run=run, force_foreign=list(force_foreign or []), dry_run=dry_run,
+                  timeout=seconds, max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
     auto_shortflags=False,
-    help={"host": HOST_HELP,
+    iterable=["host"],
+    help={"host": HOSTS_HELP,
           "playbook": "playbook whose environments:/requires: to set up (default: "
                       "OUTRIG_PLAYBOOK or outrig.yaml, else the only playbook in playbooks/ "
                       "that has environments:)",
           "dry_run": "check the box and say what would be created or updated; install nothing",
-          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def provision(c: Any, host: str | None = None, playbook: str | None = None,
-              dry_run: bool = False, project: str | None = None,
+def provision(c: Any, host: list[str] | None = None, playbook: str | None = None,
+              dry_run: bool = False, max_parallel: str | None = None,
+              deadline: str | None = None, project: str | None = None,
               no_keep: bool = False, json: bool = False) -> None:
     """Idempotent environment set-up: the playbook's venvs with pinned packages.
 
@@ -363,25 +337,36 @@ def provision(c: Any, host: str | None = None, playbook: str | None = None,
     from outrig.ops.provision import provision as run_provision
 
     settings = settings_for(c, project, no_keep=no_keep)
-    run_provision(settings.project, settings.host(host), _reporter(json),
-                  playbook=settings.value("playbook", playbook)[0], dry_run=dry_run)
+    hosts = settings.hosts(host)
+    name = settings.value("playbook", playbook)[0]
+    if len(hosts) == 1:
+        run_provision(settings.project, hosts[0], make_reporter(json), playbook=name,
+                      dry_run=dry_run)
+        return
+    provision_hosts(settings, hosts, make_reporter(json), name, dry_run=dry_run,
+                    max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
     auto_shortflags=False,
     name="stage",
-    help={"host": HOST_HELP, "playbook": "playbook whose model, data (and checkpoints) to "
+    iterable=["host"],
+    help={"host": HOSTS_HELP, "max_parallel": MAX_PARALLEL_HELP,
+          "deadline": LONG_DEADLINE_HELP,
+          "playbook": "playbook whose model, data (and checkpoints) to "
           "stage (default: OUTRIG_PLAYBOOK or outrig.yaml)",
           "from_": "copy from this box (direct box-to-box when they can reach each other, "
                        "else relayed through this workstation)",
           "resume": "also put the newest complete checkpoint in place (from --from, "
                     "else from this workstation's mirror)",
           "streams": f"parallel streams for copies through the workstation (default {STREAMS})",
-          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def stage_(c: Any, host: str | None = None, playbook: str | None = None,
+def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
            from_: str | None = None, resume: bool = False, streams: str | None = None,
+           max_parallel: str | None = None, deadline: str | None = None,
            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Put the model, data and (with --resume) a checkpoint on a box: fastest route, verified.
 
@@ -396,26 +381,33 @@ def stage_(c: Any, host: str | None = None, playbook: str | None = None,
     from outrig.ops.stage import stage
 
     count = int(number(streams, "streams", STREAMS))
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
-    host_spec = settings.host(host)
+    hosts = settings.hosts(host)
     name = playbook_for(settings, playbook, None, reporter, what="stage")
-    stage(settings.project, host_spec, name, reporter, from_host=from_, resume=resume,
-          streams=count)
+    if len(hosts) == 1:
+        stage(settings.project, hosts[0], name, reporter, from_host=from_, resume=resume,
+              streams=count)
+        return
+    stage_hosts(settings, hosts, reporter, name, from_=from_, resume=resume,
+                streams=count, max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
     auto_shortflags=False,
-    help={"host": HOST_HELP, "playbook": "whose checkpoints (default: the playbook of the "
+    iterable=["host"],
+    help={"host": HOSTS_HELP, "playbook": "whose checkpoints (default: the playbook of the "
           "host's newest run that really ran)",
           "run": "take the playbook of this run id instead",
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-          "json": JSON_HELP},
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = None,
-                     run: str | None = None, project: str | None = None, no_keep: bool = False,
-                     json: bool = False) -> None:
+def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None = None,
+                     run: str | None = None, max_parallel: str | None = None,
+                     deadline: str | None = None, project: str | None = None,
+                     no_keep: bool = False, json: bool = False) -> None:
     """Pull new complete checkpoints from a box into this workstation's mirror.
 
     Only checkpoints that are complete (every file present, training_state.json readable, and
@@ -428,8 +420,12 @@ def sync_checkpoints(c: Any, host: str | None = None, playbook: str | None = Non
     from outrig.ops.stage import sync_checkpoints as run_sync
 
     settings = settings_for(c, project, no_keep=no_keep)
-    run_sync(settings.project, settings.host(host), _reporter(json), playbook=playbook,
-             run_id=run)
+    hosts = settings.hosts(host)
+    if len(hosts) == 1:
+        run_sync(settings.project, hosts[0], make_reporter(json), playbook=playbook, run_id=run)
+        return
+    sync_hosts(settings, hosts, make_reporter(json), playbook, run=run,
+               max_parallel=max_parallel, deadline=deadline)
 
 
 @task(
@@ -461,7 +457,7 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
         raise ConfigError("migrate needs both boxes: --from OLD --to NEW (host file names, "
                           "ssh aliases or user@host:port). Nothing was sent.")
     settings = settings_for(c, project, no_keep=no_keep)
-    run_migrate(settings.project, from_, to, _reporter(json), playbook=playbook, run_id=run)
+    run_migrate(settings.project, from_, to, make_reporter(json), playbook=playbook, run_id=run)
 
 
 @task(
@@ -499,7 +495,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     from outrig.ops.watch import WatchOptions
     from outrig.ops.watch import watch as run_watch
 
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
     host_spec = settings.host(host)
     name = playbook_for(settings, playbook, host_spec, reporter, what="watch")
@@ -532,12 +528,12 @@ def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host)
     if len(hosts) == 1:
-        run_check(settings.project, hosts[0], _reporter(json))
+        run_check(settings.project, hosts[0], make_reporter(json))
         return
-    _fan_out(settings, hosts,
-             lambda session: {**check_on(session), "rtt": session.transport.rtt},
-             _reporter(json), max_parallel=max_parallel, deadline=deadline,
-             summarize=check_summary, what="check")
+    fan_out(settings, hosts,
+            lambda session: {**check_on(session), "rtt": session.transport.rtt},
+            make_reporter(json), max_parallel=max_parallel, deadline=deadline,
+            summarize=check_summary, what="check")
 
 
 @task(name="exec", auto_shortflags=False,
@@ -609,7 +605,7 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
     remote = None if remote_port is None else int(number(remote_port, "remote-port", 8000))
     local = None if local_port is None else int(number(local_port, "local-port", 8000))
     settings = settings_for(c, project, no_keep=no_keep)
-    run_forward(settings.project, settings.host(host), _reporter(json), process=process,
+    run_forward(settings.project, settings.host(host), make_reporter(json), process=process,
                 run_id=run, playbook=playbook, remote_port=remote, local_port=local)
 
 
@@ -655,36 +651,6 @@ def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> N
         "argv": ssh_argv(resolved, command, tty=False)})
 
 
-@task(
-    auto_shortflags=False,
-    help={"keep": "leave the sandbox and the smoke run running after this command (the "
-                  "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
-          "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
-                   "(default 0; 120 gives a 240 ms RTT like a far-away box)",
-          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
-          "json": "each step's JSON (deploy events, the status document, log lines, the "
-                  "cleanup report) as JSON lines; progress notes go to stderr"},
-)
-@friendly
-def demo(c: Any, keep: bool = False, delay: str | None = None,
-         project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
-    """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
-
-    Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
-    installing openssh-server with apt-get first if this machine has no sshd. Needs a project
-    with the smoke playbook (this repository's).
-
-    Example:
-        outrig demo
-    """
-    from outrig.ops.demo import run_demo
-
-    one_way_ms = number(delay, "delay", 0)
-    settings = settings_for(c, project, no_keep=no_keep)
-    run_demo(settings.project, _reporter(json), keep=keep,
-             one_way_delay=one_way_ms / 1000.0)
-
-
 @task(auto_shortflags=False,
       help={"close": "stop the warm connections (all, or --host's)",
             "host": "with --close: only this host's (its host-file name or address)",
@@ -706,7 +672,7 @@ def connections(c: Any, close: bool = False, host: str | None = None,
     if host and not close:
         raise ConfigError("--host goes with --close (outrig connections lists every host). "
                           "Nothing was closed.")
-    reporter = _reporter(json)
+    reporter = make_reporter(json)
     if close:
         closed = close_keepers(host)
         gone = [e for e in closed if wait_gone(int(e["pid"]), 10.0)]
@@ -730,109 +696,6 @@ def connections(c: Any, close: bool = False, host: str | None = None,
     for entry in found:
         print(f"{entry['host']:<28} {entry['name']:<16} {entry['pid']:>8} "
               f"{entry['age']:>7.0f}s {entry['idle_left']:>9.0f}s")
-
-
-SANDBOX_NAME_HELP = "the sandbox's name (default sandbox); several can be up at once"
-
-
-def _sandbox_host_file(settings: Settings, name: str, flag: str | None) -> Path:
-    """``--host-file``, else ``hosts/NAME.yaml`` in the project, so ``--host NAME`` works."""
-    return Path(flag).expanduser() if flag else settings.project.hosts_dir / f"{name}.yaml"
-
-
-def _down_command(name: str) -> str:
-    import shlex
-
-    return "outrig sandbox-down" + ("" if name == "sandbox" else f" --name {shlex.quote(name)}")
-
-
-@task(
-    name="sandbox-up",
-    auto_shortflags=False,
-    help={"name": SANDBOX_NAME_HELP,
-          "delay": "one-way delay in ms added by a latency proxy in front of the sshd "
-                   "(default 0: no proxy; 120 gives a 240 ms RTT like a far-away box)",
-          "host_file": "write the host file here (default: hosts/NAME.yaml in the project)",
-          "project": PROJECT_HELP, "json": JSON_HELP},
-)
-@friendly
-def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
-               host_file: str | None = None, project: str | None = None,
-               json: bool = False) -> None:
-    """Start a sandbox box here that stays up after this command; sandbox-down stops it.
-
-    The box is a real sshd on 127.0.0.1 with throwaway keys and fake GPUs, behind a latency
-    proxy with --delay. Writes a host file for it and prints how to use it and how to stop it
-    (outrig sandbox-down). A second sandbox-up with the same name finds it up and starts
-    nothing. See docs/sandbox.md.
-
-    Examples:
-        outrig sandbox-up --delay 120
-        outrig check --host sandbox
-    """
-    from outrig.ops.demo import ensure_sshd
-    from outrig.sandbox.service import describe_up, host_argument
-    from outrig.sandbox.service import sandbox_up as start
-
-    one_way_ms = number(delay, "delay", 0, whole=False)
-    settings = settings_for(c, project)
-    reporter = _reporter(json)
-    ensure_sshd(reporter)
-    path = _sandbox_host_file(settings, name, host_file)
-    state = start(name, path, one_way_delay=one_way_ms / 1000.0)
-    if json:
-        reporter.emit_json(state)
-        return
-    host = host_argument(Path(state["host_file"]), settings.project.hosts_dir)
-    reporter.lines(describe_up(state, host, down=_down_command(name), width=reporter.width))
-
-
-@task(
-    name="sandbox-down",
-    auto_shortflags=False,
-    help={"name": SANDBOX_NAME_HELP,
-          "keep_runs": "do not ask the box to stop its outrig runs first (their processes "
-                       "then keep running on this machine)",
-          "project": PROJECT_HELP, "json": JSON_HELP},
-)
-@friendly
-def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
-                 project: str | None = None, json: bool = False) -> None:
-    """Stop the sandbox that sandbox-up (or demo --keep) started and remove its host file.
-
-    First stops every outrig run on it (as cleanup --all would), then signals exactly the
-    server and sshd processes that sandbox-up recorded (checked by pid and start time, never
-    found by name). Harmless when nothing is up.
-
-    Example:
-        outrig sandbox-down
-    """
-    from outrig.sandbox.service import is_up, read_state
-    from outrig.sandbox.service import sandbox_down as stop
-
-    settings = settings_for(c, project)
-    reporter = _reporter(json)
-    state = read_state(name)
-    if state is not None and is_up(state) and not keep_runs:
-        from outrig.ops.cleanup import cleanup
-
-        try:
-            import io
-
-            quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
-            cleanup(settings.project, str(state["host_file"]), quiet, all_runs=True)
-        except OutrigError as exc:
-            reporter.warn(f"could not stop the runs on sandbox {name} ({exc}); stopping the "
-                          "box anyway, their processes may keep running")
-    result = stop(name)
-    if json:
-        reporter.emit_json(result)
-    elif not result["stopped"] and not result["was_up"] and state is None:
-        reporter.info(f"sandbox {name} is not up: nothing to stop")
-    else:
-        pids = ", ".join(map(str, result["stopped"])) or "none were still running"
-        removed = f"; removed {result['host_file']}" if result["host_file_removed"] else ""
-        reporter.success(f"sandbox {name} stopped (pids {pids}){removed}")
 
 
 @task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present",

@@ -1,29 +1,31 @@
 """One command on several hosts at once: a thread per host, each with its own deadline.
 
-``check``, ``status`` and ``cleanup`` with a ``--host`` selection of more than one host run
-their op core (``check_on``, ``status_on``, ``cleanup_on``) on every host of it at the same
-time, each over its own :class:`~outrig.ops.base.HostSession` (so each host keeps its own
-settings, transport, journal entries and link retries). Each host reports into a quiet
-reporter of its own, so interleaved progress cannot garble the output; the results are
-collected and rendered once, as one table (:func:`outrig.layout.fanout_lines`) or one JSON
-line per host.
+A command given a ``--host`` selection of more than one host runs its op core
+(``check_on``, ``status_on``, ``cleanup_on``, ``deploy_on``, ...) on every host of it at the
+same time, each over its own :class:`~outrig.ops.base.HostSession` (so each host keeps its
+own settings, transport, journal entries and link retries). Each host reports into a
+:class:`HostReporter` of its own, which keeps its tables and notes quiet (interleaved
+progress would garble the output) and collects its warnings. Each host's row (or JSON line)
+is printed the moment that host finishes (:class:`Rows`), so the healthy hosts are shown
+before the slowest deadline runs out; the failed hosts' reasons follow the table.
 
 Why a deadline per host rather than one for the command: a dead, blackholed or stalled box
 must not hold back the answers of the others. A host still busy past its deadline
-(:func:`outrig.timing.fanout_deadline_for`, from its last RTT) is reported as ``no answer
-within N s``; its thread is a daemon left to end on its own (its connection is closed), and
-the command goes on with the rest.
+(:func:`outrig.timing.fanout_deadline_for`, from its last RTT and the work the command
+waits for on the box) is reported as ``no answer within N s``; its thread is a daemon left
+to end on its own (its connection is closed), and the command goes on with the rest.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from outrig.console import Reporter, visible
 from outrig.errors import OutrigError
@@ -50,6 +52,7 @@ class HostOutcome:
     seconds: float
     result: dict[str, Any] | None = None
     error: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -57,13 +60,36 @@ class HostOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "ok": self.ok, "state": self.state,
-                "seconds": round(self.seconds, 3), "error": self.error, "result": self.result}
+                "seconds": round(self.seconds, 3), "error": self.error, "result": self.result,
+                "warnings": list(self.warnings)}
 
 
-def quiet_reporter() -> Reporter:
-    """A reporter per host that shows nothing (its tables and notes go to memory): the
-    results are rendered together once every host has answered or run out of time."""
-    return Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
+class HostReporter(Reporter):
+    """The reporter of one host of a fan-out: its tables, notes and events go to memory
+    (each host's row says what it did), and its warnings are kept, to be shown under its row
+    or in its JSON object: a warning such as fencing's "moved run" must reach the user from
+    every host, not only when one host is driven alone."""
+
+    def __init__(self, host: str, *, json_mode: bool = False, quiet: bool = True,
+                 out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+        super().__init__(quiet=quiet, json_mode=json_mode, out=out or io.StringIO(),
+                         err=err or io.StringIO())
+        self.host = host
+        self.warnings: list[str] = []
+        self._lock = threading.Lock()
+
+    def warn(self, message: str) -> None:
+        with self._lock:
+            self.warnings.append(visible(message))
+
+    def taken(self) -> list[str]:
+        """The warnings so far (a copy: the host's thread may still add to them)."""
+        with self._lock:
+            return list(self.warnings)
+
+    def emit_json(self, document: Any) -> None:
+        """Nothing: a host's own JSON events would interleave with the others'; its
+        result is its line of the fan-out's output."""
 
 
 @dataclass
@@ -71,17 +97,30 @@ class _Running:
     start: float
     limit: float
     session: list[HostSession]  # filled by the worker once the session is open
+    reporter: HostReporter
+
+
+Shown = Callable[[HostOutcome], None]
 
 
 def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
                max_parallel: int = MAX_PARALLEL, work: float = 0.0,
-               deadline: float | None = None,
-               journal: Journal | None = None) -> list[HostOutcome]:
+               deadline: float | None = None, journal: Journal | None = None,
+               on_outcome: Shown | None = None,
+               reporter_for: Callable[[str], HostReporter] = HostReporter,
+               on_interrupt: Callable[[], None] | None = None) -> list[HostOutcome]:
     """Run ``core`` on every host of ``specs`` (at most ``max_parallel`` in progress at
     once); return one outcome per host, in the order given.
 
     ``deadline``: seconds each host may take (default: from its RTT, with ``work`` seconds
-    of waiting on the box added; see :func:`outrig.timing.fanout_deadline_for`)."""
+    of waiting on the box added; see :func:`outrig.timing.fanout_deadline_for`).
+    ``on_outcome`` is called (on this thread) with each host's outcome the moment it is
+    known, in the order the hosts finish: that is how rows are shown as they come.
+    ``reporter_for`` makes each host's reporter (``tail-logs`` prints its lines through
+    it). ``deadline`` may be ``math.inf`` (``tail-logs --follow`` runs until stopped).
+    ``on_interrupt``: on a first Ctrl-C, call it (it asks the running hosts to stop), give
+    the hosts not started yet up, and collect the running ones' outcomes; a second Ctrl-C,
+    or any Ctrl-C without it, is raised."""
     if max_parallel < 1:
         from outrig.errors import ConfigError
 
@@ -90,23 +129,42 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
     pending = list(dict.fromkeys(specs))
     running: dict[str, _Running] = {}
     outcomes: dict[str, HostOutcome] = {}
+    interrupted = False
     while pending or running:
         while pending and len(running) < max_parallel:
             spec = pending.pop(0)
             limit = deadline if deadline is not None else _deadline(project, spec, work,
                                                                     journal)
-            running[spec] = _Running(time.monotonic(), limit, [])
+            running[spec] = _Running(time.monotonic(), limit, [], reporter_for(spec))
             threading.Thread(target=_work, name=f"outrig-fanout {spec}", daemon=True,
                              args=(project, spec, core, journal, running[spec], done)).start()
         soonest = min(r.start + r.limit for r in running.values())
         try:
-            outcome = done.get(timeout=max(0.0, soonest - time.monotonic()))
+            outcome = done.get(timeout=None if soonest == math.inf else
+                               max(0.0, soonest - time.monotonic()))
+        except KeyboardInterrupt:
+            if on_interrupt is None or interrupted:
+                raise
+            interrupted = True
+            on_interrupt()
+            for spec in pending:
+                outcomes[spec] = HostOutcome(spec, "failed", 0.0,
+                                             error="interrupted before it was started")
+                if on_outcome is not None:
+                    on_outcome(outcomes[spec])
+            pending.clear()
+            continue
         except queue.Empty:
-            _expire(running, outcomes)
+            for expired in _expire(running):
+                outcomes[expired.host] = expired
+                if on_outcome is not None:
+                    on_outcome(expired)
             continue
         if outcome.host in running:  # a late answer of a host already given up is dropped
             del running[outcome.host]
             outcomes[outcome.host] = outcome
+            if on_outcome is not None:
+                on_outcome(outcome)
     return [outcomes[spec] for spec in dict.fromkeys(specs)]
 
 
@@ -120,37 +178,42 @@ def _work(project: Project, spec: str, core: Core, journal: Journal | None,
           slot: _Running, done: queue.Queue[HostOutcome]) -> None:
     """One host's thread: open its session, run the core, put the outcome (never raises:
     a failure on one host is that host's result, not the command's)."""
+    reporter = slot.reporter
     try:
-        session = HostSession(project, spec, quiet_reporter(), journal)
+        session = HostSession(project, spec, reporter, journal)
         slot.session.append(session)
         try:
             result = core(session)
         finally:
             session.close()
-        done.put(HostOutcome(spec, "ok", time.monotonic() - slot.start, result=result))
+        done.put(HostOutcome(spec, "ok", time.monotonic() - slot.start, result=result,
+                             warnings=reporter.taken()))
     except OutrigError as exc:
         done.put(HostOutcome(spec, "failed", time.monotonic() - slot.start,
-                             error=visible(str(exc))))
+                             error=visible(str(exc)), warnings=reporter.taken()))
     except Exception as exc:  # a bug on one host must not lose the others' results
         done.put(HostOutcome(spec, "failed", time.monotonic() - slot.start,
                              error=f"unexpected {type(exc).__name__}: {visible(str(exc))}; "
-                                   "this is a bug in outrig, please report it"))
+                                   "this is a bug in outrig, please report it",
+                             warnings=reporter.taken()))
 
 
-def _expire(running: dict[str, _Running], outcomes: dict[str, HostOutcome]) -> None:
-    """Give up on every host past its deadline: report it and close its connection (its
-    thread then ends on its own; nothing waits for it)."""
+def _expire(running: dict[str, _Running]) -> list[HostOutcome]:
+    """Give up on every host past its deadline: its outcome says so, and its connection is
+    closed (its thread then ends on its own; nothing waits for it)."""
     now = time.monotonic()
+    expired = []
     for spec, slot in list(running.items()):
         if now < slot.start + slot.limit:
             continue
         del running[spec]
-        outcomes[spec] = HostOutcome(
-            spec, "no answer", now - slot.start,
+        expired.append(HostOutcome(
+            spec, "no answer", now - slot.start, warnings=slot.reporter.taken(),
             error=f"no answer within {slot.limit:.0f} s (the box may be down, unreachable or "
-                  f"stalled); try `outrig check --host {spec}` on its own")
+                  f"stalled); try `outrig check --host {spec}` on its own"))
         for session in slot.session:
             threading.Thread(target=session.transport.close, daemon=True).start()
+    return expired
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -213,26 +276,245 @@ def check_summary(result: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def deploy_work(project: Project, job: Any, hosts: Sequence[str]) -> float:
+    """Seconds a deploy waits on the box for its processes to be ready (the sum of their
+    ready timeouts, as they start one after another), the largest over the hosts' plans;
+    added to each host's deadline. A plan that cannot be made here (facts not known yet)
+    counts the playbook's own processes."""
+    from outrig.ops.deploy import plan_job
+
+    journal = Journal()
+    most = sum(p.ready.timeout for p in job.spec.processes.values() if p.ready is not None)
+    for spec in hosts:
+        try:
+            plan = plan_job(job, resolve_host(spec, hosts_dir=project.hosts_dir), journal)
+        except OutrigError:
+            continue
+        most = max(most, sum(p.ready.timeout for p in plan.processes.values()
+                             if p.ready is not None))
+    return float(most)
+
+
+def deploy_summary(result: dict[str, Any]) -> str:
+    """``run smoke-20260101-000000-ab12 running · server, trainer`` (one host's deploy)."""
+    names = ", ".join(str(p.get("process") or p.get("name")) for p in
+                      result.get("processes") or [])
+    return f"run {result.get('run_id')} {result.get('status')}" + (f" · {names}" if names
+                                                                    else "")
+
+
+def provision_summary(result: dict[str, Any]) -> str:
+    """What provision set up (or would, with ``--dry-run``) on one host."""
+    envs = result.get("environments") or []
+    by_status: dict[str, list[str]] = {}
+    for env in envs:
+        by_status.setdefault(str(env.get("status")), []).append(str(env.get("name")))
+    if not envs:
+        return "checks passed; no environments"
+    return " · ".join(f"{status}: {', '.join(names)}" for status, names in by_status.items())
+
+
+def stage_summary(result: dict[str, Any]) -> str:
+    """``model present · data pushed 1.2 GB`` (one host's stage)."""
+    from outrig.transfer import human_bytes
+
+    parts = []
+    for item in result.get("items") or []:
+        route = str(item.get("route"))
+        moved = int(item.get("bytes") or 0)
+        parts.append(f"{item.get('name')} {route}" + (f" {human_bytes(moved)}" if moved else ""))
+    checkpoint = result.get("checkpoint")
+    if isinstance(checkpoint, dict):
+        parts.append(f"checkpoint {checkpoint.get('route', 'placed')}")
+    return " · ".join(parts) or "nothing to stage"
+
+
+def sync_summary(result: dict[str, Any]) -> str:
+    """``2 new checkpoint(s) · 1 not complete`` (one host's sync-checkpoints)."""
+    text = f"{len(result.get('pulled') or [])} new checkpoint(s)"
+    if result.get("not_complete"):
+        text += f" · {len(result['not_complete'])} not complete"
+    if result.get("refused"):
+        text += f" · {len(result['refused'])} refused (moved run)"
+    return text
+
+
 # ------------------------------------------------------------------------------- output
+
+
+class Rows:
+    """The output of a fan-out, printed as it comes: the header first (the host column's
+    width is known from the selection), then each host's row (with its warnings under it)
+    or JSON line the moment that host finishes, then the failed hosts with their reasons."""
+
+    def __init__(self, reporter: Reporter, hosts: Sequence[str],
+                 summarize: Callable[[dict[str, Any]], str], *, what: str) -> None:
+        from outrig.layout import fanout_header
+
+        self.reporter = reporter
+        self.hosts = list(dict.fromkeys(hosts))
+        self.summarize = summarize
+        self.what = what
+        self.header, self.host_width = fanout_header(self.hosts)
+        self.started = False
+
+    def start(self) -> None:
+        """The header (nothing in --json mode: each line is a whole object)."""
+        if not self.started and not self.reporter.json_mode:
+            self.reporter.lines([self.header])
+        self.started = True
+
+    def show(self, outcome: HostOutcome) -> None:
+        """One host's row (or JSON line), now."""
+        self.start()
+        if self.reporter.json_mode:
+            self.reporter.emit_json(outcome.to_json())
+            return
+        from outrig.layout import fanout_row
+
+        summary = self.summarize(outcome.result) if outcome.result is not None else "-"
+        self.reporter.lines(fanout_row(outcome.host, outcome.state, summary, outcome.warnings,
+                                       self.host_width, self.reporter.width))
+
+    def finish(self, outcomes: Sequence[HostOutcome]) -> None:
+        """The failed hosts with their reasons, then :class:`FanOutFailed` naming them, so
+        the exit status is 0 only when every host succeeded."""
+        self.start()
+        failures = [(o.host, o.error or o.state) for o in outcomes if not o.ok]
+        if not self.reporter.json_mode:
+            from outrig.layout import fanout_failures
+
+            self.reporter.lines(fanout_failures(failures, len(outcomes), self.reporter.width))
+        if failures:
+            raise FanOutFailed(
+                f"{self.what} failed on {len(failures)} of {len(outcomes)} hosts: "
+                f"{', '.join(h for h, _ in failures)} (the reasons are listed above); the "
+                "other hosts' results are shown")
 
 
 def report(reporter: Reporter, outcomes: Sequence[HostOutcome],
            summarize: Callable[[dict[str, Any]], str], *, what: str) -> None:
-    """Show every host's outcome (a table, or one JSON line per host), then raise
-    :class:`FanOutFailed` naming the hosts that failed, so the exit status is 0 only when
-    every host succeeded."""
+    """Show every host's outcome at once (a table, or one JSON line per host) in the order
+    given, then raise :class:`FanOutFailed` if any failed (see :class:`Rows`)."""
+    rows = Rows(reporter, [o.host for o in outcomes], summarize, what=what)
+    for outcome in outcomes:
+        rows.show(outcome)
+    rows.finish(outcomes)
+
+
+# ----------------------------------------------------------------------------- tail-logs
+
+
+class SharedOut:
+    """One stream that several hosts' threads write to: each write (a batch of whole lines)
+    goes out whole, never interleaved with another host's."""
+
+    def __init__(self, stream: IO[str], lock: threading.Lock) -> None:
+        self.stream = stream
+        self.lock = lock
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            return self.stream.write(text)
+
+    def flush(self) -> None:
+        with self.lock:
+            self.stream.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+
+class LineReporter(HostReporter):
+    """The reporter of one host of ``tail-logs`` on several hosts: its log lines go straight
+    to the shared stdout (prefixed with the host by the tailer), its notes and warnings to
+    stderr as ``HOST | ...`` the moment they happen; warnings are kept too."""
+
+    def __init__(self, host: str, host_width: int, *, json_mode: bool, out: SharedOut,
+                 err: SharedOut) -> None:
+        super().__init__(host, json_mode=json_mode, quiet=False, out=out)  # type: ignore[arg-type]
+        self.err = err
+        self.prefix = f"{visible(host):<{host_width}} | "
+
+    def info(self, message: str) -> None:
+        self.err.write(f"{self.prefix}{visible(message)}\n")
+
+    def warn(self, message: str) -> None:
+        super().warn(message)
+        self.err.write(f"{self.prefix}warning: {visible(message)}\n")
+
+    def success(self, message: str) -> None:
+        self.info(message)
+
+    def live(self, text: str) -> None:
+        """Nothing: a redrawn status line per host would garble the others' lines."""
+
+
+def tail_summary(result: dict[str, Any]) -> str:
+    """``run smoke-2026... · 120 lines · 1 reconnect`` (one host's tail-logs)."""
+    reconnects = int(result.get("reconnects") or 0)
+    return (f"run {result.get('run_id')} · {result.get('lines')} lines"
+            + (f" · {reconnects} reconnect{'s' if reconnects != 1 else ''}" if reconnects
+               else ""))
+
+
+def tail_hosts(project: Project, hosts: Sequence[str], reporter: Reporter, *, follow: bool,
+               max_parallel: int = MAX_PARALLEL, stop: threading.Event | None = None,
+               **tail: Any) -> list[HostOutcome]:
+    """``tail-logs`` on several hosts at once: every line as ``HOST | process | line`` (or
+    a JSON object with a ``host`` key) the moment it arrives from any host, exactly once per
+    host (each host has its own mirror and cursors). A host that fails (refused, or gone for
+    longer than the tailer's reconnects last) ends alone, said at once on stderr as
+    ``HOST | failed: reason``; the others go on. At the end the
+    failed hosts are named with their reasons on stderr (``--json``: one object per host),
+    and :class:`FanOutFailed` is raised if any failed.
+
+    With ``follow`` every host is followed at once (``max_parallel`` is not a bound then:
+    a follow never ends by itself) until ``stop`` is set or Ctrl-C. No deadline: a host
+    that answers goes on streaming, and one that does not fails on its own connect and
+    reconnect limits without holding the others' lines back: a host that has not answered
+    once within its fan-out deadline (:func:`outrig.timing.fanout_deadline_for`) is given up,
+    one that answered and then went away is retried as with one host."""
+    from outrig.ops.logs import tail_on
+
+    stop = stop or threading.Event()
+    selection = list(dict.fromkeys(hosts))
+    width = max(len(visible(h)) for h in selection)
+    lock = threading.Lock()
+    out, err = SharedOut(reporter.out, lock), SharedOut(reporter.console.file, lock)
+
+    def ended(outcome: HostOutcome) -> None:
+        """Say on stderr, the moment it happens, that a host's lines stopped and why."""
+        if not outcome.ok:
+            err.write(f"{visible(outcome.host):<{width}} | {outcome.state}: "
+                      f"{outcome.error}\n")
+
+    def core(session: HostSession) -> dict[str, Any]:
+        first = fanout_deadline_for(session.host, session.transport.best_rtt)[0]
+        result = tail_on(session, follow=follow, stop=stop, host_label=session.host_spec,
+                         host_width=width, first_answer_within=first, **tail)
+        return {"run_id": result.run_id, "lines": result.lines, "bytes": result.bytes,
+                "reconnects": result.reconnects,
+                "mirror_dir": None if result.mirror_dir is None else str(result.mirror_dir)}
+
+    outcomes = run_fanout(
+        project, selection, core, deadline=math.inf,
+        max_parallel=len(selection) if follow else max_parallel,
+        reporter_for=lambda host: LineReporter(host, width, json_mode=reporter.json_mode,
+                                               out=out, err=err),
+        on_interrupt=stop.set, on_outcome=ended)
+    failures = [(o.host, o.error or o.state) for o in outcomes if not o.ok]
     if reporter.json_mode:
         for outcome in outcomes:
             reporter.emit_json(outcome.to_json())
-    else:
-        from outrig.layout import fanout_lines
+    elif failures:
+        from outrig.layout import fanout_failures
 
-        rows = [(o.host, o.state, summarize(o.result) if o.result is not None else "-")
-                for o in outcomes]
-        failures = [(o.host, o.error or o.state) for o in outcomes if not o.ok]
-        reporter.lines(fanout_lines(rows, failures, reporter.width))
-    failed = [o.host for o in outcomes if not o.ok]
-    if failed:
-        raise FanOutFailed(f"{what} failed on {len(failed)} of {len(outcomes)} hosts: "
-                           f"{', '.join(failed)} (the reasons are listed above); the other "
-                           "hosts' results are shown")
+        err.write("".join(f"{line}\n" for line in
+                          fanout_failures(failures, len(outcomes), reporter.width)[1:]))
+    if failures:
+        raise FanOutFailed(
+            f"tail-logs failed on {len(failures)} of {len(outcomes)} hosts: "
+            f"{', '.join(h for h, _ in failures)} (the reasons are listed above); the other "
+            "hosts' lines are shown")
+    return outcomes

@@ -341,21 +341,45 @@ def plan_lines(plan: Any, width: int, *, full: bool = False) -> list[str]:
 # --------------------------------------------------------------------------------- fan-out
 
 
+FANOUT_STATES = ("ok", "failed", "no answer")  # a fan-out row's state column
+
+
+def fanout_header(hosts: Sequence[str]) -> tuple[str, int]:
+    """The header of a fan-out table and the width of its host column, known from the
+    selection before any host answers (rows are printed as each host finishes)."""
+    host_width = max([len("host"), *(len(h) for h in hosts)])
+    state_width = max(len(s) for s in FANOUT_STATES)
+    return f"  {'host':<{host_width}}  {'state':<{state_width}}  summary", host_width
+
+
+def fanout_row(host: str, state: str, summary: str, warnings: Sequence[str],
+               host_width: int, width: int) -> list[str]:
+    """One host's row (host, state, summary), the summary under the row when the row would
+    not fit in ``width``; then each of that host's warnings, wrapped, under it."""
+    bare = f"  {host:<{host_width}}  {state:<{max(len(s) for s in FANOUT_STATES)}}"
+    line = f"{bare}  {summary}".rstrip()
+    out = [line] if len(line) <= width else [bare.rstrip(), *wrapped(summary, width)]
+    for warning in warnings:
+        out += wrapped(f"warning: {warning}", width, INDENT, INDENT + "  ")
+    return out
+
+
+def fanout_failures(failures: Sequence[tuple[str, str]], total: int, width: int) -> list[str]:
+    """After the table: each failed host with its whole reason, wrapped."""
+    if not failures:
+        return []
+    out = ["", f"{len(failures)} of {total} hosts failed:"]
+    for host, reason in failures:
+        out += wrapped(f"{host}: {reason}", width, "  ", INDENT)
+    return out
+
+
 def fanout_lines(rows: Sequence[tuple[str, str, str]],
                  failures: Sequence[tuple[str, str]], width: int) -> list[str]:
-    """A command run on several hosts: one row per host (host, state, summary), the summary
-    under its row when the row would not fit in ``width``; then each failed host with its
-    whole reason, wrapped."""
-    header, lines = columns(["host", "state", "summary"], rows)
-    _, short = columns(["host", "state"], [(h, s) for h, s, _ in rows])
+    """A command run on several hosts, laid out at once: the header, one row per host
+    (see :func:`fanout_row`), then each failed host with its whole reason."""
+    header, host_width = fanout_header([h for h, _, _ in rows])
     out = [header]
-    for (_, _, summary), line, bare in zip(rows, lines, short, strict=True):
-        if len(line) <= width:
-            out.append(line)
-        else:
-            out += [bare, *wrapped(summary, width)]
-    if failures:
-        out += ["", f"{len(failures)} of {len(rows)} hosts failed:"]
-        for host, reason in failures:
-            out += wrapped(f"{host}: {reason}", width, "  ", INDENT)
-    return out
+    for host, state, summary in rows:
+        out += fanout_row(host, state, summary, [], host_width, width)
+    return out + fanout_failures(failures, len(rows), width)

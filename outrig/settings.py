@@ -160,8 +160,8 @@ class Settings:
 
         if names_several(value, self.project.hosts_dir):
             raise ConfigError(
-                f"--host {value} names several hosts (a list, a group or 'all'); only "
-                "check, status and cleanup run on several hosts so far: pass one host here. "
+                f"--host {value} names several hosts (a list, a group or 'all'); this "
+                "command runs on one host: pass one host here. "
                 "Nothing was sent.")
         return value
 

@@ -173,12 +173,14 @@ def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, 
 
 
 def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bool = True,
-              params: dict[str, Any] | None = None) -> DeployResult:
+              params: dict[str, Any] | None = None, run_id: str | None = None
+              ) -> DeployResult:
     """:func:`deploy` of a loaded playbook on an open session. A dry run sends nothing; a
     deploy whose recipe needs facts about its models reads them first, on the same
-    connection."""
+    connection. ``run_id``: the run's id (default: a new one; a deploy on several hosts
+    gives each host its own, so their journal records never collide)."""
     reporter, journal = session.reporter, session.journal
-    plan = plan_on(session, job, probe=not dry_run)
+    plan = plan_on(session, job, probe=not dry_run, run_id=run_id)
     reporter.plan(plan)
     if dry_run:
         reporter.emit_json({"event": "plan", "plan": plan.to_dict()})

@@ -228,13 +228,19 @@ def recent_cursor_sets(journal: Journal, host: str, run_id: str | None) -> dict[
 
 
 class LinePrinter:
-    """``process | line`` (coloured per process on a terminal), or JSON lines with --json."""
+    """``process | line`` (coloured per process on a terminal), or JSON lines with --json.
+
+    With ``host`` (tail-logs on several hosts) each line starts with the host, padded to
+    ``host_width`` (``host | process | line``), and each JSON object has a ``host`` key."""
 
     def __init__(self, reporter: Reporter, grep: re.Pattern[str] | None,
-                 sink: Callable[[str, str], None] | None = None) -> None:
+                 sink: Callable[[str, str], None] | None = None, *, host: str | None = None,
+                 host_width: int = 0) -> None:
         self.reporter = reporter
         self.grep = grep
         self.sink = sink
+        self.host = host
+        self.prefix = "" if host is None else f"{visible(host):<{host_width}} | "
         self.colour = reporter.stdout_console.is_terminal and not reporter.json_mode
         self.width = 0
         self.colours: dict[str, int] = {}
@@ -260,13 +266,16 @@ class LinePrinter:
             if self.sink is not None:
                 self.sink(name, line)
             if self.reporter.json_mode:
-                out.append(json.dumps({"process": name, "line": line}) + "\n")
+                doc = {"process": name, "line": line}
+                out.append(json.dumps(doc if self.host is None else
+                                      {"host": self.host, **doc}) + "\n")
             elif self.colour:
                 code = self.colours.setdefault(name, COLOURS[len(self.colours) % len(COLOURS)])
-                out.append(f"\x1b[{code}m{name:<{self.width}}\x1b[0m | "
+                out.append(f"{self.prefix}\x1b[{code}m{name:<{self.width}}\x1b[0m | "
                            f"{visible(clean_display(line))}\n")
             else:
-                out.append(f"{name:<{self.width}} | {visible(clean_display(line))}\n")
+                out.append(f"{self.prefix}{name:<{self.width}} | "
+                           f"{visible(clean_display(line))}\n")
         if out:
             self.reporter.out.write("".join(out))
             self.reporter.out.flush()
@@ -296,7 +305,9 @@ class LogTailer:
                  stop: threading.Event | None = None, heartbeat: float | None = None,
                  idle_limit: float | None = None, give_up_after: float = 300.0,
                  max_seconds: float | None = None, backoff: float = 0.25,
-                 sink: Callable[[str, str], None] | None = None) -> None:
+                 sink: Callable[[str, str], None] | None = None,
+                 host_label: str | None = None, host_width: int = 0,
+                 first_answer_within: float | None = None) -> None:
         if lines is not None and lines < 0:
             raise ConfigError(f"--lines must be ≥ 0, not {lines}")
         pattern = None
@@ -318,8 +329,13 @@ class LogTailer:
         self.heartbeat = heartbeat
         self.idle_limit = idle_limit
         self.give_up_after = give_up_after
+        # with several hosts: a box that never answered gives up sooner than one that did
+        # (whose outage may be a reboot worth riding out), so one dead box in a group does
+        # not hold a --no-follow for give_up_after
+        self.first_answer_within = first_answer_within
         self.max_seconds = max_seconds
-        self.printer = LinePrinter(session.reporter, pattern, sink)
+        self.printer = LinePrinter(session.reporter, pattern, sink, host=host_label,
+                                   host_width=host_width)
         self.reporter = session.reporter
         self.store: MirrorStore | None = None
         self.streams: dict[str, StreamState] = {}
@@ -537,7 +553,7 @@ class LogTailer:
                         backoff, outage_since = self.initial_backoff, None
                     now = time.monotonic()
                     outage_since = outage_since or now
-                    if now - outage_since > self.give_up_after:
+                    if now - outage_since > self._give_up_after():
                         rtt = self._known_rtt()
                         rtt_words = "no RTT measured yet" if rtt is None else \
                             f"measured RTT {rtt * 1000:.0f} ms"
@@ -563,6 +579,12 @@ class LogTailer:
         finally:
             self._finish()
         return self.result
+
+    def _give_up_after(self) -> float:
+        """How long an outage may last before tail-logs gives up on the box."""
+        if self.first_answer_within is not None and self.result.run_id is None:
+            return min(self.give_up_after, self.first_answer_within)
+        return self.give_up_after
 
     def _retryable(self, exc: ConnectError) -> bool:
         """A lost link is always retried (the cursors make a resume exact), from before the
@@ -620,6 +642,20 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
     playbook = playbook_name(project, playbook)
     session = HostSession(project, host_spec, reporter, journal)
+    try:
+        return tail_on(session, run_id=run_id, playbook=playbook, processes=processes,
+                       lines=lines, follow=follow, grep=grep, stop=stop, **tuning)
+    finally:
+        session.close()
+
+
+def tail_on(session: HostSession, *, run_id: str | None = None, playbook: str | None = None,
+            processes: list[str] | None = None, lines: int | None = None,
+            follow: bool = True, grep: str | None = None,
+            stop: threading.Event | None = None, **tuning: Any) -> TailResult:
+    """:func:`tail_logs` on an open session (one host of ``tail-logs`` on several hosts:
+    each has its own mirror and cursors, so exactly-once holds per host). Ends when the
+    agent is done (``follow=False``), when ``stop`` is set, or on Ctrl-C."""
     session.warn_moved()  # its follow execs do not go through session.call
     tailer = LogTailer(session, run_id=run_id, playbook=playbook, processes=processes,
                        lines=lines, follow=follow, grep=grep, stop=stop, **tuning)
@@ -627,8 +663,6 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
         return tailer.run()
     except KeyboardInterrupt:
         return tailer.result  # Ctrl-C is how one stops following; the cursor is saved
-    finally:
-        session.close()
 
 
 def logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,

@@ -128,7 +128,7 @@ def test_param_overrides_reach_the_plan_and_unknown_names_are_refused(
 @pytest.mark.parametrize("args, flag", [
     (["status", "--lines", "abc"], "--lines must be a whole number"),
     (["cleanup", "--timeout", "soon"], "--timeout must be a number"),
-    (["deploy", "--host"], "--host needed value"),
+    (["watch", "--host"], "--host needed value"),
     (["status", "--nope"], "No idea what '--nope' is"),
     (["nosuchtask"], "No idea what 'nosuchtask' is"),
     (["exec", "nvidia-smi"], "the command goes after --, e.g. `outrig exec --host NAME --"),

@@ -15,7 +15,7 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
-from outrig.fanout import FanOutFailed, report, run_fanout, status_summary
+from outrig.fanout import FanOutFailed, Rows, report, run_fanout, status_summary
 from outrig.ops.base import HostSession, Project
 
 
@@ -102,3 +102,73 @@ def test_the_table_fits_80_columns_lists_failures_and_raises(tmp_path: Path) -> 
     assert [(r["host"], r["ok"], r["state"]) for r in rows] == [
         ("node-a", True, "ok"), ("node-b", False, "failed")]
     assert rows[0]["result"] == result and rows[1]["error"].startswith("cannot reach")
+
+
+def test_each_outcome_is_handed_on_as_soon_as_it_is_known(tmp_path: Path) -> None:
+    """The slow host is released only once the quick ones' outcomes were handed on: the
+    rows of the quick hosts come before the slow one finishes."""
+    project = _project(tmp_path, ["slow", "a", "b"])
+    release = threading.Event()
+    seen: list[str] = []
+
+    def core(session: HostSession) -> dict[str, Any]:
+        if session.host_spec == "slow":
+            assert release.wait(60), "the quick hosts' outcomes were not handed on"
+        return {}
+
+    def shown(outcome: Any) -> None:
+        seen.append(outcome.host)
+        if sorted(seen) == ["a", "b"]:
+            release.set()
+
+    outcomes = run_fanout(project, ["slow", "a", "b"], core, deadline=120, on_outcome=shown)
+    assert [o.state for o in outcomes] == ["ok", "ok", "ok"]
+    assert seen[-1] == "slow" and sorted(seen) == ["a", "b", "slow"]
+
+
+def test_rows_are_printed_one_by_one_with_warnings_and_failures_last(tmp_path: Path) -> None:
+    project = _project(tmp_path, ["node-a", "b"])
+
+    def core(session: HostSession) -> dict[str, Any]:
+        session.reporter.warn("run x on node-a was moved to b")
+        session.reporter.info("a note nobody needs in a table")
+        if session.host_spec == "b":
+            raise OutrigError("cannot reach b")
+        return {"runs": [], "gpus": []}
+
+    out = io.StringIO()
+    human = Reporter(out=out, err=io.StringIO())
+    rows = Rows(human, ["node-a", "b"], status_summary, what="status")
+    rows.start()
+    assert out.getvalue().split() == ["host", "state", "summary"]
+    outcomes = run_fanout(project, ["node-a", "b"], core, deadline=30, on_outcome=rows.show)
+    assert outcomes[0].warnings == ["run x on node-a was moved to b"]
+    with pytest.raises(FanOutFailed, match="status failed on 1 of 2 hosts: b"):
+        rows.finish(outcomes)
+    lines = out.getvalue().splitlines()
+    row = lines.index("  node-a  ok         no runs · GPUs: none")
+    assert lines[row + 1] == "    warning: run x on node-a was moved to b"
+    assert "a note nobody needs" not in out.getvalue()
+    assert lines[-2:] == ["1 of 2 hosts failed:", "  b: cannot reach b"]
+
+    doc = io.StringIO()
+    rows = Rows(Reporter(json_mode=True, out=doc), ["node-a", "b"], status_summary,
+                what="status")
+    rows.show(outcomes[0])
+    assert json.loads(doc.getvalue())["warnings"] == ["run x on node-a was moved to b"]
+
+
+def test_a_deploys_deadline_counts_its_processes_ready_waits(tmp_path: Path) -> None:
+    """Processes start one after another, each waiting up to its ready timeout: a deploy on
+    several hosts adds their sum to each host's deadline."""
+    from outrig.fanout import deploy_work
+    from outrig.playbook import load_job
+
+    project = _project(tmp_path, ["a", "b"])
+    book = tmp_path / "two.yaml"
+    book.write_text(yaml.safe_dump({"name": "two", "processes": {
+        "server": {"command": "true", "gpus": [], "ready": {"port": 8000, "timeout": 30}},
+        "trainer": {"command": "true", "gpus": [], "after": ["server"],
+                    "ready": {"log": "step", "timeout": 45}},
+        "helper": {"command": "true", "gpus": []}}}))
+    assert deploy_work(project, load_job(book), ["a", "b"]) == 75.0

@@ -1,0 +1,78 @@
+"""What every task of :mod:`outrig.cli` shares: the flags' help texts, numeric flags parsed
+into clear errors, the reporter, and :func:`friendly` (an error as one paragraph and its exit
+status, no traceback). A module of its own so that the task modules (:mod:`outrig.cli`,
+:mod:`outrig.fanout_tasks`, :mod:`outrig.sandbox_tasks`) import it without importing each
+other.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from invoke.exceptions import Exit
+
+from outrig.console import Reporter, visible
+from outrig.errors import ConfigError, OutrigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:port, or 'local' "
+             "(default: OUTRIG_HOST, then host: in outrig.yaml)")
+JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
+PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OUTRIG_PROJECT, "
+                "else the nearest such folder upward from here")
+GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
+             "summary")
+PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
+NO_KEEP_HELP = ("connect directly: neither use nor leave a warm connection to the box "
+                "(default: keep one for keep_seconds, 10 minutes; see outrig connections)")
+
+HOSTS_HELP = ("host(s): a file name in hosts/, an ~/.ssh/config alias, user@host:port or "
+              "'local'; or several (repeat --host, or a,b,c), a group of hosts/groups.yaml, "
+              "or 'all' (every host file), which run at once (default: OUTRIG_HOST, then "
+              "host: in outrig.yaml)")
+MAX_PARALLEL_HELP = ("with several hosts: how many are worked on at once (default "
+                     "16)")
+FANOUT_JSON = "{host, ok, state, seconds, error, result, warnings}"
+LONG_DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
+                      "giving no answer (default: its connect limit plus an hour)")
+DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
+                 "giving no answer (default: from its last RTT, see docs/cli.md)")
+
+
+def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
+    """A numeric flag, parsed here so that ``--lines abc`` is one clear exit-2 paragraph."""
+    if value is None:
+        return default
+    try:
+        return int(value) if whole else float(value)
+    except ValueError:
+        kind = "a whole number" if whole else "a number"
+        raise ConfigError(f"--{flag} must be {kind}, not {value!r} (e.g. --{flag} "
+                          f"{int(default)})") from None
+
+
+def make_reporter(json: bool, gpus: bool = False) -> Reporter:
+    """The reporter a task prints through: tables for people, or JSON with --json."""
+    return Reporter(json_mode=json, gpu_table=gpus)
+
+
+def friendly(func: F) -> F:
+    """Print an OutrigError's message (no traceback) and exit with its status."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except OutrigError as exc:
+            print(f"error: {visible(str(exc))}", file=sys.stderr)
+            raise Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            print("interrupted: anything already launched keeps running on the box; "
+                  "see `outrig status`", file=sys.stderr)
+            raise Exit(code=130) from None
+
+    return wrapper  # type: ignore[return-value]
