@@ -59,6 +59,9 @@ from outrig.transfer import STREAMS
 __all__ = ["friendly", "make_collection", "ns", "program"]
 
 
+JOB_RUN = ("; a multi-node job's id (or a node's run id) covers every node of it, no --host "
+           "needed")
+
 # ------------------------------------------------------------------------------------ tasks
 
 
@@ -95,10 +98,16 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig deploy --playbook smoke --param steps=50 --dry-run
         outrig deploy --host sweep --playbook smoke
     """
+    from outrig.nodes_tasks import deploy_job, multi_node_job
     from outrig.ops.deploy import deploy as run_deploy
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
+    job = multi_node_job(settings, playbook, test=test, params=parse_params(param))
+    if job is not None:  # nodes: N > 1: the selection is the job's nodes, not a sweep
+        deploy_job(settings, host, job, reporter, dry_run=dry_run, wait=not no_wait,
+                   params=parse_params(param))
+        return
     hosts = settings.hosts(host)
     if len(hosts) > 1:
         name = playbook_for(settings, playbook, None, reporter, what="deploy")
@@ -136,10 +145,16 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig plan --host uk-node --playbook dflash-qwen36 --param epochs=2
         outrig plan --host sweep --playbook smoke
     """
+    from outrig.nodes_tasks import deploy_job, multi_node_job
     from outrig.ops.deploy import show_plan
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
+    job = multi_node_job(settings, playbook, test=test, params=parse_params(param))
+    if job is not None:  # every node's plan, each against its own box; nothing is started
+        deploy_job(settings, host, job, reporter, dry_run=True, wait=False,
+                   params=parse_params(param))
+        return
     hosts = settings.hosts(host)
     if len(hosts) > 1:
         place_hosts(settings, hosts, reporter, settings.value("playbook", playbook)[0],
@@ -154,7 +169,7 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
 @task(
     auto_shortflags=False,
     iterable=["host"],
-    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs)",
+    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs)" + JOB_RUN,
           "playbook": "show the current run of this playbook",
           "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
           "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
@@ -182,14 +197,21 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig status --host all
     """
     from outrig.fanout import status_summary
+    from outrig.nodes_tasks import job_id_for
     from outrig.ops.base import playbook_name
     from outrig.ops.status import status as run_status
     from outrig.ops.status import status_on
 
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project, no_keep=no_keep)
-    hosts = settings.hosts(host)
     reporter = make_reporter(json, gpus)
+    job_id = job_id_for(run)
+    if job_id is not None:  # a multi-node job: every node of it, whatever --host says
+        from outrig.ops.nodes import nodes_status
+
+        nodes_status(settings.project, job_id, reporter, log_lines=count)
+        return
+    hosts = settings.hosts(host)
     if len(hosts) == 1:
         run_status(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                    log_lines=count)
@@ -204,7 +226,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 @task(
     auto_shortflags=False,
     iterable=["process", "host"],
-    help={"host": HOSTS_HELP, "run": "run id (default: the current run)",
+    help={"host": HOSTS_HELP, "run": "run id (default: the current run)" + JOB_RUN,
           "playbook": "the current run of this playbook",
           "process": "only this process (repeat for several)",
           "lines": "start N lines before the end (default: resume from the saved cursor, or "
@@ -212,7 +234,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
           "no_follow": "print what is there now and exit",
           "grep": "show only lines matching this regular expression (the mirror keeps all)",
           "max_parallel": "with several hosts and --no-follow: how many are read at once "
-                          "(default 16; a follow reads every host at once)",
+                          "(default 32; a follow reads every host at once)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": "JSON lines {process, line} instead of prefixed text (with several hosts "
                   "{host, process, line}, then one line per host {host, ok, state, ...})"},
@@ -240,12 +262,20 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig tail-logs --host uk-node --no-follow --json
         outrig tail-logs --host sweep --process trainer
     """
+    from outrig.nodes_tasks import job_id_for
     from outrig.ops.logs import tail_logs as run_tail
 
     count = None if lines is None else int(number(lines, "lines", 100))
     settings = settings_for(c, project, no_keep=no_keep)
-    hosts = settings.hosts(host)
     reporter = make_reporter(json)
+    job_id = job_id_for(run)
+    if job_id is not None:  # a multi-node job: every node's logs, prefixed with the node
+        from outrig.ops.nodes import tail_nodes
+
+        tail_nodes(settings.project, job_id, reporter, lines=count, follow=not no_follow,
+                   grep=grep, processes=list(process or []))
+        return
+    hosts = settings.hosts(host)
     if len(hosts) == 1:
         run_tail(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                  processes=list(process or []), lines=count, follow=not no_follow, grep=grep)
@@ -258,7 +288,8 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
 @task(
     auto_shortflags=False,
     iterable=["force_foreign", "host"],
-    help={"host": HOSTS_HELP, "run": "stop this run id", "playbook": "stop this playbook's run",
+    help={"host": HOSTS_HELP, "run": "stop this run id" + JOB_RUN,
+          "playbook": "stop this playbook's run",
           "all": "stop every outrig run on the box",
           "force_foreign": "also kill this pid that outrig did not start (repeat for several); "
                            "it is shown before it is killed",
@@ -291,12 +322,24 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig cleanup --host uk-node --force-foreign 4711
         outrig cleanup --host all --all
     """
+    from outrig.nodes_tasks import job_id_for
     from outrig.ops.cleanup import cleanup as run_cleanup
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
     settings = settings_for(c, project, no_keep=no_keep)
-    hosts = settings.hosts(host)
     reporter = make_reporter(json, gpus)
+    job_id = job_id_for(run)
+    if job_id is not None:  # a multi-node job: its run on every node, nothing else
+        from outrig.ops.nodes import stop_nodes
+
+        if dry_run or force_foreign:
+            raise ConfigError(f"--run {run} is the multi-node job {job_id}: cleanup stops its "
+                              "run on every node and takes neither --dry-run nor "
+                              "--force-foreign (to see one box first: outrig cleanup --host "
+                              "NODE --all --dry-run). Nothing was stopped.")
+        stop_nodes(settings.project, job_id, reporter, timeout=seconds)
+        return
+    hosts = settings.hosts(host)
     if len(hosts) == 1:
         run_cleanup(settings.project, hosts[0], reporter, run_id=run, playbook=playbook,
                     all_runs=all, force_foreign=list(force_foreign or []), dry_run=dry_run,
@@ -467,7 +510,7 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
           "playbook": "the playbook whose run to follow (its current run on the host)",
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
                    "that passes check wins)",
-          "run": "the run to follow (default: the playbook's current run on the host)",
+          "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash on a healthy box, redeploy in place at most N times "
                       "(default 0: report and stop)",
           "threshold": "seconds with every health signal failing before the box may be "
@@ -491,12 +534,24 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     Example:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
     """
+    from outrig.nodes_tasks import job_id_for
     from outrig.notify import Notifier
     from outrig.ops.watch import WatchOptions
     from outrig.ops.watch import watch as run_watch
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
+    job_id = job_id_for(run)
+    if job_id is not None:  # a multi-node job: one node failing stops the others
+        from outrig.ops.nodes import watch_nodes
+
+        if spare:
+            raise ConfigError(f"--spare: {job_id} is a multi-node job, which watch does not "
+                              "move (a node failing stops the others; deploy it again). "
+                              "Drop --spare. Nothing was started.")
+        watch_nodes(settings.project, job_id, reporter,
+                    threshold=float(number(threshold, "threshold", 60, whole=False)))
+        return
     host_spec = settings.host(host)
     name = playbook_for(settings, playbook, host_spec, reporter, what="watch")
     options = WatchOptions(spares=list(spare or []), run_id=run,

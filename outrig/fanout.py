@@ -34,7 +34,7 @@ from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project
 from outrig.timing import fanout_deadline_for
 
-MAX_PARALLEL = 16  # hosts in progress at once unless --max-parallel says otherwise
+MAX_PARALLEL = 32  # hosts in progress at once unless --max-parallel says otherwise
 
 Core = Callable[[HostSession], dict[str, Any]]
 

@@ -35,7 +35,7 @@ HOSTS_HELP = ("host(s): a file name in hosts/, an ~/.ssh/config alias, user@host
               "or 'all' (every host file), which run at once (default: OUTRIG_HOST, then "
               "host: in outrig.yaml)")
 MAX_PARALLEL_HELP = ("with several hosts: how many are worked on at once (default "
-                     "16)")
+                     "32)")
 FANOUT_JSON = "{host, ok, state, seconds, error, result, warnings}"
 LONG_DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
                       "giving no answer (default: its connect limit plus an hour)")

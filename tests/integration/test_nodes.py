@@ -280,3 +280,66 @@ def test_no_wait_launches_node_0_then_node_1_and_returns(
     stop_nodes(project, result.job_id, Reporter(quiet=True), journal=journal())
     for node in node_log_targets(journal(), result.job_id):
         assert marked(node.run_id) == []
+
+
+def _cli(task: Any, root: Path, **flags: Any) -> tuple[int, list[dict[str, Any]], str]:
+    """A task as the installed CLI runs it, with --json: exit status, JSON lines, stderr."""
+    import contextlib
+    import io
+
+    from invoke.context import Context
+    from invoke.exceptions import Exit
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            task(Context(), project=str(root), json=True, **flags)
+        except Exit as exc:
+            code = exc.code
+    lines = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+    return code, lines, err.getvalue()
+
+
+def test_the_cli_treats_a_multi_node_playbook_as_one_job_across_the_selection(
+        project: Project, fake_job: Path, tmp_path: Path) -> None:
+    """``deploy --host a,b`` of a ``nodes: 2`` playbook is one job (not a sweep of two), and
+    ``status``/``tail-logs``/``cleanup``/``watch`` with its ``--run`` id cover both nodes."""
+    from outrig import cli
+
+    root = project.root
+    code, events, err = _cli(cli.plan, root, host=["a,b"], playbook="pair")
+    assert code == 0, err
+    (planned,) = [e for e in events if e.get("event") == "plan"]
+    assert [p["host"] for p in planned["plans"]] == ["a", "b"]
+    assert marked(planned["job_id"]) == []  # a plan starts nothing
+
+    code, events, err = _cli(cli.deploy, root, host=["a,b"], playbook="pair")
+    assert code == 0, err
+    (deployed,) = [e for e in events if e.get("event") == "deployed"]
+    job_id = deployed["job_id"]
+    assert [(n["rank"], n["host"]) for n in deployed["nodes"]] == [(0, "a"), (1, "b")]
+
+    # a node's own run id names the job as well; no --host needed
+    code, documents, err = _cli(cli.status, root, run=f"{job_id}-node1")
+    assert code == 0, err
+    assert [(r["rank"], r["host"], r["state"]) for r in documents[-1]["nodes"]] == [
+        (0, "a", "running"), (1, "b", "running")]
+
+    code, lines, err = _cli(cli.tail_logs, root, run=job_id, no_follow=True)
+    assert code == 0, err
+    ranks = {(line["node_rank"], line["host"]) for line in lines
+             if "rank-ready" in str(line.get("line"))}
+    assert ranks == {(0, "a"), (1, "b")}
+
+    code, _, err = _cli(cli.watch, root, run=job_id, spare=["a"])
+    assert code == 2 and "multi-node job" in err and "--spare" in err
+
+    code, _, err = _cli(cli.cleanup, root, run=job_id, dry_run=True)
+    assert code == 2 and "Nothing was stopped" in err
+    assert all(marked(n.run_id) != [] for n in node_log_targets(journal(), job_id))
+
+    code, documents, err = _cli(cli.cleanup, root, run=job_id)
+    assert code == 0, err
+    assert [(n["host"], n["ok"]) for n in documents[-1]["nodes"]] == [("a", True), ("b", True)]
+    assert all(marked(n.run_id) == [] for n in node_log_targets(journal(), job_id))
