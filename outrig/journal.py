@@ -49,6 +49,16 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+def _merge_into(path: Path, record: dict[str, Any]) -> None:
+    """Merge ``record`` into the JSON object at ``path`` (a record is only ever added to, so
+    a later step never loses what an earlier one wrote), stamped with ``updated``."""
+    existing = read_json(path)
+    merged = existing if isinstance(existing, dict) else {}
+    merged.update(record)
+    merged["updated"] = time.time()
+    atomic_write_json(path, merged)
+
+
 def utc_text(stamp: Any) -> str:
     """A journal time stamp (seconds since the epoch) for people: UTC, to the second."""
     try:
@@ -96,11 +106,7 @@ class Journal:
         self.update_host(host, models=models)
 
     def record_run(self, run_id: str, record: dict[str, Any]) -> None:
-        existing = read_json(self.run_path(run_id))
-        merged = existing if isinstance(existing, dict) else {}
-        merged.update(record)
-        merged["updated"] = time.time()
-        atomic_write_json(self.run_path(run_id), merged)
+        _merge_into(self.run_path(run_id), record)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         data = read_json(self.run_path(run_id))
@@ -129,11 +135,7 @@ class Journal:
         playbook and ``nodes`` (``rank``, ``host``, ``run_id`` each). Each node's run keeps its
         own run record (``job_id`` and ``node_rank`` in it), so everything that works on one
         host's runs (status, reconcile, cleanup --run) works on each node unchanged."""
-        existing = read_json(self.job_path(job_id))
-        merged = existing if isinstance(existing, dict) else {}
-        merged.update(record)
-        merged["updated"] = time.time()
-        atomic_write_json(self.job_path(job_id), merged)
+        _merge_into(self.job_path(job_id), record)
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         data = read_json(self.job_path(job_id))
