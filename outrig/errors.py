@@ -26,6 +26,7 @@ next to the code that raises them are marked with their module)::
     ├── FanOutFailed                    outrig.fanout: some hosts of a selection failed
     ├── NoCheckpoint                    outrig.ops.stage: no complete checkpoint anywhere
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
+    ├── NodesFailed                     outrig.ops.nodes: a node of a multi-node job failed
     ├── SandboxError [RuntimeError]     outrig.sandbox.box: the sandbox could not start
     └── FullDiskUnavailable [RuntimeError]  outrig.sandbox.fulldisk: no small fs to mount
 
