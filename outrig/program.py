@@ -43,6 +43,19 @@ class OutrigProgram(Program):
     """``outrig``: Invoke's Program with the outrig collection, keeping the words after
     ``--`` as typed, and turning Invoke's parse errors into exit status 2 with the fix."""
 
+    def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
+        """Invoke's run; a reader that goes away early (``outrig --help deploy | head``,
+        ``outrig tail-logs ... | head``) ends the output quietly with status 141 (128 +
+        SIGPIPE, as a shell reports it) instead of a traceback."""
+        try:
+            super().run(argv, exit)
+        except BrokenPipeError:
+            # Python's own advice: point stdout at /dev/null so the flush at exit cannot
+            # raise a second time (docs.python.org, "Note on SIGPIPE").
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(141)
+
     def parse_core(self, argv: list[str] | None) -> None:
         global _REMAINDER
         words = list(sys.argv if argv is None else argv)

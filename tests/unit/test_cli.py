@@ -5,6 +5,7 @@ subprocess of this checkout)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -272,3 +273,16 @@ def test_every_task_says_what_it_does_in_one_whole_line() -> None:
         doc = (collection[name].__doc__ or "").strip()
         first = doc.splitlines()[0] if doc else ""
         assert first.endswith("."), (name, first)
+
+
+def test_a_reader_that_goes_away_ends_the_output_without_a_traceback() -> None:
+    """``outrig --help deploy | head -1``: the pipe closes early; outrig exits 141 (128 +
+    SIGPIPE) with nothing on stderr instead of a BrokenPipeError traceback."""
+    binary = Path(sys.executable).parent / "outrig"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte
+    with open(write_end, "wb") as stdout:
+        proc = subprocess.run([str(binary), "--help", "deploy"], stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
