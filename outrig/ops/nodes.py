@@ -442,6 +442,12 @@ def _node_core(nodes: Sequence[NodeRun],
     return lambda session: core(session, by_host[session.host_spec])
 
 
+def state_words(state: str, why: str) -> str:
+    """``failed — worker was killed by signal 15``; just ``running`` when the reason only
+    repeats the state."""
+    return state if not why or why == state else f"{state} — {why}"
+
+
 def node_state(result: dict[str, Any] | None, run_id: str) -> tuple[str, str]:
     """(running | finished | failed | missing, why) of the node's run in a status answer."""
     runs = [r for r in (result or {}).get("runs") or [] if r.get("run_id") == run_id]
@@ -476,7 +482,8 @@ def nodes_status(project: Project, ident: str, reporter: Reporter, *, log_lines:
         return document
     reporter.info(f"job {record.get('job_id')} ({record.get('playbook')}, {len(nodes)} nodes)")
     for row in rows:
-        reporter.info(f"  node {row['rank']} {row['host']}: {row['state']} — {row['why']}")
+        reporter.info(f"  node {row['rank']} {row['host']}: "
+                      + state_words(str(row["state"]), str(row["why"])))
     for node, outcome in zip(nodes, outcomes, strict=True):
         if outcome.result is not None:
             reporter.info(f"── {node.label()}, run {node.run_id}")
@@ -668,7 +675,7 @@ def judge_node(seen: NodeSeen, node: NodeRun, outcome: HostOutcome, now: float,
         reporter.emit_json({"event": "node", "node_rank": node.rank, "host": node.host,
                             "state": seen.state, "why": seen.why})
         if not reporter.json_mode:
-            reporter.info(f"{node.label()}: {seen.state} — {seen.why}")
+            reporter.info(f"{node.label()}: {state_words(seen.state, seen.why)}")
 
 
 def _stop_after_failure(project: Project, job_id: str, bad: Sequence[NodeRun],

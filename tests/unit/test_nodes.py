@@ -265,3 +265,11 @@ def test_a_dry_run_plans_every_node_and_contacts_none(tmp_path: Path,
         assert argv[argv.index("--rdzv-id") + 1] == result.job_id
     with pytest.raises(BlockingIOError):
         listener.accept()
+
+
+def test_a_nodes_state_is_not_repeated_as_its_reason() -> None:
+    from outrig.ops.nodes import state_words
+
+    assert state_words("running", "running") == "running"
+    assert state_words("failed", "worker was killed by signal 15") == (
+        "failed — worker was killed by signal 15")
