@@ -462,3 +462,33 @@ def test_plan_on_a_group_shows_each_hosts_runs_free_gpus_and_the_fit(
         assert code == 0 and all("fits" not in r["result"] for r in rows)
     finally:
         _run(cli.cleanup, root, host=["b0,b1"], all=True)
+
+
+def test_ctrl_c_during_a_fan_out_ends_it_at_once_and_says_what_runs_on(
+        fleet: list[SandboxBox], project: tuple[Path, list[LatencyProxy]]) -> None:
+    """Ctrl-C while a blackholed host is pending (its deadline far away): the command ends
+    with status 130 and its one-paragraph message, after the rows already printed, without
+    waiting for the pending host and without a traceback."""
+    import signal
+    import subprocess
+
+    root, proxies = project
+    proxies[4].blackhole_all()  # connections accepted and held, nothing forwarded
+    binary = Path(sys.executable).parent / "outrig"
+    proc = subprocess.Popen([str(binary), "status", "--host", "b4,b0", "--json", "--no-keep",
+                             "--deadline", "600", "--project", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())  # b0's row: b4 is still pending
+        assert first["host"] == "b0" and first["ok"]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proxies[4].restore()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert out.strip() == ""  # no row for b4: it never answered
