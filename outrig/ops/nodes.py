@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, NoReturn
 
 from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
+from outrig.checkpoints import listing_request, newest_complete, order_text
 from outrig.console import Reporter, describe_event
 from outrig.errors import ConfigError, OutrigError, PlanError
 from outrig.fanout import HostOutcome, run_fanout
@@ -187,11 +188,49 @@ def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Rep
                                 "plans": [p.to_dict() for p in plans]})
             reporter.info("dry run: nothing was sent")
             return NodesResult(job_id, nodes, plans, launched=False)
+        check_checkpoints_agree(sessions, nodes, plans)
         return _launch(sessions, nodes, plans, job, journal, reporter, wait=wait,
                        params=params)
     finally:
         for session in sessions:
             session.transport.close()
+
+
+def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],
+                            plans: Sequence[Plan]) -> None:
+    """Refuse to start when the nodes' newest complete checkpoints differ.
+
+    Why: every rank resumes from its *own* node's ``save_path`` (speculators reads it on
+    each rank at start; docs/scale-out.md, "Checkpoints"), while only global rank 0 writes
+    one. A node without rank 0's newest checkpoint starts its ranks fresh while the others
+    resume, and the job then hangs in a collective or trains from mismatched states. One
+    ``checkpoints`` call per node and process that declares ``checkpoints:``; nothing is
+    started when they disagree (the same newest on all, or none anywhere, passes)."""
+    for name, first in plans[0].processes.items():
+        if not first.checkpoints:
+            continue
+        newest: list[tuple[int, int, int] | None] = []
+        for session, plan in zip(sessions, plans, strict=True):
+            proc = plan.processes[name]
+            fields = {**listing_request(proc.argv),
+                      "scheduler": bool((proc.checkpoints or {}).get("scheduler", True))}
+            listing = session.call("checkpoints", stream=False,
+                                   save_path=str((proc.checkpoints or {})["path"]), **fields)
+            best = newest_complete(listing)
+            newest.append(None if best is None else best.order)
+        if len(set(newest)) <= 1:
+            continue
+        held = "; ".join(f"{node.label()}: {order_text(o) if o else 'none'}"
+                         for node, o in zip(nodes, newest, strict=True))
+        source = max(range(len(nodes)), key=lambda i: newest[i] or (-1, 0, 0))
+        raise PlanError([
+            f"{name}: the nodes hold different newest checkpoints in "
+            f"{(first.checkpoints or {}).get('path')} ({held}). Every rank resumes from its "
+            "own node's copy, so they would start from different states and hang. Put the "
+            f"same one on every node (e.g. outrig stage --host OTHER --playbook "
+            f"{plans[0].playbook} --from {nodes[source].host} --resume, for a recipe that "
+            "stages checkpoints), or remove them on every node to start fresh"],
+            context=f"{plans[0].playbook} on {len(nodes)} nodes")
 
 
 def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRun],

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from outrig.console import Reporter
+from outrig.errors import PlanError
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.nodes import (
@@ -343,3 +344,45 @@ def test_the_cli_treats_a_multi_node_playbook_as_one_job_across_the_selection(
     assert code == 0, err
     assert [(n["host"], n["ok"]) for n in documents[-1]["nodes"]] == [("a", True), ("b", True)]
     assert all(marked(n.run_id) == [] for n in node_log_targets(journal(), job_id))
+
+
+def write_checkpoint(save: Path, epoch: int, step: int) -> None:
+    """A complete speculators save folder ``<save>/<epoch>/`` (the agent's rule:
+    training_state.json, written last, names the epoch and is as new as every file)."""
+    import time
+
+    folder = save / str(epoch)
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "optimizer_state_dict.pt"):
+        (folder / name).write_text("{}")
+    (folder / "training_state.json").write_text(json.dumps(
+        {"epoch": epoch, "local_step": step, "global_step": 10 * epoch + step}))
+    stamp = time.time()
+    for path in folder.iterdir():
+        os.utime(path, (stamp, stamp))
+
+
+def test_nodes_holding_different_checkpoints_are_refused_before_anything_starts(
+        project: Project, fake_job: Path, tmp_path: Path) -> None:
+    """Every rank resumes from its own node's save path: node 0 holding a checkpoint that
+    node 1 lacks would resume one side and start the other fresh. Nothing is started; with
+    the same checkpoint on both the job deploys."""
+    doc = yaml.safe_load(fake_job.read_text())
+    doc["processes"]["trainer"]["checkpoints"] = {"path": "${workdir}/ckpt", "scheduler": False}
+    fake_job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    write_checkpoint(tmp_path / "work-a" / "ckpt", 1, 40)
+
+    with pytest.raises(PlanError) as caught:
+        deploy_nodes(project, ["a", "b"], load_job(fake_job), Reporter(quiet=True),
+                     journal=journal())
+
+    message = str(caught.value)
+    assert "node 0 (a): epoch 1, step 40" in message and "node 1 (b): none" in message
+    assert "--from a --resume" in message and "nothing was sent" in message
+    assert journal().jobs(playbook="pair") == []  # no job recorded, nothing launched
+
+    write_checkpoint(tmp_path / "work-b" / "ckpt", 1, 40)
+    result = deploy_nodes(project, ["a", "b"], load_job(fake_job), Reporter(quiet=True),
+                          journal=journal())
+    assert result.status == "running"
+    stop_nodes(project, result.job_id, Reporter(quiet=True), journal=journal())
