@@ -23,6 +23,7 @@ deploy, total); provision overlaps stage and checkpoint, so they add up to more 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -42,6 +43,7 @@ from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project, pick_host_run
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import cached_models, deploy_on, plan_job
+from outrig.ops.nodes import refuse_node_run
 from outrig.ops.stage import NoCheckpoint, family, stage_on
 from outrig.plan import Plan
 from outrig.playbook import Job, find_playbook, load_job
@@ -223,6 +225,11 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
     new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
     if old_host.name == new_host.name:
         raise ConfigError("--from and --to name the same host")
+    moving: dict[str, Any] | None = None
+    with contextlib.suppress(ConfigError):  # no run to move: _move says so, after the probe
+        moving, _ = old_run(journal, old_host.name, run_id=run_id, playbook=playbook)
+    if moving is not None:  # one node of a multi-node job is not moved alone
+        refuse_node_run(journal, str(moving.get("run_id")), what="migrate")
     report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": time.time(),
                               "timings": {step: 0.0 for step in (*STEPS, "total")}}
     if probe_attempts > 0:

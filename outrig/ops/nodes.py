@@ -196,6 +196,21 @@ def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Rep
             session.transport.close()
 
 
+def refuse_node_run(journal: Journal, run_id: str, *, what: str) -> None:
+    """A node's run of a multi-node job is not one box's job: watching (or moving) it alone
+    would restart or migrate one node while the others wait in a collective. Point at the
+    job instead; nothing is started."""
+    record = journal.run(run_id) or {}
+    job_id = record.get("job_id")
+    if not isinstance(job_id, str):
+        return
+    raise ConfigError(
+        f"{run_id} is node {record.get('node_rank')} of the multi-node job {job_id}; {what} "
+        f"follows one box's run, which would leave the other nodes waiting. Use `outrig watch "
+        f"--run {job_id}` (a node failing stops the others), or stop the job with `outrig "
+        f"cleanup --run {job_id}` and deploy it again on other nodes. Nothing was started.")
+
+
 def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],
                             plans: Sequence[Plan]) -> None:
     """Refuse to start when the nodes' newest complete checkpoints differ.

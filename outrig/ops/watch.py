@@ -50,6 +50,7 @@ from outrig.health import (
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.notify import Notifier
 from outrig.ops.base import HostSession, Project, playbook_name
+from outrig.ops.nodes import refuse_node_run
 from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status
 from outrig.timing import connect_timeout_for
 
@@ -670,6 +671,7 @@ def open_record(project: Project, journal: Journal, host_spec: str, playbook: st
                               f"{options.run_id}; remove {path} to start another watch")
         return record
     run_id = options.run_id or current_run(project, journal, host_spec, playbook, reporter)
+    refuse_node_run(journal, run_id, what="watch")
     record = WatchRecord(watch_file(journal, host_spec, playbook), {
         "origin": host_spec, "host": host_spec, "playbook": playbook, "run_id": run_id,
         "spares": list(options.spares), "restarts": options.restarts, "restarts_used": 0,

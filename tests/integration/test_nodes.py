@@ -386,3 +386,29 @@ def test_nodes_holding_different_checkpoints_are_refused_before_anything_starts(
                           journal=journal())
     assert result.status == "running"
     stop_nodes(project, result.job_id, Reporter(quiet=True), journal=journal())
+
+
+def test_one_node_of_a_job_is_neither_watched_nor_migrated_alone(
+        project: Project, fake_job: Path) -> None:
+    """``watch --host a --playbook pair`` and ``migrate --from a`` would restart or move node
+    0 by itself while node 1 waits in a collective: both are refused, pointing at the job,
+    and nothing is moved or stopped."""
+    from outrig.errors import ConfigError
+    from outrig.ops.migrate import migrate
+    from outrig.ops.watch import WatchOptions, watch
+
+    result = deploy_nodes(project, ["a", "b"], load_job(fake_job), Reporter(quiet=True),
+                          journal=journal())
+    try:
+        with pytest.raises(ConfigError) as watched:
+            watch(project, "a", "pair", Reporter(quiet=True),
+                  options=WatchOptions(spares=["b"]), journal=journal())
+        assert f"outrig watch --run {result.job_id}" in str(watched.value)
+        with pytest.raises(ConfigError) as moved:
+            migrate(project, "b", "a", Reporter(quiet=True), journal=journal())
+        assert "node 1 of the multi-node job" in str(moved.value)
+        assert "Nothing was started" in str(moved.value)
+        for node in node_log_targets(journal(), result.job_id):  # both still running
+            assert marked(node.run_id) != []
+    finally:
+        stop_nodes(project, result.job_id, Reporter(quiet=True), journal=journal())
