@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 _POLL = 0.1  # how often blocked threads look at their stop flag
+_PAUSE_WAIT = 10.0  # blackhole_all(drop_new): the most it waits for the accept thread to pause
 _CHUNK = 256 * 1024
 
 _CUT = b"<cut>"  # queue marker (compared by identity): reset the connection when delivered
@@ -384,6 +385,8 @@ class LatencyProxy:
         self._blackholed = False  # blackhole_all: nothing is delivered until restore()
         self._accepting = threading.Event()  # cleared: new connections are not answered
         self._accepting.set()
+        # set by the accept thread while it is not inside accept() (see blackhole_all)
+        self._accept_paused = threading.Event()
         self._fillers: list[socket.socket] = []  # fill the accept queue while not accepting
 
     # ------------------------------------------------------------------ lifecycle
@@ -445,6 +448,9 @@ class LatencyProxy:
         self._blackholed = True
         if drop_new and self._listener is not None and not self._fillers:
             self._accepting.clear()
+            # The accept thread may be inside accept() right now: it would take the filler
+            # off the queue and leave room for one real connect. Wait until it has left.
+            self._accept_paused.wait(_PAUSE_WAIT)
             self._listener.listen(0)
             filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             filler.setblocking(False)
@@ -537,7 +543,11 @@ class LatencyProxy:
     def _accept_loop(self) -> None:
         assert self._listener is not None
         while not self._closed.is_set():
+            # cleared before the check, so that blackhole_all never sees a stale "paused"
+            # while this thread is about to enter accept()
+            self._accept_paused.clear()
             if not self._accepting.is_set():
+                self._accept_paused.set()
                 self._closed.wait(_POLL)
                 continue
             try:
