@@ -75,6 +75,17 @@ def start(tmp_path: Path, procs: Any, standin: Callable[[str], Path]
     return run
 
 
+def joined(start: Callable[[int, int], Node]) -> tuple[Node, Node]:
+    """Node 0 (the store's host) started first, then node 1; both with two workers up."""
+    port = free_port()
+    head = start(0, port)
+    head.wait_for("Rendezvous'ing worker group")
+    other = start(1, port)
+    other.wait_for("worker ", 2)
+    head.wait_for("worker ", 2)
+    return head, other
+
+
 def test_node_0_hosts_the_store_and_both_join_with_torchs_environment(
         start: Callable[[int, int], Node]) -> None:
     port = free_port()
@@ -100,12 +111,7 @@ def test_node_0_hosts_the_store_and_both_join_with_torchs_environment(
 
 
 def test_a_peer_failing_leaves_the_head_running(start: Callable[[int, int], Node]) -> None:
-    port = free_port()
-    head = start(0, port)
-    head.wait_for("Rendezvous'ing worker group")
-    other = start(1, port)
-    other.wait_for("worker ", 2)
-    head.wait_for("worker ", 2)
+    head, other = joined(start)
     other.fail.touch()
     assert other.proc.wait(60) == 1
     assert "failed (exitcode: 3)" in other.text()
@@ -120,12 +126,7 @@ def test_a_peer_failing_leaves_the_head_running(start: Callable[[int, int], Node
 
 
 def test_the_store_host_ending_ends_the_other_node(start: Callable[[int, int], Node]) -> None:
-    port = free_port()
-    head = start(0, port)
-    head.wait_for("Rendezvous'ing worker group")
-    other = start(1, port)
-    other.wait_for("worker ", 2)
-    head.wait_for("worker ", 2)
+    head, other = joined(start)
     head.fail.touch()
     assert head.proc.wait(60) == 1
     assert other.proc.wait(60) == 1
