@@ -4,6 +4,10 @@ session's shared sshd with 8 × 96 GB."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +23,32 @@ def box_a(tmp_path: Path) -> Iterator[SandboxBox]:
     try:
         yield box
     finally:
+        stop_recorded_runs(box.workdir)
         box.stop()
+
+
+def stop_recorded_runs(workdir: Path) -> None:
+    """Every run the box recorded under ``workdir``, stopped by its recorded process groups
+    (a test that restarts or moves a run may leave a later run's server behind). A group is
+    signalled only while its leader still carries that run's ``OUTRIG_RUN`` marker, so a
+    process group id reused by anything else is left alone."""
+    for record in (workdir / "runs").glob("*/run.json"):
+        try:
+            run = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        marker = f"OUTRIG_RUN={run.get('run_id')}".encode()
+        for proc in run.get("processes") or []:
+            pgid = proc.get("pgid")
+            if not isinstance(pgid, int) or pgid <= 1:
+                continue
+            try:
+                environ = Path(f"/proc/{pgid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue  # gone already
+            if marker in environ:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
 
 
 @pytest.fixture
