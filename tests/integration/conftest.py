@@ -29,9 +29,10 @@ def box_a(tmp_path: Path) -> Iterator[SandboxBox]:
 
 def stop_recorded_runs(workdir: Path) -> None:
     """Every run the box recorded under ``workdir``, stopped by its recorded process groups
-    (a test that restarts or moves a run may leave a later run's server behind). A group is
-    signalled only while its leader still carries that run's ``OUTRIG_RUN`` marker, so a
-    process group id reused by anything else is left alone."""
+    and then by its marker (a test that restarts or moves a run, or kills a launcher, may
+    leave a later run's server or an orphaned rank behind). A group is signalled only while
+    its leader still carries that run's ``OUTRIG_RUN`` marker, so a process group id reused
+    by anything else is left alone; each run id is unique to the test that made it."""
     for record in (workdir / "runs").glob("*/run.json"):
         try:
             run = json.loads(record.read_text())
@@ -49,6 +50,16 @@ def stop_recorded_runs(workdir: Path) -> None:
             if marker in environ:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
+        # ranks a launcher started in sessions of their own (as torchrun does) outlive a
+        # killed launcher's group: they still carry the run's marker
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
 
 
 @pytest.fixture
