@@ -88,12 +88,7 @@ def joined(start: Callable[[int, int], Node]) -> tuple[Node, Node]:
 
 def test_node_0_hosts_the_store_and_both_join_with_torchs_environment(
         start: Callable[[int, int], Node]) -> None:
-    port = free_port()
-    head = start(0, port)
-    head.wait_for("Rendezvous'ing worker group")
-    other = start(1, port)
-    head.wait_for("worker ", 2)
-    other.wait_for("worker ", 2)
+    head, other = joined(start)
     assert head.text().index("starting workers for entrypoint: python") < head.text().index(
         "Rendezvous complete for workers. Result:")
     assert "  group_rank=0" in head.text() and "  group_world_size=2" in head.text()
