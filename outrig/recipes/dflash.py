@@ -56,6 +56,7 @@ from outrig.recipes.base import (
     RecipeContext,
     StageItem,
 )
+from outrig.recipes.dflash_nodes import check_nodes, join_wait, rendezvous_flags
 from outrig.recipes.dflash_section import (
     DFlashSpec,
     TrainerSpec,
@@ -289,7 +290,7 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     for key, extras, owned in OWNED_FLAGS:
         _check_extras(ctx.where, out, key, extras(spec), owned)
     _check_steps(spec, ctx.where, out)
-    _check_nodes(spec, ctx, out)
+    check_nodes(spec, ctx, out)
     run = _Run(spec, ctx, facts, data_path, save_path, epochs, max_samples, vllm_ids,
                trainer_ids, max_model_len, batched, nodes=max(ctx.nodes, 1))
     _render_server(run, out)
@@ -507,7 +508,8 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
             "nothing to resume from. Use a fraction (0.1 saves ten times an epoch)")
     argv = [
         trainer.torchrun or _sibling(trainer.python, "torchrun"),
-        *_rendezvous(run), "--nproc_per_node", str(len(trainer.gpus)), *launcher,
+        *rendezvous_flags(run.spec, run.nodes), "--nproc_per_node", str(len(trainer.gpus)),
+        *launcher,
         "-m", "speculators.train",
         "--speculator-type", "dflash",
         "--verifier-name-or-path", run.served,
@@ -550,35 +552,6 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
     out.origins[("processes", "trainer", "command")] = ("dflash", "trainer")
 
 
-def _rendezvous(run: _Run) -> list[str]:
-    """torchrun's rendezvous flags: ``--standalone`` on one box, torch's own rendezvous across
-    several nodes (outrig only substitutes the names per node and starts the processes).
-
-    ``--rdzv-conf`` lets a node wait for the slowest other node to reach its trainer: each
-    node first starts its own server and prepares its data, so the skew between nodes is
-    bounded by those two steps' timeouts, not by torch's 600 s join default."""
-    if run.nodes <= 1:
-        return ["--standalone"]
-    # The rendezvous id is the job's, shared by its nodes (${run_id} is each node's own run):
-    # torch keys the rendezvous state by it, so nodes with different ids never meet.
-    backend = run.spec.trainer.rendezvous
-    # c10d reads join_timeout (dynamic_rendezvous.py _get_timeout); static reads timeout.
-    # c10d hosts its store on the node whose own names match the endpoint, which a NAT'd
-    # head address never does; is_host pins it to node 0 (c10d_rendezvous_backend.py:137-145).
-    conf = (f"join_timeout={_join_wait(run.spec)},is_host=${{is_head}}" if backend == "c10d"
-            else f"timeout={_join_wait(run.spec)}")
-    return ["--nnodes", "${nnodes}", "--node-rank", "${node_rank}",
-            "--rdzv-backend", backend, "--rdzv-endpoint", "${head_host}:${rdzv_port}",
-            "--rdzv-id", "${job_id}", "--rdzv-conf", conf]
-
-
-def _join_wait(spec: DFlashSpec) -> int:
-    """Seconds one node may wait for the others at the rendezvous: their server start plus
-    their prepare step, each at its own timeout."""
-    wait = spec.server.ready_timeout + (spec.prepare.timeout if spec.prepare.enabled else 0)
-    return int(wait)
-
-
 def _trainer_ready(run: _Run) -> dict[str, Any]:
     """On one box: rank 0's start line. On several nodes the start line is printed on the
     node holding global rank 0 only, so every node waits for its ranks' "Started
@@ -587,39 +560,7 @@ def _trainer_ready(run: _Run) -> dict[str, Any]:
     if run.nodes <= 1:
         return {"log": TRAINER_STARTED, "timeout": trainer.ready_timeout}
     return {"log": f"{TRAINER_STARTED}|{TRAINER_JOINED}",
-            "timeout": trainer.ready_timeout + _join_wait(run.spec)}
-
-
-def _check_nodes(spec: DFlashSpec, ctx: RecipeContext, out: Expansion) -> None:
-    """What changes with ``nodes`` > 1: the layout note, and what cannot run on every node."""
-    if ctx.nodes <= 1:
-        return
-    ranks = len(spec.trainer.gpus)
-    out.notes.append(
-        f"nodes: {ctx.nodes} × (vLLM on GPUs {spec.server.gpus} serving that node's "
-        f"{ranks} trainer rank(s) on 127.0.0.1:{spec.server.port}, hidden states on its local "
-        f"{spec.hidden_states_path}) = {ctx.nodes * ranks} ranks joined by torchrun's "
-        f"{spec.trainer.rendezvous} rendezvous at ${{head_host}}:${{rdzv_port}} "
-        "(docs/scale-out.md)")
-    writer = ("node 0" if spec.trainer.rendezvous == "static" else
-              "the node whose host name sorts first (c10d ignores --node-rank), not "
-              "necessarily node 0")
-    out.notes.append(
-        f"checkpoints: only global rank 0 writes {spec.save_path}, on {writer}. Every rank "
-        "reads its own node's copy when it starts, so before a resume every node must hold "
-        "the same latest checkpoint there (or none)")
-    if spec.prepare.enabled:
-        out.notes.append(
-            "prepare runs on every node against that node's server; every rank packs the "
-            "whole dataset, so the inputs must be the same files on every node (the prepared "
-            f"{spec.data_path} must come out identical)")
-    if spec.regenerate.enabled:
-        out.problems.append(
-            f"{ctx.where(('dflash', 'regenerate', 'enabled'))}: regenerate-responses samples "
-            f"new answers from each node's own server, so with nodes: {ctx.nodes} every node "
-            "would train on different data (and ranks whose datasets differ hang). Run it in a "
-            "one-node job, stage its output to every node and list it under prepare.data, then "
-            "set regenerate.enabled: false here")
+            "timeout": trainer.ready_timeout + join_wait(run.spec)}
 
 
 def _closing_notes(run: _Run, out: Expansion) -> None:
