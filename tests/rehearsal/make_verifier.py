@@ -79,6 +79,16 @@ DEFAULT_CONFIG: Dict[str, Any] = {
     "dtype": "bfloat16",
 }
 
+# The sizes vLLM's CPU attention accepts (cpu_attn supports head_dim 32/64/80/96/112/128/...;
+# head_dim 16 starts, then fails at the first request with "Unsupported CPU attention
+# configuration: head_dim=16"). ``--preset vllm-cpu`` applies them; the stand-ins work with
+# either.
+VLLM_CPU_CONFIG: Dict[str, Any] = {
+    "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 64,
+}
+PRESETS: Dict[str, Dict[str, Any]] = {"default": {}, "vllm-cpu": VLLM_CPU_CONFIG}
+
 
 def _sentence(rng: random.Random, low: int, high: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
@@ -185,9 +195,14 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=48)
     parser.add_argument("--layers", type=int, default=DEFAULT_CONFIG["num_hidden_layers"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                        help="model sizes: default (hidden 64, head_dim 16) or vllm-cpu "
+                        "(hidden 128, head_dim 64: what the real CPU vLLM can serve)")
+    parser.add_argument("--config", type=json.loads, default={},
+                        help="JSON object of config.json keys to override last")
     args = parser.parse_args(argv)
-    model = make_verifier(args.out / "model", seed=args.seed,
-                          config={"num_hidden_layers": args.layers})
+    config = {**PRESETS[args.preset], "num_hidden_layers": args.layers, **args.config}
+    model = make_verifier(args.out / "model", seed=args.seed, config=config)
     convs = write_conversations(args.out / "conversations.jsonl", args.conversations, args.seed)
     print(json.dumps({"model": str(model), "conversations": str(convs)}))
     return 0
