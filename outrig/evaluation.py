@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +95,7 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def settings_for(spec: EvaluateSpec | None, dflash: Any, params: dict[str, object],
+def settings_for(spec: EvaluateSpec | None, dflash: Any, params: Mapping[str, object],
                  where: str) -> tuple[EvalSettings | None, list[str]]:
     """The evaluation's settings and every problem (each naming the key and the fix).
 

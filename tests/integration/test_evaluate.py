@@ -115,8 +115,8 @@ def test_gpus_a_running_run_holds_are_refused_naming_it(project: Path,
     write(project, "g", generic({"prompts": "ok.jsonl"}))
     deployed = outrig(project, "deploy", "--host", box_host.stem, "--playbook", "g", "--json")
     assert deployed.returncode == 0, deployed.stderr
-    run_id = [json.loads(line) for line in deployed.stdout.splitlines()
-              if '"deployed"' in line][0]["run_id"]
+    run_id = next(json.loads(line) for line in deployed.stdout.splitlines()
+              if '"deployed"' in line)["run_id"]
     done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "g")
     refused(done, box_host, f"run {run_id} holds GPU(s) [0]",
             f"outrig cleanup --host {box_host.stem} --run RUN", "evaluate.server.gpus")
