@@ -224,3 +224,25 @@ def test_the_report_and_the_comparison_show_the_numbers() -> None:
     assert "at most 16" in text and "0.900 0.500" in text and "speedup 2.00×" in text
     assert compare_rows([doc]) == [["/c/3", "3.50", "0.90 0.50", "128.0", "2.00",
                                     "1970-01-01 00:00:00 UTC"]]
+
+
+def test_status_shows_a_runs_newest_evaluation(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from outrig.journal import Journal
+    from outrig.ops.status import evaluation_lines, mark_evaluations
+
+    journal = Journal(tmp_path)
+    for eval_id, at, length in (("e1", 10.0, 1.5), ("e2", 20.0, 2.25)):
+        journal.record_evaluation(eval_id, {"eval_id": eval_id, "run_id": "r1", "at": at,
+                                            "checkpoint": {"path": "/c/1"},
+                                            "acceptance_length": length,
+                                            "per_position": [0.5], "speedup": 1.5})
+    journal.record_evaluation("e3", {"eval_id": "e3", "run_id": "other", "at": 30.0})
+    result: dict[str, Any] = {"runs": [{"run_id": "r1"}, {"run_id": "r2"}]}
+    mark_evaluations(result, SimpleNamespace(journal=journal))  # type: ignore[arg-type]
+    assert result["runs"][0]["evaluation"]["eval_id"] == "e2"
+    assert "evaluation" not in result["runs"][1]
+    assert evaluation_lines(result) == [
+        "run r1: /c/1 evaluated on vLLM 1970-01-01 00:00:20 UTC: acceptance length 2.25, "
+        "per position 0.50, speedup 1.50× (outrig evaluate --compare)"]
