@@ -79,7 +79,8 @@ def evaluate_on(session: HostSession, job: Job, *, run_id: str | None = None,
     check_prompts(session, settings, inline)
     check_gpus(session, settings, job.name)
     speculative = speculative_config(settings, ckpt.get("path") if ckpt else None)
-    quiet = Reporter(json_mode=False, out=sys.stderr) if reporter.json_mode else reporter
+    # the servers' plans, progress and stop reports go to stderr: stdout holds the result
+    quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=reporter.gpu_table)
     spec_side = serve_and_send(session, job, settings, speculative, inline, quiet,
                                "with speculative decoding")
     base_side = (serve_and_send(session, job, settings, None, inline, quiet,
