@@ -180,3 +180,35 @@ def test_dflash_checkpoint_evaluated_with_vllms_counters(project: Path, box_host
                                   doc["server_runs"][0])
     assert (accepted, drafted) == (doc["accepted_tokens"], doc["draft_tokens"])
     assert doc["baseline_tokens_per_s"] is None and doc["speedup"] is None
+
+
+def test_a_server_that_dies_at_the_first_request_fails_and_is_stopped(
+        project: Path, box_host: Path, vllm_python: str,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """head_dim 16: the CPU build starts, answers /health, then its engine dies at the first
+    request ("Unsupported CPU attention configuration"). Exit 1, the error named, the server
+    stopped, nothing recorded."""
+    out = tmp_path_factory.mktemp("head16")
+    made = subprocess.run([vllm_python, str(REPO / "tests/rehearsal/make_verifier.py"),
+                           str(out), "--preset", "vllm-cpu", "--config", '{"head_dim": 16}',
+                           "--conversations", "2"], capture_output=True, text=True,
+                          timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    (project / "p.jsonl").write_text('{"prompt": "hello there"}\n')
+    playbook = {"name": "dies", "processes": {"x": {"command": "true"}},
+                "evaluate": {"model": str(out / "model"), "prompts": "p.jsonl",
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_max": 2},
+                             "requests": 1, "baseline": False,
+                             "server": server_settings(vllm_python)}}
+    (project / "playbooks" / "dies.yaml").write_text(yaml.safe_dump(playbook))
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies"], project)
+    assert done.returncode == 1, done.stderr[-4000:]
+    assert "1 of 1 request(s) failed" in done.stderr and "tail-logs" in done.stderr
+    runs = sorted((Path(yaml.safe_load(box_host.read_text())["workdir"]) / "runs").iterdir())
+    assert [r.name.split("-")[0] for r in runs] == ["dies.evaluate"]
+    assert marked(runs[0].name) == []
+    assert json.loads((runs[0] / "run.json").read_text())["status"] == "stopped"
+    listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies", "--compare",
+                     "--json"], project)
+    assert json.loads(listed.stdout)["evaluations"] == []
