@@ -17,9 +17,11 @@ Two ways, one check:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +54,22 @@ def rendered() -> dict[str, Any]:
     return config
 
 
-def _python(var: str) -> str:
+def _python(var: str, module: str) -> str:
+    """``$var``, else this interpreter when it imports ``module`` (the contract venv)."""
     value = os.environ.get(var)
-    if not value:
-        pytest.skip(f"{var} is not set: the contract needs the real tool (docs/evaluate.md, "
-                    "'Tests')")
-    return value
+    if value:
+        return value
+    if importlib.util.find_spec(module) is not None:
+        return sys.executable
+    pytest.skip(f"{var} is not set (and {module} is not importable here): the contract needs "
+                "the real tool (docs/evaluate.md, 'Tests')")
 
 
 @pytest.fixture(scope="module")
 def real_drafter(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A tiny verifier and a random DFlash drafter of the playbook's block size."""
-    vllm_python = _python("OUTRIG_VLLM_PYTHON")
-    spec_python = _python("OUTRIG_REHEARSAL_PYTHON")
+    vllm_python = _python("OUTRIG_VLLM_PYTHON", "vllm")
+    spec_python = _python("OUTRIG_REHEARSAL_PYTHON", "speculators")
     out = tmp_path_factory.mktemp("contract")
     made = subprocess.run([vllm_python, str(REPO / "tests/rehearsal/make_verifier.py"),
                            str(out), "--preset", "vllm-cpu", "--conversations", "2"],
