@@ -166,6 +166,11 @@ def find_checkpoint(session: HostSession, settings: EvalSettings,
                     path: str | None) -> dict[str, Any] | None:
     """The checkpoint evaluated: ``--checkpoint`` (refused when torn), else the newest
     complete one under the save path; None for a method without one (ngram)."""
+    speculative = settings.speculative or {}
+    if path is not None and not (settings.needs_checkpoint or "model" in speculative):
+        raise ConfigError(f"--checkpoint {path}: method {speculative.get('method')} drafts "
+                          "without a checkpoint; leave --checkpoint out, or give "
+                          "evaluate.speculative a method that loads one (dflash, eagle3)")
     if path is None and not settings.needs_checkpoint:
         model = (settings.speculative or {}).get("model")
         return {"path": str(model)} if model else None

@@ -128,3 +128,7 @@ def test_a_generic_playbook_without_the_keys_is_refused(project: Path, box_host:
     write(project, "n", {"processes": {"a": {"command": "true"}}})
     done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "n")
     refused(done, box_host, "evaluate.model", "evaluate.speculative", "evaluate.prompts")
+    write(project, "m", generic({"prompts": "box:eval.jsonl"}))
+    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "m",
+                  "--checkpoint", "/ckpt/3")
+    refused(done, box_host, "--checkpoint /ckpt/3: method ngram drafts without a checkpoint")
