@@ -11,7 +11,8 @@ random speculators 0.9 drafter, made in the speculators venv; at merge it is poi
 drafter the CPU rehearsal trains) through the dflash defaults: method ``dflash``, the
 checkpoint as the drafter, the last training conversations as the prompts. The third serves
 a verifier the CPU build starts but cannot run (head_dim 16): the requests fail, the command
-fails with their error, the server is stopped and nothing is recorded.
+fails with their error, the server is stopped and nothing is recorded. The fourth presses
+Ctrl-C while the server starts: exit 130, nothing of it left.
 
 Needs ``OUTRIG_VLLM_PYTHON`` (an interpreter with vLLM's CPU build) and, for the DFlash test,
 ``OUTRIG_REHEARSAL_PYTHON`` (speculators 0.9); without them the tests skip.
@@ -19,11 +20,14 @@ Needs ``OUTRIG_VLLM_PYTHON`` (an interpreter with vLLM's CPU build) and, for the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,3 +218,45 @@ def test_a_server_that_dies_at_the_first_request_fails_and_is_stopped(
     listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies", "--compare",
                      "--json"], project)
     assert json.loads(listed.stdout)["evaluations"] == []
+
+
+def test_ctrl_c_while_the_server_starts_stops_it(project: Path, box_host: Path,
+                                                 vllm_python: str, verifier: dict[str, str]
+                                                 ) -> None:
+    """Ctrl-C (SIGINT to the command) once the server is launched and not yet ready: exit
+    130, and nothing of the server's run is left on the box."""
+    (project / "p.jsonl").write_text('{"prompt": "hello"}\n')
+    playbook = {"name": "intr", "processes": {"x": {"command": "true"}},
+                "evaluate": {"model": verifier["model"], "prompts": "p.jsonl",
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_max": 2},
+                             "server": server_settings(vllm_python)}}
+    (project / "playbooks" / "intr.yaml").write_text(yaml.safe_dump(playbook))
+    binary = Path(sys.executable).parent / "outrig"
+    command = subprocess.Popen([str(binary), "evaluate", "--host", box_host.stem,
+                                "--playbook", "intr"], cwd=project, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    runs = Path(yaml.safe_load(box_host.read_text())["workdir"]) / "runs"
+    try:
+        deadline = time.monotonic() + 300
+        launched: list[int] = []
+        while not launched and time.monotonic() < deadline and command.poll() is None:
+            for record in runs.glob("intr.evaluate-*/run.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    launched = [p["pid"] for p in json.loads(record.read_text())["processes"]
+                                if p.get("pid")]
+            time.sleep(0.2)
+        assert launched, "the server was never launched"
+        command.send_signal(signal.SIGINT)
+        _, err = command.communicate(timeout=300)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 130, err[-3000:]
+    assert "interrupted" in err
+    run_id = next(runs.glob("intr.evaluate-*")).name
+    deadline = time.monotonic() + 120
+    while marked(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert marked(run_id) == []
