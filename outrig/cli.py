@@ -25,6 +25,7 @@ from invoke.tasks import task
 from outrig import __version__
 from outrig.console import Reporter
 from outrig.errors import ConfigError
+from outrig.evaluate_tasks import evaluate
 from outrig.fanout_tasks import (
     cleanup_hosts,
     deploy_hosts,
@@ -779,8 +780,8 @@ def init(c: Any, force: bool = False, json: bool = False) -> None:
 
 
 TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
-         migrate, watch, check, exec_, ssh, forward, connections, demo, sandbox_up, sandbox_down,
-         init)
+         migrate, watch, evaluate, check, exec_, ssh, forward, connections, demo, sandbox_up,
+         sandbox_down, init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

@@ -27,6 +27,7 @@ next to the code that raises them are marked with their module)::
     ├── NoCheckpoint                    outrig.ops.stage: no complete checkpoint anywhere
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
     ├── NodesFailed                     outrig.ops.nodes: a node of a multi-node job failed
+    ├── EvaluationFailed                outrig.ops.evaluate: requests failed on the server
     ├── SandboxError [RuntimeError]     outrig.sandbox.box: the sandbox could not start
     └── FullDiskUnavailable [RuntimeError]  outrig.sandbox.fulldisk: no small fs to mount
 

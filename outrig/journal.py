@@ -127,6 +127,32 @@ class Journal:
         out.sort(key=lambda r: (r.get("created", 0), r.get("run_id", "")), reverse=True)
         return out
 
+    def evaluation_path(self, eval_id: str) -> Path:
+        return self.root / "evaluations" / f"{safe_name(eval_id)}.json"
+
+    def record_evaluation(self, eval_id: str, record: dict[str, Any]) -> None:
+        """One ``outrig evaluate`` result: its playbook, host, training run (``run_id``, when
+        the drafter is a run's checkpoint), ``checkpoint`` (path, epoch, step), the numbers
+        and ``at``. Kept apart from the run records, which the box's index reconciles."""
+        _merge_into(self.evaluation_path(eval_id), record)
+
+    def evaluations(self, *, playbook: str | None = None, run_id: str | None = None,
+                    host: str | None = None) -> list[dict[str, Any]]:
+        """Recorded evaluations (of ``playbook``, of a run's checkpoints, on ``host``),
+        newest first."""
+        out = []
+        for path in (self.root / "evaluations").glob("*.json"):
+            data = read_json(path)
+            if not isinstance(data, dict):
+                continue
+            if ((playbook is not None and data.get("playbook") != playbook)
+                    or (run_id is not None and data.get("run_id") != run_id)
+                    or (host is not None and data.get("host") != host)):
+                continue
+            out.append(data)
+        out.sort(key=lambda r: (float(r.get("at") or 0), str(r.get("eval_id"))), reverse=True)
+        return out
+
     def job_path(self, job_id: str) -> Path:
         return self.root / "jobs" / f"{safe_name(job_id)}.json"
 

@@ -32,6 +32,7 @@ from pydantic import (
 from outrig import recipes
 from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
 from outrig.errors import ConfigError
+from outrig.evaluation_section import EvaluateSpec
 from outrig.recipes import Recipe
 from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
 
@@ -294,6 +295,8 @@ class _PlaybookTail(_Strict):
         default_factory=dict, description="venvs `outrig provision` makes on the box, with pins")
     requires: RequiresSpec | None = Field(
         None, description="what the box must offer: python, NVIDIA driver, free disk")
+    evaluate: EvaluateSpec | None = Field(
+        None, description="what `outrig evaluate` serves and sends (docs/evaluate.md)")
 
     @field_validator("environments")
     @classmethod

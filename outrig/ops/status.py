@@ -7,7 +7,8 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError
-from outrig.journal import Journal
+from outrig.evaluation import fmt
+from outrig.journal import Journal, utc_text
 from outrig.ops.base import HostSession, Project, host_session, playbook_name
 
 
@@ -39,11 +40,42 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
                           gpu_holders=True, **selector)
     enrich_status(result)
     mark_moved_runs(result, session)
+    mark_evaluations(result, session)
     if session.reporter.json_mode:
         session.reporter.emit_json(result)
     else:
         print_status(session.reporter, result)
+        session.reporter.lines(evaluation_lines(result))
     return result
+
+
+EVALUATION_KEYS = ("eval_id", "checkpoint", "method", "acceptance_length", "per_position",
+                   "tokens_per_s", "baseline_tokens_per_s", "speedup", "at")
+
+
+def mark_evaluations(result: dict[str, Any], session: HostSession) -> None:
+    """Each run's newest ``outrig evaluate`` of its checkpoints (from the journal), as
+    ``evaluation``: what the drafter is worth on vLLM, beside the trainer's own metrics."""
+    for run in result.get("runs") or []:
+        found = session.journal.evaluations(run_id=str(run.get("run_id")))
+        if found:
+            run["evaluation"] = {k: found[0].get(k) for k in EVALUATION_KEYS}
+
+
+def evaluation_lines(result: dict[str, Any]) -> list[str]:
+    """``run R: checkpoint C evaluated on vLLM ...: acceptance length 3.10 ...``."""
+    lines = []
+    for run in result.get("runs") or []:
+        ev = run.get("evaluation")
+        if not ev:
+            continue
+        ckpt = (ev.get("checkpoint") or {}).get("path") or ev.get("method")
+        lines.append(f"run {run.get('run_id')}: {ckpt} evaluated on vLLM "
+                     f"{utc_text(ev.get('at'))}: acceptance length "
+                     f"{fmt(ev.get('acceptance_length'))}, per position "
+                     f"{' '.join(fmt(p) for p in ev.get('per_position') or []) or '-'}, "
+                     f"speedup {fmt(ev.get('speedup'))}× (outrig evaluate --compare)")
+    return lines
 
 
 def enrich_status(result: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ OPS: Dict[str, str] = {
     "peer_keygen": "peer:op_peer_keygen",
     "peer_pull": "peer:op_peer_pull",
     "checkpoints": "checkpoints:op_checkpoints",
+    "bench": "bench:op_bench",
 }
 
 

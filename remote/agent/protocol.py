@@ -130,6 +130,13 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
                   "send": f("dict", True)},
     "checkpoints": {"save_path": f("str", True), "scheduler": f("bool"),
                     "max_steps": f("int|null")},
+    "bench": {
+        "base_url": f("str"), "model": f("str"), "prompts": f("list|null"),
+        "prompts_path": f("str|null"), "conversations": f("list|null"), "requests": f("int"),
+        "concurrency": f("int"), "max_tokens": f("int"), "temperature": f("num"),
+        "timeout": f("num"), "settle": f("num"), "check_only": f("bool"),
+        "progress_interval": f("num"),
+    },
 }
 OPS: Tuple[str, ...] = tuple(REQUESTS)
 
@@ -147,6 +154,8 @@ RESULTS: Dict[str, Tuple[str, ...]] = {
     "revoke_key": ("removed",),
     "peer_keygen": ("public_key", "has_ssh"),
     "checkpoints": ("save_path", "exists", "checkpoints", "others"),  # and "now" if it exists
+    "bench": ("prompts", "kinds", "sent", "failed", "errors", "completion_tokens", "seconds",
+              "metrics_before", "metrics_after", "metric_reads"),  # check_only: the first two
 }
 
 

@@ -1,0 +1,262 @@
+"""``outrig evaluate`` end to end: the sandbox box (a real sshd), the real CPU vLLM, the
+real counters.
+
+The first test evaluates vLLM's ``ngram`` method with a baseline and checks the numbers
+against what the server itself logged: vLLM's ``SpecDecodingLogging.log``
+(vllm/v1/spec_decode/metrics.py) prints, per interval, ``Accepted: A tokens, Drafted: D
+tokens`` and ``Mean acceptance length: 1 + A/drafts``; the sums of A and D over the server's
+life must equal the counter deltas outrig read around its requests (nothing else drafts on
+that server: /health and /v1/models do not). The second evaluates a DFlash checkpoint (a
+random speculators 0.9 drafter, made in the speculators venv; at merge it is pointed at the
+drafter the CPU rehearsal trains) through the dflash defaults: method ``dflash``, the
+checkpoint as the drafter, the last training conversations as the prompts. The third serves
+a verifier the CPU build starts but cannot run (head_dim 16): the requests fail, the command
+fails with their error, the server is stopped and nothing is recorded. The fourth presses
+Ctrl-C while the server starts: exit 130, nothing of it left.
+
+Needs ``OUTRIG_VLLM_PYTHON`` (an interpreter with vLLM's CPU build) and, for the DFlash test,
+``OUTRIG_REHEARSAL_PYTHON`` (speculators 0.9); without them the tests skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.ops.base import Project
+from tests.helpers import free_port, marked, stop_every_run
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC_LINE = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+), .*"
+                       r"Accepted: (\d+) tokens, Drafted: (\d+) tokens")
+EVALUATE_TIMEOUT = 1800  # two CPU vLLM starts on a loaded 2-core machine
+
+
+def _python(var: str, module: str) -> str:
+    """The interpreter ``var`` names; skip when unset, fail when it cannot find ``module``."""
+    python = os.environ.get(var)
+    if not python:
+        pytest.skip(f"{var} is not set: point it at an interpreter with {module} (see "
+                    "docs/evaluate.md, 'Tests')")
+    found = subprocess.run([python, "-c", f"import importlib.util, sys; sys.exit(0 if "
+                            f"importlib.util.find_spec({module!r}) else 1)"],
+                           capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, f"{var}={python} cannot import {module}: {found.stderr}"
+    return python
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    return _python("OUTRIG_VLLM_PYTHON", "vllm")
+
+
+@pytest.fixture(scope="module")
+def verifier(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny random Qwen3 the CPU vLLM serves, and its conversations file."""
+    out = tmp_path_factory.mktemp("verifier")
+    made = subprocess.run([vllm_python, str(REPO / "tests/rehearsal/make_verifier.py"),
+                           str(out), "--preset", "vllm-cpu", "--conversations", "24"],
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    return {"model": str(out / "model"), "conversations": str(out / "conversations.jsonl")}
+
+
+@pytest.fixture
+def project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
+    """The test's project (hosts/ from box_host); every run left on the box is stopped."""
+    (tmp_path / "playbooks").mkdir()
+    yield tmp_path
+    stop_every_run(Project(tmp_path), box_host.stem,
+                   Path(os.environ["XDG_STATE_HOME"]) / "outrig")
+
+
+def server_settings(python: str) -> dict[str, Any]:
+    return {"python": python, "port": free_port(), "gpus": [], "max_model_len": 512,
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOG_STATS_INTERVAL": "1"},
+            "extra_args": ["--dtype", "bfloat16"], "ready_timeout": 900}
+
+
+def outrig(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    binary = Path(sys.executable).parent / "outrig"
+    return subprocess.run([str(binary), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=EVALUATE_TIMEOUT)
+
+
+def logged(workdir: Path, run_id: str) -> tuple[int, int, list[float]]:
+    """(accepted, drafted, mean lengths) summed over the server's own SpecDecoding lines."""
+    text = (workdir / "runs" / run_id / "logs" / "server.log").read_text(errors="replace")
+    found = SPEC_LINE.findall(text)
+    return (sum(int(a) for _, a, _ in found), sum(int(d) for _, _, d in found),
+            [float(m) for m, _, _ in found])
+
+
+def check_stopped(doc: dict[str, Any]) -> None:
+    for run_id in doc["server_runs"]:
+        assert marked(run_id) == [], f"server run {run_id} left processes behind"
+
+
+def test_ngram_evaluation_matches_vllms_own_log(project: Path, box_host: Path,
+                                               vllm_python: str, verifier: dict[str, str]
+                                               ) -> None:
+    prompts = project / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"step {i} the fox the fox the fox the "
+                                                     "fox the fox"}) + "\n" for i in range(6)))
+    playbook = {"name": "ngram", "processes": {"server": {"command": [
+        vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+        verifier["model"]]}},
+        "evaluate": {"model": verifier["model"], "prompts": "prompts.jsonl",
+                     "speculative": {"method": "ngram", "num_speculative_tokens": 3,
+                                     "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+                     "requests": 6, "concurrency": 2, "max_tokens": 24, "settle": 3,
+                     "server": server_settings(vllm_python)}}
+    (project / "playbooks" / "ngram.yaml").write_text(yaml.safe_dump(playbook))
+
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "ngram", "--json"],
+                  project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    check_stopped(doc)
+    assert doc["requests"] == 6 and doc["completion_tokens"] > 0
+    assert doc["drafts"] > 0, "ngram drafted nothing"
+    assert doc["acceptance_length"] == pytest.approx(1 + doc["accepted_tokens"] / doc["drafts"])
+    assert len(doc["per_position"]) == 3
+    accepted, drafted, lengths = logged(Path(yaml.safe_load(box_host.read_text())["workdir"]),
+                                        doc["server_runs"][0])
+    assert (accepted, drafted) == (doc["accepted_tokens"], doc["draft_tokens"])
+    assert lengths and all(1.0 <= m <= 4.0 for m in lengths)
+    assert doc["baseline_tokens_per_s"] and doc["tokens_per_s"]
+    assert doc["speedup"] == pytest.approx(doc["tokens_per_s"] / doc["baseline_tokens_per_s"])
+    assert doc["checkpoint"] is None and doc["method"] == "ngram"
+
+    listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "ngram", "--compare",
+                     "--json"], project)
+    assert listed.returncode == 0, listed.stderr
+    assert [e["eval_id"] for e in json.loads(listed.stdout)["evaluations"]] == [doc["eval_id"]]
+
+
+@pytest.fixture(scope="module")
+def drafter(verifier: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The save path holding one random DFlash checkpoint (``<save>/0``) for the verifier."""
+    python = _python("OUTRIG_REHEARSAL_PYTHON", "speculators")
+    save = tmp_path_factory.mktemp("drafter") / "checkpoints"
+    made = subprocess.run([python, str(REPO / "tests/realvllm/make_dflash_drafter.py"),
+                           verifier["model"], str(save), "--block-size", "4"],
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    return str(save)
+
+
+def test_dflash_checkpoint_evaluated_with_vllms_counters(project: Path, box_host: Path,
+                                                        vllm_python: str,
+                                                        verifier: dict[str, str],
+                                                        drafter: str) -> None:
+    playbook = {"name": "draft", "recipe": "dflash", "dflash": {
+        "model": verifier["model"], "data_path": "data", "save_path": drafter,
+        "block_size": 4, "prepare": {"data": [verifier["conversations"]]},
+        "server": {"gpus": [0], "python": vllm_python}, "trainer": {"gpus": [1]}},
+        "evaluate": {"requests": 3, "concurrency": 3, "max_tokens": 16, "baseline": False,
+                     "settle": 3, "server": server_settings(vllm_python)}}
+    (project / "playbooks" / "draft.yaml").write_text(yaml.safe_dump(playbook))
+
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "draft", "--json"],
+                  project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    check_stopped(doc)
+    assert doc["checkpoint"]["path"] == f"{drafter}/0"
+    assert doc["checkpoint"]["order_text"] == "end of epoch 0"
+    assert doc["speculative_config"] == {"method": "dflash", "model": f"{drafter}/0",
+                                         "num_speculative_tokens": 3}
+    assert doc["requests"] == 3 and doc["drafts"] > 0
+    assert doc["draft_tokens"] == 3 * doc["drafts"]
+    assert doc["acceptance_length"] == pytest.approx(1 + doc["accepted_tokens"] / doc["drafts"])
+    accepted, drafted, _ = logged(Path(yaml.safe_load(box_host.read_text())["workdir"]),
+                                  doc["server_runs"][0])
+    assert (accepted, drafted) == (doc["accepted_tokens"], doc["draft_tokens"])
+    assert doc["baseline_tokens_per_s"] is None and doc["speedup"] is None
+
+
+def test_a_server_that_dies_at_the_first_request_fails_and_is_stopped(
+        project: Path, box_host: Path, vllm_python: str,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """head_dim 16: the CPU build starts, answers /health, then its engine dies at the first
+    request ("Unsupported CPU attention configuration"). Exit 1, the error named, the server
+    stopped, nothing recorded."""
+    out = tmp_path_factory.mktemp("head16")
+    made = subprocess.run([vllm_python, str(REPO / "tests/rehearsal/make_verifier.py"),
+                           str(out), "--preset", "vllm-cpu", "--config", '{"head_dim": 16}',
+                           "--conversations", "2"], capture_output=True, text=True,
+                          timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    (project / "p.jsonl").write_text('{"prompt": "hello there"}\n')
+    playbook = {"name": "dies", "processes": {"x": {"command": "true"}},
+                "evaluate": {"model": str(out / "model"), "prompts": "p.jsonl",
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_max": 2},
+                             "requests": 1, "baseline": False,
+                             "server": server_settings(vllm_python)}}
+    (project / "playbooks" / "dies.yaml").write_text(yaml.safe_dump(playbook))
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies"], project)
+    assert done.returncode == 1, done.stderr[-4000:]
+    assert "1 of 1 request(s) failed" in done.stderr and "tail-logs" in done.stderr
+    runs = sorted((Path(yaml.safe_load(box_host.read_text())["workdir"]) / "runs").iterdir())
+    assert [r.name.split("-")[0] for r in runs] == ["dies.evaluate"]
+    assert marked(runs[0].name) == []
+    assert json.loads((runs[0] / "run.json").read_text())["status"] == "stopped"
+    listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies", "--compare",
+                     "--json"], project)
+    assert json.loads(listed.stdout)["evaluations"] == []
+
+
+def test_ctrl_c_while_the_server_starts_stops_it(project: Path, box_host: Path,
+                                                 vllm_python: str, verifier: dict[str, str]
+                                                 ) -> None:
+    """Ctrl-C (SIGINT to the command) once the server is launched and not yet ready: exit
+    130, and nothing of the server's run is left on the box."""
+    (project / "p.jsonl").write_text('{"prompt": "hello"}\n')
+    playbook = {"name": "intr", "processes": {"x": {"command": "true"}},
+                "evaluate": {"model": verifier["model"], "prompts": "p.jsonl",
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_max": 2},
+                             "server": server_settings(vllm_python)}}
+    (project / "playbooks" / "intr.yaml").write_text(yaml.safe_dump(playbook))
+    binary = Path(sys.executable).parent / "outrig"
+    command = subprocess.Popen([str(binary), "evaluate", "--host", box_host.stem,
+                                "--playbook", "intr"], cwd=project, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    runs = Path(yaml.safe_load(box_host.read_text())["workdir"]) / "runs"
+    try:
+        deadline = time.monotonic() + 300
+        launched: list[int] = []
+        while not launched and time.monotonic() < deadline and command.poll() is None:
+            for record in runs.glob("intr.evaluate-*/run.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    launched = [p["pid"] for p in json.loads(record.read_text())["processes"]
+                                if p.get("pid")]
+            time.sleep(0.2)
+        assert launched, "the server was never launched"
+        command.send_signal(signal.SIGINT)
+        _, err = command.communicate(timeout=300)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 130, err[-3000:]
+    assert "interrupted" in err
+    run_id = next(runs.glob("intr.evaluate-*")).name
+    deadline = time.monotonic() + 120
+    while marked(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert marked(run_id) == []
