@@ -413,7 +413,8 @@ def _render_server(run: _Run, out: Expansion) -> None:
         "env": {**spec.env, **run.offline, **server.env},
         "gpus": list(server.gpus),
         "parallel": {"tensor": server.tensor, "data": server.data},
-        "ready": {"http": f"{run.endpoint}/health", "model": run.served,
+        # generate: one answered request, not /health alone (an engine can die at the first)
+        "ready": {"http": f"{run.endpoint}/health", "model": run.served, "generate": True,
                   "timeout": server.ready_timeout},
         "fatal": list(SERVER_FATAL),
         "stop": {"grace": server.stop_grace},
