@@ -63,7 +63,7 @@ def probe_completion(url: str, model: str, timeout: float = COMPLETION_TIMEOUT_S
 
     parts = urllib.parse.urlsplit(url)
     target = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/v1/completions", "", ""))
-    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 1,
+    body = json.dumps({"model": model, "prompt": [0], "max_tokens": 1,
                        "temperature": 0}).encode()
     request = urllib.request.Request(target, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
