@@ -51,7 +51,10 @@ def server_playbook(folder: Path, name: str, python: str, model: Path, *,
         "processes": {"server": {
             "command": [python, "-m", "vllm.entrypoints.openai.api_server", "--model",
                         str(model), "--host", "127.0.0.1", "--port", "${port}",
-                        "--max-model-len", str(max_model_len), "--dtype", "bfloat16"],
+                        "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
+                        # no torch.compile warm-up: /health in ~45 s instead of ~4 min here;
+                        # what these tests check is outrig, not vLLM's compiler
+                        "--enforce-eager"],
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
             "ready": ready,
             "fatal": list(SERVER_FATAL),
