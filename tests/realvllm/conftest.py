@@ -17,6 +17,7 @@ import pytest
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.nvidia_smi import load_inventory, write_inventory
 from tests.helpers import stop_every_run
+from tests.integration.conftest import stop_recorded_runs
 from tests.realvllm.serving import PROJECT, make_verifier
 
 VLLM_PYTHON_ENV = "OUTRIG_VLLM_PYTHON"
@@ -50,7 +51,7 @@ def verifier(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.fixture(scope="module")
 def real_host(sandbox: SandboxBox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A host YAML on the sandbox with a workdir of this module's own; every run left on it
-    is stopped by outrig's cleanup when the module ends."""
+    is stopped by outrig's cleanup when the module ends (then by its records, if need be)."""
     if not sandbox.is_running():
         sandbox.start()
     base = tmp_path_factory.mktemp("realhost")
@@ -64,3 +65,4 @@ def real_host(sandbox: SandboxBox, tmp_path_factory: pytest.TempPathFactory) -> 
         yield host
     finally:
         stop_every_run(PROJECT, str(host), base / "teardown-state")
+        stop_recorded_runs(workdir)  # by record, should outrig's own cleanup have failed
