@@ -297,7 +297,7 @@ def test_vllm_healthy_start_serves_and_renames_children_then_stops_on_term(
     with urllib.request.urlopen(req, timeout=2) as resp:
         assert resp.status == 200 and json.loads(resp.read())["model"] == "served-id"
     text = log.read_text()
-    for line in (f"Starting vLLM API server 0 on http://127.0.0.1:{port}",
+    for line in (f"Starting vLLM server on http://127.0.0.1:{port}",  # vllm 0.32 / 0.33
                  "Route: /v1/chat/completions/render, Methods: POST",
                  "INFO:     Application startup complete."):
         assert line in text
@@ -308,6 +308,11 @@ def test_vllm_healthy_start_serves_and_renames_children_then_stops_on_term(
     assert sorted(comm(p) for p in children) == ["VLLM::EngineCor", "VLLM::EngineCor"]
     assert {h["pid"] for h in holders} == set(children)
     assert all(os.getsid(p) == proc.pid for p in children)
+    # renamed the way setproctitle does: title-only cmdline, environ cleared of the marker
+    for pid in children:
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").startswith(
+            b"VLLM::EngineCore_DP")
+        assert b"OUTRIG_TEST_MARK=" not in Path(f"/proc/{pid}/environ").read_bytes()
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0
