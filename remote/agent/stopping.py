@@ -99,7 +99,12 @@ class Stopper:
         :meth:`member_proofs`, which also says which rule found each)."""
         return set(self.member_proofs(run_id, rec, leader))
 
-    def member_proofs(self, run_id: str, rec: JSONDict, leader: str) -> Dict[int, str]:
+    def live_procs(self) -> Dict[int, ProcStat]:
+        """One scan of /proc: every live process but the agent and its ancestors."""
+        return {st.pid: st for st in scan_procs() if st.pid not in self.protected and st.live()}
+
+    def member_proofs(self, run_id: str, rec: JSONDict, leader: str,
+                      procs: Optional[Dict[int, ProcStat]] = None) -> Dict[int, str]:
         """{pid: the rule that proves it ours} for the record's live processes but its leader.
 
         Ours: in the leader's ``group`` or ``session`` (started after it), carrying its
@@ -114,8 +119,8 @@ class Stopper:
         pid = rec["pid"]
         ticks = rec["start_ticks"]
         same_boot = not rec.get("boot_id") or rec.get("boot_id") == self.boot
-        procs = {st.pid: st for st in scan_procs()
-                 if st.pid not in self.protected and st.live()}
+        if procs is None:
+            procs = self.live_procs()
         out: Dict[int, str] = {}
         for st in procs.values():
             if st.pid == pid:
@@ -147,12 +152,13 @@ class Stopper:
         deploy's first look on: a process recorded here is ours later whatever it does to its
         session, group or environment."""
         count = 0
+        procs = self.live_procs()  # one scan for every record
         for rec in records:
             if not valid_record(rec):
                 continue
             state = self.leader_state(rec)
             if state != "reused":
-                count += len(self.members(run_id, rec, state))
+                count += len(self.member_proofs(run_id, rec, state, procs))
         return count
 
     @staticmethod
