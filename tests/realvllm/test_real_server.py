@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from outrig.layout import status_lines
 from outrig.ops.base import host_session
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import DeployResult, deploy_on
@@ -344,8 +345,13 @@ def test_orphans_of_a_killed_api_server_are_found_and_only_they_are_stopped(
     assert wait_gone([api, rec["pid"]], timeout=60) == []  # the wrapper ends with its child
     assert all(alive(p) for p in orphans), "vLLM's children outlive a SIGKILLed API server"
 
-    proc = served.status()["processes"][0]
+    run = served.status()
+    proc = run["processes"][0]
     assert proc["state"] == "killed" and proc["signal"] == 9
+    lines = status_lines({"runs": [run]}, 100)  # what `outrig status` prints for people
+    print("\n".join(lines))
+    assert any("outlive it; cleanup stops them" in line for line in lines), lines
+    assert any(line.endswith("VLLM::EngineCore (group)") for line in lines), lines
     found = {node["pid"]: node["proof"] for node in proc["tree"]}
     assert set(orphans) <= set(found), proc["tree"]
     assert {found[p] for p in orphans} == {"group"}
