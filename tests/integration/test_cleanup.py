@@ -29,6 +29,7 @@ from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.nvidia_smi import gpu_rows, register_holder
 from tests.helpers import alive, children, free_port, group_members, marked, wait_gone
+from tests.integration.conftest import stop_recorded_runs
 from tests.integration.test_deploy import write_playbook
 
 pytestmark = pytest.mark.integration
@@ -37,6 +38,16 @@ PROJECT = Project(REPO)
 
 
 FOREIGN_FOLDERS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_what_a_failed_test_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails before its own cleanup would leave its run (renamed vLLM children
+    that no marker finds): stop it by the box's records."""
+    host = request.getfixturevalue("box_host") if "box_host" in request.fixturenames else None
+    yield
+    if host is not None:
+        stop_recorded_runs(Path(yaml.safe_load(host.read_text())["workdir"]))
 
 
 @pytest.fixture(autouse=True)

@@ -371,6 +371,8 @@ def test_vllm_straggler_options_leave_what_cleanup_must_find(
     assert wait_until(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, 120), \
         log.read_text()
     assert wait_until(lambda: len(nvidia_smi.live_holders(fake_gpu_dir)) == 2, 120)
+    for holder in nvidia_smi.live_holders(fake_gpu_dir):
+        procs.track_pid(holder["pid"])  # ended at teardown whatever happens below
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0
     left = {h["pid"]: h for h in nvidia_smi.live_holders(fake_gpu_dir)}
@@ -379,8 +381,6 @@ def test_vllm_straggler_options_leave_what_cleanup_must_find(
     in_group = [p for p in left if os.getpgid(p) == proc.pid]
     assert len(escaped) == 1 and len(in_group) == 1
     assert os.getsid(escaped[0]) == escaped[0] != proc.pid
-    for pid in left:
-        procs.track_pid(pid)  # the test's own marker cannot find them either (next line)
     # renamed the way setproctitle does: no marker is left in their environ, so cleanup must
     # know them from an earlier look (docs/cleanup.md), not from the environment
     assert not set(left) & set(procs.marked_pids())
