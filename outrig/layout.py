@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 INDENT = "    "  # where long values under a row start
+TREE_LINES = 8  # processes of one record listed under it (the rest are counted)
 
 
 def shown(arg: str) -> str:
@@ -245,6 +246,7 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
             detail = _detail(proc)
             if detail:
                 out += wrapped(visible(detail), width)
+            out += _tree_lines(proc, width)
             notes += _process_notes(proc, width)
         out += notes
     gpus = result.get("gpus") or []
@@ -269,6 +271,27 @@ def run_state(run: dict[str, Any]) -> str:
                 f"{when(fenced.get('at'))} ({run.get('box_status')} here)")
     return (f"moved to {moved.get('host')} at {when(moved.get('at'))}; "
             f"{run.get('box_status')} here, not fenced yet")
+
+
+def _tree_lines(proc: dict[str, Any], width: int) -> list[str]:
+    """The processes of a record besides its leader (vLLM's engine and workers, a trainer's
+    ranks), each with the rule that proves it the run's: what cleanup will stop. Shown while
+    the leader is gone too, since orphans are then all that is left."""
+    from outrig.console import visible
+
+    out: list[str] = []
+    tree = proc.get("tree") or []
+    if tree and proc.get("state") != "running":
+        out.append(f"{INDENT}{len(tree)} process(es) of {proc.get('name')} outlive it; "
+                   "cleanup stops them:")
+    nodes = [n for n in tree if isinstance(n, dict)]
+    for node in nodes[:TREE_LINES]:
+        text = (f"{INDENT}└ {node.get('pid')} {node.get('cmdline') or node.get('comm') or '?'}"
+                f" ({node.get('proof')})")
+        out += wrapped(visible(text[: max(20, width * 2)]), width, "", INDENT + "    ")
+    if len(nodes) > TREE_LINES:
+        out.append(f"{INDENT}└ … and {len(nodes) - TREE_LINES} more (outrig status --json)")
+    return out
 
 
 def _process_notes(proc: dict[str, Any], width: int) -> list[str]:

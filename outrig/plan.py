@@ -59,6 +59,7 @@ class ReadyPlan:
     exit: bool = False
     timeout: float = 120.0
     model: str | None = None
+    generate: bool = False
 
     def describe(self) -> str:
         parts = []
@@ -66,6 +67,8 @@ class ReadyPlan:
             parts.append(f"GET {self.http}")
         if self.model:
             parts.append(f"/v1/models serves {self.model}")
+        if self.generate:
+            parts.append("answers POST /v1/completions")
         if self.port is not None:
             parts.append(f"port {self.port}")
         if self.log:
@@ -307,6 +310,7 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
             port=port, exit=r.exit, timeout=r.timeout,
             model=_sub(job, (*base, "ready", "model"), r.model, params, problems)
             if r.model else None,
+            generate=r.generate,
         )
         if ready.http and "${" not in ready.http and not ready.http.startswith(
                 ("http://", "https://")):

@@ -57,7 +57,18 @@ class ReadySpec(_Strict):
     exit: bool = Field(False, description="one-shot step: ready when it exited with code 0")
     model: str | None = Field(None, description="with http: the id /v1/models must serve as "
                               "data[0].id (vLLM); another id fails the deploy at once")
+    generate: bool = Field(False, description="with model: once http and model hold, POST one "
+                           "/v1/completions request (max_tokens 1) for that id; only a 2xx "
+                           "answer is ready (vLLM answers /health before its engine has run "
+                           "a request)")
     timeout: float = Field(120.0, gt=0, description="seconds before the wait fails")
+
+    @model_validator(mode="after")
+    def _generate_needs_model(self) -> ReadySpec:
+        if self.generate and (self.model is None or self.http is None):
+            raise ValueError("generate: true needs http and model (the served id the request "
+                             "names), e.g. model: ${model}")
+        return self
 
     @field_validator("log")
     @classmethod

@@ -60,6 +60,23 @@ def marked(run_id: str) -> list[int]:
     return out
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live pids of one process group (renamed vLLM children keep the group, not the marker:
+    setproctitle clears what /proc/PID/environ shows, docs/cleanup.md)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                rest = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(rest[2]) == pgid and rest[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return sorted(found)
+
+
 def children(pid: int) -> list[int]:
     """Direct children of ``pid``."""
     return children_of(pid)

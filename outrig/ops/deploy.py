@@ -148,6 +148,8 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[s
                      "exit": proc.ready.exit, "timeout": proc.ready.timeout}
             if proc.ready.model is not None:
                 ready["model"] = proc.ready.model
+            if proc.ready.generate:
+                ready["generate"] = True
         processes.append({"name": name, "argv": proc.argv, "env": proc.env, "cwd": proc.cwd,
                           "gpus": proc.gpus, "after": proc.after, "ready": ready,
                           "fatal": proc.fatal, "stop_grace": proc.stop_grace,

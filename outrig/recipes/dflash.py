@@ -74,7 +74,13 @@ SERVER_FATAL = [
     r"is larger than the number of available GPUs",
     r"Free memory on device \S+ .*is less than desired GPU memory utilization",
     r"is smaller than max_model_len",
+    # vllm 0.32 config/model.py:2646 (in a pydantic ValidationError): --max-model-len above the
+    # model's max_position_embeddings
+    r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len",
     r"Engine core initialization failed",
+    # v1/engine/core.py:1512 and :2663, logged as the engine dies (then EngineDeadError)
+    r"EngineCore encountered a fatal error",
+    r"EngineDeadError",
     r"Traceback \(most recent call last\)",
 ]
 PREPARE_FATAL = [r"Traceback \(most recent call last\)"]
@@ -413,7 +419,8 @@ def _render_server(run: _Run, out: Expansion) -> None:
         "env": {**spec.env, **run.offline, **server.env},
         "gpus": list(server.gpus),
         "parallel": {"tensor": server.tensor, "data": server.data},
-        "ready": {"http": f"{run.endpoint}/health", "model": run.served,
+        # generate: one answered request, not /health alone (an engine can die at the first)
+        "ready": {"http": f"{run.endpoint}/health", "model": run.served, "generate": True,
                   "timeout": server.ready_timeout},
         "fatal": list(SERVER_FATAL),
         "stop": {"grace": server.stop_grace},

@@ -10,6 +10,9 @@ from typing import Any, Dict
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 POLL_S = 0.05  # how often stop loops re-check /proc
 TICK_S = 0.1  # how often the readiness loop looks at logs and exits
+COMPLETION_TIMEOUT_S = 30.0  # ready.generate: the first real request (a CPU engine is slow)
+FATAL_AFTER_REFUSAL_S = 2.0  # ready.generate refused: how long the log may take to say why
+CENSUS_EVERY_S = 0.5  # deploy's wait records the run's processes (pid + start) this often
 PROBE_EVERY_S = 0.5  # http/port readiness retry period (protocol: every 0.5 s)
 PROBE_TIMEOUT_S = 1.0  # http/port readiness per-try timeout (protocol: 1 s)
 KILL_WAIT_S = 10.0  # bounded wait for SIGKILLed processes to vanish (protocol: 10 s)

@@ -17,10 +17,12 @@ from typing import Dict, List, NamedTuple, Optional, Set
 from .cgroups import make_cgroup
 from .checkpoints import quarantine_checkpoints
 from .constants import (
+    CENSUS_EVERY_S,
     CGROUP_KEY,
     DEFAULT_SETTLE_S,
     DEFAULT_STOP_GRACE,
     EXCERPT_LINES,
+    FATAL_AFTER_REFUSAL_S,
     MARKER_KEY,
     PROBE_EVERY_S,
     PROCESS_KEY,
@@ -40,7 +42,7 @@ from .layout import (
 from .lock import WorkdirLock
 from .logs import tail_lines
 from .preflight import check_gpus, check_gpus_free, check_ports_free
-from .probes import probe_http, probe_port, probe_served_model
+from .probes import probe_completion, probe_http, probe_port, probe_served_model
 from .procs import boot_id, read_stat, require_proc
 from .protocol import PROTOCOL_VERSION
 from .stopping import Stopper, stop_run_by_id, valid_record
@@ -88,6 +90,11 @@ class Deployment:
         self.popens: Dict[int, subprocess.Popen[bytes]] = {}
         self.watches: Dict[str, Watch] = {}
         self.order: List[str] = []
+        # Records the run's processes (pid + start time) from the first look on, so a child
+        # that renames itself (vLLM's setproctitle clears environ) or leaves the session
+        # later is still proven ours by having been seen here.
+        self.stopper = Stopper(out, self.popens, layout)
+        self.next_census = 0.0
 
     def save(self) -> None:
         """Rewrite run.json atomically (after every change the workstation might need)."""
@@ -109,7 +116,16 @@ class Deployment:
             self.wait_for(self.needed)
         for watch in self.watches.values():
             watch.record.setdefault("outcome", "launched")
+        self.census(force=True)
         return [self.watches[n].record for n in self.order]
+
+    def census(self, force: bool = False) -> None:
+        """Record the run's live processes as seen (every CENSUS_EVERY_S, or now)."""
+        now = time.monotonic()
+        if not force and now < self.next_census:
+            return
+        self.next_census = now + CENSUS_EVERY_S
+        self.stopper.census(self.run_id, self.run["processes"])
 
     def all_finished(self) -> bool:
         """Every process exited 0 before it was ready: the run has nothing left running."""
@@ -322,6 +338,7 @@ class Deployment:
                 and "http" not in watch.met
                 and probe_http(ready.http)
                 and (ready.model is None or self.served_model_ok(watch, ready.http, ready.model))
+                and (not ready.generate or self.answers_request(watch, ready.http, ready.model))
             ):
                 watch.met.add("http")
             if ready.port is not None and "port" not in watch.met and probe_port(ready.port):
@@ -349,6 +366,29 @@ class Deployment:
             )
         return True
 
+    def answers_request(self, watch: Watch, url: str, model: Optional[str]) -> bool:
+        """``ready.generate``: one tiny real request is answered 2xx. No answer yet means keep
+        waiting; a non-2xx answer fails the deploy: with the fatal line when the log shows one
+        (the engine died of it), else ``not_serving`` with the status and body."""
+        assert model is not None  # validation: generate needs model
+        code, text = probe_completion(url, model)
+        if code is None:
+            return False
+        if 200 <= code < 300:
+            self.out.step(f"{watch.spec.name} answered a /v1/completions request ({code})")
+            return True
+        # The engine logs its fatal error as it dies; the API server answers 500 right after.
+        until = time.monotonic() + FATAL_AFTER_REFUSAL_S
+        while True:
+            self.scan_lines(watch, watch.follower.read_new())
+            if time.monotonic() >= until:
+                break
+            time.sleep(TICK_S)
+        raise self.fail(
+            watch, "not_serving",
+            f"{watch.spec.name} answers /health but refused a real request: POST /v1/completions"
+            f" (model {model!r}, max_tokens 1) answered {code}: {text.strip()[:200]}", None)
+
     def wait_for(self, names: Set[str]) -> None:
         """Wait until every named process is ready (or finished), watching all launched ones
         meanwhile."""
@@ -356,6 +396,7 @@ class Deployment:
         while True:
             for name in self.order:
                 self.check(self.watches[name])
+            self.census()
             pending = [self.watches[n] for n in self.order if n in names]
             pending = [w for w in pending if not w.done]
             if not pending:
@@ -510,7 +551,7 @@ def launch(deployment: Deployment, layout: Layout, out: Emitter, run: JSONDict
     except BaseException as exc:
         error = exc if isinstance(exc, AgentError) else internal_error(exc)
         out.step(f"deploy failed ({error.kind}); stopping what was launched")
-        stopper = Stopper(out, deployment.popens, layout)
+        stopper = deployment.stopper  # what the wait saw stays proven ours
         launched = [r for r in run["processes"] if valid_record(r)]
         graces = [float(r["stop_grace"]) for r in launched] or [DEFAULT_STOP_GRACE]
         stopper.stop_run(run["run_id"], launched, max(graces))

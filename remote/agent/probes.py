@@ -6,7 +6,7 @@ import json
 import socket
 from typing import Optional, Tuple
 
-from .constants import PROBE_TIMEOUT_S
+from .constants import COMPLETION_TIMEOUT_S, PROBE_TIMEOUT_S
 from .layout import read_json
 
 
@@ -47,6 +47,38 @@ def probe_served_model(url: str) -> Optional[str]:
     except Exception:  # not up, not JSON, empty list: not ready yet
         return None
     return first if isinstance(first, str) else None
+
+
+def probe_completion(url: str, model: str, timeout: float = COMPLETION_TIMEOUT_S
+                     ) -> Tuple[Optional[int], str]:
+    """POST one tiny ``/v1/completions`` (``max_tokens: 1``) for ``model`` on the origin of
+    ``url``: (HTTP status, first 300 bytes of the body), or (None, why) when nothing answered.
+
+    vLLM answers /health before it has run a single request: a server whose engine dies at the
+    first one (an unsupported attention shape on CPU, for example) looks ready to /health and
+    /v1/models. Only an answered request shows the engine really runs."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request  # lazily: ~20 ms of imports that most calls never need
+
+    parts = urllib.parse.urlsplit(url)
+    target = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/v1/completions", "", ""))
+    body = json.dumps({"model": model, "prompt": [0], "max_tokens": 1,
+                       "temperature": 0}).encode()
+    request = urllib.request.Request(target, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout) as resp:
+            return int(resp.status), resp.read(300).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        try:
+            text = exc.read(300).decode("utf-8", "replace")
+        except Exception:  # the body may be cut with the connection
+            text = ""
+        return int(exc.code), text
+    except Exception as exc:  # refused, timeout, reset: no answer yet
+        return None, str(getattr(exc, "reason", exc))[:200]
 
 
 def read_exit_file(path: str) -> Optional[Tuple[Optional[int], Optional[int]]]:

@@ -42,6 +42,7 @@ FATAL_LOG = "fatal_log"  # a process printed one of its ``fatal`` patterns
 EXITED = "exited"  # a process exited before it was ready
 TIMEOUT = "timeout"  # readiness not reached in time
 MODEL_MISMATCH = "model_mismatch"  # the server serves another model than ``ready.model``
+NOT_SERVING = "not_serving"  # ``ready.generate``: the first real request was refused (non-2xx)
 NOT_FOUND = "not_found"  # no such run, playbook, process or model
 CANCELLED = "cancelled"  # the workstation wrote ``cancel``; what was launched was stopped
 DRIVER = "driver"  # provision: the NVIDIA driver does not meet ``requires``
@@ -58,8 +59,8 @@ PEER = "peer"  # the peer box could not be reached or refused (ssh's message fol
 INTERNAL = "internal"  # an unexpected exception (the traceback's last line)
 ERROR_KINDS: Tuple[str, ...] = (
     BAD_REQUEST, WORKDIR, DISK, LOCK, PROC, GPU, GPU_BUSY, GPU_STUCK, PORT_BUSY, FATAL_LOG,
-    EXITED, TIMEOUT, MODEL_MISMATCH, NOT_FOUND, CANCELLED, DRIVER, PYTHON, NO_INTERNET, PIP,
-    AUTH, NO_HUB_CLIENT, HUB, DEST, TRANSFER, NO_SSH, PEER, INTERNAL)
+    EXITED, TIMEOUT, MODEL_MISMATCH, NOT_SERVING, NOT_FOUND, CANCELLED, DRIVER, PYTHON,
+    NO_INTERNET, PIP, AUTH, NO_HUB_CLIENT, HUB, DEST, TRANSFER, NO_SSH, PEER, INTERNAL)
 
 
 class Field(NamedTuple):

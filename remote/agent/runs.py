@@ -162,6 +162,15 @@ def run_index(layout: Layout, stopper: Stopper) -> List[JSONDict]:
     return out
 
 
+def census_run(layout: Layout, run_id: str, stopper: Stopper) -> None:
+    """Every contact records the run's live processes as seen (pid + start time), so what
+    renames itself or leaves the session later is still the run's at cleanup."""
+    with contextlib.suppress(OSError, ValueError):
+        run = read_json(layout.run_json(run_id))
+        if isinstance(run, dict) and isinstance(run.get("processes"), list):
+            stopper.census(run_id, run["processes"])
+
+
 def report_runs(req: Optional[Request], out: Emitter) -> None:
     """Emit the ``runs`` event (the run index) before the result of the ops that touch runs,
     whether they succeeded or not; the index never makes an op fail."""
@@ -173,7 +182,11 @@ def report_runs(req: Optional[Request], out: Emitter) -> None:
     if not os.path.isdir(layout.runs):
         return
     try:
-        runs = run_index(layout, Stopper(out))
+        stopper = Stopper(out, layout=layout)
+        runs = run_index(layout, stopper)
+        for item in runs:
+            if item.get("live"):  # (status records a dead leader's orphans itself)
+                census_run(layout, str(item["run_id"]), stopper)
     except (OSError, ValueError) as exc:
         out.warning(f"could not list the runs in {layout.runs}: {exc}")
         return

@@ -11,10 +11,10 @@ from typing import Dict, List, Optional, Tuple
 from .checkpoints import newest_checkpoint
 from .constants import PROBE_TIMEOUT_S, JSONDict
 from .events import AgentError, Emitter, bad_request, redact
-from .gpus import gather_facts, gpu_audit_queried
+from .gpus import describe_pid, gather_facts, gpu_audit_queried
 from .layout import Layout, all_pointers, nearest_existing
 from .logs import last_lines_containing, tail_lines, tail_text
-from .procs import require_proc
+from .procs import read_stat, require_proc
 from .runs import process_state, resolve_run, run_secret_keys, run_secrets
 from .stopping import Stopper, load_run, valid_record
 from .validation import Request, get_bool, get_int, get_opt_name, get_str_list
@@ -48,10 +48,14 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
         procs = []
         hidden = run_secrets(run, stopper)
         for rec in run["processes"]:
-            if valid_record(rec) and stopper.leader_state(rec) == "alive":
-                stopper.members(rid, rec, "alive")  # recorded as seen, for a later cleanup
+            tree: List[JSONDict] = []
+            if valid_record(rec) and stopper.leader_state(rec) != "reused":
+                # recorded as seen (for a later cleanup) whether the leader lives or not: the
+                # orphans of a killed server are what a cleanup must still find
+                tree = process_tree(stopper.member_proofs(rid, rec, stopper.leader_state(rec)))
             if isinstance(rec, dict):
                 proc_state = process_state(rec, stopper, log_lines, hidden)
+                proc_state["tree"] = tree
                 proc_state.update(status_extras(rec, proc_state, progress_bytes, markers,
                                                 hidden))
                 procs.append(proc_state)
@@ -72,6 +76,19 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
     facts = gather_facts(queried)  # the audit's nvidia-smi answer: not run a second time
     return {"facts": facts, "runs": runs, "gpu_holders": audit["holders"],
             "gpu_audit_error": audit["error"]}
+
+
+def process_tree(proofs: Dict[int, str]) -> List[JSONDict]:
+    """The live processes of one record but its leader, each with what a person recognises
+    it by (comm, command line, parent, group, session) and the rule that proves it ours."""
+    tree: List[JSONDict] = []
+    for pid in sorted(proofs):
+        info = describe_pid(pid)
+        st = read_stat(pid)
+        tree.append({"pid": pid, "comm": info.get("comm"), "cmdline": info.get("cmdline"),
+                     "ppid": st.ppid if st else None, "pgid": st.pgid if st else None,
+                     "sid": st.sid if st else None, "proof": proofs[pid]})
+    return tree
 
 
 def op_logs(req: Request, out: Emitter) -> JSONDict:

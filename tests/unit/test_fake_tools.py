@@ -297,7 +297,7 @@ def test_vllm_healthy_start_serves_and_renames_children_then_stops_on_term(
     with urllib.request.urlopen(req, timeout=2) as resp:
         assert resp.status == 200 and json.loads(resp.read())["model"] == "served-id"
     text = log.read_text()
-    for line in (f"Starting vLLM API server 0 on http://127.0.0.1:{port}",
+    for line in (f"Starting vLLM server on http://127.0.0.1:{port}",  # vllm 0.32 / 0.33
                  "Route: /v1/chat/completions/render, Methods: POST",
                  "INFO:     Application startup complete."):
         assert line in text
@@ -308,6 +308,11 @@ def test_vllm_healthy_start_serves_and_renames_children_then_stops_on_term(
     assert sorted(comm(p) for p in children) == ["VLLM::EngineCor", "VLLM::EngineCor"]
     assert {h["pid"] for h in holders} == set(children)
     assert all(os.getsid(p) == proc.pid for p in children)
+    # renamed the way setproctitle does: title-only cmdline, environ cleared of the marker
+    for pid in children:
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").startswith(
+            b"VLLM::EngineCore_DP")
+        assert b"OUTRIG_TEST_MARK=" not in Path(f"/proc/{pid}/environ").read_bytes()
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0
@@ -366,6 +371,8 @@ def test_vllm_straggler_options_leave_what_cleanup_must_find(
     assert wait_until(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, 120), \
         log.read_text()
     assert wait_until(lambda: len(nvidia_smi.live_holders(fake_gpu_dir)) == 2, 120)
+    for holder in nvidia_smi.live_holders(fake_gpu_dir):
+        procs.track_pid(holder["pid"])  # ended at teardown whatever happens below
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0
     left = {h["pid"]: h for h in nvidia_smi.live_holders(fake_gpu_dir)}
@@ -374,8 +381,12 @@ def test_vllm_straggler_options_leave_what_cleanup_must_find(
     in_group = [p for p in left if os.getpgid(p) == proc.pid]
     assert len(escaped) == 1 and len(in_group) == 1
     assert os.getsid(escaped[0]) == escaped[0] != proc.pid
-    # the environment marker is what finds the escaped one
-    assert set(left) <= set(procs.marked_pids())
+    # renamed the way setproctitle does: no marker is left in their environ, so cleanup must
+    # know them from an earlier look (docs/cleanup.md), not from the environment
+    assert not set(left) & set(procs.marked_pids())
+    for pid in left:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"OUTRIG_TEST_MARK=" not in environ and environ.startswith(b"\0")
 
 
 def test_vllm_fatal_env_and_stale_memory(

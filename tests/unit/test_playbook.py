@@ -155,3 +155,20 @@ def test_file_stem_that_cannot_name_a_playbook_is_refused(tmp_path: Path) -> Non
     path = write(tmp_path, "processes:\n  a: {command: echo}\n", name="my job.yaml")
     with pytest.raises(ConfigError, match="add name:"):
         load_job(path)
+
+
+def test_ready_generate_without_model_names_the_key_and_the_fix(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo hi\n    ready:\n"
+                 "      http: http://127.0.0.1:8000/health\n      generate: true\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    text = str(info.value)
+    assert "p.yaml:" in text and "processes.a.ready" in text
+    assert "generate: true needs http and model" in text
+
+
+def test_ready_generate_reaches_the_plan(tmp_path: Path) -> None:
+    path = write(tmp_path, "processes:\n  a:\n    command: echo hi\n    ready:\n"
+                 "      http: http://127.0.0.1:8000/health\n      model: m\n"
+                 "      generate: true\n")
+    assert load_job(path).spec.processes["a"].ready.generate is True  # type: ignore[union-attr]
