@@ -210,13 +210,17 @@ def server_playbook(playbook: str, settings: EvalSettings,
                     speculative: dict[str, Any] | None) -> dict[str, Any]:
     """The one-process playbook (as loaded YAML) the server is deployed as: filed under
     ``<playbook>.evaluate``, so deploying it stops only an earlier evaluation's server, ready
-    when ``/health`` answers and ``/v1/models`` serves the model."""
+    when ``/health`` answers, ``/v1/models`` serves the model and one real completion was
+    answered (``ready.generate``: a server that dies at its first request, as vLLM's CPU build
+    does with an unsupported head_dim, then fails at readiness with its fatal line, not in the
+    middle of the measurement). That request asks for one token, so it drafts nothing, and it
+    happens before the ``bench`` op's first /metrics read in any case."""
     return {"name": f"{playbook}{EVALUATE_SUFFIX}"[:64],
             "processes": {"server": {
                 "command": server_argv(settings, speculative), "env": dict(settings.env),
                 "gpus": list(settings.gpus),
                 "ready": {"http": f"{settings.base_url}/health", "model": settings.model,
-                          "timeout": settings.ready_timeout},
+                          "generate": True, "timeout": settings.ready_timeout},
                 "fatal": list(SERVER_FATAL), "stop": {"grace": settings.stop_grace}}}}
 
 
