@@ -10,9 +10,9 @@ that server: /health and /v1/models do not). The second evaluates a DFlash check
 random speculators 0.9 drafter, made in the speculators venv; at merge it is pointed at the
 drafter the CPU rehearsal trains) through the dflash defaults: method ``dflash``, the
 checkpoint as the drafter, the last training conversations as the prompts. The third serves
-a verifier the CPU build starts but cannot run (head_dim 16): its readiness request fails, the command
-fails with their error, the server is stopped and nothing is recorded. The fourth presses
-Ctrl-C while the server starts: exit 130, nothing of it left.
+a verifier the CPU build starts but cannot run (head_dim 16): its readiness request fails,
+the command fails with vLLM's fatal line, the server is stopped and nothing is recorded.
+The fourth presses Ctrl-C while the server starts: exit 130, nothing of it left.
 
 Needs ``OUTRIG_VLLM_PYTHON`` (an interpreter with vLLM's CPU build) and, for the DFlash test,
 ``OUTRIG_REHEARSAL_PYTHON`` (speculators 0.9); without them the tests skip.
