@@ -4,13 +4,15 @@ one real training on the real CPU vLLM that several tests (and an evaluator) sha
 ``real_training`` is session-scoped because each real-vLLM deploy costs a server start of
 70-150 s on a loaded 2-core machine (tests/rehearsal/README.md has the numbers): it deploys
 once, interrupts, redeploys and lets the trainer finish, and the tests read what happened.
-Under ``pytest -n`` each worker has its own session; the tests that take it are in the xdist
-group ``real-vllm``, so with ``--dist loadgroup`` one worker runs them all and the training
-happens once.
+Under ``pytest -n`` each worker has its own session: the first worker that needs it trains
+and the others read its record (``real_training``'s docstring), so the training happens once
+per test run whichever workers the tests land on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -159,47 +161,53 @@ def _train_for_real(r: Rehearsal) -> RealTraining:
     playbook = r.playbook("real", real_vllm=True, epochs=REAL_EPOCHS)
     first = r.deploy(box, playbook)
     run_id = first.plan.run_id
-    link = r.wait_checkpoint(mid_epoch_link, "mid-epoch checkpoint link")
-    mid_epoch = r.training_state(os.readlink(link)) or {}
+    # the probe first (the server is up once deploy returns), so the stop below comes soon
+    # after the first mid-epoch save, while epoch 0 still runs
     server = first.plan.processes["server"]
     endpoint = server.ready.http.rsplit("/", 1)[0] if server.ready and server.ready.http else ""
+    text = json.loads(r.verifier.conversations.read_text().splitlines()[0])
     probe = subprocess.run(
         [r.python, str(PROBE), endpoint, str(r.verifier.model), json.dumps([1, 2, 3, 4]),
-         json.loads(r.verifier.conversations.read_text().splitlines()[0])
-         ["conversations"][0]["content"]],
+         text["conversations"][0]["content"]],
         capture_output=True, text=True, timeout=WAIT_S)
     assert probe.returncode == 0, probe.stderr[-3000:]
-    answer = json.loads(probe.stdout.strip().splitlines()[-1])
+    link = r.wait_checkpoint(mid_epoch_link, "mid-epoch checkpoint link")
+    mid_epoch = r.training_state(os.readlink(link)) or {}
+    before_stop = r.log(box, run_id, "trainer")
     stop = r.cleanup(box, playbook=str(playbook))
     first_logs = _logs(r, box, run_id)
     first_exit = r.exit_code(box, run_id, "trainer")
+    # what the trainer resumes from: the highest numbered folder, 0 (epoch 0, mid-way or, on
+    # a slow machine that finished the epoch before the stop, its end)
+    resume_from = r.training_state("0") or {}
     second = r.deploy(box, playbook)
     second_id = second.plan.run_id
-    r.wait_log(box, second_id, "trainer", RESUMED[0] if mid_epoch.get("local_step") else
-               RESUMED[1])
+    r.wait_log(box, second_id, "trainer",
+               RESUMED[0] if resume_from.get("local_step") else RESUMED[1])
     second_exit = r.wait_exit(box, second_id, "trainer", timeout=WAIT_S * 3)
     second_logs = _logs(r, box, second_id)
     r.cleanup(box, playbook=str(playbook))  # the server too: nothing of it outlives the fixture
     return RealTraining(
-        r=r, box=box, playbook=playbook, first=first, mid_epoch=mid_epoch, probe=answer,
-        first_stop=stop, first_logs=first_logs, first_trainer_exit=first_exit, second=second,
-        second_logs=second_logs, second_trainer_exit=second_exit,
-        checkpoint=r.save_path / str(REAL_EPOCHS - 1))
+        box=box, model=str(r.verifier.model), conversations=str(r.verifier.conversations),
+        data_path=str(r.data_path), save_path=str(r.save_path),
+        processes=[p["name"] for p in first.processes], server_argv=list(server.argv),
+        mid_epoch=mid_epoch, probe=json.loads(probe.stdout.strip().splitlines()[-1]),
+        trainer_before_stop=before_stop, resume_from=resume_from,
+        first_stop=json.loads(json.dumps(stop, default=str)), first_logs=first_logs,
+        first_trainer_exit=first_exit, second_logs=second_logs,
+        second_trainer_exit=second_exit, checkpoint=str(r.save_path / str(REAL_EPOCHS - 1)))
 
 
-@pytest.fixture(scope="session")
-def real_training(rehearsal_python: str, vllm_python: str, verifier: Verifier,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealTraining]:
-    """One real training, real on both sides: the real CPU vLLM (``$OUTRIG_VLLM_PYTHON``,
-    hidden states through ExampleHiddenStatesConnector with vllm_cpu_shim/) and the real
-    speculators trainer. Two server starts in all."""
+def _train_once(rehearsal_python: str, vllm_python: str, verifier: Verifier,
+                tmp_path_factory: pytest.TempPathFactory) -> RealTraining:
+    """Train, keep the evidence, stop everything; raise what went wrong."""
     root = tmp_path_factory.mktemp("real-training")
     r = Rehearsal(root=root / "project", python=rehearsal_python, verifier=verifier,
                   journal=Journal(root / "state"), vllm_python=vllm_python)
     r.root.mkdir()
     r.add_box("cpu-box")
     try:
-        yield _train_for_real(r)
+        return _train_for_real(r)
     finally:
         keep = os.environ.get(KEEP_ENV)
         if keep:
@@ -208,14 +216,49 @@ def real_training(rehearsal_python: str, vllm_python: str, verifier: Verifier,
 
 
 @pytest.fixture(scope="session")
+def real_training(rehearsal_python: str, vllm_python: str, verifier: Verifier,
+                  tmp_path_factory: pytest.TempPathFactory) -> RealTraining:
+    """One real training, real on both sides: the real CPU vLLM (``$OUTRIG_VLLM_PYTHON``,
+    hidden states through ExampleHiddenStatesConnector with vllm_cpu_shim/) and the real
+    speculators trainer. Two server starts in all; everything it started is stopped before
+    the tests read the record.
+
+    Under pytest-xdist each worker has a session of its own, so the first worker to ask
+    trains, under a lock in the run's shared temporary folder, and writes the record (or its
+    failure) there; the others wait on the lock and read it. (``--dist loadgroup`` would not
+    do: xdist 3.8's group suffix is lost under pytest 9.2, whose Node.nodeid reads ``_id``.)
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return _train_once(rehearsal_python, vllm_python, verifier, tmp_path_factory)
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, one per test run
+    record = shared / "real-training.json"
+    with (shared / "real-training.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not record.exists():
+            try:
+                done = _train_once(rehearsal_python, vllm_python, verifier, tmp_path_factory)
+            except BaseException as exc:
+                record.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"[-4000:],
+                                              "worker": worker}))
+                raise
+            record.write_text(json.dumps(dataclasses.asdict(done)))
+    data = json.loads(record.read_text())
+    if "error" in data:
+        pytest.fail(f"the shared real training failed in {data['worker']}: {data['error']}")
+    return RealTraining(**data)
+
+
+@pytest.fixture(scope="session")
 def trained_drafter(real_training: RealTraining) -> TrainedDrafter:
     """The drafter ``real_training`` trained (no training of its own), for an evaluator:
     serve ``verifier`` with ``--speculative-config '{"method": "dflash", "model":
     checkpoint, "num_speculative_tokens": num_speculative_tokens}'``."""
-    config = json.loads((real_training.checkpoint / "config.json").read_text())
+    checkpoint = Path(real_training.checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
     methods = config["speculators_config"]["proposal_methods"]
     return TrainedDrafter(
-        checkpoint=real_training.checkpoint, verifier=real_training.r.verifier.model,
-        conversations=real_training.r.verifier.conversations,
+        checkpoint=checkpoint, verifier=Path(real_training.model),
+        conversations=Path(real_training.conversations),
         block_size=int(config["block_size"]),
         num_speculative_tokens=int(methods[0]["speculative_tokens"]))

@@ -301,21 +301,26 @@ class Rehearsal:
 class RealTraining:
     """What one real training on the real CPU vLLM did: deploy, mid-epoch checkpoint, a
     hidden-state probe, cleanup (the trainer saves ``interrupted/``), redeploy (resume), the
-    trainer's own end. Every field is an observation; the tests assert on them."""
+    trainer's own end. Every field is an observation the tests assert on, and plain JSON, so
+    one pytest-xdist worker can hand it to the others (conftest.py ``real_training``)."""
 
-    r: Rehearsal
     box: str
-    playbook: Path
-    first: DeployResult
+    model: str  # the verifier it trained for
+    conversations: str
+    data_path: str
+    save_path: str
+    processes: list[str]  # the first deploy's processes, in start order
+    server_argv: list[str]  # as the recipe rendered it
     mid_epoch: dict[str, Any]  # training_state.json behind the first mid-epoch link
     probe: dict[str, Any]  # hidden_states_probe.py's answer, during the first run
+    trainer_before_stop: str  # the first trainer's log at the mid-epoch link
+    resume_from: dict[str, Any]  # training_state.json of 0/ after the stop
     first_stop: dict[str, Any]  # cleanup's report
     first_logs: dict[str, str]  # process -> log, after the stop
     first_trainer_exit: int | None
-    second: DeployResult
     second_logs: dict[str, str]  # after the trainer ended by itself
     second_trainer_exit: int
-    checkpoint: Path  # the last epoch's folder, written by the finished run
+    checkpoint: str  # the last epoch's folder, written by the finished run
 
 
 @dataclass
