@@ -216,8 +216,12 @@ def test_migrate_between_two_boxes_resumes_from_the_newest_complete_checkpoint(
     trainer on the new box resumes mid-epoch from it."""
     r = rehearsal
     old, new = "cpu-box", r.add_box("new-box")
+    # Saves every half epoch: migrate stops the old trainer some seconds after the first
+    # save, and a stop inside the next in-place rewrite of 0/ leaves no complete checkpoint
+    # to copy (outrig refuses the torn folder, as it should); half an epoch of steps between
+    # saves keeps the stop clear of it on a loaded machine.
     playbook = r.playbook("movable", data_path="${workdir}/data/tokenized",
-                          save_path="${workdir}/data/checkpoints")
+                          save_path="${workdir}/data/checkpoints", checkpoint_freq=0.5)
     old_save = r.workdir(old) / "data" / "checkpoints"
     new_save = r.workdir(new) / "data" / "checkpoints"
     r.deploy(old, playbook)
