@@ -6,16 +6,16 @@ against what the server itself logged: vLLM's ``SpecDecodingLogging.log``
 (vllm/v1/spec_decode/metrics.py) prints, per interval, ``Accepted: A tokens, Drafted: D
 tokens`` and ``Mean acceptance length: 1 + A/drafts``; the sums of A and D over the server's
 life must equal the counter deltas outrig read around its requests (nothing else drafts on
-that server: /health and /v1/models do not). The second evaluates a DFlash checkpoint (a
-random speculators 0.9 drafter, made in the speculators venv; at merge it is pointed at the
-drafter the CPU rehearsal trains) through the dflash defaults: method ``dflash``, the
-checkpoint as the drafter, the last training conversations as the prompts. The third serves
-a verifier the CPU build starts but cannot run (head_dim 16): its readiness request fails,
-the command fails with vLLM's fatal line, the server is stopped and nothing is recorded.
-The fourth presses Ctrl-C while the server starts: exit 130, nothing of it left.
+that server: /health, /v1/models and the one-token readiness request do not). The second
+serves a verifier the CPU build starts but cannot run (head_dim 16): its readiness request
+fails, the command fails with vLLM's fatal line, the server is stopped and nothing is
+recorded. The third presses Ctrl-C while the server starts: exit 130, nothing of it left.
 
-Needs ``OUTRIG_VLLM_PYTHON`` (an interpreter with vLLM's CPU build) and, for the DFlash test,
-``OUTRIG_REHEARSAL_PYTHON`` (speculators 0.9); without them the tests skip.
+A DFlash checkpoint is evaluated in tests/rehearsal/test_evaluate_trained.py: the drafter the
+rehearsal's real training trained, served with method ``dflash`` through the dflash defaults.
+
+Needs ``OUTRIG_VLLM_PYTHON`` (an interpreter with vLLM's CPU build); without it the tests
+skip.
 """
 
 from __future__ import annotations
@@ -23,25 +23,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from outrig.ops.base import Project
-from tests.helpers import free_port, marked, stop_every_run
+from tests.helpers import marked, stop_every_run
+from tests.realvllm.evaluating import check_stopped, logged, outrig, server_settings
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC_LINE = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+), .*"
-                       r"Accepted: (\d+) tokens, Drafted: (\d+) tokens")
-EVALUATE_TIMEOUT = 1800  # two CPU vLLM starts on a loaded 2-core machine
 
 
 def _python(var: str, module: str) -> str:
@@ -82,33 +78,6 @@ def project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
                    Path(os.environ["XDG_STATE_HOME"]) / "outrig")
 
 
-def server_settings(python: str) -> dict[str, Any]:
-    return {"python": python, "port": free_port(), "gpus": [], "max_model_len": 512,
-            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOG_STATS_INTERVAL": "1"},
-            # --enforce-eager: no graph compile at start (~45 s to /health here instead of
-            # minutes); the speculative decoding path is the same
-            "extra_args": ["--dtype", "bfloat16", "--enforce-eager"], "ready_timeout": 900}
-
-
-def outrig(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    binary = Path(sys.executable).parent / "outrig"
-    return subprocess.run([str(binary), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=EVALUATE_TIMEOUT)
-
-
-def logged(workdir: Path, run_id: str) -> tuple[int, int, list[float]]:
-    """(accepted, drafted, mean lengths) summed over the server's own SpecDecoding lines."""
-    text = (workdir / "runs" / run_id / "logs" / "server.log").read_text(errors="replace")
-    found = SPEC_LINE.findall(text)
-    return (sum(int(a) for _, a, _ in found), sum(int(d) for _, _, d in found),
-            [float(m) for m, _, _ in found])
-
-
-def check_stopped(doc: dict[str, Any]) -> None:
-    for run_id in doc["server_runs"]:
-        assert marked(run_id) == [], f"server run {run_id} left processes behind"
-
-
 def test_ngram_evaluation_matches_vllms_own_log(project: Path, box_host: Path,
                                                vllm_python: str, verifier: dict[str, str]
                                                ) -> None:
@@ -129,7 +98,7 @@ def test_ngram_evaluation_matches_vllms_own_log(project: Path, box_host: Path,
                   project)
     assert done.returncode == 0, done.stderr[-4000:]
     doc = json.loads(done.stdout.strip().splitlines()[-1])
-    check_stopped(doc)
+    check_stopped(doc, Path(yaml.safe_load(box_host.read_text())["workdir"]))
     assert doc["requests"] == 6 and doc["completion_tokens"] > 0
     assert doc["drafts"] > 0, "ngram drafted nothing"
     assert doc["acceptance_length"] == pytest.approx(1 + doc["accepted_tokens"] / doc["drafts"])
@@ -146,48 +115,6 @@ def test_ngram_evaluation_matches_vllms_own_log(project: Path, box_host: Path,
                      "--json"], project)
     assert listed.returncode == 0, listed.stderr
     assert [e["eval_id"] for e in json.loads(listed.stdout)["evaluations"]] == [doc["eval_id"]]
-
-
-@pytest.fixture(scope="module")
-def drafter(verifier: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The save path holding one random DFlash checkpoint (``<save>/0``) for the verifier."""
-    python = _python("OUTRIG_REHEARSAL_PYTHON", "speculators")
-    save = tmp_path_factory.mktemp("drafter") / "checkpoints"
-    made = subprocess.run([python, str(REPO / "tests/realvllm/make_dflash_drafter.py"),
-                           verifier["model"], str(save), "--block-size", "4"],
-                          capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr[-2000:]
-    return str(save)
-
-
-def test_dflash_checkpoint_evaluated_with_vllms_counters(project: Path, box_host: Path,
-                                                        vllm_python: str,
-                                                        verifier: dict[str, str],
-                                                        drafter: str) -> None:
-    playbook = {"name": "draft", "recipe": "dflash", "dflash": {
-        "model": verifier["model"], "data_path": "data", "save_path": drafter,
-        "block_size": 4, "prepare": {"data": [verifier["conversations"]]},
-        "server": {"gpus": [0], "python": vllm_python}, "trainer": {"gpus": [1]}},
-        "evaluate": {"requests": 3, "concurrency": 3, "max_tokens": 16, "baseline": False,
-                     "settle": 3, "server": server_settings(vllm_python)}}
-    (project / "playbooks" / "draft.yaml").write_text(yaml.safe_dump(playbook))
-
-    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "draft", "--json"],
-                  project)
-    assert done.returncode == 0, done.stderr[-4000:]
-    doc = json.loads(done.stdout.strip().splitlines()[-1])
-    check_stopped(doc)
-    assert doc["checkpoint"]["path"] == f"{drafter}/0"
-    assert doc["checkpoint"]["order_text"] == "end of epoch 0"
-    assert doc["speculative_config"] == {"method": "dflash", "model": f"{drafter}/0",
-                                         "num_speculative_tokens": 3}
-    assert doc["requests"] == 3 and doc["drafts"] > 0
-    assert doc["draft_tokens"] == 3 * doc["drafts"]
-    assert doc["acceptance_length"] == pytest.approx(1 + doc["accepted_tokens"] / doc["drafts"])
-    accepted, drafted, _ = logged(Path(yaml.safe_load(box_host.read_text())["workdir"]),
-                                  doc["server_runs"][0])
-    assert (accepted, drafted) == (doc["accepted_tokens"], doc["draft_tokens"])
-    assert doc["baseline_tokens_per_s"] is None and doc["speedup"] is None
 
 
 def test_a_server_that_dies_at_the_first_request_fails_and_is_stopped(

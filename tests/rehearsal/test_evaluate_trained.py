@@ -1,0 +1,82 @@
+"""The whole DFlash loop, real on both sides: the drafter the real speculators trainer trained
+(``trained_drafter``, the rehearsal's shared training on the real CPU vLLM) is evaluated by
+``outrig evaluate`` on the sandbox box (a real sshd), served by the real CPU vLLM with method
+``dflash``, and its acceptance comes from vLLM's own ``spec_decode`` counters, checked against
+the server's own ``SpecDecoding metrics`` log lines.
+
+The playbook is a dflash playbook with the training's paths, so every default is the one a
+user gets: the newest complete checkpoint under ``dflash.save_path``, ``num_speculative_tokens``
+from ``dflash.block_size`` (block - 1, what speculators writes into the checkpoint's
+``speculators_config`` and vLLM reads), and the last training conversations as the prompts.
+No baseline here: tests/realvllm/test_evaluate.py covers the speedup with ngram, and each
+server start costs a minute or two on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from outrig.ops.base import Project
+from tests.helpers import stop_every_run
+from tests.realvllm.evaluating import check_stopped, logged, outrig, server_settings
+from tests.rehearsal.harness import RealTraining, TrainedDrafter
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
+    """The test's project (hosts/ from box_host); every run left on the box is stopped."""
+    (tmp_path / "playbooks").mkdir()
+    yield tmp_path
+    stop_every_run(Project(tmp_path), box_host.stem,
+                   Path(os.environ["XDG_STATE_HOME"]) / "outrig")
+
+
+def test_the_trained_drafter_is_measured_by_vllms_own_counters(
+        project: Path, box_host: Path, vllm_python: str, real_training: RealTraining,
+        trained_drafter: TrainedDrafter) -> None:
+    playbook = {"name": "trained", "recipe": "dflash", "dflash": {
+        "model": str(trained_drafter.verifier), "data_path": real_training.data_path,
+        "save_path": real_training.save_path, "block_size": trained_drafter.block_size,
+        "prepare": {"data": [str(trained_drafter.conversations)]},
+        "server": {"gpus": [0], "python": vllm_python}, "trainer": {"gpus": [1]}},
+        "evaluate": {"requests": 4, "concurrency": 2, "max_tokens": 24, "baseline": False,
+                     "settle": 3, "server": server_settings(vllm_python)}}
+    (project / "playbooks" / "trained.yaml").write_text(yaml.safe_dump(playbook))
+
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "trained", "--json"],
+                  project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])
+    check_stopped(doc, workdir)
+
+    k = trained_drafter.num_speculative_tokens
+    assert doc["checkpoint"]["path"] == str(trained_drafter.checkpoint)
+    assert doc["speculative_config"] == {"method": "dflash",
+                                         "model": str(trained_drafter.checkpoint),
+                                         "num_speculative_tokens": k}
+    assert k == trained_drafter.block_size - 1
+    assert doc["requests"] == 4 and doc["completion_tokens"] > 0
+    assert doc["drafts"] > 0, "vLLM proposed no drafts with the trained drafter"
+    assert doc["draft_tokens"] == k * doc["drafts"]
+    assert len(doc["per_position"]) == k
+    assert doc["acceptance_length"] == pytest.approx(1 + doc["accepted_tokens"] / doc["drafts"])
+    accepted, drafted, lengths = logged(workdir, doc["server_runs"][0])
+    assert (accepted, drafted) == (doc["accepted_tokens"], doc["draft_tokens"])
+    assert lengths and all(1.0 <= m <= k + 1 for m in lengths)
+
+    # recorded with its checkpoint: --compare lists it
+    listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "trained",
+                     "--compare", "--json"], project)
+    assert listed.returncode == 0, listed.stderr
+    found = json.loads(listed.stdout)["evaluations"]
+    assert [(e["eval_id"], e["checkpoint"]["path"]) for e in found] == [
+        (doc["eval_id"], str(trained_drafter.checkpoint))]
