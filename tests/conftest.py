@@ -22,11 +22,13 @@ from typing import Any
 
 import pytest
 
+from outrig.ops.base import Project
 from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbox
 from outrig.sandbox.fulldisk import FullDiskUnavailable, mount_small_fs
 from outrig.sandbox.nvidia_smi import load_inventory, make_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
 from tests.agent_harness import Box
+from tests.helpers import stop_every_run
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 MARK_ENV = "OUTRIG_TEST_MARK"
@@ -97,6 +99,17 @@ def box_host(sandbox: SandboxBox, tmp_path: Path) -> Path:
         config["python"] = box_python
         path.write_text(yaml.safe_dump(config))
     return path
+
+
+@pytest.fixture
+def box_project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
+    """A project folder for CLI tests on the sandbox box: ``hosts/`` from ``box_host`` and an
+    empty ``playbooks/``; at teardown every run the test left on the box is stopped by its
+    records (what ``outrig cleanup`` does)."""
+    (tmp_path / "playbooks").mkdir()
+    yield tmp_path
+    stop_every_run(Project(tmp_path), box_host.stem,
+                   Path(os.environ["XDG_STATE_HOME"]) / "outrig")
 
 
 @pytest.fixture

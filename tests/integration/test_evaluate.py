@@ -7,40 +7,26 @@ tests/realvllm/test_evaluate.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-
-from outrig.ops.base import Project
-from tests.helpers import stop_every_run
-
-
-@pytest.fixture
-def project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
-    (tmp_path / "playbooks").mkdir()
-    yield tmp_path
-    stop_every_run(Project(tmp_path), box_host.stem,
-                   Path(os.environ["XDG_STATE_HOME"]) / "outrig")
 
 
 def workdir(box_host: Path) -> Path:
     return Path(yaml.safe_load(box_host.read_text())["workdir"])
 
 
-def outrig(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def outrig(box_project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     binary = Path(sys.executable).parent / "outrig"
-    return subprocess.run([str(binary), *args], cwd=project, capture_output=True, text=True,
+    return subprocess.run([str(binary), *args], cwd=box_project, capture_output=True, text=True,
                           timeout=180)
 
 
-def write(project: Path, name: str, raw: dict[str, Any]) -> None:
-    (project / "playbooks" / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+def write(box_project: Path, name: str, raw: dict[str, Any]) -> None:
+    (box_project / "playbooks" / f"{name}.yaml").write_text(yaml.safe_dump(raw))
 
 
 def generic(evaluate: dict[str, Any]) -> dict[str, Any]:
@@ -67,14 +53,14 @@ def dflash(save: Path, conversations: Path) -> dict[str, Any]:
         "trainer": {"gpus": [1]}}, "evaluate": {"server": {"gpus": []}}}
 
 
-def test_no_checkpoint_and_a_torn_one_are_refused(project: Path, box_host: Path,
+def test_no_checkpoint_and_a_torn_one_are_refused(box_project: Path, box_host: Path,
                                                   tmp_path: Path) -> None:
     save = tmp_path / "save"
     conversations = tmp_path / "chat.jsonl"
     conversations.write_text(json.dumps({"conversations": [{"role": "user",
                                                              "content": "hi"}]}) + "\n")
-    write(project, "d", dflash(save, conversations))
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "d")
+    write(box_project, "d", dflash(save, conversations))
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "d")
     refused(done, box_host, f"no complete checkpoint under {save}", "--checkpoint PATH")
 
     torn = save / "0"
@@ -82,53 +68,53 @@ def test_no_checkpoint_and_a_torn_one_are_refused(project: Path, box_host: Path,
     for name in ("config.json", "model.safetensors", "optimizer_state_dict.pt",
                  "scheduler_state_dict.pt"):
         (torn / name).write_text("{}")
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "d")
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "d")
     refused(done, box_host, "missing training_state.json", "train first")
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "d",
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "d",
                   "--checkpoint", str(torn))
     refused(done, box_host, f"--checkpoint {torn} is torn (missing training_state.json)")
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "d",
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "d",
                   "--checkpoint", str(tmp_path / "nowhere"))
     refused(done, box_host, "not found on")
 
 
-def test_prompts_missing_or_not_jsonl_are_refused(project: Path, box_host: Path) -> None:
-    write(project, "p", generic({"prompts": "box:eval.jsonl"}))
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "p")
+def test_prompts_missing_or_not_jsonl_are_refused(box_project: Path, box_host: Path) -> None:
+    write(box_project, "p", generic({"prompts": "box:eval.jsonl"}))
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "p")
     refused(done, box_host, "evaluate.prompts", f"{workdir(box_host)}/eval.jsonl",
             "No such file")
     (workdir(box_host) / "eval.jsonl").write_text('{"prompt": "ok"}\n{"text": "no"}\n')
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "p")
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "p")
     refused(done, box_host, "eval.jsonl:2", "not JSONL of prompts")
 
-    write(project, "q", generic({"prompts": "local.jsonl"}))
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "q")
+    write(box_project, "q", generic({"prompts": "local.jsonl"}))
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "q")
     refused(done, box_host, "evaluate.prompts", "local.jsonl does not exist")
-    (project / "local.jsonl").write_text("not json\n")
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "q")
+    (box_project / "local.jsonl").write_text("not json\n")
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "q")
     refused(done, box_host, "local.jsonl:1: not JSON")
 
 
-def test_gpus_a_running_run_holds_are_refused_naming_it(project: Path,
+def test_gpus_a_running_run_holds_are_refused_naming_it(box_project: Path,
                                                         box_host: Path) -> None:
-    (project / "ok.jsonl").write_text('{"prompt": "hi"}\n')
-    write(project, "g", generic({"prompts": "ok.jsonl"}))
-    deployed = outrig(project, "deploy", "--host", box_host.stem, "--playbook", "g", "--json")
+    (box_project / "ok.jsonl").write_text('{"prompt": "hi"}\n')
+    write(box_project, "g", generic({"prompts": "ok.jsonl"}))
+    deployed = outrig(box_project, "deploy", "--host", box_host.stem, "--playbook", "g", "--json")
     assert deployed.returncode == 0, deployed.stderr
     run_id = next(json.loads(line) for line in deployed.stdout.splitlines()
               if '"deployed"' in line)["run_id"]
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "g")
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "g")
     refused(done, box_host, f"run {run_id} holds GPU(s) [0]",
             f"outrig cleanup --host {box_host.stem} --run RUN", "evaluate.server.gpus")
-    status = outrig(project, "status", "--host", box_host.stem, "--run", run_id, "--json")
+    status = outrig(box_project, "status", "--host", box_host.stem, "--run", run_id, "--json")
     assert json.loads(status.stdout)["runs"][0]["status"] == "running"  # untouched
 
 
-def test_a_generic_playbook_without_the_keys_is_refused(project: Path, box_host: Path) -> None:
-    write(project, "n", {"processes": {"a": {"command": "true"}}})
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "n")
+def test_a_generic_playbook_without_the_keys_is_refused(box_project: Path, box_host: Path) -> None:
+    write(box_project, "n", {"processes": {"a": {"command": "true"}}})
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "n")
     refused(done, box_host, "evaluate.model", "evaluate.speculative", "evaluate.prompts")
-    write(project, "m", generic({"prompts": "box:eval.jsonl"}))
-    done = outrig(project, "evaluate", "--host", box_host.stem, "--playbook", "m",
+    write(box_project, "m", generic({"prompts": "box:eval.jsonl"}))
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "m",
                   "--checkpoint", "/ckpt/3")
     refused(done, box_host, "--checkpoint /ckpt/3: method ngram drafts without a checkpoint")

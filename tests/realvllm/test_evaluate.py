@@ -27,14 +27,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from outrig.ops.base import Project
-from tests.helpers import marked, stop_every_run
+from tests.helpers import marked
 from tests.realvllm.evaluating import check_stopped, logged, outrig, server_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,19 +67,10 @@ def verifier(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict
     return {"model": str(out / "model"), "conversations": str(out / "conversations.jsonl")}
 
 
-@pytest.fixture
-def project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
-    """The test's project (hosts/ from box_host); every run left on the box is stopped."""
-    (tmp_path / "playbooks").mkdir()
-    yield tmp_path
-    stop_every_run(Project(tmp_path), box_host.stem,
-                   Path(os.environ["XDG_STATE_HOME"]) / "outrig")
-
-
-def test_ngram_evaluation_matches_vllms_own_log(project: Path, box_host: Path,
+def test_ngram_evaluation_matches_vllms_own_log(box_project: Path, box_host: Path,
                                                vllm_python: str, verifier: dict[str, str]
                                                ) -> None:
-    prompts = project / "prompts.jsonl"
+    prompts = box_project / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"step {i} the fox the fox the fox the "
                                                      "fox the fox"}) + "\n" for i in range(6)))
     playbook = {"name": "ngram", "processes": {"server": {"command": [
@@ -92,10 +81,10 @@ def test_ngram_evaluation_matches_vllms_own_log(project: Path, box_host: Path,
                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1},
                      "requests": 6, "concurrency": 2, "max_tokens": 24, "settle": 3,
                      "server": server_settings(vllm_python)}}
-    (project / "playbooks" / "ngram.yaml").write_text(yaml.safe_dump(playbook))
+    (box_project / "playbooks" / "ngram.yaml").write_text(yaml.safe_dump(playbook))
 
     done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "ngram", "--json"],
-                  project)
+                  box_project)
     assert done.returncode == 0, done.stderr[-4000:]
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     check_stopped(doc, Path(yaml.safe_load(box_host.read_text())["workdir"]))
@@ -112,13 +101,13 @@ def test_ngram_evaluation_matches_vllms_own_log(project: Path, box_host: Path,
     assert doc["checkpoint"] is None and doc["method"] == "ngram"
 
     listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "ngram", "--compare",
-                     "--json"], project)
+                     "--json"], box_project)
     assert listed.returncode == 0, listed.stderr
     assert [e["eval_id"] for e in json.loads(listed.stdout)["evaluations"]] == [doc["eval_id"]]
 
 
 def test_a_server_that_dies_at_the_first_request_fails_and_is_stopped(
-        project: Path, box_host: Path, vllm_python: str,
+        box_project: Path, box_host: Path, vllm_python: str,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """head_dim 16: the CPU build starts, answers /health, then its engine dies at the first
     request ("Unsupported CPU attention configuration"). The server's readiness sends one real
@@ -130,15 +119,15 @@ def test_a_server_that_dies_at_the_first_request_fails_and_is_stopped(
                            "--conversations", "2"], capture_output=True, text=True,
                           timeout=600)
     assert made.returncode == 0, made.stderr[-2000:]
-    (project / "p.jsonl").write_text('{"prompt": "hello there"}\n')
+    (box_project / "p.jsonl").write_text('{"prompt": "hello there"}\n')
     playbook = {"name": "dies", "processes": {"x": {"command": "true"}},
                 "evaluate": {"model": str(out / "model"), "prompts": "p.jsonl",
                              "speculative": {"method": "ngram", "num_speculative_tokens": 2,
                                              "prompt_lookup_max": 2},
                              "requests": 1, "baseline": False,
                              "server": server_settings(vllm_python)}}
-    (project / "playbooks" / "dies.yaml").write_text(yaml.safe_dump(playbook))
-    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies"], project)
+    (box_project / "playbooks" / "dies.yaml").write_text(yaml.safe_dump(playbook))
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies"], box_project)
     assert done.returncode == 1, done.stderr[-4000:]
     assert "EngineCore encountered a fatal error" in done.stderr, done.stderr[-4000:]
     runs = sorted((Path(yaml.safe_load(box_host.read_text())["workdir"]) / "runs").iterdir())
@@ -146,25 +135,25 @@ def test_a_server_that_dies_at_the_first_request_fails_and_is_stopped(
     assert marked(runs[0].name) == []
     assert json.loads((runs[0] / "run.json").read_text())["status"] == "stopped"
     listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "dies", "--compare",
-                     "--json"], project)
+                     "--json"], box_project)
     assert json.loads(listed.stdout)["evaluations"] == []
 
 
-def test_ctrl_c_while_the_server_starts_stops_it(project: Path, box_host: Path,
+def test_ctrl_c_while_the_server_starts_stops_it(box_project: Path, box_host: Path,
                                                  vllm_python: str, verifier: dict[str, str]
                                                  ) -> None:
     """Ctrl-C (SIGINT to the command) once the server is launched and not yet ready: exit
     130, and nothing of the server's run is left on the box."""
-    (project / "p.jsonl").write_text('{"prompt": "hello"}\n')
+    (box_project / "p.jsonl").write_text('{"prompt": "hello"}\n')
     playbook = {"name": "intr", "processes": {"x": {"command": "true"}},
                 "evaluate": {"model": verifier["model"], "prompts": "p.jsonl",
                              "speculative": {"method": "ngram", "num_speculative_tokens": 2,
                                              "prompt_lookup_max": 2},
                              "server": server_settings(vllm_python)}}
-    (project / "playbooks" / "intr.yaml").write_text(yaml.safe_dump(playbook))
+    (box_project / "playbooks" / "intr.yaml").write_text(yaml.safe_dump(playbook))
     binary = Path(sys.executable).parent / "outrig"
     command = subprocess.Popen([str(binary), "evaluate", "--host", box_host.stem,
-                                "--playbook", "intr"], cwd=project, stdout=subprocess.PIPE,
+                                "--playbook", "intr"], cwd=box_project, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     runs = Path(yaml.safe_load(box_host.read_text())["workdir"]) / "runs"
     try:

@@ -15,32 +15,19 @@ server start costs a minute or two on two cores.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from outrig.ops.base import Project
-from tests.helpers import stop_every_run
 from tests.realvllm.evaluating import check_stopped, logged, outrig, server_settings
 from tests.rehearsal.harness import RealTraining, TrainedDrafter
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
-    """The test's project (hosts/ from box_host); every run left on the box is stopped."""
-    (tmp_path / "playbooks").mkdir()
-    yield tmp_path
-    stop_every_run(Project(tmp_path), box_host.stem,
-                   Path(os.environ["XDG_STATE_HOME"]) / "outrig")
-
-
 def test_the_trained_drafter_is_measured_by_vllms_own_counters(
-        project: Path, box_host: Path, vllm_python: str, real_training: RealTraining,
+        box_project: Path, box_host: Path, vllm_python: str, real_training: RealTraining,
         trained_drafter: TrainedDrafter) -> None:
     playbook = {"name": "trained", "recipe": "dflash", "dflash": {
         "model": str(trained_drafter.verifier), "data_path": real_training.data_path,
@@ -49,10 +36,10 @@ def test_the_trained_drafter_is_measured_by_vllms_own_counters(
         "server": {"gpus": [0], "python": vllm_python}, "trainer": {"gpus": [1]}},
         "evaluate": {"requests": 4, "concurrency": 2, "max_tokens": 24, "baseline": False,
                      "settle": 3, "server": server_settings(vllm_python)}}
-    (project / "playbooks" / "trained.yaml").write_text(yaml.safe_dump(playbook))
+    (box_project / "playbooks" / "trained.yaml").write_text(yaml.safe_dump(playbook))
 
     done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "trained", "--json"],
-                  project)
+                  box_project)
     assert done.returncode == 0, done.stderr[-4000:]
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])
@@ -75,7 +62,7 @@ def test_the_trained_drafter_is_measured_by_vllms_own_counters(
 
     # recorded with its checkpoint: --compare lists it
     listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "trained",
-                     "--compare", "--json"], project)
+                     "--compare", "--json"], box_project)
     assert listed.returncode == 0, listed.stderr
     found = json.loads(listed.stdout)["evaluations"]
     assert [(e["eval_id"], e["checkpoint"]["path"]) for e in found] == [
