@@ -34,6 +34,19 @@ STANDINS = Path(__file__).resolve().parent / "standins"
 MARK_ENV = "OUTRIG_TEST_MARK"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Give SIGINT and SIGQUIT back their default actions when the suite was started with
+    them ignored: a shell starts a background job (``cmd &``) that way, an ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler. The Ctrl-C
+    tests (tests/integration/test_cli.py) send SIGINT to an ``outrig`` child, which would
+    never see it and hang their wait. Runs in every pytest-xdist worker as well; a handler
+    set here becomes SIG_DFL in the children at exec."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory,
                   monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
