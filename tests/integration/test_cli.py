@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import venv
 from collections.abc import Iterator
 from pathlib import Path
@@ -301,9 +302,16 @@ def test_second_ctrl_c_leaves_and_says_what_keeps_running(installed: Path, proje
     deploying, pid = _deploy_until_launched(installed, project, procs, STUBBORN, 30)
     deploying.send_signal(signal.SIGINT)
     assert deploying.stderr is not None
-    for line in deploying.stderr:
-        if "the box is stopping what this deploy launched" in line:
-            break
+    # a bound on the read: a deploy that never reacts to Ctrl-C fails the test, not the run
+    watchdog = threading.Timer(300, deploying.kill)
+    watchdog.start()
+    try:
+        for line in deploying.stderr:
+            if "the box is stopping what this deploy launched" in line:
+                break
+    finally:
+        watchdog.cancel()
+    assert deploying.poll() is None, "deploy ended (or was killed) before the first notice"
     deploying.send_signal(signal.SIGINT)
     _, err = deploying.communicate(timeout=120)
     assert deploying.returncode == 130, err
