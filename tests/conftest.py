@@ -47,6 +47,22 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
+# The tiers whose tests start the real tools (a CPU vLLM server is 45-150 s of both cores'
+# work, the shared real training minutes): run first, so that on two workers the short tests
+# fill the time around them instead of one worker finishing them alone at the end.
+HEAVY_FIRST = ("tests/rehearsal/", "tests/realvllm/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Collection order with the real-tool tiers in front (a stable sort: the same order in
+    every pytest-xdist worker, as xdist requires)."""
+    def rank(item: pytest.Item) -> int:
+        where = item.nodeid
+        return next((i for i, prefix in enumerate(HEAVY_FIRST) if where.startswith(prefix)),
+                    len(HEAVY_FIRST))
+    items.sort(key=rank)
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory,
                   monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
