@@ -101,9 +101,13 @@ def test_cleanup_stops_the_job_that_filled_the_workdir_disk(
                for ev in warnings)
 
 
-def escaper_playbook(tmp_path: Path) -> Path:
+def escaper_playbook(tmp_path: Path, *, late: bool = False) -> Path:
+    """The escaper: a child that leaves the session and clears its markers. ``late``: it
+    escapes only once the test touches ``escape.now``, after the deploy, so the deploy's own
+    wait (which records what is in the run's session) never saw it."""
+    env = {"ESCAPE_LATE": "1"} if late else {}
     return write_playbook(tmp_path, {"processes": {"job": {
-        "command": [sys.executable, "-c", ESCAPE], "gpus": [1],
+        "command": [sys.executable, "-c", ESCAPE], "gpus": [1], "env": env,
         "ready": {"log": "^up$", "timeout": 60}, "stop": {"grace": 1}}}})
 
 
@@ -140,8 +144,10 @@ def test_unprovable_gpu_holder_makes_cleanup_fail_naming_it(
     stop_all.append(host)
     workdir = Path(yaml.safe_load(host.read_text())["workdir"])
     journal = Journal(tmp_path / "state")
-    deploy(PROJECT, str(host), str(escaper_playbook(tmp_path)), Reporter(quiet=True),
-           journal=journal)
+    deploy(PROJECT, str(host), str(escaper_playbook(tmp_path, late=True)),
+           Reporter(quiet=True), journal=journal)
+    (workdir / "escape.now").touch()
+    assert wait_for(lambda: (workdir / "parent.pid").exists())
     child = orphan(workdir)
     with pytest.raises(CleanupIncomplete) as info:
         cleanup(PROJECT, str(host), Reporter(quiet=True), playbook="job", journal=journal)

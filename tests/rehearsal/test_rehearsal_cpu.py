@@ -91,7 +91,12 @@ def test_real_trainer_checkpoints_mid_epoch_and_resumes_after_cleanup(
     assert "POST /v1/completions" in logs["server"]
     assert "Hidden-states write failed" not in logs["server"]
     assert "Hidden-state generation circuit breaker" not in trainer
-    assert "EngineDeadError" not in logs["server"]
+    # the engine never died while serving; at the stop vLLM aborts what is still in flight
+    # (a request of the stopped trainer's) and logs EngineDeadError for it after its own
+    # "[shutdown] API server: shutdown triggered" line (vllm/entrypoints/launcher.py), so
+    # only the log before that line counts
+    serving = logs["server"].split("API server: shutdown triggered", 1)[0]
+    assert "EngineDeadError" not in serving, serving[-3000:]
     assert "Traceback" not in t.trainer_before_stop, t.trainer_before_stop[-3000:]
 
     # stopped mid-run; outrig signals the ranks first, so the interrupt save runs to its end
