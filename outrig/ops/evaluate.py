@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.table import Table
 
+from outrig._box.agent.bench import parse_prompt_lines
 from outrig.checkpoints import assess, newest_complete, order_text
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError, RemoteError
@@ -136,8 +137,6 @@ def resolve(session: HostSession, job: Job, run: dict[str, Any] | None, *,
 def local_prompts(project: Project, job: Job, settings: EvalSettings
                   ) -> list[dict[str, Any]] | None:
     """A workstation prompts file, read and checked (the first ``requests`` prompts)."""
-    from outrig._box.agent.bench import parse_prompt_lines
-
     if settings.prompts.kind != "local":
         return None
     path = Path(settings.prompts.paths[0]).expanduser()
