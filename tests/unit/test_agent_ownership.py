@@ -121,12 +121,9 @@ def test_setsid_child_without_markers_is_stopped_through_its_parent(
     assert result["gpu"]["released"] is True, result["gpu"]
 
 
-def test_setsid_child_seen_by_status_is_stopped_after_its_parent_exited(
-        box: Box, gpu_env: dict[str, str]) -> None:
-    env = no_cgroups(gpu_env)
-    deploy_escaper(box, env)
-    _, status = box.agent({"op": "status", "playbook": "smoke", "env": env})
-    assert status["ok"] is True, status
+def seen_child_is_stopped_once_orphaned(box: Box, env: dict[str, str]) -> None:
+    """The escaped child is in the run's record of processes seen as ours; once its parent
+    has exited, that record alone proves it ours, and cleanup stops it and frees its GPU."""
     seen = json.loads((box.workdir / "runs" / R1 / "descendants.json").read_text())
     assert child_pid(box) in [p["pid"] for p in seen["processes"]]
     orphan_the_child(box)
@@ -134,6 +131,15 @@ def test_setsid_child_seen_by_status_is_stopped_after_its_parent_exited(
     assert result["ok"] is True, result
     assert wait_until(lambda: not alive(child_pid(box)))
     assert result["gpu"]["released"] is True, result["gpu"]
+
+
+def test_setsid_child_seen_by_status_is_stopped_after_its_parent_exited(
+        box: Box, gpu_env: dict[str, str]) -> None:
+    env = no_cgroups(gpu_env)
+    deploy_escaper(box, env)
+    _, status = box.agent({"op": "status", "playbook": "smoke", "env": env})
+    assert status["ok"] is True, status
+    seen_child_is_stopped_once_orphaned(box, env)
 
 
 def test_setsid_child_seen_by_the_deploys_wait_is_stopped_after_its_parent_exited(
@@ -142,13 +148,7 @@ def test_setsid_child_seen_by_the_deploys_wait_is_stopped_after_its_parent_exite
     # proven ours), and that record is the only proof left once the parent is gone.
     env = no_cgroups(gpu_env)
     deploy_escaper(box, env)
-    seen = json.loads((box.workdir / "runs" / R1 / "descendants.json").read_text())
-    assert child_pid(box) in [p["pid"] for p in seen["processes"]]
-    orphan_the_child(box)
-    _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
-    assert result["ok"] is True, result
-    assert wait_until(lambda: not alive(child_pid(box)))
-    assert result["gpu"]["released"] is True, result["gpu"]
+    seen_child_is_stopped_once_orphaned(box, env)
 
 
 def test_unprovable_holder_of_the_runs_gpu_is_reported_not_called_done(
