@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -38,24 +37,8 @@ from tests.realvllm.evaluating import check_stopped, logged, outrig, server_sett
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _python(var: str, module: str) -> str:
-    """The interpreter ``var`` names; skip when unset, fail when it cannot find ``module``."""
-    python = os.environ.get(var)
-    if not python:
-        pytest.skip(f"{var} is not set: point it at an interpreter with {module} (see "
-                    "docs/evaluate.md, 'Tests')")
-    found = subprocess.run([python, "-c", f"import importlib.util, sys; sys.exit(0 if "
-                            f"importlib.util.find_spec({module!r}) else 1)"],
-                           capture_output=True, text=True, timeout=120)
-    assert found.returncode == 0, f"{var}={python} cannot import {module}: {found.stderr}"
-    return python
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    return _python("OUTRIG_VLLM_PYTHON", "vllm")
-
-
+# (``vllm_python`` is the tier's, tests/realvllm/conftest.py; this module's verifier
+# also needs the conversations file, so it is its own)
 @pytest.fixture(scope="module")
 def verifier(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A tiny random Qwen3 the CPU vLLM serves, and its conversations file."""
