@@ -31,8 +31,8 @@ def demo(c: Any, keep: bool = False, delay: str | None = None,
     """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
 
     Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
-    installing openssh-server with apt-get first if this machine has no sshd. Needs a project
-    with the smoke playbook (this repository's).
+    installing openssh-server with apt-get first if this machine has no sshd. The smoke
+    playbook and its trainer ship with outrig, so it runs in any folder.
 
     Example:
         outrig demo
