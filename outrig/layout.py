@@ -19,6 +19,7 @@ from typing import Any
 
 INDENT = "    "  # where long values under a row start
 TREE_LINES = 8  # processes of one record listed under it (the rest are counted)
+TORN_LINES = 3  # incomplete checkpoint folders explained under a process (the rest counted)
 
 
 def shown(arg: str) -> str:
@@ -192,7 +193,11 @@ def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
 
 
 def _state(proc: dict[str, Any]) -> str:
+    """The state cell: ``exited (3)``, ``killed (signal 9)``, or ``stopped by cleanup`` for a
+    process that outrig itself stopped (the agent's ``stopped_by``), whatever its exit."""
     state = str(proc.get("state"))
+    if state != "running" and proc.get("stopped_by"):
+        return f"stopped by {proc.get('stopped_by')}"
     if state == "exited":
         state += f" ({proc.get('exit_code')})"
     elif state == "killed" and proc.get("signal"):
@@ -212,15 +217,14 @@ def _detail(proc: dict[str, Any]) -> str:
         health = server.get("health") or f"down ({server.get('health_error')})"
         models = ", ".join(server.get("models") or []) or "?"
         detail = f"/health {health}, serving {models}"
-    elif not detail and proc.get("log_tail"):
-        detail = str(proc["log_tail"][-1])
     return detail
 
 
 def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False) -> list[str]:
-    """``outrig status`` for people: per run a table of short fields, each process's
-    progress (or server health, or last log line) under its row, then checkpoints, the last
-    log lines of failed processes, and the GPUs (one line, or the table with ``gpu_table``)."""
+    """``outrig status`` for people: per run a table of short fields; under each process's
+    row its progress (or server health) and its last log lines (as many as ``--lines`` asked
+    the box for), then the checkpoints and the GPUs (one line, or the table with
+    ``gpu_table``)."""
     from outrig.console import visible
     from outrig.progress import format_duration
 
@@ -246,6 +250,8 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
             detail = _detail(proc)
             if detail:
                 out += wrapped(visible(detail), width)
+            for log_line in proc.get("log_tail") or []:
+                out += wrapped(visible(str(log_line)), width, INDENT + "| ", INDENT + "|   ")
             out += _tree_lines(proc, width)
             notes += _process_notes(proc, width)
         out += notes
@@ -295,25 +301,29 @@ def _tree_lines(proc: dict[str, Any], width: int) -> list[str]:
 
 
 def _process_notes(proc: dict[str, Any], width: int) -> list[str]:
-    """Checkpoint and failure lines for one process (paths on their own lines)."""
+    """Checkpoint lines for one process (paths on their own lines): the newest complete one,
+    and why each newer folder is not complete (the agent's verdict: what is missing, or a
+    save that started and did not finish)."""
     from outrig.console import visible
 
     name = str(proc.get("name"))
     out: list[str] = []
     checkpoint = proc.get("checkpoint")
-    if isinstance(checkpoint, dict):
-        if checkpoint.get("path"):
-            out += labelled(f"{name}: newest complete checkpoint ({checkpoint.get('count')} "
-                            "saved)", visible(str(checkpoint["path"])), width, "  ")
-        else:
-            out += labelled(f"{name}: no complete checkpoint yet in",
-                            visible(str(checkpoint.get("save_path"))), width, "  ")
-    failed = (proc.get("state") == "exited" and proc.get("exit_code") not in (0, None)) \
-        or proc.get("state") == "killed"
-    if failed and proc.get("log_tail"):
-        out.append(f"  {name} {_state(proc)}; last log lines:")
-        for line in proc["log_tail"]:
-            out += wrapped(visible(str(line)), width, INDENT + "| ", INDENT + "|   ")
+    if not isinstance(checkpoint, dict):
+        return out
+    if checkpoint.get("path"):
+        out += labelled(f"{name}: newest complete checkpoint ({checkpoint.get('count')} "
+                        "saved)", visible(str(checkpoint["path"])), width, "  ")
+    else:
+        out += labelled(f"{name}: no complete checkpoint yet in",
+                        visible(str(checkpoint.get("save_path"))), width, "  ")
+    torn = [c for c in checkpoint.get("incomplete") or [] if isinstance(c, dict)]
+    for entry in torn[:TORN_LINES]:
+        out += wrapped(visible(f"{name}: checkpoint {entry.get('name')} is not complete: "
+                               f"{entry.get('why')}"), width, "  ", INDENT)
+    if len(torn) > TORN_LINES:
+        out.append(f"  {name}: … and {len(torn) - TORN_LINES} more incomplete (outrig status "
+                   "--json)")
     return out
 
 

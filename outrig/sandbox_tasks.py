@@ -9,8 +9,6 @@ from typing import Any
 
 from invoke.tasks import task
 
-from outrig.console import Reporter
-from outrig.errors import OutrigError
 from outrig.settings import Settings, settings_for
 from outrig.taskkit import JSON_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 
@@ -31,8 +29,8 @@ def demo(c: Any, keep: bool = False, delay: str | None = None,
     """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
 
     Starts a real OpenSSH sshd on 127.0.0.1 with throwaway keys and a fake nvidia-smi,
-    installing openssh-server with apt-get first if this machine has no sshd. Needs a project
-    with the smoke playbook (this repository's).
+    installing openssh-server with apt-get first if this machine has no sshd. The smoke
+    playbook and its trainer ship with outrig, so it runs in any folder.
 
     Example:
         outrig demo
@@ -104,8 +102,8 @@ def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
     name="sandbox-down",
     auto_shortflags=False,
     help={"name": SANDBOX_NAME_HELP,
-          "keep_runs": "do not ask the box to stop its outrig runs first (their processes "
-                       "then keep running on this machine)",
+          "keep_runs": "leave the box's outrig runs running: the sshd stops, the runs stay "
+                       "reachable through the host file (hostname: local) until sandbox-down",
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
@@ -115,34 +113,27 @@ def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
 
     First stops every outrig run on it (as cleanup --all would), then signals exactly the
     server and sshd processes that sandbox-up recorded (checked by pid and start time, never
-    found by name). Harmless when nothing is up.
+    found by name). Harmless when nothing is up. With --keep-runs, runs still running keep
+    the box's workdir and stay reachable through the host file, without SSH.
 
     Example:
         outrig sandbox-down
     """
-    from outrig.sandbox.service import is_up, read_state
-    from outrig.sandbox.service import sandbox_down as stop
+    from outrig.ops.sandbox import down_lines
+    from outrig.ops.sandbox import sandbox_down as stop
+    from outrig.sandbox.service import host_argument, read_state
 
     settings = settings_for(c, project)
     reporter = make_reporter(json)
     state = read_state(name)
-    if state is not None and is_up(state) and not keep_runs:
-        from outrig.ops.cleanup import cleanup
-
-        try:
-            import io
-
-            quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
-            cleanup(settings.project, str(state["host_file"]), quiet, all_runs=True)
-        except OutrigError as exc:
-            reporter.warn(f"could not stop the runs on sandbox {name} ({exc}); stopping the "
-                          "box anyway, their processes may keep running")
-    result = stop(name)
+    result = stop(settings.project, name, reporter, keep_runs=keep_runs)
     if json:
         reporter.emit_json(result)
     elif not result["stopped"] and not result["was_up"] and state is None:
         reporter.info(f"sandbox {name} is not up: nothing to stop")
     else:
-        pids = ", ".join(map(str, result["stopped"])) or "none were still running"
-        removed = f"; removed {result['host_file']}" if result["host_file_removed"] else ""
-        reporter.success(f"sandbox {name} stopped (pids {pids}){removed}")
+        host = host_argument(Path(result["host_file"]), settings.project.hosts_dir)
+        first, *rest = down_lines(result, host)
+        reporter.success(first)
+        for line in rest:
+            reporter.info(line)

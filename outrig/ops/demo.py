@@ -6,6 +6,10 @@ over one exec). A fake ``nvidia-smi`` on its PATH reports GPUs. When this machin
 the demo installs Debian/Ubuntu's ``openssh-server`` with apt-get (as root) rather than falling
 back to an embedded SSH server: a Python SSH server would test a different server than the
 one every real box runs (docs/sandbox.md).
+
+The job is outrig's own smoke playbook, shipped with it (``outrig/_box/examples/``: in this
+checkout remote/examples/, whose smoke.yaml links to playbooks/smoke.yaml), so the demo works
+from a wheel in any folder: the project is only where ``demo --keep`` writes its host file.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import outrig._box as box_package
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal
@@ -52,6 +57,27 @@ def ensure_sshd(reporter: Reporter) -> str:
     return find_sshd()
 
 
+DEMO_PLAYBOOK = "smoke"
+DEMO_TRAINER = "train_tiny.py"
+
+
+def demo_playbook(root: Path) -> Path:
+    """Lay the shipped smoke playbook and its trainer out under ``root`` the way a project
+    holds them (``playbooks/smoke.yaml``, ``remote/examples/train_tiny.py``, the path its
+    ``files:`` names) and return the playbook's path, which deploy takes as it is."""
+    shipped = Path(box_package.__file__).resolve().parent / "examples"
+    playbook = root / "playbooks" / f"{DEMO_PLAYBOOK}.yaml"
+    trainer = root / "remote" / "examples" / DEMO_TRAINER
+    for source, target in ((shipped / f"{DEMO_PLAYBOOK}.yaml", playbook),
+                           (shipped / DEMO_TRAINER, trainer)):
+        if not source.is_file():
+            raise OutrigError(f"this outrig install lacks {source}, which `outrig demo` "
+                              "deploys; reinstall outrig (pip install --force-reinstall)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    return playbook
+
+
 def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
              one_way_delay: float = 0.0, steps_wait: float = 3.0) -> None:
     """Deploy smoke to a sandbox, show status and logs, clean up. With ``keep`` the sandbox
@@ -79,8 +105,9 @@ def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
             reporter.info(f"• latency proxy on port {port}: RTT {2 * one_way_delay * 1000:.0f} ms")
         host_file = box.write_host_file(root / "sandbox.yaml", port=port)
         reporter.info(f"• sandbox sshd on 127.0.0.1:{box.port}, host file {host_file}")
-        _loop(project, str(host_file), reporter, journal, steps_wait)
-        cleanup(project, str(host_file), reporter, playbook="smoke", journal=journal)
+        playbook = demo_playbook(root / "job")
+        _loop(project, str(host_file), playbook, reporter, journal, steps_wait)
+        cleanup(project, str(host_file), reporter, playbook=DEMO_PLAYBOOK, journal=journal)
     finally:
         if proxy is not None:
             proxy.close()
@@ -89,25 +116,31 @@ def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _loop(project: Project, host: str, reporter: Reporter, journal: Journal,
+def _loop(project: Project, host: str, playbook: Path, reporter: Reporter, journal: Journal,
           steps_wait: float) -> None:
-    deploy(project, host, "smoke", reporter, journal=journal)
-    time.sleep(steps_wait)  # let the trainer print a few metric lines
-    status(project, host, reporter, playbook="smoke", journal=journal)
-    logs(project, host, reporter, playbook="smoke", lines=8, journal=journal)
+    from outrig.sandbox.box import free_port
+
+    # a port free now, not the playbook's 8765: another server of this machine may hold that
+    deploy(project, host, str(playbook), reporter, journal=journal,
+           params={"port": free_port()})
+    time.sleep(steps_wait)  # let the trainer print a few metric lines and save an epoch
+    status(project, host, reporter, playbook=DEMO_PLAYBOOK, journal=journal)
+    logs(project, host, reporter, playbook=DEMO_PLAYBOOK, lines=8, journal=journal)
 
 
 def _kept_demo(project: Project, reporter: Reporter, one_way_delay: float,
                steps_wait: float) -> None:
     """The demo on the sandbox of ``sandbox-up`` (started here, or already up), leaving it
     and the smoke run running, and saying how to reach and stop them."""
-    from outrig.sandbox.service import describe_up, host_argument, sandbox_up
+    from outrig.sandbox.service import describe_up, host_argument, sandbox_root, sandbox_up
 
     state = sandbox_up("sandbox", project.hosts_dir / "sandbox.yaml",
                        one_way_delay=one_way_delay)
     host = host_argument(Path(state["host_file"]), project.hosts_dir)
     for line in describe_up(state, host, down="outrig sandbox-down"):
         reporter.info(line)
-    _loop(project, host, reporter, Journal(), steps_wait)
+    # beside the sandbox's own state: it goes when sandbox-down removes the sandbox
+    playbook = demo_playbook(sandbox_root("sandbox") / "job")
+    _loop(project, host, playbook, reporter, Journal(), steps_wait)
     reporter.info(f"kept: the sandbox and the smoke run on it keep running. Look: outrig "
                   f"status --host {host}; stop both: outrig sandbox-down")

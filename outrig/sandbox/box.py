@@ -61,7 +61,7 @@ def _find_tool(name: str, fix: str) -> str:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A port that was free a moment ago (bind 0, read it, release it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -323,7 +323,7 @@ def start_sandbox(root: Path, *, name: str = "sandbox", gpus: int = 8,
     config, log_file = root / "sshd_config", root / "sshd.log"
     last_error: SandboxError | None = None
     for _attempt in range(3):  # the free port can be taken between probe and bind: retry
-        port = _free_port()
+        port = free_port()
         config.write_text(_sshd_config(root, port, host_key, authorized, user))
         box = SandboxBox(
             name=name, root=root, host="127.0.0.1", port=port, user=user,

@@ -104,7 +104,8 @@ def sandbox_up(name: str, host_file: Path, *, one_way_delay: float = 0.0) -> dic
     state = read_state(name)
     if state is not None and is_up(state):
         return {**state, "already_up": True}
-    if state is not None:
+    kept = state is not None and bool(state.get("kept"))
+    if state is not None and not kept:
         sandbox_down(name)  # a dead server's leftovers (e.g. after a reboot)
     if host_file.exists() and not generated_by_us(host_file):
         raise ConfigError(
@@ -112,7 +113,8 @@ def sandbox_up(name: str, host_file: Path, *, one_way_delay: float = 0.0) -> dic
             "Pass --name with another name (or --host-file), or move that host file away. "
             "Nothing was started.")
     root = sandbox_root(name)
-    shutil.rmtree(root / "box", ignore_errors=True)  # fresh keys and workdir
+    if not kept:  # fresh keys and workdir; a kept box's runs are in its workdir: it stays
+        shutil.rmtree(root / "box", ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
     try:
@@ -218,17 +220,30 @@ def _a_playbook(host_file: Any) -> str:
 # ------------------------------------------------------------------------------------ down
 
 
-def sandbox_down(name: str) -> dict[str, Any]:
+def is_kept(state: dict[str, Any]) -> bool:
+    """True for a sandbox whose sshd is down but whose box (workdir, runs) was kept because
+    runs of it were still running (``sandbox_down(keep_box=True)``)."""
+    return bool(state.get("kept"))
+
+
+def sandbox_down(name: str, *, keep_box: bool = False) -> dict[str, Any]:
     """Stop exactly what ``up`` recorded for ``name`` and remove its host file and state.
 
-    Returns ``{"name", "was_up", "stopped": [pids], "host_file_removed"}``. Harmless when
-    nothing is up (``was_up`` False). A recorded pid whose start time differs now belongs to
-    another process and is left alone.
+    Returns ``{"name", "was_up", "stopped": [pids], "host_file_removed", "host_file",
+    "kept"}``. Harmless when nothing is up (``was_up`` False). A recorded pid whose start
+    time differs now belongs to another process and is left alone.
+
+    ``keep_box``: runs on the box go on, so its folder (workdir, run records, logs, the fake
+    GPUs) stays, and the host file is rewritten to reach that workdir on this machine
+    without SSH (``hostname: local``): ``status``, ``tail-logs`` and ``cleanup --host NAME``
+    still find the runs, and the next ``sandbox-up NAME`` serves the same box again. Deleting
+    the folder under live runs would leave processes that no command can find.
     """
     state = read_state(name)
     root = sandbox_root(name)
     if state is None:
-        return {"name": name, "was_up": False, "stopped": [], "host_file_removed": False}
+        return {"name": name, "was_up": False, "stopped": [], "host_file_removed": False,
+                "kept": False}
     was_up = is_up(state)
     stopped: list[int] = []
     server = state.get("server") or {}
@@ -245,12 +260,36 @@ def sandbox_down(name: str) -> dict[str, Any]:
                 os.kill(pid, signal.SIGKILL)
         stopped.append(int(sshd["pid"]))
     host_file = Path(str(state.get("host_file") or ""))
-    removed = bool(state.get("host_file")) and generated_by_us(host_file)
-    if removed:
+    ours = bool(state.get("host_file")) and generated_by_us(host_file)
+    if keep_box:
+        if ours:
+            write_local_host_file(host_file, name)
+        atomic_write_json(root / STATE_FILE, {
+            "name": name, "kept": True, "root": str(root), "host_file": str(host_file),
+            "workdir": str(root / "box" / "workdir")})
+        return {"name": name, "was_up": was_up, "stopped": stopped, "host_file_removed": False,
+                "host_file": str(host_file), "kept": True}
+    if ours:
         host_file.unlink(missing_ok=True)
     shutil.rmtree(root, ignore_errors=True)
-    return {"name": name, "was_up": was_up, "stopped": stopped, "host_file_removed": removed,
-            "host_file": str(host_file)}
+    return {"name": name, "was_up": was_up, "stopped": stopped, "host_file_removed": ours,
+            "host_file": str(host_file), "kept": False}
+
+
+def write_local_host_file(path: Path, name: str) -> None:
+    """Point the sandbox's host file at its box on this machine without SSH: the same
+    workdir, env (the fake nvidia-smi) and python, ``hostname: local``."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    local = {"hostname": "local", **{k: data[k] for k in ("workdir", "env", "python", "gpus")
+                                     if k in data}}
+    text = (f"# sandbox box {name!r} with its sshd stopped, its runs kept: reached on this "
+            f"machine without SSH {GENERATED}\n")
+    text += yaml.safe_dump(local, sort_keys=False)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _stop_group(entry: dict[str, Any]) -> None:

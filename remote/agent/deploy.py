@@ -521,7 +521,7 @@ def stop_previous(layout: Layout, out: Emitter, previous: str, before: Optional[
     it held is released (``gpu_stuck`` otherwise: nothing is started)."""
     out.step(f"stopping previous run {previous}")
     stopper = Stopper(out, layout=layout)
-    stop_run_by_id(layout, previous, stopper, out, None)
+    stop_run_by_id(layout, previous, stopper, out, None, by="redeploy")
     if before is not None:
         release = wait_gpus_released(layout, stopper, out, {previous}, before,
                                      gpu_timeout)

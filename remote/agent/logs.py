@@ -4,7 +4,7 @@ and the last lines holding a marker."""
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Pattern
 
 from .constants import FOLLOW_CHUNK, MAX_LINE_CHARS, TAIL_MAX_BYTES
 from .events import redact
@@ -114,6 +114,7 @@ class LogFollower:
 
 
 PROGRESS_SCAN_MAX = 16 << 20  # status: how far back to look for marker lines
+READY_SCAN_MAX = 4 << 20  # status: how much of a log's start may show its ready line
 
 
 #
@@ -169,3 +170,26 @@ def last_lines_containing(path: str, needles: List[str], scan_max: int = PROGRES
     except OSError:
         pass
     return found
+
+
+def first_match(path: str, regex: Pattern[str], scan_max: int = READY_SCAN_MAX) -> bool:
+    """True when a line among the first ``scan_max`` bytes of the file matches ``regex``, read
+    as deploy reads lines (:func:`clean_line`): the log readiness a deploy that did not wait
+    (or is still waiting) has not recorded yet. A ready line comes early in a log, so the
+    start of it is what is read, never a multi-GB file whole."""
+    try:
+        with open(path, "rb") as f:
+            carry = b""
+            scanned = 0
+            while scanned < scan_max:
+                data = f.read(min(256 * 1024, scan_max - scanned))
+                if not data:
+                    break
+                scanned += len(data)
+                lines = (carry + data).split(b"\n")
+                carry = lines.pop()
+                if any(regex.search(clean_line(line)) for line in lines):
+                    return True
+            return bool(carry) and regex.search(clean_line(carry)) is not None
+    except OSError:
+        return False

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from typing import List, Optional, Set, Tuple
 
 from .constants import JSONDict
 from .events import AgentError, Emitter
 from .layout import Layout, list_run_ids, read_json, read_pointer
-from .logs import tail_lines
+from .logs import first_match, tail_lines
 from .probes import probe_http, probe_port, read_exit_file
 from .procs import proc_problem
 from .stopping import Stopper, valid_record
@@ -71,6 +72,8 @@ def process_state(rec: JSONDict, stopper: Stopper, log_lines: int,
             port = spec.get("port")
             if isinstance(port, int) and not isinstance(port, bool):
                 checks.append(probe_port(port))
+            if isinstance(spec.get("log"), str):
+                checks.append(log_ready(rec, spec["log"]))
             if checks:
                 ready = all(checks)
     else:
@@ -80,16 +83,34 @@ def process_state(rec: JSONDict, stopper: Stopper, log_lines: int,
             exit_code, sig = status
             state = "killed" if sig is not None else "exited"
     log = rec.get("log")
+    stopped_by = rec.get("stopped_by") if state != "running" else None
     return {
         "name": rec.get("name"),
         "pid": rec.get("pid"),
         "state": state,
         "exit_code": exit_code,
         "signal": sig,
+        # who ended it when outrig did (cleanup, redeploy): the signal alone reads as a crash
+        "stopped_by": stopped_by if isinstance(stopped_by, str) else None,
         "uptime": uptime,
         "ready": ready,
         "log_tail": tail_lines(log, log_lines, secrets) if isinstance(log, str) else [],
     }
+
+
+def log_ready(rec: JSONDict, pattern: str) -> bool:
+    """Whether a process with a ``ready.log`` pattern has become ready: once printed, a ready
+    line stays true (unlike a port, nothing to re-check). The deploy that saw it recorded
+    ``outcome: ready``; a deploy with ``wait: false`` (or one still running) did not, so the
+    start of the log is searched as the deploy would have."""
+    if rec.get("outcome") == "ready":
+        return True
+    log = rec.get("log")
+    try:
+        regex = re.compile(pattern)
+    except re.error:
+        return False
+    return isinstance(log, str) and first_match(log, regex)
 
 
 def resolve_run(layout: Layout, playbook: Optional[str], run_id: Optional[str]) -> str:

@@ -507,9 +507,15 @@ def load_run(layout: Layout, run_id: str, out: Emitter) -> Optional[JSONDict]:
 
 
 def stop_run_by_id(
-    layout: Layout, run_id: str, stopper: Stopper, out: Emitter, sweep_grace: Optional[float]
+    layout: Layout, run_id: str, stopper: Stopper, out: Emitter, sweep_grace: Optional[float],
+    by: str = "cleanup",
 ) -> JSONDict:
-    """Stop one run (by its run.json, or by marker only), mark it stopped, clear pointers."""
+    """Stop one run (by its run.json, or by marker only), mark it stopped, clear pointers.
+
+    ``by`` (``cleanup``, or ``redeploy`` when a deploy replaces the run) is recorded as
+    ``stopped_by`` in each record whose process was still running when it was signalled, so
+    that ``status`` says who stopped it instead of ``killed (signal 15)``: the wrapper's exit
+    file only knows the signal, not that it was ours."""
     run = load_run(layout, run_id, out)
     records: List[JSONDict] = []
     if run is not None:
@@ -518,6 +524,7 @@ def stop_run_by_id(
                 records.append(rec)
             else:
                 out.warning(f"run {run_id}: skipping a malformed process record")
+    running = [rec for rec in records if stopper.leader_state(rec) == "alive"]
     grace = sweep_grace
     if grace is None:
         graces = [float(r["stop_grace"]) for r in records if _is_num(r.get("stop_grace"))]
@@ -531,6 +538,8 @@ def stop_run_by_id(
     if run is not None:
         run["status"] = "stopped"
         run["stopped_at"] = round(time.time(), 3)
+        for rec in running:
+            rec["stopped_by"] = by
         try:
             write_json_atomic(layout.run_json(run_id), run)
         except OSError as exc:

@@ -118,6 +118,24 @@ def test_wheel_ships_the_agent_and_runs_from_an_empty_folder(installed: Path, em
     assert plan["processes"][0]["argv"][-1] == "print(7)"
 
 
+def test_demo_runs_from_the_wheel_in_an_empty_folder(installed: Path, empty: Path,
+                                                     tmp_path: Path) -> None:
+    """`outrig demo` from a wheel failed with "unknown playbook smoke ... pass --playbook"
+    (a flag demo does not take): the smoke playbook and its trainer were only in the
+    checkout. The wheel ships them; the demo deploys them, its trainer saves a checkpoint
+    status calls complete, and everything it started is stopped again."""
+    from tests.helpers import marked
+
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "80"}
+    done = run(installed, ["demo"], empty, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "smoke ready on sandbox" in done.stderr, done.stderr
+    assert "trainer: newest complete checkpoint" in done.stdout, done.stdout
+    run_id = done.stderr.split("— run ", 1)[1].split(".", 1)[0]
+    assert marked(run_id) == []  # the demo's cleanup stopped every process of the run
+    assert list(empty.iterdir()) == []  # the demo writes nothing into the folder
+
+
 def test_init_writes_a_starter_project_and_refuses_to_overwrite(installed: Path,
                                                                 empty: Path) -> None:
     done = run(installed, ["init"], empty)

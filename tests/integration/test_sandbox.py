@@ -324,13 +324,16 @@ def outrig_cli(args: list[str], cwd: Path,
 
 @pytest.fixture
 def sandbox_project(tmp_path: Path) -> Iterator[Path]:
-    """An empty project; whatever sandbox-up recorded for it is stopped afterwards."""
-    from outrig.sandbox.service import sandbox_down
+    """An empty project; whatever sandbox-up recorded for it, runs kept by
+    ``sandbox-down --keep-runs`` included, is stopped afterwards."""
+    from outrig.console import Reporter
+    from outrig.ops.base import Project
+    from outrig.ops.sandbox import sandbox_down
 
     root = tmp_path / "proj"
     (root / "hosts").mkdir(parents=True)
     yield root
-    sandbox_down("sandbox")
+    sandbox_down(Project(root), "sandbox", Reporter(quiet=True))
 
 
 def test_sandbox_up_outlives_the_command_and_down_stops_exactly_it(
@@ -368,6 +371,57 @@ def test_sandbox_up_outlives_the_command_and_down_stops_exactly_it(
     twice = outrig_cli(["sandbox-down"], sandbox_project)
     assert twice.returncode == 0, twice.stderr
     assert "sandbox sandbox is not up: nothing to stop" in twice.stderr
+
+
+def test_sandbox_down_keep_runs_leaves_the_runs_findable(sandbox_project: Path,
+                                                         tmp_path: Path) -> None:
+    """`sandbox-down --keep-runs` deleted the box's workdir, run records and logs while the
+    runs went on: processes no command could find. The runs stay reachable (the host file
+    now reaches the kept workdir on this machine), `sandbox-up` serves the same box again,
+    and a plain `sandbox-down` stops them."""
+    from tests.helpers import marked
+
+    up = outrig_cli(["sandbox-up", "--json"], sandbox_project)
+    assert up.returncode == 0, up.stderr
+    sshd = json.loads(up.stdout)["sshd"]["pid"]
+    playbook = tmp_path / "long.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "long", "processes": {"sleeper": {
+        "command": [sys.executable, "-c", "import time; print('up', flush=True); "
+                    "time.sleep(600)"], "gpus": []}}}))
+    deployed = outrig_cli(["deploy", "--host", "sandbox", "--playbook", str(playbook),
+                           "--json"], sandbox_project)
+    assert deployed.returncode == 0, deployed.stderr
+    run_id = json.loads(deployed.stdout.splitlines()[-1])["run_id"]
+    pids = marked(run_id)
+    assert pids
+
+    kept = outrig_cli(["sandbox-down", "--keep-runs", "--json"], sandbox_project)
+    assert kept.returncode == 0, kept.stderr
+    report = json.loads(kept.stdout)
+    assert report["kept"] is True and report["kept_runs"] == [run_id]
+    assert wait_gone([sshd]) == []
+    assert all(alive(pid) for pid in pids)
+    host_file = sandbox_project / "hosts" / "sandbox.yaml"
+    assert yaml.safe_load(host_file.read_text())["hostname"] == "local"
+    found = outrig_cli(["status", "--host", "sandbox", "--json"], sandbox_project)
+    assert found.returncode == 0, found.stderr
+    (run,) = json.loads(found.stdout)["runs"]
+    assert run["run_id"] == run_id and run["processes"][0]["state"] == "running"
+    told = outrig_cli(["sandbox-down", "--keep-runs"], sandbox_project)  # for people
+    assert f"its runs keep running: {run_id}" in told.stderr, told.stderr
+    assert "outrig status --host sandbox" in told.stderr
+
+    again = outrig_cli(["sandbox-up", "--json"], sandbox_project)  # the same box, over SSH
+    assert again.returncode == 0, again.stderr
+    assert yaml.safe_load(host_file.read_text())["hostname"] == "127.0.0.1"
+    over_ssh = outrig_cli(["status", "--host", "sandbox", "--json"], sandbox_project)
+    assert over_ssh.returncode == 0, over_ssh.stderr
+    assert [r["run_id"] for r in json.loads(over_ssh.stdout)["runs"]] == [run_id]
+
+    down = outrig_cli(["sandbox-down"], sandbox_project)
+    assert down.returncode == 0, down.stderr
+    assert wait_gone(pids) == [] and marked(run_id) == []
+    assert not host_file.exists()
 
 
 def test_sandbox_up_leaves_a_host_file_it_did_not_write_alone(sandbox_project: Path) -> None:

@@ -418,6 +418,51 @@ def test_status_running_exited_killed(box: Box) -> None:
     assert (states["victim"]["state"], states["victim"]["signal"]) == ("killed", 9)
 
 
+def test_status_reports_a_process_ready_by_its_log_pattern(box: Box) -> None:
+    """`ready` was null (`-` for people) for a process made ready by a log line: only http
+    and port were re-checked. A line once printed stays true, whether the deploy waited for
+    it (recorded) or not (found in the log); a line not printed yet is `false`, not null."""
+    ready_later = [PY, "-c", "import time; time.sleep(0.5); print('booted: READY', flush=True);"
+                   " time.sleep(60)"]
+    _, result = box.deploy([
+        {"name": "waited", "argv": [PY, "-c", "print('READY', flush=True);"
+                                    " import time; time.sleep(60)"],
+         "ready": {"log": "^READY$", "timeout": 10}},
+    ])
+    assert result["ok"] is True, result
+    _, result = box.deploy([
+        {"name": "unwatched", "argv": ready_later, "ready": {"log": r"READY$", "timeout": 30}},
+        {"name": "never", "argv": ready_later, "ready": {"log": "never printed", "timeout": 30}},
+        sleeper("plain"),
+    ], playbook="other", run_id=R2, wait=False)
+    assert result["ok"] is True, result
+    assert wait_until(lambda: "READY" in box.log("unwatched", R2), 10)
+    _, status = box.agent({"op": "status"})
+    ready = {p["name"]: p["ready"] for run in status["runs"] for p in run["processes"]}
+    assert ready == {"waited": True, "unwatched": True, "never": False, "plain": None}
+
+
+def test_status_says_that_cleanup_or_a_redeploy_stopped_a_process(box: Box) -> None:
+    """A run stopped by cleanup showed `killed (signal 15)`, like a crash: the box records who
+    stopped each process that was still running, and only those."""
+    _, first = box.deploy([sleeper("a"), {"name": "quitter", "argv": [PY, "-c", QUITTER]}],
+                          wait=False)
+    assert first["ok"] is True, first
+    assert wait_until(lambda: (box.workdir / "runs" / R1 / "exit" / "quitter.json").exists())
+    _, second = box.deploy([sleeper("a")], run_id=R2)  # replaces R1
+    assert second["ok"] is True, second
+    _, cleaned = box.agent({"op": "cleanup", "run_id": R2})
+    assert cleaned["ok"] is True, cleaned
+    states = {}
+    for rid in (R1, R2):
+        _, status = box.agent({"op": "status", "run_id": rid})
+        for proc in status["runs"][0]["processes"]:
+            states[(rid, proc["name"])] = (proc["state"], proc["signal"], proc["stopped_by"])
+    assert states == {(R1, "a"): ("killed", 15, "redeploy"),
+                      (R1, "quitter"): ("exited", None, None),  # it ended by itself
+                      (R2, "a"): ("killed", 15, "cleanup")}
+
+
 def test_status_and_logs_of_unknown_run_are_not_found(box: Box) -> None:
     _, result = box.agent({"op": "status", "run_id": "nope"})
     error_of(result, "not_found")

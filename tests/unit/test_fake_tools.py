@@ -541,27 +541,63 @@ def losses(text: str) -> list[float]:
     return [float(m) for m in re.findall(r"train/loss=([\d.]+)", text)]
 
 
+def verdicts(save: Path) -> dict[str, tuple[bool, str]]:
+    """outrig's own verdict (the agent's checkpoint rule) on every folder the trainer wrote."""
+    from outrig._box.agent.checkpoints import checkpoint_entry
+
+    return {name: (entry["complete"], entry["why"]) for name in sorted(os.listdir(save))
+            for entry in [checkpoint_entry(str(save / name), True, None)]}
+
+
 def test_train_tiny_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """The demo's trainer wrote only training_state.json, so status never saw a complete
+    checkpoint and the demo could show neither resume nor migrate. It writes speculators'
+    layout, which outrig's rule (the agent's, as status, stage and migrate apply it) deems
+    complete: each epoch's folder, rewritten by a mid-epoch save, whole at the end."""
     save = tmp_path / "ck"
     cmd = [sys.executable, str(TINY), "--save-path", str(save), "--step-seconds", "0",
            "--checkpoint-every", "10"]
-    first = subprocess.run([*cmd, "--steps", "30"], capture_output=True, text=True, timeout=60,
+    first = subprocess.run([*cmd, "--steps", "40"], capture_output=True, text=True, timeout=60,
                            check=True)
     got = losses(first.stdout)
-    assert len(got) == 30
+    assert len(got) == 40
     assert sum(got[-5:]) / 5 < sum(got[:5]) / 5 / 10, "the loss must really fall"
-    assert sorted(os.listdir(save)) == ["10", "20", "30"]
-    state = json.loads((save / "30" / "training_state.json").read_text())
-    assert abs(state["w"] - 3.0) < 0.5 and abs(state["b"] - 2.0) < 0.5
+    # 16 steps an epoch: epochs 0 and 1 ended (steps 16, 32), epoch 2 saved at step 40
+    assert verdicts(save) == {
+        "0": (True, "complete (end of epoch 0, global step 16)"),
+        "1": (True, "complete (end of epoch 1, global step 32)"),
+        "2": (True, "complete (epoch 2, step 8, global step 40)")}
+    weights = (save / "2" / "model.safetensors").read_bytes()
+    header = json.loads(weights[8:8 + int.from_bytes(weights[:8], "little")])
+    assert header["w"]["dtype"] == "F32" and header["b"]["shape"] == [1]
+    state = json.loads((save / "2" / "training_state.json").read_text())
+    assert (state["epoch"], state["local_step"], state["global_step"]) == (2, 8, 40)
     assert METRIC.search(first.stdout)
+    assert "Training epoch 3/3 started" in first.stdout
 
-    (save / "40").mkdir()  # an incomplete checkpoint (no training_state.json) is ignored
-    second = subprocess.run([*cmd, "--steps", "35"], capture_output=True, text=True,
+    second = subprocess.run([*cmd, "--steps", "45"], capture_output=True, text=True,
                             timeout=60, check=True)
-    assert f"Resuming from checkpoint {save}/30 at step 30." in second.stdout
-    assert re.search(r"global_step=31\b", second.stdout)
+    assert f"Resuming from checkpoint {save}/2 at step 40." in second.stdout
+    assert re.search(r"global_step=41\b", second.stdout)
     assert not re.search(r"global_step=1$", second.stdout, re.M), "must not start over"
-    assert (save / "35" / "training_state.json").is_file()
+    assert verdicts(save)["2"] == (True, "complete (epoch 2, step 13, global step 45)")
+
+
+def test_train_tiny_skips_a_torn_save_as_outrig_does(tmp_path: Path) -> None:
+    """A save cut short leaves files newer than the folder's old training_state.json: outrig
+    calls that folder incomplete, and the trainer must not resume from it either."""
+    save = tmp_path / "ck"
+    cmd = [sys.executable, str(TINY), "--save-path", str(save), "--step-seconds", "0"]
+    subprocess.run([*cmd, "--steps", "40"], capture_output=True, text=True, timeout=60,
+                   check=True)
+    later = (save / "2" / "training_state.json").stat().st_mtime + 5
+    os.utime(save / "2" / "model.safetensors", (later, later))  # a new save began, no state
+    assert verdicts(save)["2"] == (False, "model.safetensors newer than training_state.json: "
+                                   "a save into this folder started and did not finish")
+    again = subprocess.run([*cmd, "--steps", "40"], capture_output=True, text=True,
+                           timeout=60, check=True)
+    assert f"Resuming from checkpoint {save}/1 at step 32." in again.stdout
+    assert f"Skipping checkpoint {save}/2" in again.stdout
 
 
 def test_train_tiny_saves_and_exits_0_on_sigterm(procs: ProcessTracker, tmp_path: Path) -> None:
@@ -575,8 +611,10 @@ def test_train_tiny_saves_and_exits_0_on_sigterm(procs: ProcessTracker, tmp_path
     assert proc.wait(120) == 0
     text = log.read_text()
     step = int(re.findall(r"global_step=(\d+)", text)[-1])
-    assert f"Received SIGTERM: saving checkpoint at step {step} and exiting." in text
-    assert json.loads((save / str(step) / "training_state.json").read_text())["global_step"] == step
+    assert "Received SIGTERM: " in text
+    newest = max(os.listdir(save), key=int)  # the step's epoch: saved now, or at its end
+    assert json.loads((save / newest / "training_state.json").read_text())["global_step"] == step
+    assert verdicts(save)[newest][0] is True
 
 
 # ------------------------------------------------------------------ fake torchrun

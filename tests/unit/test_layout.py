@@ -202,3 +202,71 @@ def test_cleanup_reports_the_gpus_after_in_one_line_unless_asked(agent: ModuleTy
         assert text.splitlines()[0].startswith("gpus: 2× NVIDIA H200 140 GiB")
         assert "ours" not in text and "→" not in text
     assert fits(text.splitlines()) == []
+
+
+def smoke_document() -> dict[str, Any]:
+    """A smoke run as the agent reports it: a server, a trainer with its checkpoints, and
+    the processes of a run that cleanup stopped."""
+    return enrich_status({"facts": {}, "runs": [{
+        "run_id": "smoke-20260101-000000-abcd", "playbook": "smoke", "status": "running",
+        "processes": [
+            {"name": "server", "state": "running", "pid": 701, "uptime": 60.0, "ready": True,
+             "argv": ["python3"], "log_tail": ["GET / 200", "GET /a 200", "GET /b 200"]},
+            {"name": "trainer", "state": "running", "pid": 702, "uptime": 59.0, "ready": True,
+             "argv": ["python3", "train.py"],
+             "log_tail": ["train/loss=0.300, epoch=4, global_step=70",
+                          "train/loss=0.200, epoch=4, global_step=71"],
+             "checkpoint": {"save_path": "/w/smoke/checkpoints", "path": "/w/smoke/checkpoints/3",
+                            "name": "3", "count": 5,
+                            "incomplete": [{"name": "4", "why": "missing model.safetensors, "
+                                            "training_state.json"}]}},
+        ]}, {
+        "run_id": "smoke-20251231-000000-dcba", "playbook": "smoke", "status": "stopped",
+        "processes": [
+            {"name": "trainer", "state": "killed", "signal": 15, "stopped_by": "cleanup",
+             "pid": 600, "uptime": None, "ready": None, "argv": ["python3"], "log_tail": []},
+            {"name": "crasher", "state": "killed", "signal": 15, "stopped_by": None,
+             "pid": 601, "uptime": None, "ready": None, "argv": ["python3"], "log_tail": []},
+        ]}]})
+
+
+def test_status_shows_as_many_log_lines_per_process_as_asked() -> None:
+    """`--lines N` asks the box for N lines of each log; status printed one line per running
+    process whatever N was. Each process's lines follow its own row, in order."""
+    reporter, out = narrow()
+    print_status(reporter, smoke_document())
+    lines = out.getvalue().splitlines()
+    server = next(i for i, line in enumerate(lines) if line.lstrip().startswith("server "))
+    trainer = next(i for i, line in enumerate(lines) if line.lstrip().startswith("trainer "))
+    assert [line.strip() for line in lines[server + 1:trainer]] == [
+        "| GET / 200", "| GET /a 200", "| GET /b 200"]
+    assert "| train/loss=0.300, epoch=4, global_step=70" in out.getvalue()
+    assert "| train/loss=0.200, epoch=4, global_step=71" in out.getvalue()
+    none = smoke_document()
+    for run in none["runs"]:
+        for proc in run["processes"]:
+            proc["log_tail"] = []  # `--lines 0`
+    reporter, out = narrow()
+    print_status(reporter, none)
+    assert "|" not in out.getvalue()
+
+
+def test_status_says_why_a_newer_checkpoint_is_not_complete() -> None:
+    reporter, out = narrow()
+    print_status(reporter, smoke_document())
+    text = out.getvalue()
+    assert fits(text.splitlines()) == []
+    words = " ".join(text.split())  # as read, across the wrapped line
+    assert "trainer: newest complete checkpoint (5 saved): /w/smoke/checkpoints/3" in words
+    assert ("trainer: checkpoint 4 is not complete: missing model.safetensors, "
+            "training_state.json") in words
+
+
+def test_status_names_cleanup_as_what_stopped_a_process() -> None:
+    reporter, out = narrow()
+    print_status(reporter, smoke_document())
+    rows = {line.split()[0]: line for line in out.getvalue().splitlines()
+            if line.startswith("  ") and line.split() and line.split()[0] in ("trainer",
+                                                                              "crasher")}
+    assert "stopped by cleanup" in rows["trainer"] and "signal" not in rows["trainer"]
+    assert "killed (signal 15)" in rows["crasher"]  # not ours: a signal from elsewhere
