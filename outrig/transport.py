@@ -124,7 +124,7 @@ class Transport(ABC):
         """A byte channel to ``remote`` as seen from the box (``outrig forward``)."""
         from outrig.errors import ConfigError
 
-        raise ConfigError(f"{self.host.describe()}: the {self.name} connector cannot forward "
+        raise ConfigError(f"{self.host.label()}: the {self.name} connector cannot forward "
                           "ports; forwarding needs an SSH host")
 
     def close(self) -> None:
@@ -184,7 +184,9 @@ def transport_for(host: Host, *, rtt_hint: float | None = None,
     connector is built with the same arguments: ``rtt_hint`` (the journal's last RTT),
     ``notify`` (where notices go) and ``keep_seconds`` (the command's warm-connection
     setting, :attr:`outrig.ops.base.Project.keep_seconds`; ``None``: not set by the command);
-    a connector ignores what does not apply to it."""
+    a connector ignores what does not apply to it. A host whose address is a placeholder
+    (:meth:`~outrig.inventory.Host.refuse_placeholder`) is refused here, nothing sent."""
+    host.refuse_placeholder()
     return connector_for(host).load()(host, rtt_hint=rtt_hint, notify=notify,
                                       keep_seconds=keep_seconds)
 
