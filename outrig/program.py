@@ -13,7 +13,7 @@ from typing import Any
 from invoke.config import Config, merge_dicts
 from invoke.exceptions import Exit, ParseError
 from invoke.parser.argument import Argument
-from invoke.parser.context import ParserContext
+from invoke.parser.context import ParserContext, translate_underscores
 from invoke.parser.parser import Parser
 from invoke.program import Program
 
@@ -161,7 +161,7 @@ def parse_error_message(exc: ParseError, binary: str) -> str:
     name = getattr(context, "name", None)
     # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host
     text = re.sub(r"<Argument: ([^,()> ]+)[^>]*>",
-                  lambda m: "--" + m.group(1).replace("_", "-"), str(exc)).rstrip(".!")
+                  lambda m: "--" + translate_underscores(m.group(1)), str(exc)).rstrip(".!")
     if name in ("exec", "ssh") and text.startswith("No idea what"):
         fix = f"the command goes after --, e.g. `{binary} {name} --host NAME -- nvidia-smi`"
     elif name:
