@@ -84,6 +84,7 @@ def test_force_color_colours_a_pipe_but_draws_no_live_line(
     reporter.close()
     assert ESC in out.getvalue() and ESC in err.getvalue()
     assert "waiting for server to be ready: 3s\n" in err.getvalue()
+    assert "\x1b[?25l" not in err.getvalue() and "\x1b[1A" not in err.getvalue()  # no spinner
     monkeypatch.delenv("FORCE_COLOR")
     out, err = io.StringIO(), io.StringIO()
     show(Reporter(out=out, err=err))
