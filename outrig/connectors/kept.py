@@ -383,6 +383,7 @@ class KeptTransport(SSHTransport):
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
         if not self.direct and self.connection is None:
+            self.host.refuse_placeholder()  # before a keeper is asked or started for it
             channel = self._via_keeper(argv, window_size)
             if channel is not None:
                 return channel

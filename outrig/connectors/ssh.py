@@ -277,6 +277,7 @@ class SSHTransport(Transport):
     def connect(self) -> None:
         if self.connection is not None:
             return
+        self.host.refuse_placeholder()  # an unedited starter host file: say so, send nothing
         timeout, why = connect_timeout_for(self.host, self.rtt_hint)
         refused = silent = lost = 0
         attempt = 0

@@ -38,8 +38,10 @@ def ssh_argv(host: Host, command: list[str], *, tty: bool) -> list[str]:
         argv += ["-i", str(Path(host.identity_file).expanduser())]
     if tty:
         argv.append("-t")
-    if command:  # its output is the command's alone: no "Connection to ... closed." after it
-        argv.append("-q")
+    if command:  # its output is the command's alone: no "Connection to ... closed." after
+        # it (an INFO line). Not -q: that hides the client's errors too (a refused
+        # connection would exit 255 without a word); ERROR keeps them.
+        argv += ["-o", "LogLevel=ERROR"]
     remote = exec_argv(host, command or INTERACTIVE)
     return [*argv, "--", host.hostname, shlex.join(remote)]
 

@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from outrig.cli import make_collection
 from outrig.program import OutrigConfig, OutrigProgram
 from outrig.sandbox.box import SandboxBox
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 OUTRIG = Path(sys.executable).parent / "outrig"
@@ -99,3 +101,15 @@ def test_ssh_with_a_command_on_a_terminal_prints_only_the_commands_output(
     assert code == 3, text
     assert "on-a-terminal" in text, text  # -t: the command had a terminal
     assert "Connection to" not in text and "closed." not in text, text
+
+
+def test_ssh_with_a_command_still_says_why_it_could_not_connect(
+        project: Path, box_host: Path) -> None:
+    """Quieting the client must not hide its errors (`-q` would): a refused connection is
+    said, with ssh's exit status 255."""
+    config = yaml.safe_load(box_host.read_text())
+    config["port"] = free_port()  # nothing listens there
+    box_host.with_name("far.yaml").write_text(yaml.safe_dump(config))
+    code, text = on_a_terminal([str(OUTRIG), "ssh", "--host", "far", "--", "true"], project)
+    assert code == 255, text
+    assert "Connection refused" in text, text

@@ -339,8 +339,9 @@ def test_a_closed_pipe_ends_plan_quietly_with_141(project: Path) -> None:
 
 def test_ssh_quiets_the_client_only_when_it_runs_a_command(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """With a command, `-q` keeps OpenSSH's `Connection to ... closed.` (and its other
-    notes) out of the command's output; an interactive shell keeps the client's messages."""
+    """With a command, LogLevel=ERROR keeps OpenSSH's `Connection to ... closed.` (and its
+    other notes) out of the command's output, and its errors in; an interactive shell keeps
+    the client's messages."""
     from outrig.inventory import resolve_host
     from outrig.ops.shell import ssh_argv
 
@@ -349,11 +350,12 @@ def test_ssh_quiets_the_client_only_when_it_runs_a_command(
     host = resolve_host("far", hosts_dir=project / "hosts")
     for tty in (True, False):
         with_command = ssh_argv(host, ["htop"], tty=tty)
-        assert "-q" in with_command[:with_command.index("--")], with_command
+        assert "LogLevel=ERROR" in with_command[:with_command.index("--")], with_command
+        assert "-q" not in with_command  # -q would hide a refused connection's error too
         shell = ssh_argv(host, [], tty=tty)
-        assert "-q" not in shell[:shell.index("--")], shell
+        assert "LogLevel=ERROR" not in shell, shell
     code, out, err = outrig(["ssh", "--host", "far", "--json", "--", "htop"], capsys)
-    assert code == 0 and "-q" in json.loads(out)["argv"], err
+    assert code == 0 and "LogLevel=ERROR" in json.loads(out)["argv"], err
 
 
 def test_a_failure_to_connect_names_the_host_as_typed(
@@ -373,7 +375,8 @@ def test_a_fresh_init_refuses_to_contact_its_placeholder_host_naming_the_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """`outrig init` then `outrig check` tried 203.0.113.10 for the whole connect timeout
-    and blamed the link; `plan` (which sends nothing) still shows what would run."""
+    and blamed the link; `plan` and `deploy --dry-run` (which send nothing) still show what
+    would run."""
     monkeypatch.chdir(tmp_path)
     for var in ("OUTRIG_HOST", "OUTRIG_PLAYBOOK", "OUTRIG_PROJECT"):
         monkeypatch.delenv(var, raising=False)
@@ -384,5 +387,6 @@ def test_a_fresh_init_refuses_to_contact_its_placeholder_host_naming_the_file(
         assert code == 2, (args, err)
         assert f"Edit {tmp_path / 'hosts' / 'box.yaml'}" in err and "placeholder" in err, err
         assert "link" not in err and "retrying" not in err, err
-    code, _, err = outrig(["plan"], capsys)
-    assert code == 0, err
+    for args in (["plan"], ["deploy", "--dry-run"]):  # these send nothing: they work
+        code, _, err = outrig(args, capsys)
+        assert code == 0, (args, err)

@@ -150,7 +150,7 @@ def test_streams_below_one_are_refused_before_connecting(tmp_path: Path, streams
     from outrig.ops.base import Project
     from outrig.ops.stage import stage
 
-    # nothing listens on port 1: an attempt to connect would fail differently
+    # the host is not reachable: an attempt to connect would fail differently
     with pytest.raises(ConfigError, match=f"--streams {streams}: .* at least 1"):
-        stage(Project(tmp_path), "user@127.0.0.1:1", "nothing", Reporter(quiet=True),
+        stage(Project(tmp_path), "user@192.0.2.1:22", "nothing", Reporter(quiet=True),
               streams=streams)
