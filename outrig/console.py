@@ -8,6 +8,7 @@ stdout and nothing else there, so scripts can parse it; human chatter then goes 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -16,6 +17,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.markup import escape
 
+from outrig.errors import CLOSED_PIPE_EXIT
 from outrig.plan import Plan
 
 # Every C0 control but tab and newline, DEL, and every C1 control (0x9b is a one-byte CSI).
@@ -30,6 +32,44 @@ def visible(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+class _Console(Console):
+    """rich's Console, ending quietly with :data:`~outrig.errors.CLOSED_PIPE_EXIT` when the
+    reader went away (``outrig plan | head``), as every other write of outrig's does
+    (:class:`outrig.program.OutrigProgram`); rich itself would exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        try:
+            fd = self.file.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = None  # not a real file: nothing will flush it at exit
+        if fd is not None:  # point it at /dev/null so that the flush at exit cannot fail
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        raise SystemExit(CLOSED_PIPE_EXIT)
+
+
+def wants_colour(stream: IO[str]) -> bool:
+    """Whether text for people on ``stream`` gets colour: never with ``NO_COLOR`` set to
+    anything (no-color.org), always with ``FORCE_COLOR`` set to anything (force-color.org,
+    e.g. a CI log that renders escapes), else when ``stream`` is a terminal. ``NO_COLOR`` wins
+    when both are set, as it does in rich, which draws the rest of the output."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return is_tty(stream)
+
+
+def is_tty(stream: IO[str]) -> bool:
+    """Whether ``stream`` is a terminal (a closed or odd stream is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 class Reporter:
     """Where every op sends what the user should see."""
 
@@ -40,8 +80,13 @@ class Reporter:
         self.quiet = quiet
         self.gpu_table = gpu_table  # the full GPU table instead of the one-line summary
         self.out = out or sys.stdout
-        self.console = Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
-        self.stdout_console = Console(file=self.out, highlight=False, soft_wrap=True)
+        err = err or sys.stderr
+        self.console = _Console(file=err, highlight=False, soft_wrap=True,
+                               no_color=not wants_colour(err))
+        self.stdout_console = _Console(file=self.out, highlight=False, soft_wrap=True,
+                                      no_color=not wants_colour(self.out))
+        # colour for what an op writes on stdout itself (tail-logs' process names)
+        self.colour = wants_colour(self.out) and not json_mode
         self._status: Any = None
         self._last_wait_print = 0.0
 
@@ -104,7 +149,7 @@ class Reporter:
         if self.json_mode or self.quiet:
             return
         text = visible(text)
-        if self.console.is_terminal:
+        if is_tty(self.console.file):  # not merely FORCE_COLOR: no redrawing into a log
             if self._status is None:
                 self._status = self.console.status(escape(text))
                 self._status.start()

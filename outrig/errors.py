@@ -18,7 +18,7 @@ next to the code that raises them are marked with their module)::
     │   ├── ConnectRefused              nothing listens on the SSH port
     │   ├── LinkLost                    a cut or a silence at any phase; retried (bounded)
     │   └── UnsafePlace                 outrig.connectors.kept: a keeper socket others could open
-    ├── RemoteError [RuntimeError]      the agent reported a failure (``kind`` says which)
+    ├── RemoteError [RuntimeError]      the agent reported a failure (``kind``); 2: bad input
     │   └── FramingError                outrig.logtail: the agent's stream contradicts itself
     ├── LocalWriteError                 writing a file on this workstation failed
     ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
@@ -52,6 +52,10 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
 """
 
 from __future__ import annotations
+
+# The exit status when the reader of stdout went away (``outrig plan | head``): 128 + SIGPIPE,
+# what a shell reports for a Unix tool that SIGPIPE ended; nothing is printed.
+CLOSED_PIPE_EXIT = 141
 
 
 class OutrigError(Exception):
@@ -136,12 +140,20 @@ class LocalWriteError(OutrigError):
     reconnecting cannot help, so it stops the command with the path and the fix."""
 
 
+# Agent error kinds (remote/agent/protocol.py) that mean the request named something wrong:
+# a run, process or playbook the box does not have, two runs where one was meant, a field out
+# of range. Nothing was started or stopped, so they exit 2 like any bad input.
+BAD_INPUT_KINDS = frozenset({"bad_request", "not_found"})
+
+
 class RemoteError(OutrigError, RuntimeError):
-    """The agent on the box reported a failure, or could not run at all."""
+    """The agent on the box reported a failure, or could not run at all. Exit 2 when the
+    agent said the request named something wrong (:data:`BAD_INPUT_KINDS`), else 1."""
 
     def __init__(self, message: str, *, kind: str = "remote", excerpt: list[str] | None = None,
                  exit_code: int | None = None, process: str | None = None) -> None:
         self.kind = kind
+        self.exit_code = 2 if kind in BAD_INPUT_KINDS else 1
         self.excerpt = list(excerpt or [])
         self.process_exit_code = exit_code
         self.process = process

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from outrig.console import Reporter
-from outrig.errors import ConfigError
+from outrig.errors import ConfigError, Interrupted
 from outrig.settings import Settings
 from outrig.taskkit import number
 
@@ -99,8 +99,9 @@ def tail_logs_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
     before any host is contacted."""
     import logging
     import re
+    import threading
 
-    from outrig.fanout import MAX_PARALLEL, tail_hosts
+    from outrig.fanout import MAX_PARALLEL, FanOutFailed, tail_hosts
     from outrig.ops.base import playbook_name
 
     if run is not None:
@@ -119,9 +120,17 @@ def tail_logs_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,
     if bound < 1:
         raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
     logging.getLogger("paramiko").addHandler(logging.NullHandler())  # reconnects are ours
-    tail_hosts(settings.project, hosts, reporter, follow=follow, max_parallel=bound,
-               playbook=playbook_name(settings.project, playbook), processes=processes,
-               lines=lines, grep=grep)
+    stop = threading.Event()  # set by the first Ctrl-C (and by nothing else here)
+    try:
+        tail_hosts(settings.project, hosts, reporter, follow=follow, max_parallel=bound,
+                   playbook=playbook_name(settings.project, playbook), processes=processes,
+                   lines=lines, grep=grep, stop=stop)
+    except FanOutFailed:
+        if not stop.is_set():
+            raise
+    if stop.is_set():  # Ctrl-C ends every command with 130, a follow of several hosts too
+        raise Interrupted("tail-logs stopped (Ctrl-C); each host's lines shown are kept in "
+                          "its local mirror and the next tail-logs resumes after them")
 
 
 def cleanup_hosts(settings: Settings, hosts: list[str], reporter: Reporter, *,

@@ -13,6 +13,7 @@ connection is built (see :mod:`outrig.connectors.ssh`), so the same alias works 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,10 @@ from outrig.errors import ConfigError
 from outrig.yamlfile import load_yaml, validation_messages
 
 DEFAULT_WORKDIR = "~/outrig"
+# Addresses reserved for documentation (RFC 5737, RFC 3849): no box has one, so a host with
+# one is a placeholder (``outrig init`` writes 203.0.113.10) that was never edited.
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(net) for net in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
 _SPEC = re.compile(r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^:@/\s\[\]]+)"
                    r"(?::(?P<port>\d{1,5}))?$")
 
@@ -108,6 +113,42 @@ class Host:
         user = f"{self.user}@" if self.user else ""
         port = f":{self.port}" if self.port else ""
         return f"{user}{self.hostname}{port}"
+
+    def label(self, address: str | None = None) -> str:
+        """The host as the user named it, then where it is: ``sandbox (root@127.0.0.1:44259)``
+        (``address``: what the connection really used, else :meth:`describe`); the name
+        alone when it is the address (``--host root@1.2.3.4:22``, an ssh alias). Messages
+        name hosts this way, so the name in them is the one to type in the next command."""
+        address = address or self.describe()
+        return self.name if address == self.name else f"{self.name} ({address})"
+
+    def refuse_placeholder(self) -> None:
+        """Raise :class:`ConfigError` before anything is sent to a host whose address is
+        reserved for documentation: the starter host file of ``outrig init`` not yet edited
+        (or an example copied from the docs). Connecting would only time out, with a message
+        about the link instead of the file to edit."""
+        if self.is_local or not is_placeholder_address(self.hostname):
+            return
+        if self.source.endswith((".yaml", ".yml")):
+            raise ConfigError(
+                f"host {self.name} is a placeholder: hostname: {self.hostname} is an "
+                "address reserved for documentation, which no box has. Edit "
+                f"{self.source} (hostname: your box's address or ~/.ssh/config alias, with "
+                f"its user:, port: and workdir:), then `outrig check --host {self.name}`. "
+                "Nothing was sent.")
+        raise ConfigError(
+            f"--host {self.name}: {self.hostname} is an address reserved for documentation, "
+            "which no box has; pass your box's address, host file name or ssh alias. Nothing "
+            "was sent.")
+
+
+def is_placeholder_address(hostname: str) -> bool:
+    """Whether ``hostname`` is an IP address in :data:`DOCUMENTATION_NETWORKS`."""
+    try:
+        address = ipaddress.ip_address(hostname.strip("[]"))
+    except ValueError:
+        return False
+    return any(address in network for network in DOCUMENTATION_NETWORKS)
 
 
 def ssh_config_hostnames(path: Path | None = None) -> set[str]:

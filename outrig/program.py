@@ -12,8 +12,12 @@ from typing import Any
 
 from invoke.config import Config, merge_dicts
 from invoke.exceptions import Exit, ParseError
+from invoke.parser.argument import Argument
+from invoke.parser.context import ParserContext, translate_underscores
+from invoke.parser.parser import Parser
 from invoke.program import Program
 
+from outrig.errors import CLOSED_PIPE_EXIT
 from outrig.settings import SETTINGS, find_project
 
 _REMAINDER: list[str] | None = None
@@ -54,7 +58,7 @@ class OutrigProgram(Program):
             # raise a second time (docs.python.org, "Note on SIGPIPE").
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
-            sys.exit(141)
+            sys.exit(CLOSED_PIPE_EXIT)
 
     def parse_core(self, argv: list[str] | None) -> None:
         global _REMAINDER
@@ -77,6 +81,9 @@ class OutrigProgram(Program):
         super().parse_cleanup()
 
     def parse_tasks(self) -> None:
+        missing = missing_value(self.core.unparsed, self._make_parser())
+        if missing is not None:
+            raise Exit(parse_error_message(missing, self.binary_names[0]), code=2)
         try:
             super().parse_tasks()
         except ParseError as exc:
@@ -84,6 +91,36 @@ class OutrigProgram(Program):
         except ValueError as exc:  # a typed flag given a value of the wrong type
             raise Exit(f"error: {exc}; see `outrig --help TASK` for the flag's type", code=2) \
                 from None
+
+
+def missing_value(argv: list[str], parser: Parser) -> ParseError | None:
+    """The first flag in ``argv`` that takes a value and was given none, as Invoke words it.
+
+    Invoke refuses ``--lines`` at the end of a command line, but a repeatable flag
+    (``iterable=``: ``--host``, ``--param``, ``--spare``) given without its value is taken as
+    given no times, so ``outrig deploy --host`` would deploy to the configured host. This walks
+    the words the way Invoke's parser does (a task name opens its flags; the word after a
+    flag that takes a value is that value unless it is one of the task's flags) before it
+    parses them, for every flag of every task alike."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    context: ParserContext | None = parser.initial
+    waiting: Argument | None = None
+    for word in words:
+        flags = context.flags if context is not None else {}
+        if waiting is not None:
+            if word in flags or (context is not None and word in context.inverse_flags):
+                break  # the next flag came where the value should be
+            waiting = None
+            continue
+        if word in flags:
+            flag = flags[word]
+            if flag.takes_value and not flag.optional:
+                waiting = flag
+        elif word in parser.contexts:
+            context = parser.contexts[word]
+    if waiting is None:
+        return None
+    return ParseError(f"Flag {waiting!r} needed value and was not given one!", context)
 
 
 VALUE_FLAGS = {"--host": "hosts", "--from": "hosts", "--to": "hosts",
@@ -124,7 +161,7 @@ def parse_error_message(exc: ParseError, binary: str) -> str:
     name = getattr(context, "name", None)
     # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host
     text = re.sub(r"<Argument: ([^,()> ]+)[^>]*>",
-                  lambda m: "--" + m.group(1).replace("_", "-"), str(exc)).rstrip(".!")
+                  lambda m: "--" + translate_underscores(m.group(1)), str(exc)).rstrip(".!")
     if name in ("exec", "ssh") and text.startswith("No idea what"):
         fix = f"the command goes after --, e.g. `{binary} {name} --host NAME -- nvidia-smi`"
     elif name:

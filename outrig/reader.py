@@ -120,7 +120,7 @@ class ChannelReader:
     def _silence(self, silent: float, alive: bool) -> LinkLost:
         state = "may be down" if alive else "is down"
         return LinkLost(
-            f"lost contact with the agent on {self.host.describe()}: nothing heard for "
+            f"lost contact with the agent on {self.host.label()}: nothing heard for "
             f"{silent:.0f} s (limit {self.idle_limit:.0f} s) and the link {state}. "
             f"{self.after}", phase="stream", request_sent=True, silent=alive)
 
@@ -159,7 +159,7 @@ class ChannelReader:
         if not channel.alive() or status in (None, -1):
             # The channel ended with no exit status: the link dropped, not the agent.
             return LinkLost(
-                f"lost contact with the agent on {host.describe()} before it finished (the "
+                f"lost contact with the agent on {host.label()} before it finished (the "
                 f"connection dropped). {self.after}", phase="stream", request_sent=True)
         return crash_error(host, status, channel.stderr_text().strip(), self.frames, self.tail)
 
@@ -171,14 +171,14 @@ def crash_error(host: Host, status: int | None, stderr: str, frames: int,
     lines = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
     if status == 127 or ("not found" in stderr and host.python in stderr):
         return RemoteError(
-            f"{host.describe()} has no Python interpreter {host.python!r} (exit {status}). "
+            f"{host.label()} has no Python interpreter {host.python!r} (exit {status}). "
             "Install python3 (3.8 or newer) on the box, or set python: in the host file to "
             "an interpreter that exists there.",
             kind="no_python", excerpt=lines,
         )
     if "needs Python >= 3.8" in stderr:
         return RemoteError(
-            f"{host.describe()}: {lines[-1] if lines else 'Python too old'}. Set python: "
+            f"{host.label()}: {lines[-1] if lines else 'Python too old'}. Set python: "
             "in the host file to a Python 3.8+ interpreter.", kind="old_python",
         )
     if not frames and status is not None and 0 <= status < 128 and "Traceback" not in stderr:
@@ -186,13 +186,13 @@ def crash_error(host: Host, status: int | None, stderr: str, frames: int,
         # something else (/bin/false, a wrapper script, Python 2) or refused the bootstrap.
         output = (" and printed: " + " | ".join(lines[-3:])) if lines else " and no output"
         return RemoteError(
-            f"{host.describe()}: the interpreter {host.python!r} could not run the agent "
+            f"{host.label()}: the interpreter {host.python!r} could not run the agent "
             f"(it exited with status {status}{output}). Set python: in the host file to a "
             "Python 3.8+ interpreter that exists on the box (e.g. python3); on the box, "
             f"`{host.python} -c 'import sys; print(sys.version)'` must print 3.8 or newer.",
             kind="bad_python", excerpt=lines)
     return RemoteError(
-        f"the agent on {host.describe()} stopped without a result (exit status {status}). "
+        f"the agent on {host.label()} stopped without a result (exit status {status}). "
         "This is a bug or the box killed it (out of memory?); its stderr follows.",
         kind="agent_crash", excerpt=lines or [tail.decode("utf-8", "replace")[-500:]],
     )

@@ -20,6 +20,7 @@ playbook: hello    # a file in playbooks/ (without .yaml)
 
 HOST_YAML = """\
 # One box. outrig reaches it over SSH with your usual keys (ssh-agent, ~/.ssh/config).
+# 203.0.113.10 is a placeholder that no box has: commands refuse it until you edit it.
 hostname: 203.0.113.10        # address or ~/.ssh/config alias; 'local' runs on this machine
 port: 22
 user: root

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from invoke.exceptions import Exit
 
 from outrig.console import Reporter, visible
-from outrig.errors import ConfigError, OutrigError
+from outrig.errors import ConfigError, Interrupted, OutrigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,12 +61,16 @@ def make_reporter(json: bool, gpus: bool = False) -> Reporter:
 
 
 def friendly(func: F) -> F:
-    """Print an OutrigError's message (no traceback) and exit with its status."""
+    """Print an OutrigError's message (no traceback) and exit with its status; Ctrl-C
+    exits 130 (docs/cli.md, "Exit status")."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except Interrupted as exc:  # what Ctrl-C stopped: a note, not an error
+            print(visible(str(exc)), file=sys.stderr)
+            raise Exit(code=exc.exit_code) from None
         except OutrigError as exc:
             print(f"error: {visible(str(exc))}", file=sys.stderr)
             raise Exit(code=exc.exit_code) from None

@@ -122,7 +122,7 @@ def box_source(session: BoxSession, root: str) -> Source:
             for data in reader.chunks():
                 write(data)
             if reader.link_dropped():  # EOF without an exit status: not the sender's end
-                raise LinkLost(f"the link to {session.host.describe()} dropped while files "
+                raise LinkLost(f"the link to {session.host.label()} dropped while files "
                                f"were coming. {RESUME_HINT}", phase="stream",
                                request_sent=True)
         finally:
@@ -205,7 +205,7 @@ def to_box(source: Source, files: list[dict[str, Any]], expect: Manifest,
         except (OSError, EOFError):
             pass  # the receiver's own error (raised above or below) is the one that matters
     channel.close()
-    return raise_for_result(result, where=f"receiving on {session.host.describe()}")
+    return raise_for_result(result, where=f"receiving on {session.host.label()}")
 
 
 def to_local(source: Source, files: list[dict[str, Any]], expect: Manifest,

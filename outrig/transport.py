@@ -124,7 +124,7 @@ class Transport(ABC):
         """A byte channel to ``remote`` as seen from the box (``outrig forward``)."""
         from outrig.errors import ConfigError
 
-        raise ConfigError(f"{self.host.describe()}: the {self.name} connector cannot forward "
+        raise ConfigError(f"{self.host.label()}: the {self.name} connector cannot forward "
                           "ports; forwarding needs an SSH host")
 
     def close(self) -> None:

@@ -225,13 +225,18 @@ class KeeperGone(Exception):
     """No keeper answers at the socket: none started, or its process is gone."""
 
 
+class NoKeeper(KeeperGone):
+    """There is no socket at all: no keeper was started for this host, or the last one
+    exited and removed it. Nothing is stale then, so nothing is said about it."""
+
+
 def dial(path: Path, timeout: float = 5.0) -> socket.socket:
     """Connect to a keeper socket after checking the file and, once connected, the peer's
     uid. :class:`KeeperGone` when nothing listens; :class:`UnsafePlace` when refused."""
     try:
         check_socket_file(path)
     except FileNotFoundError:
-        raise KeeperGone(f"no keeper at {path}") from None
+        raise NoKeeper(f"no keeper at {path}") from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -378,6 +383,7 @@ class KeptTransport(SSHTransport):
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
         if not self.direct and self.connection is None:
+            self.host.refuse_placeholder()  # before a keeper is asked or started for it
             channel = self._via_keeper(argv, window_size)
             if channel is not None:
                 return channel
@@ -410,7 +416,8 @@ class KeptTransport(SSHTransport):
                 if fresh:
                     self._say(f"the fresh keeper did not answer ({exc}); connecting directly")
                     break
-                self._drop_stale(path, str(exc))
+                if not isinstance(exc, NoKeeper):  # a first contact: nothing to say
+                    self._drop_stale(path, str(exc))
                 continue
             except KeeperRefused as exc:
                 if exc.kind == "refused":
@@ -425,7 +432,7 @@ class KeptTransport(SSHTransport):
                 self._say(f"no warm connection: {exc}")
                 break
             self._took(body)
-            return _KeptChannel(sock, self.host.describe())
+            return _KeptChannel(sock, self.host.label())
         self.direct = True
         return None
 

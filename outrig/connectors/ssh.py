@@ -269,12 +269,15 @@ class SSHTransport(Transport):
         return conn
 
     def _target(self, conn: Any) -> str:
+        """``sandbox (root@127.0.0.1:44259)``: the host as named, then what the connection
+        used (after ``~/.ssh/config``)."""
         user = getattr(conn, "user", None) or "?"
-        return f"{user}@{conn.host}:{conn.port}"
+        return self.host.label(f"{user}@{conn.host}:{conn.port}")
 
     def connect(self) -> None:
         if self.connection is not None:
             return
+        self.host.refuse_placeholder()  # an unedited starter host file: say so, send nothing
         timeout, why = connect_timeout_for(self.host, self.rtt_hint)
         refused = silent = lost = 0
         attempt = 0
@@ -400,7 +403,7 @@ class SSHTransport(Transport):
             rtt = self.connect_seconds / 4  # the handshake is ≥4 round trips: an upper bound
         limit, why = channel_timeout_for(self.host, rtt)
         started = time.monotonic()
-        host = self.host.describe()
+        host = self.host.label()
         try:
             channel = transport.open_session(window_size=window_size, timeout=limit)
         except paramiko.ChannelException as exc:

@@ -193,7 +193,7 @@ class HostSession:
                 self.reconnect_after(exc, retries)
                 continue
             self.last_events = call.events
-            return raise_for_result(result, where=f"{op} on {self.host.describe()}")
+            return raise_for_result(result, where=f"{op} on {self.host.label()}")
 
     def warn_moved(self) -> None:
         """Before the first agent call of the session: when a migrate moved a run away from

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from outrig.console import Reporter
-from outrig.errors import ConfigError
+from outrig.errors import ConfigError, Interrupted
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import Project
@@ -129,7 +129,8 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
             process: str | None = None, run_id: str | None = None,
             playbook: str | None = None, remote_port: int | None = None,
             local_port: int | None = None, journal: Journal | None = None) -> None:
-    """Forward until Ctrl-C; prints the local URL first (JSON: a ``forwarding`` event)."""
+    """Forward until Ctrl-C (then :class:`Interrupted`, exit 130, as every command ends on
+    Ctrl-C); prints the local URL first (JSON: a ``forwarding`` event)."""
     host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
     if host.is_local:
         raise ConfigError(f"{host.name} is 'local' (this machine): its ports are here "
@@ -151,12 +152,13 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
     reporter.emit_json({"event": "forwarding", "url": url, "local_port": mine,
                         "remote": f"{address}:{port}", "what": what})
     if not reporter.json_mode:
-        print(f"{url} → {address}:{port} on {host.describe()} ({what}); Ctrl-C stops",
+        print(f"{url} → {address}:{port} on {host.label()} ({what}); Ctrl-C stops",
               flush=True)
     try:
         Forwarder(transport, (address, port), listener, reporter).serve_forever()
     except KeyboardInterrupt:
-        reporter.info("forward stopped")
+        raise Interrupted(f"forward stopped (Ctrl-C): {url} no longer reaches {what}; "
+                          "what runs on the box goes on") from None
     finally:
         listener.close()
         transport.close()

@@ -37,6 +37,7 @@ from outrig.errors import (
     ConfigError,
     ConnectError,
     ConnectRefused,
+    Interrupted,
     LinkLost,
     LocalWriteError,
 )
@@ -241,7 +242,7 @@ class LinePrinter:
         self.sink = sink
         self.host = host
         self.prefix = "" if host is None else f"{visible(host):<{host_width}} | "
-        self.colour = reporter.stdout_console.is_terminal and not reporter.json_mode
+        self.colour = reporter.colour
         self.width = 0
         self.colours: dict[str, int] = {}
         self.secrets: list[str] = []  # values to hide, longest first
@@ -559,7 +560,7 @@ class LogTailer:
                             f"measured RTT {rtt * 1000:.0f} ms"
                         raise ConnectError(
                             f"tail-logs gave up after {now - outage_since:.0f} s without a working"
-                            f" connection to {self.session.host.describe()} ({rtt_words}; "
+                            f" connection to {self.session.host.label()} ({rtt_words}; "
                             f"last error: {exc})."
                             f" The mirror in {self.result.mirror_dir or 'the state dir'} is "
                             "complete up to the saved cursor; run tail-logs again to resume."
@@ -570,7 +571,7 @@ class LogTailer:
                     continue
                 if result is None:
                     break
-                raise_for_result(result, where=f"tail-logs on {self.session.host.describe()}")
+                raise_for_result(result, where=f"tail-logs on {self.session.host.label()}")
                 backoff, outage_since = self.initial_backoff, None
                 if result.get("reason") == "max_seconds" and self.follow:
                     continue  # the agent's lifetime bound: ask again on the same connection
@@ -655,14 +656,21 @@ def tail_on(session: HostSession, *, run_id: str | None = None, playbook: str | 
             stop: threading.Event | None = None, **tuning: Any) -> TailResult:
     """:func:`tail_logs` on an open session (one host of ``tail-logs`` on several hosts:
     each has its own mirror and cursors, so exactly-once holds per host). Ends when the
-    agent is done (``follow=False``), when ``stop`` is set, or on Ctrl-C."""
+    agent is done (``follow=False``), when ``stop`` is set, or on Ctrl-C
+    (:class:`Interrupted`)."""
     session.warn_moved()  # its follow execs do not go through session.call
     tailer = LogTailer(session, run_id=run_id, playbook=playbook, processes=processes,
                        lines=lines, follow=follow, grep=grep, stop=stop, **tuning)
     try:
         return tailer.run()
     except KeyboardInterrupt:
-        return tailer.result  # Ctrl-C is how one stops following; the cursor is saved
+        # Ctrl-C is how one stops following; the cursors are saved (the tailer's own
+        # clean-up ran). It still ends the command with 130, as Ctrl-C does everywhere.
+        where = tailer.result.mirror_dir
+        raise Interrupted(
+            "tail-logs stopped (Ctrl-C); the lines shown are kept in the local mirror"
+            + (f" {where}" if where is not None else "")
+            + " and the next tail-logs resumes after them") from None
 
 
 def logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,

@@ -40,7 +40,7 @@ from typing import IO, Any, NoReturn
 from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.checkpoints import listing_request, newest_complete, order_text
 from outrig.console import Reporter, describe_event
-from outrig.errors import ConfigError, OutrigError, PlanError
+from outrig.errors import ConfigError, Interrupted, OutrigError, PlanError
 from outrig.fanout import HostOutcome, run_fanout
 from outrig.health import DEFAULT_THRESHOLD, run_state
 from outrig.inventory import resolve_host
@@ -459,7 +459,8 @@ def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
           sessions: Sequence[HostSession], journal: Journal, reporter: Reporter,
           job_id: str) -> NoReturn:
     """One node failed (or Ctrl-C): cancel the deploys still waiting, let them end, stop the
-    run on every node that was started, and raise :class:`NodesFailed` naming the node."""
+    run on every node that was started, and raise :class:`NodesFailed` naming the node
+    (:class:`~outrig.errors.Interrupted` after a Ctrl-C)."""
     who = failed.node.label() if failed is not None else "the deploy"
     reporter.warn(f"{who} failed: {why}. Stopping the job on every node.")
     for call in calls:
@@ -482,8 +483,10 @@ def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
     others = [f"{c.node.label()}: {_why(c.error)}" for c in calls
               if c is not failed and c.error is not None]
     also = f" Then also failed: {'; '.join(others)}." if others else ""
-    raise NodesFailed(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
-                      f"it had reached: {'; '.join(stopped)}.")
+    # Ctrl-C (no node failed) ends the command with 130, as it does every command
+    error = NodesFailed if failed is not None else Interrupted
+    raise error(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
+                f"it had reached: {'; '.join(stopped)}.")
 
 
 # ------------------------------------------------------------------------------ status, stop

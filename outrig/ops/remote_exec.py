@@ -85,7 +85,7 @@ def run_exec(project: Project, host_spec: str, command: list[str], *,
         finally:
             channel.close()
     except OSError as exc:
-        raise ConnectError(f"{host.describe()}: the link broke while running the command "
+        raise ConnectError(f"{host.label()}: the link broke while running the command "
                            f"({exc}); it may still be running on the box") from None
     finally:
         transport.close()

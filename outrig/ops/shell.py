@@ -38,6 +38,10 @@ def ssh_argv(host: Host, command: list[str], *, tty: bool) -> list[str]:
         argv += ["-i", str(Path(host.identity_file).expanduser())]
     if tty:
         argv.append("-t")
+    if command:  # its output is the command's alone: no "Connection to ... closed." after
+        # it (an INFO line). Not -q: that hides the client's errors too (a refused
+        # connection would exit 255 without a word); ERROR keeps them.
+        argv += ["-o", "LogLevel=ERROR"]
     remote = exec_argv(host, command or INTERACTIVE)
     return [*argv, "--", host.hostname, shlex.join(remote)]
 
@@ -45,6 +49,7 @@ def ssh_argv(host: Host, command: list[str], *, tty: bool) -> list[str]:
 def open_ssh(project: Project, host_spec: str, command: list[str]) -> None:
     """Replace this process with ``ssh`` (its exit status is then the command's)."""
     host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    host.refuse_placeholder()
     argv = ssh_argv(host, command, tty=sys.stdin.isatty() and sys.stdout.isatty())
     client = shutil.which("ssh")
     if client is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from outrig.console import Reporter
-from outrig.errors import PlanError
+from outrig.errors import Interrupted, PlanError
 from outrig.journal import Journal
 from outrig.ops.base import Project
 from outrig.ops.nodes import (
@@ -265,6 +266,40 @@ def test_real_torchrun_joins_two_nodes_over_gloo_and_the_guard_stops_node_0(
         watch_nodes(project, result.job_id, Reporter(quiet=True), period=0.5,
                     journal=journal())
     assert marked(head.run_id) == [] and marked(other.run_id) == []
+
+
+class _SigintOnceBothLaunched(Reporter):
+    """A quiet reporter that sends this process SIGINT (Ctrl-C) once every node launched."""
+
+    def __init__(self, nodes: int) -> None:
+        super().__init__(quiet=True)
+        self.launched = 0
+        self.nodes = nodes
+        self.lock = threading.Lock()
+
+    def info(self, message: str) -> None:  # each node's events come as its lines
+        with self.lock:
+            if ": • launched trainer" in message:
+                self.launched += 1
+                if self.launched == self.nodes:
+                    os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_during_a_job_deploy_stops_every_node_and_exits_130(
+        project: Project, tmp_path: Path) -> None:
+    """Ctrl-C while the nodes wait to be ready: every node's run is stopped, and the
+    command ends as every command ends on Ctrl-C (130), not as a node failure (1)."""
+    playbook = trainer_playbook(
+        tmp_path, [sys.executable, "-c", "import time; print('up', flush=True); "
+                   "time.sleep(600)"], "never printed")
+    with pytest.raises(Interrupted) as info:
+        deploy_nodes(project, ["a", "b"], load_job(playbook), _SigintOnceBothLaunched(2),
+                     journal=journal())
+    assert info.value.exit_code == 130
+    assert "interrupted (Ctrl-C)" in str(info.value), info.value
+    (record,) = journal().jobs(playbook="pair")
+    for node in node_log_targets(journal(), str(record["job_id"])):
+        assert marked(node.run_id) == []
 
 
 def test_no_wait_launches_node_0_then_node_1_and_returns(

@@ -92,6 +92,20 @@ def test_second_status_goes_through_the_keeper(box_host: Path, make_proxy: Any,
     assert listed[0]["idle_left"] > 0 and listed[0]["pid"] != os.getpid()
 
 
+def test_the_first_contact_starts_a_keeper_without_calling_anything_stale(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    """No socket at all is no keeper yet, not a stale one: the first command to a host said
+    `stale warm connection (no keeper at ...sock); starting a fresh one` every time."""
+    host, proxy = proxied(box_host, make_proxy)
+    notices: list[str] = []
+    result, session = status_once(host, Journal(tmp_path / "state"), notices)
+    assert result["ok"]
+    assert isinstance(session.transport, KeptTransport)
+    assert session.transport.keepers_started == 1 and session.transport.kept_channels == 1
+    assert not any("stale" in n or "no keeper" in n for n in notices), notices
+    assert proxy.accepted == 1
+
+
 def only_keeper() -> dict[str, Any]:
     """The one live keeper (its record and what it says about itself)."""
     listed = keepers()

@@ -286,3 +286,107 @@ def test_a_reader_that_goes_away_ends_the_output_without_a_traceback() -> None:
                               stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 141, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+def _value_flags() -> list[tuple[str, str]]:
+    """(task, --flag) for every flag of every task that takes a value."""
+    return [(context.name, flag) for context in make_collection().to_contexts()
+            for flag, arg in context.flags.items() if arg.takes_value]
+
+
+@pytest.mark.parametrize(("task", "flag"), _value_flags())
+def test_every_flag_given_without_its_value_is_refused(project: Path, task: str, flag: str,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """A repeatable flag (--host, --param, --spare) without its value was taken as given no
+    times, and the default used (`outrig deploy --host` deployed to outrig.yaml's host)."""
+    for args in ([task, flag], [task, flag, "--json"]):
+        code, out, err = outrig(args, capsys)
+        assert code == 2, (args, err)
+        assert f"Flag {flag} needed value and was not given one" in err, (args, err)
+        assert f"`outrig --help {task}`" in err and out == ""
+
+
+def test_deploy_host_without_its_value_deploys_nothing_to_the_configured_host(
+        project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = tmp_path / "here-box"
+    (project / "hosts" / "here.yaml").write_text(yaml.safe_dump(
+        {"hostname": "local", "workdir": str(workdir)}))
+    (project / "outrig.yaml").write_text("host: here\nplaybook: job\n")
+    for args in (["deploy", "--host"], ["deploy", "--param", "--host", "here"],
+                 ["deploy", "--host", "--param", "n=2"]):
+        code, _, err = outrig(args, capsys)
+        assert code == 2 and "needed value" in err, (args, err)
+    assert not workdir.exists(), "the agent ran on the configured host"
+    assert Journal().runs() == []
+    code, _, err = outrig(["deploy", "--host=here", "--param=n=2", "--dry-run"], capsys)
+    assert code == 0, err  # the value in the same word is a value
+
+
+def test_a_closed_pipe_ends_plan_quietly_with_141(project: Path) -> None:
+    """`outrig plan | head -1`: rich's own handling exited 1; every write of outrig's ends
+    with 141 (128 + SIGPIPE, as a shell reports a Unix tool ended by it), silently."""
+    binary = Path(sys.executable).parent / "outrig"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "wb") as stdout:
+        proc = subprocess.run([str(binary), "plan", "--host", "one", "--playbook", "job"],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120,
+                              cwd=project)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "Broken" not in proc.stderr
+
+
+def test_ssh_quiets_the_client_only_when_it_runs_a_command(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With a command, LogLevel=ERROR keeps OpenSSH's `Connection to ... closed.` (and its
+    other notes) out of the command's output, and its errors in; an interactive shell keeps
+    the client's messages."""
+    from outrig.inventory import resolve_host
+    from outrig.ops.shell import ssh_argv
+
+    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
+        {"hostname": "127.0.0.1", "port": 2222, "workdir": "/w"}))
+    host = resolve_host("far", hosts_dir=project / "hosts")
+    for tty in (True, False):
+        with_command = ssh_argv(host, ["htop"], tty=tty)
+        assert "LogLevel=ERROR" in with_command[:with_command.index("--")], with_command
+        assert "-q" not in with_command  # -q would hide a refused connection's error too
+        shell = ssh_argv(host, [], tty=tty)
+        assert "LogLevel=ERROR" not in shell, shell
+    code, out, err = outrig(["ssh", "--host", "far", "--json", "--", "htop"], capsys)
+    assert code == 0 and "LogLevel=ERROR" in json.loads(out)["argv"], err
+
+
+def test_a_failure_to_connect_names_the_host_as_typed(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The user typed `far`; the hint says `far`, and where it tried after it."""
+    from tests.helpers import free_port
+
+    port = free_port()  # nothing listens there
+    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
+        {"hostname": "127.0.0.1", "port": port, "user": "me", "workdir": "/w"}))
+    code, _, err = outrig(["status", "--host", "far"], capsys)
+    assert code == 1, err
+    assert f"connection refused by far (me@127.0.0.1:{port})" in err, err
+
+
+def test_a_fresh_init_refuses_to_contact_its_placeholder_host_naming_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`outrig init` then `outrig check` tried 203.0.113.10 for the whole connect timeout
+    and blamed the link; `plan` and `deploy --dry-run` (which send nothing) still show what
+    would run."""
+    monkeypatch.chdir(tmp_path)
+    for var in ("OUTRIG_HOST", "OUTRIG_PLAYBOOK", "OUTRIG_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    assert outrig(["init"], capsys)[0] == 0
+    for args in (["check"], ["status"], ["deploy"], ["exec", "--", "true"], ["ssh"],
+                 ["tail-logs", "--no-follow"], ["cleanup", "--all"]):
+        code, _, err = outrig(args, capsys)
+        assert code == 2, (args, err)
+        assert f"Edit {tmp_path / 'hosts' / 'box.yaml'}" in err and "placeholder" in err, err
+        assert "link" not in err and "retrying" not in err, err
+    for args in (["plan"], ["deploy", "--dry-run"]):  # these send nothing: they work
+        code, _, err = outrig(args, capsys)
+        assert code == 0, (args, err)

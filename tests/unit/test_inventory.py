@@ -77,3 +77,41 @@ def test_port_that_is_not_a_number_is_named(home: Path, spec: str) -> None:
     with pytest.raises(ConfigError) as info:
         resolve_host(spec, hosts_dir=HOSTS)
     assert "is not a number" in str(info.value) and "unknown host" not in str(info.value)
+
+
+@pytest.mark.parametrize("keep", [0, 600])  # directly, and through a warm connection
+def test_the_starter_host_file_is_refused_before_any_connection_naming_the_file(
+        tmp_path: Path, home: Path, keep: int) -> None:
+    """`outrig init` writes hostname: 203.0.113.10 (an address reserved for documentation):
+    resolving and planning against it work, contacting it is refused with the file to edit,
+    before a connection (or a keeper for one) is attempted."""
+    from outrig.connectors.kept import keepers
+    from outrig.starter import write_starter
+    from outrig.transport import transport_for
+
+    write_starter(tmp_path)
+    host = resolve_host("box", hosts_dir=tmp_path / "hosts")  # resolving sends nothing
+    assert host.hostname == "203.0.113.10"
+    transport = transport_for(host, keep_seconds=keep)  # nor does opening it (lazily)
+    with pytest.raises(ConfigError) as info:
+        transport.start(["true"])
+    text = str(info.value)
+    assert f"Edit {tmp_path / 'hosts' / 'box.yaml'}" in text and "placeholder" in text
+    assert "Nothing was sent" in text and transport.connect_seconds is None
+    assert keepers() == []
+    with pytest.raises(ConfigError, match="Edit .*box.yaml"):
+        transport.connect()
+    for address in ("ubuntu@192.0.2.4", "root@198.51.100.77:22", "root@[2001:db8::1]:22"):
+        with pytest.raises(ConfigError, match="reserved for documentation"):
+            transport_for(resolve_host(address, hosts_dir=tmp_path / "hosts"),
+                          keep_seconds=keep).start(["true"])
+
+
+def test_messages_name_the_host_as_typed_then_its_address(home: Path, tmp_path: Path) -> None:
+    (tmp_path / "sandbox.yaml").write_text("hostname: 127.0.0.1\nport: 44259\nuser: root\n"
+                                           "workdir: /w\n")
+    host = resolve_host("sandbox", hosts_dir=tmp_path)
+    assert host.label() == "sandbox (root@127.0.0.1:44259)"
+    assert host.label("me@10.0.0.1:22") == "sandbox (me@10.0.0.1:22)"
+    typed = resolve_host("root@127.0.0.1:2222", hosts_dir=tmp_path)
+    assert typed.label() == "root@127.0.0.1:2222"  # the name is the address: said once
