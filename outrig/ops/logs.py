@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outrig._box.agent.events import redact as box_redact
 from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent_code import redact as box_redact
 from outrig.console import Reporter, visible
 from outrig.errors import (
     ConfigError,

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outrig._box.agent.procs import read_stat
+from outrig.agent_code import read_stat
 from outrig.errors import ConfigError
 from outrig.journal import atomic_write_json, read_json, safe_name, state_dir
 from outrig.sandbox.box import SandboxError, children_of
