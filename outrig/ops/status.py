@@ -161,5 +161,5 @@ def redact_run(run: dict[str, Any]) -> None:
 
 
 def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
-    """For humans, laid out for the terminal's width (outrig/layout.py)."""
+    """For humans, laid out for the terminal's width (outrig/textlayout.py)."""
     reporter.status(result)
