@@ -17,8 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from outrig._box.agent import bundle as agent_bundle
-from outrig._box.agent.protocol import encode_request
+from outrig.agent_code import bundle as agent_bundle
+from outrig.agent_code import encode_request
 from outrig.errors import LinkLost, RemoteError
 from outrig.reader import ChannelReader, Event, EventHandler
 from outrig.timing import agent_idle_limit

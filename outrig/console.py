@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from typing import IO, Any
@@ -19,17 +18,7 @@ from rich.markup import escape
 
 from outrig.errors import CLOSED_PIPE_EXIT
 from outrig.plan import Plan
-
-# Every C0 control but tab and newline, DEL, and every C1 control (0x9b is a one-byte CSI).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def visible(text: str) -> str:
-    """Text from a process (or a box) made harmless for a terminal: control characters shown
-    as ``\\x1b``-style escapes instead of acting (window titles, clear screen, OSC 52
-    clipboard writes, cursor moves). Tab and newline stay. ``--json`` output keeps exact text,
-    so this is applied only where humans read."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+from outrig.textlayout import plan_lines, status_lines, visible
 
 
 class _Console(Console):
@@ -167,7 +156,7 @@ class Reporter:
     def close(self) -> None:
         self._stop_status()
 
-    # --- layouts (outrig/layout.py) ------------------------------------------------------
+    # --- layouts (outrig/textlayout.py) --------------------------------------------------
     @property
     def width(self) -> int:
         """Columns to lay out for: the terminal's (or COLUMNS), 80 when not a terminal."""
@@ -182,14 +171,10 @@ class Reporter:
     def plan(self, plan: Plan, *, full: bool = False) -> None:
         if self.json_mode or self.quiet:
             return
-        from outrig.layout import plan_lines
-
         self.lines(plan_lines(plan, self.width, full=full))
 
     def status(self, result: dict[str, Any]) -> None:
-        """``outrig status`` for people (see :func:`outrig.layout.status_lines`)."""
-        from outrig.layout import status_lines
-
+        """``outrig status`` for people (see :func:`outrig.textlayout.status_lines`)."""
         if not result.get("runs"):
             self.info("no outrig runs on this box")
         self.lines(status_lines(result, self.width, gpu_table=self.gpu_table))

@@ -4,7 +4,8 @@ An environment is a venv on the box with pinned packages (vLLM in one, speculato
 their torch/transformers pins differ, docs/provision.md). ``requires``
 states what the box itself must offer. Both are validated here, when the playbook loads, so a
 typo in a pin or a specifier fails on the workstation before anything is sent; the agent checks
-the same things again on the box (remote/agent/provision.py, ``op_provision``).
+the same things again on the box (remote/agent/versions.py and requires.py, for
+``op_provision``).
 """
 
 from __future__ import annotations

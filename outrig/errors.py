@@ -17,7 +17,7 @@ next to the code that raises them are marked with their module)::
     │   ├── HostKeyError                its host key changed; never retried
     │   ├── ConnectRefused              nothing listens on the SSH port
     │   ├── LinkLost                    a cut or a silence at any phase; retried (bounded)
-    │   └── UnsafePlace                 outrig.connectors.kept: a keeper socket others could open
+    │   └── UnsafePlace                 connectors.keeper_wire: a keeper socket others could open
     ├── RemoteError [RuntimeError]      the agent reported a failure (``kind``); 2: bad input
     │   └── FramingError                outrig.logtail: the agent's stream contradicts itself
     ├── LocalWriteError                 writing a file on this workstation failed
@@ -42,7 +42,8 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
   gave up), ops/forward (the box refused a forwarded port), ops/remote_exec;
 * LinkLost: transport, agent_client, transfer, ops/logs, connectors/kept (the keeper's link
   died under a channel);
-* UnsafePlace: connectors/kept (the warm connection's folder or socket is not private);
+* UnsafePlace: connectors/keeper_wire, for connectors/kept (the warm connection's folder or
+  socket is not private);
 * RemoteError: agent_client (``raise_for_result``: every op's failure), transfer, ops/logs,
   ops/stage;
 * LocalWriteError: ops/logs (the log mirror); Interrupted: ops/deploy;

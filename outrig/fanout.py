@@ -27,11 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from outrig.console import Reporter, visible
+from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.base import HostSession, Project
+from outrig.textlayout import visible
 from outrig.timing import fanout_deadline_for
 
 MAX_PARALLEL = 32  # hosts in progress at once unless --max-parallel says otherwise
@@ -248,7 +249,7 @@ def cleanup_summary(result: dict[str, Any]) -> str:
         text = f"stopped {', '.join(str(r.get('run_id')) for r in runs)} ({procs} process(es))"
     else:
         text = "nothing of ours was running"
-    from outrig.layout import audit_gpus
+    from outrig.textlayout import audit_gpus
 
     audit = result.get("gpus_after") or result.get("gpus_before") or {}
     foreign = [h for h in audit.get("holders") or [] if not h.get("owner")]
@@ -349,7 +350,7 @@ class Rows:
 
     def __init__(self, reporter: Reporter, hosts: Sequence[str],
                  summarize: Callable[[dict[str, Any]], str], *, what: str) -> None:
-        from outrig.layout import fanout_header
+        from outrig.textlayout import fanout_header
 
         self.reporter = reporter
         self.hosts = list(dict.fromkeys(hosts))
@@ -370,7 +371,7 @@ class Rows:
         if self.reporter.json_mode:
             self.reporter.emit_json(outcome.to_json())
             return
-        from outrig.layout import fanout_row
+        from outrig.textlayout import fanout_row
 
         summary = self.summarize(outcome.result) if outcome.result is not None else "-"
         self.reporter.lines(fanout_row(outcome.host, outcome.state, summary, outcome.warnings,
@@ -382,7 +383,7 @@ class Rows:
         self.start()
         failures = [(o.host, o.error or o.state) for o in outcomes if not o.ok]
         if not self.reporter.json_mode:
-            from outrig.layout import fanout_failures
+            from outrig.textlayout import fanout_failures
 
             self.reporter.lines(fanout_failures(failures, len(outcomes), self.reporter.width))
         if failures:
@@ -508,7 +509,7 @@ def tail_hosts(project: Project, hosts: Sequence[str], reporter: Reporter, *, fo
         for outcome in outcomes:
             reporter.emit_json(outcome.to_json())
     elif failures:
-        from outrig.layout import fanout_failures
+        from outrig.textlayout import fanout_failures
 
         err.write("".join(f"{line}\n" for line in
                           fanout_failures(failures, len(outcomes), reporter.width)[1:]))

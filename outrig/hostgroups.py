@@ -20,26 +20,14 @@ from typing import Any
 import yaml
 
 from outrig.errors import ConfigError
-from outrig.inventory import resolve_host
+from outrig.inventory import GROUPS_FILE, host_files, resolve_host
 
-GROUPS_FILE = "groups.yaml"
 ALL = "all"
 
 
 def split_values(values: Iterable[str]) -> list[str]:
     """``--host a,b --host c`` → ``[a, b, c]`` (blanks dropped; order kept)."""
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
-
-
-def host_files(hosts_dir: Path) -> list[str]:
-    """The names of the host files in ``hosts/`` (what ``all`` means), sorted; the groups
-    file is not a host file."""
-    if not hosts_dir.is_dir():
-        return []
-    names = {p.stem for p in hosts_dir.iterdir()
-             if p.suffix in {".yaml", ".yml"} and p.is_file() and not p.name.startswith(".")}
-    names.discard(Path(GROUPS_FILE).stem)
-    return sorted(names)
 
 
 def read_groups(hosts_dir: Path) -> dict[str, list[str]]:

@@ -29,6 +29,7 @@ DEFAULT_WORKDIR = "~/outrig"
 # one is a placeholder (``outrig init`` writes 203.0.113.10) that was never edited.
 DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(net) for net in (
     "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+GROUPS_FILE = "groups.yaml"  # hosts/groups.yaml: the groups of outrig.hostgroups, not a host
 _SPEC = re.compile(r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^:@/\s\[\]]+)"
                    r"(?::(?P<port>\d{1,5}))?$")
 
@@ -197,6 +198,18 @@ def _bad_port(spec: str) -> None:
                           "user@host:PORT with PORT from 1 to 65535 (or leave :PORT out for 22)")
 
 
+def host_files(hosts_dir: Path) -> list[str]:
+    """The names of the host files in ``hosts/`` (what ``--host all`` means, and what an
+    unknown name is told to choose from), sorted; the groups file
+    (:mod:`outrig.hostgroups`) is not a host file."""
+    if not hosts_dir.is_dir():
+        return []
+    names = {p.stem for p in hosts_dir.iterdir()
+             if p.suffix in {".yaml", ".yml"} and p.is_file() and not p.name.startswith(".")}
+    names.discard(Path(GROUPS_FILE).stem)
+    return sorted(names)
+
+
 def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> Host:
     """Turn a ``--host`` value into a :class:`Host` (no network)."""
     spec = spec.strip()
@@ -227,8 +240,6 @@ def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> H
         return Host(name=spec, hostname=host, port=port, user=match.group("user"),
                     workdir=workdir or DEFAULT_WORKDIR, source="command line")
     _bad_port(spec)
-    from outrig.hostgroups import host_files  # not at the top: it imports this module
-
     known = host_files(hosts_dir)
     hint = f" Known host files: {', '.join(known)}." if known else ""
     raise ConfigError(

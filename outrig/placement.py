@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outrig.layout import ranges
 from outrig.ops.base import HostSession, host_facts, new_run_id
 from outrig.plan import HostFacts, make_plan
 from outrig.playbook import Job
+from outrig.textlayout import ranges
 
 
 def held_runs(status: dict[str, Any]) -> list[dict[str, Any]]:

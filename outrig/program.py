@@ -149,7 +149,7 @@ def value_candidates(invocation: str) -> list[str] | None:
         root = find_project(Path.cwd())
     folder = (root or Path.cwd()) / VALUE_FLAGS[flag]
     if VALUE_FLAGS[flag] == "hosts":
-        from outrig.hostgroups import host_files
+        from outrig.inventory import host_files
 
         return host_files(folder)  # hosts/groups.yaml is not a host
     return sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 
 from invoke.exceptions import Exit
 
-from outrig.console import Reporter, visible
+from outrig.console import Reporter
 from outrig.errors import ConfigError, Interrupted, OutrigError
+from outrig.textlayout import visible
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from outrig._box.agent import transfer as box_transfer
-from outrig._box.agent.events import AgentError as BoxError
 from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent_code import AgentError as BoxError
+from outrig.agent_code import transfer as box_transfer
 from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host
 from outrig.transport import Transport

@@ -3,9 +3,11 @@
 The rest of outrig sees only :meth:`Transport.start` → :class:`AgentChannel` (write stdin,
 read stdout with a timeout, read stderr, exit status), plus the few facts about the link that
 ops need (:attr:`Transport.rtt`, :attr:`Transport.connect_seconds`, :meth:`peer_address`,
-:attr:`retry`, :meth:`reconnect`). No op looks at a connector's type or private attributes,
-so the same agent protocol runs over SSH, a local pipe (``--host local``), and a recording
-replayed in tests.
+:attr:`retry`, :meth:`reconnect`), and the two looks at liveness that ``watch`` and ``migrate``
+take (:meth:`Transport.probe`, :meth:`Transport.confirm_alive`). No op looks at a connector's
+type or private attributes, so the same agent protocol runs over SSH, a local pipe
+(``--host local``), and a recording replayed in tests, and a new connector gets ``watch`` and
+``migrate`` by answering those two.
 
 A connector is one module with one :class:`Transport` subclass, and one line in
 :data:`CONNECTORS` that says which hosts it serves. The table is ordered: the first entry whose
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outrig.errors import ConfigError
+from outrig.health import Observation
 from outrig.inventory import Host
 
 LINK_ATTEMPTS = 4  # handshakes per command when the link drops abruptly (reset, EOF)
@@ -118,6 +122,26 @@ class Transport(ABC):
         if self.rtt is not None:
             self.rtt_hint = self.rtt
         self.close()
+
+    def probe(self, timeout: float) -> list[Observation]:
+        """A fresh look at the box from outside, without logging in and never over the open
+        connection, within ``timeout``: one :class:`~outrig.health.Observation` per signal the
+        connector can see (``tcp``: the box's door accepted a connection; ``banner``: the
+        server behind it spoke). ``watch`` takes one every probe period, ``migrate`` one after
+        its logins failed, and fencing one before it logs in to a box a run left.
+
+        Like pyinfra's ``BaseConnector``, the base states the capability and a connector that
+        has it answers: this one is refused, so no watch judges a box it cannot see."""
+        raise ConfigError(f"{self.host.describe()}: the {self.name} connector cannot look at "
+                          "a box from outside, which watch and migrate need; use an SSH host")
+
+    def confirm_alive(self, timeout: float) -> Observation:
+        """The ``confirm`` observation a death needs (:func:`outrig.health.judge`): a fresh
+        connection and login made only for this, never the warm one; ``ok`` when the box
+        answered. ``timeout`` bounds the look at the door before the login (which has its
+        own limits). Refused here, as :meth:`probe` is."""
+        raise ConfigError(f"{self.host.describe()}: the {self.name} connector cannot confirm "
+                          "that a box is alive, which watch needs; use an SSH host")
 
     def open_tunnel(self, remote: tuple[str, int], origin: tuple[str, int],
                     timeout: float, on_reconnect: Callable[[], None]) -> Any:

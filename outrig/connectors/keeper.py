@@ -7,10 +7,10 @@ retries directly), listens on its Unix socket, says ``{"ready": true}`` on stdou
 relays one channel per socket connection until it has been idle for ``keep_seconds``, its
 link dies, or it gets SIGTERM (``outrig connections --close``).
 
-Requests (frames of :mod:`outrig.connectors.kept`): ``exec`` (open a session channel, exec
-argv pipelined, then relay ``i``/``e`` in and ``o``/``r``/``x``/``L`` out), ``info`` (host,
-age, idle time left). Every request is refused unless the peer's uid is this process's and
-its identity is the one this keeper serves.
+Requests (frames of the keeper's wire, :mod:`outrig.connectors.keeper_wire`): ``exec`` (open
+a session channel, exec argv pipelined, then relay ``i``/``e`` in and ``o``/``r``/``x``/``L``
+out), ``info`` (host, age, idle time left). Every request is refused unless the peer's uid is
+this process's and its identity is the one this keeper serves.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outrig.connectors.kept import (
+from outrig.connectors.keeper_wire import (
     peer_credentials,
     recv_frame,
     send_frame,

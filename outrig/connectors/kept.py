@@ -10,8 +10,11 @@ RTT of a handshake plus the channel open (measured: docs/watch.md).
 
 Why a relay and not passing file descriptors: an SSH channel is not a file descriptor (its
 bytes are encrypted inside the one TCP stream paramiko owns), so the keeper has to pump each
-channel's stdin, stdout, stderr and exit status itself; the framing below does that, one
+channel's stdin, stdout, stderr and exit status itself; the wire's framing does that, one
 channel per socket connection, and costs only local copies.
+
+The socket's place, the framing and the client's calls (``dial``, ``request``) are the keeper's
+wire (:mod:`outrig.connectors.keeper_wire`), shared with the keeper process.
 
 Safety: the socket lives in a 0700 folder of this user (``OUTRIG_RUNTIME_DIR``, else
 ``$XDG_RUNTIME_DIR/outrig``, else the state dir's ``run/``), is 0600, is checked for owner and
@@ -27,14 +30,11 @@ keeping is on (:func:`ssh_connector`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import queue
 import select
 import socket
-import stat
-import struct
 import subprocess
 import sys
 import threading
@@ -44,19 +44,33 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from outrig.connectors import keeper
+from outrig.connectors.keeper_wire import (
+    MAX_FRAME,
+    RUNTIME_ENV,
+    SOCKET_PATH_MAX,
+    KeeperGone,
+    KeeperRefused,
+    NoKeeper,
+    UnsafePlace,
+    check_socket_file,
+    identity,
+    peer_credentials,
+    private_dir,
+    recv_frame,
+    request,
+    runtime_dir,
+    send_frame,
+    socket_path,
+)
 from outrig.connectors.ssh import SSHTransport
 from outrig.errors import ConfigError, ConnectError, LinkLost
 from outrig.inventory import Host
 from outrig.timing import connect_timeout_for
-from outrig.transport import AgentChannel, PeerAddress, Transport, known_hosts_path
+from outrig.transport import AgentChannel, PeerAddress, Transport
 
 DEFAULT_KEEP_SECONDS = 600.0  # a keeper exits after this long without a channel
 KEEP_ENV = "OUTRIG_KEEP_SECONDS"  # 0 turns keeping off (as --no-keep does)
-RUNTIME_ENV = "OUTRIG_RUNTIME_DIR"
-SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer path cannot be bound
-
-HEADER = struct.Struct(">cI")  # frame: one type byte, payload length
-MAX_FRAME = 1 << 20
 
 
 # ------------------------------------------------------------------------------ settings
@@ -103,179 +117,7 @@ def ssh_connector(host: Host, *, rtt_hint: float | None = None,
     return KeptTransport(host, rtt_hint=rtt_hint, notify=notify, keep_seconds=keep)
 
 
-# ------------------------------------------------------------------------------ places
-
-
-def runtime_dir() -> Path:
-    """The folder of keeper sockets and records (created 0700 by :func:`private_dir`)."""
-    explicit = os.environ.get(RUNTIME_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and Path(xdg).is_dir():
-        return Path(xdg) / "outrig"
-    state = Path(os.environ.get("XDG_STATE_HOME") or "~/.local/state").expanduser()
-    return state / "outrig" / "run"
-
-
-class UnsafePlace(ConnectError):
-    """The keeper folder or socket is not this user's alone: never used, never bound."""
-
-
-def private_dir(path: Path | None = None) -> Path:
-    """The runtime folder, made 0700 if new; refused when it is a symlink, another user's,
-    or open to others (a socket there could be someone else's)."""
-    folder = path or runtime_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \
-            or info.st_mode & 0o077:
-        raise UnsafePlace(
-            f"{folder} is not a private folder of this user (mode "
-            f"{stat.S_IMODE(info.st_mode):o}, owner uid {info.st_uid}): outrig keeps no warm "
-            f"connection there. Remove it, or set {RUNTIME_ENV} to a folder only you can open.")
-    return folder
-
-
-def identity(host: Host) -> dict[str, Any]:
-    """What makes two commands share a connection: address, port, user, key and the
-    known_hosts file (the host key it was checked against)."""
-    return {"hostname": host.hostname, "port": host.port, "user": host.user,
-            "identity_file": host.identity_file,
-            "known_hosts": str(known_hosts_path(host))}
-
-
-def key_of(host: Host) -> str:
-    """The file-name stem of a host's keeper (a digest of its identity)."""
-    text = json.dumps(identity(host), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-def socket_path(host: Host, folder: Path) -> Path:
-    return folder / f"{key_of(host)}.sock"
-
-
-def check_socket_file(path: Path) -> None:
-    """A socket this user owns, mode 0600; anything else is refused (never connected to)."""
-    info = os.lstat(path)
-    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid() \
-            or stat.S_IMODE(info.st_mode) != 0o600:
-        raise UnsafePlace(
-            f"{path} is not a keeper socket of this user (mode "
-            f"{stat.S_IMODE(info.st_mode):o}, owner uid {info.st_uid}): refused. Remove it "
-            "(`outrig connections --close` does) to let outrig start a fresh keeper.")
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return pid, uid
-
-
-# ------------------------------------------------------------------------------ framing
-
-
-def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
-    sock.sendall(HEADER.pack(kind, len(payload)) + payload)
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        if not chunk:
-            return None
-        buf.extend(chunk)
-    return bytes(buf)
-
-
-def recv_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
-    """One frame, or ``None`` when the other end closed (or sent garbage)."""
-    head = _recv_exact(sock, HEADER.size)
-    if head is None:
-        return None
-    kind, size = HEADER.unpack(head)
-    if size > MAX_FRAME:
-        return None
-    payload = _recv_exact(sock, size) if size else b""
-    if payload is None:
-        return None
-    return kind, payload
-
-
-def send_json(sock: socket.socket, kind: bytes, value: Any) -> None:
-    send_frame(sock, kind, json.dumps(value).encode())
-
-
-# ------------------------------------------------------------------------------ client side
-
-
-class KeeperRefused(Exception):
-    """The keeper answered with a failure: ``kind`` is ``link`` (its SSH link is dead),
-    ``stale`` (it serves another identity or host key) or ``refused`` (the box refused the
-    channel, as a direct connection would be)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class KeeperGone(Exception):
-    """No keeper answers at the socket: none started, or its process is gone."""
-
-
-class NoKeeper(KeeperGone):
-    """There is no socket at all: no keeper was started for this host, or the last one
-    exited and removed it. Nothing is stale then, so nothing is said about it."""
-
-
-def dial(path: Path, timeout: float = 5.0) -> socket.socket:
-    """Connect to a keeper socket after checking the file and, once connected, the peer's
-    uid. :class:`KeeperGone` when nothing listens; :class:`UnsafePlace` when refused."""
-    try:
-        check_socket_file(path)
-    except FileNotFoundError:
-        raise NoKeeper(f"no keeper at {path}") from None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError) as exc:
-        sock.close()
-        raise KeeperGone(f"the keeper at {path} is gone ({type(exc).__name__})") from None
-    except OSError:
-        sock.close()
-        raise
-    _pid, uid = peer_credentials(sock)
-    if uid != os.getuid():
-        sock.close()
-        raise UnsafePlace(f"{path} is served by uid {uid}, not this user: refused")
-    return sock
-
-
-def request(path: Path, header: dict[str, Any], timeout: float) -> tuple[socket.socket,
-                                                                          dict[str, Any]]:
-    """Send one request and read the keeper's answer: the open socket and the ``k`` body."""
-    sock = dial(path)
-    try:
-        sock.settimeout(timeout)
-        send_json(sock, b"h", header)
-        frame = recv_frame(sock)
-    except OSError as exc:
-        sock.close()
-        raise KeeperGone(f"the keeper at {path} did not answer ({type(exc).__name__})") \
-            from None
-    if frame is None:
-        sock.close()
-        raise KeeperGone(f"the keeper at {path} closed the connection without an answer")
-    kind, payload = frame
-    body = json.loads(payload or b"{}")
-    if kind == b"f":
-        sock.close()
-        raise KeeperRefused(str(body.get("kind", "stale")), str(body.get("message", "")))
-    sock.settimeout(None)
-    return sock, body
+# ------------------------------------------------------------------------------ the client
 
 
 class _KeptChannel(AgentChannel):
@@ -486,8 +328,6 @@ class KeptTransport(SSHTransport):
         """Fork the keeper from this process (one thread only, so no lock is held by a
         thread the child would lack): it starts with everything already imported, and the
         first command costs what a direct connect costs."""
-        from outrig.connectors import keeper
-
         read_end, write_end = os.pipe()
         try:
             pid = os.fork()

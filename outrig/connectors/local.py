@@ -1,7 +1,9 @@
 """The ``local`` connector: the agent runs as a child process of this machine.
 
 ``hostname: local`` in a host file (``--host local``), and the fast path in tests. There is no
-link to lose: the RTT is zero and a reconnect has nothing to do.
+link to lose: the RTT is zero, a reconnect has nothing to do, and a look from outside
+(``probe``, ``confirm_alive``) finds this machine up by construction, so ``watch`` judges a
+local run by its agent's answers alone.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from outrig.errors import OutrigError
+from outrig.health import Observation
 from outrig.inventory import Host
 from outrig.transport import AgentChannel, Transport
 
@@ -118,3 +121,13 @@ class LocalTransport(Transport):
                 "or point python: at an interpreter"
             ) from None
         return _LocalChannel(proc)
+
+    def probe(self, timeout: float) -> list[Observation]:
+        """This machine, seen from itself: no door that could be shut, so ``tcp`` and
+        ``banner`` both answer."""
+        now = time.monotonic()
+        return [Observation(now, "tcp", True), Observation(now, "banner", True)]
+
+    def confirm_alive(self, timeout: float) -> Observation:
+        """This machine is up while this code runs."""
+        return Observation(time.monotonic(), "confirm", True, "local")

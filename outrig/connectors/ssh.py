@@ -10,6 +10,9 @@ SSH specifics, and why:
   :mod:`outrig.timing`): a 240 ms link and a LAN get different limits, and every limit is
   named in the error when it fires.
 - RTT is measured for free from the session-channel open (exactly one round trip).
+- Liveness from outside (``watch``, ``migrate``): a fresh TCP connect to the port and the SSH
+  banner (:func:`probe_port`), and a confirming login on a connection of its own
+  (:meth:`SSHTransport.confirm_alive`), never the open or the warm connection.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from outrig.errors import (
     ConnectRefused,
     HostKeyError,
     LinkLost,
+    OutrigError,
 )
+from outrig.health import Observation
 from outrig.inventory import Host
 from outrig.timing import (
     channel_timeout_for,
@@ -60,6 +65,45 @@ logging.getLogger("paramiko").propagate = False
 def fingerprint(key: Any) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
     return f"{key.get_name()} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+
+
+def probe_port(host: str, port: int, timeout: float) -> tuple[Observation, Observation]:
+    """A fresh TCP connect to the SSH port and its banner, within ``timeout`` in all: the
+    ``tcp`` and ``banner`` observations. A port that accepts and then resets or closes (a
+    stopped sshd behind a gateway) fails both; one that accepts and stays silent passes TCP
+    only."""
+    started = time.monotonic()
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return (Observation(started, "tcp", False, why),
+                Observation(time.monotonic(), "banner", False, "no TCP connection"))
+    with sock:
+        connected = time.monotonic()
+        data = b""
+        try:
+            while b"\n" not in data and len(data) < 256:
+                left = timeout - (time.monotonic() - started)
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                chunk = sock.recv(256)
+                if not chunk:
+                    return (Observation(connected, "tcp", False, "closed at once"),
+                            Observation(time.monotonic(), "banner", False, "closed"))
+                data += chunk
+        except TimeoutError:
+            return (Observation(connected, "tcp", True),
+                    Observation(time.monotonic(), "banner", False,
+                                f"no SSH banner within {timeout:.1f}s"))
+        except OSError as exc:
+            return (Observation(connected, "tcp", False, f"reset ({exc.strerror or exc})"),
+                    Observation(time.monotonic(), "banner", False, "reset"))
+    ok = data.startswith(b"SSH-")
+    return (Observation(connected, "tcp", True),
+            Observation(time.monotonic(), "banner", ok,
+                        "" if ok else "the port does not speak SSH"))
 
 
 class _SSHChannel(AgentChannel):
@@ -430,6 +474,32 @@ class SSHTransport(Transport):
             raise LinkLost(f"{host}: the link dropped while sending the command "
                            f"({type(exc).__name__}).", phase="exec") from None
         return _SSHChannel(channel, host)
+
+    def probe(self, timeout: float) -> list[Observation]:
+        """The ``tcp`` and ``banner`` observations of :func:`probe_port` at the host file's
+        address and port; the open connection is not used."""
+        return list(probe_port(self.host.hostname, self.host.port or 22, timeout))
+
+    def confirm_alive(self, timeout: float) -> Observation:
+        """The fresh look a death needs (never the open or the warm connection): a TCP
+        connect and the SSH banner within ``timeout``, then, when they answer, a whole SSH
+        login with one attempt; ``ok`` when the box answered. A port that gives no banner
+        within ``timeout`` fails without the SSH connect's own (longer) limit."""
+        tcp, banner = probe_port(self.host.hostname, self.host.port or 22, timeout)
+        if not banner.ok:
+            return Observation(time.monotonic(), "confirm", False,
+                               f"{banner.detail}" if tcp.ok else f"TCP: {tcp.detail}")
+        # A plain SSHTransport even under KeptTransport: the login must be a new one.
+        fresh = SSHTransport(self.host, rtt_hint=self.best_rtt, attempts=1, link_attempts=1,
+                             channel_attempts=1)
+        try:
+            fresh.connect()
+            return Observation(time.monotonic(), "confirm", True, "a fresh SSH login worked")
+        except OutrigError as exc:
+            return Observation(time.monotonic(), "confirm", False, str(exc).split(". ")[0])
+        finally:
+            with contextlib.suppress(Exception):
+                fresh.close()
 
     def peer_address(self) -> PeerAddress:
         """What the connection really used (``~/.ssh/config`` may rename host, port and user);

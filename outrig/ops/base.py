@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from outrig._box.agent.protocol import BAD_REQUEST, PROTOCOL_VERSION, request_problems
 from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent_code import BAD_REQUEST, PROTOCOL_VERSION, request_problems
 from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host, resolve_host

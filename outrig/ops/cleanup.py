@@ -16,11 +16,11 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from outrig.console import Reporter, visible
+from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
-from outrig.layout import audit_gpus, gpu_summary_lines
 from outrig.ops.base import HostSession, Project, host_session, playbook_name
+from outrig.textlayout import audit_gpus, gpu_summary_lines, visible
 
 HOW = {"term": "exited on SIGTERM", "kill": "killed (SIGKILL)", "gone": "was not running",
        "reused": "pid reused by another process: untouched", "refused": "refused"}

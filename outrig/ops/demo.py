@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import outrig._box as box_package
+from outrig.agent_code import examples_dir
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal
@@ -65,7 +65,7 @@ def demo_playbook(root: Path) -> Path:
     """Lay the shipped smoke playbook and its trainer out under ``root`` the way a project
     holds them (``playbooks/smoke.yaml``, ``remote/examples/train_tiny.py``, the path its
     ``files:`` names) and return the playbook's path, which deploy takes as it is."""
-    shipped = Path(box_package.__file__).resolve().parent / "examples"
+    shipped = examples_dir()
     playbook = root / "playbooks" / f"{DEMO_PLAYBOOK}.yaml"
     trainer = root / "remote" / "examples" / DEMO_TRAINER
     for source, target in ((shipped / f"{DEMO_PLAYBOOK}.yaml", playbook),

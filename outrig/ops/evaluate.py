@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.table import Table
 
-from outrig._box.agent.bench import parse_prompt_lines
+from outrig.agent_code import parse_prompt_lines
 from outrig.checkpoints import assess, newest_complete, order_text
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError, RemoteError

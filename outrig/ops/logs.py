@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outrig._box.agent.events import redact as box_redact
 from outrig.agent_client import AgentCall, raise_for_result
-from outrig.console import Reporter, visible
+from outrig.agent_code import redact as box_redact
+from outrig.console import Reporter
 from outrig.errors import (
     ConfigError,
     ConnectError,
@@ -54,6 +54,7 @@ from outrig.logtail import (
 )
 from outrig.ops.base import HostSession, Project, base_request, playbook_name
 from outrig.reader import ChannelReader, take_events
+from outrig.textlayout import visible
 from outrig.timing import follow_idle_limit, heartbeat_for, jittered
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)

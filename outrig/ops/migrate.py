@@ -1,8 +1,9 @@
 """``inv migrate --from OLD --to NEW``: move a job to a fresh box and resume it.
 
 The runbook, in order (docs/migrate.md):
-1. Probe OLD several times, and several ways (SSH, then a bare TCP connect), before calling it
-   dead. A slow link is not a dead node; what was tried is always shown.
+1. Probe OLD several times, and several ways (SSH, then the connector's look from outside: for
+   SSH a fresh TCP connect to the port), before calling it dead. A slow link is not a dead
+   node; what was tried is always shown.
 2. Preflight NEW (reach, python, GPUs, disk).
 3. Re-plan for NEW's hardware: the playbook itself, or the member of its family that fits NEW
    and uses the most GPUs. The old and new placement are shown side by side.
@@ -24,7 +25,6 @@ deploy, total); provision overlaps stage and checkpoint, so they add up to more 
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,8 +59,9 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
 
     Returns the box's session, open, when any attempt worked (migrate goes on using it), and
     the list of what was tried. ``attempts=0``: the caller has just confirmed the death
-    (``watch`` does, with a fresh login); nothing is tried, not even the bare TCP check,
-    whose connect limit would only add to the recovery on a blackholed link.
+    (``watch`` does, with a fresh login); nothing is tried, not even the look from outside
+    (:meth:`~outrig.transport.Transport.probe`), whose connect limit would only add to the
+    recovery on a blackholed link.
     """
     if attempts <= 0:
         return None, ["not probed: the death was confirmed before the move"]
@@ -81,16 +82,14 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
         if attempt < attempts:
             time.sleep(pause * attempt)
     session.close()
-    host = session.host
-    if not host.is_local:
-        timeout = connect_timeout_for(host, None)[0]
-        address = (host.hostname, host.port or 22)
-        try:
-            with socket.create_connection(address, timeout=min(timeout, TCP_PROBE_LIMIT)):
-                tried.append(f"tcp {address[0]}:{address[1]}: port open, but SSH did not "
-                             "answer (sshd hung or the box is overloaded)")
-        except OSError as exc:
-            tried.append(f"tcp {address[0]}:{address[1]}: {exc.strerror or exc}")
+    # then the connector's look from outside, without a login (SSH: a fresh TCP connect)
+    limit = min(connect_timeout_for(session.host, None)[0], TCP_PROBE_LIMIT)
+    door = session.transport.peer_address()
+    for seen in session.transport.probe(limit):
+        if seen.signal == "tcp":
+            tried.append(f"tcp {door.host}:{door.port}: " + (
+                "port open, but SSH did not answer (sshd hung or the box is overloaded)"
+                if seen.ok else seen.detail))
     return None, tried
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig import recipes
-from outrig._box.agent import transfer as box_transfer
+from outrig.agent_code import transfer as box_transfer
 from outrig.checkpoints import (
     Checkpoint,
     assess,

@@ -140,7 +140,7 @@ def redact_run(run: dict[str, Any]) -> None:
     """Replace the values of the run's secrets (``secret_keys``, read from this shell's
     environment) in every log text the box shipped. The box redacts with the values of live
     processes; once they are gone only this shell still knows them. Same function as the box."""
-    from outrig._box.agent.events import redact
+    from outrig.agent_code import redact
 
     keys = [str(k) for k in run.get("secret_keys") or []]
     values = sorted({os.environ[k] for k in keys if os.environ.get(k)}, key=len, reverse=True)
@@ -161,5 +161,5 @@ def redact_run(run: dict[str, Any]) -> None:
 
 
 def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
-    """For humans, laid out for the terminal's width (outrig/layout.py)."""
+    """For humans, laid out for the terminal's width (outrig/textlayout.py)."""
     reporter.status(result)

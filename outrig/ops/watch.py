@@ -2,7 +2,8 @@
 
 What it does, each probe period (from the measured RTT, see :func:`outrig.health.limits_for`):
 
-* probes the SSH port afresh (TCP connect and banner) from this thread, and asks the agent
+* looks at the box afresh through its connector (SSH: a TCP connect and the banner, see
+  :meth:`outrig.transport.Transport.probe`) from this thread, and asks the agent
   for the run's ``status`` over the open session from a worker thread, so a silent link never
   holds the loop up; each answer becomes observations for :func:`outrig.health.judge`;
 * shows progress (run state, the trainer's step and epoch, the newest complete checkpoint)
@@ -27,7 +28,6 @@ import hashlib
 import io
 import json
 import queue
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -125,72 +125,6 @@ class WatchRecord:
 
 
 # ------------------------------------------------------------------------------ probes
-
-
-def probe_port(host: str, port: int, timeout: float) -> tuple[Observation, Observation]:
-    """A fresh TCP connect to the SSH port and its banner, within ``timeout`` in all: the
-    ``tcp`` and ``banner`` observations. A port that accepts and then resets or closes (a
-    stopped sshd behind a gateway) fails both; one that accepts and stays silent passes TCP
-    only."""
-    started = time.monotonic()
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except OSError as exc:
-        why = exc.strerror or str(exc) or type(exc).__name__
-        return (Observation(started, "tcp", False, why),
-                Observation(time.monotonic(), "banner", False, "no TCP connection"))
-    with sock:
-        connected = time.monotonic()
-        data = b""
-        try:
-            while b"\n" not in data and len(data) < 256:
-                left = timeout - (time.monotonic() - started)
-                if left <= 0:
-                    raise TimeoutError
-                sock.settimeout(left)
-                chunk = sock.recv(256)
-                if not chunk:
-                    return (Observation(connected, "tcp", False, "closed at once"),
-                            Observation(time.monotonic(), "banner", False, "closed"))
-                data += chunk
-        except TimeoutError:
-            return (Observation(connected, "tcp", True),
-                    Observation(time.monotonic(), "banner", False,
-                                f"no SSH banner within {timeout:.1f}s"))
-        except OSError as exc:
-            return (Observation(connected, "tcp", False, f"reset ({exc.strerror or exc})"),
-                    Observation(time.monotonic(), "banner", False, "reset"))
-    ok = data.startswith(b"SSH-")
-    return (Observation(connected, "tcp", True),
-            Observation(time.monotonic(), "banner", ok,
-                        "" if ok else "the port does not speak SSH"))
-
-
-def confirm_dead(session: HostSession, timeout: float) -> Observation:
-    """The fresh probe a death needs (never the warm connection): a TCP connect and the SSH
-    banner within ``timeout``, then, when they answer, a whole SSH login with one attempt;
-    ``ok`` when the box answered. A port that gives no banner within ``timeout`` fails
-    without the SSH connect's own (longer) limit."""
-    from outrig.connectors.ssh import SSHTransport
-
-    started = time.monotonic()
-    host = session.host
-    if host.is_local:
-        return Observation(started, "confirm", True, "local")
-    tcp, banner = probe_port(host.hostname, host.port or 22, timeout)
-    if not banner.ok:
-        return Observation(time.monotonic(), "confirm", False,
-                           f"{banner.detail}" if tcp.ok else f"TCP: {tcp.detail}")
-    transport = SSHTransport(session.host, rtt_hint=session.transport.best_rtt,
-                             attempts=1, link_attempts=1, channel_attempts=1)
-    try:
-        transport.connect()
-        return Observation(time.monotonic(), "confirm", True, "a fresh SSH login worked")
-    except OutrigError as exc:
-        return Observation(time.monotonic(), "confirm", False, str(exc).split(". ")[0])
-    finally:
-        with contextlib.suppress(Exception):
-            transport.close()
 
 
 # ------------------------------------------------------------------------------ the watcher
@@ -296,7 +230,8 @@ class Watcher:
             now = time.monotonic()
             verdict = judge(seen, now, limits, since)
             if verdict.needs_confirm:
-                seen.append(confirm_dead(session, self.confirm_timeout(session, limits)))
+                seen.append(session.transport.confirm_alive(
+                    self.confirm_timeout(session, limits)))
                 verdict = judge(seen, time.monotonic(), limits, since)
             if verdict.state in ("dead", "crashed", "finished"):
                 if verdict.state == "dead" and not suspect:
@@ -333,12 +268,9 @@ class Watcher:
         return limits
 
     def probe(self, session: HostSession, limits: Limits) -> list[Observation]:
-        host = session.host
-        if host.is_local:
-            now = time.monotonic()
-            return [Observation(now, "tcp", True), Observation(now, "banner", True)]
-        return list(probe_port(host.hostname, host.port or 22,
-                               self.probe_timeout(session, limits)))
+        """The connector's fresh look at the box from outside (SSH: the port and its banner),
+        from this thread: never the session the heartbeat uses."""
+        return session.transport.probe(self.probe_timeout(session, limits))
 
     def confirm_timeout(self, session: HostSession, limits: Limits) -> float:
         """The confirming probe's limit for TCP and the banner: longer than a routine
@@ -606,11 +538,8 @@ class Watcher:
             except OutrigError as exc:  # e.g. its host file was removed
                 self.reporter.warn(f"cannot look at {entry['host']} to fence it: {exc}")
                 continue
-            host = session.host
-            if not host.is_local:
-                _, banner = probe_port(host.hostname, host.port or 22, 5.0)
-                if not banner.ok:
-                    continue
+            if not all(seen.ok for seen in session.transport.probe(5.0)):
+                continue  # still away (SSH: no banner); looked at again later
             try:
                 stopped = fencing.fence_on(session, self.notifier)
             except OutrigError as exc:

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from outrig._box.agent.procs import read_stat
+from outrig.agent_code import read_stat
 from outrig.errors import OutrigError
 from outrig.sandbox import nvidia_smi
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outrig._box.agent.procs import read_stat
+from outrig.agent_code import read_stat
 from outrig.errors import ConfigError
 from outrig.journal import atomic_write_json, read_json, safe_name, state_dir
 from outrig.sandbox.box import SandboxError, children_of
@@ -187,7 +187,7 @@ def describe_up(state: dict[str, Any], host: str, *, down: str,
     how to use it and exactly how to stop it (``down`` is the command that does)."""
     import shlex
 
-    from outrig.layout import labelled
+    from outrig.textlayout import labelled
 
     server, sshd = state.get("server") or {}, state.get("sshd") or {}
     what = "already up" if state.get("already_up") else "up"

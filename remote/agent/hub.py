@@ -11,18 +11,13 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
+from .children import DISK_PATTERNS, NO_INTERNET_PATTERNS, run_streaming
 from .constants import EXCERPT_LINES, JSONDict
 from .events import AgentError, Emitter, bad_request
-from .provision import (
-    DISK_PATTERNS,
-    HUB_CONNECT_TIMEOUT_S,
-    HUB_REPO_RE,
-    NO_INTERNET_PATTERNS,
-    hub_endpoint,
-    hub_reachable,
-    run_streaming,
-)
+from .reach import HUB_CONNECT_TIMEOUT_S, hub_endpoint, hub_reachable
 from .validation import Request, get_bool, get_num, get_opt_str, get_str, get_str_dict, get_str_list
+
+HUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
 def find_hub_client(python: Optional[str]) -> Optional[Tuple[str, str]]:

@@ -1,25 +1,30 @@
 """The ``provision`` op: make the playbook's Python environments exist with their pinned
-versions and check python, driver and disk against ``requires`` (docs/provision.md)."""
+versions, after checking python, driver and disk against ``requires`` (docs/provision.md).
+
+Finding out what is already right costs one subprocess per environment (its interpreter lists
+what it has installed), so a re-run on a provisioned box is one exec and a fraction of a
+second. What this module leans on, each in the module of its concept: the pins and version
+checks (:mod:`.versions`), the box's own requirements (:mod:`.requires`), running installer
+children with their output streamed as ``progress`` events (:mod:`.children`), whether the
+package index answers (:mod:`.reach`), and the choice of uv or pip (:mod:`.installers`).
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
 import shutil
-import socket
-import subprocess
 import time
 import urllib.parse
-from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from .children import classify_child_failure, probe_json, run_streaming
 from .constants import EXCERPT_LINES, JSONDict
 from .events import AgentError, Emitter, bad_request
 from .gpus import gather_facts
 from .installers import (
     INSTALLERS,
-    UV_NO_INTERNET_PATTERNS,
     Unsupported,
     bootstrap_commands,
     bootstrap_paths,
@@ -33,13 +38,13 @@ from .installers import (
     uv_missing,
     uv_runs,
 )
-from .layout import Layout, nearest_existing
+from .layout import Layout
 from .lock import FileLock
-from .logs import clean_line
+from .reach import hub_reachable
+from .requires import check_disk, check_driver, parse_requires
 from .validation import (
     Request,
     get_bool,
-    get_dict,
     get_name,
     get_num,
     get_opt_str,
@@ -47,23 +52,9 @@ from .validation import (
     get_str_dict,
     get_str_list,
 )
+from .versions import parse_requirement, version_satisfies
 
-#
-# ``op: provision`` makes the playbook's Python environments exist on the box with their pinned
-# versions, and checks python, driver and disk against the playbook's ``requires:``. Finding out
-# what is already right costs one subprocess per environment (its interpreter lists what it has
-# installed), so a re-run on a provisioned box is one exec and a fraction of a second.
-# ``op: hub_download`` makes the box fetch a model or data set from the hub itself (with the HF
-# token from ``secrets`` in the child's environment only), so 50 GB never cross the slow link.
-# Both stream child output as throttled ``progress`` events (docs/provision.md).
-
-VERSION_CLAUSE_RE = re.compile(r"^(===|==|!=|~=|>=|<=|>|<)\s*([A-Za-z0-9.*+!_-]+)$")
-REQUIREMENT_RE = re.compile(
-    r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*(.*)$")
-HUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-CHILD_EXCERPT_KEEP = 200  # lines of child output kept for error classification
 PROVISION_LOCK_DEFAULT_S = 30.0
-HUB_CONNECT_TIMEOUT_S = 5.0
 
 
 # What the environment's own interpreter says it has: every installed distribution (first on
@@ -98,127 +89,6 @@ except ImportError:
 print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3],
                   "short": "%d.%d" % sys.version_info[:2], "venv": ok}))
 """
-
-
-NO_INTERNET_PATTERNS = (
-    "Failed to establish a new connection",
-    "Temporary failure in name resolution",
-    "Name or service not known",
-    "nodename nor servname",
-    "Network is unreachable",
-    "No route to host",
-    "Connection refused",
-    "ConnectTimeoutError",
-    "Connection timed out",
-    "Max retries exceeded",
-    "connection broken by",
-    "Could not fetch URL",
-    "Read timed out",
-    "ProxyError",
-    "ConnectionError",
-    "We couldn't connect to",
-    "OfflineModeIsEnabled",
-    *UV_NO_INTERNET_PATTERNS,
-)
-DISK_PATTERNS = ("No space left on device", "[Errno 28]", "Disk quota exceeded")
-
-
-def version_key(text: str) -> Optional[Tuple[Tuple[int, ...], int, str]]:
-    """An orderable key for a version string: release numbers (trailing zeros dropped), then
-    pre-release (-1) < final (0) < post (1), then the rest. A local label (``+cu130``) is
-    dropped. Good enough for pins and driver/python versions; not full PEP 440."""
-    public = text.strip().lower().split("+", 1)[0]
-    if public.startswith("v"):
-        public = public[1:]
-    match = re.match(r"^(\d+(?:\.\d+)*)(.*)$", public)
-    if match is None:
-        return None
-    release = [int(x) for x in match.group(1).split(".")]
-    while len(release) > 1 and release[-1] == 0:
-        release.pop()
-    rest = match.group(2).lstrip(".-_")
-    tag = 0 if not rest else (1 if rest.startswith(("post", "rev")) else -1)
-    return tuple(release), tag, rest
-
-
-def version_satisfies(version: str, spec: str) -> Optional[bool]:
-    """Whether ``version`` meets ``spec`` (``>=3.10``, ``==0.33.0``, ``>=1,<2``, ``==2.*``);
-    None when either cannot be read."""
-    have = version_key(version)
-    if have is None:
-        return None
-    for clause in [c.strip() for c in spec.split(",") if c.strip()]:
-        match = VERSION_CLAUSE_RE.match(clause)
-        if match is None:
-            return None
-        op, want_text = match.group(1), match.group(2)
-        if op == "===":
-            if version.strip() != want_text:
-                return False
-            continue
-        if want_text.endswith(".*"):
-            parts = want_text[:-2].split(".")
-            if op not in ("==", "!=") or not all(x.isdigit() for x in parts):
-                return None
-            want_rel = [int(x) for x in parts]
-            have_rel = list(have[0]) + [0] * len(want_rel)
-            if (have_rel[: len(want_rel)] == want_rel) != (op == "=="):
-                return False
-            continue
-        want = version_key(want_text)
-        if want is None:
-            return None
-        if op == "==" and "+" in want_text:
-            ok = version.strip().lower() == want_text.lower()
-        elif op == "==":
-            ok = have == want
-        elif op == "!=":
-            ok = have != want
-        elif op == ">=":
-            ok = have >= want
-        elif op == "<=":
-            ok = have <= want
-        elif op == ">":
-            ok = have > want
-        elif op == "<":
-            ok = have < want
-        else:  # ~=: >= want, and the same release prefix without its last number
-            prefix_len = max(1, len(want[0]) - 1)
-            padded = list(have[0]) + [0] * max(0, prefix_len - len(have[0]))
-            ok = have >= want and padded[:prefix_len] == list(want[0][:prefix_len])
-        if not ok:
-            return False
-    return True
-
-
-def normalize_dist(name: str) -> str:
-    """PEP 503 name normalization (``Foo_Bar`` → ``foo-bar``)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-class Requirement(NamedTuple):
-    """One ``packages:`` entry as far as checking it goes: name and version specifier."""
-
-    text: str
-    name: str  # normalized
-    spec: str  # "" when any version will do (or a direct URL)
-
-
-def parse_requirement(text: str, where: str) -> Requirement:
-    """``vllm==0.33.0``, ``torch>=2.9,<2.15``, ``pkg[extra]==1``, ``pkg @ URL``, ``pkg; marker``."""
-    body = text.split(";", 1)[0].strip()
-    match = REQUIREMENT_RE.match(body)
-    if match is None or text.strip().startswith("-"):
-        raise bad_request(
-            f"{where}: {text!r} is not a requirement like 'vllm==0.33.0' (pip options go in "
-            "pip_args)"
-        )
-    rest = match.group(3).strip()
-    if rest.startswith("@"):
-        rest = ""
-    elif rest and version_satisfies("1", rest) is None:
-        raise bad_request(f"{where}: cannot read the version specifier {rest!r} of {text!r}")
-    return Requirement(text=text.strip(), name=normalize_dist(match.group(1)), spec=rest)
 
 
 class EnvSpec:
@@ -280,83 +150,6 @@ class EnvSpec:
         return argv + self.pip_args + [p.text for p in self.packages]
 
 
-def run_streaming(argv: List[str], out: Emitter, interval: float, fields: JSONDict,
-                  env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
-                  secrets: Optional[List[str]] = None) -> Tuple[int, List[str]]:
-    """Run a child with stdout+stderr merged, splitting its output on ``\\n`` and ``\\r`` (tqdm
-    and pip redraw bars with ``\\r``), and emit ``progress`` events at most every ``interval``
-    seconds with the newest line; also when it is silent, so the workstation knows the link is
-    alive during a long wheel build. Returns (exit code, the last lines)."""
-    import collections
-    import select
-
-    hidden = [s for s in (secrets or []) if s]
-    started = time.monotonic()
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env, cwd=cwd)
-    except OSError as exc:
-        return 127, [f"cannot run {argv[0]}: {exc.strerror or exc}"]
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    lines: Any = collections.deque(maxlen=CHILD_EXCERPT_KEEP)
-    pending = b""
-    last_emit = started
-    last_line = ""
-    eof = False
-    while not eof:
-        ready, _, _ = select.select([fd], [], [], min(interval, 0.5))
-        if ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                eof = True
-            pending += chunk
-            parts = re.split(rb"[\r\n]", pending)
-            pending = b"" if eof else parts.pop()
-            for part in parts:
-                text = clean_line(part, hidden).strip()
-                if text:
-                    lines.append(text)
-                    last_line = text
-        now = time.monotonic()
-        if now - last_emit >= interval and not eof:
-            last_emit = now
-            out.emit("progress", elapsed=round(now - started, 1), line=last_line, **fields)
-    code = proc.wait()
-    return code, list(lines)
-
-
-def classify_child_failure(lines: List[str]) -> Optional[str]:
-    """``no_internet`` or ``disk`` when the output says so, else None."""
-    text = "\n".join(lines)
-    if any(p in text for p in DISK_PATTERNS):
-        return "disk"
-    if any(p in text for p in NO_INTERNET_PATTERNS):
-        return "no_internet"
-    return None
-
-
-def probe_json(argv: List[str], timeout: float = 60.0) -> Tuple[Optional[JSONDict], str]:
-    """Run a small probe that prints one JSON object: (object, "") or (None, why not)."""
-    try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"{argv[0]} did not answer within {timeout:g} s"
-    except OSError as exc:
-        return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
-    text = proc.stdout.decode("utf-8", errors="replace").strip()
-    if proc.returncode == 0 and text:
-        try:
-            data = json.loads(text.splitlines()[-1])
-            if isinstance(data, dict):
-                return data, ""
-        except ValueError:
-            pass
-    err = (proc.stderr.decode("utf-8", errors="replace") + text).strip().splitlines()
-    return None, f"{argv[0]} failed (exit {proc.returncode}): {err[-1] if err else 'no output'}"
-
-
 def inspect_env(env: EnvSpec) -> JSONDict:
     """What the environment has now: {exists, python, pip, versions, wrong: {pkg: have|None},
     error}. One subprocess (the environment's interpreter), none when it does not exist."""
@@ -383,76 +176,6 @@ def inspect_env(env: EnvSpec) -> JSONDict:
         if not good:
             state["wrong"][req.name] = have if isinstance(have, str) else None
     return state
-
-
-def parse_requires(raw: JSONDict) -> JSONDict:
-    """``requires: {python, driver, disk_gb}``, validated."""
-    req = get_dict(raw, "requires", "")
-    out: JSONDict = {"python": get_opt_str(req, "python", "requires."),
-                     "driver": get_opt_str(req, "driver", "requires."),
-                     "disk_gb": None}
-    for key in ("python", "driver"):
-        spec = out[key]
-        if spec is not None and version_satisfies("1", spec) is None:
-            raise bad_request(f"requires.{key}: cannot read {spec!r}; write it like '>=3.10'")
-    if req.get("disk_gb") is not None:
-        out["disk_gb"] = get_num(req, "disk_gb", "requires.", 0.0, positive=True)
-    unknown = sorted(set(req) - {"python", "driver", "disk_gb"})
-    if unknown:
-        raise bad_request(f"requires: unknown key(s) {', '.join(unknown)}; known: python, "
-                          "driver, disk_gb")
-    return out
-
-
-def check_driver(spec: Optional[str], gpus: List[JSONDict], gpu_error: Optional[str]) -> JSONDict:
-    """The NVIDIA driver against ``requires.driver`` (``driver`` error when it falls short)."""
-    version = next((str(g.get("driver")) for g in gpus if g.get("driver")), None)
-    check: JSONDict = {"driver": version, "required": spec, "ok": True}
-    if spec is None:
-        return check
-    if version is None:
-        raise AgentError(
-            "driver",
-            f"the playbook requires NVIDIA driver {spec} but nvidia-smi gave no driver version "
-            f"({gpu_error or 'no GPUs listed'}); install the NVIDIA driver (and make nvidia-smi "
-            "reachable through the host file's env: PATH) on the box, or use another box",
-        )
-    if version_satisfies(version, spec) is not True:
-        raise AgentError(
-            "driver",
-            f"NVIDIA driver {version} on the box is older than the playbook requires ({spec}); "
-            "use a box with a newer driver (CUDA wheels such as torch+cu130 need it) or relax "
-            "requires.driver if you know the stack runs on this one",
-        )
-    return check
-
-
-def check_disk(paths: List[str], need_gb: Optional[float]) -> List[JSONDict]:
-    """Free space where each environment (and the workdir) will live, one entry per filesystem."""
-    seen: Set[int] = set()
-    checks: List[JSONDict] = []
-    for path in paths:
-        base = nearest_existing(path)
-        try:
-            st = os.stat(base)
-            usage = shutil.disk_usage(base)
-        except OSError:
-            continue
-        if st.st_dev in seen:
-            continue
-        seen.add(st.st_dev)
-        free_gb = usage.free / 1e9
-        entry = {"path": path, "checked_at": base, "free_gb": round(free_gb, 1),
-                 "required_gb": need_gb}
-        checks.append(entry)
-        if need_gb is not None and free_gb < need_gb:
-            raise AgentError(
-                "disk",
-                f"only {free_gb:.1f} GB free at {base} (for {path}); the playbook requires "
-                f"{need_gb:g} GB (requires.disk_gb). Free space (old venvs, HF cache, "
-                "checkpoints) or rent a box with a larger disk; nothing was installed",
-            )
-    return checks
 
 
 def python_error(env: EnvSpec, message: str) -> AgentError:
@@ -794,25 +517,3 @@ def op_provision(req: Request, out: Emitter) -> JSONDict:
         out.emit("environment", **report)
         reports.append(report)
     return {"dry_run": dry_run, "checks": checks, "environments": reports}
-
-
-def hub_endpoint(override: Optional[str]) -> Tuple[str, int, str]:
-    """(host, port, url) of the hub: the request's ``endpoint``, else $HF_ENDPOINT, else
-    https://huggingface.co."""
-    url = override or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    parsed = urllib.parse.urlsplit(url if "://" in url else f"https://{url}")
-    host = parsed.hostname or "huggingface.co"
-    try:
-        port = parsed.port or (80 if parsed.scheme == "http" else 443)
-    except ValueError:
-        raise bad_request(f"endpoint: cannot read a port in {url!r}") from None
-    return host, port, url
-
-
-def hub_reachable(host: str, port: int, timeout: float = HUB_CONNECT_TIMEOUT_S) -> Tuple[bool, str]:
-    """Whether a TCP connection to the hub succeeds (DNS + connect) within ``timeout``."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True, ""
-    except OSError as exc:
-        return False, f"{host}:{port}: {exc.strerror or exc}"

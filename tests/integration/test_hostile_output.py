@@ -19,7 +19,7 @@ import yaml
 from invoke.exceptions import Exit
 
 import tasks
-from outrig.console import Reporter, visible
+from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.journal import Journal
 from outrig.ops.base import Project
@@ -27,6 +27,7 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.status import print_status, status
+from outrig.textlayout import visible
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

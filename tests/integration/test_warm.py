@@ -19,15 +19,8 @@ import pytest
 import yaml
 
 from outrig.connectors import kept
-from outrig.connectors.kept import (
-    KeptTransport,
-    close_keepers,
-    keepers,
-    recv_frame,
-    runtime_dir,
-    send_json,
-    wait_gone,
-)
+from outrig.connectors.keeper_wire import recv_frame, runtime_dir, send_json
+from outrig.connectors.kept import KeptTransport, close_keepers, keepers, wait_gone
 from outrig.console import Reporter
 from outrig.errors import AuthenticationError
 from outrig.fanout import run_fanout

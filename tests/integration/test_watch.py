@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 import outrig.ops.migrate as migrate_module
+from outrig.connectors.ssh import probe_port
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.health import limits_for
@@ -33,7 +34,7 @@ from outrig.notify import EVENTS, Notifier
 from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
-from outrig.ops.watch import WatchOptions, probe_port, watch, watch_file
+from outrig.ops.watch import WatchOptions, watch, watch_file
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 from tests.helpers import alive, free_port

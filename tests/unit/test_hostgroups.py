@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from outrig.errors import ConfigError
-from outrig.hostgroups import expand_hosts, host_files, split_values
+from outrig.hostgroups import expand_hosts, split_values
+from outrig.inventory import host_files
 
 
 def _hosts(tmp_path: Path, names: list[str], groups: object = None) -> Path:

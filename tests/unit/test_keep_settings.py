@@ -9,14 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from outrig.connectors.keeper_wire import UnsafePlace, key_of, private_dir
 from outrig.connectors.kept import (
     DEFAULT_KEEP_SECONDS,
     KEEP_ENV,
     KeptTransport,
-    UnsafePlace,
     keep_seconds_for,
-    key_of,
-    private_dir,
     ssh_connector,
 )
 from outrig.connectors.ssh import SSHTransport

@@ -1,5 +1,5 @@
 """migrate's probe of OLD: ``attempts=0`` (the watch has just confirmed the death) tries
-nothing, not even the bare TCP check."""
+nothing, not even the connector's look from outside (for SSH a TCP connect)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Pure parts of provision and hub staging: the playbook schema, hub source strings, and the
-agent's version and requirement checks (remote/agent/provision.py, imported as a module)."""
+agent's version and requirement checks (remote/agent/versions.py, remote/agent/provision.py,
+imported as modules)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig._box.agent import events as box_events
 from outrig._box.agent import provision as box_provision
+from outrig._box.agent import versions as box_versions
 from outrig.errors import ConfigError
 from outrig.hub import HubSource, is_hub_source, parse_hub_source
 from outrig.playbook import load_job
@@ -80,16 +83,17 @@ def test_hub_sources() -> None:
     ("2.9.1", "==2.9.*", True), ("2.10.0", "==2.9.*", False), ("1.4.2", "~=1.4", True),
     ("2.0", "~=1.4", False), ("0.10.0rc1", ">=0.10.0", False), ("1.0.post1", ">1.0", True),
 ])
-def test_agent_version_satisfies(agent: ModuleType, version: str, spec: str, ok: bool) -> None:
-    assert agent.version_satisfies(version, spec) is ok
+def test_agent_version_satisfies(version: str, spec: str, ok: bool) -> None:
+    assert box_versions.version_satisfies(version, spec) is ok
 
 
-def test_agent_requirement_parsing(agent: ModuleType) -> None:
-    req = agent.parse_requirement("Flash_Attn[cuda]==2.8.3 ; sys_platform == 'linux'", "p")
+def test_agent_requirement_parsing() -> None:
+    req = box_versions.parse_requirement("Flash_Attn[cuda]==2.8.3 ; sys_platform == 'linux'",
+                                         "p")
     assert (req.name, req.spec) == ("flash-attn", "==2.8.3")
-    assert agent.parse_requirement("pkg @ https://x/pkg.whl", "p").spec == ""
-    with pytest.raises(agent.AgentError):
-        agent.parse_requirement("--pre", "p")
+    assert box_versions.parse_requirement("pkg @ https://x/pkg.whl", "p").spec == ""
+    with pytest.raises(box_events.AgentError):
+        box_versions.parse_requirement("--pre", "p")
 
 
 def test_installer_key_is_checked_where_the_playbook_loads(tmp_path: Path) -> None:

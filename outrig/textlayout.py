@@ -7,19 +7,36 @@ under its row. A command is printed whole on one line when it fits, else one opt
 values) per line, which is also how one would write it by hand; prose is wrapped at spaces. A
 single word longer than the terminal (a very long path) is printed whole, never cut.
 
-These functions return lines; :class:`outrig.console.Reporter` prints them.
+Text from a process or a box goes through :func:`visible` before a person reads it. These
+functions return lines; :class:`outrig.console.Reporter` prints them.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from outrig.journal import utc_text as when
+from outrig.progress import Progress, format_duration
+from outrig.progress import summary as progress_summary
+
 INDENT = "    "  # where long values under a row start
 TREE_LINES = 8  # processes of one record listed under it (the rest are counted)
 TORN_LINES = 3  # incomplete checkpoint folders explained under a process (the rest counted)
+
+# Every C0 control but tab and newline, DEL, and every C1 control (0x9b is a one-byte CSI).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """Text from a process (or a box) made harmless for a terminal: control characters shown
+    as ``\\x1b``-style escapes instead of acting (window titles, clear screen, OSC 52
+    clipboard writes, cursor moves). Tab and newline stay. ``--json`` output keeps exact text,
+    so this is applied only where humans read."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def shown(arg: str) -> str:
@@ -206,12 +223,10 @@ def _state(proc: dict[str, Any]) -> str:
 
 
 def _detail(proc: dict[str, Any]) -> str:
-    from outrig.progress import Progress, summary
-
     detail = ""
     raw = proc.get("progress")
     if isinstance(raw, dict):
-        detail = summary(Progress.from_json(raw))
+        detail = progress_summary(Progress.from_json(raw))
     server = proc.get("server") or {}
     if server.get("health") is not None or server.get("health_error"):
         health = server.get("health") or f"down ({server.get('health_error')})"
@@ -225,9 +240,6 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
     row its progress (or server health) and its last log lines (as many as ``--lines`` asked
     the box for), then the checkpoints and the GPUs (one line, or the table with
     ``gpu_table``)."""
-    from outrig.console import visible
-    from outrig.progress import format_duration
-
     out: list[str] = []
     for run in result.get("runs") or []:
         if out:
@@ -269,8 +281,6 @@ def run_state(run: dict[str, Any]) -> str:
     moved = run.get("moved_to")
     if not isinstance(moved, dict):
         return str(run.get("status"))
-    from outrig.journal import utc_text as when
-
     fenced = run.get("fenced")
     if isinstance(fenced, dict):
         return (f"moved to {moved.get('host')} at {when(moved.get('at'))}; fenced at "
@@ -283,8 +293,6 @@ def _tree_lines(proc: dict[str, Any], width: int) -> list[str]:
     """The processes of a record besides its leader (vLLM's engine and workers, a trainer's
     ranks), each with the rule that proves it the run's: what cleanup will stop. Shown while
     the leader is gone too, since orphans are then all that is left."""
-    from outrig.console import visible
-
     out: list[str] = []
     tree = proc.get("tree") or []
     if tree and proc.get("state") != "running":
@@ -304,8 +312,6 @@ def _process_notes(proc: dict[str, Any], width: int) -> list[str]:
     """Checkpoint lines for one process (paths on their own lines): the newest complete one,
     and why each newer folder is not complete (the agent's verdict: what is missing, or a
     save that started and did not finish)."""
-    from outrig.console import visible
-
     name = str(proc.get("name"))
     out: list[str] = []
     checkpoint = proc.get("checkpoint")
