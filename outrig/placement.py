@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from outrig.layout import ranges
-from outrig.ops.base import HostSession, host_facts, new_run_id
+from outrig.ops.runs import new_run_id
 from outrig.plan import HostFacts, make_plan
 from outrig.playbook import Job
+from outrig.session import HostSession, host_facts
 
 
 def held_runs(status: dict[str, Any]) -> list[dict[str, Any]]:

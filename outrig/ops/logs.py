@@ -51,8 +51,9 @@ from outrig.logtail import (
     decode_chunk,
     partial_tail,
 )
-from outrig.ops.base import HostSession, Project, base_request, playbook_name
+from outrig.ops.runs import playbook_name
 from outrig.reader import ChannelReader, take_events
+from outrig.session import HostSession, Project, base_request
 from outrig.timing import follow_idle_limit, heartbeat_for, jittered
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)

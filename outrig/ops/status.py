@@ -9,7 +9,8 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.evaluation import fmt
 from outrig.journal import Journal, utc_text
-from outrig.ops.base import HostSession, Project, host_session, playbook_name
+from outrig.ops.runs import playbook_name
+from outrig.session import HostSession, Project, host_session
 
 
 def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) -> dict[str, Any]:

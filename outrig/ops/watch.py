@@ -49,9 +49,10 @@ from outrig.health import (
 )
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.notify import Notifier
-from outrig.ops.base import HostSession, Project, playbook_name
 from outrig.ops.nodes import refuse_node_run
+from outrig.ops.runs import playbook_name
 from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status
+from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 
 WATCH_DIR = "watches"
@@ -597,7 +598,7 @@ class Watcher:
         self._fencing.start()
 
     def _fence(self, pending: list[dict[str, Any]]) -> None:
-        from outrig import fencing
+        from outrig.ops import cleanup as fencing
 
         for entry in pending:
             try:
