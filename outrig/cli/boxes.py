@@ -28,9 +28,11 @@ from outrig.cli.flags import (
     make_reporter,
     number,
 )
+from outrig.cli.sweep import check_hosts, provision_hosts, stage_hosts
 from outrig.cli.targets import one_host, select
 from outrig.console import Reporter
 from outrig.errors import ConfigError
+from outrig.inventory import resolve_host
 from outrig.program import remainder_argv
 from outrig.settings import Settings, playbook_for, settings_for
 from outrig.transfer import STREAMS
@@ -51,7 +53,6 @@ def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None
         outrig check --host uk-node
         outrig check --host sweep --json
     """
-    from outrig.cli.sweep import check_hosts
     from outrig.ops.check import check as run_check
 
     settings = settings_for(c, project, no_keep=no_keep)
@@ -87,7 +88,6 @@ def provision(c: Any, host: list[str] | None = None, playbook: str | None = None
         outrig provision --host new-node --playbook dflash-qwen36
         outrig provision --host new-node --playbook dflash-qwen36 --dry-run
     """
-    from outrig.cli.sweep import provision_hosts
     from outrig.ops.provision import provision as run_provision
 
     settings = settings_for(c, project, no_keep=no_keep)
@@ -131,7 +131,6 @@ def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig stage --host new-node --playbook dflash-qwen36
         outrig stage --host new-node --playbook dflash-qwen36 --from uk-node --resume
     """
-    from outrig.cli.sweep import stage_hosts
     from outrig.ops.stage import stage
 
     count = int(number(streams, "streams", STREAMS))
@@ -255,7 +254,6 @@ def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> N
     the terminal flag is left out, as there is no terminal to give the box then."""
     import shutil
 
-    from outrig.inventory import resolve_host
     from outrig.ops.shell import ssh_argv
 
     resolved = resolve_host(host_spec, hosts_dir=settings.project.hosts_dir)

@@ -32,8 +32,17 @@ from outrig.cli.flags import (
     make_reporter,
     number,
 )
+from outrig.cli.sweep import (
+    cleanup_hosts,
+    deploy_hosts,
+    place_hosts,
+    status_hosts,
+    sync_hosts,
+    tail_logs_hosts,
+)
 from outrig.cli.targets import NodeJob, OneHost, select, select_deploy, select_one
 from outrig.errors import ConfigError
+from outrig.session import host_session
 from outrig.settings import parse_params, playbook_for, settings_for
 
 
@@ -70,10 +79,8 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig deploy --playbook smoke --param steps=50 --dry-run
         outrig deploy --host sweep --playbook smoke
     """
-    from outrig.cli.sweep import deploy_hosts
     from outrig.ops.deploy import deploy_on
     from outrig.ops.nodes import deploy_nodes
-    from outrig.session import host_session
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
@@ -120,7 +127,6 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig plan --host uk-node --playbook dflash-qwen36 --param epochs=2
         outrig plan --host sweep --playbook smoke
     """
-    from outrig.cli.sweep import place_hosts
     from outrig.ops.deploy import show_plan
     from outrig.ops.nodes import deploy_nodes
 
@@ -168,7 +174,6 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig status --host uk-node
         outrig status --host all
     """
-    from outrig.cli.sweep import status_hosts
     from outrig.ops.nodes import nodes_status
     from outrig.ops.status import status as run_status
 
@@ -225,7 +230,6 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig tail-logs --host uk-node --no-follow --json
         outrig tail-logs --host sweep --process trainer
     """
-    from outrig.cli.sweep import tail_logs_hosts
     from outrig.ops.logs import tail_logs as run_tail
     from outrig.ops.nodes import tail_nodes
 
@@ -283,7 +287,6 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig cleanup --host uk-node --force-foreign 4711
         outrig cleanup --host all --all
     """
-    from outrig.cli.sweep import cleanup_hosts
     from outrig.ops.cleanup import cleanup as run_cleanup
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
@@ -398,7 +401,6 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     Example:
         outrig sync-checkpoints --host uk-node
     """
-    from outrig.cli.sweep import sync_hosts
     from outrig.ops.stage import sync_checkpoints as run_sync
 
     settings = settings_for(c, project, no_keep=no_keep)

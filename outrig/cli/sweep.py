@@ -5,7 +5,7 @@
 (:func:`outrig.ops.tail_hosts.tail_hosts`). Flags that cannot apply to several hosts (a run
 id, a pid) are refused here before any host is contacted.
 
-The ops are imported when a sweep runs, not with the command line: a command on one host
+The op cores are imported when a sweep runs, not with the command line: a command on one host
 never needs them, and ``outrig --list`` stays quick.
 """
 
@@ -28,7 +28,9 @@ from outrig.cli.rows import (
 from outrig.cli.targets import Sweep
 from outrig.errors import ConfigError, OutrigError
 from outrig.fanout import Core, run_fanout
+from outrig.inventory import resolve_host
 from outrig.journal import Journal
+from outrig.ops.runs import new_run_id, playbook_name
 from outrig.playbook import Job
 from outrig.session import HostSession, Project
 
@@ -51,7 +53,6 @@ def fan_out(sweep: Sweep, core: Core, *, summarize: Summary, what: str,
 def status_hosts(sweep: Sweep, *, run: str | None, playbook: str | None,
                  log_lines: int) -> None:
     """``status`` on several hosts: each box's runs and GPUs, a row per host."""
-    from outrig.ops.runs import playbook_name
     from outrig.ops.status import status_on
 
     name = playbook_name(sweep.project, playbook)
@@ -74,7 +75,6 @@ def deploy_hosts(sweep: Sweep, *, dry_run: bool, wait: bool, params: dict[str, A
     processes' ready waits. (A playbook whose job spans several nodes is a
     :class:`~outrig.cli.targets.NodeJob` instead: its hosts are the job's nodes.)"""
     from outrig.ops.deploy import deploy_on
-    from outrig.ops.runs import new_run_id
 
     job = sweep.playbook
     ids: dict[str, str] = {}
@@ -100,7 +100,6 @@ def deploy_work(project: Project, job: Job, hosts: Sequence[str]) -> float:
     ready timeouts, as they start one after another), the largest over the hosts' plans;
     added to each host's deadline. A plan that cannot be made here (facts not known yet)
     counts the playbook's own processes."""
-    from outrig.inventory import resolve_host
     from outrig.ops.deploy import plan_job
 
     journal = Journal()
@@ -133,7 +132,6 @@ def tail_logs_hosts(sweep: Sweep, *, run: str | None, playbook: str | None,
     import logging
     import re
 
-    from outrig.ops.runs import playbook_name
     from outrig.ops.tail_hosts import tail_hosts
 
     hosts = sweep.hosts
@@ -161,7 +159,6 @@ def cleanup_hosts(sweep: Sweep, *, playbook: str | None, all_runs: bool, run: st
     """``cleanup`` on several hosts at once: ``--all`` or ``--playbook`` only (a run id or
     a pid belongs to one box), checked before anything is sent."""
     from outrig.ops.cleanup import check_selection, cleanup_on
-    from outrig.ops.runs import playbook_name
 
     if run or force_foreign or not (all_runs or playbook):
         raise ConfigError(
