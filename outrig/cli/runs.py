@@ -80,7 +80,6 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig deploy --host sweep --playbook smoke
     """
     from outrig.ops.deploy import deploy_on
-    from outrig.ops.nodes import deploy_nodes
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
@@ -93,13 +92,16 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
         with host_session(one.project, one.spec, reporter) as session:
             deploy_on(session, one.playbook, dry_run=dry_run, wait=not no_wait, params=params)
 
-    target.run(
-        host=on_host,
-        sweep=lambda sweep: deploy_hosts(sweep, dry_run=dry_run, wait=not no_wait,
-                                         params=params),
-        # node 0 first, every node ready, or every node stopped and the failing node named
-        job=lambda job: deploy_nodes(job.project, job.hosts, job.playbook, reporter,
-                                     dry_run=dry_run, wait=not no_wait, params=params))
+    def on_job(job: NodeJob) -> None:
+        """Node 0 first, every node ready, or every node stopped and the failing node named."""
+        from outrig.ops.nodes import deploy_nodes
+
+        deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=dry_run,
+                     wait=not no_wait, params=params)
+
+    target.run(host=on_host, job=on_job,
+               sweep=lambda sweep: deploy_hosts(sweep, dry_run=dry_run, wait=not no_wait,
+                                                params=params))
 
 
 @task(
@@ -128,7 +130,6 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig plan --host sweep --playbook smoke
     """
     from outrig.ops.deploy import show_plan
-    from outrig.ops.nodes import deploy_nodes
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
@@ -136,12 +137,16 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
     target = select_deploy(settings, reporter, host, playbook, what="plan", test=test,
                            params=params, sweep_needs_playbook=False,
                            max_parallel=max_parallel, deadline=deadline)
-    target.run(
-        host=lambda one: show_plan(one.project, one.spec, one.playbook, reporter),
-        sweep=place_hosts,
-        # every node's plan, each against its own box; nothing is started
-        job=lambda job: deploy_nodes(job.project, job.hosts, job.playbook, reporter,
-                                     dry_run=True, wait=False, params=params))
+
+    def on_job(job: NodeJob) -> None:
+        """Every node's plan, each against its own box; nothing is started."""
+        from outrig.ops.nodes import deploy_nodes
+
+        deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=True,
+                     wait=False, params=params)
+
+    target.run(host=lambda one: show_plan(one.project, one.spec, one.playbook, reporter),
+               sweep=place_hosts, job=on_job)
 
 
 @task(
@@ -174,7 +179,6 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig status --host uk-node
         outrig status --host all
     """
-    from outrig.ops.nodes import nodes_status
     from outrig.ops.status import status as run_status
 
     count = int(number(lines, "lines", 5))
@@ -182,13 +186,17 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     reporter = make_reporter(json, gpus)
     target = select(settings, reporter, host, run=run, max_parallel=max_parallel,
                     deadline=deadline)
+
+    def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
+        from outrig.ops.nodes import nodes_status
+
+        nodes_status(job.project, job.recorded_id, reporter, log_lines=count)
+
     target.run(
         host=lambda one: run_status(one.project, one.spec, reporter, run_id=run,
                                     playbook=playbook, log_lines=count),
         sweep=lambda sweep: status_hosts(sweep, run=run, playbook=playbook, log_lines=count),
-        # a multi-node job: every node of it, whatever --host says
-        job=lambda job: nodes_status(job.project, job.recorded_id, reporter,
-                                     log_lines=count))
+        job=on_job)
 
 
 @task(
@@ -231,13 +239,19 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig tail-logs --host sweep --process trainer
     """
     from outrig.ops.logs import tail_logs as run_tail
-    from outrig.ops.nodes import tail_nodes
 
     count = None if lines is None else int(number(lines, "lines", 100))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     processes = list(process or [])
     target = select(settings, reporter, host, run=run, max_parallel=max_parallel)
+
+    def on_job(job: NodeJob) -> None:  # a multi-node job: every node's logs, prefixed with it
+        from outrig.ops.nodes import tail_nodes
+
+        tail_nodes(job.project, job.recorded_id, reporter, lines=count, follow=not no_follow,
+                   grep=grep, processes=processes)
+
     target.run(
         host=lambda one: run_tail(one.project, one.spec, reporter, run_id=run,
                                   playbook=playbook, processes=processes, lines=count,
@@ -245,9 +259,7 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
         sweep=lambda sweep: tail_logs_hosts(sweep, run=run, playbook=playbook,
                                             processes=processes, lines=count,
                                             follow=not no_follow, grep=grep),
-        # a multi-node job: every node's logs, prefixed with the node
-        job=lambda job: tail_nodes(job.project, job.recorded_id, reporter, lines=count,
-                                   follow=not no_follow, grep=grep, processes=processes))
+        job=on_job)
 
 
 @task(
