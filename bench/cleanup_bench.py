@@ -39,10 +39,10 @@ def main() -> int:
 
     from outrig.console import Reporter
     from outrig.journal import Journal
-    from outrig.ops.base import HostSession, Project
     from outrig.ops.deploy import deploy
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
+    from outrig.session import HostSession, Project
 
     root = Path(tempfile.mkdtemp(prefix="outrig-bench-cleanup-"))
     os.environ["XDG_STATE_HOME"] = str(root / "state")

@@ -153,11 +153,11 @@ def main() -> int:
 
     from outrig.console import Reporter
     from outrig.journal import Journal
-    from outrig.ops.base import Project
     from outrig.ops.cleanup import cleanup
     from outrig.ops.deploy import deploy
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
+    from outrig.session import Project
 
     project = Project(REPO)
     journal = Journal(root / "state" / "outrig")

@@ -270,9 +270,9 @@ def main() -> int:
 
     from outrig.connectors.kept import LAUNCHER, close_keepers, wait_gone
     from outrig.fanout import run_fanout
-    from outrig.ops.base import Project
     from outrig.ops.status import status_on
     from outrig.sandbox.box import SandboxBox, start_sandbox
+    from outrig.session import Project
 
     boxes: list[SandboxBox] = []
     proxies = Proxies()

@@ -41,10 +41,10 @@ sys.path.insert(0, str(REPO))
 
 from outrig.console import Reporter  # noqa: E402
 from outrig.journal import Journal  # noqa: E402
-from outrig.ops.base import HostSession, Project  # noqa: E402
 from outrig.ops.logs import LogTailer, tail_logs  # noqa: E402
 from outrig.sandbox.box import start_sandbox  # noqa: E402
 from outrig.sandbox.proxy import LatencyProxy  # noqa: E402
+from outrig.session import HostSession, Project  # noqa: E402
 
 RUN_ID = "bench-20260101-000000-0000"
 PROJECT = Project(REPO)

@@ -49,9 +49,9 @@ def main() -> int:
 
     from outrig.console import Reporter
     from outrig.journal import Journal
-    from outrig.ops.base import Project
     from outrig.ops.provision import provision
     from outrig.sandbox.box import start_sandbox
+    from outrig.session import Project
 
     root = Path(tempfile.mkdtemp(prefix="outrig-bench-provision-"))
     os.environ["XDG_STATE_HOME"] = str(root / "state")

@@ -118,9 +118,9 @@ def main() -> int:
     from outrig.console import Reporter
     from outrig.errors import OutrigError, RemoteError
     from outrig.journal import Journal
-    from outrig.ops.base import Project
     from outrig.ops.cleanup import cleanup
     from outrig.ops.deploy import deploy
+    from outrig.session import Project
 
     project = Project(REPO)
     journal = Journal(state / "journal")

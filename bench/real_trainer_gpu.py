@@ -35,10 +35,10 @@ sys.path.insert(0, str(REPO / "tests" / "rehearsal"))
 
 from outrig.console import Reporter  # noqa: E402
 from outrig.journal import Journal  # noqa: E402
-from outrig.ops.base import Project  # noqa: E402
 from outrig.ops.cleanup import cleanup  # noqa: E402
 from outrig.ops.deploy import deploy  # noqa: E402
 from outrig.ops.status import status  # noqa: E402
+from outrig.session import Project  # noqa: E402
 
 
 def free_port() -> int:

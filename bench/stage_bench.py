@@ -45,10 +45,10 @@ def main() -> int:
 
     from outrig.console import Reporter
     from outrig.journal import Journal
-    from outrig.ops.base import Project
     from outrig.ops.stage import stage
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
+    from outrig.session import Project
 
     root = Path(tempfile.mkdtemp(prefix="outrig-bench-stage-"))
     os.environ["XDG_STATE_HOME"] = str(root / "state")

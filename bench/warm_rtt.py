@@ -162,10 +162,10 @@ def main() -> int:
     from outrig.connectors.kept import close_keepers, keepers, wait_gone
     from outrig.console import Reporter
     from outrig.journal import Journal
-    from outrig.ops.base import Project
     from outrig.ops.status import status
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
+    from outrig.session import Project
 
     project = Project(REPO)
     journal = Journal(root / "state" / "outrig")

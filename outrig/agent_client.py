@@ -152,7 +152,7 @@ class AgentCall:
         return ChannelReader(channel, self.transport.host, self.idle_limit(), **options)
 
     def start(self, request: dict[str, Any], *, window_size: int | None = None) -> AgentChannel:
-        """Start the agent with ``request`` (as :func:`~outrig.ops.base.base_request` built
+        """Start the agent with ``request`` (as :func:`~outrig.session.base_request` built
         it), the one way every op and tail-logs' follow stream start it. The request rides in
         the command line when it fits and carries no secret; else bundle and request go on
         stdin, written at once after the exec (pipelined: no reply awaited). Either way the

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outrig.ops.base import HostSession, host_facts, new_run_id
+from outrig.ops.runs import new_run_id
 from outrig.plan import HostFacts, make_plan
 from outrig.playbook import Job
+from outrig.session import HostSession, host_facts
 from outrig.textlayout import ranges
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError
-from outrig.ops.base import Project
+from outrig.session import Project
 
 PROJECT_FILE = "outrig.yaml"
 PROJECT_FILES = (PROJECT_FILE, "invoke.yaml", "invoke.yml")  # highest first

@@ -40,7 +40,7 @@ STREAMS = 4  # the default number of parallel streams, everywhere (stage, cli, c
 
 
 class BoxSession(Protocol):
-    """What a transfer needs of a session (:class:`outrig.ops.base.HostSession`): the box,
+    """What a transfer needs of a session (:class:`outrig.session.HostSession`): the box,
     its connector, and the request body of an op. Named here so that this module, below the
     ops, does not import them."""
 

@@ -207,7 +207,7 @@ def transport_for(host: Host, *, rtt_hint: float | None = None,
     """Open (lazily: nothing is sent yet) the connector that serves ``host``. Every
     connector is built with the same arguments: ``rtt_hint`` (the journal's last RTT),
     ``notify`` (where notices go) and ``keep_seconds`` (the command's warm-connection
-    setting, :attr:`outrig.ops.base.Project.keep_seconds`; ``None``: not set by the command);
+    setting, :attr:`outrig.session.Project.keep_seconds`; ``None``: not set by the command);
     a connector ignores what does not apply to it."""
     return connector_for(host).load()(host, rtt_hint=rtt_hint, notify=notify,
                                       keep_seconds=keep_seconds)

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from outrig.ops.base import Project
 from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbox
 from outrig.sandbox.fulldisk import FullDiskUnavailable, mount_small_fs
 from outrig.sandbox.nvidia_smi import load_inventory, make_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
+from outrig.session import Project
 from tests.agent_harness import Box
 from tests.helpers import stop_every_run
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.sandbox.box import children_of
+from outrig.session import Project
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, host_session
+from outrig.session import HostSession, Project, host_session
 
 
 def check(project: Project, host_spec: str, reporter: Reporter,

@@ -5,6 +5,9 @@ ours or foreign), the stop (SIGTERM to each recorded leader, its grace, then SIG
 group, session and marked stragglers), ``--force-foreign`` pids if the user named any, and a
 bounded wait until no process of ours holds a GPU and the memory is back. There is no
 pattern-based kill anywhere: ownership is proven by record, group/session or run marker.
+
+Fencing is a cleanup selection too: the runs a migrate moved away from a box and that are not
+stopped yet (:mod:`outrig.moves`), each stopped by its recorded id (:func:`fence_on`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from rich.table import Table
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, host_session, playbook_name
+from outrig.journal import utc_text as when
+from outrig.moves import moved_runs, stopped_processes
+from outrig.notify import Notifier
+from outrig.ops.runs import playbook_name
+from outrig.session import HostSession, Project, host_session
 from outrig.textlayout import audit_gpus, gpu_summary_lines, visible
 
 HOW = {"term": "exited on SIGTERM", "kill": "killed (SIGKILL)", "gone": "was not running",
@@ -37,7 +44,7 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
     """Stop the selected run(s) (and any ``force_foreign`` pids); raise when GPUs stay held.
 
     With no selection at all, the runs a migrate moved away from this box and that are not
-    fenced yet are the selection (see :mod:`outrig.fencing`): they are stopped, each by its
+    fenced yet are the selection (see :func:`fence_on`): they are stopped, each by its
     recorded id, and marked fenced. With none of those either, it is the usual error."""
     if not (run_id or playbook or all_runs or force_foreign):
         return cleanup_moved(project, host_spec, reporter, dry_run=dry_run, timeout=timeout,
@@ -56,8 +63,6 @@ def cleanup_moved(project: Project, host_spec: str, reporter: Reporter, *, dry_r
     Why this is the default there: after a migrate, the old box's run is a second trainer
     that costs money and writes checkpoints of its own; the warning every command to that box
     prints names exactly this command."""
-    from outrig.fencing import fence_on, moved_runs
-
     with host_session(project, host_spec, reporter, journal) as session:
         pending = moved_runs(session.journal, session.host.name)
         if not pending:
@@ -141,11 +146,40 @@ def cleanup_on(session: HostSession, *, run_id: str | None = None,
     return result
 
 
+def fence_on(session: HostSession, notifier: Notifier | None = None, *,
+             timeout: float = 60.0) -> list[str]:
+    """Stop every moved, not-yet-fenced run on the session's box; return their run ids.
+
+    Each run is stopped exactly, by its recorded id (the agent's ``cleanup`` op, as
+    ``cleanup --run``), then marked fenced in the journal and, with a ``notifier``, reported
+    as the ``fenced`` event. A run the box has no record of and no process of which carries
+    its marker is not running there: it is fenced with nothing stopped. A cleanup that cannot
+    free the GPUs raises (:class:`CleanupIncomplete`) and the run stays
+    unfenced, so the next contact tries again. ``timeout``: how long to wait for the GPU
+    memory to come back (as ``cleanup --timeout``)."""
+    journal, host = session.journal, session.host.name
+    pending = moved_runs(journal, host)
+    session.moved_warned = True  # acting on it: the session's "moved" warning would repeat it
+    fenced: list[str] = []
+    for record in pending:
+        run_id = str(record.get("run_id"))
+        moved = record.get("moved_to") or {}
+        session.reporter.info(f"• fencing run {run_id} on {session.host_spec}: it was moved to "
+                              f"{moved.get('host')} at {when(moved.get('at'))}")
+        result = cleanup_on(session, run_id=run_id, timeout=timeout, missing_ok=True)
+        stopped = [p for run in result.get("runs") or [] if run.get("run_id") == run_id
+                   for p in stopped_processes(run)]
+        journal.mark_fenced(run_id, stopped=stopped)
+        fenced.append(run_id)
+        if notifier is not None:
+            notifier.send("fenced", host=host, run_id=run_id, playbook=record.get("playbook"),
+                          moved_to=moved, stopped=stopped)
+    return fenced
+
+
 def fence_stopped(journal: Journal, result: dict[str, Any]) -> None:
     """Mark fenced every run a migrate moved away that this cleanup stopped (whatever the
     selection was): its processes are confirmed stopped, so the "moved" warning ends."""
-    from outrig.fencing import stopped_processes
-
     for run in result.get("runs") or []:
         record = journal.run(str(run.get("run_id")))
         if record is not None and record.get("moved_to") and not record.get("fenced"):

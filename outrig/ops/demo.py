@@ -25,11 +25,11 @@ from outrig.agent_code import examples_dir
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import logs
 from outrig.ops.status import status
+from outrig.session import Project
 
 
 def ensure_sshd(reporter: Reporter) -> str:

@@ -24,17 +24,11 @@ from outrig.console import Reporter
 from outrig.errors import Interrupted, PlanError, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import (
-    HostSession,
-    Project,
-    host_facts,
-    host_session,
-    new_run_id,
-    secret_values,
-)
+from outrig.ops.runs import new_run_id, secret_values
 from outrig.plan import HostFacts, NodePlace, Plan, make_plan
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.recipes import EnvFacts, ModelFacts
+from outrig.session import HostSession, Project, host_facts, host_session
 
 
 @dataclass
@@ -73,16 +67,6 @@ def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], s
         head += f"; {done}" if done else ""
     return (f"{head} — run {plan.run_id}. Next: outrig status --host {host_spec}, "
             f"outrig tail-logs --host {host_spec}")
-
-def build_plan(project: Project, host_spec: str, playbook: str, *, test: bool = False,
-               journal: Journal | None = None, run_id: str | None = None,
-               params: dict[str, Any] | None = None) -> Plan:
-    """Load host and playbook and plan; raise :class:`PlanError` listing every problem."""
-    journal = journal or Journal()
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
-    job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
-    return plan_job(job, host, journal, run_id=run_id)
-
 
 def plan_job(job: Job, host: Host, journal: Journal, *, run_id: str | None = None,
              probed: dict[str, ModelFacts] | None = None,
@@ -264,10 +248,10 @@ def launched_names(events: list[dict[str, Any]]) -> str:
                      if e.get("event") == "launched")
 
 
-def show_plan(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
-              test: bool = False, params: dict[str, Any] | None = None) -> Plan:
-    """``outrig plan``: print the full plan; nothing is sent."""
-    plan = build_plan(project, host_spec, playbook, test=test, params=params)
+def show_plan(project: Project, host_spec: str, job: Job, reporter: Reporter) -> Plan:
+    """``outrig plan`` of a loaded playbook: print the full plan (with what the journal knows
+    of the host); nothing is sent. Raises :class:`PlanError` listing every problem."""
+    plan = plan_job(job, resolve_host(host_spec, hosts_dir=project.hosts_dir), Journal())
     reporter.plan(plan, full=True)
     reporter.emit_json(plan.to_dict())
     return plan

@@ -41,12 +41,13 @@ from outrig.evaluation import (
 )
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, host_session, new_run_id
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_on
+from outrig.ops.runs import new_run_id
 from outrig.placement import held_runs
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job, playbook_spec
+from outrig.session import HostSession, Project, host_session
 from outrig.yamlfile import YamlDoc
 
 _CHECK_KINDS = ("bad_request", "not_found")

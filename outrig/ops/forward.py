@@ -20,7 +20,7 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError, Interrupted
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import Project
+from outrig.session import Project
 from outrig.timing import FORWARD_OPEN_TIMEOUT
 from outrig.transport import Transport, transport_for
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from outrig.hub import HubSource
-from outrig.ops.base import HostSession
+from outrig.session import HostSession
 
 TOKEN_ENV = "HF_TOKEN"
 

@@ -52,8 +52,9 @@ from outrig.logtail import (
     decode_chunk,
     partial_tail,
 )
-from outrig.ops.base import HostSession, Project, base_request, playbook_name
+from outrig.ops.runs import playbook_name
 from outrig.reader import ChannelReader, take_events
+from outrig.session import HostSession, Project, base_request
 from outrig.textlayout import visible
 from outrig.timing import follow_idle_limit, heartbeat_for, jittered
 

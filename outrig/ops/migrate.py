@@ -37,18 +37,19 @@ from rich.table import Table
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
-from outrig.fencing import mark_moved
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, pick_host_run
+from outrig.moves import mark_moved
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import cached_models, deploy_on, plan_job
 from outrig.ops.nodes import refuse_node_run
+from outrig.ops.runs import pick_host_run
 from outrig.ops.stage import NoCheckpoint, family, stage_on
 from outrig.plan import Plan
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.progress import argv_int
 from outrig.recipes import ModelFacts
+from outrig.session import HostSession, Project
 from outrig.timing import MIGRATE_PROBE_PAUSE, TCP_PROBE_LIMIT, connect_timeout_for
 
 
@@ -540,7 +541,7 @@ STEPS = ("probe", "provision", "stage", "checkpoint", "deploy")
 
 def old_run(journal: Journal, host: str, *, run_id: str | None,
             playbook: str | None) -> tuple[dict[str, Any] | None, str]:
-    """The run being moved (see :func:`outrig.ops.base.pick_host_run`) and why it was
+    """The run being moved (see :func:`outrig.ops.runs.pick_host_run`) and why it was
     chosen. With an explicit ``--playbook`` and no run of it that ran, there is none: the new
     box starts that playbook afresh; without one, that is an error naming the choices."""
     try:

@@ -45,13 +45,14 @@ from outrig.fanout import HostOutcome, run_fanout
 from outrig.health import DEFAULT_THRESHOLD, run_state
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, new_run_id, remember_facts, secret_values
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_request, deployed_status, plan_on
 from outrig.ops.logs import TailResult, tail_logs
+from outrig.ops.runs import new_run_id, secret_values
 from outrig.ops.status import status_on
 from outrig.plan import NodePlace, Plan
 from outrig.playbook import Job
+from outrig.session import HostSession, Project, remember_facts
 
 NODE_SUFFIX = "-node"
 STOP_TIMEOUT = 60.0  # seconds each node's cleanup may wait for its GPUs to come back

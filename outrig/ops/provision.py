@@ -19,8 +19,8 @@ from typing import Any
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, host_session
 from outrig.playbook import Job, find_playbook, load_job
+from outrig.session import HostSession, Project, host_session
 
 RECORDED = {"ok", "created", "updated", "failed"}
 PHASES = {"venv": "creating venv", "pip": "pip install", "uv": "uv pip install",

@@ -14,7 +14,7 @@ from typing import IO
 
 from outrig.errors import ConfigError, ConnectError
 from outrig.inventory import Host, resolve_host
-from outrig.ops.base import Project
+from outrig.session import Project
 from outrig.transport import AgentChannel, transport_for
 
 # argv[1] is the workdir, argv[2] the host's env as JSON, the rest the command. The env is

@@ -19,9 +19,9 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import OutrigError
-from outrig.ops.base import Project, host_session
 from outrig.ops.cleanup import cleanup
 from outrig.sandbox import service
+from outrig.session import Project, host_session
 
 
 def sandbox_down(project: Project, name: str, reporter: Reporter, *,

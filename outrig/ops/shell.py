@@ -16,8 +16,8 @@ from pathlib import Path
 
 from outrig.errors import ConfigError, OutrigError
 from outrig.inventory import Host, resolve_host
-from outrig.ops.base import Project
 from outrig.ops.remote_exec import exec_argv
+from outrig.session import Project
 from outrig.transport import known_hosts_path
 
 INTERACTIVE = ["sh", "-c", 'exec "${SHELL:-/bin/sh}" -i']

@@ -44,9 +44,10 @@ from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hub import parse_hub_source
 from outrig.inventory import Host
 from outrig.journal import Journal, read_json, state_dir
-from outrig.ops.base import HostSession, Project, host_session, pick_host_run
+from outrig.ops.runs import pick_host_run
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
+from outrig.session import HostSession, Project, host_session
 from outrig.template import UndefinedName, substitute
 from outrig.transfer import (
     STREAMS,

@@ -9,7 +9,8 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.evaluation import fmt
 from outrig.journal import Journal, utc_text
-from outrig.ops.base import HostSession, Project, host_session, playbook_name
+from outrig.ops.runs import playbook_name
+from outrig.session import HostSession, Project, host_session
 
 
 def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def mark_moved_runs(result: dict[str, Any], session: HostSession) -> None:
     """Show runs a migrate moved away from this box as ``moved`` (or ``fenced`` once their
     processes were confirmed stopped), not as the job's live run: ``status`` becomes that,
     ``box_status`` keeps what the box said (``running`` when the old trainer still trains),
-    and ``moved_to``/``fenced`` are the journal's marks (see :mod:`outrig.fencing`)."""
+    and ``moved_to``/``fenced`` are the journal's marks (see :mod:`outrig.moves`)."""
     moved = {str(r.get("run_id")): r for r in session.journal.moved_runs(session.host.name)}
     for run in result.get("runs") or []:
         record = moved.get(str(run.get("run_id")))

@@ -49,9 +49,11 @@ from outrig.health import (
 )
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.notify import Notifier
-from outrig.ops.base import HostSession, Project, playbook_name
+from outrig.ops.cleanup import fence_on
 from outrig.ops.nodes import refuse_node_run
+from outrig.ops.runs import playbook_name
 from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status
+from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 
 WATCH_DIR = "watches"
@@ -529,8 +531,6 @@ class Watcher:
         self._fencing.start()
 
     def _fence(self, pending: list[dict[str, Any]]) -> None:
-        from outrig import fencing
-
         for entry in pending:
             try:
                 session = HostSession(self.project, str(entry["host"]), Reporter(quiet=True),
@@ -541,7 +541,7 @@ class Watcher:
             if not all(seen.ok for seen in session.transport.probe(5.0)):
                 continue  # still away (SSH: no banner); looked at again later
             try:
-                stopped = fencing.fence_on(session, self.notifier)
+                stopped = fence_on(session, self.notifier)
             except OutrigError as exc:
                 self.reporter.warn(f"fencing {entry['host']} failed: {exc}")
                 continue

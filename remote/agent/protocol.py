@@ -4,7 +4,7 @@ The version, the ops, each op's request fields (name, type, required) and the er
 defined here once. The agent checks every request against :data:`REQUESTS` before it runs the
 op (:func:`check_request`); the workstation imports this module as
 ``outrig._box.agent.protocol`` and checks each request the same way before it leaves
-(``outrig/ops/base.py:base_request``), so a misspelt or mistyped field fails at once, on the
+(``outrig/session.py:base_request``), so a misspelt or mistyped field fails at once, on the
 workstation, with the field's name. The fields' finer rules (ranges, names, nested objects)
 stay with the op that reads them. Stdlib only, Python 3.8.
 """

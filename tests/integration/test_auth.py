@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from outrig.errors import AuthenticationError, ConnectError
-from outrig.ops.base import Project
 from outrig.ops.remote_exec import run_exec
+from outrig.session import Project
 
 pytestmark = pytest.mark.integration
 PROJECT = Project(Path(__file__).resolve().parents[2])

@@ -11,8 +11,8 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.deploy import deploy
+from outrig.session import Project
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -24,10 +24,10 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.nvidia_smi import gpu_rows, register_holder
+from outrig.session import Project
 from tests.helpers import alive, children, free_port, group_members, marked, wait_gone
 from tests.integration.conftest import stop_recorded_runs
 from tests.integration.test_deploy import write_playbook

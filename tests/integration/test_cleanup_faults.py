@@ -16,10 +16,10 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.fulldisk import is_full
+from outrig.session import Project
 from tests.helpers import alive, stop_every_run
 from tests.integration.test_deploy import write_playbook
 from tests.unit.test_agent_ownership import ESCAPE

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from outrig.journal import Journal
-from outrig.ops.base import Project
+from outrig.session import Project
 from tests.helpers import alive, free_port, stop_every_run, wait_gone
 
 pytestmark = pytest.mark.integration

@@ -26,9 +26,9 @@ from outrig.errors import (
     RemoteError,
 )
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.deploy import deploy
 from outrig.ops.status import status
+from outrig.session import Project
 from tests.helpers import alive, free_port, stop_every_run, wait_gone
 
 pytestmark = pytest.mark.integration

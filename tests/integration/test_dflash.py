@@ -24,9 +24,9 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import PlanError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
+from outrig.session import Project
 from tests.integration.test_deploy import box_workdir, free_port, teardown_runs
 
 pytestmark = pytest.mark.integration

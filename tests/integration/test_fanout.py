@@ -20,10 +20,10 @@ from invoke.exceptions import Exit
 
 from outrig import cli
 from outrig.console import Reporter
-from outrig.ops.base import Project
 from outrig.ops.deploy import deploy
 from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbox
 from outrig.sandbox.proxy import LatencyProxy
+from outrig.session import Project
 from tests.helpers import alive, wait_gone
 
 pytestmark = pytest.mark.integration
@@ -194,7 +194,7 @@ def test_healthy_rows_are_printed_while_a_blackholed_box_is_pending(
 
 def test_each_hosts_warnings_are_shown_with_its_row(
         fleet: list[SandboxBox], project: tuple[Path, list[LatencyProxy]]) -> None:
-    """The "moved run" warning (outrig/fencing.py) of one host reaches its JSON object and
+    """The "moved run" warning (outrig/moves.py) of one host reaches its JSON object and
     its row; the other host has none."""
     from outrig.journal import Journal
 
@@ -289,8 +289,9 @@ def test_tail_logs_follow_goes_on_when_one_host_dies(
     lines written on b0 and b2 after that still arrive, each once."""
     import threading
 
-    from outrig.fanout import FanOutFailed, tail_hosts
-    from outrig.ops.base import Project as OutrigProject
+    from outrig.fanout import FanOutFailed
+    from outrig.ops.tail_hosts import tail_hosts
+    from outrig.session import Project as OutrigProject
 
     root, _ = project
     logs = {h: _make_run(root, h, f"job-2026010{i}-000000-abcd")

@@ -27,13 +27,13 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import AuthRefused, LinkLost, OutrigError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.stage import mirror_root, stage, sync_checkpoints
 from outrig.ops.status import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
+from outrig.session import Project
 from tests.integration.test_logs import make_run
 from tests.integration.test_stage import checkpoint, make_tree, same_tree
 

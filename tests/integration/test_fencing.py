@@ -25,16 +25,16 @@ import yaml
 from outrig._box.agent.transfer import staged_record
 from outrig.console import Reporter
 from outrig.errors import ConfigError
-from outrig.fencing import fence_on, moved_runs
 from outrig.journal import Journal
+from outrig.moves import moved_runs
 from outrig.notify import Notifier
-from outrig.ops.base import HostSession, Project
-from outrig.ops.cleanup import cleanup
+from outrig.ops.cleanup import cleanup, fence_on
 from outrig.ops.deploy import deploy
 from outrig.ops.migrate import migrate
 from outrig.ops.stage import mirror_root, sync_checkpoints
 from outrig.ops.status import status
 from outrig.sandbox.box import SandboxBox
+from outrig.session import HostSession, Project
 from tests.conftest import ProcessTracker
 from tests.helpers import alive, free_port, marked
 from tests.integration.test_migrate import kill_run, wait_checkpoints, write_playbooks

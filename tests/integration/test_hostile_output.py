@@ -22,11 +22,11 @@ import tasks
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.status import print_status, status
+from outrig.session import Project
 from outrig.textlayout import visible
 
 pytestmark = pytest.mark.integration

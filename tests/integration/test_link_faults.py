@@ -19,9 +19,9 @@ from outrig.console import Reporter
 from outrig.errors import AuthRefused, LinkLost, LocalWriteError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.status import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
+from outrig.session import Project
 from outrig.timing import channel_timeout_for
 from outrig.transport import CHANNEL_ATTEMPTS, LINK_ATTEMPTS, SILENT_ATTEMPTS
 from tests.integration.test_logs import Follow, Writer, make_run, mirror_dir, wait_for

@@ -23,8 +23,8 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project
 from outrig.ops.logs import LogTailer, TailResult, tail_logs
+from outrig.session import HostSession, Project
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

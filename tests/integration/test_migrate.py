@@ -24,13 +24,13 @@ from outrig.connectors.ssh import SSHTransport
 from outrig.console import Reporter
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
 from outrig.ops.migrate import migrate
 from outrig.ops.stage import sync_checkpoints
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import Fault, LatencyProxy
+from outrig.session import Project
 from tests.helpers import free_port, marked
 
 pytestmark = pytest.mark.integration

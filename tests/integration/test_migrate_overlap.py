@@ -25,11 +25,11 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import OutrigError, RemoteError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.migrate import migrate
 from outrig.sandbox.box import SandboxBox
+from outrig.session import Project
 from tests.helpers import free_port, marked
 
 from .test_migrate import host_a

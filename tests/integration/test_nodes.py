@@ -22,7 +22,6 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import Interrupted, PlanError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.nodes import (
     NodesFailed,
     deploy_nodes,
@@ -35,6 +34,7 @@ from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.nvidia_smi import load_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
+from outrig.session import Project
 from tests.conftest import standin_path
 from tests.helpers import alive, free_port, marked, stop_every_run
 

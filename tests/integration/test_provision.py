@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig import session as session_module
 from outrig.agent_client import AgentCall
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.hub import parse_hub_source
 from outrig.journal import Journal
-from outrig.ops import base as ops_base
-from outrig.ops.base import HostSession, Project
 from outrig.ops.hub import hub_download, hub_probe
 from outrig.ops.provision import provision
+from outrig.session import HostSession, Project
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_provision_creates_then_skips_then_updates(
     assert recorded["status"] == "created" and recorded["versions"] == {"outrigdemo": "1.0"}
 
     # Already right: one exec, no pip, no progress, fast.
-    monkeypatch.setattr(ops_base, "AgentCall", CountingCall)
+    monkeypatch.setattr(session_module, "AgentCall", CountingCall)
     CountingCall.calls = 0
     second = provision(PROJECT, str(box_host), reporter, playbook=str(playbook),
                        journal=journal)

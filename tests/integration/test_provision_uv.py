@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig import session as session_module
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.journal import Journal
-from outrig.ops import base as ops_base
 from outrig.ops.provision import ProvisionResult, provision
 
 from .test_provision import PROJECT, CountingCall, make_wheel, write_playbook
@@ -149,7 +149,7 @@ def test_uv_is_bootstrapped_once_then_reused_and_a_rerun_is_a_noop(
     assert second.environments[0]["status"] == "updated"
     assert distributions(venv)["outrigdemo"] == "2.0"
 
-    monkeypatch.setattr(ops_base, "AgentCall", CountingCall)
+    monkeypatch.setattr(session_module, "AgentCall", CountingCall)
     CountingCall.calls = 0
     third = run(host, tmp_path, journal, env_entry(venv, wheels, pin="2.0"))
     assert CountingCall.calls == 1

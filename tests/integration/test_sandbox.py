@@ -327,8 +327,8 @@ def sandbox_project(tmp_path: Path) -> Iterator[Path]:
     """An empty project; whatever sandbox-up recorded for it, runs kept by
     ``sandbox-down --keep-runs`` included, is stopped afterwards."""
     from outrig.console import Reporter
-    from outrig.ops.base import Project
     from outrig.ops.sandbox import sandbox_down
+    from outrig.session import Project
 
     root = tmp_path / "proj"
     (root / "hosts").mkdir(parents=True)

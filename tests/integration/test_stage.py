@@ -18,9 +18,9 @@ from outrig.connectors.ssh import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.stage import mirror_root, stage, sync_checkpoints
 from outrig.sandbox.box import SandboxBox
+from outrig.session import Project
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -178,8 +178,8 @@ def test_from_another_box_copies_directly_and_removes_the_key(
 def stage_from(old: Path, new: Path, old_path: Path, new_path: Path,
                journal: Journal) -> dict[str, Any]:
     """Stage one folder from OLD's path to NEW's path (different paths: one machine)."""
-    from outrig.ops.base import HostSession
     from outrig.ops.stage import Stager, box_manifest
+    from outrig.session import HostSession
 
     reporter = Reporter(quiet=True)
     src = HostSession(PROJECT, str(old), reporter, journal)

@@ -16,10 +16,10 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.status import print_status, status
+from outrig.session import Project
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration

@@ -22,11 +22,12 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import ConfigError, RemoteError
 from outrig.journal import Journal
-from outrig.ops.base import Project, pick_host_run
 from outrig.ops.check import check
 from outrig.ops.deploy import deploy
+from outrig.ops.runs import pick_host_run
 from outrig.ops.stage import sync_checkpoints
 from outrig.ops.status import status
+from outrig.session import Project
 from tests.helpers import alive, stop_every_run, wait_gone
 from tests.integration.test_stage import checkpoint
 

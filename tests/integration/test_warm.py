@@ -25,8 +25,8 @@ from outrig.console import Reporter
 from outrig.errors import AuthenticationError
 from outrig.fanout import run_fanout
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project
 from outrig.sandbox.proxy import Fault, LatencyProxy
+from outrig.session import HostSession, Project
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

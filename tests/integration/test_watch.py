@@ -31,12 +31,12 @@ from outrig.errors import OutrigError
 from outrig.health import limits_for
 from outrig.journal import Journal, read_json
 from outrig.notify import EVENTS, Notifier
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
 from outrig.ops.watch import WatchOptions, watch, watch_file
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
+from outrig.session import Project
 from tests.helpers import alive, free_port
 from tests.integration.test_migrate import (
     kill_run,
@@ -225,7 +225,7 @@ def test_a_dead_box_moves_to_the_first_spare_that_passes_check(
                             and r.get("run_id") == new_run)
         assert "dead" not in running.events()[2:], "B is alive"
 
-        # A comes back: the watch fences it (outrig.fencing.fence_on, through the hook)
+        # A comes back: the watch fences it (outrig.ops.cleanup.fence_on, through the hook)
         box_a.start()
         fenced_event = running.wait_event("fenced")
         assert fenced_event["run_id"] == first.plan.run_id and fenced_event["host"] == "a"

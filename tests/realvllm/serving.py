@@ -14,8 +14,8 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.recipes.dflash import SERVER_FATAL
+from outrig.session import Project
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from outrig.errors import RemoteError
-from outrig.ops.base import host_session
 from outrig.ops.deploy import deploy_on
 from outrig.playbook import find_playbook, load_job
+from outrig.session import host_session
 from tests.helpers import alive
 from tests.realvllm.serving import (
     PROJECT,

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from outrig.ops.base import host_session
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import DeployResult, deploy_on
 from outrig.ops.status import status_on
 from outrig.playbook import find_playbook, load_job
+from outrig.session import host_session
 from outrig.textlayout import status_lines
 from tests.conftest import ProcessTracker, standin_path
 from tests.helpers import alive, free_port, wait_gone

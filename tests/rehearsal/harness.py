@@ -31,10 +31,10 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
 from outrig.sandbox import nvidia_smi
+from outrig.session import Project
 from tests.helpers import free_port
 
 HERE = Path(__file__).resolve().parent

@@ -17,7 +17,7 @@ from outrig._box.agent.__main__ import OPS, op_function
 from outrig.agent_client import AGENT_DIR
 from outrig.errors import RemoteError
 from outrig.inventory import Host
-from outrig.ops.base import base_request
+from outrig.session import base_request
 from tests.agent_harness import Box
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agent-protocol.md"

@@ -18,8 +18,8 @@ from outrig.console import Reporter
 from outrig.errors import LinkLost
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project, base_request
 from outrig.ops.logs import LOG_WINDOW, LogTailer
+from outrig.session import HostSession, Project, base_request
 from outrig.transport import AgentChannel
 from tests.replay_connector import Recording, ReplayConnector, _ReplayChannel
 

@@ -225,8 +225,8 @@ def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path)
     the old box reported for the same path is used; without it the choice failed with
     "num_hidden_layers ... is not known"."""
     from outrig.journal import Journal
-    from outrig.ops.base import Project
     from outrig.ops.migrate import choose_playbook
+    from outrig.session import Project
 
     (tmp_path / "hosts").mkdir()
     (tmp_path / "playbooks").mkdir()

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig.cli.rows import Rows, report, status_summary
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
-from outrig.fanout import FanOutFailed, Rows, report, run_fanout, status_summary
-from outrig.ops.base import HostSession, Project
+from outrig.fanout import FanOutFailed, run_fanout
+from outrig.session import HostSession, Project
 
 
 def _project(tmp_path: Path, names: list[str]) -> Project:
@@ -161,7 +162,7 @@ def test_rows_are_printed_one_by_one_with_warnings_and_failures_last(tmp_path: P
 def test_a_deploys_deadline_counts_its_processes_ready_waits(tmp_path: Path) -> None:
     """Processes start one after another, each waiting up to its ready timeout: a deploy on
     several hosts adds their sum to each host's deadline."""
-    from outrig.fanout import deploy_work
+    from outrig.cli.sweep import deploy_work
     from outrig.playbook import load_job
 
     project = _project(tmp_path, ["a", "b"])

@@ -12,11 +12,11 @@ import pytest
 
 from outrig.checkpoints import checkpoint_order, state_order
 from outrig.console import Reporter
-from outrig.fencing import mark_moved, moved_runs
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project
+from outrig.moves import mark_moved, moved_runs
 from outrig.ops.cleanup import fence_stopped
 from outrig.ops.stage import moved_refusal
+from outrig.session import HostSession, Project
 from outrig.textlayout import status_lines
 
 

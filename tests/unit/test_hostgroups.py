@@ -94,7 +94,7 @@ def test_a_malformed_groups_file_says_where_and_how(tmp_path: Path, doc: object,
 
 def test_one_host_commands_refuse_a_selection(tmp_path: Path) -> None:
     from outrig.hostgroups import names_several
-    from outrig.ops.base import Project
+    from outrig.session import Project
     from outrig.settings import Settings
 
     hosts = _hosts(tmp_path, ["a", "b"], {"groups": {"pair": ["a", "b"]}})

@@ -22,7 +22,7 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.inventory import Host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession
+from outrig.session import HostSession
 from outrig.settings import settings_for
 from outrig.transport import transport_for
 

@@ -12,7 +12,7 @@ import pytest
 
 from outrig.connectors.ssh import auth_refused, handshake_phase
 from outrig.errors import ConnectError, LinkLost
-from outrig.ops.base import RERUN_SAFE_OPS, link_retry_allowed
+from outrig.session import RERUN_SAFE_OPS, link_retry_allowed
 from outrig.timing import retry_pause
 
 

@@ -21,8 +21,8 @@ from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.notify import Notifier
 from outrig.ops import migrate as migrate_module
-from outrig.ops.base import Project
 from outrig.ops.watch import Watcher, WatchOptions, WatchRecord
+from outrig.session import Project
 from outrig.transport import AgentChannel, Registration, Transport
 from tests.replay_connector import ReplayConnector
 

@@ -11,9 +11,9 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
+from outrig.session import Project
 
 REPO = Path(__file__).resolve().parents[2]
 

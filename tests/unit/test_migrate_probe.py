@@ -11,7 +11,7 @@ import pytest
 from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops import migrate as migrate_module
-from outrig.ops.base import Project
+from outrig.session import Project
 
 
 def test_zero_attempts_probe_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,6 @@ from outrig.errors import ConfigError, PlanError
 from outrig.fanout import HostOutcome
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.nodes import (
     NodeRun,
     NodeSeen,
@@ -30,6 +29,7 @@ from outrig.ops.nodes import (
 )
 from outrig.plan import HostFacts, NodePlace, builtin_params, make_plan
 from outrig.playbook import load_job
+from outrig.session import Project
 
 TORCHRUN = ("torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-backend c10d "
             "--rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} -m train")

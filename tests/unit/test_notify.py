@@ -10,7 +10,7 @@ import pytest
 
 from outrig.errors import ConfigError
 from outrig.notify import Notifier, hook_argv
-from outrig.ops.base import Project
+from outrig.session import Project
 from outrig.settings import Settings
 
 

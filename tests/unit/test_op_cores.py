@@ -21,11 +21,11 @@ from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import HostSession, Project
 from outrig.ops.cleanup import cleanup, cleanup_on
 from outrig.ops.deploy import deploy, deploy_on
 from outrig.ops.status import status, status_on
 from outrig.playbook import find_playbook, load_job
+from outrig.session import HostSession, Project
 from outrig.transport import connector_for, transport_for
 from tests.replay_connector import Recording, RecordingConnector, save
 

@@ -15,9 +15,9 @@ from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.logs import tail_logs
 from outrig.reader import ChannelReader, take_events
+from outrig.session import Project
 from outrig.transport import AgentChannel
 from tests.replay_connector import Recording, ReplayConnector, save
 

@@ -18,12 +18,12 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.inventory import Host
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.stage import stage_items
 from outrig.plan import HostFacts, make_plan
 from outrig.playbook import load_job
+from outrig.session import Project
 from tests import example_recipe
 from tests.helpers import alive, wait_gone
 

@@ -147,8 +147,8 @@ def test_stage_item_paths_are_rendered_and_checked(tmp_path: Path) -> None:
 @pytest.mark.parametrize("streams", [0, -1])
 def test_streams_below_one_are_refused_before_connecting(tmp_path: Path, streams: int) -> None:
     from outrig.console import Reporter
-    from outrig.ops.base import Project
     from outrig.ops.stage import stage
+    from outrig.session import Project
 
     # the host is not reachable: an attempt to connect would fail differently
     with pytest.raises(ConfigError, match=f"--streams {streams}: .* at least 1"):

@@ -1,7 +1,7 @@
 """The ``evaluate`` task: what a trained drafter is worth on the real vLLM (docs/evaluate.md).
 
-A module of its own because outrig/cli.py is at its size limit; cli.py lists the task with
-the others.
+A module of its own: one task over one op (outrig/ops/evaluate.py), with the most flags of
+any; :mod:`outrig.cli` lists it with the others.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import Any
 
 from invoke.tasks import task
 
+from outrig.cli.flags import HOST_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
+from outrig.cli.targets import one_host
 from outrig.errors import ConfigError
 from outrig.settings import playbook_for, settings_for
-from outrig.taskkit import HOST_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 
 
 @task(
@@ -61,7 +62,7 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
 
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
-    host_spec = settings.host(host)
+    host_spec = one_host(settings, reporter, host).spec
     name = playbook_for(settings, playbook, host_spec, reporter, what="evaluate")
     if compare:
         run_compare(settings.project, host_spec, name, reporter)

@@ -1,8 +1,7 @@
 """What every task of :mod:`outrig.cli` shares: the flags' help texts, numeric flags parsed
 into clear errors, the reporter, and :func:`friendly` (an error as one paragraph and its exit
-status, no traceback). A module of its own so that the task modules (:mod:`outrig.cli`,
-:mod:`outrig.fanout_tasks`, :mod:`outrig.sandbox_tasks`) import it without importing each
-other.
+status, no traceback). A module of its own so that the task modules import it without
+importing each other.
 """
 
 from __future__ import annotations
@@ -42,6 +41,8 @@ LONG_DEADLINE_HELP = ("with several hosts: seconds each host may take before it 
                       "giving no answer (default: its connect limit plus an hour)")
 DEADLINE_HELP = ("with several hosts: seconds each host may take before it is reported as "
                  "giving no answer (default: from its last RTT, see docs/cli.md)")
+JOB_RUN = ("; a multi-node job's id (or a node's run id) covers every node of it, no --host "
+           "needed")
 
 
 def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:

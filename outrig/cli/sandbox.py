@@ -9,8 +9,8 @@ from typing import Any
 
 from invoke.tasks import task
 
+from outrig.cli.flags import JSON_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 from outrig.settings import Settings, settings_for
-from outrig.taskkit import JSON_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 
 
 @task(

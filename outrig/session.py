@@ -1,9 +1,17 @@
-"""What every op needs: where the project's files are, the host, its facts, a connection."""
+"""The session layer under the ops: one box for as long as a command needs it.
+
+What every op needs to reach a box lives here: where the project's files are
+(:class:`Project`), the host and what is known about it (:func:`host_facts`, cached by
+:func:`remember_facts`), the request body every agent call starts from
+(:func:`base_request`), and :class:`HostSession`, which makes the calls and decides, from the
+error's type and the op, when a call cut by a lost link is run again
+(:func:`link_retry_allowed`). Running one op core on several sessions at once is
+:mod:`outrig.fanout`; the run helpers the ops share (run ids, which run a command means) are
+:mod:`outrig.ops.runs`.
+"""
 
 from __future__ import annotations
 
-import os
-import secrets as _secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +25,7 @@ from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
+from outrig.moves import moved_line, moved_runs
 from outrig.plan import HostFacts
 from outrig.timing import retry_pause
 from outrig.transport import Transport, transport_for
@@ -43,23 +52,6 @@ class Project:
     @property
     def playbooks_dir(self) -> Path:
         return self.root / "playbooks"
-
-
-def playbook_name(project: Project, value: str | None) -> str | None:
-    """``--playbook`` as cleanup, status and tail-logs need it: the name runs are filed under.
-
-    deploy and plan take a name or a path; a path here would otherwise reach the box as a
-    name and be refused there, so a path is read for the ``name:`` it deploys as."""
-    if value is None or not ("/" in value or value.endswith((".yaml", ".yml"))):
-        return value
-    from outrig.playbook import find_playbook, load_job
-
-    return load_job(find_playbook(value, project.playbooks_dir)).name
-
-
-def new_run_id(playbook: str) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return f"{playbook}-{stamp}-{_secrets.token_hex(2)}"
 
 
 def host_facts(host: Host, journal: Journal) -> HostFacts:
@@ -199,12 +191,10 @@ class HostSession:
         """Before the first agent call of the session: when a migrate moved a run away from
         this box and nothing has confirmed it stopped, say so and name the command that stops
         it. The box comes back from a lost link with that run still training; the user who
-        reaches it must not take it for the job's live run (see :mod:`outrig.fencing`)."""
+        reaches it must not take it for the job's live run (see :mod:`outrig.moves`)."""
         if self.moved_warned:
             return
         self.moved_warned = True
-        from outrig.fencing import moved_line, moved_runs
-
         for record in moved_runs(self.journal, self.host.name):
             self.reporter.warn(moved_line(record, self.host_spec))
 
@@ -231,73 +221,3 @@ def host_session(project: Project, host_spec: str, reporter: Reporter,
         yield session
     finally:
         session.close()
-
-
-def secret_values(names: list[str]) -> dict[str, str]:
-    """Read the playbook's secrets from this environment; a missing one is a ConfigError."""
-    from outrig.errors import ConfigError
-
-    missing = [name for name in names if not os.environ.get(name)]
-    if missing:
-        raise ConfigError(
-            f"secret{'s' if len(missing) > 1 else ''} {', '.join(missing)} (listed under "
-            "secrets: in the playbook) not set in this shell; export it before deploying. "
-            "Nothing was sent."
-        )
-    return {name: os.environ[name] for name in names}
-
-
-def run_ran(record: dict[str, Any]) -> bool:
-    """Whether a journal run really ran: its deploy succeeded (or the box saw it running)."""
-    return bool(record.get("ran")) or (record.get("ran") is None
-                                       and record.get("status") in ("running", "finished"))
-
-
-def _run_line(record: dict[str, Any]) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(record.get("created") or 0)))
-    return (f"{record.get('run_id')} (playbook {record.get('playbook')}, "
-            f"{record.get('status')}, created {when})")
-
-
-def pick_host_run(journal: Journal, host: str, *, run_id: str | None = None,
-                  playbook: str | None = None) -> tuple[dict[str, Any], str]:
-    """The host's run that ``migrate`` and ``sync-checkpoints`` act on, and why it was chosen.
-
-    ``run_id`` picks one outright. Otherwise the newest run (of ``playbook``, if given) that
-    really ran (see :func:`run_ran`; the journal follows the box's run records on every
-    contact): a failed deploy, a cut one or one that never reached the box made no
-    checkpoints. When runs of different playbooks are running on the host at once there is no
-    single answer: a :class:`ConfigError` names them and the flag that picks one."""
-    from outrig.errors import ConfigError
-
-    runs = journal.runs(host=host, playbook=playbook)
-    if run_id is not None:
-        chosen = next((r for r in runs if r.get("run_id") == run_id), None)
-        if chosen is None:
-            have = "; ".join(_run_line(r) for r in runs[:8]) or "none"
-            raise ConfigError(f"the journal has no run {run_id} on {host} (it has: {have})")
-        return chosen, f"run {_run_line(chosen)}, named with --run"
-    ran = [r for r in runs if run_ran(r)]
-    scope = f"of playbook {playbook} " if playbook else ""
-    if not ran:
-        seen = "; ".join(_run_line(r) for r in runs[:8])
-        raise ConfigError(
-            f"no run {scope}on {host} in the journal ever ran"
-            + (f" (recorded: {seen})" if seen else "")
-            + "; pass --playbook NAME to say which playbook's checkpoints to use")
-    running = [r for r in ran if r.get("status") == "running"]
-    if len({r.get("playbook") for r in running}) > 1:
-        choices = "; ".join(_run_line(r) for r in running)
-        raise ConfigError(
-            f"runs of {len(running)} playbooks are running on {host}: {choices}. Say which "
-            "one: --run RUN_ID" + (" or --playbook NAME" if playbook is None else ""))
-    chosen = running[0] if running else ran[0]
-    skipped = [r for r in runs if r is not chosen
-               and float(r.get("created") or 0) > float(chosen.get("created") or 0)]
-    why = (f"run {_run_line(chosen)}: the newest run {scope}on {host} that "
-           + ("is running" if running else "ran"))
-    if skipped:
-        why += "; passed over: " + ", ".join(
-            f"{r.get('run_id')} ({r.get('status')}, {'ran' if run_ran(r) else 'never ran'})"
-            for r in skipped)
-    return chosen, why

@@ -1,4 +1,4 @@
-"""Fencing: after a migrate, the old box's run is a second trainer until it is stopped.
+"""Moved runs: after a migrate, the old box's run is a second trainer until it is stopped.
 
 A box judged dead may only have lost its link; when it answers again its run is still
 training, paid for, and writing checkpoints of its own. So every migrate marks the old run
@@ -6,10 +6,15 @@ training, paid for, and writing checkpoints of its own. So every migrate marks t
 index would set back to ``running``), and the run stays "moved, not fenced" until its
 processes are confirmed stopped. Then it is marked ``fenced`` with when and what was stopped.
 
-Who acts on the mark: ``watch`` calls :func:`fence_on` when the old box answers again,
-``cleanup --host OLD`` without a run selection does the same, every other command that
-reaches the old box warns first (:class:`outrig.ops.base.HostSession`), ``status`` shows the
-run as moved, and ``sync-checkpoints`` keeps its checkpoints out of the mirror
+This module is the journal's side of it, pure (only the journal is read and written): which
+runs were moved (:func:`moved_runs`), the mark (:func:`mark_moved`), what a cleanup stopped
+(:func:`stopped_processes`) and the warning (:func:`moved_line`).
+
+Who acts on the mark: fencing is a cleanup selection (:func:`outrig.ops.cleanup.fence_on`),
+which ``watch`` runs when the old box answers again and ``cleanup --host OLD`` runs without a
+run selection; every other command that reaches the old box warns first
+(:class:`outrig.session.HostSession`), ``status`` shows the run as moved, and
+``sync-checkpoints`` keeps its checkpoints out of the mirror
 (:func:`outrig.ops.stage.sync_checkpoints_on`). The stop is exact: the agent's ``cleanup`` op
 with the recorded run id (recorded processes, their groups and the run's marker), the same
 selection as ``cleanup --run``; nothing else on the box is touched.
@@ -21,9 +26,6 @@ from typing import Any
 
 from outrig.journal import Journal
 from outrig.journal import utc_text as when
-from outrig.notify import Notifier
-from outrig.ops.base import HostSession
-from outrig.ops.cleanup import cleanup_on
 
 
 def moved_runs(journal: Journal, host_name: str, *, fenced: bool = False) -> list[dict[str, Any]]:
@@ -59,34 +61,3 @@ def moved_line(record: dict[str, Any], host_label: str) -> str:
     return (f"run {record.get('run_id')} of {record.get('playbook')} on {host_label} was moved "
             f"to {moved.get('host')} at {when(moved.get('at'))}; it may still be running "
             f"here — `outrig cleanup --host {host_label}` stops it")
-
-
-def fence_on(session: HostSession, notifier: Notifier | None = None, *,
-             timeout: float = 60.0) -> list[str]:
-    """Stop every moved, not-yet-fenced run on the session's box; return their run ids.
-
-    Each run is stopped exactly, by its recorded id (the agent's ``cleanup`` op, as
-    ``cleanup --run``), then marked fenced in the journal and, with a ``notifier``, reported
-    as the ``fenced`` event. A run the box has no record of and no process of which carries
-    its marker is not running there: it is fenced with nothing stopped. A cleanup that cannot
-    free the GPUs raises (:class:`outrig.ops.cleanup.CleanupIncomplete`) and the run stays
-    unfenced, so the next contact tries again. ``timeout``: how long to wait for the GPU
-    memory to come back (as ``cleanup --timeout``)."""
-    journal, host = session.journal, session.host.name
-    pending = moved_runs(journal, host)
-    session.moved_warned = True  # acting on it: the session's "moved" warning would repeat it
-    fenced: list[str] = []
-    for record in pending:
-        run_id = str(record.get("run_id"))
-        moved = record.get("moved_to") or {}
-        session.reporter.info(f"• fencing run {run_id} on {session.host_spec}: it was moved to "
-                              f"{moved.get('host')} at {when(moved.get('at'))}")
-        result = cleanup_on(session, run_id=run_id, timeout=timeout, missing_ok=True)
-        stopped = [p for run in result.get("runs") or [] if run.get("run_id") == run_id
-                   for p in stopped_processes(run)]
-        journal.mark_fenced(run_id, stopped=stopped)
-        fenced.append(run_id)
-        if notifier is not None:
-            notifier.send("fenced", host=host, run_id=run_id, playbook=record.get("playbook"),
-                          moved_to=moved, stopped=stopped)
-    return fenced

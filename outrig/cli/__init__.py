@@ -1,0 +1,69 @@
+"""outrig's command line: the installed ``outrig`` command and ``inv`` in a checkout.
+
+Both run the one :data:`ns` collection (``tasks.py`` re-exports it); ``outrig`` is an Invoke
+:class:`~invoke.program.Program` the way Fabric builds ``fab``. Each task turns flags into one
+call into ``outrig.ops``; errors come back as one paragraph that says what failed, where, and
+the fix (no traceback), with exit status 2 for bad input (nothing was sent) and 1 for failures
+on or while reaching the box. Run ``outrig --list`` for the tasks and ``outrig --help TASK``
+for each flag; docs/cli.md is the reference.
+
+The package:
+
+* the tasks, by what they act on: :mod:`outrig.cli.runs` (deploy, plan, status, tail-logs,
+  cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.boxes` (check, provision,
+  stage, exec, ssh, forward, connections), :mod:`outrig.cli.evaluate`,
+  :mod:`outrig.cli.sandbox` (demo, sandbox-up, sandbox-down), :mod:`outrig.cli.starter`
+  (init);
+* what a command acts on, resolved once from ``--host``/``--run``/``--playbook``:
+  :mod:`outrig.cli.targets` (one host, a sweep of hosts, a multi-node job);
+* a task's work on a sweep, and its rows: :mod:`outrig.cli.sweep`, :mod:`outrig.cli.rows`;
+* what the tasks share (help texts, :func:`friendly`): :mod:`outrig.cli.flags`.
+
+Where values come from is :mod:`outrig.settings`; the program itself (parse errors,
+completion) is :mod:`outrig.program`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke.collection import Collection
+
+from outrig import __version__
+from outrig.cli.boxes import check, connections, exec_, forward, provision, ssh, stage_
+from outrig.cli.evaluate import evaluate
+from outrig.cli.flags import friendly
+from outrig.cli.runs import (
+    cleanup,
+    deploy,
+    migrate,
+    plan,
+    status,
+    sync_checkpoints,
+    tail_logs,
+    watch,
+)
+from outrig.cli.sandbox import demo, sandbox_down, sandbox_up
+from outrig.cli.starter import init
+from outrig.program import OutrigConfig, OutrigProgram
+
+__all__ = ["OutrigConfig", "friendly", "make_collection", "ns", "program"]
+
+TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
+         migrate, watch, evaluate, check, exec_, ssh, forward, connections, demo, sandbox_up,
+         sandbox_down, init)
+
+
+def make_collection(default_project: Path | None = None) -> Collection:
+    """The task collection; ``default_project`` is the project used when none is found
+    upward from the current folder (``tasks.py`` passes its checkout)."""
+    collection = Collection(*TASKS)
+    collection.configure({"project": str(default_project) if default_project else None})
+    return collection
+
+
+ns = make_collection()
+
+
+program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
+                        namespace=ns, version=__version__, config_class=OutrigConfig)

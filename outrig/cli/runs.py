@@ -1,0 +1,457 @@
+"""The tasks on a run: start it (``deploy``, after ``plan``), look at it (``status``,
+``tail-logs``), stop it (``cleanup``), guard it (``watch``), and keep it going elsewhere
+(``sync-checkpoints``, ``migrate``).
+
+Each task parses its flags, resolves what it acts on into a :class:`~outrig.cli.targets.
+Target` (one host, a sweep of hosts, or a multi-node job) and hands the target what it does
+for each kind; the work itself is one call into ``outrig.ops`` (a sweep's is
+:mod:`outrig.cli.sweep`). The ops are imported inside each task, so that ``outrig --list``
+and ``--help`` do not load them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from invoke.tasks import task
+
+from outrig.cli.flags import (
+    DEADLINE_HELP,
+    FANOUT_JSON,
+    GPUS_HELP,
+    HOST_HELP,
+    HOSTS_HELP,
+    JOB_RUN,
+    JSON_HELP,
+    LONG_DEADLINE_HELP,
+    MAX_PARALLEL_HELP,
+    NO_KEEP_HELP,
+    PARAM_HELP,
+    PROJECT_HELP,
+    friendly,
+    make_reporter,
+    number,
+)
+from outrig.cli.sweep import (
+    cleanup_hosts,
+    deploy_hosts,
+    place_hosts,
+    status_hosts,
+    sync_hosts,
+    tail_logs_hosts,
+)
+from outrig.cli.targets import NodeJob, OneHost, select, select_deploy, select_one
+from outrig.errors import ConfigError
+from outrig.session import host_session
+from outrig.settings import parse_params, playbook_for, settings_for
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["param", "host"],
+    help={
+        "host": HOSTS_HELP,
+        "playbook": "playbook name in playbooks/ (or a path to one); default: OUTRIG_PLAYBOOK, "
+                    "playbook: in outrig.yaml, else the playbook of the host's current run",
+        "param": PARAM_HELP,
+        "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
+        "dry_run": "print the plan and stop; nothing is sent",
+        "no_wait": "return as soon as every process is launched and recorded",
+        "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+        "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+        "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON,
+    },
+)
+@friendly
+def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
+           param: list[str] | None = None, test: bool = False, dry_run: bool = False,
+           no_wait: bool = False, max_parallel: str | None = None,
+           deadline: str | None = None, project: str | None = None,
+           no_keep: bool = False, json: bool = False) -> None:
+    """Push files, stop the previous run, launch every process and wait until it is ready.
+
+    With several hosts (--host a,b, a group, or all) the same playbook is deployed on every
+    host at once, each as a run of its own (a sweep); one row per host with its run id and
+    state.
+
+    Examples:
+        outrig deploy --host uk-node --playbook dflash-qwen36
+        outrig deploy --playbook smoke --param steps=50 --dry-run
+        outrig deploy --host sweep --playbook smoke
+    """
+    from outrig.ops.deploy import deploy_on
+
+    reporter = make_reporter(json)
+    settings = settings_for(c, project, no_keep=no_keep)
+    params = parse_params(param)
+    target = select_deploy(settings, reporter, host, playbook, what="deploy", test=test,
+                           params=params, sweep_needs_playbook=True,
+                           max_parallel=max_parallel, deadline=deadline)
+
+    def on_host(one: OneHost) -> None:
+        with host_session(one.project, one.spec, reporter) as session:
+            deploy_on(session, one.playbook, dry_run=dry_run, wait=not no_wait, params=params)
+
+    def on_job(job: NodeJob) -> None:
+        """Node 0 first, every node ready, or every node stopped and the failing node named."""
+        from outrig.ops.nodes import deploy_nodes
+
+        deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=dry_run,
+                     wait=not no_wait, params=params)
+
+    target.run(host=on_host, job=on_job,
+               sweep=lambda sweep: deploy_hosts(sweep, dry_run=dry_run, wait=not no_wait,
+                                                params=params))
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["param", "host"],
+    help={"host": HOSTS_HELP, "playbook": "playbook name in playbooks/ (or a path); default "
+          "as for deploy; with several hosts optional (say where it fits)", "param": PARAM_HELP,
+          "test": "plan with the playbook's test: overrides",
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
+)
+@friendly
+def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
+         param: list[str] | None = None, test: bool = False, max_parallel: str | None = None,
+         deadline: str | None = None, project: str | None = None, no_keep: bool = False,
+         json: bool = False) -> None:
+    """Show the plan (GPU map, full commands, env, start order); nothing is sent.
+
+    With several hosts (--host GROUP) it asks each box instead, at once: which runs it holds
+    (with their GPUs) and which GPUs are free, and with --playbook whether that playbook
+    fits there now; one row per host.
+
+    Example:
+        outrig plan --host uk-node --playbook dflash-qwen36 --param epochs=2
+        outrig plan --host sweep --playbook smoke
+    """
+    from outrig.ops.deploy import show_plan
+
+    reporter = make_reporter(json)
+    settings = settings_for(c, project, no_keep=no_keep)
+    params = parse_params(param)
+    target = select_deploy(settings, reporter, host, playbook, what="plan", test=test,
+                           params=params, sweep_needs_playbook=False,
+                           max_parallel=max_parallel, deadline=deadline)
+
+    def on_job(job: NodeJob) -> None:
+        """Every node's plan, each against its own box; nothing is started."""
+        from outrig.ops.nodes import deploy_nodes
+
+        deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=True,
+                     wait=False, params=params)
+
+    target.run(host=lambda one: show_plan(one.project, one.spec, one.playbook, reporter),
+               sweep=place_hosts, job=on_job)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["host"],
+    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs)" + JOB_RUN,
+          "playbook": "show the current run of this playbook",
+          "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host {host, ok, state, "
+                  "seconds, error, result}"},
+)
+@friendly
+def status(c: Any, host: list[str] | None = None, run: str | None = None,
+           playbook: str | None = None, lines: str | None = None, gpus: bool = False,
+           max_parallel: str | None = None, deadline: str | None = None,
+           project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
+    """Show each process (running / exited with code / killed), readiness, GPUs, progress.
+
+    One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
+    trainer's step, loss, acceptance, speed and ETA parsed from its metric lines; the newest
+    complete checkpoint; vLLM's /health and served model; the last lines of a failed process.
+
+    With several hosts (--host a,b, a group, or all) every host is asked at once and the
+    answer is one row per host (runs, GPUs free); hosts that fail or give no answer within
+    their deadline are listed with the reason, and the exit status is then 1.
+
+    Examples:
+        outrig status --host uk-node
+        outrig status --host all
+    """
+    from outrig.ops.status import status as run_status
+
+    count = int(number(lines, "lines", 5))
+    settings = settings_for(c, project, no_keep=no_keep)
+    reporter = make_reporter(json, gpus)
+    target = select(settings, reporter, host, run=run, max_parallel=max_parallel,
+                    deadline=deadline)
+
+    def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
+        from outrig.ops.nodes import nodes_status
+
+        nodes_status(job.project, job.recorded_id, reporter, log_lines=count)
+
+    target.run(
+        host=lambda one: run_status(one.project, one.spec, reporter, run_id=run,
+                                    playbook=playbook, log_lines=count),
+        sweep=lambda sweep: status_hosts(sweep, run=run, playbook=playbook, log_lines=count),
+        job=on_job)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["process", "host"],
+    help={"host": HOSTS_HELP, "run": "run id (default: the current run)" + JOB_RUN,
+          "playbook": "the current run of this playbook",
+          "process": "only this process (repeat for several)",
+          "lines": "start N lines before the end (default: resume from the saved cursor, or "
+                   "from the beginning the first time)",
+          "no_follow": "print what is there now and exit",
+          "grep": "show only lines matching this regular expression (the mirror keeps all)",
+          "max_parallel": "with several hosts and --no-follow: how many are read at once "
+                          "(default 32; a follow reads every host at once)",
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": "JSON lines {process, line} instead of prefixed text (with several hosts "
+                  "{host, process, line}, then one line per host {host, ok, state, ...})"},
+)
+@friendly
+def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
+              playbook: str | None = None, process: list[str] | None = None,
+              lines: str | None = None, no_follow: bool = False, grep: str | None = None,
+              max_parallel: str | None = None, project: str | None = None,
+              no_keep: bool = False, json: bool = False) -> None:
+    """Follow every log of a run over one SSH channel, exactly once, into a local mirror.
+
+    Lines are prefixed with the process name. The mirror is kept under
+    ~/.local/state/outrig/logs/HOST/RUN/PROCESS.log with a cursor; a dropped link reconnects
+    and resumes there, and so does the next tail-logs (no line lost or repeated). Stop with
+    Ctrl-C. See docs/logs-and-status.md.
+
+    With several hosts every line is prefixed with its host too (HOST | process | line) and
+    comes as it arrives; a host that fails is named at the end with its reason (exit 1),
+    the others' lines go on.
+
+    Examples:
+        outrig tail-logs --host uk-node
+        outrig tail-logs --host uk-node --process trainer --lines 100 --grep global_step
+        outrig tail-logs --host uk-node --no-follow --json
+        outrig tail-logs --host sweep --process trainer
+    """
+    from outrig.ops.logs import tail_logs as run_tail
+
+    count = None if lines is None else int(number(lines, "lines", 100))
+    settings = settings_for(c, project, no_keep=no_keep)
+    reporter = make_reporter(json)
+    processes = list(process or [])
+    target = select(settings, reporter, host, run=run, max_parallel=max_parallel)
+
+    def on_job(job: NodeJob) -> None:  # a multi-node job: every node's logs, prefixed with it
+        from outrig.ops.nodes import tail_nodes
+
+        tail_nodes(job.project, job.recorded_id, reporter, lines=count, follow=not no_follow,
+                   grep=grep, processes=processes)
+
+    target.run(
+        host=lambda one: run_tail(one.project, one.spec, reporter, run_id=run,
+                                  playbook=playbook, processes=processes, lines=count,
+                                  follow=not no_follow, grep=grep),
+        sweep=lambda sweep: tail_logs_hosts(sweep, run=run, playbook=playbook,
+                                            processes=processes, lines=count,
+                                            follow=not no_follow, grep=grep),
+        job=on_job)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["force_foreign", "host"],
+    help={"host": HOSTS_HELP, "run": "stop this run id" + JOB_RUN,
+          "playbook": "stop this playbook's run",
+          "all": "stop every outrig run on the box",
+          "force_foreign": "also kill this pid that outrig did not start (repeat for several); "
+                           "it is shown before it is killed",
+          "dry_run": "show what would be signalled and who holds the GPUs; signal nothing",
+          "timeout": "seconds to wait for GPU memory to come back (default 60)",
+          "gpus": GPUS_HELP, "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host {host, ok, state, "
+                  "seconds, error, result}"},
+)
+@friendly
+def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
+            playbook: str | None = None, all: bool = False,
+            force_foreign: list[str] | None = None, dry_run: bool = False,
+            timeout: str | None = None, gpus: bool = False,
+            max_parallel: str | None = None, deadline: str | None = None,
+            project: str | None = None, no_keep: bool = False,
+            json: bool = False) -> None:
+    """Stop exactly what outrig started, then prove the GPUs are free (audit + wait).
+
+    Exit status 0 only when nothing of ours is left and the GPU memory it held is back.
+    Processes outrig did not start are listed, never killed, unless named with
+    --force-foreign. With no --run, --playbook or --all it stops the runs that a migrate
+    moved away from this box (fencing, docs/watch.md), and says so.
+
+    Examples:
+        outrig cleanup --host old-node
+        outrig cleanup --host uk-node --playbook dflash-qwen36
+        outrig cleanup --host uk-node --all --dry-run
+        outrig cleanup --host uk-node --force-foreign 4711
+        outrig cleanup --host all --all
+    """
+    from outrig.ops.cleanup import cleanup as run_cleanup
+
+    seconds = float(number(timeout, "timeout", 60.0, whole=False))
+    settings = settings_for(c, project, no_keep=no_keep)
+    reporter = make_reporter(json, gpus)
+    foreign = list(force_foreign or [])
+    target = select(settings, reporter, host, run=run, max_parallel=max_parallel,
+                    deadline=deadline)
+
+    def on_job(job: NodeJob) -> None:  # a multi-node job: its run on every node, nothing else
+        from outrig.ops.nodes import stop_nodes
+
+        if dry_run or force_foreign:
+            raise ConfigError(f"--run {run} is the multi-node job {job.recorded_id}: cleanup "
+                              "stops its run on every node and takes neither --dry-run nor "
+                              "--force-foreign (to see one box first: outrig cleanup --host "
+                              "NODE --all --dry-run). Nothing was stopped.")
+        stop_nodes(job.project, job.recorded_id, reporter, timeout=seconds)
+
+    target.run(
+        host=lambda one: run_cleanup(one.project, one.spec, reporter, run_id=run,
+                                     playbook=playbook, all_runs=all, force_foreign=foreign,
+                                     dry_run=dry_run, timeout=seconds),
+        sweep=lambda sweep: cleanup_hosts(sweep, playbook=playbook, all_runs=all, run=run,
+                                          force_foreign=foreign, dry_run=dry_run,
+                                          timeout=seconds),
+        job=on_job)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["spare"],
+    help={"host": HOST_HELP,
+          "playbook": "the playbook whose run to follow (its current run on the host)",
+          "spare": "a box to move the job to if the host dies (repeat for several; the first "
+                   "that passes check wins)",
+          "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
+          "restarts": "after a crash on a healthy box, redeploy in place at most N times "
+                      "(default 0: report and stop)",
+          "threshold": "seconds with every health signal failing before the box may be "
+                       "called dead (default 60; scaled up with the measured RTT)",
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def watch(c: Any, host: str | None = None, playbook: str | None = None,
+          spare: list[str] | None = None, run: str | None = None, restarts: str | None = None,
+          threshold: str | None = None, project: str | None = None, no_keep: bool = False,
+          json: bool = False) -> None:
+    """Follow one run until it finishes; move it to a spare if its box dies.
+
+    Judges the box from several signals (TCP, SSH banner, the agent's answer, the run's
+    processes, log growth) with RTT-scaled limits, mirrors each new complete checkpoint, and
+    on a confirmed death migrates to the first spare that passes check. A crash on a box
+    that answers is reported, never migrated (--restarts N redeploys in place). Events go
+    to the on_event hook; its state lives in the journal, so a restarted watch carries on.
+    See docs/watch.md.
+
+    Example:
+        outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
+    """
+    from outrig.notify import Notifier
+    from outrig.ops.watch import WatchOptions
+    from outrig.ops.watch import watch as run_watch
+
+    reporter = make_reporter(json)
+    settings = settings_for(c, project, no_keep=no_keep)
+    target = select_one(settings, reporter, host, run)
+
+    def on_host(one: OneHost) -> None:
+        name = playbook_for(settings, playbook, one.spec, reporter, what="watch")
+        options = WatchOptions(spares=list(spare or []), run_id=run,
+                               restarts=int(number(restarts, "restarts", 0)),
+                               threshold=float(number(threshold, "threshold", 60,
+                                                      whole=False)))
+        run_watch(one.project, one.spec, name, reporter, options=options,
+                  notifier=Notifier(settings.on_event(), reporter))
+
+    def on_job(job: NodeJob) -> None:  # a multi-node job: one node failing stops the others
+        from outrig.ops.nodes import watch_nodes
+
+        if spare:
+            raise ConfigError(f"--spare: {job.recorded_id} is a multi-node job, which watch "
+                              "does not move (a node failing stops the others; deploy it "
+                              "again). Drop --spare. Nothing was started.")
+        watch_nodes(job.project, job.recorded_id, reporter,
+                    threshold=float(number(threshold, "threshold", 60, whole=False)))
+
+    target.run(host=on_host, job=on_job)
+
+
+@task(
+    auto_shortflags=False,
+    iterable=["host"],
+    help={"host": HOSTS_HELP, "playbook": "whose checkpoints (default: the playbook of the "
+          "host's newest run that really ran)",
+          "run": "take the playbook of this run id instead",
+          "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
+          "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
+)
+@friendly
+def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None = None,
+                     run: str | None = None, max_parallel: str | None = None,
+                     deadline: str | None = None, project: str | None = None,
+                     no_keep: bool = False, json: bool = False) -> None:
+    """Pull new complete checkpoints from a box into this workstation's mirror.
+
+    Only checkpoints that are complete (every file present, training_state.json readable, and
+    logged as saved or followed by a later epoch) are pulled; ``interrupted/`` never is. Run
+    it now and then: a dead box then loses at most the work since the last sync.
+
+    Example:
+        outrig sync-checkpoints --host uk-node
+    """
+    from outrig.ops.stage import sync_checkpoints as run_sync
+
+    settings = settings_for(c, project, no_keep=no_keep)
+    reporter = make_reporter(json)
+    # a --run id here is one box's run (a node's run is too): never a multi-node job
+    target = select(settings, reporter, host, max_parallel=max_parallel, deadline=deadline)
+    target.run(
+        host=lambda one: run_sync(one.project, one.spec, reporter, playbook=playbook,
+                                  run_id=run),
+        sweep=lambda sweep: sync_hosts(sweep, playbook, run=run))
+
+
+@task(
+    auto_shortflags=False,
+    help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port",
+          "to": "the new box", "playbook": "playbook to run on the new box (default: the old "
+          "box's last playbook, or the member of its family that fits the new box best)",
+          "run": "the run on the old box to move (default: its newest run that really ran)",
+          "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def migrate(c: Any, from_: str | None = None, to: str | None = None,
+            playbook: str | None = None, run: str | None = None, project: str | None = None,
+            no_keep: bool = False,
+            json: bool = False) -> None:
+    """Move a job to a fresh box and resume it from the newest complete checkpoint.
+
+    Probes the old box several times before calling it dead; provisions and stages the new
+    one; re-plans GPU placement for its hardware (old and new shown side by side); stops the
+    old run if the box is alive and copies its checkpoint box to box, else uses this
+    workstation's mirror; deploys with resume. See docs/migrate.md.
+
+    Example:
+        outrig migrate --from uk-node --to new-node
+    """
+    from outrig.ops.migrate import migrate as run_migrate
+
+    if not from_ or not to:
+        raise ConfigError("migrate needs both boxes: --from OLD --to NEW (host file names, "
+                          "ssh aliases or user@host:port). Nothing was sent.")
+    settings = settings_for(c, project, no_keep=no_keep)
+    run_migrate(settings.project, from_, to, make_reporter(json), playbook=playbook, run_id=run)

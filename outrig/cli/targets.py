@@ -1,0 +1,229 @@
+"""What a command acts on: one host, a sweep of hosts, or a multi-node job (a :class:`Target`).
+
+``--host``, ``--run`` and ``--playbook`` are resolved once, here, before anything is sent,
+into one of three kinds:
+
+* :class:`OneHost`: one box, driven with the op's own output (tables, progress, JSON).
+* :class:`Sweep`: several hosts (``--host a,b``, a group, ``all``), the same work on each at
+  once, each host a row of its own (:mod:`outrig.cli.sweep`).
+* :class:`NodeJob`: one job across several boxes, a playbook with ``nodes:`` > 1
+  (:mod:`outrig.ops.nodes`): the playbook decides, so ``deploy`` and ``plan`` load it first
+  (once; the target holds it) and a playbook that lists its nodes needs no ``--host`` at
+  all; ``status``, ``cleanup``, ``tail-logs`` and ``watch`` with the ``--run`` id of a job
+  (its job id, or one node's run id) cover every node of it, whatever ``--host`` says.
+
+A task then calls :meth:`Target.run` with what it does for each kind it accepts, and the
+target calls the one that applies. This is the one place that tells the kinds apart; the
+model is fabric's ``Group`` (a single host is a group of one: ``hosts`` is always the list
+of hosts; ``ThreadingGroup`` is the sweep; a sweep's :class:`~outrig.fanout.FanOutFailed`
+is ``GroupException``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from outrig.cli.flags import number
+from outrig.console import Reporter
+from outrig.errors import ConfigError
+from outrig.fanout import MAX_PARALLEL
+from outrig.journal import Journal
+from outrig.playbook import Job, find_playbook, load_job
+from outrig.session import Project
+from outrig.settings import Settings, playbook_for
+
+
+@dataclass
+class Target(ABC):
+    """What one command acts on, resolved from its flags before anything is sent.
+
+    ``hosts``: the host specs as the command selected them (one host: a list of one; a
+    multi-node playbook's ``--host`` selection may be empty, the playbook then lists its
+    nodes). ``job``: the playbook, loaded once, when resolving needed it (deploy, plan)."""
+
+    settings: Settings
+    reporter: Reporter
+    hosts: list[str]
+    job: Job | None = None
+
+    @property
+    def project(self) -> Project:
+        return self.settings.project
+
+    @property
+    def playbook(self) -> Job:
+        """The loaded playbook of a target resolved by :func:`select_deploy` (a plan on
+        several hosts may have none: then use :attr:`job`)."""
+        assert self.job is not None, "this target was resolved without a playbook"
+        return self.job
+
+    @abstractmethod
+    def run(self, *, host: Callable[[OneHost], object],
+            sweep: Callable[[Sweep], object] | None = None,
+            job: Callable[[NodeJob], object] | None = None) -> None:
+        """Do the command's work for this kind of target: ``host`` on one host, ``sweep`` on
+        several, ``job`` on a multi-node job. A command passes the kinds it accepts; the
+        resolving function it called yields no other."""
+
+
+@dataclass
+class OneHost(Target):
+    """One host: the op's own entry point, with its full output."""
+
+    @property
+    def spec(self) -> str:
+        """The host as ``--host`` named it (a host file, an alias, user@host:port)."""
+        return self.hosts[0]
+
+    def run(self, *, host: Callable[[OneHost], object],
+            sweep: Callable[[Sweep], object] | None = None,
+            job: Callable[[NodeJob], object] | None = None) -> None:
+        host(self)
+
+
+@dataclass
+class Sweep(Target):
+    """Several hosts, the same work on each at once (each host its own run, session and
+    row). ``max_parallel`` and ``deadline`` are the flags as given, read only when the sweep
+    runs (a single host ignores them)."""
+
+    max_parallel: str | None = None
+    deadline: str | None = None
+
+    def limits(self) -> tuple[int, float | None]:
+        """``--max-parallel`` (default 32) and ``--deadline`` (None: from each host's RTT),
+        as clear exit-2 errors when they make no sense."""
+        bound = int(number(self.max_parallel, "max-parallel", MAX_PARALLEL))
+        limit = (None if self.deadline is None
+                 else float(number(self.deadline, "deadline", 60, whole=False)))
+        if limit is not None and limit <= 0:
+            raise ConfigError(f"--deadline must be a positive number of seconds, not "
+                              f"{self.deadline}")
+        if bound < 1:
+            raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
+        return bound, limit
+
+    def parallel(self) -> int:
+        """``--max-parallel`` alone (``tail-logs``, which has no deadline)."""
+        bound = int(number(self.max_parallel, "max-parallel", MAX_PARALLEL))
+        if bound < 1:
+            raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
+        return bound
+
+    def run(self, *, host: Callable[[OneHost], object],
+            sweep: Callable[[Sweep], object] | None = None,
+            job: Callable[[NodeJob], object] | None = None) -> None:
+        assert sweep is not None, "a sweep was resolved for a command that runs on one host"
+        sweep(self)
+
+
+@dataclass
+class NodeJob(Target):
+    """A multi-node job: a playbook with ``nodes:`` > 1 about to be deployed or planned
+    (:attr:`job` loaded, :attr:`hosts` the ``--host`` selection of its nodes), or a job the
+    journal records, named by ``--run`` (:attr:`job_id`; its nodes are in its record)."""
+
+    job_id: str | None = None
+
+    @property
+    def recorded_id(self) -> str:
+        """The id of the recorded job that ``--run`` named."""
+        assert self.job_id is not None, "this job target is a playbook, not a recorded job"
+        return self.job_id
+
+    def run(self, *, host: Callable[[OneHost], object],
+            sweep: Callable[[Sweep], object] | None = None,
+            job: Callable[[NodeJob], object] | None = None) -> None:
+        assert job is not None, "a multi-node job was resolved for a command without one"
+        job(self)
+
+
+# ---------------------------------------------------------------------------- resolving
+
+
+def select(settings: Settings, reporter: Reporter, host: list[str] | None, *,
+           run: str | None = None, max_parallel: str | None = None,
+           deadline: str | None = None) -> Target:
+    """The target of a command that takes a ``--host`` selection: the multi-node job a
+    ``--run`` id names (``status``, ``cleanup``, ``tail-logs``; pass no ``run`` where a run
+    id is only ever one box's), else the hosts of ``--host`` (one host, or a sweep)."""
+    job_id = job_id_for(run)
+    if job_id is not None:
+        return NodeJob(settings, reporter, [], job_id=job_id)
+    hosts = settings.hosts(host)
+    if len(hosts) == 1:
+        return OneHost(settings, reporter, hosts)
+    return Sweep(settings, reporter, hosts, max_parallel=max_parallel, deadline=deadline)
+
+
+def select_one(settings: Settings, reporter: Reporter, host: str | None,
+               run: str | None) -> OneHost | NodeJob:
+    """The target of ``watch``: the multi-node job its ``--run`` names, else its one host."""
+    job_id = job_id_for(run)
+    if job_id is not None:
+        return NodeJob(settings, reporter, [], job_id=job_id)
+    return one_host(settings, reporter, host)
+
+
+def one_host(settings: Settings, reporter: Reporter, host: str | None) -> OneHost:
+    """The target of a command that runs on one host only (``evaluate``, ``exec``,
+    ``forward``, ``ssh``, and ``watch`` on a run of one box): a selection of several is
+    refused, naming the flag, before anything is sent."""
+    return OneHost(settings, reporter, [settings.host(host)])
+
+
+def select_deploy(settings: Settings, reporter: Reporter, host: list[str] | None,
+                  playbook: str | None, *, what: str, test: bool, params: dict[str, Any],
+                  sweep_needs_playbook: bool, max_parallel: str | None = None,
+                  deadline: str | None = None) -> Target:
+    """The target of ``deploy`` and ``plan``, with the playbook loaded once.
+
+    A playbook named by ``--playbook``, ``OUTRIG_PLAYBOOK`` or ``playbook:`` in outrig.yaml
+    is loaded first: with ``nodes:`` > 1 the selection is the job's nodes, not a sweep. On
+    several hosts the playbook is the named one (``sweep_needs_playbook``: deploy asks for
+    one; plan without one shows each host's runs and GPUs); on one host it may also be the
+    playbook of the host's current run (:func:`outrig.settings.playbook_for`)."""
+    name, _ = settings.value("playbook", playbook)
+    job = None if name is None else _load(settings, str(name), test=test, params=params)
+    if job is not None and job.spec.nodes > 1:
+        return NodeJob(settings, reporter, node_selection(settings, host, job), job=job)
+    hosts = settings.hosts(host)
+    if len(hosts) > 1:
+        if sweep_needs_playbook:  # says where the name came from, or asks for one
+            playbook_for(settings, playbook, None, reporter, what=what)
+        return Sweep(settings, reporter, hosts, job=job, max_parallel=max_parallel,
+                     deadline=deadline)
+    name = playbook_for(settings, playbook, hosts[0], reporter, what=what)
+    if job is None:  # the playbook of the host's current run
+        job = _load(settings, name, test=test, params=params)
+    return OneHost(settings, reporter, hosts, job=job)
+
+
+def _load(settings: Settings, name: str, *, test: bool, params: dict[str, Any]) -> Job:
+    return load_job(find_playbook(name, settings.project.playbooks_dir), test=test,
+                    params=params)
+
+
+def node_selection(settings: Settings, host: list[str] | None, job: Job) -> list[str]:
+    """The ``--host`` selection for a job's nodes: as given (expanded, in order), or empty
+    when none is given and the playbook lists its nodes (:func:`outrig.ops.nodes.
+    select_nodes` then takes the playbook's list and checks the count either way)."""
+    if not [v for v in host or [] if v] and job.spec.node_hosts:
+        return []
+    return settings.hosts(host)
+
+
+def job_id_for(run: str | None) -> str | None:
+    """The job a ``--run`` id names (a job id or one of its nodes' run ids), else None (an
+    ordinary run id, or no ``--run``). ``--playbook`` alone never selects a job: with a
+    ``--host`` it means that box's current run, as before."""
+    if run is None:
+        return None
+    # at call time: ops.nodes pulls in every op, which a command without --run never needs
+    from outrig.ops.nodes import find_job
+
+    found = find_job(Journal(), run)
+    return None if found is None else str(found[0].get("job_id"))
