@@ -1,7 +1,8 @@
 """What every task of :mod:`outrig.cli` shares: the flags' help texts, numeric flags parsed
 into clear errors, the reporter, and :func:`friendly` (an error as one paragraph and its exit
 status, no traceback). A module of its own so that the task modules import it without
-importing each other.
+importing each other. Every task module imports it at start-up, so the console (rich) is
+imported only when a reporter is made (:func:`make_reporter`), purely for start-up.
 """
 
 from __future__ import annotations
@@ -9,13 +10,15 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke.exceptions import Exit
 
-from outrig.console import Reporter
 from outrig.errors import ConfigError, Interrupted, OutrigError
 from outrig.textlayout import visible
+
+if TYPE_CHECKING:
+    from outrig.console import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,6 +62,8 @@ def number(value: str | None, flag: str, default: float, *, whole: bool = True) 
 
 def make_reporter(json: bool, gpus: bool = False) -> Reporter:
     """The reporter a task prints through: tables for people, or JSON with --json."""
+    from outrig.console import Reporter
+
     return Reporter(json_mode=json, gpu_table=gpus)
 
 
