@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke.exceptions import Exit
 
 from outrig.errors import ConfigError, Interrupted, OutrigError
-from outrig.textlayout import visible
+from outrig.terminal import wrap_width
+from outrig.textlayout import paragraph, visible
 
 if TYPE_CHECKING:
     from outrig.console import Reporter
@@ -69,21 +70,25 @@ def make_reporter(json: bool, gpus: bool = False) -> Reporter:
 
 def friendly(func: F) -> F:
     """Print an OutrigError's message (no traceback) and exit with its status; Ctrl-C
-    exits 130 (docs/cli.md, "Exit status")."""
+    exits 130 (docs/cli.md, "Exit status"). The message is one paragraph wrapped at spaces
+    to the terminal (:func:`outrig.textlayout.paragraph`), so no word is cut at its edge."""
+
+    def say(text: str, first: str = "") -> None:
+        print(paragraph(visible(text), wrap_width(sys.stderr), first=first), file=sys.stderr)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except Interrupted as exc:  # what Ctrl-C stopped: a note, not an error
-            print(visible(str(exc)), file=sys.stderr)
+            say(str(exc))
             raise Exit(code=exc.exit_code) from None
         except OutrigError as exc:
-            print(f"error: {visible(str(exc))}", file=sys.stderr)
+            say(str(exc), first="error: ")
             raise Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
-            print("interrupted: anything already launched keeps running on the box; "
-                  "see `outrig status`", file=sys.stderr)
+            say("interrupted: anything already launched keeps running on the box; see "
+                "`outrig status`")
             raise Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from outrig.cli.boxes import stage_
+from outrig.cli import make_collection
 from outrig.transfer import STREAMS
 
 HEAVY = ("rich", "pydantic", "paramiko", "fabric", "outrig.plan", "outrig.recipes",
@@ -48,4 +48,5 @@ def test_a_task_that_runs_does_import_them() -> None:
 
 
 def test_stage_help_names_the_default_number_of_streams() -> None:
-    assert f"(default {STREAMS})" in stage_.help["streams"]
+    stage = make_collection()["stage"]
+    assert f"(default {STREAMS})" in stage.__dict__["_outrig_help"]["streams"]
