@@ -18,7 +18,8 @@ from rich.markup import escape
 
 from outrig.errors import CLOSED_PIPE_EXIT
 from outrig.plan import Plan
-from outrig.textlayout import plan_lines, status_lines, visible
+from outrig.terminal import wrap_width
+from outrig.textlayout import paragraph, plan_lines, status_lines, visible
 
 
 class _Console(Console):
@@ -80,20 +81,32 @@ class Reporter:
         self._last_wait_print = 0.0
 
     # --- plain messages -------------------------------------------------------------------
+    # Notes, warnings and ✓ lines are prose: wrapped at spaces to the terminal (the
+    # continuation two columns in), so that no word is cut at its edge; left whole on one
+    # line when stderr is not a terminal (outrig.terminal.wrap_width). Output of a process
+    # (the "output" event) is printed as it came.
+    def _message(self, message: str, mark: str = "", markup: str = "") -> None:
+        text = paragraph(visible(message), wrap_width(self.console.file), first=mark)
+        if mark:  # the mark in colour, the text as text
+            text = f"{markup}{escape(text[:len(mark)].rstrip())}[/] " + escape(text[len(mark):])
+            self.console.print(text)
+        else:
+            self.console.print(escape(text))
+
     def info(self, message: str) -> None:
         if not self.quiet:
             self._stop_status()
-            self.console.print(escape(visible(message)))
+            self._message(message)
 
     def warn(self, message: str) -> None:
         self._stop_status()
-        self.console.print(f"[yellow]warning:[/yellow] {escape(visible(message))}")
+        self._message(message, "warning: ", "[yellow]")
 
     def success(self, message: str) -> None:
         if self.quiet:
             return
         self._stop_status()
-        self.console.print(f"[green]✓[/green] {escape(visible(message))}")
+        self._message(message, "✓ ", "[green]")
 
     def emit_json(self, document: Any) -> None:
         """One JSON line on stdout (only in --json mode)."""
@@ -115,6 +128,10 @@ class Reporter:
             return
         if kind == "warning":
             self.warn(text)
+        elif kind == "output":  # a process's own line: as it came, never re-wrapped
+            if not self.quiet:
+                self._stop_status()
+                self.console.print(escape(visible(text)))
         else:
             self.info(text)
 

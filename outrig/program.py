@@ -1,24 +1,45 @@
 """The ``outrig`` program: Invoke's :class:`~invoke.program.Program` (as Fabric builds ``fab``)
 with outrig's config name, the words after ``--`` kept as typed, Invoke's parse errors as one
-paragraph with exit status 2, and completion of host and playbook names."""
+paragraph with exit status 2, completion of host and playbook names, and outrig's own help.
+
+Fabric's ``fab`` is a Program subclass that overrides :meth:`~invoke.program.Program.
+core_args`; so is this one, but where ``fab`` adds options, ``outrig`` keeps only the ones
+that mean something for it (``--help``, ``--list``, ``--version``, ``--complete``,
+``--print-completion-script``). Invoke's shell-runner options (``--echo``, ``--pty``,
+``--hide``, ``--dry``, ``--warn-only``, ``--command-timeout``, ``--prompt-for-sudo-password``,
+``--config``, ``--write-pyc``, ``--debug``) and its task-tree listing options
+(``--list-depth``, ``--list-format``) are gone, so they are refused as unknown flags; the
+Program methods that read them (:meth:`parse_core`, :meth:`parse_cleanup`,
+:meth:`update_config`) are overridden to match. The help itself is laid out by
+:mod:`outrig.helptext`.
+
+Imported on every start: it imports Invoke, :mod:`outrig.settings` (light), the text layout
+and nothing of the ops; :func:`value_candidates` imports the inventory only when completing.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from invoke.completion.complete import complete, print_completion_script
 from invoke.config import Config, merge_dicts
 from invoke.exceptions import Exit, ParseError
 from invoke.parser.argument import Argument
 from invoke.parser.context import ParserContext, translate_underscores
 from invoke.parser.parser import Parser
 from invoke.program import Program
+from invoke.util import helpline
 
 from outrig.errors import CLOSED_PIPE_EXIT
+from outrig.helptext import Option, core_help_lines, task_help_lines, task_list_lines
 from outrig.settings import SETTINGS, find_project
+from outrig.terminal import terminal_width, wrap_width
+from outrig.textlayout import paragraph
 
 _REMAINDER: list[str] | None = None
 
@@ -43,9 +64,69 @@ class OutrigConfig(Config):
         return defaults
 
 
+SUMMARY = ("Drive rented GPU boxes over SSH: deploy a job's processes, watch them, read "
+           "their logs, move them to another box and clean up exactly what was started.")
+
+
+def core_arguments() -> list[Argument]:
+    """outrig's own options (Invoke's Program would add its shell-runner ones)."""
+    return [
+        Argument(names=("complete",), kind=bool, default=False,
+                 help="print completion candidates for the words after -- (what the "
+                      "completion scripts call)"),
+        Argument(names=("help", "h"), optional=True,
+                 help="show this help, or with a task name that task's description and "
+                      "options"),
+        Argument(names=("list", "l"), kind=bool, default=False,
+                 help="list the tasks, each with what it does"),
+        Argument(names=("print-completion-script",), kind=str, default="",
+                 help="print the completion script for bash, zsh or fish (docs/cli.md, "
+                      "\"Shell completion\")"),
+        Argument(names=("version", "V"), kind=bool, default=False,
+                 help="print outrig's version"),
+    ]
+
+
+def keep_help(collection: Any) -> None:
+    """Give every task of ``collection`` its flags' help texts back.
+
+    Invoke takes each help text out of its task (``Task.help.pop``) when it builds a parser
+    for it, so every parser after the first (:func:`missing_value`'s, then the one
+    ``--help TASK`` reads) had none: the first call keeps a copy on the task, and every call
+    puts that copy back. :func:`outrig.cli.make_collection` calls it before any parser is
+    built."""
+    for task in collection.tasks.values():
+        kept = task.__dict__.setdefault("_outrig_help", dict(task.help))
+        task.help = dict(kept)
+    for sub in collection.collections.values():
+        keep_help(sub)
+
+
+def option(argument: Argument) -> Option:
+    """Invoke's argument as the help shows it."""
+    inverse = argument.kind is bool and argument.default is True
+    return Option(names=tuple(argument.names), help=argument.help or "",
+                  takes_value=bool(argument.takes_value), optional=bool(argument.optional),
+                  repeatable=argument.kind is list, inverse=inverse,
+                  kind=getattr(argument.kind, "__name__", "str"))
+
+
+def refusal(text: str) -> Exit:
+    """An exit-2 refusal whose one paragraph is wrapped to the terminal (stderr's)."""
+    return Exit(paragraph(text, wrap_width(sys.stderr)), code=2)
+
+
 class OutrigProgram(Program):
-    """``outrig``: Invoke's Program with the outrig collection, keeping the words after
-    ``--`` as typed, and turning Invoke's parse errors into exit status 2 with the fix."""
+    """``outrig``: Invoke's Program with the outrig collection and outrig's own options and
+    help, keeping the words after ``--`` as typed, and turning Invoke's parse errors into
+    exit status 2 with the fix."""
+
+    def core_args(self) -> list[Argument]:
+        return core_arguments()
+
+    def _make_parser(self) -> Parser:
+        keep_help(self.collection)
+        return super()._make_parser()
 
     def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
         """Invoke's run; a reader that goes away early (``outrig --help deploy | head``,
@@ -61,36 +142,98 @@ class OutrigProgram(Program):
             sys.exit(CLOSED_PIPE_EXIT)
 
     def parse_core(self, argv: list[str] | None) -> None:
+        """Invoke's, for outrig's options: ``--version`` and ``--print-completion-script``
+        answer here, before the tasks are looked at. (Invoke's also read ``--debug`` and
+        ``--write-pyc``; outrig has neither and, as Invoke does by default, writes no
+        bytecode.)"""
         global _REMAINDER
         words = list(sys.argv if argv is None else argv)
         _REMAINDER = words if "--" in words else []
+        self.normalize_argv(argv)
         try:
-            super().parse_core(argv)
+            self.parse_core_args()
         except ParseError as exc:
-            raise Exit(parse_error_message(exc, self.binary_names[0]), code=2) from None
+            raise refusal(parse_error_message(exc, self.binary_names[0])) from None
+        sys.dont_write_bytecode = True
+        if self.args.version.value:
+            self.print_version()
+            raise Exit
+        if self.args["print-completion-script"].value:
+            print_completion_script(shell=self.args["print-completion-script"].value,
+                                    names=self.binary_names)
+            raise Exit
 
     def parse_cleanup(self) -> None:
-        """``--complete`` (the shell completion scripts' call) also completes the values of
-        --host (and --from, --to) and --playbook from the project; Invoke completes flags
-        and task names."""
+        """Invoke's, for outrig's options: ``--help [TASK]``, ``--list``, ``--complete``, else
+        the help when no task was named. ``--complete`` (the shell completion scripts' call)
+        also completes the values of --host (and --from, --to) and --playbook from the
+        project; Invoke completes flags and task names."""
+        binary = self.binary_names[0]
         if self.args.complete.value:
             names = value_candidates(self.core.remainder)
             if names is not None:
                 print("\n".join(names))
                 raise Exit
-        super().parse_cleanup()
+        wanted = self.args.help.value
+        if wanted is True:
+            self.print_help()
+            raise Exit
+        if wanted:
+            if wanted not in self.parser.contexts:
+                raise refusal(f"error: no task is named {wanted!r}; see `{binary} --list` "
+                              "for the tasks. Nothing was run.")
+            self.print_task_help(wanted)
+            raise Exit
+        if self.args.list.value:
+            self.list_tasks()
+            raise Exit
+        if self.args.complete.value:
+            complete(names=self.binary_names, core=self.core,
+                     initial_context=self.initial_context, collection=self.collection,
+                     parser=self._make_parser())
+        if not self.tasks and not self.collection.default:
+            self.no_tasks_given()
+
+    def update_config(self, merge: bool = True) -> None:
+        """Invoke's merges what its shell-runner flags and ``--config`` file said; outrig has
+        neither, so only the merge is left."""
+        if merge:
+            self.config.merge()
 
     def parse_tasks(self) -> None:
         missing = missing_value(self.core.unparsed, self._make_parser())
         if missing is not None:
-            raise Exit(parse_error_message(missing, self.binary_names[0]), code=2)
+            raise refusal(parse_error_message(missing, self.binary_names[0]))
         try:
             super().parse_tasks()
         except ParseError as exc:
-            raise Exit(parse_error_message(exc, self.binary_names[0]), code=2) from None
+            raise refusal(parse_error_message(exc, self.binary_names[0])) from None
         except ValueError as exc:  # a typed flag given a value of the wrong type
-            raise Exit(f"error: {exc}; see `outrig --help TASK` for the flag's type", code=2) \
+            raise refusal(f"error: {exc}; see `outrig --help TASK` for the flag's type") \
                 from None
+
+    # --- the help (laid out by outrig.helptext) ----------------------------------------
+    def task_summaries(self) -> list[tuple[str, str]]:
+        """Each task's name and the first line of its docstring."""
+        return [(name, helpline(task) or "")
+                for name, task in sorted(self.collection.tasks.items())]
+
+    def print_help(self) -> None:
+        width = terminal_width(sys.stdout)
+        options = [option(a) for a in self.initial_context.args.values()]
+        options.sort(key=lambda o: o.names[0])
+        print("\n".join(core_help_lines(self.binary_names[0], SUMMARY, options,
+                                        self.task_summaries(), width)))
+
+    def print_task_help(self, name: str) -> None:
+        context = self.parser.contexts[name]
+        options = [option(a) for a in context.args.values()]
+        doc = inspect.getdoc(self.collection[name]) or ""
+        print("\n".join(task_help_lines(self.binary_names[0], name, doc, options,
+                                        terminal_width(sys.stdout))))
+
+    def list_tasks(self) -> None:
+        print("\n".join(task_list_lines(self.task_summaries(), terminal_width(sys.stdout))))
 
 
 def missing_value(argv: list[str], parser: Parser) -> ParseError | None:

@@ -4,6 +4,10 @@ named), its ``outrig.yaml`` / ``invoke.yaml``, ``OUTRIG_*`` variables and Invoke
 Precedence, highest first: the flag, an ``OUTRIG_*`` variable, the project's ``outrig.yaml``,
 its ``invoke.yaml``, then the user's configuration (docs/cli.md). Pure reading; nothing here
 reaches a box.
+
+:mod:`outrig.program` reads :data:`SETTINGS` and :func:`find_project` on every start, so the
+session layer (and through it the transports) is imported only where settings are made
+(:func:`_settings`), purely for start-up; the reporter is a type here only.
 """
 
 from __future__ import annotations
@@ -11,13 +15,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from outrig.console import Reporter
 from outrig.errors import ConfigError
-from outrig.session import Project
+
+if TYPE_CHECKING:
+    from outrig.console import Reporter
+    from outrig.session import Project
 
 PROJECT_FILE = "outrig.yaml"
 PROJECT_FILES = (PROJECT_FILE, "invoke.yaml", "invoke.yml")  # highest first
@@ -231,6 +237,8 @@ def _find_settings(c: Any, project_flag: str | None) -> Settings:
 
 
 def _settings(c: Any, root: Path, source: str) -> Settings:
+    from outrig.session import Project
+
     return Settings(Project(root), source, read_project_config(root), c)
 
 

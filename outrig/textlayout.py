@@ -82,6 +82,24 @@ def wrapped(text: str, width: int, indent: str = INDENT, later: str | None = Non
                          drop_whitespace=True) or [indent.rstrip()]
 
 
+def paragraph(text: str, width: int | None, first: str = "", later: str = "  ") -> str:
+    """A message (an error, a note, a ``✓`` line) wrapped at spaces to ``width`` (None: left
+    as it is), so that the terminal never cuts a word: ``first`` starts it (``error: ``),
+    ``later`` each continuation line. Each line of a message of several is wrapped on its
+    own; one that starts with a space (a command, a table row, a list under the text) is
+    kept as it is, and a word longer than the line (a path, a URL) is never cut."""
+    if width is None:
+        return first + text
+    out: list[str] = []
+    for number, line in enumerate(text.split("\n")):
+        head = first if number == 0 else ""
+        if number and (not line.strip() or line[:1] in (" ", "\t")):
+            out.append(line)
+        else:
+            out.extend(wrapped(line, width, indent=head, later=later))
+    return "\n".join(out)
+
+
 def labelled(label: str, value: str, width: int, indent: str = INDENT) -> list[str]:
     """``label: value`` on one line when it fits, else the label and the value on its own
     line under it (for paths: never split)."""

@@ -45,7 +45,7 @@ from outrig.cli.runs import (
 )
 from outrig.cli.sandbox import demo, sandbox_down, sandbox_up
 from outrig.cli.starter import init
-from outrig.program import OutrigConfig, OutrigProgram
+from outrig.program import OutrigConfig, OutrigProgram, keep_help
 
 __all__ = ["OutrigConfig", "friendly", "make_collection", "ns", "program"]
 
@@ -59,6 +59,7 @@ def make_collection(default_project: Path | None = None) -> Collection:
     upward from the current folder (``tasks.py`` passes its checkout)."""
     collection = Collection(*TASKS)
     collection.configure({"project": str(default_project) if default_project else None})
+    keep_help(collection)  # before any parser takes the help texts out of the tasks
     return collection
 
 

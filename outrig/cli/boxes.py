@@ -3,13 +3,16 @@
 (``forward``), and list or close the warm connections to boxes (``connections``).
 
 Each task parses its flags, resolves the box (or, where several are allowed, the sweep) into
-a :class:`~outrig.cli.targets.Target`, and makes one call into ``outrig.ops``; the ops are
-imported inside each task, so that ``outrig --list`` and ``--help`` do not load them.
+a :class:`~outrig.cli.targets.Target`, and makes one call into ``outrig.ops``. The ops, the
+targets, the sweeps, the console and the inventory are imported inside each task, purely for
+start-up: ``outrig --version``, ``--list`` and ``--help`` load none of them. (``stage``'s
+help says the default of :data:`outrig.transfer.STREAMS` in words; a test keeps the two
+equal.)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 from invoke.tasks import task
@@ -28,14 +31,12 @@ from outrig.cli.flags import (
     make_reporter,
     number,
 )
-from outrig.cli.sweep import check_hosts, provision_hosts, stage_hosts
-from outrig.cli.targets import one_host, select
-from outrig.console import Reporter
 from outrig.errors import ConfigError
-from outrig.inventory import resolve_host
 from outrig.program import remainder_argv
-from outrig.settings import Settings, playbook_for, settings_for
-from outrig.transfer import STREAMS
+from outrig.settings import playbook_for, settings_for
+
+if TYPE_CHECKING:
+    from outrig.settings import Settings
 
 
 @task(auto_shortflags=False, iterable=["host"],
@@ -53,6 +54,8 @@ def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None
         outrig check --host uk-node
         outrig check --host sweep --json
     """
+    from outrig.cli.sweep import check_hosts
+    from outrig.cli.targets import select
     from outrig.ops.check import check as run_check
 
     settings = settings_for(c, project, no_keep=no_keep)
@@ -88,6 +91,8 @@ def provision(c: Any, host: list[str] | None = None, playbook: str | None = None
         outrig provision --host new-node --playbook dflash-qwen36
         outrig provision --host new-node --playbook dflash-qwen36 --dry-run
     """
+    from outrig.cli.sweep import provision_hosts
+    from outrig.cli.targets import select
     from outrig.ops.provision import provision as run_provision
 
     settings = settings_for(c, project, no_keep=no_keep)
@@ -112,7 +117,7 @@ def provision(c: Any, host: list[str] | None = None, playbook: str | None = None
                        "else relayed through this workstation)",
           "resume": "also put the newest complete checkpoint in place (from --from, "
                     "else from this workstation's mirror)",
-          "streams": f"parallel streams for copies through the workstation (default {STREAMS})",
+          "streams": "parallel streams for copies through the workstation (default 4)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
@@ -131,7 +136,10 @@ def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig stage --host new-node --playbook dflash-qwen36
         outrig stage --host new-node --playbook dflash-qwen36 --from uk-node --resume
     """
+    from outrig.cli.sweep import stage_hosts
+    from outrig.cli.targets import select
     from outrig.ops.stage import stage
+    from outrig.transfer import STREAMS
 
     count = int(number(streams, "streams", STREAMS))
     reporter = make_reporter(json)
@@ -163,6 +171,8 @@ def exec_(c: Any, host: str | None = None, project: str | None = None, no_keep: 
         outrig exec --host uk-node -- nvidia-smi
         outrig exec -- ls -la runs
     """
+    from outrig.cli.targets import one_host
+    from outrig.console import Reporter
     from outrig.ops.remote_exec import run_exec
 
     command = remainder_argv()
@@ -209,6 +219,7 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
         outrig forward --process server
         outrig forward --host uk-node --remote-port 8000 --local-port 18000
     """
+    from outrig.cli.targets import one_host
     from outrig.ops.forward import forward as run_forward
 
     remote = None if remote_port is None else int(number(remote_port, "remote-port", 8000))
@@ -239,6 +250,7 @@ def ssh(c: Any, host: str | None = None, project: str | None = None,
         outrig ssh --host uk-node
         outrig ssh -- htop
     """
+    from outrig.cli.targets import one_host
     from outrig.ops.shell import open_ssh
 
     settings = settings_for(c, project)
@@ -254,6 +266,8 @@ def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> N
     the terminal flag is left out, as there is no terminal to give the box then."""
     import shutil
 
+    from outrig.console import Reporter
+    from outrig.inventory import resolve_host
     from outrig.ops.shell import ssh_argv
 
     resolved = resolve_host(host_spec, hosts_dir=settings.project.hosts_dir)

@@ -11,7 +11,6 @@ from typing import Any
 from invoke.tasks import task
 
 from outrig.cli.flags import HOST_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
-from outrig.cli.targets import one_host
 from outrig.errors import ConfigError
 from outrig.settings import playbook_for, settings_for
 
@@ -57,6 +56,7 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
         outrig evaluate --host uk-node --playbook dflash-qwen36 --checkpoint /w/ckpt/2
         outrig evaluate --host uk-node --playbook dflash-qwen36 --compare
     """
+    from outrig.cli.targets import one_host  # at run time only, as in outrig.cli.runs
     from outrig.ops.evaluate import compare as run_compare
     from outrig.ops.evaluate import evaluate as run_evaluate
 

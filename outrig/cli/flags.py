@@ -1,7 +1,8 @@
 """What every task of :mod:`outrig.cli` shares: the flags' help texts, numeric flags parsed
 into clear errors, the reporter, and :func:`friendly` (an error as one paragraph and its exit
 status, no traceback). A module of its own so that the task modules import it without
-importing each other.
+importing each other. Every task module imports it at start-up, so the console (rich) is
+imported only when a reporter is made (:func:`make_reporter`), purely for start-up.
 """
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke.exceptions import Exit
 
-from outrig.console import Reporter
 from outrig.errors import ConfigError, Interrupted, OutrigError
-from outrig.textlayout import visible
+from outrig.terminal import wrap_width
+from outrig.textlayout import paragraph, visible
+
+if TYPE_CHECKING:
+    from outrig.console import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,26 +63,32 @@ def number(value: str | None, flag: str, default: float, *, whole: bool = True) 
 
 def make_reporter(json: bool, gpus: bool = False) -> Reporter:
     """The reporter a task prints through: tables for people, or JSON with --json."""
+    from outrig.console import Reporter
+
     return Reporter(json_mode=json, gpu_table=gpus)
 
 
 def friendly(func: F) -> F:
     """Print an OutrigError's message (no traceback) and exit with its status; Ctrl-C
-    exits 130 (docs/cli.md, "Exit status")."""
+    exits 130 (docs/cli.md, "Exit status"). The message is one paragraph wrapped at spaces
+    to the terminal (:func:`outrig.textlayout.paragraph`), so no word is cut at its edge."""
+
+    def say(text: str, first: str = "") -> None:
+        print(paragraph(visible(text), wrap_width(sys.stderr), first=first), file=sys.stderr)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except Interrupted as exc:  # what Ctrl-C stopped: a note, not an error
-            print(visible(str(exc)), file=sys.stderr)
+            say(str(exc))
             raise Exit(code=exc.exit_code) from None
         except OutrigError as exc:
-            print(f"error: {visible(str(exc))}", file=sys.stderr)
+            say(str(exc), first="error: ")
             raise Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
-            print("interrupted: anything already launched keeps running on the box; "
-                  "see `outrig status`", file=sys.stderr)
+            say("interrupted: anything already launched keeps running on the box; see "
+                "`outrig status`")
             raise Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]

@@ -5,13 +5,14 @@
 Each task parses its flags, resolves what it acts on into a :class:`~outrig.cli.targets.
 Target` (one host, a sweep of hosts, or a multi-node job) and hands the target what it does
 for each kind; the work itself is one call into ``outrig.ops`` (a sweep's is
-:mod:`outrig.cli.sweep`). The ops are imported inside each task, so that ``outrig --list``
-and ``--help`` do not load them.
+:mod:`outrig.cli.sweep`). The ops, the targets and the sweeps (and through them the console,
+the planner, the recipes and the playbook models) are imported inside each task, purely for
+start-up: ``outrig --version``, ``--list`` and ``--help`` load none of them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.tasks import task
 
@@ -32,18 +33,11 @@ from outrig.cli.flags import (
     make_reporter,
     number,
 )
-from outrig.cli.sweep import (
-    cleanup_hosts,
-    deploy_hosts,
-    place_hosts,
-    status_hosts,
-    sync_hosts,
-    tail_logs_hosts,
-)
-from outrig.cli.targets import NodeJob, OneHost, select, select_deploy, select_one
 from outrig.errors import ConfigError
-from outrig.session import host_session
 from outrig.settings import parse_params, playbook_for, settings_for
+
+if TYPE_CHECKING:
+    from outrig.cli.targets import NodeJob, OneHost
 
 
 @task(
@@ -79,7 +73,10 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig deploy --playbook smoke --param steps=50 --dry-run
         outrig deploy --host sweep --playbook smoke
     """
+    from outrig.cli.sweep import deploy_hosts
+    from outrig.cli.targets import select_deploy
     from outrig.ops.deploy import deploy_on
+    from outrig.session import host_session
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
@@ -129,6 +126,8 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig plan --host uk-node --playbook dflash-qwen36 --param epochs=2
         outrig plan --host sweep --playbook smoke
     """
+    from outrig.cli.sweep import place_hosts
+    from outrig.cli.targets import select_deploy
     from outrig.ops.deploy import show_plan
 
     reporter = make_reporter(json)
@@ -179,6 +178,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig status --host uk-node
         outrig status --host all
     """
+    from outrig.cli.sweep import status_hosts
+    from outrig.cli.targets import select
     from outrig.ops.status import status as run_status
 
     count = int(number(lines, "lines", 5))
@@ -238,6 +239,8 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig tail-logs --host uk-node --no-follow --json
         outrig tail-logs --host sweep --process trainer
     """
+    from outrig.cli.sweep import tail_logs_hosts
+    from outrig.cli.targets import select
     from outrig.ops.logs import tail_logs as run_tail
 
     count = None if lines is None else int(number(lines, "lines", 100))
@@ -299,6 +302,8 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
         outrig cleanup --host uk-node --force-foreign 4711
         outrig cleanup --host all --all
     """
+    from outrig.cli.sweep import cleanup_hosts
+    from outrig.cli.targets import select
     from outrig.ops.cleanup import cleanup as run_cleanup
 
     seconds = float(number(timeout, "timeout", 60.0, whole=False))
@@ -359,6 +364,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     Example:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
     """
+    from outrig.cli.targets import select_one
     from outrig.notify import Notifier
     from outrig.ops.watch import WatchOptions
     from outrig.ops.watch import watch as run_watch
@@ -413,6 +419,8 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     Example:
         outrig sync-checkpoints --host uk-node
     """
+    from outrig.cli.sweep import sync_hosts
+    from outrig.cli.targets import select
     from outrig.ops.stage import sync_checkpoints as run_sync
 
     settings = settings_for(c, project, no_keep=no_keep)

@@ -10,7 +10,6 @@ from typing import Any
 from invoke.tasks import task
 
 from outrig.cli.flags import friendly
-from outrig.console import Reporter
 
 
 @task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present",
@@ -25,6 +24,7 @@ def init(c: Any, force: bool = False, json: bool = False) -> None:
     Example:
         mkdir my-runs && cd my-runs && outrig init
     """
+    from outrig.console import Reporter  # at run time only: --help loads no console
     from outrig.starter import write_starter
 
     written = write_starter(Path.cwd(), force=force)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import sys
 import threading
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +22,8 @@ from outrig.errors import ConfigError, Interrupted
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.session import Project
+from outrig.terminal import wrap_width
+from outrig.textlayout import paragraph
 from outrig.timing import FORWARD_OPEN_TIMEOUT
 from outrig.transport import Transport, transport_for
 
@@ -152,8 +155,8 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
     reporter.emit_json({"event": "forwarding", "url": url, "local_port": mine,
                         "remote": f"{address}:{port}", "what": what})
     if not reporter.json_mode:
-        print(f"{url} → {address}:{port} on {host.label()} ({what}); Ctrl-C stops",
-              flush=True)
+        print(paragraph(f"{url} → {address}:{port} on {host.label()} ({what}); Ctrl-C stops",
+                        wrap_width(sys.stdout)), flush=True)
     try:
         Forwarder(transport, (address, port), listener, reporter).serve_forever()
     except KeyboardInterrupt:

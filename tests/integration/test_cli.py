@@ -129,9 +129,10 @@ def test_demo_runs_from_the_wheel_in_an_empty_folder(installed: Path, empty: Pat
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "80"}
     done = run(installed, ["demo"], empty, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "smoke ready on sandbox" in done.stderr, done.stderr
+    said = done.stderr.replace("\n  ", " ")  # notes are wrapped at 80 columns, two in
+    assert "smoke ready on sandbox" in said, done.stderr
     assert "trainer: newest complete checkpoint" in done.stdout, done.stdout
-    run_id = done.stderr.split("— run ", 1)[1].split(".", 1)[0]
+    run_id = said.split("— run ", 1)[1].split(".", 1)[0]
     assert marked(run_id) == []  # the demo's cleanup stopped every process of the run
     assert list(empty.iterdir()) == []  # the demo writes nothing into the folder
 
