@@ -341,7 +341,7 @@ class SSHTransport(Transport):
                 elif isinstance(error, LinkLost):
                     lost += 1
                     silent += error.silent
-                    if lost >= self.retry.link or silent >= min(SILENT_ATTEMPTS,
+                    if lost >= self.retry.link or silent >= min(self.retry.silent,
                                                              self.retry.refused):
                         raise LinkLost(f"{error} Tried {attempt} time(s).", phase=error.phase,
                                        silent=error.silent) from None
