@@ -9,7 +9,8 @@ link dies, or it gets SIGTERM (``outrig connections --close``).
 
 Requests (frames of the keeper's wire, :mod:`outrig.connectors.keeper_wire`): ``exec`` (open
 a session channel, exec argv pipelined, then relay ``i``/``e`` in and ``o``/``r``/``x``/``L``
-out), ``info`` (host, age, idle time left). Every request is refused unless the peer's uid is
+out), ``info`` (host, age, idle time left, keepalives sent, how long the box has been quiet
+and after how long a quiet link is probed). Every request is refused unless the peer's uid is
 this process's and its identity is the one this keeper serves.
 
 A kept link not heard from for more than a few RTTs is probed before a channel on it is lent
@@ -208,7 +209,10 @@ class Keeper:
                                        "age": time.time() - self.started,
                                        "idle_left": self.idle_left(),
                                        "keep_seconds": self.keep_seconds,
-                                       "link_up": self.link_up(), "probes": self.probes})
+                                       "link_up": self.link_up(), "probes": self.probes,
+                                       "quiet": time.monotonic() - self.last_heard,
+                                       "probe_after": probe_idle_after(
+                                           self.transport.best_rtt)})
             elif header.get("op") == "exec":
                 self.exec(conn, header)
         except (OSError, ValueError):

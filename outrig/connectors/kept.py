@@ -277,7 +277,7 @@ class KeptTransport(SSHTransport):
                           + ("connecting directly" if fresh else "starting a fresh one"))
                 if fresh:
                     break
-                self._drop_stale(path, str(exc))
+                self._drop_stale(path, "")  # said above
                 continue
             except UnsafePlace as exc:
                 self._say(f"no warm connection: {exc}")
@@ -300,8 +300,9 @@ class KeptTransport(SSHTransport):
 
     def _drop_stale(self, path: Path, why: str) -> None:
         """Remove a keeper's socket that no longer answers (its process is gone); a keeper
-        that refused because its link died removes its own."""
-        self._say(f"stale warm connection ({why}); starting a fresh one")
+        that refused because its link died removes its own. ``why`` is said unless empty."""
+        if why:
+            self._say(f"stale warm connection ({why}); starting a fresh one")
         with contextlib.suppress(OSError):
             check_socket_file(path)
             path.unlink()
