@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -35,12 +36,30 @@ OUTRIG = [sys.executable, "-c",
 
 
 def run(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """Seconds, exit status and the last line of stderr of one CLI command."""
+    """Seconds, exit status and stderr of one CLI command."""
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           env=env, cwd=REPO, timeout=600)
-    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    return time.monotonic() - started, done.returncode, lines[-1] if lines else ""
+    return time.monotonic() - started, done.returncode, done.stderr
+
+
+def what_fired(stderr: str) -> str:
+    """The limits the error names: the keeper's keepalive, then the connect attempts, or
+    the mid-call limit (what the warm path waited out before the probe)."""
+    said = " ".join(stderr.split())
+    parts = []
+    if "no answer to a keepalive within" in said:
+        parts.append("keepalive " + said.split("no answer to a keepalive within ")[1]
+                     .split(" ")[0] + " s")
+    tried = re.findall(r"Tried (\d+) time", said)
+    limit = re.findall(r"connect timeout of ([\d.]+) s", said)
+    if tried and limit:
+        parts.append(f"{tried[-1]} × connect {limit[-1]} s")
+    if "lost contact with the agent" in said:
+        parts.append("mid-call limit " + said.split("(limit ")[1].split(")")[0])
+    if "keeps running" in said:
+        parts.append('says "keeps running"')
+    return ", ".join(parts) or said[-160:]
 
 
 def main() -> int:
@@ -69,7 +88,7 @@ def main() -> int:
             "check": ["check", "--host", str(host_file)],
             "deploy": ["deploy", "--host", str(host_file), "--playbook", str(book)]}
     results: dict[str, dict[str, list[float]]] = {}
-    lines: dict[str, str] = {}
+    lines: dict[str, str] = {}  # what fired, per command and mode (the last round's)
     try:
         for _ in range(args.repeat):
             for command in args.commands.split(","):
@@ -78,18 +97,18 @@ def main() -> int:
                     env = {**os.environ, "OUTRIG_KEEP_SECONDS": keep}
                     warm = [*OUTRIG, *argv[command if command != "deploy" else "status"],
                             *extra]
-                    seconds, code, last = run(warm, env)
+                    seconds, code, said = run(warm, env)
                     if code != 0:
-                        raise SystemExit(f"the working {command} failed ({code}): {last}")
+                        raise SystemExit(f"the working {command} failed ({code}): {said}")
                     proxy.blackhole_all(drop_new=True)
                     try:
-                        seconds, code, last = run([*OUTRIG, *argv[command], *extra], env)
+                        seconds, code, said = run([*OUTRIG, *argv[command], *extra], env)
                     finally:
                         proxy.restore()
                         for entry in close_keepers():
                             wait_gone(int(entry["pid"]), 10.0)
                     results.setdefault(command, {}).setdefault(mode, []).append(seconds)
-                    lines[f"{command}, {mode}"] = f"exit {code}: {last[:160]}"
+                    lines[f"{command}, {mode}"] = f"exit {code}: {what_fired(said)}"
     finally:
         proxy.close()
         box.stop()
