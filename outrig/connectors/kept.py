@@ -283,6 +283,7 @@ class KeptTransport(SSHTransport):
                 self._say(f"no warm connection: {exc}")
                 break
             self._took(body)
+            self.kept_silence = ""  # a fresh keeper connected: the budget is whole again
             return _KeptChannel(sock, self.host.label())
         self.direct = True
         return None
