@@ -33,6 +33,11 @@ EventHandler = Callable[[Event], None]
 LAUNCHED_KEEPS_RUNNING = ("What was launched keeps running on the box; check with "
                           "`outrig status --host {host}`, and run the command again when the "
                           "link is back.")
+# The same advice when the agent reported nothing launched: saying that something "keeps
+# running" would send the user looking for processes that were never started.
+NOTHING_LAUNCHED = ("The box reported nothing launched before contact was lost; check with "
+                    "`outrig status --host {host}`, and run the command again when the link "
+                    "is back.")
 
 
 def parse_line(line: bytes) -> Event | None:
@@ -81,6 +86,8 @@ class ChannelReader:
         self.batch = batch
         self.stop = stop
         self.after = after.replace("{host}", host.name)
+        self.default_after = after == LAUNCHED_KEEPS_RUNNING
+        self.launched = 0  # ``launched`` events seen (the default advice depends on it)
         self.stopped = False  # the read ended because ``stop`` was set
         self.frames = 0  # JSON events seen: none means the agent never ran
         self.tail = b""  # an unfinished last line, kept for the crash report
@@ -122,7 +129,14 @@ class ChannelReader:
         return LinkLost(
             f"lost contact with the agent on {self.host.label()}: nothing heard for "
             f"{silent:.0f} s (limit {self.idle_limit:.0f} s) and the link {state}. "
-            f"{self.after}", phase="stream", request_sent=True, silent=alive)
+            f"{self.advice()}", phase="stream", request_sent=True, silent=alive)
+
+    def advice(self) -> str:
+        """The sentence a lost link's error ends with: the caller's, or by default what
+        the box reported launched (something keeps running, or nothing was reported)."""
+        if self.default_after and not self.launched:
+            return NOTHING_LAUNCHED.replace("{host}", self.host.name)
+        return self.after
 
     def link_dropped(self) -> bool:
         """After EOF: whether the link ended (no exit status) rather than the command."""
@@ -136,6 +150,8 @@ class ChannelReader:
             for event in take_events(buffer):
                 if "t" in event:
                     self.frames += 1
+                if event.get("event") == "launched":
+                    self.launched += 1
                 yield event
         self.tail = bytes(buffer)
 
@@ -160,7 +176,7 @@ class ChannelReader:
             # The channel ended with no exit status: the link dropped, not the agent.
             return LinkLost(
                 f"lost contact with the agent on {host.label()} before it finished (the "
-                f"connection dropped). {self.after}", phase="stream", request_sent=True)
+                f"connection dropped). {self.advice()}", phase="stream", request_sent=True)
         return crash_error(host, status, channel.stderr_text().strip(), self.frames, self.tail)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 
 from outrig.inventory import Host
+from outrig.transport import SILENT_ATTEMPTS
 
 DEFAULT_CONNECT_TIMEOUT = 15.0  # seconds; also the floor of the RTT-scaled connect limit
 CHANNEL_TIMEOUT_FLOOR = 5.0  # seconds; below this a loaded box's sshd may simply be slow
@@ -46,6 +47,48 @@ def channel_timeout_for(host: Host, rtt: float | None) -> tuple[float, str]:
     return _rtt_scaled(host, rtt, CHANNEL_TIMEOUT_FLOOR, 20, "measured")
 
 
+KEEPALIVE_RTTS = 8  # a kept link's keepalive may take this many RTTs (never below the floor)
+PROBE_IDLE_RTTS = 4  # a kept link not heard from for this many RTTs is probed before it is lent
+
+
+def keepalive_limit_for(host: Host, rtt: float | None) -> tuple[float, str]:
+    """How long a kept link (the keeper's) may take to answer a keepalive before a channel on
+    it is lent: a few RTTs, never below the channel-open floor, and never above the connect
+    limit. Why the cap: a kept link found silent counts as one of the silent connect
+    attempts (:data:`~outrig.transport.SILENT_ATTEMPTS`) the direct path would have spent, so
+    a command through the keeper never takes longer to report a dead link than a direct one
+    (:func:`dead_link_limit`)."""
+    limit, why = _rtt_scaled(host, rtt, CHANNEL_TIMEOUT_FLOOR, KEEPALIVE_RTTS, "measured")
+    connect, _ = connect_timeout_for(host, rtt)
+    if limit > connect:
+        return connect, f"the connect limit ({why} would be longer)"
+    return limit, why
+
+
+def probe_idle_after(rtt: float | None) -> float:
+    """Silence after which a kept link is probed before it is lent: a few RTTs. A link heard
+    from more recently (a channel's output, an answered keepalive) was alive a moment ago;
+    one idle for longer may have died unseen (a kept TCP connection shows nothing until
+    something is sent), and lending it would leave the command to wait out the mid-call limit
+    (:func:`agent_idle_limit`, a minute) instead of a few RTTs."""
+    return PROBE_IDLE_RTTS * (rtt or 0.0)
+
+
+def dead_link_limit(host: Host, rtt: float | None, *, kept: bool,
+                    silent_attempts: int = SILENT_ATTEMPTS) -> float:
+    """The longest a command waits before it reports a link that is already dead: the
+    direct path spends ``silent_attempts`` connect limits and the pauses between them; the
+    kept path one keepalive limit in place of the first connect (the fresh connection
+    follows the refusal at once). The connectors follow this
+    rule; it is spelled out here so that a test and the bench can hold the two side by side."""
+    connect, _ = connect_timeout_for(host, rtt)
+    connects = silent_attempts - 1 if kept else silent_attempts
+    # the pauses between the connects (at the top of their jitter); none after the probe
+    pauses = sum(1.2 * _pause(rtt, n) for n in range(1, connects))
+    first = keepalive_limit_for(host, rtt)[0] if kept else 0.0
+    return first + connects * connect + pauses
+
+
 def keepalive_interval_for(rtt: float | None) -> int:
     """SSH keepalive period: a dead link shows within ~3 intervals, never fires on a slow one."""
     if rtt is None:
@@ -56,8 +99,13 @@ def keepalive_interval_for(rtt: float | None) -> int:
 def retry_pause(rtt: float | None, attempt: int) -> float:
     """The wait before retry ``attempt`` (1-based) after a lost link: a few round trips,
     doubling, capped at 10 s, with jitter so that many workstations do not retry in step."""
+    return _pause(rtt, attempt) * random.uniform(0.8, 1.2)
+
+
+def _pause(rtt: float | None, attempt: int) -> float:
+    """:func:`retry_pause` before its jitter."""
     base = max(0.2, 4 * (rtt or 0.05))
-    return float(min(base * 2 ** (attempt - 1), 10.0) * random.uniform(0.8, 1.2))
+    return float(min(base * 2.0 ** (attempt - 1), 10.0))
 
 
 def agent_idle_limit(rtt: float | None) -> float:

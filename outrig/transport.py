@@ -69,12 +69,15 @@ class RetryPolicy:
     on the box before the channel is open, so these retries are always safe.
 
     ``refused``: connects refused by the box (nothing listens yet); ``link``: handshakes cut
-    by a drop; ``channel``: session-channel opens. A caller that does its own retrying with
-    pauses (migrate's probe of the old box) sets ``dataclasses.replace(retry, refused=1)``."""
+    by a drop; ``channel``: session-channel opens; ``silent``: handshakes that may end in
+    silence (each costs a whole connect limit; a kept link already found silent spends one).
+    A caller that does its own retrying with pauses (migrate's probe of the old box) sets
+    ``dataclasses.replace(retry, refused=1)``."""
 
     refused: int = 2
     link: int = LINK_ATTEMPTS
     channel: int = CHANNEL_ATTEMPTS
+    silent: int = SILENT_ATTEMPTS
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,18 @@ link dies, or it gets SIGTERM (``outrig connections --close``).
 
 Requests (frames of the keeper's wire, :mod:`outrig.connectors.keeper_wire`): ``exec`` (open
 a session channel, exec argv pipelined, then relay ``i``/``e`` in and ``o``/``r``/``x``/``L``
-out), ``info`` (host, age, idle time left). Every request is refused unless the peer's uid is
+out), ``info`` (host, age, idle time left, keepalives sent, how long the box has been quiet
+and after how long a quiet link is probed). Every request is refused unless the peer's uid is
 this process's and its identity is the one this keeper serves.
+
+A kept link not heard from for more than a few RTTs is probed before a channel on it is lent
+(:meth:`Keeper.probe`: a keepalive the box must answer within a few-RTT limit,
+:func:`outrig.timing.keepalive_limit_for`). Why: a TCP connection that died while idle shows
+nothing until something is sent, and the spare channel opened ahead skips the channel open's
+own limit; without the probe a command on a dead link would send its exec into the void and
+wait out the mid-call limit (a minute) before reconnecting. A link found silent is refused as
+``silent``, and the command's fresh connection then gets one silent attempt fewer, so a dead
+link is reported no later than by a direct connection (:func:`outrig.timing.dead_link_limit`).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +48,7 @@ from outrig.connectors.keeper_wire import (
 from outrig.connectors.ssh import SSHTransport, _SSHChannel, exec_pipelined
 from outrig.errors import ConnectError, LinkLost
 from outrig.inventory import Host
+from outrig.timing import channel_timeout_for, keepalive_limit_for, probe_idle_after
 from outrig.transport import RetryPolicy, known_hosts_path
 
 TICK = 1.0  # seconds between the keeper's checks of its link, idle time and socket
@@ -66,6 +78,9 @@ class Keeper:
         self.spare: Any = None  # one session channel opened ahead, with its open's RTT
         self.spare_rtt: float | None = None
         self.spare_lock = threading.Lock()
+        self.last_heard = time.monotonic()  # when the box last showed it was there
+        self.probe_lock = threading.Lock()
+        self.probes = 0  # keepalives sent before lending (for ``info`` and tests)
 
     # ---------------------------------------------------------------- start and stop
 
@@ -83,6 +98,7 @@ class Keeper:
     def open(self) -> None:
         """Connect, then bind the socket (0600 through the umask) and write the record."""
         self.transport.connect()
+        self.heard()
         link = self.transport.connection.transport
         self.server_key = link.get_remote_server_key().asbytes()
         os.umask(0o177)
@@ -127,6 +143,29 @@ class Keeper:
         with contextlib.suppress(Exception):
             self.transport.close()
 
+    def heard(self) -> None:
+        """The box just showed it is there (a channel's output, a channel opened, an answered
+        keepalive): no probe is needed for the next few RTTs."""
+        self.last_heard = time.monotonic()
+
+    def probe(self) -> tuple[float | None, str]:
+        """Whether the link can be lent: ``(rtt, "")`` when it answered a keepalive now
+        (``rtt`` is ``None`` when it was heard from within a few RTTs and not probed), else
+        ``(None, why)`` naming the limit that fired. One probe at a time: a command that
+        waited for another's finds the link just heard from."""
+        with self.probe_lock:
+            rtt = self.transport.best_rtt
+            if time.monotonic() - self.last_heard <= probe_idle_after(rtt):
+                return None, ""
+            limit, why = keepalive_limit_for(self.host, rtt)
+            self.probes += 1
+            answered = keepalive(self.transport.connection.transport, limit)
+            if answered is None:
+                return None, (f"the kept SSH link gave no answer to a keepalive within "
+                              f"{limit:.3g} s ({why})")
+            self.heard()
+            return answered, ""
+
     def idle_left(self) -> float:
         with self.lock:
             if self.active:
@@ -170,7 +209,10 @@ class Keeper:
                                        "age": time.time() - self.started,
                                        "idle_left": self.idle_left(),
                                        "keep_seconds": self.keep_seconds,
-                                       "link_up": self.link_up()})
+                                       "link_up": self.link_up(), "probes": self.probes,
+                                       "quiet": time.monotonic() - self.last_heard,
+                                       "probe_after": probe_idle_after(
+                                           self.transport.best_rtt)})
             elif header.get("op") == "exec":
                 self.exec(conn, header)
         except (OSError, ValueError):
@@ -179,8 +221,9 @@ class Keeper:
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def refuse(self, conn: socket.socket, kind: str, message: str) -> None:
-        send_json(conn, b"f", {"kind": kind, "message": message})
+    def refuse(self, conn: socket.socket, kind: str, message: str, *,
+               silent: bool = False) -> None:
+        send_json(conn, b"f", {"kind": kind, "message": message, "silent": silent})
 
     def host_key_current(self) -> bool:
         """Whether known_hosts still holds the key this connection was checked against (a
@@ -213,21 +256,28 @@ class Keeper:
         with self.lock:
             self.active += 1
         try:
+            probed, why = self.probe()
+            if why:
+                self.refuse(conn, "link", why, silent=True)
+                self.stop.set()
+                return
             try:
                 channel = self.open_channel(header)
             except LinkLost as exc:
-                self.refuse(conn, "link", str(exc))
+                self.refuse(conn, "link", str(exc), silent=exc.silent)
                 self.stop.set()
                 return
             except ConnectError as exc:
                 self.refuse(conn, "refused", str(exc))
                 return
+            if probed is not None:
+                self.transport.rtt = probed  # fresher than the spare's open
             conn.settimeout(None)
-            send_json(conn, b"k", {"rtt": self.transport.rtt,
+            send_json(conn, b"k", {"rtt": self.transport.rtt, "probed": probed is not None,
                                    "peer": [str(self.transport.connection.host),
                                             int(self.transport.connection.port),
                                             self.transport.connection.user]})
-            Relay(conn, channel, self.link_up).run()
+            Relay(conn, channel, self.link_up, self.heard).run()
         finally:
             with self.lock:
                 self.active -= 1
@@ -252,6 +302,7 @@ class Keeper:
                 return spare
         channel = self.transport._open(argv, window if isinstance(window, int) else None)
         assert isinstance(channel, _SSHChannel)
+        self.heard()
         return channel.channel
 
     def take_spare(self) -> Any:
@@ -269,8 +320,6 @@ class Keeper:
         threading.Thread(target=self._open_spare, daemon=True).start()
 
     def _open_spare(self) -> None:
-        from outrig.timing import channel_timeout_for
-
         link = self.transport.connection.transport if self.link_up() else None
         if link is None:
             return
@@ -280,6 +329,7 @@ class Keeper:
             channel = link.open_session(timeout=limit)
         except Exception:  # the next command opens its own channel and reports the failure
             return
+        self.heard()
         with self.spare_lock:
             if self.spare is None:
                 self.spare, self.spare_rtt = channel, time.monotonic() - started
@@ -291,10 +341,12 @@ class Keeper:
 class Relay:
     """Pump one SSH channel to one socket connection and back."""
 
-    def __init__(self, conn: socket.socket, channel: Any, link_up: Any) -> None:
+    def __init__(self, conn: socket.socket, channel: Any, link_up: Callable[[], bool],
+                 heard: Callable[[], None]) -> None:
         self.conn = conn
         self.channel = channel
         self.link_up = link_up
+        self.heard = heard  # called whenever the box's bytes arrive
         self.send_lock = threading.Lock()
 
     def send(self, kind: bytes, payload: bytes = b"") -> None:
@@ -339,6 +391,7 @@ class Relay:
                         self.send(b"L")
                         return
                     continue
+                self.heard()
                 self.drain_stderr()
                 self.send(b"o", data)
                 if not data:
@@ -354,6 +407,7 @@ class Relay:
                         break
                     self.send(b"r", chunk)
             if self.channel.status_event.is_set():
+                self.heard()
                 self.send(b"x", json.dumps(int(self.channel.recv_exit_status())).encode())
             else:
                 self.send(b"L")
@@ -362,6 +416,37 @@ class Relay:
         finally:
             with contextlib.suppress(Exception):
                 self.channel.close()
+
+
+def keepalive(link: Any, limit: float) -> float | None:
+    """One ``keepalive@openssh.com`` global request on ``link`` that wants a reply (OpenSSH
+    answers it, with a failure, as ``ServerAliveInterval`` relies on): the seconds the box
+    took to answer, or ``None`` when no answer came within ``limit`` or the link closed.
+    Why not paramiko's: its keepalive asks for no reply (so it never sees a dead link), and
+    its ``global_request`` waits without a limit. The send runs on a thread of its own: on a
+    dead link it may block (a key exchange under way), and the limit must still hold."""
+    from paramiko.common import cMSG_GLOBAL_REQUEST
+    from paramiko.message import Message
+
+    answered = threading.Event()
+    link.completion_event = answered  # set by the box's reply, success or failure alike
+    message = Message()
+    message.add_byte(cMSG_GLOBAL_REQUEST)
+    message.add_string("keepalive@openssh.com")
+    message.add_boolean(True)
+    started = time.monotonic()
+    threading.Thread(target=_send_quietly, args=(link, message), daemon=True,
+                     name="outrig-keepalive").start()
+    deadline = started + limit
+    while not answered.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+        if not link.is_active() or time.monotonic() >= deadline:
+            return None
+    return time.monotonic() - started
+
+
+def _send_quietly(link: Any, message: Any) -> None:
+    with contextlib.suppress(Exception):  # a dead link: the unanswered wait says so
+        link._send_user_message(message)
 
 
 def error_report(exc: BaseException) -> dict[str, Any]:

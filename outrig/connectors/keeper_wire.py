@@ -14,9 +14,9 @@ of one protocol share it from below.
 - **Frames.** One type byte and a 4-byte length, then the payload (:func:`send_frame`,
   :func:`recv_frame`, at most :data:`MAX_FRAME`). A connection starts with the client's
   ``h`` (the request header, JSON) and the keeper's ``k`` (its answer, JSON) or ``f`` (a
-  refusal: ``kind`` and ``message``). An ``exec`` then relays the channel: ``i`` (stdin
-  bytes) and ``e`` (stdin's end) from the client; ``o`` (stdout), ``r`` (stderr), ``x`` (the
-  exit status, JSON) and ``L`` (the link was lost) from the keeper.
+  refusal: ``kind``, ``message`` and ``silent``). An ``exec`` then relays the channel: ``i``
+  (stdin bytes) and ``e`` (stdin's end) from the client; ``o`` (stdout), ``r`` (stderr),
+  ``x`` (the exit status, JSON) and ``L`` (the link was lost) from the keeper.
 - **The client's calls.** :func:`dial` and :func:`request`; their failures are
   :class:`KeeperGone` (nobody answers: start a fresh keeper), :class:`KeeperRefused` (the
   keeper said no) and :class:`UnsafePlace` (the folder or socket is not this user's alone).
@@ -155,11 +155,14 @@ def send_json(sock: socket.socket, kind: bytes, value: Any) -> None:
 class KeeperRefused(Exception):
     """The keeper answered with a failure: ``kind`` is ``link`` (its SSH link is dead),
     ``stale`` (it serves another identity or host key) or ``refused`` (the box refused the
-    channel, as a direct connection would be)."""
+    channel, as a direct connection would be). ``silent``: the link was found dead by
+    silence (a keepalive or channel open unanswered within its limit), which cost the time
+    of one silent connect attempt; a link found closed cost nothing."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, silent: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.silent = silent
 
 
 class KeeperGone(Exception):
@@ -214,6 +217,7 @@ def request(path: Path, header: dict[str, Any], timeout: float) -> tuple[socket.
     body = json.loads(payload or b"{}")
     if kind == b"f":
         sock.close()
-        raise KeeperRefused(str(body.get("kind", "stale")), str(body.get("message", "")))
+        raise KeeperRefused(str(body.get("kind", "stale")), str(body.get("message", "")),
+                            silent=body.get("silent") is True)
     sock.settimeout(None)
     return sock, body

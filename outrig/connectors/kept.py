@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +66,8 @@ from outrig.connectors.keeper_wire import (
 from outrig.connectors.ssh import SSHTransport
 from outrig.errors import ConfigError, ConnectError, LinkLost
 from outrig.inventory import Host
-from outrig.timing import connect_timeout_for
-from outrig.transport import AgentChannel, PeerAddress, Transport
+from outrig.timing import channel_timeout_for, connect_timeout_for, keepalive_limit_for
+from outrig.transport import AgentChannel, PeerAddress, RetryPolicy, Transport
 
 DEFAULT_KEEP_SECONDS = 600.0  # a keeper exits after this long without a channel
 KEEP_ENV = "OUTRIG_KEEP_SECONDS"  # 0 turns keeping off (as --no-keep does)
@@ -221,6 +221,10 @@ class KeptTransport(SSHTransport):
         self.direct = False  # set once the keeper cannot serve this command
         self.kept_channels = 0  # channels this transport got from a keeper (for tests)
         self.keepers_started = 0
+        self.keepalive_probes = 0  # kept links probed before they were lent (for tests)
+        # why the kept link was found dead by silence, when it was: that silence spent one
+        # of the silent connect attempts the fresh connection would otherwise have
+        self.kept_silence = ""
         self._peer: PeerAddress | None = None
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
@@ -248,7 +252,10 @@ class KeptTransport(SSHTransport):
             return None
         header = {"op": "exec", "identity": identity(self.host), "argv": argv,
                   "window": window_size}
-        limit, _ = connect_timeout_for(self.host, self.best_rtt)
+        # the keeper may probe its link, then open a channel, before it answers
+        limit = keepalive_limit_for(self.host, self.best_rtt)[0] + \
+            channel_timeout_for(self.host, self.best_rtt)[0]
+        self.kept_silence = ""
         for fresh in (False, True):
             if fresh and not self._start_keeper(folder, path):
                 break
@@ -264,16 +271,19 @@ class KeptTransport(SSHTransport):
             except KeeperRefused as exc:
                 if exc.kind == "refused":
                     raise ConnectError(exc.args[0]) from None
+                if exc.silent:
+                    self.kept_silence = str(exc)
                 self._say(f"warm connection not usable ({exc.kind}: {exc}); "
                           + ("connecting directly" if fresh else "starting a fresh one"))
                 if fresh:
                     break
-                self._drop_stale(path, str(exc))
+                self._drop_stale(path, "")  # said above
                 continue
             except UnsafePlace as exc:
                 self._say(f"no warm connection: {exc}")
                 break
             self._took(body)
+            self.kept_silence = ""  # a fresh keeper connected: the budget is whole again
             return _KeptChannel(sock, self.host.label())
         self.direct = True
         return None
@@ -283,6 +293,7 @@ class KeptTransport(SSHTransport):
         rtt = body.get("rtt")
         if isinstance(rtt, (int, float)):
             self.rtt = float(rtt)
+        self.keepalive_probes += body.get("probed") is True
         peer = body.get("peer")
         if isinstance(peer, list) and len(peer) == 3:
             self._peer = PeerAddress(str(peer[0]), int(peer[1]), peer[2])
@@ -290,8 +301,9 @@ class KeptTransport(SSHTransport):
 
     def _drop_stale(self, path: Path, why: str) -> None:
         """Remove a keeper's socket that no longer answers (its process is gone); a keeper
-        that refused because its link died removes its own."""
-        self._say(f"stale warm connection ({why}); starting a fresh one")
+        that refused because its link died removes its own. ``why`` is said unless empty."""
+        if why:
+            self._say(f"stale warm connection ({why}); starting a fresh one")
         with contextlib.suppress(OSError):
             check_socket_file(path)
             path.unlink()
@@ -304,7 +316,7 @@ class KeptTransport(SSHTransport):
         keeper could not be started at all (the command then connects directly)."""
         config = {"host": asdict(self.host), "rtt_hint": self.best_rtt,
                   "keep_seconds": self.keep_seconds, "socket": str(path),
-                  "identity": identity(self.host), "retry": asdict(self.retry)}
+                  "identity": identity(self.host), "retry": asdict(self.retry_now())}
         if threading.active_count() == 1:
             report = self._fork_keeper(config)
         else:
@@ -318,6 +330,10 @@ class KeptTransport(SSHTransport):
                 self.connect_seconds = float(seconds)
             return True
         error = rebuilt_error(report.get("error"))
+        if isinstance(error, LinkLost) and self.kept_silence:
+            raise LinkLost(f"{error} Before that, the warm connection's link was found dead: "
+                           f"{self.kept_silence}.", phase=error.phase,
+                           silent=error.silent) from None
         if error is not None:
             raise error
         self._say(f"no warm connection ({report.get('error') or 'the keeper said nothing'});"
@@ -402,10 +418,27 @@ class KeptTransport(SSHTransport):
         if self.notify is not None:
             self.notify(text)
 
+    def retry_now(self) -> RetryPolicy:
+        """The retry policy of the next connect: one silent attempt fewer when the kept link
+        was just found dead by silence, which took about as long as one (so that no command
+        through the keeper takes longer to report a dead link than a direct one;
+        :func:`outrig.timing.dead_link_limit`)."""
+        if not self.kept_silence:
+            return self.retry
+        return replace(self.retry, silent=max(1, self.retry.silent - 1))
+
     def connect(self) -> None:
-        """A direct connection (``outrig forward`` holds its tunnels on it)."""
+        """A direct connection (``outrig forward`` holds its tunnels on it; a command whose
+        keeper could not serve it falls back to one)."""
         self.direct = True
-        super().connect()
+        if self.connection is not None or not self.kept_silence:
+            super().connect()
+            return
+        saved, self.retry = self.retry, self.retry_now()
+        try:
+            super().connect()
+        finally:
+            self.retry, self.kept_silence = saved, ""
 
     def open_tunnel(self, remote: tuple[str, int], origin: tuple[str, int],
                     timeout: float, on_reconnect: Callable[[], None]) -> Any:

@@ -341,7 +341,7 @@ class SSHTransport(Transport):
                 elif isinstance(error, LinkLost):
                     lost += 1
                     silent += error.silent
-                    if lost >= self.retry.link or silent >= min(SILENT_ATTEMPTS,
+                    if lost >= self.retry.link or silent >= min(self.retry.silent,
                                                              self.retry.refused):
                         raise LinkLost(f"{error} Tried {attempt} time(s).", phase=error.phase,
                                        silent=error.silent) from None
@@ -407,8 +407,10 @@ class SSHTransport(Transport):
                             OSError)):
             phase = handshake_phase(transport)
             # A drop (reset, EOF) kills paramiko's transport; a silent link leaves it waiting.
+            # paramiko's banner timeout ends its transport too, so a failure that took the
+            # whole limit is a silence whatever the transport's state (it cost a limit).
             quiet = isinstance(exc, (TimeoutError, socket.timeout)) or bool(
-                transport is not None and transport.is_active())
+                transport is not None and transport.is_active()) or spent >= 0.9 * timeout
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             how = (f"went silent during {PHASE_WORDS[phase]}: nothing within the connect "
                    f"timeout of {timeout:g} s ({why})") if quiet else \

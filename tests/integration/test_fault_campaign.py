@@ -1,6 +1,7 @@
 """Seeded fault campaigns: a cut at every SSH phase of deploy, status, cleanup and tail-logs,
 and of stage and sync-checkpoints (three seeded phases and a cut inside the transfer in the
-short campaign, every phase in the long one).
+short campaign, every phase in the long one), and a link that is already dead when status,
+check or deploy start, through the warm connection (the keeper) and directly.
 
 Each command either succeeds by itself after reconnecting, or stops with a lost link that
 names the command to run next (never "authentication failed"); afterwards the box runs
@@ -16,7 +17,9 @@ import io
 import json
 import os
 import random
+import re
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,12 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig.connectors.kept import close_keepers, keepers, wait_gone
 from outrig.console import Reporter
 from outrig.errors import AuthRefused, LinkLost, OutrigError
+from outrig.inventory import resolve_host
 from outrig.journal import Journal
+from outrig.ops.check import check
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
@@ -34,6 +40,7 @@ from outrig.ops.stage import mirror_root, stage, sync_checkpoints
 from outrig.ops.status import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from outrig.session import Project
+from outrig.timing import dead_link_limit
 from tests.integration.test_logs import make_run
 from tests.integration.test_stage import checkpoint, make_tree, same_tree
 
@@ -259,3 +266,84 @@ def test_sync_checkpoints_survives_or_resumes_after_a_cut_at_every_phase(
         assert not list(mirror.rglob("*.outrig-part"))
     fired = {p for (_c, p, _a) in campaign.proxy.fired}
     assert fired == {*phases, "byte"}, fired
+
+
+DEAD_LIMIT = 2.0  # the dead-link tests' connect_timeout: (every link limit then)
+
+
+def quiet_for_long(host_file: Path) -> None:
+    """Wait until the host's keeper has heard nothing from the box for longer than it lends
+    a link without a keepalive (a few RTTs; the keeper's ``info`` says both)."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        found = [k for k in keepers() if k.get("name") == host_file.stem]
+        assert len(found) == 1, found
+        if found[0]["quiet"] > found[0]["probe_after"]:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the keeper kept hearing from a blackholed box")
+
+
+@pytest.mark.parametrize("path", ["warm", "direct"])
+def test_a_dead_link_is_reported_through_the_keeper_no_later_than_directly(
+        path: str, box_host: Path, make_proxy: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link goes dead (every connection silent, new ones accepted and never answered)
+    while a keeper holds it, or between two direct commands. status, check and deploy then
+    fail in the handshake limits: the warm path's keeper probes its idle link (one
+    keepalive, its limit named), and the fresh connection gets the one silent attempt left,
+    so the limits the warm path waits out are those of :func:`dead_link_limit` and never
+    more than the direct path's. No command waits out the mid-call limit, and the deploy
+    that launched nothing does not say that something keeps running."""
+    config = yaml.safe_load(box_host.read_text())
+    proxy: LatencyProxy = make_proxy(config["port"], one_way_delay=0.005)
+    config.update(port=proxy.port, connect_timeout=DEAD_LIMIT)
+    host_file = tmp_path / "dead.yaml"
+    host_file.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "600" if path == "warm" else "0")
+    host = resolve_host(str(host_file), hosts_dir=PROJECT.hosts_dir)
+    journal = Journal(tmp_path / "state")
+    book = playbook(tmp_path, f"dead{uuid.uuid4().hex[:8]}")
+    commands = {
+        "status": lambda r: status(PROJECT, str(host_file), r, journal=journal),
+        "check": lambda r: check(PROJECT, str(host_file), r, journal=journal),
+        "deploy": lambda r: deploy(PROJECT, str(host_file), str(book), r, journal=journal)}
+    try:
+        for name, command in commands.items():
+            status(PROJECT, str(host_file), Reporter(quiet=True), journal=journal)  # works
+            known = journal.host_facts(host.name).get("rtt")
+            rtt = known if isinstance(known, float) else None
+            said: list[str] = []
+            reporter = Reporter(quiet=True)
+            reporter.info = said.append  # type: ignore[method-assign]
+            reporter.warn = said.append  # type: ignore[method-assign]
+            proxy.blackhole_all()
+            if path == "warm":  # the box quiet for longer than a few RTTs: dead, unseen
+                quiet_for_long(host_file)
+            before = proxy.accepted
+            try:
+                with pytest.raises(LinkLost) as caught:
+                    command(reporter)
+            finally:
+                proxy.restore()
+            text, opened = str(caught.value), proxy.accepted - before
+            assert caught.value.silent and caught.value.phase == "banner", (name, text)
+            assert "lost contact with the agent" not in text, (name, text)  # mid-call limit
+            assert "keeps running" not in text, (name, text)
+            assert not any("Reconnecting" in line for line in said), (name, said)
+            connects = [float(x) for x in re.findall(r"connect timeout of ([\d.]+) s", text)]
+            tried = int(re.findall(r"Tried (\d+) time", text)[-1])
+            keepalive = [float(x) for x in re.findall(r"keepalive within ([\d.]+) s", text)]
+            if path == "warm":
+                assert opened == 1, (name, opened)  # the fresh keeper's one handshake
+                assert tried == 1 and keepalive == [DEAD_LIMIT], (name, text)
+                assert any("no answer to a keepalive" in line for line in said), said
+            else:
+                assert opened == tried == 2 and keepalive == [], (name, text)
+            waited = sum(keepalive) + tried * connects[-1]
+            assert waited <= dead_link_limit(host, rtt, kept=path == "warm")
+            assert waited <= dead_link_limit(host, rtt, kept=False)
+            assert live_copies(book.stem) == {}, name
+    finally:
+        for entry in close_keepers():
+            wait_gone(int(entry["pid"]), 10.0)

@@ -105,3 +105,19 @@ def test_tail_logs_names_a_missing_interpreter_like_every_other_op(tmp_path: Pat
         tail_logs(Project(tmp_path), str(host), Reporter(out=io.StringIO(), err=io.StringIO()),
                   follow=False, journal=Journal(tmp_path / "state"))
     assert failed.value.kind == "no_python"
+
+
+def test_a_lost_link_says_what_keeps_running_only_when_something_was_launched() -> None:
+    nothing = b'{"event": "run", "t": 1}\n'
+    with pytest.raises(LinkLost) as before:
+        ChannelReader(channel(nothing, None), HOST, 60.0).result()
+    assert "keeps running" not in str(before.value)
+    assert "reported nothing launched" in str(before.value)
+    assert "outrig status --host box" in str(before.value)
+    launched = nothing + b'{"event": "launched", "t": 2, "process": "svc", "pid": 7}\n'
+    with pytest.raises(LinkLost) as after:
+        ChannelReader(channel(launched, None), HOST, 60.0).result()
+    assert "What was launched keeps running on the box" in str(after.value)
+    with pytest.raises(LinkLost) as silent:  # the same after a silence with nothing heard
+        list(ChannelReader(Silent(up=True), HOST, 0.0, poll=0.0).events())
+    assert "keeps running" not in str(silent.value)
