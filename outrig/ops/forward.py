@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.inventory import Host, resolve_host
-from outrig.journal import Journal
+from outrig.journal import Journal, private_state_dir
 from outrig.ops.base import Project
 from outrig.timing import FORWARD_OPEN_TIMEOUT
 from outrig.transport import Transport, transport_for
@@ -175,6 +175,7 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
     else:
         raise ConfigError("say what to forward: --process NAME (its port comes from the "
                           "run's plan) or --remote-port N")
+    private_state_dir()  # before a keeper makes its socket folder in it (without a journal)
     transport = transport_for(host, notify=reporter.info, keep_seconds=project.keep_seconds)
     transport.connect()  # fail here, before listening, when the box is unreachable
     listener = listen(port if local_port is None and _free(port) else (local_port or 0))
