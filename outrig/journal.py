@@ -73,7 +73,7 @@ def private_state_dir(root: Path | None = None,
     if root in _PRIVATE_ROOTS:
         return root
     try:
-        root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        make_private_dir(root)
         info = os.stat(root)
     except OSError:
         return root
@@ -114,8 +114,17 @@ def _tighten(root: Path) -> int:
 
 
 def make_private_dir(path: Path) -> None:
-    """``path`` and its missing parents as folders only this user can open."""
-    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    """``path`` and its missing parents as folders only this user can open
+    (``Path.mkdir(parents=True)`` would make the parents with the default mode)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made by another command just now
+            folder.mkdir(mode=PRIVATE_DIR)
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
