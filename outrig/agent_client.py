@@ -19,6 +19,7 @@ from typing import Any
 
 from outrig.agent_code import bundle as agent_bundle
 from outrig.agent_code import encode_request
+from outrig.console import one_line
 from outrig.errors import LinkLost, RemoteError
 from outrig.reader import ChannelReader, Event, EventHandler
 from outrig.timing import agent_idle_limit
@@ -198,12 +199,17 @@ class AgentCall:
 
 
 def raise_for_result(result: Event, *, where: str) -> Event:
-    """Turn an ``ok: false`` result into a :class:`RemoteError` with the agent's details."""
+    """Turn an ``ok: false`` result into a :class:`RemoteError` with the agent's details.
+
+    The message, the process name and each excerpt line are the box's text: shown with
+    :func:`~outrig.console.one_line` (an agent's message is one paragraph; a newline in any
+    of them would start a line that looks like outrig's own)."""
     if result.get("ok"):
         return result
     error = result.get("error") or {}
-    message = str(error.get("message") or "the agent reported a failure without details")
+    message = one_line(error.get("message") or "the agent reported a failure without details")
     process = error.get("process")
     raise RemoteError(f"{where}: {message}", kind=str(error.get("kind") or "remote"),
-                      excerpt=[str(x) for x in error.get("excerpt") or []],
-                      exit_code=error.get("exit_code"), process=process)
+                      excerpt=[one_line(x) for x in error.get("excerpt") or []],
+                      exit_code=error.get("exit_code"),
+                      process=None if process is None else one_line(process))

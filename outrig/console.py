@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import IO, Any
@@ -58,6 +59,19 @@ def is_tty(stream: IO[str]) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
+
+
+_LINE_BREAK = {"\n": "\\n", "\r": "\\r"}
+
+
+def one_line(text: object) -> str:
+    """Box-side text (a process name, an exit code, an agent's message) to be embedded in
+    one of outrig's own lines: newline and carriage return shown as ``\\n`` and ``\\r``.
+    The box's files can be rewritten by anything running there; a newline in a process name
+    would otherwise start a line that looks like outrig's own (a forged ``error:`` or
+    hint). Only these two: the other controls stay exact in the message (``--json`` keeps
+    them) and :func:`visible` shows them as escapes wherever a person reads it."""
+    return re.sub("[\n\r]", lambda m: _LINE_BREAK[m.group()], str(text))
 
 
 class Reporter:

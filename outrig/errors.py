@@ -33,11 +33,11 @@ next to the code that raises them are marked with their module)::
 
 Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in step):
 
-* ConfigError: playbook, inventory, yamlfile, hub, starter, cli and most ops (bad input is
-  found before anything is sent);
+* ConfigError: playbook, inventory, yamlfile, hub, starter, cli, connectors/ssh (a key file
+  that is not there) and most ops (bad input is found before anything is sent);
 * PlanError: ops/deploy and ops/migrate, from the planner's problems;
 * AuthenticationError, HostKeyError, ConnectRefused: transport (classifying a failed
-  connect by type and handshake phase);
+  connect by type and handshake phase; no key offered at all is an AuthenticationError);
 * ConnectError: transport (unresolvable name, refused session channel), ops/logs (tail-logs
   gave up), ops/forward (the box refused a forwarded port), ops/remote_exec;
 * LinkLost: transport, agent_client, transfer, ops/logs, connectors/kept (the keeper's link
@@ -46,7 +46,8 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
   socket is not private);
 * RemoteError: agent_client (``raise_for_result``: every op's failure), transfer, ops/logs,
   ops/stage;
-* LocalWriteError: ops/logs (the log mirror); Interrupted: ops/deploy;
+* LocalWriteError: ops/logs (the log mirror), journal (a record that cannot be written);
+  Interrupted: ops/deploy;
 * OutrigError itself: transport, transfer, ops/demo, ops/shell, ops/stage.
 
 ``AuthRefused`` is the earlier name of :class:`AuthenticationError`, kept as an alias.

@@ -42,6 +42,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from outrig.console import one_line
+
 SIGNALS = ("tcp", "banner", "heartbeat", "processes", "log", "confirm")
 DEFAULT_THRESHOLD = 60.0  # seconds with every signal failing before a box may be called dead
 RTT_THRESHOLD_FACTOR = 50  # the threshold grows by this many RTTs (240 ms: +12 s)
@@ -135,12 +137,15 @@ def run_state(processes: Iterable[dict[str, Any]]) -> tuple[str, str]:
 
 
 def _ended(proc: dict[str, Any]) -> str:
-    name = proc.get("name") or "?"
+    """How one process ended, in words. Every value is the box's (its run.json, which
+    anything on the box can rewrite): shown with :func:`~outrig.console.one_line`, so a
+    newline in it cannot start a line of its own in watch's messages."""
+    name = one_line(proc.get("name") or "?")
     if proc.get("state") == "killed":
-        return f"{name} was killed by signal {proc.get('signal')}"
+        return f"{name} was killed by signal {one_line(proc.get('signal'))}"
     if proc.get("state") == "gone":
         return f"{name} is gone (no exit code recorded)"
-    return f"{name} exited {proc.get('exit_code')}"
+    return f"{name} exited {one_line(proc.get('exit_code'))}"
 
 
 def judge(observations: Sequence[Observation], now: float, limits: Limits,

@@ -2,19 +2,48 @@
 
 The box can die at any moment; the journal is how the next command (or ``migrate``) knows which
 run was where, what was planned and what the box looked like. It lives under
-``$XDG_STATE_HOME/outrig`` (default ``~/.local/state/outrig``). Every write is atomic
-(temp file + fsync + rename) so a crash or Ctrl-C never leaves half a JSON file.
+``$XDG_STATE_HOME/outrig`` (default ``~/.local/state/outrig``), with the log mirrors,
+checkpoint mirrors, evaluations and (without ``XDG_RUNTIME_DIR``) the warm connections'
+sockets.
+
+Why each rule:
+
+* Private, like ``~/.ssh``: the state root is made 0700 on first use (an existing one that
+  others can open is tightened, with a note), folders made under it are 0700 and every file
+  outrig writes there is 0600. Log mirrors hold whatever the processes printed.
+* Atomic: every write is temp file + fsync + rename, so a crash or Ctrl-C never leaves half a
+  JSON file.
+* Locked: a record's read-merge-write holds ``fcntl.flock`` on the record's lock file
+  (``.<name>.lock`` beside it), so two commands updating one record (a ``watch`` and a
+  ``status``, two hosts of one job) never lose each other's keys.
+* Never a traceback for a damaged file: a record that cannot be read (invalid UTF-8 or JSON,
+  not an object, a folder where the file should be) is skipped with a warning naming it and
+  moved aside (``<name>.unreadable-<time>``); a write that fails (a full disk) is a
+  :class:`~outrig.errors.LocalWriteError` naming the file and the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
+import stat
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from outrig.errors import LocalWriteError
+
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_PRIVATE_ROOTS: set[Path] = set()  # roots already checked by this process
 
 
 def state_dir() -> Path:
@@ -27,9 +56,81 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "host"
 
 
+def stderr_note(text: str) -> None:
+    """Where a journal says something when nobody gave it a reporter: stderr, one line (it
+    is never stdout, which ``--json`` keeps for JSON)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def private_state_dir(root: Path | None = None,
+                      notify: Callable[[str], None] = stderr_note) -> Path:
+    """The state root (``root``, default :func:`state_dir`), created 0700 if it is missing.
+    One that others can open (an older outrig made it 0755) is tightened once, with a note:
+    it and every folder and file under it lose their group and other bits. Checked once per
+    root and process; a root that cannot be made or changed is left for the write that
+    needs it to report (:class:`~outrig.errors.LocalWriteError`)."""
+    root = root or state_dir()
+    if root in _PRIVATE_ROOTS:
+        return root
+    try:
+        make_private_dir(root)
+        info = os.stat(root)
+    except OSError:
+        return root
+    _PRIVATE_ROOTS.add(root)
+    if not stat.S_IMODE(info.st_mode) & 0o077:
+        return root
+    if info.st_uid != os.getuid():
+        notify(f"warning: {root} (outrig's journal and log mirrors) is open to others (mode "
+               f"{stat.S_IMODE(info.st_mode):o}) and belongs to uid {info.st_uid}, so outrig "
+               "cannot tighten it; make it yours with mode 700, or set XDG_STATE_HOME")
+        return root
+    changed = _tighten(root)
+    notify(f"note: made {root} private (mode {stat.S_IMODE(info.st_mode):o} → 700; "
+           f"{changed} folder(s) and file(s) under it lost their group and other access): "
+           "outrig's journal, log mirrors and checkpoint mirrors are this user's alone, "
+           "like ~/.ssh")
+    return root
+
+
+def _tighten(root: Path) -> int:
+    """Remove group and other bits from ``root`` and everything under it (symlinks are not
+    followed); how many entries under it changed."""
+    changed = 0
+    with contextlib.suppress(OSError):
+        os.chmod(root, stat.S_IMODE(os.stat(root).st_mode) & ~0o077)
+    for folder, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = os.path.join(folder, name)
+            try:
+                info = os.lstat(path)
+                if stat.S_ISLNK(info.st_mode) or not stat.S_IMODE(info.st_mode) & 0o077:
+                    continue
+                os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077)
+                changed += 1
+            except OSError:
+                continue
+    return changed
+
+
+def make_private_dir(path: Path) -> None:
+    """``path`` and its missing parents as folders only this user can open
+    (``Path.mkdir(parents=True)`` would make the parents with the default mode)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made by another command just now
+            folder.mkdir(mode=PRIVATE_DIR)
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    """``data`` as the JSON file ``path`` (0600, its folder 0700 if new), atomically."""
+    make_private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))  # 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, sort_keys=True, default=str)
@@ -43,20 +144,43 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``; None when it is missing, a folder, or not valid UTF-8 JSON
+    (other local I/O errors are raised for the caller to name)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (FileNotFoundError, IsADirectoryError, ValueError):
         return None
 
 
-def _merge_into(path: Path, record: dict[str, Any]) -> None:
-    """Merge ``record`` into the JSON object at ``path`` (a record is only ever added to, so
-    a later step never loses what an earlier one wrote), stamped with ``updated``."""
-    existing = read_json(path)
-    merged = existing if isinstance(existing, dict) else {}
-    merged.update(record)
-    merged["updated"] = time.time()
-    atomic_write_json(path, merged)
+def journal_write_failed(path: Path, exc: OSError) -> LocalWriteError:
+    """A journal write that failed, as one paragraph: the file, the cause and the fix."""
+    why = exc.strerror or str(exc)
+    if exc.errno in FULL_DISK_ERRNOS:
+        head = (f"this workstation's disk is full or read-only writing outrig's journal "
+                f"{path} ({why})")
+    else:
+        head = f"outrig cannot write its journal {path} ({why})"
+    return LocalWriteError(
+        f"{head}. This is this workstation, not the box: free space there (df -h "
+        f"{path.parent}), or set XDG_STATE_HOME to a disk with room, then run the command "
+        "again; nothing the box runs was affected.")
+
+
+@contextlib.contextmanager
+def record_lock(path: Path) -> Iterator[None]:
+    """Hold ``fcntl.flock`` on the lock file of the record ``path`` (``.<name>.lock`` beside
+    it, never removed: removing it would let two writers lock different files). Not the
+    record itself: each write replaces the record's inode, and a lock on a replaced inode
+    excludes nobody. flock is per open file, so threads of one process exclude each other
+    too."""
+    make_private_dir(path.parent)
+    fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                 PRIVATE_FILE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def utc_text(stamp: Any) -> str:
@@ -68,10 +192,80 @@ def utc_text(stamp: Any) -> str:
 
 
 class Journal:
-    """Runs and host facts, one JSON file each."""
+    """Runs and host facts, one JSON file each.
 
-    def __init__(self, root: Path | None = None) -> None:
+    ``notify`` is where the journal's warnings go (a record moved aside, the state root
+    tightened); stderr by default."""
+
+    def __init__(self, root: Path | None = None,
+                 notify: Callable[[str], None] | None = None) -> None:
         self.root = root or state_dir()
+        self.notify = notify or stderr_note
+        private_state_dir(self.root, self.notify)
+
+    # -- reading and writing one record
+
+    def load(self, path: Path) -> dict[str, Any] | None:
+        """The record in ``path``; None when there is none. One that cannot be read is
+        skipped with a warning naming it, and moved aside so the next command is not
+        warned again and a new record can take its place."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._unreadable(path, exc.strerror or str(exc))
+            return None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            self._unreadable(path, f"not UTF-8 at byte {exc.start}")
+            return None
+        except ValueError as exc:
+            self._unreadable(path, f"not JSON: {exc}")
+            return None
+        if not isinstance(data, dict):
+            self._unreadable(path, f"a JSON {type(data).__name__}, not an object")
+            return None
+        return data
+
+    def _unreadable(self, path: Path, why: str) -> None:
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            path.rename(aside)
+            where = f"moved aside to {aside.name}"
+        except FileNotFoundError:
+            return  # another command moved it aside just now
+        except OSError as exc:
+            where = f"could not be moved aside ({exc.strerror or exc})"
+        self.notify(f"warning: skipped the unreadable journal record {path} ({why}); it was "
+                    f"{where}. Nothing else in the journal is affected.")
+
+    def _update(self, path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+        """Read-merge-write ``path`` under its lock: ``change`` edits the record (an empty
+        one when there is none), which is then stamped with ``updated`` and written."""
+        try:
+            with record_lock(path):
+                data = self.load(path) or {}
+                change(data)
+                data["updated"] = time.time()
+                atomic_write_json(path, data)
+        except OSError as exc:
+            raise journal_write_failed(path, exc) from None
+
+    def _merge(self, path: Path, record: dict[str, Any]) -> None:
+        """Merge ``record`` into the record at ``path`` (a record is only ever added to, so a
+        later step never loses what an earlier one wrote)."""
+        self._update(path, lambda data: data.update(record))
+
+    def _records(self, folder: str) -> Iterator[dict[str, Any]]:
+        """Every readable record of one folder (``runs``, ``evaluations``, ``jobs``)."""
+        for path in sorted((self.root / folder).glob("*.json")):
+            data = self.load(path)
+            if data is not None:
+                yield data
+
+    # -- hosts, runs, evaluations, jobs
 
     def host_path(self, host: str) -> Path:
         return self.root / "hosts" / f"{safe_name(host)}.json"
@@ -80,14 +274,10 @@ class Journal:
         return self.root / "runs" / f"{safe_name(run_id)}.json"
 
     def host_facts(self, host: str) -> dict[str, Any]:
-        data = read_json(self.host_path(host))
-        return data if isinstance(data, dict) else {}
+        return self.load(self.host_path(host)) or {}
 
     def update_host(self, host: str, **facts: Any) -> None:
-        data = self.host_facts(host)
-        data.update(facts)
-        data["updated"] = time.time()
-        atomic_write_json(self.host_path(host), data)
+        self._merge(self.host_path(host), facts)
 
     def model_facts(self, host: str) -> dict[str, dict[str, Any]]:
         """model (path or hub id) → what the box's ``model_facts`` op said, with ``seen``."""
@@ -99,26 +289,25 @@ class Journal:
     def remember_models(self, host: str, reports: list[dict[str, Any]]) -> None:
         """Cache model facts per host: a model's layer count and size do not change, so a
         later plan can check layer ids and memory fit without contacting the box."""
-        models = self.model_facts(host)
-        for report in reports:
-            if isinstance(report.get("model"), str):
-                models[report["model"]] = {**report, "seen": time.time()}
-        self.update_host(host, models=models)
+        fresh = {report["model"]: {**report, "seen": time.time()} for report in reports
+                 if isinstance(report.get("model"), str)}
+
+        def add(data: dict[str, Any]) -> None:
+            known = data.get("models")
+            data["models"] = {**(known if isinstance(known, dict) else {}), **fresh}
+
+        self._update(self.host_path(host), add)
 
     def record_run(self, run_id: str, record: dict[str, Any]) -> None:
-        _merge_into(self.run_path(run_id), record)
+        self._merge(self.run_path(run_id), record)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
-        data = read_json(self.run_path(run_id))
-        return data if isinstance(data, dict) else None
+        return self.load(self.run_path(run_id))
 
     def runs(self, *, host: str | None = None, playbook: str | None = None) -> list[dict[str, Any]]:
         """Recorded runs, newest first."""
         out = []
-        for path in (self.root / "runs").glob("*.json"):
-            data = read_json(path)
-            if not isinstance(data, dict):
-                continue
+        for data in self._records("runs"):
             if host is not None and data.get("host") != host:
                 continue
             if playbook is not None and data.get("playbook") != playbook:
@@ -134,17 +323,14 @@ class Journal:
         """One ``outrig evaluate`` result: its playbook, host, training run (``run_id``, when
         the drafter is a run's checkpoint), ``checkpoint`` (path, epoch, step), the numbers
         and ``at``. Kept apart from the run records, which the box's index reconciles."""
-        _merge_into(self.evaluation_path(eval_id), record)
+        self._merge(self.evaluation_path(eval_id), record)
 
     def evaluations(self, *, playbook: str | None = None, run_id: str | None = None,
                     host: str | None = None) -> list[dict[str, Any]]:
         """Recorded evaluations (of ``playbook``, of a run's checkpoints, on ``host``),
         newest first."""
         out = []
-        for path in (self.root / "evaluations").glob("*.json"):
-            data = read_json(path)
-            if not isinstance(data, dict):
-                continue
+        for data in self._records("evaluations"):
             if ((playbook is not None and data.get("playbook") != playbook)
                     or (run_id is not None and data.get("run_id") != run_id)
                     or (host is not None and data.get("host") != host)):
@@ -161,19 +347,15 @@ class Journal:
         playbook and ``nodes`` (``rank``, ``host``, ``run_id`` each). Each node's run keeps its
         own run record (``job_id`` and ``node_rank`` in it), so everything that works on one
         host's runs (status, reconcile, cleanup --run) works on each node unchanged."""
-        _merge_into(self.job_path(job_id), record)
+        self._merge(self.job_path(job_id), record)
 
     def job(self, job_id: str) -> dict[str, Any] | None:
-        data = read_json(self.job_path(job_id))
-        return data if isinstance(data, dict) else None
+        return self.load(self.job_path(job_id))
 
     def jobs(self, *, playbook: str | None = None) -> list[dict[str, Any]]:
         """Recorded multi-node jobs (of ``playbook``, if given), newest first."""
-        out = []
-        for path in (self.root / "jobs").glob("*.json"):
-            data = read_json(path)
-            if isinstance(data, dict) and playbook in (None, data.get("playbook")):
-                out.append(data)
+        out = [data for data in self._records("jobs")
+               if playbook in (None, data.get("playbook"))]
         out.sort(key=lambda r: (r.get("created", 0), r.get("job_id", "")), reverse=True)
         return out
 
@@ -185,12 +367,14 @@ class Journal:
         the old box comes back and reports the run as running, :meth:`reconcile` sets
         ``status`` from the box and leaves ``moved_to`` alone, so the run is still known to be
         a second trainer that must be stopped (fenced)."""
-        record: dict[str, Any] = {"moved_to": {"host": to_host, "run_id": to_run_id,
-                                               "at": time.time() if at is None else at}}
-        existing = self.run(run_id)
-        if existing is None or not existing.get("host"):
-            record.update({"run_id": run_id, "host": host})
-        self.record_run(run_id, record)
+        moved = {"host": to_host, "run_id": to_run_id, "at": time.time() if at is None else at}
+
+        def mark(data: dict[str, Any]) -> None:
+            if not data.get("host"):
+                data.update({"run_id": run_id, "host": host})
+            data["moved_to"] = moved
+
+        self._update(self.run_path(run_id), mark)
 
     def mark_fenced(self, run_id: str, *, stopped: list[dict[str, Any]],
                     at: float | None = None) -> None:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import base64
 import binascii
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from outrig.errors import RemoteError
+from outrig.redaction import redact_bytes, safe_cut
 
 MAX_PARTIAL = 64 * 1024  # a "line" longer than this without a newline is shown in pieces
 NEW_SEGMENT_REASONS = frozenset({"rotated", "truncated", "created"})
@@ -38,19 +40,29 @@ class FramingError(RemoteError):
 class Cursor:
     """What the mirror holds of one remote log.
 
-    ``inode`` identifies the remote file; the mirror file holds its bytes ``[base, offset)``:
-    mirror position ``k`` is remote offset ``base + k``. ``segments`` counts the mirror files
-    archived before this one (rotations, truncations, ``--lines`` jumps).
+    ``inode`` identifies the remote file; the mirror file holds its bytes ``[base, offset)``
+    (box offsets: where the agent resumes), with the secrets in them replaced by ``***``.
+    ``redacted`` is how many bytes fewer the mirror file holds than that range (negative
+    when a value shorter than ``***`` was replaced): the mirror's own size, which a resume
+    truncates it to, is :attr:`size`. Without secrets it is 0 and mirror position ``k`` is
+    remote offset ``base + k``. ``segments`` counts the mirror files archived before this
+    one (rotations, truncations, ``--lines`` jumps).
     """
 
     inode: int
     offset: int
     base: int = 0
     segments: int = 0
+    redacted: int = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes in the mirror file of this segment."""
+        return self.offset - self.base - self.redacted
 
     def to_json(self) -> dict[str, int]:
         return {"inode": self.inode, "offset": self.offset, "base": self.base,
-                "segments": self.segments}
+                "segments": self.segments, "redacted": self.redacted}
 
     @classmethod
     def from_json(cls, raw: Any) -> Cursor | None:
@@ -63,10 +75,14 @@ class Cursor:
             return None
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
             return None
-        inode, offset, base, segments = values
-        if base > offset:
+        redacted = raw.get("redacted", 0)
+        if not isinstance(redacted, int) or isinstance(redacted, bool):
             return None
-        return cls(inode, offset, base, segments)
+        inode, offset, base, segments = values
+        cursor = cls(inode, offset, base, segments, redacted)
+        if base > offset or cursor.size < 0:
+            return None
+        return cursor
 
     def wire(self) -> dict[str, int]:
         """What the agent needs: the file and where to resume."""
@@ -147,12 +163,20 @@ class LineSplitter:
 
 class StreamState:
     """One process's stream: the durable cursor, the pending (written, not yet durable)
-    cursor, where the next chunk must start, and the line splitter for display."""
+    cursor, where the next chunk must start, and the line splitter for display.
 
-    def __init__(self, name: str, cursor: Cursor | None = None, partial: bytes = b"") -> None:
+    With ``secrets`` (UTF-8 values, longest first) the mirror gets whole lines only, each
+    redacted: the bytes of an unfinished line are ``held`` (not in the mirror, not in the
+    cursor; the agent sends them again on a resume), so a value split across two chunks is
+    still replaced. Without, the mirror is a byte-exact copy, written as the bytes come."""
+
+    def __init__(self, name: str, cursor: Cursor | None = None, partial: bytes = b"",
+                 secrets: Sequence[bytes] = ()) -> None:
         self.name = name
         self.cursor = cursor  # durable: persisted in the journal
         self.pending = cursor  # advanced by chunks; becomes durable on commit()
+        self.secrets = tuple(secrets)
+        self.held = b""  # with secrets: received bytes past ``pending.offset`` not mirrored
         self.expect: int | None = None  # offset the next chunk must carry (None: not open)
         self.show_from = 0
         # The splitter continues from the durable cursor: the mirror's unterminated last line.
@@ -173,6 +197,7 @@ class StreamState:
             self.pending = Cursor(inode, offset, offset, segments)
             self.cursor = self.pending  # the caller makes this durable before anything else
         self.expect = offset
+        self.held = b""  # the agent sends from ``offset`` <= pending.offset: again if held
         self.show_from = max(display_from, offset)
         if self.shown_to != self.show_from:
             self.splitter = LineSplitter()  # a jump: the old partial line does not continue
@@ -192,7 +217,13 @@ class StreamState:
         end = chunk.offset + len(chunk.data)
         self.expect = end
         applied = Applied()
-        if end > cur.offset:
+        received = cur.offset + len(self.held)  # box offset of the first byte not yet taken
+        if end > received and self.secrets:
+            data = self.held + chunk.data[max(0, received - chunk.offset):]
+            taken, self.held, applied.mirror = mirror_lines(data, self.secrets)
+            self.pending = replace(cur, offset=cur.offset + taken,
+                                   redacted=cur.redacted + taken - len(applied.mirror))
+        elif end > received:
             applied.mirror = chunk.data[max(0, cur.offset - chunk.offset):]
             self.pending = replace(cur, offset=end)
         if end > self.show_from:
@@ -208,6 +239,17 @@ class StreamState:
 
     def flush(self) -> list[str]:
         return self.splitter.flush()
+
+
+def mirror_lines(data: bytes, secrets: Sequence[bytes]) -> tuple[int, bytes, bytes]:
+    """(bytes of ``data`` taken, bytes held, what the mirror gets) for received ``data``
+    with secrets: every whole line, redacted; the unfinished last line is held, unless it
+    grew past ``MAX_PARTIAL`` (a runaway line), of which everything is taken but the tail
+    that may still be the start of a secret."""
+    cut = data.rfind(b"\n") + 1
+    if len(data) - cut > MAX_PARTIAL:
+        cut = safe_cut(data, secrets, len(data))
+    return cut, data[cut:], redact_bytes(data[:cut], secrets)
 
 
 def partial_tail(data: bytes) -> bytes:

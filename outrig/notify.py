@@ -10,12 +10,15 @@ what the event knows: ``run_id``, ``playbook``, ``why``, ``to`` ...) and the eve
 ``OUTRIG_EVENT``. It runs without a shell (its argv is the configured list, or the configured
 text split like a shell would), one at a time and in order, on a worker thread: a slow or
 hanging hook never holds up the watch that sent the event; each run is limited to
-``HOOK_TIMEOUT_S`` and then killed (its own process group, which outrig started). A failing
-hook is reported as a warning, never raised.
+``HOOK_TIMEOUT_S`` and then killed: every process of the session it was started in (a
+``curl &`` or a daemon it left behind in another process group too), and outrig stops
+waiting on its pipes, which a process that left the session may still hold, so the next
+event is delivered. A failing hook is reported as a warning, never raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -33,7 +36,70 @@ from outrig.errors import ConfigError
 EVENTS = ("suspect", "dead", "migrating", "resumed", "fenced", "failed", "finished",
           "restarting", "recovered")
 HOOK_TIMEOUT_S = 30.0
+PIPE_GRACE_S = 2.0  # after the kill: how long the pipes may take to close before we let go
 _STOP = object()
+
+
+def session_members(sid: int) -> list[int]:
+    """The pids in session ``sid`` (Linux ``/proc``; empty where there is none)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 4 and int(fields[3]) == sid:
+            members.append(int(entry))
+    return members
+
+
+def kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL every process of the session ``proc`` leads (it was started with
+    ``start_new_session``, so the session id is its pid). Safe from pid reuse: ``proc`` is
+    not reaped yet, so no other process can have its pid, and only a process with that pid
+    can lead a session with that id. Its process group too, where /proc is missing."""
+    for pid in session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def exit_status_unreaped(proc: subprocess.Popen[bytes]) -> int | None:
+    """``proc``'s exit status if it has ended, left unreaped (``WNOWAIT``): its pid, and so
+    its session id, stays its own until :func:`let_go` reaps it."""
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.returncode
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def let_go(proc: subprocess.Popen[bytes], grace: float = PIPE_GRACE_S) -> bool:
+    """After :func:`kill_session`: wait a moment for the pipes to close; when something
+    outside the session (a daemon that called setsid) still holds them, close our ends
+    instead and reap the hook. Whether the pipes had to be abandoned."""
+    try:
+        proc.communicate(timeout=grace)
+        return False
+    except subprocess.TimeoutExpired:
+        pass
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)  # killed above: it is reaped at once
+    return True
 
 
 def hook_argv(value: Any, where: str) -> list[str] | None:
@@ -64,6 +130,7 @@ class Notifier:
     argv: list[str] | None = None
     reporter: Reporter | None = None
     timeout: float = HOOK_TIMEOUT_S
+    grace: float = PIPE_GRACE_S
     sent: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -124,10 +191,16 @@ class Notifier:
         try:
             _, err = proc.communicate(data, timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the group this hook run started, no other
-            proc.communicate()
-            return (f"on_event hook {self.argv[0]!r} ran over {self.timeout:.0f}s for event "
-                    f"{name} and was stopped")
+            exited = exit_status_unreaped(proc)  # did the hook itself end in time?
+            kill_session(proc)
+            held = let_go(proc, self.grace)
+            what = (f"exited {exited}, but what it left running held its output open past "
+                    f"{self.timeout:.0f}s" if exited is not None else
+                    f"ran over {self.timeout:.0f}s")
+            left = (" (a process outside its session still holds its output; outrig no "
+                    "longer waits for it)") if held else ""
+            return (f"on_event hook {self.argv[0]!r} {what} for event {name} and was "
+                    f"stopped{left}; the next events are still sent")
         if proc.returncode != 0:
             tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
             return (f"on_event hook {self.argv[0]!r} exited {proc.returncode} for event {name}"

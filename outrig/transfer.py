@@ -31,6 +31,7 @@ from outrig.agent_code import AgentError as BoxError
 from outrig.agent_code import transfer as box_transfer
 from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host
+from outrig.journal import make_private_dir
 from outrig.transport import Transport
 
 Manifest = dict[str, dict[str, Any]]  # relative path → {"size", "sha256"}
@@ -210,8 +211,9 @@ def to_box(source: Source, files: list[dict[str, Any]], expect: Manifest,
 
 def to_local(source: Source, files: list[dict[str, Any]], expect: Manifest,
              progress: ProgressFn | None, *, root: Path) -> dict[str, Any]:
-    """One stream into a folder on the workstation (the agent's receiver, run here)."""
-    root.mkdir(parents=True, exist_ok=True)
+    """One stream into a folder on the workstation (the agent's receiver, run here): the
+    checkpoint mirror, in the private state folder (made 0700 if new)."""
+    make_private_dir(root)
     read_fd, write_fd = os.pipe()
     subset = {f["path"]: expect[f["path"]] for f in files}
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from outrig.errors import (
     AuthenticationError,
+    ConfigError,
     ConnectError,
     ConnectRefused,
     HostKeyError,
@@ -267,6 +268,46 @@ def auth_refused(transport: Any, exc: BaseException) -> bool:
     return bool(answered and transport.is_active() and not transport.is_authenticated())
 
 
+def check_identity_file(host: Host) -> None:
+    """Refuse an ``identity_file:`` that is not a readable file before anything is sent
+    (exit 2): paramiko would fail on it in the middle of authentication, which looks like
+    a link that went silent."""
+    if not host.identity_file:
+        return
+    path = Path(host.identity_file).expanduser()
+    where = f"{host.source}" if host.source else "the host file"
+    if not path.exists():
+        problem = "does not exist"
+    elif not path.is_file():
+        problem = "is not a file"
+    elif not os.access(path, os.R_OK):
+        problem = "cannot be read by this user"
+    else:
+        return
+    raise ConfigError(
+        f"{host.describe()}: the key file {path} (identity_file: in {where}) {problem}. "
+        "Fix the path, or remove identity_file: to use ssh-agent and ~/.ssh's default keys. "
+        "Nothing was sent.")
+
+
+def keys_tried(conn: Any, exc: BaseException) -> str:
+    """Which keys paramiko looked for, for a connect that offered none: the named key
+    files, ssh-agent and ~/.ssh's defaults, and what paramiko said."""
+    named = (getattr(conn, "connect_kwargs", None) or {}).get("key_filename") or []
+    if isinstance(named, str):
+        named = [named]
+    parts = [f"{', '.join(map(str, named))} could not be loaded"] if named else []
+    agent = "ssh-agent: SSH_AUTH_SOCK is not set" if not os.environ.get("SSH_AUTH_SOCK") \
+        else "ssh-agent offered no usable key"
+    defaults = [f"~/.ssh/id_{kind}" for kind in ("rsa", "ecdsa", "ed25519")]
+    found = [d for d in defaults if Path(d).expanduser().is_file()]
+    parts.append(agent)
+    parts.append(f"default keys: {', '.join(found)} could not be used" if found else
+                 f"no default key ({', '.join(defaults)}) exists")
+    said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return "; ".join(parts) + f" (paramiko: {said})"
+
+
 class SSHTransport(Transport):
     """One Fabric connection to one box, opened lazily, reused for every agent call.
 
@@ -322,6 +363,7 @@ class SSHTransport(Transport):
         if self.connection is not None:
             return
         self.host.refuse_placeholder()  # an unedited starter host file: say so, send nothing
+        check_identity_file(self.host)  # before the box is contacted: nothing to retry
         timeout, why = connect_timeout_for(self.host, self.rtt_hint)
         refused = silent = lost = 0
         attempt = 0
@@ -382,6 +424,24 @@ class SSHTransport(Transport):
                 f" If the box was rebuilt or its address reused, remove the old key with "
                 f"`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(path))}` and retry;"
                 " if not, someone may be intercepting the connection: do not continue.")
+        phase = handshake_phase(transport)
+        local = phase == "auth" and not getattr(transport, "auth_handler", None) \
+            and transport is not None and transport.is_active()
+        if local and isinstance(exc, OSError) and exc.filename:
+            # a key file named by ~/.ssh/config (IdentityFile) that cannot be read
+            return ConfigError(
+                f"the key file {exc.filename} cannot be read ({exc.strerror or exc}): it is "
+                f"named for {target} by identity_file: or an IdentityFile in ~/.ssh/config. "
+                "Fix the path, or remove it to use ssh-agent and ~/.ssh's default keys. "
+                "Nothing ran on the box.")
+        if local and isinstance(exc, paramiko.SSHException):
+            # paramiko offered no key at all (none found, or none could be loaded): the box
+            # never refused anything and the link is fine, so this is neither a refusal to
+            # retry nor a silence
+            return AuthenticationError(
+                f"no key was offered to {target}: {keys_tried(conn, exc)}. Set identity_file:"
+                " in the host file (or IdentityFile in ~/.ssh/config), or load the key into "
+                "ssh-agent (ssh-add KEY). Nothing ran on the box.")
         if isinstance(exc, paramiko.AuthenticationException) and auth_refused(transport, exc):
             key = self.host.identity_file or "ssh-agent / ~/.ssh default keys"
             said = getattr(transport, "server_disconnect", None)
@@ -405,7 +465,6 @@ class SSHTransport(Transport):
                 "Is the box up and sshd running, and is port: right?")
         if isinstance(exc, (TimeoutError, socket.timeout, paramiko.SSHException, EOFError,
                             OSError)):
-            phase = handshake_phase(transport)
             # A drop (reset, EOF) kills paramiko's transport; a silent link leaves it waiting.
             # paramiko's banner timeout ends its transport too, so a failure that took the
             # whole limit is a silence whatever the transport's state (it cost a limit).

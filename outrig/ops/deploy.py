@@ -40,6 +40,7 @@ class DeployResult:
     rtt: float | None = None
     connect_seconds: float | None = None
     status: str = "planned"  # running, finished (nothing left running) or launched (no wait)
+    replaced: dict[str, Any] | None = None  # the playbook's run this deploy stopped (the box's)
 
 
 def deployed_status(result: dict[str, Any], wait: bool) -> str:
@@ -49,10 +50,36 @@ def deployed_status(result: dict[str, Any], wait: bool) -> str:
     return "running" if wait else "launched"
 
 
+LIVE = ("running", "launching", "finished")  # a replaced run in these was news to someone
+
+
+def concurrent_replacement(replaced: dict[str, Any] | None, elapsed: float) -> bool:
+    """Whether the run this deploy replaced was started while this deploy command ran: by
+    another deploy of the playbook started at about the same moment, which got the box's
+    workdir lock first and may have reported that run ready. Durations are compared, each
+    on its own machine's clock (the box's ``age`` of the run when it answered; how long this
+    command had run when the answer came), so clock skew cannot decide it."""
+    if not replaced or replaced.get("status") not in LIVE:
+        return False
+    age = replaced.get("age")
+    return isinstance(age, (int, float)) and age <= elapsed
+
+
+def replaced_words(replaced: dict[str, Any] | None) -> str:
+    """``; it replaced run X, started 2 s ago by another deploy ...`` for a concurrent
+    replacement (:func:`concurrent_replacement`); else nothing."""
+    if not replaced or not replaced.get("concurrent"):
+        return ""
+    return (f"; it replaced run {replaced.get('run_id')}, started "
+            f"{float(replaced['age']):.0f} s ago by another deploy of this playbook that "
+            "finished first (only this run runs now)")
+
+
 def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], seconds: float,
-                     host_spec: str) -> str:
-    """The closing line: what is running now, and which processes finished their work before
-    they were ready (a resumed trainer with nothing left to do exits 0 at once)."""
+                     host_spec: str, replaced: dict[str, Any] | None = None) -> str:
+    """The closing line: what is running now, which processes finished their work before
+    they were ready (a resumed trainer with nothing left to do exits 0 at once), and the run
+    of a deploy started at the same moment that this one replaced."""
     finished = [str(p.get("name")) for p in processes if p.get("outcome") == "finished"]
     were = "it was" if len(finished) == 1 else "they were"
     done = (f"{', '.join(finished)} finished (exited 0 before {were} ready: nothing left "
@@ -65,6 +92,7 @@ def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], s
     else:
         head = f"{plan.playbook} ready on {plan.host} in {seconds:.1f}s"
         head += f"; {done}" if done else ""
+    head += replaced_words(replaced)
     return (f"{head} — run {plan.run_id}. Next: outrig status --host {host_spec}, "
             f"outrig tail-logs --host {host_spec}")
 
@@ -166,6 +194,7 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
     connection. ``run_id``: the run's id (default: a new one; a deploy on several hosts
     gives each host its own, so their journal records never collide)."""
     reporter, journal = session.reporter, session.journal
+    begun = time.monotonic()
     plan = plan_on(session, job, probe=not dry_run, run_id=run_id)
     reporter.plan(plan)
     if dry_run:
@@ -187,13 +216,25 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
     journal.record_run(plan.run_id, {"status": status, "processes": processes,
                                      "run_dir": result.get("run_dir"),
                                      "ran": status in ("running", "finished")})
+    replaced = result.get("replaced") if isinstance(result.get("replaced"), dict) else None
+    if replaced is not None:
+        replaced = {**replaced, "concurrent": concurrent_replacement(
+            replaced, time.monotonic() - begun)}
+        if replaced["concurrent"]:
+            reporter.warn(
+                f"this deploy replaced run {replaced.get('run_id')} of {plan.playbook}, "
+                f"started {float(replaced['age']):.0f} s ago by another deploy of the same "
+                "playbook that got the box first (it may have reported that run ready); only "
+                f"{plan.run_id} runs now")
     outcome = DeployResult(plan=plan, launched=True, processes=processes, seconds=seconds,
                            rtt=session.transport.rtt,
-                           connect_seconds=session.transport.connect_seconds, status=status)
+                           connect_seconds=session.transport.connect_seconds, status=status,
+                           replaced=replaced)
     reporter.emit_json({"event": "deployed", "run_id": plan.run_id, "ok": True,
                         "status": status, "seconds": round(seconds, 3),
-                        "processes": processes})
-    reporter.success(deployed_message(plan, status, processes, seconds, session.host_spec))
+                        "processes": processes, "replaced": replaced})
+    reporter.success(deployed_message(plan, status, processes, seconds, session.host_spec,
+                                      replaced))
     return outcome
 
 

@@ -13,6 +13,7 @@ prompts from the box and returns the counters around them; the numbers are vLLM'
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets as _secrets
 import sys
 import time
@@ -47,6 +48,7 @@ from outrig.ops.runs import new_run_id
 from outrig.placement import held_runs
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job, playbook_spec
+from outrig.redaction import ordered, redact_tree
 from outrig.session import HostSession, Project, host_session
 from outrig.yamlfile import YamlDoc
 
@@ -89,6 +91,17 @@ def evaluate_on(session: HostSession, job: Job, *, run_id: str | None = None,
                                 "baseline, without speculation")
                  if settings.baseline else None)
     doc = document(session, job, run, settings, speculative, ckpt, spec_side, base_side)
+    return publish(session, job, doc)
+
+
+def publish(session: HostSession, job: Job, doc: dict[str, Any]) -> dict[str, Any]:
+    """Record the evaluation in the journal and print it (``--json``: the document; else the
+    report). What the box and the server said may hold a value of the playbook's
+    ``secrets:`` (a path, a server's message): the journal, the JSON and the report get it
+    redacted with this shell's values, as tail-logs' mirror does. Returns what was
+    recorded."""
+    reporter = session.reporter
+    doc = redact_tree(doc, ordered(os.environ.get(k, "") for k in job.spec.secrets))
     session.journal.record_evaluation(doc["eval_id"], doc)
     if reporter.json_mode:
         reporter.emit_json(doc)

@@ -10,7 +10,7 @@ HTTP URL), so ``--process server`` is enough for the vLLM server.
 from __future__ import annotations
 
 import contextlib
-import select
+import selectors
 import socket
 import sys
 import threading
@@ -20,12 +20,27 @@ from urllib.parse import urlsplit
 from outrig.console import Reporter
 from outrig.errors import ConfigError, Interrupted
 from outrig.inventory import Host, resolve_host
-from outrig.journal import Journal
+from outrig.journal import Journal, private_state_dir
 from outrig.session import Project
 from outrig.terminal import wrap_width
 from outrig.textlayout import paragraph
 from outrig.timing import FORWARD_OPEN_TIMEOUT
 from outrig.transport import Transport, transport_for
+
+PORT_MAX = 65535
+
+
+def checked_port(value: int, flag: str, *, any_free: bool = False) -> int:
+    """``value`` when it names a TCP port (1-65535; 0 too with ``any_free``, for "any free
+    local port"); else a ConfigError naming the flag. Called before anything is sent: a port
+    out of range would otherwise fail only after the box was contacted, deep in the socket
+    library (``OverflowError``)."""
+    low = 0 if any_free else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= PORT_MAX:
+        hint = " (0: any free port)" if any_free else ""
+        raise ConfigError(f"{flag} {value!r} is not a TCP port: give a whole number from "
+                          f"{low} to {PORT_MAX}{hint}. Nothing was sent.")
+    return value
 
 
 def process_port(journal: Journal, host: Host, process: str, *, run_id: str | None = None,
@@ -46,12 +61,17 @@ def process_port(journal: Journal, host: Host, process: str, *, run_id: str | No
             if proc.get("name") != process:
                 continue
             ready = proc.get("ready") or {}
+            where = f"the port of process {process} in run {run.get('run_id')}'s plan"
             if ready.get("port"):
-                return "127.0.0.1", int(ready["port"]), str(run.get("run_id"))
+                return "127.0.0.1", _plan_port(ready["port"], where), str(run.get("run_id"))
             if ready.get("http"):
-                url = urlsplit(str(ready["http"]))
-                port = url.port or (443 if url.scheme == "https" else 80)
-                return url.hostname or "127.0.0.1", port, str(run.get("run_id"))
+                try:
+                    url = urlsplit(str(ready["http"]))
+                    port = url.port or (443 if url.scheme == "https" else 80)
+                except ValueError:  # a port out of range in the recorded URL
+                    port = -1
+                return (url.hostname or "127.0.0.1", _plan_port(port, where),
+                        str(run.get("run_id")))
             raise ConfigError(
                 f"process {process} of run {run.get('run_id')} has no port in its ready: "
                 "check, so outrig cannot tell which port it serves; pass --remote-port N")
@@ -60,6 +80,14 @@ def process_port(journal: Journal, host: Host, process: str, *, run_id: str | No
         f"no process {process!r} in {where} (processes there: "
         f"{', '.join(sorted(names)) or 'none; deploy first'}); name one with --process, "
         "or give --remote-port N")
+
+
+def _plan_port(value: Any, where: str) -> int:
+    """A port recorded in the journal's plan, checked like one given as a flag."""
+    try:
+        return checked_port(value, where)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} Pass --remote-port N instead.") from None
 
 
 class Forwarder:
@@ -99,19 +127,19 @@ class Forwarder:
 
 
 def pump(client: socket.socket, channel: Any) -> None:
-    """Copy both ways until either side closes."""
-    while True:
-        readable, _, _ = select.select([client, channel], [], [], 60)
-        if client in readable:
-            data = client.recv(65536)
-            if not data:
-                return
-            channel.sendall(data)
-        if channel in readable:
-            data = channel.recv(65536)
-            if not data:
-                return
-            client.sendall(data)
+    """Copy both ways until either side closes. ``selectors`` (epoll), not ``select()``:
+    a forward serving many connections passes 1024 file descriptors, which ``select()``
+    cannot watch."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(client, selectors.EVENT_READ, channel)
+        selector.register(channel, selectors.EVENT_READ, client)
+        while True:
+            for key, _ in selector.select(60):
+                source: Any = key.fileobj
+                data = source.recv(65536)
+                if not data:
+                    return
+                key.data.sendall(data)
 
 
 def listen(port: int) -> socket.socket:
@@ -134,6 +162,10 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
             local_port: int | None = None, journal: Journal | None = None) -> None:
     """Forward until Ctrl-C (then :class:`Interrupted`, exit 130, as every command ends on
     Ctrl-C); prints the local URL first (JSON: a ``forwarding`` event)."""
+    if remote_port is not None:
+        checked_port(remote_port, "--remote-port")
+    if local_port is not None:
+        checked_port(local_port, "--local-port", any_free=True)
     host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
     if host.is_local:
         raise ConfigError(f"{host.name} is 'local' (this machine): its ports are here "
@@ -147,6 +179,7 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
     else:
         raise ConfigError("say what to forward: --process NAME (its port comes from the "
                           "run's plan) or --remote-port N")
+    private_state_dir()  # before a keeper makes its socket folder in it (without a journal)
     transport = transport_for(host, notify=reporter.info, keep_seconds=project.keep_seconds)
     transport.connect()  # fail here, before listening, when the box is unreachable
     listener = listen(port if local_port is None and _free(port) else (local_port or 0))

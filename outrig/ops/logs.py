@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from outrig.agent_client import AgentCall, raise_for_result
-from outrig.agent_code import redact as box_redact
 from outrig.console import Reporter
 from outrig.errors import (
     ConfigError,
@@ -41,7 +40,14 @@ from outrig.errors import (
     LinkLost,
     LocalWriteError,
 )
-from outrig.journal import Journal, atomic_write_json, read_json, safe_name
+from outrig.journal import (
+    PRIVATE_FILE,
+    Journal,
+    atomic_write_json,
+    make_private_dir,
+    read_json,
+    safe_name,
+)
 from outrig.logtail import (
     MAX_PARTIAL,
     Applied,
@@ -54,6 +60,7 @@ from outrig.logtail import (
 )
 from outrig.ops.runs import playbook_name
 from outrig.reader import ChannelReader, take_events
+from outrig.redaction import ordered, redact_text
 from outrig.session import HostSession, Project, base_request
 from outrig.textlayout import visible
 from outrig.timing import follow_idle_limit, heartbeat_for, jittered
@@ -109,7 +116,7 @@ class MirrorStore:
             if cursor is None:
                 continue
             path = self.path(str(name))
-            want = cursor.offset - cursor.base
+            want = cursor.size
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
@@ -131,7 +138,7 @@ class MirrorStore:
 
     def partial(self, name: str, cursor: Cursor) -> bytes:
         """The mirror's unterminated last line: the next resume continues it on screen."""
-        size = cursor.offset - cursor.base
+        size = cursor.size
         if size <= 0:
             return b""
         with open(self.path(name), "rb") as handle:
@@ -163,8 +170,10 @@ class MirrorStore:
         try:
             handle = self.handles.get(name)
             if handle is None:
-                self.root.mkdir(parents=True, exist_ok=True)
-                handle = open(self.path(name), "ab")  # noqa: SIM115 - kept open while streaming
+                make_private_dir(self.root)
+                fd = os.open(self.path(name), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                             | os.O_CLOEXEC, PRIVATE_FILE)  # what processes print: 0600
+                handle = os.fdopen(fd, "ab")  # kept open while streaming
                 self.handles[name] = handle
             handle.write(data)
         except OSError as exc:
@@ -251,16 +260,16 @@ class LinePrinter:
 
     def hide(self, keys: list[str]) -> None:
         """Redact the values of these secrets (read from this shell, as deploy sent them)
-        from every line shown or emitted as JSON; the local mirror keeps the exact bytes."""
-        values = {os.environ[k] for k in keys if os.environ.get(k)} | set(self.secrets)
-        self.secrets = sorted(values, key=len, reverse=True)
+        from every line shown or emitted as JSON (the tailer redacts the mirror with the
+        same values)."""
+        self.secrets = ordered([*(os.environ.get(k, "") for k in keys), *self.secrets])
 
     def names(self, names: list[str]) -> None:
         self.width = max([self.width, *(len(n) for n in names)])
 
     def lines(self, batch: list[tuple[str, str]]) -> None:
         out: list[str] = []
-        redact = box_redact if self.secrets else None
+        redact = redact_text if self.secrets else None
         for name, line in batch:
             if redact is not None:
                 line = redact(line, self.secrets)
@@ -350,6 +359,7 @@ class LogTailer:
         self.measured_rtt: float | None = None  # survives the transports a reconnect replaces
         self.resumed = False  # a cursor from an earlier tail-logs was loaded for this run
         self.noted_idle = False  # the "nothing new" line was printed
+        self.mirror_secrets: tuple[bytes, ...] = ()  # this shell's values of secret_keys
 
     # -- events
 
@@ -366,24 +376,29 @@ class LogTailer:
         self.store = MirrorStore(root)
         self.result.mirror_dir = root
         for name, cursor in self.store.load().items():
-            self.streams[name] = StreamState(name, cursor, self.store.partial(name, cursor))
+            self.streams[name] = StreamState(name, cursor, self.store.partial(name, cursor),
+                                             self.mirror_secrets)
             self.resumed = True
 
     def _stream(self, name: str) -> StreamState:
         if name not in self.streams:
-            self.streams[name] = StreamState(name)
+            self.streams[name] = StreamState(name, secrets=self.mirror_secrets)
         return self.streams[name]
 
     def _apply(self, event: dict[str, Any], shown: list[tuple[str, str]]) -> bool:
         """Apply one event; True when it changed the mirror (a commit is due)."""
         kind = event.get("event")
         if kind == "run":
+            # the secrets first: the mirror is redacted with them from its first byte
+            self.printer.hide([str(k) for k in event.get("secret_keys") or []])
+            self.mirror_secrets = tuple(v.encode() for v in self.printer.secrets)
+            for stream in self.streams.values():
+                stream.secrets = self.mirror_secrets
             self._bind_run(str(event.get("run_id")))
             self.first_call = False  # later calls are resumes: --lines only for new logs
             self.call_worked = True
             names = [str(n) for n in event.get("processes") or []]
             self.printer.names(names)
-            self.printer.hide([str(k) for k in event.get("secret_keys") or []])
             return False
         if kind in ("open", "chunk") and self.store is None:
             raise FramingError(f"{kind} event before the run was named", kind="framing")
@@ -544,6 +559,7 @@ class LogTailer:
         """Stream until the agent is done (``--no-follow``) or ``stop`` is set."""
         backoff = self.initial_backoff
         outage_since: float | None = None
+        ended = False
         try:
             while not self.stop.is_set():
                 try:
@@ -579,8 +595,9 @@ class LogTailer:
                     continue  # the agent's lifetime bound: ask again on the same connection
                 self._note_if_nothing_new()
                 break
+            ended = True
         finally:
-            self._finish()
+            self._finish(failing=not ended)
         return self.result
 
     def _give_up_after(self) -> float:
@@ -615,8 +632,12 @@ class LogTailer:
             self.measured_rtt = rtt
         return self.measured_rtt
 
-    def _finish(self) -> None:
-        """Show unterminated last lines when not following, and release the mirror files."""
+    def _finish(self, *, failing: bool = False) -> None:
+        """Show unterminated last lines when not following, release the mirror files and
+        note the RTT in the journal. The cursors are already saved (each commit wrote
+        them), so a journal that cannot be written (a full disk) costs only the RTT note: a
+        warning with the paragraph that says what to do, or nothing when the command is
+        already failing (its own error, often the same full disk, is the one to show)."""
         if not self.follow:
             shown: list[tuple[str, str]] = []
             for name, stream in self.streams.items():
@@ -626,7 +647,11 @@ class LogTailer:
             self.store.close()
         rtt = self._known_rtt()
         if rtt is not None:
-            self.journal.update_host(self.host_key, rtt=rtt)
+            try:
+                self.journal.update_host(self.host_key, rtt=rtt)
+            except LocalWriteError as exc:
+                if not failing:
+                    self.reporter.warn(f"the measured RTT was not recorded: {exc}")
 
 
 # ------------------------------------------------------------------------------ entry points

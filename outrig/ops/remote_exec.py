@@ -14,6 +14,7 @@ from typing import IO
 
 from outrig.errors import ConfigError, ConnectError
 from outrig.inventory import Host, resolve_host
+from outrig.journal import private_state_dir
 from outrig.session import Project
 from outrig.transport import AgentChannel, transport_for
 
@@ -75,6 +76,7 @@ def run_exec(project: Project, host_spec: str, command: list[str], *,
     argv = exec_argv(host, command)
     out = out or sys.stdout.buffer
     err = err or sys.stderr.buffer
+    private_state_dir()  # before a keeper makes its socket folder in it (without a journal)
     transport = transport_for(host, keep_seconds=project.keep_seconds)
     try:
         channel = transport.start(argv)

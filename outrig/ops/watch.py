@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outrig.console import Reporter
+from outrig.console import Reporter, one_line
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.health import (
     DEFAULT_THRESHOLD,
@@ -413,7 +413,7 @@ class Watcher:
             self.reporter.emit_json({"event": "progress", "host": self.record["host"],
                                      "run_id": self.record["run_id"], **fields})
             return
-        parts = [f"{k} {v}" for k, v in fields.items() if v is not None]
+        parts = [f"{k} {one_line(v)}" for k, v in fields.items() if v is not None]  # box's
         # The same two-space indent for both, so that off a terminal (where the live line
         # is printed too, at most every 10 s) the lines stay aligned.
         text = f"  {self.record['host']} {self.record['run_id']}: " + ", ".join(parts)

@@ -35,6 +35,7 @@ from .layout import (
     Layout,
     WorkdirFolder,
     ensure_workdir,
+    read_json,
     read_pointer,
     write_atomic,
     write_json_atomic,
@@ -531,6 +532,34 @@ def stop_previous(layout: Layout, out: Emitter, previous: str, before: Optional[
                              "started.")
 
 
+def replaced_run(layout: Layout, previous: Optional[str]) -> Optional[JSONDict]:
+    """The run this deploy replaces: its id, and its status and start (``created``, the
+    box's clock) as run.json has them. The result adds ``age`` (seconds since ``created``,
+    when the result is sent): the workstation compares it with how long its command has
+    been running, so the second of two deploys started at the same moment can say that it
+    replaced the first's run, just reported ready, and the two never both look live."""
+    if previous is None:
+        return None
+    try:
+        run = read_json(layout.run_json(previous))
+    except (OSError, ValueError):
+        run = {}
+    if not isinstance(run, dict):
+        run = {}
+    created = run.get("created")
+    return {"run_id": previous, "status": run.get("status"),
+            "created": float(created) if isinstance(created, (int, float)) else None}
+
+
+def with_age(replaced: Optional[JSONDict]) -> Optional[JSONDict]:
+    """``replaced`` with its ``age`` now (None when its start is unknown)."""
+    if replaced is None:
+        return None
+    created = replaced.get("created")
+    age = None if created is None else round(max(0.0, time.time() - float(created)), 3)
+    return {**replaced, "age": age}
+
+
 def make_run_dir(layout: Layout, run_id: str) -> str:
     """The new run's folder with its logs/ and exit/ (an existing one is a bad request)."""
     run_dir = layout.run_dir(run_id)
@@ -585,6 +614,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
 
     with WorkdirLock(layout, "deploy", args.lock_timeout):
         previous = read_pointer(layout, playbook)
+        replaced = replaced_run(layout, previous)
         check_ports_free(layout, procs, previous, Stopper(out), args.host_label)
         needed = {g for p in procs for g in p.gpus}
         before: Optional[JSONDict] = None
@@ -620,4 +650,4 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
         if facts_box:
             out.emit("facts", **facts_box[0])
     return {"run_id": run_id, "run_dir": run_dir, "processes": records,
-            "status": run["status"]}
+            "status": run["status"], "replaced": with_age(replaced)}

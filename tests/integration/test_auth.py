@@ -6,12 +6,16 @@ from __future__ import annotations
 import io
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from outrig.errors import AuthenticationError, ConnectError
+from outrig.console import Reporter
+from outrig.errors import AuthenticationError, ConfigError, ConnectError
+from outrig.journal import Journal
 from outrig.ops.remote_exec import run_exec
+from outrig.ops.status import status
 from outrig.session import Project
 
 pytestmark = pytest.mark.integration
@@ -40,3 +44,39 @@ def test_exec_with_a_refused_key_says_authentication_failed_not_link_broke(
     text = str(info.value)
     assert "authentication failed" in text and "wrong_key" in text
     assert "the link broke" not in text and "may still be running" not in text
+
+
+@pytest.mark.parametrize("keep", ["0", "60"])
+def test_a_missing_key_file_is_named_exit_2_and_the_box_is_never_contacted(
+        box_host: Path, tmp_path: Path, make_proxy: Any, keep: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """identity_file: /nonexistent/key: not "went silent during authentication", not
+    retried, nothing sent; through the warm connection (keeper) as through a direct one."""
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", keep)
+    config = yaml.safe_load(box_host.read_text())
+    proxy = make_proxy(config["port"], one_way_delay=0.0)
+    config.update(port=proxy.port, identity_file="/nonexistent/key")
+    host = tmp_path / "nokey.yaml"
+    host.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError) as caught:
+        status(PROJECT, str(host), Reporter(quiet=True), journal=Journal(tmp_path / "state"))
+    text = str(caught.value)
+    assert caught.value.exit_code == 2
+    assert "the key file /nonexistent/key" in text and "does not exist" in text, text
+    assert "silent" not in text and "authentication failed" not in text
+    assert proxy.accepted == 0, "the box is not contacted for a key that is not there"
+
+
+def test_no_usable_key_says_none_was_offered_and_which_were_looked_for(
+        box_host: Path, tmp_path: Path, make_proxy: Any) -> None:
+    """``--host root@127.0.0.1:PORT`` from a HOME without keys and no ssh-agent: an
+    authentication failure that says no key was offered and where it looked, once."""
+    config = yaml.safe_load(box_host.read_text())
+    proxy = make_proxy(config["port"], one_way_delay=0.0)
+    spec = f"{config.get('user') or 'root'}@127.0.0.1:{proxy.port}"
+    with pytest.raises(AuthenticationError) as caught:
+        status(PROJECT, spec, Reporter(quiet=True), journal=Journal(tmp_path / "state"))
+    text = str(caught.value)
+    assert "no key was offered" in text and "SSH_AUTH_SOCK is not set" in text, text
+    assert "~/.ssh/id_ed25519" in text and "silent" not in text
+    assert proxy.accepted == 1, "an authentication failure is never retried"

@@ -465,3 +465,45 @@ def test_port_taken_by_a_stale_server_is_refused(box_host: Path, tmp_path: Path,
     finally:
         stale.kill()
         stale.wait()
+
+
+def test_two_identical_deploys_at_once_never_report_two_live_runs(
+        box_host: Path, tmp_path: Path, teardown_runs: None) -> None:
+    """Two ``deploy``s of one playbook started at the same moment both succeed, one after
+    the other (the box's workdir lock); the second says that it replaced the run the first
+    just reported ready, and afterwards the box and the journal have one live run."""
+    import io
+
+    playbook = write_playbook(tmp_path, {"processes": {"server": {
+        "command": [sys.executable, "-c", "import time; print('up', flush=True); "
+                    "time.sleep(600)"], "ready": {"log": "^up$", "timeout": 60}}}})
+    state = tmp_path / "state"
+    go = threading.Barrier(2)
+    done: list[tuple[Any, str]] = []
+
+    def one() -> None:
+        err = io.StringIO()
+        go.wait()
+        result = deploy(PROJECT, str(box_host), str(playbook), Reporter(err=err),
+                        journal=Journal(state))
+        done.append((result, err.getvalue()))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(done) == 2, "both deploys succeed"
+    said = [(r, text) for r, text in done if (r.replaced or {}).get("concurrent")]
+    assert len(said) == 1, [text for _, text in done]
+    second, text = said[0]
+    (first,) = [r for r, _ in done if r is not second]
+    assert second.replaced["run_id"] == first.plan.run_id
+    assert f"this deploy replaced run {first.plan.run_id} of job, started" in text, text
+    assert f"only {second.plan.run_id} runs now" in text
+    assert f"it replaced run {first.plan.run_id}" in text, "the closing line says it too"
+    shown = status(PROJECT, str(box_host), Reporter(quiet=True), journal=Journal(state))
+    assert [(r["run_id"], r["status"]) for r in shown["runs"]] == [
+        (second.plan.run_id, "running")]
+    live = [r["run_id"] for r in Journal(state).runs() if r.get("status") == "running"]
+    assert live == [second.plan.run_id]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +22,13 @@ from invoke.exceptions import Exit
 
 import tasks
 from outrig.console import Reporter
-from outrig.errors import RemoteError
+from outrig.errors import OutrigError, RemoteError
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.status import print_status, status
+from outrig.ops.watch import WatchOptions, watch
 from outrig.session import Project
 from outrig.textlayout import visible
 
@@ -111,3 +114,33 @@ def test_deploy_error_status_and_tail_logs_show_escapes_visibly(
               playbook="hostile", follow=False, journal=fresh)
     lines = [json.loads(ln) for ln in machine.getvalue().splitlines()]
     assert HOSTILE in [ln.get("line") for ln in lines], lines
+
+
+FORGED = "worker\nerror: forged by the box\r\x1b[2K"
+
+
+def test_box_side_text_with_a_newline_cannot_start_a_line_in_watchs_error(
+        box_host: Path, tmp_path: Path, journal: Journal, teardown_runs: None) -> None:
+    """A process name rewritten in the box's run.json (anything on the box can write it)
+    reaches watch's error message with its newline and carriage return shown as escapes
+    (ESC, like every other control, is escaped where the message is printed): the message
+    keeps its one line, no forged ``error:`` line."""
+    playbook = tmp_path / "plain.yaml"
+    playbook.write_text(yaml.safe_dump({"name": "plain", "processes": {"worker": {
+        "command": [sys.executable, "-c", "import time; time.sleep(600)"]}}}))
+    deployed = deploy(PROJECT, str(box_host), str(playbook), Reporter(quiet=True),
+                      journal=journal)
+    record = box_host.parent.parent / "workdir" / "runs" / deployed.plan.run_id / "run.json"
+    run = json.loads(record.read_text())
+    run["processes"][0]["name"] = FORGED
+    record.write_text(json.dumps(run))
+    wrapper = int(run["processes"][0]["pid"])
+    child = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()[0]
+    os.kill(int(child), signal.SIGKILL)  # the job crashes on a box that answers
+    with pytest.raises(OutrigError) as caught:
+        watch(PROJECT, str(box_host), "plain", Reporter(quiet=True), journal=journal,
+              options=WatchOptions(threshold=4.0, period=0.5))
+    text = str(caught.value)
+    assert "\n" not in text and "\r" not in text, repr(text)
+    assert "worker\\nerror: forged by the box\\r\x1b[2K" in text
+    assert "\n" not in visible(text) and "\\x1b[2K" in visible(text)

@@ -201,6 +201,44 @@ def test_full_workstation_disk_stops_tail_logs_with_the_path(box_host: Path,
     assert follow.tailer.result.reconnects == 0
 
 
+def test_full_workstation_disk_under_the_journal_is_one_paragraph_and_keeps_the_cursor(
+        box_host: Path, small_fs: Path) -> None:
+    """The whole state folder on a disk that fills up: tail-logs (whose journal note of the
+    RTT comes after the mirror failed) and status (whose journal follows the box) end with
+    the paragraph that names the file and the fix, not an ENOSPC traceback; the cursor
+    saved before stays, and once there is room tail-logs resumes without losing or
+    repeating a line."""
+    from outrig.ops.logs import tail_logs
+    from outrig.sandbox.fulldisk import fill
+
+    logs = make_run(box_host, ["trainer"])
+    (logs / "trainer.log").write_text("".join(f"line {i}\n" for i in range(5)))
+    journal = Journal(small_fs / "outrig")
+    first = tail_logs(PROJECT, str(box_host), Reporter(quiet=True), follow=False,
+                      journal=journal)
+    assert first.lines == 5 and first.mirror_dir is not None
+    cursors = (first.mirror_dir / "cursors.json").read_bytes()
+    with open(logs / "trainer.log", "a") as log:
+        log.write("".join(f"line {i}\n" for i in range(5, 4005)))
+    fill(small_fs)
+    for command in ("tail-logs", "status"):
+        with pytest.raises(LocalWriteError) as caught:
+            if command == "tail-logs":
+                tail_logs(PROJECT, str(box_host), Reporter(quiet=True), follow=False,
+                          journal=journal)
+            else:
+                status(PROJECT, str(box_host), Reporter(quiet=True), journal=journal)
+        text = str(caught.value)
+        assert str(small_fs) in text and "No space left on device" in text, text
+        assert "free space there" in text and "XDG_STATE_HOME" in text, text
+    assert (first.mirror_dir / "cursors.json").read_bytes() == cursors, "the cursor stays"
+    (small_fs / "filler.bin").unlink()
+    second = tail_logs(PROJECT, str(box_host), Reporter(quiet=True), follow=False,
+                       journal=journal)
+    assert second.lines == 4000
+    assert (first.mirror_dir / "trainer.log").read_bytes() == (logs / "trainer.log").read_bytes()
+
+
 def test_unwritable_mirror_stops_tail_logs_instead_of_reconnecting(box_host: Path,
                                                                   journal: Journal) -> None:
     # Runs everywhere (no mount needed): the mirror's folder cannot be made, an OSError like

@@ -12,8 +12,10 @@ import fcntl
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -624,3 +626,32 @@ def test_bootstrap_exec_does_not_wait_for_eof(box: Box, cache: str) -> None:
         proc.wait()
         if proc.stdin is not None:
             proc.stdin.close()
+
+
+def test_two_identical_deploys_at_once_run_one_after_the_other_and_the_second_names_the_first(
+        box: Box) -> None:
+    """Both started at the same moment: the workdir lock runs them one after the other, and
+    the result of the one that got it second names the run it replaced, that run's status
+    and how long ago it started (what lets the workstation say so); only its run is left."""
+    results: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
+    go = threading.Barrier(2)
+
+    def deploy(run_id: str) -> None:
+        go.wait()
+        results[run_id] = box.deploy([sleeper("server", ready={"log": "^up$", "timeout": 20})],
+                                     run_id=run_id, lock_timeout=30)
+
+    threads = [threading.Thread(target=deploy, args=(r,)) for r in (R1, R2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert set(results) == {R1, R2} and all(r["ok"] for _, r in results.values())
+    replaced = {run_id: result["replaced"] for run_id, (_, result) in results.items()}
+    (first,) = [r for r, rep in replaced.items() if rep is None]
+    (second,) = [r for r, rep in replaced.items() if rep is not None]
+    assert replaced[second]["run_id"] == first and replaced[second]["status"] == "running"
+    assert 0 <= replaced[second]["age"] < 60
+    assert box.run_json(first)["status"] == "stopped"
+    _, status = box.agent({"op": "status"})
+    assert [(run["run_id"], run["status"]) for run in status["runs"]] == [(second, "running")]

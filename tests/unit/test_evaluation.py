@@ -246,3 +246,37 @@ def test_status_shows_a_runs_newest_evaluation(tmp_path: Path) -> None:
     assert evaluation_lines(result) == [
         "run r1: /c/1 evaluated on vLLM 1970-01-01 00:00:20 UTC: acceptance length 2.25, "
         "per position 0.50, speedup 1.50× (outrig evaluate --compare)"]
+
+
+def test_an_evaluation_is_recorded_and_printed_without_the_playbooks_secrets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value of ``secrets:`` that reached the document (a checkpoint path, a server's
+    text) is ``***`` in the journal's record, the ``--json`` document and the report."""
+    import io
+    from types import SimpleNamespace
+
+    from outrig.console import Reporter
+    from outrig.journal import Journal
+    from outrig.ops.evaluate import publish
+
+    secret = "hf_EVALsecret42"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    book = tmp_path / "leaky.yaml"
+    book.write_text(yaml.safe_dump({"name": "leaky", "secrets": ["HF_TOKEN"],
+                                    "processes": {"p": {"command": "true"}}}))
+    job = load_job(book)
+    doc = {"eval_id": "leaky-1", "playbook": "leaky", "host": "h", "at": 1.0,
+           "checkpoint": {"path": f"/ckpt/{secret}/epoch_1", "order_text": "epoch 1"},
+           "model": "m", "method": "ngram", "server_note": f"token {secret} refused"}
+    for json_mode in (True, False):
+        out, err = io.StringIO(), io.StringIO()
+        journal = Journal(tmp_path / f"state-{json_mode}")
+        session = SimpleNamespace(journal=journal, host_spec="h",
+                                  reporter=Reporter(json_mode=json_mode, out=out, err=err))
+        recorded = publish(session, job, doc)  # type: ignore[arg-type]
+        assert recorded["checkpoint"]["path"] == "/ckpt/***/epoch_1"
+        assert secret not in out.getvalue() + err.getvalue()
+        assert "/ckpt/***/epoch_1" in out.getvalue() + err.getvalue()
+        stored = [p.read_text() for p in journal.root.rglob("*.json")]
+        assert stored and all(secret not in text for text in stored)
+    assert secret in doc["checkpoint"]["path"], "the caller's document is left as it was"

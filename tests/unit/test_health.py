@@ -301,3 +301,29 @@ def test_an_unknown_signal_is_refused() -> None:
 ])
 def test_run_state(procs: list[dict[str, object]], state: str) -> None:
     assert run_state(procs)[0] == state
+
+
+def test_box_values_in_a_crash_verdict_cannot_start_a_line() -> None:
+    """Names, signals and exit codes come from the box's run.json, which anything on the box
+    may rewrite: a newline or carriage return in them is shown as an escape."""
+    state, why = run_state([
+        {"name": "trainer\nerror: forged", "state": "killed", "signal": "9\r\x1b[2K"},
+        {"name": "server", "state": "exited", "exit_code": "1\nok: fine"}])
+    assert state == "failed"
+    assert "\n" not in why and "\r" not in why
+    assert why == ("trainer\\nerror: forged was killed by signal 9\\r\x1b[2K; "
+                   "server exited 1\\nok: fine")
+
+
+def test_an_agent_error_cannot_start_a_line_of_its_own() -> None:
+    from outrig.agent_client import raise_for_result
+    from outrig.errors import RemoteError
+
+    with pytest.raises(RemoteError) as caught:
+        raise_for_result({"ok": False, "error": {
+            "kind": "exited", "message": "x exited 1\nerror: forged", "process": "x\ny",
+            "excerpt": ["line one\rline two", "plain"]}}, where="deploy on box")
+    lines = str(caught.value).splitlines()
+    assert lines == ["deploy on box: x exited 1\\nerror: forged",
+                     "  last log lines of x\\ny:", "    | line one\\rline two", "    | plain"]
+    assert caught.value.process == "x\\ny"

@@ -142,6 +142,71 @@ def test_mirror_store_cuts_bytes_written_after_the_last_commit(tmp_path: Path) -
     assert (tmp_path / "m" / "t.log.1").read_bytes() == b"line 1\nline 2\nhal"
 
 
+SECRET = b"hf_SECRETvalue123"
+
+
+def test_a_secret_split_across_chunks_is_redacted_in_the_mirror_and_the_cursor_says_where(
+        tmp_path: Path) -> None:
+    """The mirror gets whole lines, redacted; the box offset (where the agent resumes) and
+    the mirror's own size are kept apart, so a crash and a resume stay exactly-once."""
+    s = StreamState("t", secrets=[SECRET])
+    s.on_open(inode=3, offset=0, display_from=0, reason="start")
+    log = b"token=" + SECRET + b" ok\nnext " + SECRET[:5]
+    first = s.on_chunk(Chunk("t", 3, 0, log))
+    assert first.mirror == b"token=*** ok\n"  # the unfinished line is held
+    assert s.pending is not None and s.pending.offset == len(b"token=" + SECRET + b" ok\n")
+    second = s.on_chunk(Chunk("t", 3, len(log), SECRET[5:] + b" end\n"))
+    assert second.mirror == b"next *** end\n" and second.lines == ["next " + SECRET.decode()
+                                                                   + " end"]
+    box = log + SECRET[5:] + b" end\n"
+    assert s.pending.offset == len(box)
+    assert s.pending.size == len(b"token=*** ok\nnext *** end\n")
+    store = MirrorStore(tmp_path / "m")
+    store.append("t", first.mirror + second.mirror)
+    store.commit("h", "r", {"t": s.pending})
+    store.append("t", b"written but never committed\n")
+    store.close()
+    again = MirrorStore(tmp_path / "m")
+    cursors = again.load()
+    assert cursors == {"t": s.pending}  # the redaction count survives the journal
+    assert again.path("t").read_bytes() == b"token=*** ok\nnext *** end\n"  # cut to size
+
+
+def test_a_resume_sends_the_held_line_again_and_the_mirror_gets_it_once() -> None:
+    s = StreamState("t", secrets=[SECRET])
+    s.on_open(inode=3, offset=0, display_from=0, reason="start")
+    s.on_chunk(Chunk("t", 3, 0, b"a\nhalf " + SECRET[:3]))
+    s.commit()
+    assert s.cursor == Cursor(3, 2, 0, 0)  # the held bytes are not covered
+    s.on_open(inode=3, offset=2, display_from=2, reason="cursor")  # a reconnect
+    again = s.on_chunk(Chunk("t", 3, 2, b"half " + SECRET + b"\n"))
+    assert again.mirror == b"half ***\n" and again.lines == ["half " + SECRET.decode()]
+
+
+def test_a_runaway_line_is_mirrored_but_never_through_a_secret() -> None:
+    s = StreamState("t", secrets=[SECRET])
+    s.on_open(inode=3, offset=0, display_from=0, reason="start")
+    data = b"x" * (70 * 1024) + SECRET[:4]
+    applied = s.on_chunk(Chunk("t", 3, 0, data))
+    keep = len(SECRET) - 1  # what may still be the start of a secret
+    assert applied.mirror == data[:-keep] and s.held == data[-keep:]
+    rest = s.on_chunk(Chunk("t", 3, len(data), SECRET[4:] + b"\n"))
+    assert rest.mirror == data[-keep:-4] + b"***\n"
+
+
+def test_without_secrets_the_mirror_is_byte_exact_at_once() -> None:
+    s = StreamState("t")
+    s.on_open(inode=3, offset=0, display_from=0, reason="start")
+    assert s.on_chunk(Chunk("t", 3, 0, b"a\nunfinished")).mirror == b"a\nunfinished"
+    assert s.pending == Cursor(3, 12, 0, 0) and s.pending.size == 12
+
+
+def test_an_old_cursor_without_a_redaction_count_still_loads() -> None:
+    assert Cursor.from_json({"inode": 1, "offset": 9, "base": 2, "segments": 0}) == \
+        Cursor(1, 9, 2, 0, 0)
+    assert Cursor.from_json({"inode": 1, "offset": 9, "base": 2, "redacted": 8}) is None
+
+
 def test_dead_link_limits_scale_with_rtt() -> None:
     assert heartbeat_for(None) == 2.0 and heartbeat_for(0.24) == pytest.approx(1.2)
     assert heartbeat_for(5.0) == 5.0

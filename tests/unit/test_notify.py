@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from outrig.errors import ConfigError
 from outrig.notify import Notifier, hook_argv
 from outrig.session import Project
 from outrig.settings import Settings
+from tests.helpers import wait_gone
 
 
 def _recorder(tmp_path: Path) -> tuple[list[str], Path]:
@@ -88,3 +91,57 @@ def test_settings_on_event_precedence(tmp_path: Path, monkeypatch: pytest.Monkey
     (tmp_path / "outrig.yaml").write_text("on_event: {url: x}\n")
     with pytest.raises(ConfigError, match="outrig.yaml: on_event"):
         settings.on_event()
+
+
+LEAVER = """
+import json, os, subprocess, sys
+event = json.load(sys.stdin)
+open(sys.argv[1], "a").write(event["event"] + "\\n")
+if event["event"] in ("dead", "migrating"):
+    # a process left running with the hook's stderr: in a process group of its own (same
+    # session) for "dead", in a session of its own (a daemon) for "migrating"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, process_group=0 if event["event"] == "dead" else None,
+        start_new_session=event["event"] == "migrating")
+    ticks = open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[19]
+    open(sys.argv[2], "a").write(f"{event['event']} {child.pid} {ticks}\\n")
+"""
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def test_a_hook_that_leaves_a_process_holding_its_output_is_stopped_and_later_events_arrive(
+        tmp_path: Path) -> None:
+    events, left = tmp_path / "events.txt", tmp_path / "left.txt"
+    notifier = Notifier([sys.executable, "-c", LEAVER, str(events), str(left)],
+                        timeout=1, grace=0.5)
+    for event in ("dead", "migrating", "resumed"):
+        notifier.send(event, host="a")
+    thread = notifier._thread
+    try:
+        notifier.close(timeout=30)
+        assert thread is not None and not thread.is_alive(), "the hook's pipes held the watch"
+        assert events.read_text().split() == ["dead", "migrating", "resumed"]
+        assert len(notifier.failures) == 2, notifier.failures
+        assert all("was stopped" in f and "the next events are still sent" in f
+                   for f in notifier.failures)
+        assert "exited 0, but what it left running held its output open" \
+            in notifier.failures[0]
+        assert "outside its session still holds its output" in notifier.failures[1]
+        records = dict((e, (int(p), t)) for e, p, t in
+                       (line.split() for line in left.read_text().splitlines()))
+        in_session = records["dead"][0]
+        assert wait_gone([in_session]) == [], "the process left in the hook's session runs on"
+    finally:  # the daemon that left the session is not the hook's to kill: the test's
+        for line in left.read_text().splitlines() if left.exists() else []:
+            _, pid, ticks = line.split()
+            if _start_ticks(int(pid)) == ticks:
+                os.kill(int(pid), signal.SIGKILL)
