@@ -52,7 +52,12 @@ from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on
 from outrig.ops.nodes import refuse_node_run
 from outrig.ops.runs import playbook_name
-from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status
+from outrig.ops.status import (
+    PROGRESS_BYTES,
+    PROGRESS_MARKERS,
+    enrich_status,
+    remember_progress,
+)
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 
@@ -382,6 +387,7 @@ class Watcher:
         if grew:
             self.record.note(log_seen=digest)  # saved with the next change, not each beat
         enrich_status(result)
+        remember_progress(self.journal, result)  # for outrig runs, and status of a gone box
         out = [Observation(at, "heartbeat", True), Observation(at, "log", grew)]
         if not runs:
             out.append(Observation(at, "processes", False, "the box has no such run",
