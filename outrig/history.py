@@ -23,7 +23,7 @@ from typing import Any
 
 from outrig.journal import utc_text
 from outrig.progress import format_duration
-from outrig.textlayout import INDENT, columns, visible, wrapped
+from outrig.textlayout import INDENT, columns, labelled, visible, wrapped
 
 RECENT = 20  # runs shown without --all (and every older run that may still hold a box)
 HOLDING = ("running", "deploying", "launching", "unknown")  # states that may still hold GPUs
@@ -141,6 +141,7 @@ def _when(stamp: float | None) -> str:
 
 
 def _progress_text(row: dict[str, Any]) -> str:
+    """``step 40, epoch 1, loss 0.412`` (what is known of them)."""
     parts = []
     progress = row.get("progress") or {}
     if progress.get("step") is not None:
@@ -149,10 +150,16 @@ def _progress_text(row: dict[str, Any]) -> str:
         parts.append(f"epoch {progress['epoch']}")
     if isinstance(progress.get("loss"), (int, float)):
         parts.append(f"loss {progress['loss']:.3f}")
-    checkpoint = row.get("checkpoint")
-    if checkpoint:
-        parts.append(f"checkpoint {checkpoint.get('name')} ({checkpoint.get('path')})")
     return ", ".join(parts)
+
+
+def _checkpoint_lines(row: dict[str, Any], width: int) -> list[str]:
+    """``checkpoint 4: PATH`` under a row, the path on a line of its own when it is long."""
+    checkpoint = row.get("checkpoint")
+    if not checkpoint:
+        return []
+    return labelled(f"newest complete checkpoint {checkpoint.get('name')}",
+                    visible(str(checkpoint.get("path"))), width)
 
 
 def _seen_text(row: dict[str, Any]) -> str:
@@ -172,6 +179,24 @@ def _moved_text(row: dict[str, Any]) -> str:
         return text + f"; fenced at {utc_text(row['fenced'].get('at'))}"
     return text + f"; {row.get('box_state')} on its box, not fenced yet (outrig cleanup " \
                   f"--host {row.get('host')})"
+
+
+def _pieces(pieces: Sequence[str], width: int, indent: str = INDENT) -> list[str]:
+    """Short facts under a row, ``; ``-joined on as few lines as fit, each fact whole on a
+    line when it fits (a date is not split from its time)."""
+    out: list[str] = []
+    line = ""
+    for piece in (visible(p) for p in pieces):
+        joined = f"{line}; {piece}" if line else piece
+        first = indent if not out else indent + "  "
+        if not line or len(first) + len(joined) <= width:
+            line = joined
+            continue
+        out += wrapped(line + ";", width, first, indent + "  ")
+        line = piece
+    if line:
+        out += wrapped(line, width, indent if not out else indent + "  ", indent + "  ")
+    return out
 
 
 def row_cells(row: dict[str, Any], *, with_host: bool) -> list[str]:
@@ -208,17 +233,16 @@ def history_lines(doc: dict[str, Any], width: int) -> list[str]:
         for text in (_progress_text(row), _moved_text(row), _seen_text(row)):
             if text:
                 about.append(text)
-        if about:
-            out += wrapped(visible("; ".join(about)), width, INDENT, INDENT + "  ")
+        out += _pieces(about, width)
+        out += _checkpoint_lines(row, width)
     hosts = [h for h in doc.get("hosts") or [] if h.get("contacted") and not h.get("answered")]
     if hosts:
         out.append("")
         for host in hosts:
             since = host.get("runs_seen_at")
-            out += wrapped(visible(
-                f"{host['host']} did not answer ({host.get('error')}); its runs show their "
-                "state as last seen" + (f" at {utc_text(since)}" if since else "")),
-                width, "  ", INDENT)
+            out += _pieces([f"{host['host']} did not answer: {host.get('error')}",
+                            "its runs are shown as last seen"
+                            + (f" at {utc_text(since)}" if since else "")], width, "  ")
     if doc.get("hidden"):
         out.append(f"  {doc['hidden']} older run(s) not shown (finished, stopped or fenced); "
                    "outrig runs --all shows them")
@@ -237,13 +261,14 @@ def last_known_lines(record: dict[str, Any], error: str, width: int) -> list[str
     said to be that, never the box's own answer."""
     row = run_row(record, None, 0.0)
     seen = row["seen_at"]
-    out = [f"run {row['run_id']} ({row.get('playbook')}) on {row.get('host')}: "
-           f"{row.get('state')} as last seen "
-           + (f"at {utc_text(seen)}" if seen else "(never seen on its box)")]
+    head = visible(f"run {row['run_id']} ({row.get('playbook')}) on {row.get('host')}:")
+    state = f"{row.get('state')} as last seen " + (
+        f"at {utc_text(seen)}" if seen else "(never seen on its box)")
+    out = [f"{head} {state}"] if len(head) + 1 + len(state) <= width else [head, INDENT + state]
     out += wrapped(visible(f"the box did not answer ({error}); this is the journal's last "
                            "known state, not the box's answer now"), width, INDENT)
     details = [("started", utc_text(row["created"]) if row.get("created") else None),
-               ("progress", _progress_text({**row, "checkpoint": None}) or None),
+               ("progress", _progress_text(row) or None),
                ("checkpoint", None if not row.get("checkpoint") else
                 f"{row['checkpoint'].get('name')} ({row['checkpoint'].get('path')}), seen "
                 f"{utc_text(row['checkpoint'].get('at'))}"),
