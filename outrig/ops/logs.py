@@ -288,6 +288,11 @@ def show_mirror(session: HostSession, printer: LinePrinter, run_id: str, exc: Ex
         f"{utc_text(since)}; nothing later is in it.")
     result = TailResult(run_id=run_id, mirror_dir=root, mirror_since=float(since))
     printer.names(list(files))
+    # the box names the run's secrets in its run event; without the box, the deploy's plan
+    # in the journal does (the values come from this shell, as for lines from the box)
+    plan = (session.journal.run(run_id) or {}).get("plan")
+    secrets = plan.get("secrets") if isinstance(plan, dict) else None
+    printer.hide([str(k) for k in secrets or []])
     for name, each in files.items():
         text = mirror_text(each)
         batch = [(name, line) for line in (text if lines is None else text[-lines:] if lines

@@ -24,6 +24,8 @@ from outrig.sandbox.box import SandboxBox
 from tests.integration.test_migrate import kill_run
 
 pytestmark = pytest.mark.integration
+SECRET = "hf_HISTORYsecret0123456789"
+LEAKY = "import os, time\nprint('token', os.environ['HF_TOKEN'], flush=True)\ntime.sleep(600)\n"
 
 
 def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -53,13 +55,15 @@ def project(box_project: Path, box_host: Path, box_a: SandboxBox, standin: Any,
                         "--epochs", "1000", "--fake-steps-per-epoch", "2",
                         "--fake-step-seconds", "0.05"],
             "gpus": [0], "ready": {"log": "global_step=", "timeout": 60},
-            "stop": {"grace": 5}}},
+            "stop": {"grace": 5}},
+            "leaky": {"command": [sys.executable, "-u", "-c", LEAKY], "gpus": []}},
         "once": {"hello": {"command": [sys.executable, "-c",
                                        "print('hello from once', flush=True)"], "gpus": []}},
     }
     for name, processes in books.items():
-        (box_project / "playbooks" / f"{name}.yaml").write_text(
-            yaml.safe_dump({"name": name, "processes": processes}))
+        (box_project / "playbooks" / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"name": name, "processes": processes, "secrets": ["HF_TOKEN"]}))
+    monkeypatch.setenv("HF_TOKEN", SECRET)
     monkeypatch.chdir(box_project)
     for var in ("OUTRIG_HOST", "OUTRIG_PLAYBOOK", "OUTRIG_PROJECT"):
         monkeypatch.delenv(var, raising=False)
@@ -80,7 +84,8 @@ def status_until_checkpoint(host: str, run_id: str, capsys: pytest.CaptureFixtur
     while True:
         code, out, err = outrig(["status", "--host", host, "--run", run_id, "--json"], capsys)
         assert code == 0, err
-        trainer = json.loads(out)["runs"][0]["processes"][0]
+        trainer = next(p for p in json.loads(out)["runs"][0]["processes"]
+                       if p["name"] == "trainer")
         if (trainer.get("checkpoint") or {}).get("path") and (trainer.get("progress") or {}) \
                 .get("step"):
             return dict(trainer)
@@ -94,7 +99,8 @@ def test_runs_lists_every_box_and_marks_a_stopped_one_not_seen_since(
     on_a = deployed("a", "train", capsys)
     trainer = status_until_checkpoint("a", on_a, capsys)
     code, out, err = outrig(["tail-logs", "--host", "a", "--run", on_a, "--no-follow"], capsys)
-    assert code == 0 and "global_step=" in out, err
+    assert code == 0 and "global_step=" in out and "leaky" in out, err
+    assert SECRET not in out
     mirrored = [line for line in out.splitlines() if line.startswith("trainer")]
 
     box_a.stop()  # the box is gone: no sshd, no processes
@@ -121,17 +127,17 @@ def test_runs_lists_every_box_and_marks_a_stopped_one_not_seen_since(
     assert "not seen since" in out and "a did not answer:" in out
     # 80 columns, but for a path longer than that on a line of its own (never cut)
     assert all(len(line) <= 80 or " " not in line.strip() for line in out.splitlines()), out
-    with capsys.disabled():
-        print("\nSAMPLE\n" + out)
 
     # tail-logs of the gone box's run: the mirror, said to be that, exit 0
     code, out, err = outrig(["tail-logs", "--host", "a", "--run", on_a, "--no-follow"], capsys)
     assert code == 0, err
     assert "local mirror" in err and "could not be read" in err
     assert [line for line in out.splitlines() if line.startswith("trainer")] == mirrored
+    assert "token" in out and SECRET not in out + err  # the mirror's secret stays hidden
     code, out, err = outrig(["tail-logs", "--host", "a", "--run", on_a, "--no-follow",
                              "--lines", "1"], capsys)
-    assert code == 0 and out.splitlines() == mirrored[-1:], (out, err)
+    assert code == 0 and out.splitlines()[-1:] == mirrored[-1:], (out, err)
+    assert len(out.splitlines()) == 2  # one line of each process
 
     # status of it: the journal's last known state, marked, exit 1
     code, out, err = outrig(["status", "--host", "a", "--run", on_a], capsys)
