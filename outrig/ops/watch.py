@@ -387,7 +387,6 @@ class Watcher:
         if grew:
             self.record.note(log_seen=digest)  # saved with the next change, not each beat
         enrich_status(result)
-        remember_progress(self.journal, result)  # for outrig runs, and status of a gone box
         out = [Observation(at, "heartbeat", True), Observation(at, "log", grew)]
         if not runs:
             out.append(Observation(at, "processes", False, "the box has no such run",
@@ -412,6 +411,8 @@ class Watcher:
         # a new state or checkpoint is a line of its own; a new step only redraws the
         # status line (a long run must not print a line per probe period)
         lasting = any(line[k] != before.get(k) for k in ("state", "checkpoint"))
+        if lasting:  # for outrig runs, and status of a box that is gone (the journal's)
+            remember_progress(self.journal, {"runs": [run]})
         self.emit_progress(line, lasting=lasting)
 
     def emit_progress(self, fields: dict[str, Any], *, lasting: bool = True) -> None:
