@@ -410,7 +410,7 @@ class Journal:
                                       "ran": bool(item.get("ran"))
                                       or bool((record or {}).get("ran"))
                                       or (record or {}).get("status") in ("running", "finished")}
-            for key in ("ready_at", "stopped_at"):
+            for key in ("ready_at", "stopped_at", "ended_at"):
                 if item.get(key) is not None:
                     update[key] = item[key]
             if record is None:
@@ -425,3 +425,38 @@ class Journal:
                 self.record_run(run_id, {"status": "not_on_box", "box_seen": now})
                 changed.append(run_id)
         return changed
+
+    # -- what a command last saw of a run (``outrig runs``, and status when the box is gone)
+
+    def record_seen(self, run_id: str, seen: dict[str, Any]) -> None:
+        """Keep what a ``status`` or a ``watch`` last saw of a run's progress, under
+        ``last_seen``: ``at``, the trainer's ``step``, ``epoch`` and ``loss``, and the
+        newest complete ``checkpoint`` (``name``, ``path``). A value not known this time (a
+        log tail without a metric line) keeps the one seen before, so the record always
+        holds the latest value of each; ``at`` says when the box last answered."""
+        existing = self.run(run_id)
+        if existing is None:
+            return  # a run the journal has no record of: reconcile adds it, not this
+        before = existing.get("last_seen")
+        merged = dict(before) if isinstance(before, dict) else {}
+        merged.update({k: v for k, v in seen.items() if v is not None})
+        if merged != before:
+            self.record_run(run_id, {"last_seen": merged})
+
+    def note_runs_seen(self, host: str, run_ids: list[str], at: float | None = None) -> None:
+        """The box's run index arrived (every contact that lists runs): remember when and
+        which runs it listed, so ``outrig runs`` can say of each run when its state was last
+        seen (``box_seen`` changes only with the state) and, for a box that no longer
+        answers, since when it has not been."""
+        self.update_host(host, runs_seen={"at": time.time() if at is None else at,
+                                          "run_ids": sorted(set(run_ids))})
+
+    def runs_seen(self, host: str) -> tuple[float | None, set[str]]:
+        """When the host's run index last arrived and the runs it listed."""
+        seen = self.host_facts(host).get("runs_seen")
+        if not isinstance(seen, dict):
+            return None, set()
+        at = seen.get("at")
+        ids = seen.get("run_ids")
+        return (float(at) if isinstance(at, (int, float)) else None,
+                {str(i) for i in ids} if isinstance(ids, list) else set())

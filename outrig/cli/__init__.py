@@ -10,7 +10,8 @@ for each flag; docs/cli.md is the reference.
 The package:
 
 * the tasks, by what they act on: :mod:`outrig.cli.runs` (deploy, plan, status, tail-logs,
-  cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.boxes` (check, provision,
+  cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.history` (runs),
+  :mod:`outrig.cli.boxes` (check, provision,
   stage, exec, ssh, forward, connections), :mod:`outrig.cli.evaluate`,
   :mod:`outrig.cli.sandbox` (demo, sandbox-up, sandbox-down), :mod:`outrig.cli.starter`
   (init);
@@ -33,6 +34,7 @@ from outrig import __version__
 from outrig.cli.boxes import check, connections, exec_, forward, provision, ssh, stage_
 from outrig.cli.evaluate import evaluate
 from outrig.cli.flags import friendly
+from outrig.cli.history import runs as runs_task  # the module outrig.cli.runs keeps its name
 from outrig.cli.runs import (
     cleanup,
     deploy,
@@ -49,7 +51,7 @@ from outrig.program import OutrigConfig, OutrigProgram, keep_help
 
 __all__ = ["OutrigConfig", "friendly", "make_collection", "ns", "program"]
 
-TASKS = (deploy, plan, status, tail_logs, cleanup, provision, stage_, sync_checkpoints,
+TASKS = (deploy, plan, status, runs_task, tail_logs, cleanup, provision, stage_, sync_checkpoints,
          migrate, watch, evaluate, check, exec_, ssh, forward, connections, demo, sandbox_up,
          sandbox_down, init)
 

@@ -33,12 +33,14 @@ from typing import Any
 from outrig.agent_client import AgentCall, raise_for_result
 from outrig.console import Reporter
 from outrig.errors import (
+    AuthenticationError,
     ConfigError,
     ConnectError,
     ConnectRefused,
     Interrupted,
     LinkLost,
     LocalWriteError,
+    RemoteError,
 )
 from outrig.journal import (
     PRIVATE_FILE,
@@ -47,6 +49,7 @@ from outrig.journal import (
     make_private_dir,
     read_json,
     safe_name,
+    utc_text,
 )
 from outrig.logtail import (
     MAX_PARTIAL,
@@ -63,7 +66,7 @@ from outrig.reader import ChannelReader, take_events
 from outrig.redaction import ordered, redact_text
 from outrig.session import HostSession, Project, base_request
 from outrig.textlayout import visible
-from outrig.timing import follow_idle_limit, heartbeat_for, jittered
+from outrig.timing import fanout_deadline_for, follow_idle_limit, heartbeat_for, jittered
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)
 BATCH_BYTES = 8 << 20  # commit (fsync + cursor write) at least this often while streaming
@@ -236,6 +239,79 @@ def recent_cursor_sets(journal: Journal, host: str, run_id: str | None) -> dict[
     return sets
 
 
+def mirror_files(store: MirrorStore) -> dict[str, list[tuple[Path, int | None]]]:
+    """Each process's mirror files, oldest segment first (``<name>.log.<k>``, archived at a
+    rotation or truncation), then the current one with how many of its bytes the durable
+    cursor covers (None: no cursor, the whole file)."""
+    raw = read_cursors(store.cursor_file)
+    procs = raw.get("processes") if isinstance(raw, dict) else None
+    out: dict[str, list[tuple[Path, int | None]]] = {}
+    for path in sorted(store.root.glob("*.log")):
+        name = path.name[: -len(".log")]
+        segments = sorted((p for p in store.root.glob(f"{glob_escape(name)}.log.*")
+                           if p.name.rsplit(".", 1)[-1].isdigit()),
+                          key=lambda p: int(p.name.rsplit(".", 1)[-1]))
+        cursor = Cursor.from_json((procs or {}).get(name)) if procs else None
+        upto = None if cursor is None else cursor.size  # the mirror's own bytes (redacted)
+        out[name] = [(p, None) for p in segments] + [(path, upto)]
+    return out
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def mirror_text(files: list[tuple[Path, int | None]]) -> list[str]:
+    """The lines of one process's mirror files (up to the cursor in the current one)."""
+    lines: list[str] = []
+    for path, upto in files:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read() if upto is None else handle.read(max(0, upto))
+        except OSError as exc:
+            raise mirror_write_failed(path, exc) from None
+        lines += data.decode("utf-8", errors="replace").splitlines()
+    return lines
+
+
+def show_mirror(session: HostSession, printer: LinePrinter, run_id: str, exc: Exception, *,
+                processes: list[str] | None, lines: int | None) -> TailResult | None:
+    """What the local mirror holds of ``run_id`` (every line, or the last ``lines`` of each
+    process; ``--grep`` applies), each process's lines in order, after a note on stderr that
+    they come from the mirror, written up to when, and why the box was not read. None when
+    the mirror holds nothing of the run (the box's error then stands)."""
+    root = mirror_root(session.journal, session.host.name, run_id)
+    store = MirrorStore(root)
+    files = mirror_files(store) if root.is_dir() else {}
+    if processes:
+        files = {n: f for n, f in files.items() if n in processes}
+    if not files:
+        return None
+    raw = read_cursors(store.cursor_file)
+    since = raw.get("updated") if isinstance(raw, dict) else None
+    if not isinstance(since, (int, float)):
+        since = max(f.stat().st_mtime for each in files.values() for f, _ in each)
+    reason = str(exc).split(". ")[0]
+    session.reporter.info(
+        f"{session.host.label()} could not be read ({reason}). Showing run {run_id}'s logs "
+        f"from the local mirror {root}, as the last tail-logs wrote them at "
+        f"{utc_text(since)}; nothing later is in it.")
+    result = TailResult(run_id=run_id, mirror_dir=root, mirror_since=float(since))
+    printer.names(list(files))
+    # the box names the run's secrets in its run event; without the box, the deploy's plan
+    # in the journal does (the values come from this shell, as for lines from the box)
+    plan = (session.journal.run(run_id) or {}).get("plan")
+    secrets = plan.get("secrets") if isinstance(plan, dict) else None
+    printer.hide([str(k) for k in secrets or []])
+    for name, each in files.items():
+        text = mirror_text(each)
+        batch = [(name, line) for line in (text if lines is None else text[-lines:] if lines
+                                           else [])]
+        printer.lines(batch)
+        result.lines += len(batch)
+    return result
+
+
 # ------------------------------------------------------------------------------ output
 
 
@@ -306,6 +382,7 @@ class TailResult:
     cursors: dict[str, Cursor] = field(default_factory=dict)
     first_line_at: float | None = None  # seconds from start to the first line shown
     opens: dict[str, dict[str, Any]] = field(default_factory=dict)  # last open event each
+    mirror_since: float | None = None  # shown from the local mirror, written up to then
 
 
 class LogTailer:
@@ -670,9 +747,14 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
     playbook = playbook_name(project, playbook)
     session = HostSession(project, host_spec, reporter, journal)
+    mirror = run_id is not None and not follow
+    if mirror:  # a box that is gone gives up at its fan-out deadline, not after minutes
+        tuning.setdefault("first_answer_within",
+                          fanout_deadline_for(session.host, session.transport.best_rtt)[0])
     try:
         return tail_on(session, run_id=run_id, playbook=playbook, processes=processes,
-                       lines=lines, follow=follow, grep=grep, stop=stop, **tuning)
+                       lines=lines, follow=follow, grep=grep, stop=stop, from_mirror=mirror,
+                       **tuning)
     finally:
         session.close()
 
@@ -680,16 +762,32 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
 def tail_on(session: HostSession, *, run_id: str | None = None, playbook: str | None = None,
             processes: list[str] | None = None, lines: int | None = None,
             follow: bool = True, grep: str | None = None,
-            stop: threading.Event | None = None, **tuning: Any) -> TailResult:
+            stop: threading.Event | None = None, from_mirror: bool = False,
+            **tuning: Any) -> TailResult:
     """:func:`tail_logs` on an open session (one host of ``tail-logs`` on several hosts:
     each has its own mirror and cursors, so exactly-once holds per host). Ends when the
     agent is done (``follow=False``), when ``stop`` is set, or on Ctrl-C
-    (:class:`Interrupted`)."""
+    (:class:`Interrupted`).
+
+    ``from_mirror`` (``--run R --no-follow`` on one host): when the box cannot be reached,
+    or no longer has the run, before it sent a line, show what the local mirror holds of
+    the run instead (:func:`show_mirror`), saying so and since when."""
     session.warn_moved()  # its follow execs do not go through session.call
     tailer = LogTailer(session, run_id=run_id, playbook=playbook, processes=processes,
                        lines=lines, follow=follow, grep=grep, stop=stop, **tuning)
     try:
-        return tailer.run()
+        try:
+            return tailer.run()
+        except (ConnectError, AuthenticationError, RemoteError) as exc:
+            gone = not isinstance(exc, RemoteError) or exc.kind == "not_found"
+            if not (from_mirror and gone and run_id is not None and not follow
+                    and tailer.result.run_id is None):
+                raise
+            shown = show_mirror(session, tailer.printer, run_id, exc, processes=processes,
+                                lines=lines)
+            if shown is None:
+                raise
+            return shown
     except KeyboardInterrupt:
         # Ctrl-C is how one stops following; the cursors are saved (the tailer's own
         # clean-up ran). It still ends the command with 130, as Ctrl-C does everywhere.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from outrig.console import Reporter
-from outrig.errors import ConfigError
+from outrig.errors import ConfigError, ConnectError
 from outrig.evaluation import fmt
+from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
 from outrig.ops.runs import playbook_name
 from outrig.session import HostSession, Project, host_session
@@ -29,7 +31,25 @@ def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str 
     """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
     playbook = playbook_name(project, playbook)
     with host_session(project, host_spec, reporter, journal) as session:
-        return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)
+        try:
+            return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)
+        except ConnectError as exc:
+            record = session.journal.run(run_id) if run_id is not None else None
+            if record is None:
+                raise
+            show_last_known(reporter, record, exc)
+            raise
+
+
+def show_last_known(reporter: Reporter, record: dict[str, Any], exc: ConnectError) -> None:
+    """``status --run R`` of a run whose box does not answer: the journal's last known state
+    of it (state as last seen and when, progress, checkpoint), marked as the journal's; the
+    error then ends the command with exit 1, as any unreachable box does."""
+    error = str(exc).split(". ")[0]
+    if reporter.json_mode:
+        reporter.emit_json(last_known_document(record, error))
+    else:
+        reporter.lines(last_known_lines(record, error, reporter.width))
 
 
 def status_on(session: HostSession, *, run_id: str | None = None, playbook: str | None = None,
@@ -40,6 +60,7 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
                           progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
                           gpu_holders=True, **selector)
     enrich_status(result)
+    remember_progress(session.journal, result)
     mark_moved_runs(result, session)
     mark_evaluations(result, session)
     if session.reporter.json_mode:
@@ -48,6 +69,16 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
         print_status(session.reporter, result)
         session.reporter.lines(evaluation_lines(result))
     return result
+
+
+def remember_progress(journal: Journal, result: dict[str, Any]) -> None:
+    """Keep in the journal what an enriched status answer says of each run's progress and
+    newest complete checkpoint (``last_seen``), for ``outrig runs`` and for a later
+    ``status`` of a box that is gone."""
+    now = time.time()
+    for run in result.get("runs") or []:
+        if isinstance(run, dict) and isinstance(run.get("run_id"), str):
+            journal.record_seen(run["run_id"], seen_from_status(run, now))
 
 
 EVALUATION_KEYS = ("eval_id", "checkpoint", "method", "acceptance_length", "per_position",

@@ -52,7 +52,12 @@ from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on
 from outrig.ops.nodes import refuse_node_run
 from outrig.ops.runs import playbook_name
-from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status
+from outrig.ops.status import (
+    PROGRESS_BYTES,
+    PROGRESS_MARKERS,
+    enrich_status,
+    remember_progress,
+)
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 
@@ -406,6 +411,8 @@ class Watcher:
         # a new state or checkpoint is a line of its own; a new step only redraws the
         # status line (a long run must not print a line per probe period)
         lasting = any(line[k] != before.get(k) for k in ("state", "checkpoint"))
+        if lasting:  # for outrig runs, and status of a box that is gone (the journal's)
+            remember_progress(self.journal, {"runs": [run]})
         self.emit_progress(line, lasting=lasting)
 
     def emit_progress(self, fields: dict[str, Any], *, lasting: bool = True) -> None:

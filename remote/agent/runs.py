@@ -179,8 +179,25 @@ def run_index(layout: Layout, stopper: Stopper) -> List[JSONDict]:
         out.append({"run_id": rid, "playbook": run.get("playbook"), "status": state,
                     "recorded": run.get("status"), "created": run.get("created"),
                     "ready_at": run.get("ready_at"), "stopped_at": run.get("stopped_at"),
-                    "ran": ran, "live": live})
+                    "ended_at": None if live else ended_at(run), "ran": ran, "live": live})
     return out
+
+
+def ended_at(run: JSONDict) -> Optional[float]:
+    """When the run's last process ended (the newest ``ended`` of its exit files), or None
+    while one has no exit file: what ``outrig runs`` measures a finished run's length by."""
+    ends: List[float] = []
+    for rec in run.get("processes") or []:
+        path = rec.get("exit_file") if valid_record(rec) else None
+        try:
+            data = read_json(path) if isinstance(path, str) else None
+        except (OSError, ValueError):
+            data = None
+        ended = data.get("ended") if isinstance(data, dict) else None
+        if not isinstance(ended, (int, float)) or isinstance(ended, bool):
+            return None
+        ends.append(float(ended))
+    return round(max(ends), 3) if ends else None
 
 
 def census_run(layout: Layout, run_id: str, stopper: Stopper) -> None:
