@@ -40,7 +40,14 @@ from outrig.cli.sweep import (
     sync_hosts,
     tail_logs_hosts,
 )
-from outrig.cli.targets import NodeJob, OneHost, select, select_deploy, select_one
+from outrig.cli.targets import (
+    NodeJob,
+    OneHost,
+    playbook_identity,
+    select,
+    select_deploy,
+    select_one,
+)
 from outrig.errors import ConfigError
 from outrig.session import host_session
 from outrig.settings import parse_params, playbook_for, settings_for
@@ -184,8 +191,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json, gpus)
-    target = select(settings, reporter, host, run=run, max_parallel=max_parallel,
-                    deadline=deadline)
+    target = select(settings, reporter, host, run=run, playbook=playbook,
+                    max_parallel=max_parallel, deadline=deadline)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
         from outrig.ops.nodes import nodes_status
@@ -194,8 +201,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 
     target.run(
         host=lambda one: run_status(one.project, one.spec, reporter, run_id=run,
-                                    playbook=playbook, log_lines=count),
-        sweep=lambda sweep: status_hosts(sweep, run=run, playbook=playbook, log_lines=count),
+                                    playbook=one.playbook_name, log_lines=count),
+        sweep=lambda sweep: status_hosts(sweep, run=run, log_lines=count),
         job=on_job)
 
 
@@ -244,7 +251,8 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     processes = list(process or [])
-    target = select(settings, reporter, host, run=run, max_parallel=max_parallel)
+    target = select(settings, reporter, host, run=run, playbook=playbook,
+                    max_parallel=max_parallel)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node's logs, prefixed with it
         from outrig.ops.nodes import tail_nodes
@@ -254,10 +262,9 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
 
     target.run(
         host=lambda one: run_tail(one.project, one.spec, reporter, run_id=run,
-                                  playbook=playbook, processes=processes, lines=count,
-                                  follow=not no_follow, grep=grep),
-        sweep=lambda sweep: tail_logs_hosts(sweep, run=run, playbook=playbook,
-                                            processes=processes, lines=count,
+                                  playbook=one.playbook_name, processes=processes,
+                                  lines=count, follow=not no_follow, grep=grep),
+        sweep=lambda sweep: tail_logs_hosts(sweep, run=run, processes=processes, lines=count,
                                             follow=not no_follow, grep=grep),
         job=on_job)
 
@@ -305,8 +312,8 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json, gpus)
     foreign = list(force_foreign or [])
-    target = select(settings, reporter, host, run=run, max_parallel=max_parallel,
-                    deadline=deadline)
+    target = select(settings, reporter, host, run=run, playbook=playbook,
+                    max_parallel=max_parallel, deadline=deadline)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: its run on every node, nothing else
         from outrig.ops.nodes import stop_nodes
@@ -320,9 +327,9 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
 
     target.run(
         host=lambda one: run_cleanup(one.project, one.spec, reporter, run_id=run,
-                                     playbook=playbook, all_runs=all, force_foreign=foreign,
-                                     dry_run=dry_run, timeout=seconds),
-        sweep=lambda sweep: cleanup_hosts(sweep, playbook=playbook, all_runs=all, run=run,
+                                     playbook=one.playbook_name, all_runs=all,
+                                     force_foreign=foreign, dry_run=dry_run, timeout=seconds),
+        sweep=lambda sweep: cleanup_hosts(sweep, all_runs=all, run=run,
                                           force_foreign=foreign, dry_run=dry_run,
                                           timeout=seconds),
         job=on_job)
@@ -368,9 +375,14 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     target = select_one(settings, reporter, host, run)
 
     def on_host(one: OneHost) -> None:
-        name = playbook_for(settings, playbook, one.spec, reporter, what="watch")
+        # the name the playbook's runs are filed under (docs/cli.md, "Which run a command
+        # means"); the playbook of the host's current run when none is given or configured
+        name = playbook_identity(settings, playbook_for(settings, playbook, one.spec,
+                                                        reporter, what="watch"))
+        assert name is not None
         options = WatchOptions(spares=list(spare or []), run_id=run,
-                               restarts=int(number(restarts, "restarts", 0)),
+                               restarts=(None if restarts is None
+                                         else int(number(restarts, "restarts", 0))),
                                threshold=float(number(threshold, "threshold", 60,
                                                       whole=False)))
         run_watch(one.project, one.spec, name, reporter, options=options,
@@ -418,11 +430,12 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     # a --run id here is one box's run (a node's run is too): never a multi-node job
-    target = select(settings, reporter, host, max_parallel=max_parallel, deadline=deadline)
+    target = select(settings, reporter, host, playbook=playbook, max_parallel=max_parallel,
+                    deadline=deadline)
     target.run(
-        host=lambda one: run_sync(one.project, one.spec, reporter, playbook=playbook,
-                                  run_id=run),
-        sweep=lambda sweep: sync_hosts(sweep, playbook, run=run))
+        host=lambda one: run_sync(one.project, one.spec, reporter,
+                                  playbook=one.playbook_name, run_id=run),
+        sweep=lambda sweep: sync_hosts(sweep, sweep.playbook_name, run=run))
 
 
 @task(

@@ -52,7 +52,6 @@ from outrig.logtail import (
     decode_chunk,
     partial_tail,
 )
-from outrig.ops.runs import playbook_name
 from outrig.reader import ChannelReader, take_events
 from outrig.session import HostSession, Project, base_request
 from outrig.textlayout import visible
@@ -643,7 +642,6 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     # paramiko reports every reset socket through logging's last-resort stderr handler; a
     # reconnect is expected here and is reported by us, in one line.
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    playbook = playbook_name(project, playbook)
     session = HostSession(project, host_spec, reporter, journal)
     try:
         return tail_on(session, run_id=run_id, playbook=playbook, processes=processes,
