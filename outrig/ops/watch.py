@@ -620,7 +620,7 @@ def crash_hint(record: dict[str, Any], why: str, used: int, allowed: int,
     is promised only when a process of the playbook declares ``checkpoints:``."""
     host, run_id, playbook = record.get("host"), record.get("run_id"), record.get("playbook")
     again = (" (its processes with checkpoints: resume from the newest complete one)"
-             if checkpointed else " (a fresh run: no process of it declares checkpoints:)")
+             if checkpointed else "")
     return (f"run {run_id} failed on {host}: {why}. The box answers, so it was not moved "
             f"(used {used} of {allowed} restart(s)). See `outrig tail-logs --host {host} "
             f"--run {run_id}`; to start it again yourself: `outrig deploy --host {host} "
@@ -638,8 +638,7 @@ def death_hint(record: dict[str, Any], host: str, run_id: str, why: str, skipped
     if checkpointed:
         return text + (f"run `outrig migrate --from {host} --to NEW` (the mirror holds the "
                        "newest complete checkpoint)")
-    return text + (f"run `outrig deploy --host NEW --playbook {playbook}` (no process of "
-                   f"{playbook} declares checkpoints:, so there is nothing to resume)")
+    return text + f"run `outrig deploy --host NEW --playbook {playbook}` (it starts afresh)"
 
 
 def silent() -> Reporter:
