@@ -155,6 +155,7 @@ def test_a_watch_after_a_redeploy_follows_the_new_run_with_its_own_flags(
     assert f"the saved watch of short followed run {first}" in err, err
     assert f"watching {second} on sandbox (spares: sandbox)" in err, err
     record = read_json(saved)
+    assert isinstance(record, dict)
     assert record["run_id"] == second and record["spares"] == ["sandbox"]
     assert record["status"] == "finished" and record["started"] != 1.0
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -184,5 +185,6 @@ def test_a_watch_started_again_for_the_same_run_carries_it_on_and_says_so(
              if line.startswith(f"  sandbox {run_id}: ") and " · " in line]
     assert beats and ("the box answered" in beats[0] or "no answer" in beats[0]), text
     record = read_json(saved)
+    assert isinstance(record, dict)
     assert record["started"] == 1.0 and record["restarts"] == 2
     assert record["status"] == "finished"
