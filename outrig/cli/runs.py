@@ -430,12 +430,11 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     # a --run id here is one box's run (a node's run is too): never a multi-node job
-    target = select(settings, reporter, host, playbook=playbook, max_parallel=max_parallel,
-                    deadline=deadline)
+    target = select(settings, reporter, host, max_parallel=max_parallel, deadline=deadline)
     target.run(
-        host=lambda one: run_sync(one.project, one.spec, reporter,
-                                  playbook=one.playbook_name, run_id=run),
-        sweep=lambda sweep: sync_hosts(sweep, sweep.playbook_name, run=run))
+        host=lambda one: run_sync(one.project, one.spec, reporter, playbook=playbook,
+                                  run_id=run),
+        sweep=lambda sweep: sync_hosts(sweep, playbook, run=run))
 
 
 @task(
