@@ -457,21 +457,83 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+@dataclass(frozen=True)
+class PlaybookRef:
+    """``--playbook X`` resolved once (:func:`resolve_playbook`): ``name`` is its identity,
+    the ``name:`` its runs are filed under on the box and in the journal, which every lookup
+    of a run uses; ``path`` the file it deploys from, None when this project has no file of
+    that name (a run deployed from another checkout is still found by its name)."""
+
+    given: str
+    name: str
+    path: Path | None
+
+
+def _is_path(value: str) -> bool:
+    return Path(value).suffix in {".yaml", ".yml"} or "/" in value
+
+
+def _filed_name(path: Path) -> str:
+    """The name a playbook file's runs are filed under: its ``name:``, else its file name
+    (read without validating the rest: a lookup must not fail on an unrelated key)."""
+    data = load_yaml(path, what="playbook").data
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else path.stem
+
+
+def _files_named(name: str, playbooks_dir: Path) -> list[Path]:
+    """The project's playbook files whose ``name:`` is ``name`` (unreadable ones skipped:
+    they name nothing)."""
+    if not playbooks_dir.is_dir():
+        return []
+    found = []
+    for path in sorted(playbooks_dir.glob("*.y*ml")):
+        try:
+            if _filed_name(path) == name:
+                found.append(path)
+        except ConfigError:
+            continue
+    return found
+
+
+def resolve_playbook(value: str, playbooks_dir: Path) -> PlaybookRef:
+    """``--playbook X`` as every command means it, in this order: a path (``.yaml``/``.yml``
+    or a ``/``) is that file; else ``playbooks/X.yaml``; else the one file in playbooks/
+    whose ``name:`` is X; else X is taken as the name runs are filed under (no file here).
+    Two files with ``name: X`` (and no ``X.yaml``) are ambiguous: a ConfigError names them."""
+    if _is_path(value):
+        path = find_playbook(value, playbooks_dir)
+        return PlaybookRef(value, _filed_name(path), path)
+    for suffix in (".yaml", ".yml"):
+        path = playbooks_dir / f"{value}{suffix}"
+        if path.is_file():
+            return PlaybookRef(value, _filed_name(path), path)
+    named = _files_named(value, playbooks_dir)
+    if len(named) > 1:
+        raise ConfigError(
+            f"playbook {value!r}: {len(named)} files in {playbooks_dir} say name: {value} "
+            f"({', '.join(p.name for p in named)}); pass the one you mean as a path, or give "
+            "them different names. Nothing was sent.")
+    return PlaybookRef(value, value, named[0] if named else None)
+
+
 def find_playbook(name_or_path: str, playbooks_dir: Path) -> Path:
-    """``dflash-qwen36`` → ``playbooks/dflash-qwen36.yaml``; a path is taken as it is."""
+    """The file ``--playbook`` names (see :func:`resolve_playbook`): ``dflash-qwen36`` →
+    ``playbooks/dflash-qwen36.yaml``, else the file whose ``name:`` is that; a path is taken
+    as it is."""
     candidate = Path(name_or_path).expanduser()
-    if candidate.suffix in {".yaml", ".yml"} or "/" in name_or_path:
+    if _is_path(name_or_path):
         if candidate.is_file():
             return candidate
         raise ConfigError(f"playbook file {candidate} does not exist")
-    for suffix in (".yaml", ".yml"):
-        path = playbooks_dir / f"{name_or_path}{suffix}"
-        if path.is_file():
-            return path
+    path = resolve_playbook(name_or_path, playbooks_dir).path
+    if path is not None:
+        return path
     known = sorted(p.stem for p in playbooks_dir.glob("*.y*ml")) if playbooks_dir.is_dir() else []
     hint = f" Known playbooks: {', '.join(known)}." if known else ""
     raise ConfigError(
-        f"unknown playbook {name_or_path!r}: no {playbooks_dir}/{name_or_path}.yaml.{hint} "
+        f"unknown playbook {name_or_path!r}: no {playbooks_dir}/{name_or_path}.yaml and no "
+        f"playbook there says name: {name_or_path}.{hint} "
         "Pass --playbook NAME or a path to a .yaml file."
     )
 

@@ -226,9 +226,9 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
     local = None if local_port is None else int(number(local_port, "local-port", 8000))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
-    run_forward(settings.project, one_host(settings, reporter, host).spec, reporter,
-                process=process, run_id=run, playbook=playbook, remote_port=remote,
-                local_port=local)
+    one = one_host(settings, reporter, host, playbook)
+    run_forward(settings.project, one.spec, reporter, process=process, run_id=run,
+                playbook=one.playbook_name, remote_port=remote, local_port=local)
 
 
 @task(auto_shortflags=False,

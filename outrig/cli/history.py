@@ -47,6 +47,7 @@ def runs(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig runs --host uk-node --playbook dflash-qwen36
         outrig runs --all --json
     """
+    from outrig.cli.targets import playbook_identity
     from outrig.ops.history import runs_history
 
     settings = settings_for(c, project, no_keep=no_keep)
@@ -57,5 +58,6 @@ def runs(c: Any, host: list[str] | None = None, playbook: str | None = None,
     limit = None if deadline is None else float(number(deadline, "deadline", 30, whole=False))
     if limit is not None and limit <= 0:
         raise ConfigError(f"--deadline must be a positive number of seconds, not {deadline}")
-    runs_history(settings.project, make_reporter(json), hosts=hosts, playbook=playbook,
+    runs_history(settings.project, make_reporter(json), hosts=hosts,
+                 playbook=playbook_identity(settings, playbook),
                  show_all=all, max_parallel=bound, deadline=limit)

@@ -185,8 +185,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     count = int(number(lines, "lines", 5))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json, gpus)
-    target = select(settings, reporter, host, run=run, max_parallel=max_parallel,
-                    deadline=deadline)
+    target = select(settings, reporter, host, run=run, playbook=playbook,
+                    max_parallel=max_parallel, deadline=deadline)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
         from outrig.ops.nodes import nodes_status
@@ -195,8 +195,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 
     target.run(
         host=lambda one: run_status(one.project, one.spec, reporter, run_id=run,
-                                    playbook=playbook, log_lines=count),
-        sweep=lambda sweep: status_hosts(sweep, run=run, playbook=playbook, log_lines=count),
+                                    playbook=one.playbook_name, log_lines=count),
+        sweep=lambda sweep: status_hosts(sweep, run=run, log_lines=count),
         job=on_job)
 
 
@@ -247,7 +247,8 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     processes = list(process or [])
-    target = select(settings, reporter, host, run=run, max_parallel=max_parallel)
+    target = select(settings, reporter, host, run=run, playbook=playbook,
+                    max_parallel=max_parallel)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node's logs, prefixed with it
         from outrig.ops.nodes import tail_nodes
@@ -257,10 +258,9 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
 
     target.run(
         host=lambda one: run_tail(one.project, one.spec, reporter, run_id=run,
-                                  playbook=playbook, processes=processes, lines=count,
-                                  follow=not no_follow, grep=grep),
-        sweep=lambda sweep: tail_logs_hosts(sweep, run=run, playbook=playbook,
-                                            processes=processes, lines=count,
+                                  playbook=one.playbook_name, processes=processes,
+                                  lines=count, follow=not no_follow, grep=grep),
+        sweep=lambda sweep: tail_logs_hosts(sweep, run=run, processes=processes, lines=count,
                                             follow=not no_follow, grep=grep),
         job=on_job)
 
@@ -310,8 +310,8 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json, gpus)
     foreign = list(force_foreign or [])
-    target = select(settings, reporter, host, run=run, max_parallel=max_parallel,
-                    deadline=deadline)
+    target = select(settings, reporter, host, run=run, playbook=playbook,
+                    max_parallel=max_parallel, deadline=deadline)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: its run on every node, nothing else
         from outrig.ops.nodes import stop_nodes
@@ -325,9 +325,9 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
 
     target.run(
         host=lambda one: run_cleanup(one.project, one.spec, reporter, run_id=run,
-                                     playbook=playbook, all_runs=all, force_foreign=foreign,
-                                     dry_run=dry_run, timeout=seconds),
-        sweep=lambda sweep: cleanup_hosts(sweep, playbook=playbook, all_runs=all, run=run,
+                                     playbook=one.playbook_name, all_runs=all,
+                                     force_foreign=foreign, dry_run=dry_run, timeout=seconds),
+        sweep=lambda sweep: cleanup_hosts(sweep, all_runs=all, run=run,
                                           force_foreign=foreign, dry_run=dry_run,
                                           timeout=seconds),
         job=on_job)
@@ -364,7 +364,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     Example:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
     """
-    from outrig.cli.targets import select_one
+    from outrig.cli.targets import playbook_identity, select_one
     from outrig.notify import Notifier
     from outrig.ops.watch import WatchOptions
     from outrig.ops.watch import watch as run_watch
@@ -374,9 +374,14 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     target = select_one(settings, reporter, host, run)
 
     def on_host(one: OneHost) -> None:
-        name = playbook_for(settings, playbook, one.spec, reporter, what="watch")
+        # the name the playbook's runs are filed under (docs/cli.md, "Which run a command
+        # means"); the playbook of the host's current run when none is given or configured
+        name = playbook_identity(settings, playbook_for(settings, playbook, one.spec,
+                                                        reporter, what="watch"))
+        assert name is not None
         options = WatchOptions(spares=list(spare or []), run_id=run,
-                               restarts=int(number(restarts, "restarts", 0)),
+                               restarts=(None if restarts is None
+                                         else int(number(restarts, "restarts", 0))),
                                threshold=float(number(threshold, "threshold", 60,
                                                       whole=False)))
         run_watch(one.project, one.spec, name, reporter, options=options,

@@ -30,7 +30,7 @@ from outrig.errors import ConfigError, Interrupted, OutrigError
 from outrig.fanout import Core, FanOutFailed, run_fanout
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.runs import new_run_id, playbook_name
+from outrig.ops.runs import new_run_id
 from outrig.playbook import Job
 from outrig.session import HostSession, Project
 
@@ -50,12 +50,12 @@ def fan_out(sweep: Sweep, core: Core, *, summarize: Summary, what: str,
     rows.finish(outcomes)
 
 
-def status_hosts(sweep: Sweep, *, run: str | None, playbook: str | None,
-                 log_lines: int) -> None:
-    """``status`` on several hosts: each box's runs and GPUs, a row per host."""
+def status_hosts(sweep: Sweep, *, run: str | None, log_lines: int) -> None:
+    """``status`` on several hosts: each box's runs and GPUs, a row per host (of the
+    sweep's ``--playbook``, resolved in the target)."""
     from outrig.ops.status import status_on
 
-    name = playbook_name(sweep.project, playbook)
+    name = sweep.playbook_name
     fan_out(sweep, lambda session: status_on(session, run_id=run, playbook=name,
                                              log_lines=log_lines),
             summarize=status_summary, what="status")
@@ -124,9 +124,8 @@ def place_hosts(sweep: Sweep) -> None:
             what="plan")
 
 
-def tail_logs_hosts(sweep: Sweep, *, run: str | None, playbook: str | None,
-                    processes: list[str], lines: int | None, follow: bool,
-                    grep: str | None) -> None:
+def tail_logs_hosts(sweep: Sweep, *, run: str | None, processes: list[str],
+                    lines: int | None, follow: bool, grep: str | None) -> None:
     """``tail-logs`` on several hosts (outrig.ops.tail_hosts); the flags are checked
     before any host is contacted."""
     import logging
@@ -153,7 +152,7 @@ def tail_logs_hosts(sweep: Sweep, *, run: str | None, playbook: str | None,
     stop = threading.Event()  # set by the first Ctrl-C (and by nothing else here)
     try:
         tail_hosts(sweep.project, hosts, sweep.reporter, follow=follow, max_parallel=bound,
-                   playbook=playbook_name(sweep.project, playbook), processes=processes,
+                   playbook=sweep.playbook_name, processes=processes,
                    lines=lines, grep=grep, stop=stop)
     except FanOutFailed:
         if not stop.is_set():
@@ -163,20 +162,20 @@ def tail_logs_hosts(sweep: Sweep, *, run: str | None, playbook: str | None,
                           "its local mirror and the next tail-logs resumes after them")
 
 
-def cleanup_hosts(sweep: Sweep, *, playbook: str | None, all_runs: bool, run: str | None,
+def cleanup_hosts(sweep: Sweep, *, all_runs: bool, run: str | None,
                   force_foreign: list[str], dry_run: bool, timeout: float) -> None:
     """``cleanup`` on several hosts at once: ``--all`` or ``--playbook`` only (a run id or
     a pid belongs to one box), checked before anything is sent."""
     from outrig.ops.cleanup import check_selection, cleanup_on
 
-    if run or force_foreign or not (all_runs or playbook):
+    if run or force_foreign or not (all_runs or sweep.playbook_name):
         raise ConfigError(
             f"cleanup on several hosts ({', '.join(sweep.hosts)}) takes --all or --playbook "
             "NAME; a --run id or a --force-foreign pid belongs to one box, and fencing moved "
             "runs (no selection) is done one host at a time: pass that host alone. Nothing "
             "was sent.")
-    check_selection(None, playbook, all_runs, [], timeout)
-    name = playbook_name(sweep.project, playbook)
+    name = sweep.playbook_name
+    check_selection(None, name, all_runs, [], timeout)
     fan_out(sweep, lambda session: cleanup_on(session, playbook=name, all_runs=all_runs,
                                               dry_run=dry_run, timeout=timeout),
             summarize=cleanup_summary, what="cleanup", work=timeout + 10)

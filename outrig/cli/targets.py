@@ -31,7 +31,7 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.fanout import MAX_PARALLEL
 from outrig.journal import Journal
-from outrig.playbook import Job, find_playbook, load_job
+from outrig.playbook import Job, find_playbook, load_job, resolve_playbook
 from outrig.session import Project
 from outrig.settings import Settings, playbook_for
 
@@ -42,12 +42,16 @@ class Target(ABC):
 
     ``hosts``: the host specs as the command selected them (one host: a list of one; a
     multi-node playbook's ``--host`` selection may be empty, the playbook then lists its
-    nodes). ``job``: the playbook, loaded once, when resolving needed it (deploy, plan)."""
+    nodes). ``job``: the playbook, loaded once, when resolving needed it (deploy, plan).
+    ``playbook_name``: ``--playbook`` resolved to the name its runs are filed under
+    (:func:`outrig.playbook.resolve_playbook`; docs/cli.md, "Which run a command means"),
+    the one value every lookup of a playbook's runs uses; None without ``--playbook``."""
 
     settings: Settings
     reporter: Reporter
     hosts: list[str]
     job: Job | None = None
+    playbook_name: str | None = None
 
     @property
     def project(self) -> Project:
@@ -145,34 +149,50 @@ class NodeJob(Target):
 
 
 def select(settings: Settings, reporter: Reporter, host: list[str] | None, *,
-           run: str | None = None, max_parallel: str | None = None,
-           deadline: str | None = None) -> Target:
+           run: str | None = None, playbook: str | None = None,
+           max_parallel: str | None = None, deadline: str | None = None) -> Target:
     """The target of a command that takes a ``--host`` selection: the multi-node job a
     ``--run`` id names (``status``, ``cleanup``, ``tail-logs``; pass no ``run`` where a run
-    id is only ever one box's), else the hosts of ``--host`` (one host, or a sweep)."""
+    id is only ever one box's), else the hosts of ``--host`` (one host, or a sweep), with
+    ``--playbook`` resolved (:func:`playbook_identity`)."""
+    name = playbook_identity(settings, playbook)
     job_id = job_id_for(run)
     if job_id is not None:
-        return NodeJob(settings, reporter, [], job_id=job_id)
+        return NodeJob(settings, reporter, [], job_id=job_id, playbook_name=name)
     hosts = settings.hosts(host)
     if len(hosts) == 1:
-        return OneHost(settings, reporter, hosts)
-    return Sweep(settings, reporter, hosts, max_parallel=max_parallel, deadline=deadline)
+        return OneHost(settings, reporter, hosts, playbook_name=name)
+    return Sweep(settings, reporter, hosts, playbook_name=name, max_parallel=max_parallel,
+                 deadline=deadline)
 
 
 def select_one(settings: Settings, reporter: Reporter, host: str | None,
-               run: str | None) -> OneHost | NodeJob:
+               run: str | None, playbook: str | None = None) -> OneHost | NodeJob:
     """The target of ``watch``: the multi-node job its ``--run`` names, else its one host."""
     job_id = job_id_for(run)
     if job_id is not None:
-        return NodeJob(settings, reporter, [], job_id=job_id)
-    return one_host(settings, reporter, host)
+        return NodeJob(settings, reporter, [], job_id=job_id,
+                       playbook_name=playbook_identity(settings, playbook))
+    return one_host(settings, reporter, host, playbook)
 
 
-def one_host(settings: Settings, reporter: Reporter, host: str | None) -> OneHost:
+def one_host(settings: Settings, reporter: Reporter, host: str | None,
+             playbook: str | None = None) -> OneHost:
     """The target of a command that runs on one host only (``evaluate``, ``exec``,
     ``forward``, ``ssh``, and ``watch`` on a run of one box): a selection of several is
     refused, naming the flag, before anything is sent."""
-    return OneHost(settings, reporter, [settings.host(host)])
+    return OneHost(settings, reporter, [settings.host(host)],
+                   playbook_name=playbook_identity(settings, playbook))
+
+
+def playbook_identity(settings: Settings, playbook: str | None) -> str | None:
+    """``--playbook`` (a file name, a path or a ``name:``) as the name its runs are filed
+    under: the one resolution every command uses (:func:`outrig.playbook.resolve_playbook`).
+    A name no file of this project has is kept as it is: a run deployed from another
+    checkout is found by it."""
+    if playbook is None:
+        return None
+    return resolve_playbook(playbook, settings.project.playbooks_dir).name
 
 
 def select_deploy(settings: Settings, reporter: Reporter, host: list[str] | None,
@@ -189,17 +209,19 @@ def select_deploy(settings: Settings, reporter: Reporter, host: list[str] | None
     name, _ = settings.value("playbook", playbook)
     job = None if name is None else _load(settings, str(name), test=test, params=params)
     if job is not None and job.spec.nodes > 1:
-        return NodeJob(settings, reporter, node_selection(settings, host, job), job=job)
+        return NodeJob(settings, reporter, node_selection(settings, host, job), job=job,
+                       playbook_name=job.name)
     hosts = settings.hosts(host)
     if len(hosts) > 1:
         if sweep_needs_playbook:  # says where the name came from, or asks for one
             playbook_for(settings, playbook, None, reporter, what=what)
-        return Sweep(settings, reporter, hosts, job=job, max_parallel=max_parallel,
-                     deadline=deadline)
+        return Sweep(settings, reporter, hosts, job=job,
+                     playbook_name=None if job is None else job.name,
+                     max_parallel=max_parallel, deadline=deadline)
     name = playbook_for(settings, playbook, hosts[0], reporter, what=what)
     if job is None:  # the playbook of the host's current run
         job = _load(settings, name, test=test, params=params)
-    return OneHost(settings, reporter, hosts, job=job)
+    return OneHost(settings, reporter, hosts, job=job, playbook_name=job.name)
 
 
 def _load(settings: Settings, name: str, *, test: bool, params: dict[str, Any]) -> Job:

@@ -25,7 +25,6 @@ from outrig.journal import Journal
 from outrig.journal import utc_text as when
 from outrig.moves import moved_runs, stopped_processes
 from outrig.notify import Notifier
-from outrig.ops.runs import playbook_name
 from outrig.session import HostSession, Project, host_session
 from outrig.textlayout import audit_gpus, gpu_summary_lines, visible
 
@@ -50,7 +49,6 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
         return cleanup_moved(project, host_spec, reporter, dry_run=dry_run, timeout=timeout,
                              journal=journal)
     check_selection(run_id, playbook, all_runs, force_foreign, timeout)
-    playbook = playbook_name(project, playbook)
     with host_session(project, host_spec, reporter, journal) as session:
         return cleanup_on(session, run_id=run_id, playbook=playbook, all_runs=all_runs,
                           force_foreign=force_foreign, dry_run=dry_run, timeout=timeout)

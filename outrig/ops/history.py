@@ -26,7 +26,6 @@ from outrig.fanout import MAX_PARALLEL, HostOutcome, run_fanout
 from outrig.history import RECENT, HostView, chosen, history_document, history_lines
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.runs import playbook_name
 from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status, remember_progress
 from outrig.session import HostSession, Project
 
@@ -62,9 +61,9 @@ def runs_history(project: Project, reporter: Reporter, *, hosts: Sequence[str] |
                  playbook: str | None = None, show_all: bool = False,
                  max_parallel: int = MAX_PARALLEL, deadline: float | None = None,
                  journal: Journal | None = None, recent: int = RECENT) -> dict[str, Any]:
-    """``outrig runs``: shown as a table (or one JSON document) and returned."""
+    """``outrig runs``: shown as a table (or one JSON document) and returned. ``playbook`` is
+    the name runs are filed under (the command resolved ``--playbook`` to it)."""
     journal = journal or Journal()
-    playbook = playbook_name(project, playbook)
     keys = None if hosts is None else list(dict.fromkeys(host_key(project, h) for h in hosts))
     before, _ = chosen(journal_runs(journal, keys, playbook), show_all=show_all, recent=recent)
     specs = list(hosts) if hosts is not None else \

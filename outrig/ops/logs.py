@@ -61,7 +61,6 @@ from outrig.logtail import (
     decode_chunk,
     partial_tail,
 )
-from outrig.ops.runs import playbook_name
 from outrig.reader import ChannelReader, take_events
 from outrig.redaction import ordered, redact_text
 from outrig.session import HostSession, Project, base_request
@@ -745,7 +744,6 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     # paramiko reports every reset socket through logging's last-resort stderr handler; a
     # reconnect is expected here and is reported by us, in one line.
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    playbook = playbook_name(project, playbook)
     session = HostSession(project, host_spec, reporter, journal)
     mirror = run_id is not None and not follow
     if mirror:  # a box that is gone gives up at its fan-out deadline, not after minutes

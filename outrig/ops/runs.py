@@ -1,8 +1,9 @@
-"""The run helpers the ops share: a run's id, the name its playbook files it under, the
-playbook's secrets, and which of a host's runs a command means (:func:`pick_host_run`).
+"""The run helpers the ops share: a run's id, the playbook's secrets, and which of a host's
+runs a command means (:func:`pick_host_run`). Which playbook ``--playbook`` names is resolved
+once, in the command's target (:func:`outrig.cli.targets.playbook_identity`).
 
-Nothing here reaches a box: they read the journal they are given, a playbook file or this
-environment (:func:`secret_values`); a box is reached through :mod:`outrig.session`.
+Nothing here reaches a box: they read the journal they are given or this environment
+(:func:`secret_values`); a box is reached through :mod:`outrig.session`.
 """
 
 from __future__ import annotations
@@ -14,18 +15,6 @@ from typing import Any
 
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.playbook import find_playbook, load_job
-from outrig.session import Project
-
-
-def playbook_name(project: Project, value: str | None) -> str | None:
-    """``--playbook`` as cleanup, status and tail-logs need it: the name runs are filed under.
-
-    deploy and plan take a name or a path; a path here would otherwise reach the box as a
-    name and be refused there, so a path is read for the ``name:`` it deploys as."""
-    if value is None or not ("/" in value or value.endswith((".yaml", ".yml"))):
-        return value
-    return load_job(find_playbook(value, project.playbooks_dir)).name
 
 
 def new_run_id(playbook: str) -> str:

@@ -46,7 +46,7 @@ from outrig.inventory import Host
 from outrig.journal import Journal, read_json, state_dir
 from outrig.ops.runs import pick_host_run
 from outrig.plan import builtin_params
-from outrig.playbook import Job, find_playbook, load_job
+from outrig.playbook import Job, find_playbook, load_job, resolve_playbook
 from outrig.session import HostSession, Project, host_session
 from outrig.template import UndefinedName, substitute
 from outrig.transfer import (
@@ -472,7 +472,10 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
     project, reporter, journal = session.project, session.reporter, session.journal
     host_spec = session.host_spec
     stager = Stager(reporter, journal, streams)
-    record = _synced_run(session, playbook, run_id)
+    # the run is looked up by the name its runs are filed under; the job is loaded from the
+    # file --playbook names (a path stays a path: docs/cli.md, "Which run a command means")
+    filed = None if playbook is None else resolve_playbook(playbook, project.playbooks_dir).name
+    record = _synced_run(session, filed, run_id)
     name = playbook or str((record or {}).get("playbook"))
     job, items = _load(project, session.host, name)
     ckpt = next((i for i in items if i.kind == "checkpoints"), None)

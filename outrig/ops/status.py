@@ -11,7 +11,6 @@ from outrig.errors import ConfigError, ConnectError
 from outrig.evaluation import fmt
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
-from outrig.ops.runs import playbook_name
 from outrig.session import HostSession, Project, host_session
 
 
@@ -29,7 +28,6 @@ def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str 
            playbook: str | None = None, log_lines: int = 5,
            journal: Journal | None = None) -> dict[str, Any]:
     """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
-    playbook = playbook_name(project, playbook)
     with host_session(project, host_spec, reporter, journal) as session:
         try:
             return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)

@@ -17,8 +17,14 @@ What it does, each probe period (from the measured RTT, see :func:`outrig.health
 
 Its state (the box and run it follows, spares left, restarts used, the newest mirrored
 checkpoint, runs moved away and not yet fenced, the events sent) is a small JSON file in the
-journal (``<journal>/watches/``), written after every change: a restarted ``watch`` with the
-same ``--host`` (or the box it moved to) and ``--playbook`` carries on where it stopped.
+journal (``<journal>/watches/``), written after every change. A ``watch`` started again with
+the same ``--host`` (or the box it moved to) and ``--playbook`` carries on where it stopped
+when the saved watch follows the run that is current now; after a redeploy it follows the new
+run instead, with its own command line's flags (:func:`open_record`).
+
+On a terminal a heartbeat line (state, last step/loss/ETA where known, time since the box last
+answered) is redrawn at least every :data:`BEAT_EVERY` seconds, so a run without metrics does
+not look hung; ``--json`` prints events and progress only.
 """
 
 from __future__ import annotations
@@ -51,7 +57,6 @@ from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on
 from outrig.ops.nodes import refuse_node_run
-from outrig.ops.runs import playbook_name
 from outrig.ops.status import (
     PROGRESS_BYTES,
     PROGRESS_MARKERS,
@@ -65,19 +70,22 @@ WATCH_DIR = "watches"
 EVENTS_KEPT = 200  # newest events kept in the watch's record
 FENCE_EVERY = 5  # probe periods between two looks at a box a run was moved from
 CONFIRM_FLOOR = 7.5  # seconds: a confirming TCP connect outlasts SYN retries at 0, 1, 3, 7 s
+BEAT_EVERY = 30.0  # seconds: at most this long between two heartbeat lines on a terminal
 
 
 @dataclass
 class WatchOptions:
     """The flags of ``watch``: spares in order, a run to follow (else the playbook's current
-    run on the host), in-place restarts allowed after a crash, the death threshold, and a
-    fixed probe period (tests; default: from the RTT)."""
+    run on the host), in-place restarts allowed after a crash (None: not given, so a
+    carried-on watch keeps its own, a new one allows 0), the death threshold, a fixed probe
+    period (tests; default: from the RTT) and the heartbeat line's interval (tests)."""
 
     spares: list[str] = field(default_factory=list)
     run_id: str | None = None
-    restarts: int = 0
+    restarts: int | None = None
     threshold: float = DEFAULT_THRESHOLD
     period: float | None = None
+    beat_every: float = BEAT_EVERY
 
 
 # ------------------------------------------------------------------------------ the record
@@ -155,6 +163,9 @@ class Watcher:
         self._fencing: threading.Thread | None = None
         self.mirroring = threading.Event()  # the worker is copying a checkpoint
         self._mirror_lock = threading.Lock()  # one mirror at a time into the one folder
+        self.last_answer: float | None = None  # monotonic time of the box's last answer
+        self.latest: dict[str, Any] = {}  # the newest progress shown (state, step, loss, ...)
+        self._beat_at = time.monotonic()
 
     # --- events --------------------------------------------------------------------------
     def send(self, event: str, **fields: Any) -> None:
@@ -250,6 +261,7 @@ class Watcher:
             elif verdict.state == "alive" and suspect:
                 suspect = False
                 self.send("recovered", why="answering again")
+            self.beat(now)
             ticks += 1
             if ticks % FENCE_EVERY == 1:
                 self.fence_moved()
@@ -363,6 +375,8 @@ class Watcher:
                 at, (kind, value) = self.results.get_nowait()
             except queue.Empty:
                 return out
+            if kind in ("status", "gone"):
+                self.last_answer = at
             if kind == "status":
                 out += self.on_status(at, value)
             elif kind == "gone":
@@ -398,12 +412,14 @@ class Watcher:
         return out
 
     def show_progress(self, run: dict[str, Any], state: str) -> None:
-        trainer = next((p for p in run.get("processes") or []
-                        if p.get("name") == "trainer"), None)
+        procs = [p for p in run.get("processes") or [] if isinstance(p, dict)]
+        trainer = next((p for p in procs if p.get("name") == "trainer"), None) or next(
+            (p for p in procs if p.get("progress") or p.get("checkpoint")), None)
         progress = (trainer or {}).get("progress") or {}
         checkpoint = ((trainer or {}).get("checkpoint") or {}).get("name")
         line = {"state": state, "step": progress.get("step"), "epoch": progress.get("epoch"),
                 "checkpoint": checkpoint}
+        self.latest = {**line, "loss": progress.get("loss"), "eta_s": progress.get("eta_s")}
         before = self.record["progress"] or {}
         if line == before:
             return
@@ -429,21 +445,40 @@ class Watcher:
         else:
             self.reporter.live(text)
 
+    def beat(self, now: float) -> None:
+        """The heartbeat line, at most :attr:`WatchOptions.beat_every` apart: what the watch
+        knows of the run and how long ago the box answered (on a terminal it is redrawn in
+        place; ``--json`` has the events and progress instead)."""
+        if now - self._beat_at < self.options.beat_every or self.reporter.json_mode:
+            return
+        self._beat_at = now
+        self.reporter.live(heartbeat_line(self.record["host"], self.record["run_id"],
+                                          self.latest, self.last_answer, now))
+
+    def checkpointed(self) -> bool:
+        """Whether the followed run's playbook has a process that declares ``checkpoints:``
+        (what the hints may promise: a resume from the newest complete checkpoint). Without
+        the file here, whether the watch has seen a checkpoint of the run."""
+        from outrig.playbook import find_playbook, load_job
+
+        try:
+            job = load_job(find_playbook(self.run_playbook(), self.project.playbooks_dir))
+        except OutrigError:
+            return bool(self.record["mirror_tried"] is not None
+                        or (self.record["progress"] or {}).get("checkpoint"))
+        return any(p.checkpoints is not None for p in job.spec.processes.values())
+
     # --- verdicts ------------------------------------------------------------------------
     def on_crash(self, verdict: Verdict) -> None:
         """A crash on a healthy box: never a migrate. Restart in place while allowed."""
         self.send("failed", why=verdict.why)
         used = int(self.record["restarts_used"] or 0)
-        if used >= self.options.restarts:
+        allowed = int(self.record["restarts"] or 0)
+        if used >= allowed:
             self.record.update(status="failed")
-            raise OutrigError(
-                f"run {self.record['run_id']} failed on {self.record['host']}: {verdict.why}. "
-                f"The box answers, so it was not moved (used {used} of "
-                f"{self.options.restarts} restart(s)). See `outrig tail-logs --host "
-                f"{self.record['host']} --run {self.record['run_id']}`; to restart it "
-                f"yourself: `outrig deploy --host {self.record['host']} --playbook "
-                f"{self.record['playbook']}` (the trainer resumes from its newest checkpoint)")
-        self.send("restarting", why=f"restart {used + 1} of {self.options.restarts}")
+            raise OutrigError(crash_hint(self.record.snapshot(), verdict.why, used, allowed,
+                                         self.checkpointed()))
+        self.send("restarting", why=f"restart {used + 1} of {allowed}")
         from outrig.ops.deploy import deploy_on
         from outrig.playbook import find_playbook, load_job
 
@@ -486,11 +521,8 @@ class Watcher:
         self.send("failed", why="the box is dead and no spare took the job"
                   + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))
         self.record.update(status="failed")
-        raise OutrigError(
-            f"{old_host} is dead ({verdict.why}) and no spare took run {old_run}"
-            + (f": {'; '.join(skipped)}" if skipped else ": no --spare left")
-            + ". Rent a box, write its host file, and run `outrig migrate --from "
-            f"{old_host} --to NEW` (the mirror holds the newest complete checkpoint)")
+        raise OutrigError(death_hint(self.record.snapshot(), old_host, old_run, verdict.why,
+                                     skipped, self.checkpointed()))
 
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed), or None."""
@@ -562,6 +594,60 @@ class Watcher:
             self.record.update(moved=moved)
 
 
+def heartbeat_line(host: Any, run_id: Any, latest: dict[str, Any], last_answer: float | None,
+                   now: float) -> str:
+    """``  HOST RUN: running, step 40, loss 0.52, ETA 3m · the box answered 2s ago``: what is
+    known, nothing invented (a run without metrics shows its state alone)."""
+    parts = [str(latest.get("state") or "waiting for the first answer")]
+    for key in ("step", "epoch"):
+        if latest.get(key) is not None:
+            parts.append(f"{key} {latest[key]}")
+    loss = latest.get("loss")
+    if isinstance(loss, (int, float)):
+        parts.append(f"loss {loss:.4g}")
+    eta = latest.get("eta_s")
+    if isinstance(eta, (int, float)):
+        parts.append(f"ETA {_span(float(eta))}")
+    answered = ("no answer from the box yet" if last_answer is None
+                else f"the box answered {_span(max(0.0, now - last_answer))} ago")
+    return f"  {host} {run_id}: {', '.join(parts)} · {answered}"
+
+
+def _span(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def crash_hint(record: dict[str, Any], why: str, used: int, allowed: int,
+               checkpointed: bool) -> str:
+    """The error of a run that failed on a box that answers, with what to do next. A resume
+    is promised only when a process of the playbook declares ``checkpoints:``."""
+    host, run_id, playbook = record.get("host"), record.get("run_id"), record.get("playbook")
+    again = (" (its processes with checkpoints: resume from the newest complete one)"
+             if checkpointed else "")
+    return (f"run {run_id} failed on {host}: {why}. The box answers, so it was not moved "
+            f"(used {used} of {allowed} restart(s)). See `outrig tail-logs --host {host} "
+            f"--run {run_id}`; to start it again yourself: `outrig deploy --host {host} "
+            f"--playbook {playbook}`{again}, or let watch do it: --restarts N")
+
+
+def death_hint(record: dict[str, Any], host: str, run_id: str, why: str, skipped: list[str],
+               checkpointed: bool) -> str:
+    """The error of a dead box that no spare took. ``migrate`` resumes from the mirrored
+    checkpoint; a playbook without checkpoints is simply deployed on the new box."""
+    playbook = record.get("playbook")
+    text = (f"{host} is dead ({why}) and no spare took run {run_id}"
+            + (f": {'; '.join(skipped)}" if skipped else ": no --spare left")
+            + ". Rent a box and write its host file, then ")
+    if checkpointed:
+        return text + (f"run `outrig migrate --from {host} --to NEW` (the mirror holds the "
+                       "newest complete checkpoint)")
+    return text + f"run `outrig deploy --host NEW --playbook {playbook}` (it starts afresh)"
+
+
 def silent() -> Reporter:
     """The reporter of the watch's own sessions: their retry notices and "lost contact"
     warnings are what the health signals already judge, and a hung call that ends after the
@@ -592,28 +678,72 @@ def opened(session: HostSession) -> Iterator[HostSession]:
 
 def open_record(project: Project, journal: Journal, host_spec: str, playbook: str,
                 options: WatchOptions, reporter: Reporter) -> WatchRecord:
-    """The watch's record: an unfinished one for this host and playbook (a restarted watch
-    carries on, even on the box it moved to), else a new one for the run to follow."""
+    """The watch's record, by docs/cli.md's rule ("Which run a command means").
+
+    The run to follow is ``--run``, else the playbook's current run, asked of the box the
+    saved watch follows now (it may have moved) or of ``host_spec``. A saved, unfinished
+    watch of the playbook begun on or moved to ``host_spec`` is carried on only when it
+    follows that same run (or when its box does not answer: a watch exists for a box that
+    may be dead), and it says so; flags given on this command line replace what it saved
+    (``--spare``, ``--restarts``). A saved watch of another run (one a redeploy stopped on
+    purpose) is marked ``superseded`` and a new watch follows the current run with this
+    command line's flags."""
     found = find_watch(journal, host_spec, playbook)
+    saved = None if found is None else found[1]
+    where = host_spec if saved is None else str(saved.get("host") or host_spec)
+    # after a move, the run on the new box may be of another member of the playbook's family
+    runs_of = playbook if saved is None else str(
+        (journal.run(str(saved.get("run_id"))) or {}).get("playbook") or playbook)
+    run_id = options.run_id
+    if run_id is None:
+        try:
+            run_id = current_run(project, journal, where, runs_of, reporter)
+        except ConfigError:
+            raise
+        except OutrigError as exc:  # the box does not answer
+            if found is None:
+                raise
+            reporter.info(f"• {where} does not answer ({str(exc).split('. ')[0]}), so it "
+                          f"cannot say which run of {playbook} is current: carrying on the "
+                          "saved watch")
+    if found is not None and (run_id is None or run_id == found[1].get("run_id")):
+        return carry_on(found[0], found[1], playbook, options, reporter)
+    assert run_id is not None
     if found is not None:
         path, data = found
-        reporter.info(f"• carrying on the watch of {playbook} begun on {data.get('origin')}: "
-                      f"now {data.get('host')} run {data.get('run_id')}, spares left "
-                      f"{', '.join(data.get('spares') or []) or 'none'}, restarts used "
-                      f"{data.get('restarts_used') or 0}")
-        record = WatchRecord(path, data)
-        if options.run_id and options.run_id != data.get("run_id"):
-            raise ConfigError(f"the watch of {playbook} follows run {data.get('run_id')}, not "
-                              f"{options.run_id}; remove {path} to start another watch")
-        return record
-    run_id = options.run_id or current_run(project, journal, host_spec, playbook, reporter)
+        WatchRecord(path, data).update(status="superseded", superseded_by=run_id)
+        reporter.info(f"• the saved watch of {playbook} followed run {data.get('run_id')} on "
+                      f"{data.get('host')}, which is not the run to follow now ({run_id}): "
+                      "starting a new watch")
+        host_spec = where
     refuse_node_run(journal, run_id, what="watch")
     record = WatchRecord(watch_file(journal, host_spec, playbook), {
         "origin": host_spec, "host": host_spec, "playbook": playbook, "run_id": run_id,
-        "spares": list(options.spares), "restarts": options.restarts, "restarts_used": 0,
-        "mirrored": None, "mirror_tried": None, "moved": [], "events": [],
-        "status": "watching", "started": time.time()})
+        "spares": list(options.spares), "restarts": options.restarts or 0,
+        "restarts_used": 0, "mirrored": None, "mirror_tried": None, "moved": [],
+        "events": [], "status": "watching", "started": time.time()})
     record.update()
+    return record
+
+
+def carry_on(path: Path, data: dict[str, Any], playbook: str, options: WatchOptions,
+             reporter: Reporter) -> WatchRecord:
+    """The saved watch, with this command line's ``--spare`` and ``--restarts`` where given
+    (they win over what it saved), announced as carried on."""
+    record = WatchRecord(path, data)
+    changes: dict[str, Any] = {}
+    if options.spares:
+        changes["spares"] = list(options.spares)
+    if options.restarts is not None:
+        changes["restarts"] = options.restarts
+    if changes:
+        record.update(**changes)
+    reporter.info(f"• carrying on the saved watch of {playbook} (begun on "
+                  f"{data.get('origin')}): it follows the current run {data.get('run_id')} on "
+                  f"{data.get('host')}; spares left "
+                  f"{', '.join(record['spares'] or []) or 'none'}, restarts used "
+                  f"{record['restarts_used'] or 0} of {record['restarts'] or 0}"
+                  + (" (as this command line says)" if changes else ""))
     return record
 
 
@@ -639,18 +769,16 @@ def watch(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
           notifier: Notifier | None = None,
           stop: threading.Event | None = None) -> dict[str, Any]:
     """``outrig watch``: follow the run until it finishes (see the module docstring).
+    ``playbook`` is the name its runs are filed under (the CLI resolves ``--playbook``).
     Returns the watch's record; raises when the run failed for good."""
     options = options or WatchOptions()
-    if options.restarts < 0:
+    if options.restarts is not None and options.restarts < 0:
         raise ConfigError("--restarts must be 0 or more")
     if options.threshold <= 0:
         raise ConfigError("--threshold must be more than 0 seconds (default 60)")
     journal = journal or Journal()
     notifier = notifier or Notifier(None, reporter)
-    name = playbook_name(project, playbook) or playbook
-    record = open_record(project, journal, host_spec, name, options, reporter)
-    options.restarts = int(record["restarts"] if record["restarts"] is not None
-                           else options.restarts)
+    record = open_record(project, journal, host_spec, playbook, options, reporter)
     reporter.info(f"• watching {record['run_id']} on {record['host']}"
                   + (f" (spares: {', '.join(record['spares'])})" if record["spares"] else ""))
     try:

@@ -12,8 +12,9 @@ from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 
 from .constants import NAME_RE, JSONDict
 from .events import AgentError, Emitter, bad_request
-from .layout import Layout, all_pointers, read_json
-from .runs import resolve_run, run_secret_keys
+from .layout import Layout, read_json
+from .runs import resolve_run, run_secret_keys, the_current_run
+from .stopping import Stopper
 from .validation import Request, get_bool, get_int, get_num, get_opt_name, get_str_list
 
 #
@@ -113,17 +114,13 @@ def parse_follow_cursors(raw: Any) -> Dict[str, Dict[str, FollowCursor]]:
     return out
 
 
-def resolve_follow_run(layout: Layout, playbook: Optional[str], run_id: Optional[str]) -> str:
-    """run_id, else the playbook's current run, else the box's only current run."""
+def resolve_follow_run(layout: Layout, playbook: Optional[str], run_id: Optional[str],
+                       out: Emitter) -> str:
+    """run_id, else the playbook's current run, else the one current run that is live
+    (:func:`the_current_run`)."""
     if run_id is not None or playbook is not None:
         return resolve_run(layout, playbook, run_id)
-    pointers = all_pointers(layout)
-    if len(pointers) == 1:
-        return next(iter(pointers.values()))
-    if not pointers:
-        raise AgentError("not_found", f"no current run in {layout.workdir}; give a run id")
-    listing = ", ".join(f"{pb} → {rid}" for pb, rid in sorted(pointers.items()))
-    raise bad_request(f"several current runs ({listing}); say which with a run id or playbook")
+    return the_current_run(layout, Stopper(out, layout=layout))
 
 
 class Tail:
@@ -440,5 +437,5 @@ def op_follow(req: Request, out: Emitter) -> JSONDict:
     playbook = get_opt_name(raw, "playbook", "")
     run_id = get_opt_name(raw, "run_id", "")
     layout = Layout(req.workdir)
-    rid = resolve_follow_run(layout, playbook, run_id)
+    rid = resolve_follow_run(layout, playbook, run_id, out)
     return Follower(out, layout, rid, raw).run()

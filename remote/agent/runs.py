@@ -10,8 +10,8 @@ import time
 from typing import List, Optional, Set, Tuple
 
 from .constants import JSONDict
-from .events import AgentError, Emitter
-from .layout import Layout, list_run_ids, read_json, read_pointer
+from .events import AgentError, Emitter, bad_request
+from .layout import Layout, all_pointers, list_run_ids, read_json, read_pointer
 from .logs import first_match, tail_lines
 from .probes import probe_http, probe_port, read_exit_file
 from .procs import proc_problem
@@ -124,6 +124,37 @@ def resolve_run(layout: Layout, playbook: Optional[str], run_id: Optional[str]) 
     if current is None:
         raise AgentError("not_found", f"playbook {playbook} has no current run in {layout.workdir}")
     return current
+
+
+def the_current_run(layout: Layout, stopper: Stopper) -> str:
+    """The run a request without run_id or playbook means (docs/cli.md, "Which run a
+    command means"): the box's only current run (a playbook's current pointer) if it has
+    one; else, of its current runs, the one that is live, that is, one with a process
+    alive now (:func:`run_truth`: state ``running``). A run that failed or finished beside
+    it, such as another playbook's whose process exited at start, is not a candidate then.
+    None or several live: a ``bad_request`` that lists each current run with its state and
+    the run id and playbook that pick it."""
+    pointers = all_pointers(layout)
+    if len(pointers) == 1:
+        return next(iter(pointers.values()))
+    if not pointers:
+        raise AgentError("not_found", f"no current run in {layout.workdir}; give a run id")
+    states = {}
+    for playbook, rid in pointers.items():
+        try:
+            run = read_json(layout.run_json(rid))
+        except (OSError, ValueError):
+            run = None
+        states[playbook] = (run_truth(run, stopper)[0] if isinstance(run, dict)
+                            and isinstance(run.get("processes"), list) else "unknown")
+    live = [pointers[pb] for pb, state in states.items() if state == "running"]
+    if len(live) == 1:
+        return live[0]
+    listing = "; ".join(f"{rid} (playbook {pb}, {states[pb]})"
+                        for pb, rid in sorted(pointers.items()))
+    why = f"{len(live)} of them live" if live else "none of them live"
+    raise bad_request(f"several current runs, {why}: {listing}; say which with --run RUN_ID "
+                      "or --playbook NAME")
 
 
 RUN_INDEX_OPS = ("deploy", "cleanup", "status", "logs", "check")  # ops that report runs

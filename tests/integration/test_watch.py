@@ -478,7 +478,7 @@ def test_a_killed_watch_started_again_carries_on_from_the_journal(
         kill_process(box_a.workdir, second, "trainer")
         assert again.wait(120) == 1, out.read_text()
         text = out.read_text()
-        assert "carrying on the watch of mig-4gpu" in text
+        assert "carrying on the saved watch of mig-4gpu" in text
         final = read_json(record_path)
         assert final["started"] == started and final["run_id"] == second
         assert final["status"] == "failed" and final["restarts_used"] == 1

@@ -172,3 +172,31 @@ def test_ready_generate_reaches_the_plan(tmp_path: Path) -> None:
                  "      http: http://127.0.0.1:8000/health\n      model: m\n"
                  "      generate: true\n")
     assert load_job(path).spec.processes["a"].ready.generate is True  # type: ignore[union-attr]
+
+
+def test_a_playbook_is_found_by_its_file_name_its_path_or_its_name(tmp_path: Path) -> None:
+    """``playbooks/a.yaml`` with ``name: b``: every spelling means the runs filed as b;
+    a name no file has is kept (a run deployed from another checkout)."""
+    from outrig.playbook import resolve_playbook
+
+    (tmp_path / "a.yaml").write_text("name: b\nprocesses: {p: {command: [x]}}\n")
+    (tmp_path / "plain.yaml").write_text("processes: {p: {command: [x]}}\n")
+    for given in ("a", "b", str(tmp_path / "a.yaml")):
+        ref = resolve_playbook(given, tmp_path)
+        assert (ref.name, ref.path) == ("b", tmp_path / "a.yaml"), given
+    assert find_playbook("b", tmp_path) == tmp_path / "a.yaml"
+    assert load_job(find_playbook("b", tmp_path)).name == "b"
+    assert resolve_playbook("plain", tmp_path).name == "plain"
+    elsewhere = resolve_playbook("elsewhere", tmp_path)
+    assert (elsewhere.name, elsewhere.path) == ("elsewhere", None)
+    with pytest.raises(ConfigError, match="unknown playbook 'elsewhere'"):
+        find_playbook("elsewhere", tmp_path)
+
+
+def test_two_files_with_one_name_are_refused_naming_both(tmp_path: Path) -> None:
+    from outrig.playbook import resolve_playbook
+
+    for stem in ("one", "two"):
+        (tmp_path / f"{stem}.yaml").write_text("name: same\nprocesses: {p: {command: [x]}}\n")
+    with pytest.raises(ConfigError, match="one.yaml, two.yaml"):
+        resolve_playbook("same", tmp_path)
