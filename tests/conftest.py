@@ -47,6 +47,15 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts without ``COLUMNS``: outrig wraps its messages to it (outrig/
+    terminal.py), so a width exported by the shell or CI, or left in ``os.environ`` by
+    anything a test ran in-process, would reflow the text other tests match. A test that
+    is about the width sets it itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 # The tiers whose tests start the real tools (a CPU vLLM server is 45-150 s of both cores'
 # work, the shared real training minutes): run first, so that on two workers the short tests
 # fill the time around them instead of one worker finishing them alone at the end.
