@@ -35,6 +35,7 @@ from typing import Any
 
 from outrig.errors import ConnectError
 from outrig.inventory import Host
+from outrig.journal import make_private_dir
 from outrig.transport import known_hosts_path
 
 RUNTIME_ENV = "OUTRIG_RUNTIME_DIR"
@@ -67,7 +68,7 @@ def private_dir(path: Path | None = None) -> Path:
     """The runtime folder, made 0700 if new; refused when it is a symlink, another user's,
     or open to others (a socket there could be someone else's)."""
     folder = path or runtime_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dir(folder)  # its missing parents 0700 too (the state root among them)
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \
             or info.st_mode & 0o077:

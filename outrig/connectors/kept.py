@@ -63,7 +63,7 @@ from outrig.connectors.keeper_wire import (
     send_frame,
     socket_path,
 )
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh import SSHTransport, check_identity_file
 from outrig.errors import ConfigError, ConnectError, LinkLost
 from outrig.inventory import Host
 from outrig.timing import channel_timeout_for, connect_timeout_for, keepalive_limit_for
@@ -230,6 +230,7 @@ class KeptTransport(SSHTransport):
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
         if not self.direct and self.connection is None:
             self.host.refuse_placeholder()  # before a keeper is asked or started for it
+            check_identity_file(self.host)  # a missing key file: exit 2, no keeper started
             channel = self._via_keeper(argv, window_size)
             if channel is not None:
                 return channel
@@ -572,7 +573,7 @@ def rebuilt_error(error: Any) -> Exception | None:
                                silent=bool(error.get("silent")))
     known = {"ConnectRefused": errors.ConnectRefused, "HostKeyError": errors.HostKeyError,
              "AuthenticationError": errors.AuthenticationError,
-             "ConnectError": errors.ConnectError}
+             "ConnectError": errors.ConnectError, "ConfigError": errors.ConfigError}
     factory = known.get(str(kind))
     return factory(message) if factory is not None else None
 

@@ -15,8 +15,8 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.base import Project
 from outrig.ops.forward import checked_port, forward, process_port, pump
+from outrig.session import Project
 
 
 class Listener:
