@@ -8,14 +8,10 @@ tests do not see each other's files or GPU holders.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +23,9 @@ from outrig.sandbox.fulldisk import FullDiskUnavailable, mount_small_fs
 from outrig.sandbox.nvidia_smi import load_inventory, make_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
-from tests.agent_harness import Box
-from tests.helpers import stop_every_run
-
-STANDINS = Path(__file__).resolve().parent / "standins"
-MARK_ENV = "OUTRIG_TEST_MARK"
+from tests.support.agent import Box
+from tests.support.processes import ProcessTracker
+from tests.support.runs import standin_path, stop_every_run
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -172,88 +166,10 @@ def make_proxy() -> Iterator[Callable[..., LatencyProxy]]:
         proxy.close()
 
 
-def standin_path(name: str) -> Path:
-    """Path of tests/standins/<name>.py (name with or without ``.py``)."""
-    path = STANDINS / (name if name.endswith(".py") else f"{name}.py")
-    if not path.is_file():
-        raise FileNotFoundError(f"no stand-in {path}")
-    return path
-
-
 @pytest.fixture
 def standin() -> Callable[[str], Path]:
     """``standin("fake_vllm")`` → the stand-in script's path."""
     return standin_path
-
-
-class ProcessTracker:
-    """Starts processes in their own group and kills exactly what a test started, at teardown.
-
-    What is killed: every recorded process group (``killpg``), every recorded pid, and every
-    process whose environment carries this test's marker (``OUTRIG_TEST_MARK=<uuid>``), which
-    catches children that called setsid and left the group. Nothing is matched by name.
-    """
-
-    def __init__(self) -> None:
-        self.mark = uuid.uuid4().hex
-        self.groups: list[int] = []
-        self.pids: list[int] = []
-        self.popens: list[subprocess.Popen[Any]] = []
-
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """os.environ + ``extra`` + this tracker's marker."""
-        env = dict(os.environ)
-        env.update(extra or {})
-        env[MARK_ENV] = self.mark
-        return env
-
-    def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
-              **kw: Any) -> subprocess.Popen[Any]:
-        """Popen in a new session (pid = pgid = sid), marked and recorded."""
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        proc: subprocess.Popen[Any] = subprocess.Popen(
-            argv, env=self.env(env), start_new_session=True, **kw)
-        self.popens.append(proc)
-        self.groups.append(proc.pid)
-        return proc
-
-    def track_group(self, pgid: int) -> None:
-        self.groups.append(pgid)
-
-    def track_pid(self, pid: int) -> None:
-        self.pids.append(pid)
-
-    def marked_pids(self) -> list[int]:
-        """Live pids whose environment holds this tracker's marker."""
-        needle = f"{MARK_ENV}={self.mark}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0"):
-                found.append(int(entry))
-        return found
-
-    def cleanup(self) -> list[int]:
-        """SIGKILL everything tracked; return the pids that were still running (for reports)."""
-        leftovers = self.marked_pids()
-        for pgid in self.groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-        for pid in [*self.pids, *leftovers]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        for proc in self.popens:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and self.marked_pids():
-            time.sleep(0.05)
-        return leftovers
 
 
 @pytest.fixture
@@ -272,7 +188,6 @@ def ssh_keygen() -> str:
     if not path:
         pytest.skip("ssh-keygen not installed (apt-get install -y openssh-client)")
     return path
-
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ import yaml
 
 from outrig.cli import make_collection
 from outrig.program import OutrigConfig, OutrigProgram
-from tests.helpers import alive, free_port
+from tests.support.network import free_port
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
 OUTRIG = Path(sys.executable).parent / "outrig"

@@ -17,7 +17,7 @@ import yaml
 from outrig.cli import make_collection
 from outrig.program import OutrigConfig, OutrigProgram
 from outrig.sandbox.box import SandboxBox
-from tests.helpers import free_port
+from tests.support.network import free_port
 
 pytestmark = pytest.mark.integration
 OUTRIG = Path(sys.executable).parent / "outrig"

