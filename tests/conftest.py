@@ -51,20 +51,27 @@ HEAVY_FIRST = ("tests/rehearsal/", "tests/realvllm/")
 # What makes a test slow is a real server it starts: the sandbox's OpenSSH sshd, the CPU
 # vLLM, the trainer against it. Such a test carries the ``servers`` marker, given here and
 # not by hand: every test in a folder of such tests, and every test that takes (directly or
-# through another fixture) a fixture that starts one. ``pytest -m "not servers"`` is the
-# fast loop (README.md).
+# through another fixture) a fixture that starts one.
 SERVER_FOLDERS = ("tests/integration/", "tests/realvllm/", "tests/rehearsal/")
 SERVER_FIXTURES = frozenset({"sandbox", "box_a", "vllm_python", "rehearsal_python"})
+# Next slowest: real processes started on this machine and waited on (their readiness, their
+# stop graces): the box agent run locally (tests/unit's ``box``, tests/support/agent.py) and
+# the stand-ins a ``procs`` tracker starts. The ``processes`` marker, left out of the fast
+# loop too.
+PROCESS_FIXTURES = frozenset({"box", "full_box", "procs"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that start a real server (``servers``), then order the collection
-    with the real-tool tiers in front (a stable sort: the same order in every pytest-xdist
-    worker, as xdist requires)."""
+    """Mark the tests that start a real server (``servers``) or real processes they wait on
+    (``processes``): ``pytest -m "not servers and not processes"`` is the fast loop
+    (README.md, ``make test-fast``). Then order the collection with the real-tool tiers in
+    front (a stable sort: the same order in every pytest-xdist worker, as xdist requires)."""
     for item in items:
         if (item.nodeid.startswith(SERVER_FOLDERS)
                 or SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.servers)
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
 
     def rank(item: pytest.Item) -> int:
         where = item.nodeid
