@@ -7,6 +7,7 @@
 #   make demo DEMO_ARGS="--delay 120"  ... behind a 240 ms round trip
 #   make test                        ruff, mypy and the whole suite (-n 2), real-tool tiers too
 #   make test PYTEST_ARGS=tests/unit   ... the same set-up, then only these tests
+#   make test-fast                   the fast loop: the tests that start no server or process
 #   make venv                        only the set-up of .venv
 
 SHELL := /bin/bash
@@ -20,7 +21,7 @@ INSTALLED := $(VENV)/.outrig-installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv sshd
+.PHONY: demo test test-fast venv sshd
 
 demo: sshd venv
 	$(VENV)/bin/outrig demo $(DEMO_ARGS)
@@ -38,6 +39,12 @@ test: sshd venv
 	$(VENV)/bin/mypy
 	echo "test: pytest"
 	$(VENV)/bin/python -m pytest -q -n 2 --dist worksteal $(PYTEST_ARGS)
+
+# The fast loop: the tests that start no real server (sshd, vLLM, the trainer) and no real
+# process they wait on (the markers tests/conftest.py sets), so neither sshd nor the real
+# tools' venvs. Four workers on two cores: what is left mostly waits on subprocesses.
+test-fast: venv
+	$(VENV)/bin/python -m pytest -q -n 4 -m "not servers and not processes" $(PYTEST_ARGS)
 
 venv: $(INSTALLED)
 

@@ -99,8 +99,8 @@ def main() -> int:
     from outrig.ops.watch import WatchOptions, watch, watch_file
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
-    from tests.helpers import free_port
-    from tests.integration.test_migrate import kill_run, write_playbooks
+    from tests.support.network import free_port
+    from tests.support.runs import kill_run, write_playbooks
 
     quiet = Reporter(quiet=True)
     box_a = start_sandbox(root / "box-a", name="a", gpus=4, gpu_memory_mib=49152)

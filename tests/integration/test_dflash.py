@@ -27,12 +27,12 @@ from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.session import Project
-from tests.integration.test_deploy import box_workdir, free_port, teardown_runs
+from tests.support.network import free_port
+from tests.support.runs import box_workdir
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)
-__all__ = ["teardown_runs"]  # the fixture: stops what a test launched, by record
 
 VLLM_SHIM = """\
 # test shim: `python -m vllm.entrypoints.cli.main serve ...` -> the vLLM stand-in (same pid)

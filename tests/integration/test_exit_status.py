@@ -15,28 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.cli import make_collection
-from outrig.program import OutrigConfig, OutrigProgram
-from tests.helpers import alive, free_port
+from tests.support.cli import outrig
+from tests.support.network import free_port
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
 OUTRIG = Path(sys.executable).parent / "outrig"
 BEATS = ("import time\nfor i in range(3000):\n    print('beat', i, flush=True)\n"
          "    time.sleep(0.2)\n")
-
-
-def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``outrig ARGS`` in this process: exit status, stdout, stderr."""
-    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                            namespace=make_collection(), version="test",
-                            config_class=OutrigConfig)
-    code = 0
-    try:
-        program.run(["outrig", *args])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from outrig.ops.deploy import deploy
 from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbox
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
-from tests.helpers import alive, wait_gone
+from tests.support.processes import alive, wait_gone
 
 pytestmark = pytest.mark.integration
 BOXES = 5

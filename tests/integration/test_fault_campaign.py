@@ -50,8 +50,8 @@ from outrig.ops.status import status
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from outrig.session import Project
 from outrig.timing import dead_link_limit
-from tests.integration.test_logs import make_run
-from tests.integration.test_stage import checkpoint, make_tree, same_tree
+from tests.support.logs import make_run
+from tests.support.trees import checkpoint, make_tree, same_tree
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -19,14 +19,14 @@ from outrig.connectors.ssh import SSHTransport
 from outrig.errors import LinkLost
 from outrig.inventory import resolve_host
 from outrig.sandbox.proxy import Fault, LatencyProxy, PhaseTracker
-from tests.integration.test_sandbox import _Echo
+from tests.support.network import EchoServer
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def echo() -> Any:
-    server = _Echo()
+    server = EchoServer()
     yield server
     server.close()
 
@@ -80,7 +80,7 @@ def test_an_exec_cut_keeps_the_command_from_the_box(box_host: Path, tmp_path: Pa
 
 
 def test_a_byte_cut_delivers_exactly_the_bytes_before_it(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.01)
     proxy.inject(Fault(phase="byte", direction="s2c", after_bytes=1000))
     received = bytearray()
@@ -99,7 +99,7 @@ def test_a_byte_cut_delivers_exactly_the_bytes_before_it(
 
 
 def test_a_blackhole_accepts_and_stays_silent_and_open(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.0)
     proxy.inject(Fault(phase="byte", direction="s2c", after_bytes=3, action="blackhole"))
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
@@ -114,7 +114,7 @@ def test_a_blackhole_accepts_and_stays_silent_and_open(
 
 
 def test_a_tcp_blackhole_never_answers(make_proxy: Callable[..., LatencyProxy],
-                                       echo: _Echo) -> None:
+                                       echo: EchoServer) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.0)
     proxy.inject(Fault(phase="tcp", action="blackhole"))
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
@@ -126,7 +126,7 @@ def test_a_tcp_blackhole_never_answers(make_proxy: Callable[..., LatencyProxy],
 
 
 def test_a_stall_holds_then_delivers_everything(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.0)
     proxy.inject(Fault(phase="byte", direction="c2s", after_bytes=0, action="stall",
                        seconds=1.0))
@@ -142,7 +142,7 @@ def test_a_stall_holds_then_delivers_everything(
     assert got == b"held"
 
 
-def test_jitter_keeps_order(echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+def test_jitter_keeps_order(echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.0)
     proxy.set_jitter(0.02)
     payload = b"".join(b"%06d" % i for i in range(3000))
@@ -201,7 +201,7 @@ def _recv_exactly(s: socket.socket, size: int) -> bytes:
 
 
 def test_stall_all_holds_live_and_new_connections_then_delivers(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.0)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as live:
         live.sendall(b"one")
@@ -221,7 +221,7 @@ def test_stall_all_holds_live_and_new_connections_then_delivers(
 
 
 def test_blackhole_all_holds_until_restore(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.0)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as live:
         proxy.blackhole_all()
@@ -241,7 +241,7 @@ def test_blackhole_all_holds_until_restore(
 
 
 def test_blackhole_all_drop_new_leaves_new_connects_unanswered_until_restore(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     """A link that is down: new connects time out (no SYN answered), live connections stay
     open and silent; after restore both work again."""
     proxy = make_proxy(echo.port, one_way_delay=0.0)

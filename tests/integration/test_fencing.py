@@ -35,9 +35,9 @@ from outrig.ops.stage import mirror_root, sync_checkpoints
 from outrig.ops.status import status
 from outrig.sandbox.box import SandboxBox
 from outrig.session import HostSession, Project
-from tests.conftest import ProcessTracker
-from tests.helpers import alive, free_port, marked
-from tests.integration.test_migrate import kill_run, wait_checkpoints, write_playbooks
+from tests.support.network import free_port
+from tests.support.processes import ProcessTracker, alive, marked
+from tests.support.runs import kill_run, wait_checkpoints, write_playbooks
 
 pytestmark = pytest.mark.integration
 

@@ -14,27 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outrig.cli import make_collection
-from outrig.program import OutrigConfig, OutrigProgram
 from outrig.sandbox.box import SandboxBox
-from tests.helpers import free_port
+from tests.support.cli import outrig
+from tests.support.network import free_port
 
 pytestmark = pytest.mark.integration
 OUTRIG = Path(sys.executable).parent / "outrig"
-
-
-def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``outrig ARGS`` in this process: exit status, stdout, stderr."""
-    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                            namespace=make_collection(), version="test",
-                            config_class=OutrigConfig)
-    code = 0
-    try:
-        program.run(["outrig", *args])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -17,29 +17,14 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.cli import make_collection
 from outrig.journal import Journal
-from outrig.program import OutrigConfig, OutrigProgram
 from outrig.sandbox.box import SandboxBox
-from tests.integration.test_migrate import kill_run
+from tests.support.cli import outrig
+from tests.support.runs import kill_run
 
 pytestmark = pytest.mark.integration
 SECRET = "hf_HISTORYsecret0123456789"
 LEAKY = "import os, time\nprint('token', os.environ['HF_TOKEN'], flush=True)\ntime.sleep(600)\n"
-
-
-def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``outrig ARGS`` in this process: exit status, stdout, stderr."""
-    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                            namespace=make_collection(), version="test",
-                            config_class=OutrigConfig)
-    code = 0
-    try:
-        program.run(["outrig", *args])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from outrig.sandbox.proxy import Fault, LatencyProxy
 from outrig.session import Project
 from outrig.timing import channel_timeout_for
 from outrig.transport import CHANNEL_ATTEMPTS, LINK_ATTEMPTS, SILENT_ATTEMPTS
-from tests.integration.test_logs import Follow, Writer, make_run, mirror_dir, wait_for
+from tests.support.logs import Follow, Writer, make_run, mirror_dir, wait_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -7,11 +7,6 @@ copies the checkpoint box to box and cleans A up."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,96 +26,11 @@ from outrig.ops.stage import sync_checkpoints
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from outrig.session import Project
-from tests.helpers import free_port, marked
+from tests.support.network import free_port
+from tests.support.processes import marked
+from tests.support.runs import host_a, kill_run, resumed_log, wait_checkpoints, write_playbooks
 
 pytestmark = pytest.mark.integration
-STANDINS = Path(__file__).resolve().parents[1] / "standins"
-
-
-def write_playbooks(root: Path, port: int) -> Project:
-    """Two members of family "mig": 4 GPUs (TP2 + 2 ranks) and 8 GPUs (TP2×DP2 + 4 ranks)."""
-    (root / "playbooks").mkdir(parents=True)
-    for name, server, parallel, trainer in (("mig-4gpu", [0, 1], [2, 1], [2, 3]),
-                                            ("mig-8gpu", [0, 1, 2, 3], [2, 2], [4, 5, 6, 7])):
-        book = {
-            "name": name, "family": "mig",
-            "params": {"port": port},
-            "stage": {"ckpt": {"path": "${workdir}/ckpt", "kind": "checkpoints"}},
-            "processes": {
-                "server": {
-                    "command": [sys.executable, str(STANDINS / "fake_vllm.py"), "serve", "m",
-                                "--tensor-parallel-size", str(parallel[0]),
-                                "--data-parallel-size", str(parallel[1]),
-                                "--port", "${port}", "--fake-startup-delay", "0.2"],
-                    "gpus": server, "parallel": {"tensor": parallel[0], "data": parallel[1]},
-                    "ready": {"http": "http://127.0.0.1:${port}/health", "timeout": 60},
-                    "stop": {"grace": 5}},
-                "trainer": {
-                    "after": "server",
-                    "command": [sys.executable, str(STANDINS / "fake_trainer.py"),
-                                "--verifier-name-or-path", "m",
-                                "--vllm-endpoint", "http://127.0.0.1:${port}/v1",
-                                "--save-path", "${workdir}/ckpt", "--epochs", "1000",
-                                "--fake-steps-per-epoch", "2", "--fake-step-seconds", "0.1"],
-                    "gpus": trainer,
-                    "ready": {"log": "global_step=", "timeout": 60},
-                    "stop": {"grace": 10}}}}
-        (root / "playbooks" / f"{name}.yaml").write_text(yaml.safe_dump(book, sort_keys=False))
-    return Project(root)
-
-
-def host_a(box: SandboxBox, tmp_path: Path) -> Path:
-    return box.write_host_file(tmp_path / "hosts" / "a.yaml", workdir=box.workdir)
-
-
-def wait_checkpoints(save: Path, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done = [p for p in save.glob("*") if p.name.isdigit()
-                and (p / "training_state.json").is_file()]
-        if len(done) >= count:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the trainer wrote fewer than {count} checkpoints in {save}")
-
-
-def kill_run(workdir: Path, run_id: str) -> None:
-    """The node dies: every process of the run goes (by recorded group, then by marker)."""
-    run = json.loads((workdir / "runs" / run_id / "run.json").read_text())
-    for proc in run["processes"]:
-        try:
-            os.killpg(proc["pgid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    needle = f"OUTRIG_RUN={run_id}".encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                continue
-    for proc in run["processes"]:  # a dead node's cgroups go with it (a reboot clears them)
-        cgroup = proc.get("cgroup")
-        if cgroup:
-            deadline = time.monotonic() + 10
-            while Path(cgroup, "cgroup.procs").exists() and time.monotonic() < deadline:
-                with contextlib.suppress(OSError):
-                    os.rmdir(cgroup)  # refused while a killed process is still in it
-                time.sleep(0.05)
-
-
-def trainer_log(workdir: Path, run_id: str) -> str:
-    return (workdir / "runs" / run_id / "logs" / "trainer.log").read_text()
-
-
-def resumed_log(workdir: Path, run_id: str, timeout: float = 30) -> str:
-    """The trainer's log once it says it resumed (or whatever it holds at the deadline)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and "Resuming training" not in \
-            trainer_log(workdir, run_id):
-        time.sleep(0.2)
-    return trainer_log(workdir, run_id)
 
 
 def start_on_a(box_a: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

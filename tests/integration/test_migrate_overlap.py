@@ -30,11 +30,10 @@ from outrig.ops.deploy import deploy
 from outrig.ops.migrate import migrate
 from outrig.sandbox.box import SandboxBox
 from outrig.session import Project
-from tests.helpers import free_port, marked
-
-from .test_migrate import host_a
-from .test_provision import make_wheel
-from .test_provision_uv import serve
+from tests.support.network import free_port, serve
+from tests.support.processes import marked
+from tests.support.provisioning import make_wheel
+from tests.support.runs import host_a
 
 pytestmark = pytest.mark.integration
 GATE_LIMIT_S = 120.0  # only a broken (sequential) move ever waits this long

@@ -35,8 +35,9 @@ from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.nvidia_smi import load_inventory, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
-from tests.conftest import standin_path
-from tests.helpers import alive, free_port, marked, stop_every_run
+from tests.support.network import free_port
+from tests.support.processes import alive, marked
+from tests.support.runs import standin_path, stop_every_run
 
 pytestmark = pytest.mark.integration
 

@@ -7,12 +7,10 @@ closed loopback port; the hub is tests/standins/fake_hf.py copying from a local 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,6 @@ import pytest
 import yaml
 
 from outrig import session as session_module
-from outrig.agent_client import AgentCall
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.hub import parse_hub_source
@@ -28,35 +25,13 @@ from outrig.journal import Journal
 from outrig.ops.hub import hub_download, hub_probe
 from outrig.ops.provision import provision
 from outrig.session import HostSession, Project
+from tests.support.provisioning import CountingCall, make_wheel, write_playbook
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)
 STANDINS = REPO / "tests" / "standins"
 TOKEN = "hf_outrigTEST_sekrit_0123456789"
-
-
-def make_wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal valid pure-Python wheel (METADATA, WHEEL, RECORD with sha256s)."""
-    info = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}/__init__.py": f"__version__ = {version!r}\n".encode(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: outrig-tests\nRoot-Is-Purelib: true\n"
-                         b"Tag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(out, "w") as archive:
-        for path, data in files.items():
-            archive.writestr(path, data)
-    return out
 
 
 @pytest.fixture
@@ -70,28 +45,6 @@ def wheels(tmp_path: Path) -> Path:
 @pytest.fixture
 def journal(tmp_path: Path) -> Journal:
     return Journal(tmp_path / "state")
-
-
-class CountingCall(AgentCall):
-    """AgentCall that counts execs (each ``run`` is one exec on the box)."""
-
-    calls = 0
-
-    def run(self, request: dict[str, Any], on_event: Any = None,
-            **options: Any) -> dict[str, Any]:
-        CountingCall.calls += 1
-        return super().run(request, on_event, **options)
-
-
-def write_playbook(tmp_path: Path, environments: dict[str, Any],
-                   requires: dict[str, Any] | None = None) -> Path:
-    body: dict[str, Any] = {"name": "envs", "processes": {"noop": {"command": "true"}},
-                            "environments": environments}
-    if requires is not None:
-        body["requires"] = requires
-    path = tmp_path / "envs.yaml"
-    path.write_text(yaml.safe_dump(body, sort_keys=False))
-    return path
 
 
 def demo_env(venv: Path, wheels: Path, pin: str = "1.0", **extra: Any) -> dict[str, Any]:

@@ -9,15 +9,11 @@ tests need nothing from outside.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,8 +27,11 @@ from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.journal import Journal
 from outrig.ops.provision import ProvisionResult, provision
+from outrig.session import Project
+from tests.support.network import serve
+from tests.support.provisioning import CountingCall, make_wheel, write_playbook
 
-from .test_provision import PROJECT, CountingCall, make_wheel, write_playbook
+PROJECT = Project(Path(__file__).resolve().parents[2])
 
 pytestmark = pytest.mark.integration
 TOKEN = "idx-sekrit-TOKEN-4242"
@@ -246,22 +245,6 @@ def test_forced_uv_errors_are_read_from_uv_output(
         run(bare, tmp_path, journal, env_entry(tmp_path / "venvs" / "x", wheels,
                                                installer="uv"))
     assert info.value.kind == "pip" and "installer: uv is set" in str(info.value)
-
-
-@contextlib.contextmanager
-def serve(root: Path, handler: type[http.server.SimpleHTTPRequestHandler] = (
-        http.server.SimpleHTTPRequestHandler)) -> Iterator[int]:
-    """Serve the folder ``root`` over HTTP on 127.0.0.1 while the block runs; its port."""
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 @pytest.fixture

@@ -15,33 +15,18 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.cli import make_collection
 from outrig.console import Reporter
 from outrig.journal import Journal, atomic_write_json, read_json
 from outrig.ops.watch import WatchOptions, watch, watch_file
-from outrig.program import OutrigConfig, OutrigProgram
 from outrig.session import Project
-from tests.helpers import alive
+from tests.support.cli import outrig
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
 BEATS = ("import time\nfor i in range(3000):\n    print('beat', i, flush=True)\n"
          "    time.sleep(0.2)\n")
 SHORT = ("import time\nfor i in range({n}):\n    print('tick', i, flush=True)\n"
          "    time.sleep(0.5)\n")
-
-
-def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``outrig ARGS`` in this process: exit status, stdout, stderr."""
-    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                            namespace=make_collection(), version="test",
-                            config_class=OutrigConfig)
-    code = 0
-    try:
-        program.run(["outrig", *args])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def book(project: Path, stem: str, name: str, code: str, ready: str) -> None:

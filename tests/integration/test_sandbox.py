@@ -23,7 +23,8 @@ import yaml
 
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
-from tests.helpers import alive, wait_gone
+from tests.support.network import EchoServer
+from tests.support.processes import alive, wait_gone
 
 # One line of tests/fixtures/h200-1gpu/idle-gpu.csv (real H200, driver 580.159.04).
 CAPTURED_GPU_LINE = ("0, GPU-77a30507-495f-090f-c8dd-b62546cd0a77, NVIDIA H200, 143771, 0, 143156, "
@@ -194,52 +195,15 @@ def test_stop_and_start_keep_the_port(sandbox: SandboxBox) -> None:
         c.close()
 
 
-# ------------------------------------------------------------------ the proxy alone (no SSH)
-class _Echo:
-    """A loopback echo server for proxy tests."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = int(self.sock.getsockname()[1])
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _echo(conn: socket.socket) -> None:
-        with conn:
-            while True:
-                try:
-                    data = conn.recv(65536)
-                except OSError:
-                    return
-                if not data:
-                    conn.shutdown(socket.SHUT_WR)
-                    return
-                conn.sendall(data)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
-def echo() -> Iterator[_Echo]:
-    server = _Echo()
+def echo() -> Iterator[EchoServer]:
+    server = EchoServer()
     yield server
     server.close()
 
 
 def test_proxy_preserves_bytes_and_order_without_throttling(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.05)
     payload = bytes(range(256)) * 16384  # 4 MiB
     received = bytearray()
@@ -263,7 +227,7 @@ def test_proxy_preserves_bytes_and_order_without_throttling(
 
 
 def test_proxy_delay_is_one_way_and_adjustable(
-        echo: _Echo, make_proxy: Callable[..., LatencyProxy]) -> None:
+        echo: EchoServer, make_proxy: Callable[..., LatencyProxy]) -> None:
     proxy = make_proxy(echo.port, one_way_delay=0.1)
 
     def rtt(s: socket.socket) -> float:
@@ -286,7 +250,7 @@ def test_proxy_refuses_non_loopback_targets() -> None:
     LatencyProxy("127.0.0.2", 22)
 
 
-def test_proxy_close_is_prompt_and_idempotent(echo: _Echo) -> None:
+def test_proxy_close_is_prompt_and_idempotent(echo: EchoServer) -> None:
     proxy = LatencyProxy("127.0.0.1", echo.port, one_way_delay=0.5).start()
     s = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
     s.sendall(b"pending")  # still queued in the proxy when it closes
@@ -308,7 +272,6 @@ def test_proxy_close_is_prompt_and_idempotent(echo: _Echo) -> None:
     s.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", proxy.port), timeout=1).close()
-
 
 
 # ------------------------------------------------------------- sandbox-up / sandbox-down
@@ -379,7 +342,7 @@ def test_sandbox_down_keep_runs_leaves_the_runs_findable(sandbox_project: Path,
     runs went on: processes no command could find. The runs stay reachable (the host file
     now reaches the kept workdir on this machine), `sandbox-up` serves the same box again,
     and a plain `sandbox-down` stops them."""
-    from tests.helpers import marked
+    from tests.support.processes import marked
 
     up = outrig_cli(["sandbox-up", "--json"], sandbox_project)
     assert up.returncode == 0, up.stderr
@@ -453,7 +416,7 @@ def test_demo_keep_leaves_a_reachable_sandbox_and_run_that_sandbox_down_stops(
         sandbox_project: Path) -> None:
     """The walkthrough's bug: `demo --keep --delay 120` wrote a host file pointing at a proxy
     that closed with the command, and cleaned up the processes it said it kept."""
-    from tests.helpers import marked
+    from tests.support.processes import marked
 
     repo = Path(__file__).resolve().parents[2]
     (sandbox_project / "playbooks").mkdir()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -21,29 +20,11 @@ from outrig.journal import Journal
 from outrig.ops.stage import mirror_root, stage, sync_checkpoints
 from outrig.sandbox.box import SandboxBox
 from outrig.session import Project
+from tests.support.trees import checkpoint, make_tree, same_tree, sha
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def make_tree(root: Path, sizes: dict[str, int]) -> None:
-    for rel, size in sizes.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(size))
-
-
-def same_tree(a: Path, b: Path) -> bool:
-    files_a = sorted(p.relative_to(a) for p in a.rglob("*")
-                     if p.is_file() and not p.name.startswith(".outrig-"))
-    files_b = sorted(p.relative_to(b) for p in b.rglob("*")
-                     if p.is_file() and not p.name.startswith(".outrig-"))
-    return files_a == files_b and all(sha(a / f) == sha(b / f) for f in files_a)
 
 
 def second_host(sandbox: SandboxBox, tmp_path: Path, name: str, **changes: Any) -> Path:
@@ -214,22 +195,6 @@ def test_relay_through_the_workstation_when_the_boxes_cannot_see_each_other(
     report = stage_from(old, blind, old_data, new_data, Journal(tmp_path / "state"))
     assert report["route"] == "relay" and report["bytes"] == 2_200_005
     assert same_tree(old_data, new_data)
-
-
-def checkpoint(save: Path, epoch: int, *, complete: bool = True) -> None:
-    folder = save / str(epoch)
-    folder.mkdir(parents=True)
-    names = ["config.json", "model.safetensors", "optimizer_state_dict.pt",
-             "scheduler_state_dict.pt"]
-    for name in names[: 4 if complete else 2]:
-        (folder / name).write_bytes(os.urandom(20_000))
-    if complete:
-        (folder / "training_state.json").write_text(json.dumps({"epoch": epoch}))
-        # written ten minutes ago, one file a second in speculators' order (the training
-        # state last): the trainer is done with it
-        old = time.time() - 600
-        for index, name in enumerate([*names, "training_state.json"]):
-            os.utime(folder / name, (old + index, old + index))
 
 
 def assert_same_times_and_complete(source: Path, copy: Path) -> None:

@@ -20,7 +20,7 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.status import print_status, status
 from outrig.session import Project
-from tests.helpers import free_port
+from tests.support.network import free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

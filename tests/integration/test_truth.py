@@ -28,8 +28,9 @@ from outrig.ops.runs import pick_host_run
 from outrig.ops.stage import sync_checkpoints
 from outrig.ops.status import status
 from outrig.session import Project
-from tests.helpers import alive, stop_every_run, wait_gone
-from tests.integration.test_stage import checkpoint
+from tests.support.processes import alive, wait_gone
+from tests.support.runs import stop_every_run
+from tests.support.trees import checkpoint
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

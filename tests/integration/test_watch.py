@@ -37,13 +37,9 @@ from outrig.ops.watch import WatchOptions, watch, watch_file
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
-from tests.helpers import alive, free_port
-from tests.integration.test_migrate import (
-    kill_run,
-    resumed_log,
-    wait_checkpoints,
-    write_playbooks,
-)
+from tests.support.network import free_port
+from tests.support.processes import alive
+from tests.support.runs import kill_run, resumed_log, wait_checkpoints, write_playbooks
 
 # A worker thread of the watch that dies of an exception fails the test (it would otherwise be
 # only a warning at the end of the run).

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import free_port, group_members, marked
+from tests.support.network import free_port
+from tests.support.processes import group_members, marked
 
 SPEC_LINE = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+), .*"
                        r"Accepted: (\d+) tokens, Drafted: (\d+) tokens")

@@ -16,7 +16,7 @@ from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.recipes.dflash import SERVER_FATAL
 from outrig.session import Project
-from tests.helpers import free_port
+from tests.support.network import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import marked
 from tests.realvllm.evaluating import check_stopped, logged, outrig, server_settings
+from tests.support.processes import marked
 
 REPO = Path(__file__).resolve().parents[2]
 

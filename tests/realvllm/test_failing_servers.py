@@ -15,7 +15,6 @@ from outrig.errors import RemoteError
 from outrig.ops.deploy import deploy_on
 from outrig.playbook import find_playbook, load_job
 from outrig.session import host_session
-from tests.helpers import alive
 from tests.realvllm.serving import (
     PROJECT,
     journal_in,
@@ -25,6 +24,7 @@ from tests.realvllm.serving import (
     server_playbook,
     workdir_of,
 )
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
 # Small on purpose: both fail long before this (a bound on a stuck start, not a measurement).

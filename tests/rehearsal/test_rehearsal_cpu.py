@@ -42,7 +42,6 @@ from pathlib import Path
 import pytest
 
 from outrig.ops.migrate import migrate
-from tests.helpers import free_port
 from tests.rehearsal.harness import (
     FIXTURES,
     FRESH,
@@ -55,6 +54,7 @@ from tests.rehearsal.harness import (
     TrainedDrafter,
     mid_epoch_link,
 )
+from tests.support.network import free_port
 
 pytestmark = pytest.mark.integration
 

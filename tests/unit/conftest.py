@@ -1,4 +1,4 @@
-"""The ``box`` fixture: the agent run locally on a fresh workdir (tests/agent_harness.py's
+"""The ``box`` fixture: the agent run locally on a fresh workdir (tests/support/agent.py's
 :class:`Box`), shared by the agent's unit tests."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from outrig.transport import register
-from tests.agent_harness import Box
+from tests.support.agent import Box
 
 
 @pytest.fixture
@@ -21,5 +21,5 @@ def box(tmp_path: Path) -> Iterator[Box]:
         b.teardown()
 
 
-# The replay connector (tests/replay_connector.py) serves hosts with ``hostname: replay:FILE``.
-register("replay", "tests.replay_connector:ReplayConnector")
+# The replay connector (tests/support/replay.py) serves hosts with ``hostname: replay:FILE``.
+register("replay", "tests.support.replay:ReplayConnector")

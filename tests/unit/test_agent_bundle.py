@@ -1,6 +1,6 @@
 """How the agent gets onto the box and starts there (remote/agent/bundle.py): one bundle, kept
 unpacked by digest inside the workdir, exec'd with a short command line; from memory where the
-workdir cannot be written. Run as the transports run it (tests/agent_harness.py)."""
+workdir cannot be written. Run as the transports run it (tests/support/agent.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from outrig._box.agent import bundle
 from outrig.agent_client import agent_bundle_bytes, agent_digest
 from outrig.sandbox.fulldisk import fill, is_full
-from tests.agent_harness import PY, R1, Box, agent_command_for, alive, sleeper, wait_until
+from tests.support.agent import PY, R1, Box, agent_command_for, sleeper, wait_until
+from tests.support.processes import alive
 
 CMDLINE_MAX = 300  # bytes: python -S and the cache folder's path
 

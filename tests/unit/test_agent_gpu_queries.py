@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from outrig.sandbox import nvidia_smi
-from tests.agent_harness import Box
+from tests.support.agent import Box
 
 
 def counting_gpu_env(tmp_path: Path, *, broken: bool = False) -> tuple[dict[str, str], Path]:

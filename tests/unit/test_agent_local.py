@@ -1,4 +1,5 @@
-"""The box agent (remote/agent/) run locally as the `local` transport runs it (agent_harness).
+"""The box agent (remote/agent/) run locally as the `local` transport runs it
+(tests/support/agent.py).
 
 Every test works in its own tmp workdir with small real processes and asserts real outcomes
 (pids gone in /proc, files, exit codes). Processes are cleaned up by recorded pid (and start
@@ -21,19 +22,9 @@ import pytest
 
 from outrig.agent_client import agent_command, agent_payload
 from outrig.sandbox.fulldisk import fill, is_full
-from tests.agent_harness import (
-    PY,
-    R1,
-    R2,
-    Box,
-    alive,
-    error_of,
-    names,
-    sleeper,
-    stat_fields,
-    wait_until,
-)
-from tests.helpers import free_port
+from tests.support.agent import PY, R1, R2, Box, error_of, names, sleeper, stat_fields, wait_until
+from tests.support.network import free_port
+from tests.support.processes import alive
 
 # ---------------------------------------------------------------------------------------- deploy
 

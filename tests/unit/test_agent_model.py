@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.agent_harness import PY, Box, alive, error_of
-from tests.conftest import standin_path
-from tests.helpers import free_port
+from tests.support.agent import PY, Box, error_of
+from tests.support.network import free_port
+from tests.support.processes import alive
+from tests.support.runs import standin_path
 
 
 def write_model(root: Path, *, layers: int | None = 36, vlm: bool = False,

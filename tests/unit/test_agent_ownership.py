@@ -22,42 +22,8 @@ from typing import Any
 import pytest
 
 from outrig.sandbox import nvidia_smi
-from tests.agent_harness import AGENT, PY, R1, Box, alive, stat_fields, wait_until
-from tests.helpers import marked
-
-# The run's process: starts a child that drops every OUTRIG_* variable and leaves the session
-# (setsid), and that child holds GPU 1. The parent exits when parent.exit appears (or on
-# SIGTERM), leaving the child reparented to init.
-ESCAPE = r"""
-import json, os, subprocess, sys, time
-gpu_dir = os.environ["OUTRIG_FAKE_GPU_DIR"]
-child = r'''
-import json, os, sys, time
-ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-holders = os.path.join(sys.argv[1], "holders")
-os.makedirs(holders, exist_ok=True)
-rec = {"pid": os.getpid(), "gpu": 1, "mib": 4096, "start_ticks": ticks}
-with open(os.path.join(holders, ".tmp%d" % os.getpid()), "w") as f:
-    f.write(json.dumps(rec))
-os.replace(os.path.join(holders, ".tmp%d" % os.getpid()),
-           os.path.join(holders, "%d.json" % os.getpid()))
-open("child.pid", "w").write(str(os.getpid()))
-time.sleep(120)
-'''
-env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
-if os.environ.get("ESCAPE_LATE") == "1":  # escape only once the deploy is over
-    print("up", flush=True)
-    while not os.path.exists("escape.now"):
-        time.sleep(0.05)
-kid = subprocess.Popen([sys.executable, "-c", child, gpu_dir], env=env, start_new_session=True)
-while not os.path.exists("child.pid"):
-    time.sleep(0.02)
-open("parent.pid", "w").write(str(os.getpid()))
-if os.environ.get("ESCAPE_LATE") != "1":
-    print("up", flush=True)
-while not os.path.exists("parent.exit"):
-    time.sleep(0.05)
-"""
+from tests.support.agent import AGENT, ESCAPE, PY, R1, Box, stat_fields, wait_until
+from tests.support.processes import alive, marked
 
 HIDE_PROC = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
              'mount -t tmpfs tmpfs /proc && exec "$@"', "sh"]

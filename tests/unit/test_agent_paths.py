@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import os
 
-from tests.agent_harness import R1, Box, error_of, names, sleeper
+from tests.support.agent import R1, Box, error_of, names, sleeper
 
 
 def b64(data: bytes) -> str:

@@ -18,7 +18,7 @@ from outrig.agent_client import AGENT_DIR
 from outrig.errors import RemoteError
 from outrig.inventory import Host
 from outrig.session import base_request
-from tests.agent_harness import Box
+from tests.support.agent import Box
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agent-protocol.md"
 HOST = Host(name="box", hostname="box.example", workdir="~/outrig", env={"A": "1"})

@@ -1,5 +1,5 @@
 """Ownership without the environment marker, and readiness that needs an answered request
-(remote/agent/, run locally through tests/agent_harness.py).
+(remote/agent/, run locally through tests/support/agent.py).
 
 vLLM's renamed children lose OUTRIG_RUN from /proc/PID/environ (setproctitle, docs/cleanup.md).
 Here a child execs with an empty environment, which /proc shows the same way: no marker. It is
@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.agent_harness import PY, R1, Box, alive, error_of, names, stat_fields, wait_until
-from tests.helpers import free_port
+from tests.support.agent import PY, R1, Box, error_of, names, stat_fields, wait_until
+from tests.support.network import free_port
+from tests.support.processes import alive
 
 # The record's command: a child with an empty environment (no marker), in the same group, then
 # (on child.leave) it leaves group and session; the parent exits on parent.exit.

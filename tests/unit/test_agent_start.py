@@ -1,7 +1,7 @@
 """One way to start the agent (``AgentCall.start``, outrig/agent_client.py) for every op and
 for tail-logs' follow stream: the same command (the cached bundle in the workdir, whichever
 path the request takes), the same stdin, and a write that fails tagged as the request not
-having reached the box. Channels are replayed (tests/replay_connector.py): no box, no link."""
+having reached the box. Channels are replayed (tests/support/replay.py): no box, no link."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from outrig.journal import Journal
 from outrig.ops.logs import LOG_WINDOW, LogTailer
 from outrig.session import HostSession, Project, base_request
 from outrig.transport import AgentChannel
-from tests.replay_connector import Recording, ReplayConnector, _ReplayChannel
+from tests.support.replay import Recording, ReplayConnector, _ReplayChannel
 
 RESULT = b'{"event": "result", "ok": true}\n'
 BOX = Host(name="box", hostname="replay:-", workdir="/w", python="python3")

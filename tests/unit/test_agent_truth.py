@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.agent_harness import PY, R1, Box, alive, error_of, names, sleeper
+from tests.support.agent import PY, R1, Box, error_of, names, sleeper
+from tests.support.processes import alive
 
 SECRET = "hf_TRUTHsecret0123456789"
 

@@ -16,24 +16,10 @@ import yaml
 from outrig.cli import make_collection
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.program import OutrigProgram
 from outrig.settings import parse_params
+from tests.support.cli import outrig
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run ``outrig ARGS`` in this process: exit status, stdout, stderr."""
-    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                            namespace=make_collection(), version="test",
-                            config_class=__import__("outrig.cli").cli.OutrigConfig)
-    code = 0
-    try:
-        program.run(["outrig", *args])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -361,7 +347,7 @@ def test_ssh_quiets_the_client_only_when_it_runs_a_command(
 def test_a_failure_to_connect_names_the_host_as_typed(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The user typed `far`; the hint says `far`, and where it tried after it."""
-    from tests.helpers import free_port
+    from tests.support.network import free_port
 
     port = free_port()  # nothing listens there
     (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(

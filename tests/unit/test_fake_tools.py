@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from outrig.sandbox import nvidia_smi
-from tests.conftest import ProcessTracker
-from tests.helpers import free_port
+from tests.support.network import free_port
+from tests.support.processes import ProcessTracker
 
 REPO = Path(__file__).resolve().parents[2]
 # Real outputs captured on an H200 (driver 580.159.04; tests/fixtures/h200-1gpu/), embedded so

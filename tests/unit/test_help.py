@@ -10,31 +10,17 @@ import re
 
 import pytest
 
-from outrig.cli import OutrigConfig, make_collection
+from outrig.cli import make_collection
 from outrig.cli.flags import friendly
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.helptext import Option, description_lines, option_lines, value_name
-from outrig.program import OutrigProgram
+from tests.support.cli import outrig
 
 TASKS = sorted(make_collection().task_names)
 RUNNER_FLAGS = ["--hide", "--pty", "--echo", "--dry", "--warn-only", "--command-timeout",
                 "--prompt-for-sudo-password", "--write-pyc", "--config", "--debug",
                 "--list-depth", "--list-format"]
-
-
-def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``outrig ARGS`` in this process: exit status, stdout, stderr."""
-    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                            namespace=make_collection(), version="test",
-                            config_class=OutrigConfig)
-    code = 0
-    try:
-        program.run(["outrig", *args])
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from outrig.ops import migrate as migrate_module
 from outrig.ops.watch import Watcher, WatchOptions, WatchRecord
 from outrig.session import Project
 from outrig.transport import AgentChannel, Registration, Transport
-from tests.replay_connector import ReplayConnector
+from tests.support.replay import ReplayConnector
 
 
 class DoorConnector(Transport):

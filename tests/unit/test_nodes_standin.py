@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import free_port, wait_gone
+from tests.support.network import free_port
+from tests.support.processes import wait_gone
 
 WORKER = """\
 import json, os, sys, time

@@ -14,7 +14,7 @@ from outrig.errors import ConfigError
 from outrig.notify import Notifier, hook_argv
 from outrig.session import Project
 from outrig.settings import Settings
-from tests.helpers import wait_gone
+from tests.support.processes import wait_gone
 
 
 def _recorder(tmp_path: Path) -> tuple[list[str], Path]:

@@ -1,9 +1,9 @@
 """Op cores on a session whose connector replays what a real agent printed.
 
 Each test first records a real agent call (the local agent, on this machine) through
-:class:`~tests.replay_connector.RecordingConnector`, then runs the op again through its
+:class:`~tests.support.replay.RecordingConnector`, then runs the op again through its
 host-string entry point on a host file with ``hostname: replay:FILE``: the registry picks the
-replay connector (tests/replay_connector.py, registered by one line in conftest.py), and the
+replay connector (tests/support/replay.py, registered by one line in conftest.py), and the
 op must show and return exactly what it did live, with no box and no link."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from outrig.ops.status import status, status_on
 from outrig.playbook import find_playbook, load_job
 from outrig.session import HostSession, Project
 from outrig.transport import connector_for, transport_for
-from tests.replay_connector import Recording, RecordingConnector, save
+from tests.support.replay import Recording, RecordingConnector, save
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
 

@@ -1,6 +1,6 @@
 """The one channel reader (outrig/reader.py): how every agent stream ends, decided once.
 
-Channels here are replayed (tests/replay_connector.py): what a stream ends with is set by the
+Channels here are replayed (tests/support/replay.py): what a stream ends with is set by the
 recording, so each ending is shown without a box, a link or a wait."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from outrig.ops.logs import tail_logs
 from outrig.reader import ChannelReader, take_events
 from outrig.session import Project
 from outrig.transport import AgentChannel
-from tests.replay_connector import Recording, ReplayConnector, save
+from tests.support.replay import Recording, ReplayConnector, save
 
 HOST = Host(name="box", hostname="replay:-", workdir="/w", python="python3")
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from outrig._box.agent import gpus as box_gpus
-from tests.agent_harness import run_agent as harness_run_agent
+from tests.support.agent import run_agent as harness_run_agent
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -108,7 +108,7 @@ def replay_smi(tmp_path: Path, gpu_csv: Path, apps_csv: Path) -> Path:
 
 
 def run_agent(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """The agent run as the transports run it (tests/agent_harness.py)."""
+    """The agent run as the transports run it (tests/support/agent.py)."""
     return harness_run_agent(request)
 
 

@@ -25,7 +25,7 @@ from outrig.plan import HostFacts, make_plan
 from outrig.playbook import load_job
 from outrig.session import Project
 from tests import example_recipe
-from tests.helpers import alive, wait_gone
+from tests.support.processes import alive, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = Host(name="box", hostname="127.0.0.1", workdir="/workspace/echo")

@@ -46,13 +46,11 @@ Standard library only at import time; torch is touched only once speculators has
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import time
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict
 
 _NOTICE = "cpu_shim: "
 # Rehearsal knob, not a CUDA patch: a real draft checkpoint takes seconds to write, the tiny
@@ -161,41 +159,17 @@ PATCHES: Dict[str, Callable[[ModuleType], None]] = {
 }
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[ModuleType], None]) -> None:
-        self.inner = inner
-        self.patch = patch
+def _load_patching() -> ModuleType:
+    """tests/rehearsal/patching.py, from its path: only this folder is on PYTHONPATH."""
+    import importlib.util
 
-    def __getattr__(self, name: str) -> Any:  # get_code, get_source, is_package, ...
-        return getattr(self.inner, name)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.inner.exec_module(module)
-        if _no_accelerator() or self.patch in ALWAYS:
-            self.patch(module)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "patching.py")
+    spec = importlib.util.spec_from_file_location("_rehearsal_patching", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the normal loader of the modules in PATCHES so the patch runs right after the
-    module body, before anything that imported it by name can hold the original."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
-                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
-        patch = PATCHES.get(fullname)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, patch)
-                return spec
-        return None
-
-
-if not any(isinstance(f, _Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Finder())
+_load_patching().install(PATCHES, when=lambda patch: _no_accelerator() or patch in ALWAYS)

@@ -46,12 +46,6 @@ def stat_fields(pid: int) -> tuple[str, int, int, int] | None:
     return None if st is None else (st.state, st.pgid, st.sid, st.start_ticks)
 
 
-def alive(pid: int) -> bool:
-    """Running, not a zombie (the sandbox's PID 1 may never reap orphans)."""
-    st = stat_fields(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
 def wait_until(cond: Any, timeout: float = 5.0) -> bool:
     """Poll ``cond()`` until true or timeout."""
     deadline = time.monotonic() + timeout
@@ -60,8 +54,6 @@ def wait_until(cond: Any, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return bool(cond())
-
-
 
 
 def agent_command_for(request: dict[str, Any], python: str = PY) -> tuple[list[str], bytes]:
@@ -192,3 +184,36 @@ def names(events: list[Event], kind: str) -> list[str]:
     return [ev["process"] for ev in events if ev["event"] == kind]
 
 
+# The run's process: starts a child that drops every OUTRIG_* variable and leaves the session
+# (setsid), and that child holds GPU 1. The parent exits when parent.exit appears (or on
+# SIGTERM), leaving the child reparented to init.
+ESCAPE = r"""
+import json, os, subprocess, sys, time
+gpu_dir = os.environ["OUTRIG_FAKE_GPU_DIR"]
+child = r'''
+import json, os, sys, time
+ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+holders = os.path.join(sys.argv[1], "holders")
+os.makedirs(holders, exist_ok=True)
+rec = {"pid": os.getpid(), "gpu": 1, "mib": 4096, "start_ticks": ticks}
+with open(os.path.join(holders, ".tmp%d" % os.getpid()), "w") as f:
+    f.write(json.dumps(rec))
+os.replace(os.path.join(holders, ".tmp%d" % os.getpid()),
+           os.path.join(holders, "%d.json" % os.getpid()))
+open("child.pid", "w").write(str(os.getpid()))
+time.sleep(120)
+'''
+env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
+if os.environ.get("ESCAPE_LATE") == "1":  # escape only once the deploy is over
+    print("up", flush=True)
+    while not os.path.exists("escape.now"):
+        time.sleep(0.05)
+kid = subprocess.Popen([sys.executable, "-c", child, gpu_dir], env=env, start_new_session=True)
+while not os.path.exists("child.pid"):
+    time.sleep(0.02)
+open("parent.pid", "w").write(str(os.getpid()))
+if os.environ.get("ESCAPE_LATE") != "1":
+    print("up", flush=True)
+while not os.path.exists("parent.exit"):
+    time.sleep(0.05)
+"""

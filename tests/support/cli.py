@@ -1,0 +1,23 @@
+"""``outrig`` run in the test's own process, the way the installed command runs: the same
+Program over a fresh collection, its exit status, stdout and stderr (captured by pytest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from outrig.cli import make_collection
+from outrig.program import OutrigConfig, OutrigProgram
+
+
+def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``outrig ARGS`` in this process: exit status, stdout, stderr."""
+    program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
+                            namespace=make_collection(), version="test",
+                            config_class=OutrigConfig)
+    code = 0
+    try:
+        program.run(["outrig", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
