@@ -229,7 +229,7 @@ def test_cleanup_stops_the_ranks_first_so_the_interrupt_save_completes(
     save = tmp_path / "box-data" / "checkpoints"
     assert wait_for(save / "0" / "training_state.json", 120)
     result = cleanup(PROJECT, str(box_host), Reporter(quiet=True),
-                     playbook=str(playbook), journal=journal)
+                     playbook=run.plan.playbook, journal=journal)
     text = log_of(box_host, run.plan.run_id, "trainer")
     assert f"Interrupt checkpoint saved to '{save}/interrupted'" in text, text[-2000:]
     assert "Failed to save" not in text and "killed by signal" not in text
@@ -257,7 +257,7 @@ def test_a_stop_during_a_save_never_lets_the_half_written_folder_be_resumed(
     # folder 1 complete once (mid-epoch), then being rewritten (its end-of-epoch save)
     assert _wait_text(log, f"Saving checkpoint to {save}/1", count=2), log.read_text()
     assert _wait_file_newer(save / "1" / "model.safetensors", save / "1" / "training_state.json")
-    cleanup(PROJECT, str(box_host), Reporter(quiet=True), playbook=str(playbook),
+    cleanup(PROJECT, str(box_host), Reporter(quiet=True), playbook=run.plan.playbook,
             journal=journal)
     state = json.loads((save / "1" / "training_state.json").read_text())
     assert state["local_step"] == 2, "the rewrite was cut before training_state.json"

@@ -33,6 +33,7 @@ from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
+from outrig.playbook import resolve_playbook
 from outrig.sandbox import nvidia_smi
 from outrig.session import Project
 from tests.support.network import free_port
@@ -222,6 +223,11 @@ class Rehearsal:
                       **kw)
 
     def cleanup(self, box: str, **kw: Any) -> dict[str, Any]:
+        """cleanup as the command runs it: a ``playbook`` (a path here) is first resolved to
+        the name its runs are filed under, as the command's Target does."""
+        if kw.get("playbook") is not None:
+            kw["playbook"] = resolve_playbook(str(kw["playbook"]),
+                                              self.project.playbooks_dir).name
         return cleanup(self.project, box, self.reporter, journal=self.journal, **kw)
 
     # -- what happened on the box
