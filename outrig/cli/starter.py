@@ -26,6 +26,8 @@ def init(c: Any, force: bool = False, json: bool = False) -> None:
     """
     from outrig.console import Reporter  # at run time only: --help loads no console
     from outrig.starter import write_starter
+    from outrig.terminal import wrap_width
+    from outrig.textlayout import paragraph
 
     written = write_starter(Path.cwd(), force=force)
     if json:
@@ -34,5 +36,5 @@ def init(c: Any, force: bool = False, json: bool = False) -> None:
         return
     for path in written:
         print(f"wrote {path}")
-    print("next: edit hosts/box.yaml (hostname, user, workdir), then `outrig check` and "
-          "`outrig deploy`")
+    print(paragraph("next: edit hosts/box.yaml (hostname, user, workdir), then `outrig check` "
+                    "and `outrig deploy`", wrap_width()))
