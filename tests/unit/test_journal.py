@@ -16,8 +16,8 @@ import pytest
 
 from outrig.errors import LocalWriteError
 from outrig.journal import Journal, journal_write_failed, private_state_dir
+from outrig.logmirror import MirrorStore
 from outrig.logtail import Cursor
-from outrig.ops.logs import MirrorStore
 
 
 def mode(path: Path) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from outrig._box.agent import follow as box_follow
+from outrig.logmirror import MirrorStore
 from outrig.logtail import (
     Chunk,
     Cursor,
@@ -24,7 +25,6 @@ from outrig.logtail import (
     decode_chunk,
     partial_tail,
 )
-from outrig.ops.logs import MirrorStore
 from outrig.timing import follow_idle_limit, heartbeat_for
 
 
