@@ -10,8 +10,7 @@ from typing import Any
 
 from invoke.tasks import task
 
-from outrig.cli.flags import NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
-from outrig.errors import ConfigError
+from outrig.cli.flags import NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter
 from outrig.settings import settings_for
 
 
@@ -47,17 +46,12 @@ def runs(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig runs --host uk-node --playbook dflash-qwen36
         outrig runs --all --json
     """
-    from outrig.cli.targets import playbook_identity
+    from outrig.cli.targets import fanout_limits, playbook_identity
     from outrig.ops.history import runs_history
 
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host) if [v for v in host or [] if v] else None
-    bound = int(number(max_parallel, "max-parallel", 32))
-    if bound < 1:
-        raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
-    limit = None if deadline is None else float(number(deadline, "deadline", 30, whole=False))
-    if limit is not None and limit <= 0:
-        raise ConfigError(f"--deadline must be a positive number of seconds, not {deadline}")
+    bound, limit = fanout_limits(max_parallel, deadline)
     runs_history(settings.project, make_reporter(json), hosts=hosts,
                  playbook=playbook_identity(settings, playbook),
                  show_all=all, max_parallel=bound, deadline=limit)

@@ -36,6 +36,28 @@ from outrig.session import Project
 from outrig.settings import Settings, playbook_for
 
 
+def fanout_parallel(max_parallel: str | None) -> int:
+    """``--max-parallel`` of a command that asks several boxes at once (default 32), a
+    clear exit-2 error below 1."""
+    bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
+    if bound < 1:
+        raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
+    return bound
+
+
+def fanout_limits(max_parallel: str | None,
+                  deadline: str | None) -> tuple[int, float | None]:
+    """``--max-parallel`` and ``--deadline`` (None: from each host's RTT) of a command that
+    asks several boxes at once, as clear exit-2 errors; the deadline is checked first."""
+    bound = int(number(max_parallel, "max-parallel", MAX_PARALLEL))
+    limit = None if deadline is None else float(number(deadline, "deadline", 60, whole=False))
+    if limit is not None and limit <= 0:
+        raise ConfigError(f"--deadline must be a positive number of seconds, not {deadline}")
+    if bound < 1:
+        raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
+    return bound, limit
+
+
 @dataclass
 class Target(ABC):
     """What one command acts on, resolved from its flags before anything is sent.
@@ -100,22 +122,11 @@ class Sweep(Target):
     def limits(self) -> tuple[int, float | None]:
         """``--max-parallel`` (default 32) and ``--deadline`` (None: from each host's RTT),
         as clear exit-2 errors when they make no sense."""
-        bound = int(number(self.max_parallel, "max-parallel", MAX_PARALLEL))
-        limit = (None if self.deadline is None
-                 else float(number(self.deadline, "deadline", 60, whole=False)))
-        if limit is not None and limit <= 0:
-            raise ConfigError(f"--deadline must be a positive number of seconds, not "
-                              f"{self.deadline}")
-        if bound < 1:
-            raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
-        return bound, limit
+        return fanout_limits(self.max_parallel, self.deadline)
 
     def parallel(self) -> int:
         """``--max-parallel`` alone (``tail-logs``, which has no deadline)."""
-        bound = int(number(self.max_parallel, "max-parallel", MAX_PARALLEL))
-        if bound < 1:
-            raise ConfigError(f"--max-parallel must be at least 1, not {bound}")
-        return bound
+        return fanout_parallel(self.max_parallel)
 
     def run(self, *, host: Callable[[OneHost], object],
             sweep: Callable[[Sweep], object] | None = None,
