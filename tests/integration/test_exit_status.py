@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cli import outrig
+from tests.support.cli import deployed, outrig
 from tests.support.network import free_port
 from tests.support.processes import alive
 
@@ -39,14 +39,6 @@ def project(box_project: Path, box_host: Path, monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.delenv(var, raising=False)
     assert box_host.stem == "sandbox"
     return box_project
-
-
-def deployed(playbook: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    code, out, err = outrig(["deploy", "--host", "sandbox", "--playbook", playbook,
-                             "--json"], capsys)
-    assert code == 0, err
-    result: dict[str, Any] = json.loads(out.splitlines()[-1])
-    return result
 
 
 def test_every_bad_input_exits_2_and_stops_nothing(project: Path,

@@ -10,7 +10,6 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -19,7 +18,7 @@ from outrig.console import Reporter
 from outrig.journal import Journal, atomic_write_json, read_json
 from outrig.ops.watch import WatchOptions, watch, watch_file
 from outrig.session import Project
-from tests.support.cli import outrig
+from tests.support.cli import deployed, outrig
 from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
@@ -51,14 +50,6 @@ def project(box_project: Path, box_host: Path, monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.delenv(var, raising=False)
     assert box_host.stem == "sandbox"
     return box_project
-
-
-def deployed(playbook: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    code, out, err = outrig(["deploy", "--host", "sandbox", "--playbook", playbook,
-                             "--json"], capsys)
-    assert code == 0, err
-    result: dict[str, Any] = json.loads(out.splitlines()[-1])
-    return result
 
 
 def test_a_playbook_named_unlike_its_file_is_one_playbook_for_every_command(

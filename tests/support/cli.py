@@ -3,6 +3,9 @@ Program over a fresh collection, its exit status, stdout and stderr (captured by
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from outrig.cli import make_collection
@@ -21,3 +24,14 @@ def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, st
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def deployed(playbook: str, capsys: pytest.CaptureFixture[str],
+             host: str = "sandbox") -> dict[str, Any]:
+    """``outrig deploy --host HOST --playbook PLAYBOOK --json``, which must succeed: its
+    closing document (run id, processes with their pids)."""
+    code, out, err = outrig(["deploy", "--host", host, "--playbook", playbook, "--json"],
+                            capsys)
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out.splitlines()[-1])
+    return result
