@@ -28,19 +28,9 @@ from outrig.playbook import find_playbook, load_job
 from outrig.session import HostSession, Project
 from outrig.transport import connector_for, transport_for
 from tests.support.replay import Recording, RecordingConnector, save
+from tests.support.replay_cases import host_file
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
-
-
-def host_file(tmp_path: Path, name: str, hostname: str) -> Path:
-    """A host file for this machine's agent (``local``) or for a recording (``replay:…``)."""
-    path = tmp_path / "hosts" / f"{name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    workdir = tmp_path / "box"
-    workdir.mkdir(exist_ok=True)
-    path.write_text(yaml.safe_dump({"hostname": hostname, "workdir": str(workdir),
-                                    "python": sys.executable}))
-    return path
 
 
 def playbook(tmp_path: Path, ready: dict[str, object]) -> Path:
