@@ -115,9 +115,9 @@ def deploy_work(project: Project, job: Job, hosts: Sequence[str]) -> float:
 
 
 def place_hosts(sweep: Sweep) -> None:
-    """``plan`` on several hosts: where the next run can go (outrig/placement.py), for the
+    """``plan`` on several hosts: where the next run can go (outrig/ops/placement.py), for the
     sweep's playbook when one was named."""
-    from outrig.placement import placement_on, placement_summary
+    from outrig.ops.placement import placement_on, placement_summary
 
     job = sweep.job
     fan_out(sweep, lambda session: placement_on(session, job), summarize=placement_summary,

@@ -44,8 +44,8 @@ from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_on
+from outrig.ops.placement import held_runs
 from outrig.ops.runs import new_run_id
-from outrig.placement import held_runs
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job, playbook_spec
 from outrig.redaction import ordered, redact_tree
