@@ -393,7 +393,8 @@ class Journal:
         the box cannot know, are left as they are), ``ran`` is kept once known, runs the
         journal lacks (deployed from elsewhere, or a lost journal) are added, and a deploy that
         never reached the box (``deploying``/``unknown`` here, absent there) is marked
-        ``not_on_box``. Returns the ids whose status changed."""
+        ``not_on_box``. When the index arrived is noted too (:meth:`note_runs_seen`). Returns
+        the ids whose status changed."""
         known = {str(r.get("run_id")): r for r in self.runs(host=host)}
         changed: list[str] = []
         seen: set[str] = set()
@@ -424,6 +425,7 @@ class Journal:
             if run_id not in seen and record.get("status") in ("deploying", "unknown"):
                 self.record_run(run_id, {"status": "not_on_box", "box_seen": now})
                 changed.append(run_id)
+        self.note_runs_seen(host, sorted(seen), at=now)
         return changed
 
     # -- what a command last saw of a run (``outrig runs``, and status when the box is gone)

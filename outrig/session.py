@@ -164,10 +164,8 @@ class HostSession:
             if event.get("event") == "runs":  # the box's run index: the journal follows it
                 box_runs = event.get("runs")
                 if isinstance(box_runs, list):
-                    listed = [r for r in box_runs if isinstance(r, dict)]
-                    self.journal.reconcile(self.host.name, listed)
-                    self.journal.note_runs_seen(self.host.name,
-                                                [str(r.get("run_id")) for r in listed])
+                    self.journal.reconcile(self.host.name,
+                                           [r for r in box_runs if isinstance(r, dict)])
                 return
             if handler is not None:
                 handler(event)
