@@ -49,12 +49,38 @@ GPU_FIELDS = {
     "driver_version": "driver_version",
     "count": "count",
 }
+# GPU health fields (outrig/gpu_health.py asks for them), with the values of the real H200's
+# answer in tests/fixtures/h200-gpu-health (idle, driver 580.159.04). The PCIe maxima were not
+# in that capture: gen 5 x16 is the H200's link. Each can be overridden per GPU with the
+# inventory's ``"health": {field: value}`` (the sandbox's fault knobs).
+HEALTHY: Dict[str, str] = {
+    "ecc.mode.current": "Enabled",
+    "ecc.errors.corrected.volatile.total": "0",
+    "ecc.errors.uncorrected.volatile.total": "0",
+    "ecc.errors.uncorrected.aggregate.total": "0",
+    "retired_pages.pending": "[N/A]",
+    "remapped_rows.pending": "No",
+    "remapped_rows.failure": "No",
+    "clocks_throttle_reasons.active": "0x0000000000000001",
+    "temperature.gpu": "40",
+    "power.draw": "102.18",
+    "pstate": "P0",
+    "pcie.link.gen.current": "5",
+    "pcie.link.gen.max": "5",
+    "pcie.link.width.current": "16",
+    "pcie.link.width.max": "16",
+}
+GPU_FIELDS.update({name: name for name in HEALTHY})
+GPU_FIELDS["clocks_event_reasons.active"] = "clocks_throttle_reasons.active"
+# The real tool's header names the clock-reasons field by its new name whichever was asked.
+_GPU_HEADER = {"clocks_throttle_reasons.active": "clocks_event_reasons.active"}
 _GPU_UNITS = {
     "memory.total": "MiB",
     "memory.used": "MiB",
     "memory.free": "MiB",
     "memory.reserved": "MiB",
     "utilization.gpu": "%",
+    "power.draw": "W",
 }
 APP_FIELDS = {
     "pid": "pid",
@@ -232,6 +258,7 @@ def gpu_rows(gpu_dir: Path) -> List[Dict[str, Any]]:
             "memory.free": total - reserved - used, "utilization.gpu": util,
             "pci.bus_id": bus_id(idx), "driver_version": str(inv.get("driver") or DEFAULT_DRIVER),
             "count": len(gpus),
+            **HEALTHY, **{k: str(v) for k, v in (g.get("health") or {}).items()},
         })
     return rows
 
@@ -296,7 +323,8 @@ def query_gpu(gpu_dir: Path, spec: str, *, header: bool = False, with_units: boo
     rows = gpu_rows(gpu_dir)
     if ids is not None:
         rows = [r for r in rows if r["index"] in ids]
-    return format_csv(rows, fields, GPU_FIELDS, _GPU_UNITS, header=header, with_units=with_units)
+    return format_csv(rows, fields, GPU_FIELDS, _GPU_UNITS, header=header, with_units=with_units,
+                      header_names=_GPU_HEADER)
 
 
 def query_apps(gpu_dir: Path, spec: str, *, header: bool = False,
