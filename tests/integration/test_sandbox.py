@@ -371,8 +371,9 @@ def test_sandbox_down_keep_runs_leaves_the_runs_findable(sandbox_project: Path,
     (run,) = json.loads(found.stdout)["runs"]
     assert run["run_id"] == run_id and run["processes"][0]["state"] == "running"
     told = outrig_cli(["sandbox-down", "--keep-runs"], sandbox_project)  # for people
-    assert f"its runs keep running: {run_id}" in told.stderr, told.stderr
-    assert "outrig status --host sandbox" in told.stderr
+    said = " ".join(told.stderr.split())  # the report wraps at the width, wherever it falls
+    assert f"its runs keep running: {run_id}" in said, told.stderr
+    assert "outrig status --host sandbox" in said
 
     again = outrig_cli(["sandbox-up", "--json"], sandbox_project)  # the same box, over SSH
     assert again.returncode == 0, again.stderr
