@@ -51,6 +51,9 @@ if TYPE_CHECKING:
         "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
         "dry_run": "print the plan and stop; nothing is sent",
         "no_wait": "return as soon as every process is launched and recorded",
+        "allow_unhealthy_gpu": "place processes on GPUs whose health is bad (uncorrectable "
+                               "ECC errors, a pending or failed row remap, a fatal Xid); "
+                               "refused by default, nothing started",
         "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
         "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
         "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON,
@@ -59,10 +62,15 @@ if TYPE_CHECKING:
 @friendly
 def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
            param: list[str] | None = None, test: bool = False, dry_run: bool = False,
-           no_wait: bool = False, max_parallel: str | None = None,
-           deadline: str | None = None, project: str | None = None,
-           no_keep: bool = False, json: bool = False) -> None:
+           no_wait: bool = False, allow_unhealthy_gpu: bool = False,
+           max_parallel: str | None = None, deadline: str | None = None,
+           project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Push files, stop the previous run, launch every process and wait until it is ready.
+
+    A GPU the box reports sick (uncorrectable ECC errors, a pending or failed row remap, a
+    fatal Xid in the kernel log) is not given to a process: the deploy is refused, naming
+    the GPU, the reason and the fix, before anything is stopped or started
+    (--allow-unhealthy-gpu overrides; see outrig check for each GPU's health).
 
     With several hosts (--host a,b, a group, or all) the same playbook is deployed on every
     host at once, each as a run of its own (a sweep); one row per host with its run id and
@@ -87,7 +95,8 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
 
     def on_host(one: OneHost) -> None:
         with host_session(one.project, one.spec, reporter) as session:
-            deploy_on(session, one.playbook, dry_run=dry_run, wait=not no_wait, params=params)
+            deploy_on(session, one.playbook, dry_run=dry_run, wait=not no_wait, params=params,
+                      allow_unhealthy_gpu=allow_unhealthy_gpu)
 
     def on_job(job: NodeJob) -> None:
         """Node 0 first, every node ready, or every node stopped and the failing node named."""
@@ -98,7 +107,8 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
 
     target.run(host=on_host, job=on_job,
                sweep=lambda sweep: deploy_hosts(sweep, dry_run=dry_run, wait=not no_wait,
-                                                params=params))
+                                                params=params,
+                                                allow_unhealthy_gpu=allow_unhealthy_gpu))
 
 
 @task(
