@@ -70,14 +70,15 @@ def parse_gpu_csv(text: str, health: bool = False) -> List[JSONDict]:
     exactly what this function reads on a box. Names may contain commas: the fields after the
     name are counted from the right. With ``health`` the line goes on with the
     :data:`HEALTH_FIELDS` (never a comma in them); each GPU then carries them raw, as
-    nvidia-smi wrote them, under ``health``: the workstation judges (gpu_judge.py).
+    nvidia-smi wrote them, under ``health``: the workstation judges (gpu_judge.py). A line
+    too short for them is read as the inventory alone (``health`` empty: judged unknown).
     """
-    extra = len(HEALTH_FIELDS) if health else 0
     gpus: List[JSONDict] = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 9 + extra:
+        if len(cells) < 9:
             continue
+        extra = len(HEALTH_FIELDS) if health and len(cells) >= 9 + len(HEALTH_FIELDS) else 0
         raw = cells[len(cells) - extra:] if extra else []
         cells = cells[:len(cells) - extra]
         index = _csv_int(cells[0])
