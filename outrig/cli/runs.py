@@ -103,7 +103,7 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
         from outrig.ops.nodes import deploy_nodes
 
         deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=dry_run,
-                     wait=not no_wait, params=params)
+                     wait=not no_wait, params=params, allow_unhealthy_gpu=allow_unhealthy_gpu)
 
     target.run(host=on_host, job=on_job,
                sweep=lambda sweep: deploy_hosts(sweep, dry_run=dry_run, wait=not no_wait,
@@ -175,6 +175,9 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
            max_parallel: str | None = None, deadline: str | None = None,
            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Show each process (running / exited with code / killed), readiness, GPUs, progress.
+
+    Each GPU's health is judged too: a bad one is a warning, and one that turned bad since
+    the last look is reported as gpu_unhealthy (--gpus: a health column per GPU).
 
     One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
     trainer's step, loss, acceptance, speed and ETA parsed from its metric lines; the newest
@@ -349,7 +352,7 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     help={"host": HOST_HELP,
           "playbook": "the playbook whose run to follow (its current run on the host)",
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
-                   "that passes check wins)",
+                   "that passes check and has no bad GPU wins)",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash on a healthy box, redeploy in place at most N times "
                       "(default 0: report and stop)",
@@ -366,10 +369,11 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
 
     Judges the box from several signals (TCP, SSH banner, the agent's answer, the run's
     processes, log growth) with RTT-scaled limits, mirrors each new complete checkpoint, and
-    on a confirmed death migrates to the first spare that passes check. A crash on a box
-    that answers is reported, never migrated (--restarts N redeploys in place). Events go
-    to the on_event hook; its state lives in the journal, so a restarted watch carries on.
-    See docs/watch.md.
+    on a confirmed death migrates to the first spare that passes check (a spare with a bad
+    GPU is skipped). A crash on a box that answers is reported, never migrated (--restarts
+    N redeploys in place). A GPU turning bad during the run (uncorrectable ECC errors, a
+    row remap, a fatal Xid) is a gpu_unhealthy event. Events go to the on_event hook; its
+    state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
     Example:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
