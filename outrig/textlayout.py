@@ -201,7 +201,8 @@ def audit_gpus(audit: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
-    """The full GPU table (``--gpus``): one row per GPU, its holders on lines under it."""
+    """The full GPU table (``--gpus``): one row per GPU, its holders on lines under it;
+    ``health`` is the verdict status added (``ok``, ``bad (remapped_rows.pending)``...)."""
     rows = []
     for gpu in gpus:
         util = gpu.get("utilization_pct")
@@ -209,8 +210,9 @@ def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
                         for h in gpu.get("holders") or []}, reverse=True)
         rows.append([str(gpu.get("index")), str(gpu.get("name")),
                      f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
-                     "-" if util is None else f"{util}%", " + ".join(kinds) or "free"])
-    header, lines = columns(["gpu", "name", "memory", "util", "held by"], rows)
+                     "-" if util is None else f"{util}%", " + ".join(kinds) or "free",
+                     str((gpu.get("health") or {}).get("short") or "-")])
+    header, lines = columns(["gpu", "name", "memory", "util", "held by", "health"], rows)
     out = ["GPUs", header]
     for gpu, line in zip(gpus, lines, strict=False):
         out.append(line)

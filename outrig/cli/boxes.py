@@ -50,6 +50,11 @@ def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None
           json: bool = False) -> None:
     """Preflight: reach the box, measure RTT, check python3, GPUs, workdir and disk.
 
+    Each GPU's health is judged from nvidia-smi's ECC, row remapping, clock, P-state and
+    PCIe fields and the kernel log's Xid lines: ok, warn (slower or at risk), bad (deploy
+    refuses it) or unknown (not reported), with the field and the fix for each GPU that is
+    not ok (docs/gpu-health.md).
+
     Example:
         outrig check --host uk-node
         outrig check --host sweep --json

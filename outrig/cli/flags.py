@@ -28,8 +28,8 @@ HOST_HELP = ("host: a file name in hosts/, an ~/.ssh/config alias, user@host:por
 JSON_HELP = "print JSON (one document, or JSON lines while streaming) instead of tables"
 PROJECT_HELP = ("the project folder (holding hosts/ and playbooks/); default: OUTRIG_PROJECT, "
                 "else the nearest such folder upward from here")
-GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it) instead of the one-line "
-             "summary")
+GPUS_HELP = ("the full GPU table (one row per GPU, with who holds it and its health) instead "
+             "of the one-line summary")
 PARAM_HELP = "set one of the playbook's params: key=value (repeat for several)"
 NO_KEEP_HELP = ("connect directly: neither use nor leave a warm connection to the box "
                 "(default: keep one for keep_seconds, 10 minutes; see outrig connections)")

@@ -58,7 +58,10 @@ def cleanup_summary(result: dict[str, Any]) -> str:
 
 
 def check_summary(result: dict[str, Any]) -> str:
-    """``python 3.12.3 · 8 GPUs · RTT 240 ms · 12.3 GB free`` (one host's check)."""
+    """``python 3.12.3 · 8 GPUs · RTT 240 ms · 12.3 GB free`` (one host's check), with
+    ``GPU health: 0-6 ok, 7 bad`` when a GPU is not ok."""
+    from outrig.gpu_health import OK, health_head
+
     facts = result.get("facts") or {}
     gpus = facts.get("gpus")
     parts = [f"python {result.get('python')}",
@@ -71,6 +74,9 @@ def check_summary(result: dict[str, Any]) -> str:
         parts.append(f"{free / 1e9:.1f} GB free")
     if not result.get("workdir_writable", True):
         parts.append("workdir NOT writable")
+    health = [v for v in result.get("gpu_health") or [] if isinstance(v, dict)]
+    if any(v.get("verdict") != OK for v in health):
+        parts.append(str(health_head(health)))
     return " · ".join(parts)
 
 

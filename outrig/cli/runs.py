@@ -51,6 +51,9 @@ if TYPE_CHECKING:
         "test": "apply the playbook's test: overrides (fewer samples, one epoch)",
         "dry_run": "print the plan and stop; nothing is sent",
         "no_wait": "return as soon as every process is launched and recorded",
+        "allow_unhealthy_gpu": "place processes on GPUs whose health is bad (uncorrectable "
+                               "ECC errors, a pending or failed row remap, a fatal Xid); "
+                               "refused by default, nothing started",
         "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
         "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
         "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON,
@@ -59,10 +62,15 @@ if TYPE_CHECKING:
 @friendly
 def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
            param: list[str] | None = None, test: bool = False, dry_run: bool = False,
-           no_wait: bool = False, max_parallel: str | None = None,
-           deadline: str | None = None, project: str | None = None,
-           no_keep: bool = False, json: bool = False) -> None:
+           no_wait: bool = False, allow_unhealthy_gpu: bool = False,
+           max_parallel: str | None = None, deadline: str | None = None,
+           project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Push files, stop the previous run, launch every process and wait until it is ready.
+
+    A GPU the box reports sick (uncorrectable ECC errors, a pending or failed row remap, a
+    fatal Xid in the kernel log) is not given to a process: the deploy is refused, naming
+    the GPU, the reason and the fix, before anything is stopped or started
+    (--allow-unhealthy-gpu overrides; see outrig check for each GPU's health).
 
     With several hosts (--host a,b, a group, or all) the same playbook is deployed on every
     host at once, each as a run of its own (a sweep); one row per host with its run id and
@@ -87,18 +95,20 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
 
     def on_host(one: OneHost) -> None:
         with host_session(one.project, one.spec, reporter) as session:
-            deploy_on(session, one.playbook, dry_run=dry_run, wait=not no_wait, params=params)
+            deploy_on(session, one.playbook, dry_run=dry_run, wait=not no_wait, params=params,
+                      allow_unhealthy_gpu=allow_unhealthy_gpu)
 
     def on_job(job: NodeJob) -> None:
         """Node 0 first, every node ready, or every node stopped and the failing node named."""
         from outrig.ops.nodes import deploy_nodes
 
         deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=dry_run,
-                     wait=not no_wait, params=params)
+                     wait=not no_wait, params=params, allow_unhealthy_gpu=allow_unhealthy_gpu)
 
     target.run(host=on_host, job=on_job,
                sweep=lambda sweep: deploy_hosts(sweep, dry_run=dry_run, wait=not no_wait,
-                                                params=params))
+                                                params=params,
+                                                allow_unhealthy_gpu=allow_unhealthy_gpu))
 
 
 @task(
@@ -165,6 +175,9 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
            max_parallel: str | None = None, deadline: str | None = None,
            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Show each process (running / exited with code / killed), readiness, GPUs, progress.
+
+    Each GPU's health is judged too: a bad one is a warning, and one that turned bad since
+    the last look is reported as gpu_unhealthy (--gpus: a health column per GPU).
 
     One agent call: per process state, pid, uptime, readiness and the GPUs it holds; the
     trainer's step, loss, acceptance, speed and ETA parsed from its metric lines; the newest
@@ -339,7 +352,7 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     help={"host": HOST_HELP,
           "playbook": "the playbook whose run to follow (its current run on the host)",
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
-                   "that passes check wins)",
+                   "that passes check and has no bad GPU wins)",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash on a healthy box, redeploy in place at most N times "
                       "(default 0: report and stop)",
@@ -356,10 +369,11 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
 
     Judges the box from several signals (TCP, SSH banner, the agent's answer, the run's
     processes, log growth) with RTT-scaled limits, mirrors each new complete checkpoint, and
-    on a confirmed death migrates to the first spare that passes check. A crash on a box
-    that answers is reported, never migrated (--restarts N redeploys in place). Events go
-    to the on_event hook; its state lives in the journal, so a restarted watch carries on.
-    See docs/watch.md.
+    on a confirmed death migrates to the first spare that passes check (a spare with a bad
+    GPU is skipped). A crash on a box that answers is reported, never migrated (--restarts
+    N redeploys in place). A GPU turning bad during the run (uncorrectable ECC errors, a
+    row remap, a fatal Xid) is a gpu_unhealthy event. Events go to the on_event hook; its
+    state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
     Example:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node

@@ -69,7 +69,8 @@ def check_hosts(sweep: Sweep) -> None:
             summarize=check_summary, what="check")
 
 
-def deploy_hosts(sweep: Sweep, *, dry_run: bool, wait: bool, params: dict[str, Any]) -> None:
+def deploy_hosts(sweep: Sweep, *, dry_run: bool, wait: bool, params: dict[str, Any],
+                 allow_unhealthy_gpu: bool = False) -> None:
     """``deploy`` on several hosts: the sweep's one-node playbook runs on every host, each
     host its own run (its own run id and journal record), its deadline including the
     processes' ready waits. (A playbook whose job spans several nodes is a
@@ -85,7 +86,8 @@ def deploy_hosts(sweep: Sweep, *, dry_run: bool, wait: bool, params: dict[str, A
 
     def core(session: HostSession) -> dict[str, Any]:
         result = deploy_on(session, job, dry_run=dry_run, wait=wait, params=params,
-                           run_id=ids[session.host_spec])
+                           run_id=ids[session.host_spec],
+                           allow_unhealthy_gpu=allow_unhealthy_gpu)
         return {"run_id": result.plan.run_id, "playbook": result.plan.playbook,
                 "status": result.status, "seconds": round(result.seconds, 3),
                 "processes": result.processes or [{"process": p} for p in result.plan.order]}

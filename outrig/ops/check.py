@@ -1,10 +1,14 @@
-"""``inv check``: the preflight of a box (reach, python, GPUs, workdir, disk), one agent call."""
+"""``inv check``: the preflight of a box (reach, python, GPUs and their health, workdir,
+disk), one agent call. GPU health is judged here from the facts the box sent
+(:mod:`outrig.gpu_health`): a ``bad`` GPU is shown with its field and fix, not raised: the
+box's other GPUs may still serve, and deploy refuses the bad one itself."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.session import HostSession, Project, host_session
@@ -25,6 +29,9 @@ def check_on(session: HostSession) -> dict[str, Any]:
     else:
         result = session.call("check")
     rtt = session.transport.rtt
+    verdicts, _ = gpu_health.look(session.journal, session.host.name,
+                                  result.get("facts") or {})
+    result["gpu_health"] = verdicts
     if reporter.json_mode:
         reporter.emit_json({**result, "rtt": rtt})
     else:
@@ -35,7 +42,22 @@ def check_on(session: HostSession) -> dict[str, Any]:
             f"{'writable' if result.get('workdir_writable') else 'NOT writable'}"
             + (f", {int(free) / 1e9:.1f} GB free" if isinstance(free, int) else "")
             if rtt is not None else f"{session.host.label()} reachable")
+        show_health(reporter, verdicts)
     return result
+
+
+def show_health(reporter: Reporter, verdicts: list[dict[str, Any]]) -> None:
+    """``• GPU health: 0-6 ok, 7 bad``, then each GPU that is not ok with its fields and
+    fix (a bad one as a warning)."""
+    head = gpu_health.health_head(verdicts)
+    if head is None:
+        return
+    reporter.info(f"• {head}")
+    for verdict in verdicts:
+        if verdict["verdict"] == gpu_health.BAD:
+            reporter.warn(gpu_health.summary(verdict))
+        elif verdict["verdict"] != gpu_health.OK:
+            reporter.info(f"  {gpu_health.summary(verdict)}")
 
 
 def _warnings_only(reporter: Reporter) -> Callable[[dict[str, Any]], None]:

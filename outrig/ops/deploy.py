@@ -142,8 +142,11 @@ def probe_models(session: HostSession, models: list[str], pythons: list[str] | N
              for r in reports}, envs)
 
 
-def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[str, Any]:
-    """The agent request for a plan (files read and encoded here, at the last moment)."""
+def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str],
+                   allow_unhealthy_gpu: bool = False) -> dict[str, Any]:
+    """The agent request for a plan (files read and encoded here, at the last moment).
+    ``allow_unhealthy_gpu``: place processes on GPUs the health judge calls ``bad`` (the box
+    refuses them otherwise, before it touches anything: docs/troubleshooting.md)."""
     from pathlib import Path
 
     files = []
@@ -168,31 +171,36 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str]) -> dict[s
                           "stop_children_first": proc.stop_children_first,
                           "checkpoints": proc.checkpoints, "scratch": proc.scratch})
     manifest = plan.to_dict()
-    return {"playbook": plan.playbook, "run_id": plan.run_id, "secrets": secrets,
-            "files": files, "processes": processes, "wait": wait, "lock_timeout": 10,
-            "progress_interval": 1.0, "manifest": manifest}
+    request = {"playbook": plan.playbook, "run_id": plan.run_id, "secrets": secrets,
+               "files": files, "processes": processes, "wait": wait, "lock_timeout": 10,
+               "progress_interval": 1.0, "manifest": manifest}
+    if allow_unhealthy_gpu:
+        request["allow_unhealthy_gpu"] = True
+    return request
 
 
 def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
            test: bool = False, dry_run: bool = False, wait: bool = True,
-           journal: Journal | None = None, params: dict[str, Any] | None = None
-           ) -> DeployResult:
+           journal: Journal | None = None, params: dict[str, Any] | None = None,
+           allow_unhealthy_gpu: bool = False) -> DeployResult:
     """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call.
 
     ``params`` (from ``--param``) override the playbook's params and are journalled with the
     run, so a later look at the run says what it was started with."""
     with host_session(project, host_spec, reporter, journal) as session:
         job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
-        return deploy_on(session, job, dry_run=dry_run, wait=wait, params=params)
+        return deploy_on(session, job, dry_run=dry_run, wait=wait, params=params,
+                         allow_unhealthy_gpu=allow_unhealthy_gpu)
 
 
 def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bool = True,
-              params: dict[str, Any] | None = None, run_id: str | None = None
-              ) -> DeployResult:
+              params: dict[str, Any] | None = None, run_id: str | None = None,
+              allow_unhealthy_gpu: bool = False) -> DeployResult:
     """:func:`deploy` of a loaded playbook on an open session. A dry run sends nothing; a
     deploy whose recipe needs facts about its models reads them first, on the same
     connection. ``run_id``: the run's id (default: a new one; a deploy on several hosts
-    gives each host its own, so their journal records never collide)."""
+    gives each host its own, so their journal records never collide).
+    ``allow_unhealthy_gpu``: see :func:`deploy_request`."""
     reporter, journal = session.reporter, session.journal
     begun = time.monotonic()
     plan = plan_on(session, job, probe=not dry_run, run_id=run_id)
@@ -202,7 +210,8 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
         reporter.info("dry run: nothing was sent")
         return DeployResult(plan=plan, launched=False)
     secrets = secret_values(plan.secrets)
-    request = deploy_request(plan, wait=wait, secrets=secrets)
+    request = deploy_request(plan, wait=wait, secrets=secrets,
+                             allow_unhealthy_gpu=allow_unhealthy_gpu)
     started = time.monotonic()
     journal.record_run(plan.run_id, {"run_id": plan.run_id, "host": plan.host,
                                      "playbook": plan.playbook, "created": time.time(),

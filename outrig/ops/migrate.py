@@ -35,6 +35,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
 from outrig.inventory import resolve_host
@@ -279,6 +280,7 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
                           f"(considered: {', '.join(considered)})")
     report["playbook"] = plan.playbook
+    refuse_unhealthy(plan, report.get("gpu_health") or [], to_spec)
     _carry_state(new, old, report, new_playbook, old_playbook,
                  provision=job if job.spec.environments else None)
     with timed(report, reporter, "deploy"):
@@ -312,7 +314,23 @@ def _prepare(new: HostSession, source: str, report: dict[str, Any]) -> Job:
     gpus = (check.get("facts") or {}).get("gpus") or []
     new.reporter.info(f"• {new.host_spec}: python {check.get('python')}, {len(gpus)} GPU(s)"
                       + (f" × {gpus[0].get('memory_total_mib')} MiB" if gpus else ""))
+    verdicts, _ = gpu_health.look(new.journal, new.host.name, check.get("facts") or {})
+    report["gpu_health"] = verdicts
     return load_job(find_playbook(source, new.project.playbooks_dir))
+
+
+def refuse_unhealthy(plan: Plan, verdicts: list[dict[str, Any]], to_spec: str) -> None:
+    """Stop the move before anything is staged or stopped when the plan for NEW gives a
+    process a GPU that is ``bad`` there: the deploy at the end would refuse it, after the
+    old run was stopped and the data copied."""
+    needs = {g for p in plan.processes.values() for g in p.gpus}
+    bad = [v for v in verdicts if v["verdict"] == gpu_health.BAD and v.get("index") in needs]
+    if bad:
+        raise OutrigError(
+            f"{to_spec} is not fit for {plan.playbook}: "
+            + "; ".join(gpu_health.summary(v) for v in bad)
+            + ". Nothing was moved or stopped. Choose another --to box (outrig check --host "
+            "BOX shows each GPU's health).")
 
 
 def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, Any],

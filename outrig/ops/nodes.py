@@ -169,12 +169,14 @@ def _job_nodes(journal: Journal, ident: str) -> tuple[dict[str, Any], list[NodeR
 
 def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Reporter, *,
                  dry_run: bool = False, wait: bool = True, journal: Journal | None = None,
-                 params: dict[str, Any] | None = None) -> NodesResult:
+                 params: dict[str, Any] | None = None,
+                 allow_unhealthy_gpu: bool = False) -> NodesResult:
     """``deploy`` of a playbook with ``nodes`` > 1 on the ``--host`` selection (expanded).
 
     Plans every node first and sends nothing when any plan fails; then node 0, then the
     others; when any node fails, every node's run is stopped and :class:`NodesFailed` names
-    the node. ``wait=False`` launches without waiting for readiness (node 0 first still)."""
+    the node. ``wait=False`` launches without waiting for readiness (node 0 first still).
+    ``allow_unhealthy_gpu``: each node's box places processes on a ``bad`` GPU too."""
     journal = journal or Journal()
     names = select_nodes(project, job, hosts)
     job_id = new_run_id(job.name)
@@ -191,7 +193,7 @@ def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Rep
             return NodesResult(job_id, nodes, plans, launched=False)
         check_checkpoints_agree(sessions, nodes, plans)
         return _launch(sessions, nodes, plans, job, journal, reporter, wait=wait,
-                       params=params)
+                       params=params, allow_unhealthy_gpu=allow_unhealthy_gpu)
     finally:
         for session in sessions:
             session.transport.close()
@@ -360,7 +362,7 @@ class _NodeDeploy:
 
 def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Sequence[Plan],
             job: Job, journal: Journal, reporter: Reporter, *, wait: bool,
-            params: dict[str, Any] | None) -> NodesResult:
+            params: dict[str, Any] | None, allow_unhealthy_gpu: bool = False) -> NodesResult:
     """Launch node 0, then the rest; wait for all; on any failure stop every node."""
     secrets = secret_values(plans[0].secrets)
     job_id = plans[0].job_id
@@ -386,7 +388,9 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
             if text is not None and event.get("event") not in ("waiting", "stopping"):
                 reporter.info(f"{node.label()}: {text}")
 
-    calls = [_NodeDeploy(n, s, p, deploy_request(p, wait=wait, secrets=secrets), show)
+    calls = [_NodeDeploy(n, s, p, deploy_request(p, wait=wait, secrets=secrets,
+                                                 allow_unhealthy_gpu=allow_unhealthy_gpu),
+                         show)
              for n, s, p in zip(nodes, sessions, plans, strict=True)]
     finished: list[_NodeDeploy] = []
     changed = threading.Condition()

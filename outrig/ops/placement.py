@@ -8,7 +8,9 @@ runs this on every host at once (outrig/fanout.py) and prints one row per host.
 A GPU is taken when a process holds memory on it (nvidia-smi's holders, ours or not) or when
 a running process of an outrig run was given it (a process may not have touched its GPU
 yet). For the fit, a GPU taken only by a run of the same playbook counts as free: deploy
-stops the playbook's previous run before it launches.
+stops the playbook's previous run before it launches. A GPU whose health is ``bad``
+(:mod:`outrig.gpu_health`) is never free, and a plan that needs one does not fit: deploy
+would refuse it.
 """
 
 from __future__ import annotations
@@ -52,11 +54,23 @@ def taken_by(status: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[int
     return taken
 
 
+def bad_gpus(status: dict[str, Any]) -> dict[int, str]:
+    """The GPUs status judged ``bad`` and the fields why (``remapped_rows.pending``)."""
+    out: dict[int, str] = {}
+    for gpu in status.get("gpus") or []:
+        health = gpu.get("health") or {}
+        if health.get("verdict") == "bad":
+            out[int(gpu["index"])] = str(health.get("short") or "bad")
+    return out
+
+
 def fit(job: Job, session: HostSession, gpu_count: int | None,
-        taken: dict[int, set[str]], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        taken: dict[int, set[str]], runs: Sequence[dict[str, Any]],
+        bad: dict[int, str] | None = None) -> dict[str, Any]:
     """Whether ``job`` fits on the session's host now: its plan's problems with the GPU
     count the box has (``None``: what the journal or host file knows), then the GPUs it
-    needs that another playbook's run or a foreign process takes."""
+    needs that are ``bad`` (``bad``: index → why), then those another playbook's run or a
+    foreign process takes."""
     facts = host_facts(session.host, session.journal)
     if gpu_count is not None:
         facts = HostFacts(gpu_count=gpu_count, gpu_memory_mib=facts.gpu_memory_mib,
@@ -66,6 +80,10 @@ def fit(job: Job, session: HostSession, gpu_count: int | None,
     needs = sorted({g for p in plan.processes.values() for g in p.gpus})
     if plan.problems:
         return {"fits": False, "needs": needs, "why": "; ".join(plan.problems)}
+    sick = {g: why for g, why in (bad or {}).items() if g in needs}
+    if sick:
+        return {"fits": False, "needs": needs, "why": "unhealthy: " + "; ".join(
+            f"GPU {g} {why}" for g, why in sorted(sick.items()))}
     own = {str(r.get("run_id")) for r in runs if r.get("playbook") == job.name}
     busy = {g: who - own for g, who in taken.items() if g in needs and who - own}
     if busy:
@@ -84,12 +102,15 @@ def placement_on(session: HostSession, job: Job | None = None) -> dict[str, Any]
     gpus = status.get("gpus") or []
     runs = held_runs(status)
     taken = taken_by(status, runs)
+    bad = bad_gpus(status)
     doc: dict[str, Any] = {
         "runs": runs, "gpus": len(gpus), "gpu_error": status.get("gpu_error"),
-        "free": sorted(int(g["index"]) for g in gpus if int(g["index"]) not in taken)}
+        "free": sorted(int(g["index"]) for g in gpus
+                       if int(g["index"]) not in taken and int(g["index"]) not in bad),
+        "unhealthy": {str(k): v for k, v in sorted(bad.items())}}
     if job is not None:
         doc["playbook"] = job.name
-        doc.update(fit(job, session, len(gpus) if gpus else None, taken, runs))
+        doc.update(fit(job, session, len(gpus) if gpus else None, taken, runs, bad))
     return doc
 
 
@@ -103,6 +124,9 @@ def placement_summary(result: dict[str, Any]) -> str:
     gpus = (f"GPUs {ranges(free)} free of {total}" if free else
             f"no GPU free of {total}") if total else "no GPUs"
     text = f"{held} · {gpus}"
+    unhealthy = result.get("unhealthy") or {}
+    if unhealthy:
+        text += " · " + ", ".join(f"GPU {k} {v}" for k, v in unhealthy.items())
     if "fits" in result:
         verdict = "fits" if result["fits"] else "does not fit"
         text += f" · {result.get('playbook')} {verdict} ({result.get('why')})"

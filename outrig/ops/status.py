@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError
 from outrig.evaluation import fmt
@@ -61,12 +62,52 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
     remember_progress(session.journal, result)
     mark_moved_runs(result, session)
     mark_evaluations(result, session)
+    mark_gpu_health(result, session)
     if session.reporter.json_mode:
         session.reporter.emit_json(result)
     else:
         print_status(session.reporter, result)
         session.reporter.lines(evaluation_lines(result))
+        warn_gpu_health(session.reporter, result)
     return result
+
+
+def mark_gpu_health(result: dict[str, Any], session: HostSession) -> None:
+    """Each GPU's health (``gpus[].health``: verdict, a short form, findings), judged from the
+    facts against the journal's last look at the box; a GPU that turned ``bad`` since then
+    is a ``gpu_unhealthy`` event in ``gpu_events``, with the runs whose processes hold it."""
+    verdicts, before = gpu_health.look(session.journal, session.host.name,
+                                       result.get("facts") or {})
+    by_index = {v.get("index"): v for v in verdicts}
+    for gpu in result.get("gpus") or []:
+        verdict = by_index.get(gpu.get("index"))
+        if verdict is not None:
+            gpu["health"] = {"verdict": verdict["verdict"], "short": gpu_health.short(verdict),
+                             "findings": verdict["findings"]}
+    events = []
+    for verdict in gpu_health.newly_bad(verdicts, before):
+        held: dict[str, Any] = next((g for g in result.get("gpus") or []
+                                     if g.get("index") == verdict.get("index")), {})
+        runs = sorted({str(h.get("run_id")) for h in held.get("holders") or []
+                       if h.get("run_id")})
+        events.append({"event": "gpu_unhealthy", "host": session.host.name,
+                       **gpu_health.event_fields(verdict), "runs": runs})
+    result["gpu_events"] = events
+
+
+def warn_gpu_health(reporter: Reporter, result: dict[str, Any]) -> None:
+    """A warning per ``bad`` GPU; one that turned bad since the last look says so first."""
+    new = {e.get("gpu"): e for e in result.get("gpu_events") or []}
+    for gpu in result.get("gpus") or []:
+        health = gpu.get("health") or {}
+        if health.get("verdict") != gpu_health.BAD:
+            continue
+        event = new.get(gpu.get("index"))
+        runs = (event or {}).get("runs") or sorted(
+            {str(h.get("run_id")) for h in gpu.get("holders") or [] if h.get("run_id")})
+        held = f" (held by run {', '.join(runs)})" if runs else ""
+        reporter.warn(("gpu_unhealthy: " if event else "")
+                      + gpu_health.summary({"index": gpu.get("index"), **health}) + held)
 
 
 def remember_progress(journal: Journal, result: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outrig import gpu_health
 from outrig.console import Reporter, one_line
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.health import (
@@ -179,7 +180,7 @@ class Watcher:
             f": {why}" if why else "")
         if self.reporter.json_mode:
             self.reporter.emit_json(payload)
-        elif event in ("failed", "dead"):
+        elif event in ("failed", "dead", "gpu_unhealthy"):
             self.reporter.warn(line)
         else:
             self.reporter.info(f"• {line}")
@@ -409,7 +410,28 @@ class Watcher:
         state, why = run_state(runs[0].get("processes") or [])
         out.append(Observation(at, "processes", state != "failed", why, run_state=state))
         self.show_progress(runs[0], state)
+        self.gpu_news(result.get("facts") or {}, runs[0])
         return out
+
+    def gpu_news(self, facts: dict[str, Any], run: dict[str, Any]) -> None:
+        """A GPU of the box that turned ``bad`` during the run (the heartbeat's facts carry
+        the health fields and Xid lines): one ``gpu_unhealthy`` event per GPU, sent once
+        (the record keeps which are known bad; one that recovers, after a reset, is news
+        again when it turns bad again). ``in_use``: whether the run's processes were given
+        it. The watch goes on: a sick GPU is for the user to judge, not a death."""
+        verdicts, _ = gpu_health.look(self.journal, self.session.host.name, facts)
+        if not verdicts:
+            return
+        known = set(self.record["gpu_bad"] or [])
+        bad = {str(v["uuid"]): v for v in verdicts if v["verdict"] == gpu_health.BAD}
+        used = {g for p in run.get("processes") or [] for g in p.get("gpus") or []
+                if isinstance(g, int)}
+        for uuid, verdict in bad.items():
+            if uuid not in known:
+                self.send("gpu_unhealthy", **gpu_health.event_fields(verdict),
+                          in_use=verdict.get("index") in used)
+        if set(bad) != known:
+            self.record.update(gpu_bad=sorted(bad))
 
     def show_progress(self, run: dict[str, Any], state: str) -> None:
         procs = [p for p in run.get("processes") or [] if isinstance(p, dict)]
@@ -525,15 +547,21 @@ class Watcher:
                                      skipped, self.checkpointed()))
 
     def check_spare(self, spare: str) -> str | None:
-        """Why ``spare`` cannot take the job (its ``check`` failed), or None."""
+        """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is
+        ``bad``: a job moved there would be refused, or run on a sick card), or None."""
         try:
             with opened(HostSession(self.project, spare, Reporter(quiet=True),
                                                self.journal)) as session:
                 result = session.call("check", stream=False)
+                verdicts, _ = gpu_health.look(self.journal, session.host.name,
+                                              result.get("facts") or {})
         except OutrigError as exc:
             return str(exc).split(". ")[0]
         if not result.get("workdir_writable"):
             return "its workdir is not writable"
+        bad = [v for v in verdicts if v["verdict"] == gpu_health.BAD]
+        if bad:
+            return "unhealthy GPU: " + "; ".join(gpu_health.summary(v) for v in bad)
         return None
 
     def migrate_to(self, old_host: str, old_run: str, spare: str) -> dict[str, Any] | None:

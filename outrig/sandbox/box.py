@@ -30,7 +30,7 @@ from typing import Any
 
 from outrig.agent_code import read_stat
 from outrig.errors import OutrigError
-from outrig.sandbox import nvidia_smi
+from outrig.sandbox import dmesg, nvidia_smi
 
 _SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 _START_TIMEOUT = 10.0
@@ -317,6 +317,10 @@ def start_sandbox(root: Path, *, name: str = "sandbox", gpus: int = 8,
     smi = bin_dir / "nvidia-smi"
     smi.write_text(f"#!{sys.executable}\n{src}")
     os.chmod(smi, 0o755)
+    # The fake kernel log beside it (the agent reads Xid lines with dmesg).
+    log = bin_dir / "dmesg"
+    log.write_text(f"#!{sys.executable}\n{Path(dmesg.__file__).read_text()}")
+    os.chmod(log, 0o755)
     nvidia_smi.write_inventory(
         gpu_dir, nvidia_smi.make_inventory(gpus, gpu_memory_mib, gpu_name, seed=str(root)))
 

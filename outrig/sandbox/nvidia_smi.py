@@ -48,20 +48,42 @@ GPU_FIELDS = {
     "gpu_bus_id": "pci.bus_id",
     "driver_version": "driver_version",
     "count": "count",
+    # health (the agent's probe, remote/agent/gpu_judge.py HEALTH_FIELDS), as in the H200
+    # capture's --query-gpu line; the old clocks_throttle_reasons name is answered under the
+    # new clocks_event_reasons header, as driver 580 does
+    "ecc.mode.current": "ecc.mode.current",
+    "ecc.errors.corrected.volatile.total": "ecc.errors.corrected.volatile.total",
+    "ecc.errors.uncorrected.volatile.total": "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.uncorrected.aggregate.total": "ecc.errors.uncorrected.aggregate.total",
+    "retired_pages.pending": "retired_pages.pending",
+    "remapped_rows.pending": "remapped_rows.pending",
+    "remapped_rows.failure": "remapped_rows.failure",
+    "remapped_rows.correctable": "remapped_rows.correctable",
+    "remapped_rows.uncorrectable": "remapped_rows.uncorrectable",
+    "clocks_throttle_reasons.active": "clocks_event_reasons.active",
+    "clocks_event_reasons.active": "clocks_event_reasons.active",
+    "temperature.gpu": "temperature.gpu",
+    "power.draw": "power.draw",
+    "pstate": "pstate",
+    "pcie.link.gen.current": "pcie.link.gen.current",
+    "pcie.link.gen.max": "pcie.link.gen.max",
+    "pcie.link.width.current": "pcie.link.width.current",
+    "pcie.link.width.max": "pcie.link.width.max",
 }
-# GPU health fields (outrig/gpu_health.py asks for them), with the values of the real H200's
-# answer in tests/fixtures/h200-gpu-health (idle, driver 580.159.04). The PCIe maxima were not
-# in that capture: gen 5 x16 is the H200's link. Each can be overridden per GPU with the
-# inventory's ``"health": {field: value}`` (the sandbox's fault knobs).
-HEALTHY: Dict[str, str] = {
+# What a healthy H200 answers (the capture's --query-gpu line, driver 580.159.04); the busy
+# values differ only where a working GPU differs: not idle (reason bit 0x1 off), more power.
+# The link maxima are the H200's (PCIe gen 5, x16), which the capture's current values equal.
+HEALTHY = {
     "ecc.mode.current": "Enabled",
     "ecc.errors.corrected.volatile.total": "0",
     "ecc.errors.uncorrected.volatile.total": "0",
     "ecc.errors.uncorrected.aggregate.total": "0",
-    "retired_pages.pending": "[N/A]",
+    "retired_pages.pending": "[N/A]",  # Hopper remaps rows instead (NVML: NotSupported)
     "remapped_rows.pending": "No",
     "remapped_rows.failure": "No",
-    "clocks_throttle_reasons.active": "0x0000000000000001",
+    "remapped_rows.correctable": "0",
+    "remapped_rows.uncorrectable": "0",
+    "clocks_event_reasons.active": "0x0000000000000001",
     "temperature.gpu": "40",
     "power.draw": "102.18",
     "pstate": "P0",
@@ -70,10 +92,28 @@ HEALTHY: Dict[str, str] = {
     "pcie.link.width.current": "16",
     "pcie.link.width.max": "16",
 }
-GPU_FIELDS.update({name: name for name in HEALTHY})
-GPU_FIELDS["clocks_event_reasons.active"] = "clocks_throttle_reasons.active"
-# The real tool's header names the clock-reasons field by its new name whichever was asked.
-_GPU_HEADER = {"clocks_throttle_reasons.active": "clocks_event_reasons.active"}
+BUSY = {"clocks_event_reasons.active": "0x0000000000000000", "power.draw": "124.00",
+        "temperature.gpu": "45"}
+# The faults a rented box comes with, as the fields a sick GPU answers (the knobs of
+# set_gpu_health). An "older driver" refuses the fields instead: inventory "refuse_fields".
+FAULTS = {
+    "uncorrectable_ecc": {"ecc.errors.uncorrected.volatile.total": "2",
+                          "ecc.errors.uncorrected.aggregate.total": "2"},
+    "correctable_ecc": {"ecc.errors.corrected.volatile.total": "37"},
+    "remap_pending": {"remapped_rows.pending": "Yes", "remapped_rows.uncorrectable": "1"},
+    "remap_failure": {"remapped_rows.failure": "Yes"},
+    "retired_pending": {"retired_pages.pending": "Yes"},
+    "thermal_slowdown": {"clocks_event_reasons.active": "0x0000000000000040",
+                         "temperature.gpu": "91"},
+    "power_brake": {"clocks_event_reasons.active": "0x0000000000000080"},
+    "slow_pstate": {"pstate": "P8", "clocks_event_reasons.active": "0x0000000000000000"},
+    "pcie_x4": {"pcie.link.width.current": "4"},
+    "ecc_off": {"ecc.mode.current": "Disabled",
+                "ecc.errors.corrected.volatile.total": "[N/A]",
+                "ecc.errors.uncorrected.volatile.total": "[N/A]",
+                "ecc.errors.uncorrected.aggregate.total": "[N/A]"},
+    "not_supported": {k: "[N/A]" for k in HEALTHY},
+}
 _GPU_UNITS = {
     "memory.total": "MiB",
     "memory.used": "MiB",
@@ -82,6 +122,12 @@ _GPU_UNITS = {
     "utilization.gpu": "%",
     "power.draw": "W",
 }
+# header names that are not the requested name (the capture: the old clocks name asked for,
+# the new one in the header)
+_GPU_HEADER = {"clocks_event_reasons.active": "clocks_event_reasons.active"}
+REMAPPED_FIELDS = {f: GPU_FIELDS[f] for f in (
+    "gpu_bus_id", "gpu_uuid", "remapped_rows.correctable", "remapped_rows.uncorrectable",
+    "remapped_rows.pending", "remapped_rows.failure")}
 APP_FIELDS = {
     "pid": "pid",
     "used_memory": "used_memory",
@@ -140,6 +186,29 @@ def write_inventory(gpu_dir: Path, inventory: Dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(inventory, indent=1))
     os.replace(tmp, path)
     return path
+
+
+def set_gpu_health(gpu_dir: Path, index: int, fault: Optional[str] = None) -> None:
+    """Give GPU ``index`` one of :data:`FAULTS` (None: healthy again)."""
+    set_gpu_fields(gpu_dir, index, dict(FAULTS[fault]) if fault is not None else {})
+
+
+def set_gpu_fields(gpu_dir: Path, index: int, fields: Dict[str, str]) -> None:
+    """GPU ``index`` answers ``fields`` (nvidia-smi field name → the text it prints, e.g.
+    ``{"remapped_rows.pending": "Yes"}``) instead of the healthy values."""
+    inv = load_inventory(gpu_dir)
+    for g in inv.get("gpus") or []:
+        if int(g["index"]) == index:
+            g["health"] = {GPU_FIELDS.get(k, k): v for k, v in fields.items()}
+    write_inventory(gpu_dir, inv)
+
+
+def refuse_fields(gpu_dir: Path, fields: Sequence[str]) -> None:
+    """Answer like an older driver that does not know ``fields`` (exit 2, "not a valid
+    field"), as a driver before remapped rows or the clocks reasons does."""
+    inv = load_inventory(gpu_dir)
+    inv["refuse_fields"] = list(fields)
+    write_inventory(gpu_dir, inv)
 
 
 def load_inventory(gpu_dir: Path) -> Dict[str, Any]:
@@ -252,13 +321,15 @@ def gpu_rows(gpu_dir: Path) -> List[Dict[str, Any]]:
         mine = [h for h in holders if h["gpu"] == idx]
         used = min(sum(h["mib"] for h in mine), total - reserved)
         util = max([h["util"] for h in mine] or [0])
+        health = {**HEALTHY, **(BUSY if mine else {}),
+                  **{str(k): str(v) for k, v in (g.get("health") or {}).items()}}
         rows.append({
+            **health,
             "index": idx, "uuid": str(g["uuid"]), "name": str(g["name"]),
             "memory.total": total, "memory.used": used, "memory.reserved": reserved,
             "memory.free": total - reserved - used, "utilization.gpu": util,
             "pci.bus_id": bus_id(idx), "driver_version": str(inv.get("driver") or DEFAULT_DRIVER),
             "count": len(gpus),
-            **HEALTHY, **{k: str(v) for k, v in (g.get("health") or {}).items()},
         })
     return rows
 
@@ -279,13 +350,15 @@ def app_rows(gpu_dir: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-def parse_fields(spec: str, known: Dict[str, str]) -> List[str]:
-    """Split a comma-separated field list; raise :class:`FieldError` on the first unknown."""
+def parse_fields(spec: str, known: Dict[str, str],
+                 refused: Sequence[str] = ()) -> List[str]:
+    """Split a comma-separated field list; raise :class:`FieldError` on the first unknown
+    (or ``refused``: what an older driver does not know)."""
     fields = [f.strip() for f in spec.split(",") if f.strip()]
     if not fields:
         raise FieldError(spec)
     for f in fields:
-        if f not in known:
+        if f not in known or f in refused:
             raise FieldError(f)
     return fields
 
@@ -319,12 +392,21 @@ def format_csv(rows: Sequence[Dict[str, Any]], fields: Sequence[str], known: Dic
 def query_gpu(gpu_dir: Path, spec: str, *, header: bool = False, with_units: bool = False,
               ids: Optional[Sequence[int]] = None) -> List[str]:
     """Lines for ``--query-gpu=SPEC``; ``ids`` restricts to those indices (``-i``)."""
-    fields = parse_fields(spec, GPU_FIELDS)
+    refused = load_inventory(gpu_dir).get("refuse_fields") or []
+    fields = parse_fields(spec, GPU_FIELDS, refused)
     rows = gpu_rows(gpu_dir)
     if ids is not None:
         rows = [r for r in rows if r["index"] in ids]
     return format_csv(rows, fields, GPU_FIELDS, _GPU_UNITS, header=header, with_units=with_units,
                       header_names=_GPU_HEADER)
+
+
+def query_remapped_rows(gpu_dir: Path, spec: str, *, header: bool = False,
+                        with_units: bool = False) -> List[str]:
+    """Lines for ``--query-remapped-rows=SPEC`` (one per GPU, as the capture shows)."""
+    fields = parse_fields(spec, REMAPPED_FIELDS)
+    return format_csv(gpu_rows(gpu_dir), fields, REMAPPED_FIELDS, {}, header=header,
+                      with_units=with_units)
 
 
 def query_apps(gpu_dir: Path, spec: str, *, header: bool = False,
@@ -411,6 +493,7 @@ def main(argv: Optional[List[str]] = None, gpu_dir: Optional[Path] = None) -> in
     gdir = gpu_dir if gpu_dir is not None else state_dir()
     query_gpu_spec: Optional[str] = None
     query_apps_spec: Optional[str] = None
+    query_remap_spec: Optional[str] = None
     fmt: Optional[str] = None
     ids: Optional[List[int]] = None
     i = 0
@@ -421,6 +504,8 @@ def main(argv: Optional[List[str]] = None, gpu_dir: Optional[Path] = None) -> in
                 query_gpu_spec, i = _opt_value(args, i, "--query-gpu")
             elif a.startswith("--query-compute-apps"):
                 query_apps_spec, i = _opt_value(args, i, "--query-compute-apps")
+            elif a.startswith("--query-remapped-rows"):
+                query_remap_spec, i = _opt_value(args, i, "--query-remapped-rows")
             elif a.startswith("--format"):
                 fmt, i = _opt_value(args, i, "--format")
             elif a in ("-i", "--id") or a.startswith("--id="):
@@ -442,7 +527,7 @@ def main(argv: Optional[List[str]] = None, gpu_dir: Optional[Path] = None) -> in
     except (SystemExit, ValueError) as e:
         print(str(e), file=sys.stderr)
         return 2
-    if query_gpu_spec is None and query_apps_spec is None:
+    if query_gpu_spec is None and query_apps_spec is None and query_remap_spec is None:
         print("\n".join(render_table(gdir)))
         return 0
     if fmt is None:
@@ -457,6 +542,9 @@ def main(argv: Optional[List[str]] = None, gpu_dir: Optional[Path] = None) -> in
     try:
         if query_gpu_spec is not None:
             lines = query_gpu(gdir, query_gpu_spec, header=header, with_units=with_units, ids=ids)
+        elif query_remap_spec is not None:
+            lines = query_remapped_rows(gdir, query_remap_spec, header=header,
+                                        with_units=with_units)
         else:
             assert query_apps_spec is not None
             lines = query_apps(gdir, query_apps_spec, header=header, with_units=with_units)

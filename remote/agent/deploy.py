@@ -42,7 +42,7 @@ from .layout import (
 )
 from .lock import WorkdirLock
 from .logs import tail_lines
-from .preflight import check_gpus, check_gpus_free, check_ports_free
+from .preflight import check_gpus, check_gpus_free, check_gpus_healthy, check_ports_free
 from .probes import probe_completion, probe_http, probe_port, probe_served_model
 from .procs import boot_id, read_stat, require_proc
 from .protocol import PROTOCOL_VERSION
@@ -488,6 +488,7 @@ class DeployArgs(NamedTuple):
     settle: float
     gpu_timeout: float
     host_label: str
+    allow_unhealthy_gpu: bool
 
 
 def parse_deploy(req: Request) -> DeployArgs:
@@ -512,8 +513,9 @@ def parse_deploy(req: Request) -> DeployArgs:
     settle = max(0.0, get_num(raw, "settle", "", DEFAULT_SETTLE_S))
     gpu_timeout = get_num(raw, "gpu_timeout", "", GPU_WAIT_DEFAULT_S, positive=True)
     host_label = get_opt_str(raw, "host_label", "") or "HOST"
+    allow_unhealthy = get_bool(raw, "allow_unhealthy_gpu", "", False)
     return DeployArgs(playbook, run_id, secrets, files, procs, wait, lock_timeout, progress,
-                      settle, gpu_timeout, host_label)
+                      settle, gpu_timeout, host_label, allow_unhealthy)
 
 
 def stop_previous(layout: Layout, out: Emitter, previous: str, before: Optional[JSONDict],
@@ -609,6 +611,7 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
                            else {"gpus": [], "gpu_error": "nvidia-smi hung"})
         out.emit("facts", **facts)
         check_gpus(procs, facts["gpus"])
+        check_gpus_healthy(procs, facts, args.allow_unhealthy_gpu)
     else:  # nvidia-smi can take seconds on a real box: let it run while we launch
         facts = {"gpus": []}  # no GPU is named: nothing to check
 

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from .constants import KILL_WAIT_S, POLL_S, JSONDict
 from .events import Emitter
+from .gpu_judge import HEALTH_FIELDS
 from .layout import Layout, list_run_ids, read_json
 from .procs import boot_id, read_stat, scan_procs
 from .stopping import Stopper, valid_record
@@ -38,6 +39,7 @@ GPU_QUERY = (
     "index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu,pci.bus_id,"
     "driver_version"
 )
+HEALTH_QUERY = ",".join(HEALTH_FIELDS)  # asked in the same nvidia-smi run (query_gpus)
 APPS_QUERY = "pid,used_memory,gpu_uuid,process_name"
 
 
@@ -61,54 +63,118 @@ def run_nvidia_smi(args: List[str]) -> Tuple[Optional[str], Optional[str]]:
     return out, None
 
 
-def parse_gpu_csv(text: str) -> List[JSONDict]:
+def parse_gpu_csv(text: str, health: bool = False) -> List[JSONDict]:
     """Parse ``--query-gpu=GPU_QUERY --format=csv,noheader,nounits`` lines.
 
     The same 9-field form as the real H200 captures in tests/fixtures, so the fixtures are
     exactly what this function reads on a box. Names may contain commas: the fields after the
-    name are counted from the right.
+    name are counted from the right. With ``health`` the line goes on with the
+    :data:`HEALTH_FIELDS` (never a comma in them); each GPU then carries them raw, as
+    nvidia-smi wrote them, under ``health``: the workstation judges (gpu_judge.py). A line
+    too short for them is read as the inventory alone (``health`` empty: judged unknown).
     """
     gpus: List[JSONDict] = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
         if len(cells) < 9:
             continue
+        extra = len(HEALTH_FIELDS) if health and len(cells) >= 9 + len(HEALTH_FIELDS) else 0
+        raw = cells[len(cells) - extra:] if extra else []
+        cells = cells[:len(cells) - extra]
         index = _csv_int(cells[0])
         if index is None:
             continue
-        gpus.append(
-            {
-                "index": index,
-                "uuid": cells[1],
-                "name": ",".join(cells[2:-6]).strip(),
-                "memory_total_mib": _csv_int(cells[-6]),
-                "memory_used_mib": _csv_int(cells[-5]),
-                "memory_free_mib": _csv_int(cells[-4]),
-                "utilization_pct": _csv_int(cells[-3]),
-                "pci_bus_id": cells[-2],
-                "driver": cells[-1],
-            }
-        )
+        gpu: JSONDict = {
+            "index": index,
+            "uuid": cells[1],
+            "name": ",".join(cells[2:-6]).strip(),
+            "memory_total_mib": _csv_int(cells[-6]),
+            "memory_used_mib": _csv_int(cells[-5]),
+            "memory_free_mib": _csv_int(cells[-4]),
+            "utilization_pct": _csv_int(cells[-3]),
+            "pci_bus_id": cells[-2],
+            "driver": cells[-1],
+        }
+        if health:
+            gpu["health"] = dict(zip(HEALTH_FIELDS, raw))
+        gpus.append(gpu)
     return gpus
 
 
+# Why the driver refused the health fields, once it has (an old driver that does not know
+# one of them answers "is not a valid field" and exits 2): this agent process then asks for
+# the inventory alone, so the GPU list never depends on the health fields.
+_health_refused: List[str] = []
+
+
 def query_gpus() -> Tuple[List[JSONDict], Optional[str]]:
-    """GPUs as nvidia-smi reports them, or ([], why not)."""
+    """GPUs as nvidia-smi reports them, or ([], why not). One nvidia-smi process answers
+    both the inventory and the health fields; a driver that does not know a health field
+    gets the inventory query alone (:func:`health_refusal` says why)."""
+    if not _health_refused:
+        out, error = run_nvidia_smi([f"--query-gpu={GPU_QUERY},{HEALTH_QUERY}",
+                                     "--format=csv,noheader,nounits"])
+        if out is not None:
+            return parse_gpu_csv(out, health=True), None
+        if error is None or "not a valid field" not in error:
+            return [], error
+        _health_refused.append(error)
     out, error = run_nvidia_smi([f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"])
     if out is None:
         return [], error
     return parse_gpu_csv(out), None
 
 
+def health_refusal() -> Optional[str]:
+    """Why this box's nvidia-smi gave no health fields (None when it gave them)."""
+    return _health_refused[0] if _health_refused else None
+
+
+XID_MARK = "NVRM: Xid"
+XID_LINES_KEPT = 50  # the newest Xid lines sent; a flood of one fault is the same fault
+
+
+def read_xid_lines() -> JSONDict:
+    """The kernel log's Xid lines (``{lines, error}``): ``dmesg``, bounded to 5 s. Where
+    the kernel refuses its log to this user (``kernel.dmesg_restrict``) ``lines`` is None
+    and ``error`` says why: an unknown, never a failure of the call."""
+    exe = shutil.which("dmesg", path=os.environ.get("PATH", os.defpath))
+    if exe is None:
+        return {"lines": None, "error": "dmesg not found on PATH"}
+    try:
+        proc = subprocess.run([exe], stdin=subprocess.DEVNULL, capture_output=True, timeout=5,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return {"lines": None, "error": "dmesg timed out after 5 s"}
+    except OSError as exc:
+        return {"lines": None, "error": f"cannot run dmesg: {exc}"}
+    if proc.returncode != 0:
+        why = proc.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        return {"lines": None, "error": (why[0] if why else f"dmesg exited {proc.returncode}")
+                [:200]}
+    text = proc.stdout.decode("utf-8", errors="replace")
+    lines = [line[:300] for line in text.splitlines() if XID_MARK in line]
+    return {"lines": lines[-XID_LINES_KEPT:], "error": None}
+
+
 GpuQuery = Tuple[List[JSONDict], Optional[str]]  # query_gpus' answer: (gpus, why not)
 
 
 def gather_facts(queried: Optional[GpuQuery] = None) -> JSONDict:
-    """What the box is (the ``facts`` event). ``queried``: the answer of a
-    :func:`query_gpus` this call already made (status's GPU audit), so that nvidia-smi,
-    0.1-0.5 s on a real box, is not run twice for one request."""
+    """What the box is (the ``facts`` event), with its GPUs' health fields and the kernel
+    log's Xid lines. ``queried``: the answer of a :func:`query_gpus` this call already made
+    (status's GPU audit), so that nvidia-smi, 0.1-0.5 s on a real box, is not run twice for
+    one request. ``dmesg`` runs beside nvidia-smi (only where nvidia-smi is on the PATH: a
+    box without GPUs has no Xids to read)."""
+    xid_box: List[JSONDict] = []
+    worker: Optional[threading.Thread] = None
+    if shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath)) is not None:
+        worker = threading.Thread(target=lambda: xid_box.append(read_xid_lines()), daemon=True)
+        worker.start()
     gpus, gpu_error = queried if queried is not None else query_gpus()
-    return {
+    if worker is not None:
+        worker.join(6)
+    facts: JSONDict = {
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "executable": sys.executable,
@@ -116,6 +182,11 @@ def gather_facts(queried: Optional[GpuQuery] = None) -> JSONDict:
         "gpus": gpus,
         "gpu_error": gpu_error,
     }
+    if gpus:
+        facts["xid"] = xid_box[0] if xid_box else {"lines": None,
+                                                   "error": "dmesg gave no answer in 6 s"}
+        facts["gpu_health_error"] = health_refusal()
+    return facts
 
 
 #

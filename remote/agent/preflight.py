@@ -1,5 +1,5 @@
-"""Deploy's checks before it launches anything: requested GPUs exist and are free, readiness
-ports are not taken by foreign processes."""
+"""Deploy's checks before it launches anything: requested GPUs exist, are healthy and are
+free, readiness ports are not taken by foreign processes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import List, Optional, Set
 
 from .constants import JSONDict
 from .events import AgentError
+from .gpu_judge import judge_facts, refusals, summary
 from .gpus import Owners, describe_pid, holder_line
 from .layout import Layout
 from .probes import probe_port
@@ -142,4 +143,25 @@ def check_gpus_free(audit: JSONDict, needed: Set[int], previous: Optional[str],
         f"{len(blockers)} other process(es): " + "; ".join(holder_line(h) for h in blockers)
         + ". Nothing was stopped or started. To free them: " + " ; ".join(fixes)
         + ", or give this playbook other GPUs.",
+    )
+
+
+def check_gpus_healthy(procs: List[ProcSpec], facts: JSONDict, allow: bool) -> None:
+    """``gpu_unhealthy`` when a GPU a process is given is ``bad`` (gpu_judge.py: uncorrectable
+    ECC errors, a pending or failed row remap, a fatal Xid), unless the request allows it
+    (``--allow-unhealthy-gpu``). Checked before the workdir lock, on the facts deploy has
+    read anyway: nothing was stopped, written or started when it refuses."""
+    if allow:
+        return
+    needed = sorted({g for p in procs for g in p.gpus})
+    bad = refusals(judge_facts(facts), needed)
+    if not bad:
+        return
+    users = {v["index"]: [p.name for p in procs if v["index"] in p.gpus] for v in bad}
+    raise AgentError(
+        "gpu_unhealthy",
+        "; ".join(f"{summary(v)} (given to {', '.join(users[v['index']])})" for v in bad)
+        + ". Nothing was stopped or started. Give the processes other GPUs, take another "
+        "box, or deploy with --allow-unhealthy-gpu to use it anyway.",
+        users[bad[0]["index"]][0] if users[bad[0]["index"]] else None,
     )

@@ -37,6 +37,7 @@ PROC = "proc"  # /proc cannot prove which processes are ours: nothing started or
 GPU = "gpu"  # a requested GPU index does not exist
 GPU_BUSY = "gpu_busy"  # a requested GPU is held by a process that is not this run's
 GPU_STUCK = "gpu_stuck"  # GPU memory was not released after the old run stopped
+GPU_UNHEALTHY = "gpu_unhealthy"  # a requested GPU is bad (gpu_judge.py); nothing touched
 PORT_BUSY = "port_busy"  # a readiness port is taken by a foreign process
 FATAL_LOG = "fatal_log"  # a process printed one of its ``fatal`` patterns
 EXITED = "exited"  # a process exited before it was ready
@@ -58,9 +59,9 @@ NO_SSH = "no_ssh"  # ssh or ssh-keygen missing on the box (box-to-box copies)
 PEER = "peer"  # the peer box could not be reached or refused (ssh's message follows)
 INTERNAL = "internal"  # an unexpected exception (the traceback's last line)
 ERROR_KINDS: Tuple[str, ...] = (
-    BAD_REQUEST, WORKDIR, DISK, LOCK, PROC, GPU, GPU_BUSY, GPU_STUCK, PORT_BUSY, FATAL_LOG,
-    EXITED, TIMEOUT, MODEL_MISMATCH, NOT_SERVING, NOT_FOUND, CANCELLED, DRIVER, PYTHON,
-    NO_INTERNET, PIP, AUTH, NO_HUB_CLIENT, HUB, DEST, TRANSFER, NO_SSH, PEER, INTERNAL)
+    BAD_REQUEST, WORKDIR, DISK, LOCK, PROC, GPU, GPU_BUSY, GPU_STUCK, GPU_UNHEALTHY, PORT_BUSY,
+    FATAL_LOG, EXITED, TIMEOUT, MODEL_MISMATCH, NOT_SERVING, NOT_FOUND, CANCELLED, DRIVER,
+    PYTHON, NO_INTERNET, PIP, AUTH, NO_HUB_CLIENT, HUB, DEST, TRANSFER, NO_SSH, PEER, INTERNAL)
 
 
 class Field(NamedTuple):
@@ -91,7 +92,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
         "playbook": f("str", True), "run_id": f("str", True), "processes": f("list", True),
         "secrets": f("dict"), "files": f("list|null"), "wait": f("bool"),
         "lock_timeout": f("num"), "progress_interval": f("num"), "settle": f("num"),
-        "gpu_timeout": f("num"), "manifest": f("any"),
+        "gpu_timeout": f("num"), "manifest": f("any"), "allow_unhealthy_gpu": f("bool"),
     },
     "cleanup": {
         **_RUN, "all": f("bool"), "dry_run": f("bool"), "lock_timeout": f("num"),
