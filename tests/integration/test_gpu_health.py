@@ -28,13 +28,15 @@ from outrig.notify import Notifier
 from outrig.ops.check import check
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
+from outrig.ops.placement import placement_on, placement_summary
 from outrig.ops.status import status
 from outrig.ops.watch import WatchOptions, watch, watch_file
+from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.dmesg import write_kernel_log, xid_line
 from outrig.sandbox.nvidia_smi import bus_id, make_inventory, set_gpu_health, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
-from outrig.session import Project
+from outrig.session import Project, host_session
 from tests.support.runs import box_workdir, write_playbook
 
 pytestmark = [pytest.mark.integration,
@@ -66,6 +68,14 @@ def test_check_deploy_and_status_on_a_box_with_a_bad_gpu(
     assert "x4 of the card's x16" in shown
 
     book = gpu_playbook(tmp_path, [0, 1])
+    with host_session(PROJECT, str(box_host), Reporter(quiet=True), journal) as session:
+        placed_here = placement_on(session, load_job(book))  # plan --host GROUP's row
+    assert 1 not in placed_here["free"] and placed_here["unhealthy"] == {
+        "1": "bad (remapped_rows.pending)"}
+    assert placed_here["fits"] is False
+    assert placed_here["why"] == "unhealthy: GPU 1 bad (remapped_rows.pending)"
+    assert "GPU 1 bad (remapped_rows.pending)" in placement_summary(placed_here)
+
     with pytest.raises(RemoteError) as refused:
         deploy(PROJECT, str(box_host), str(book), Reporter(quiet=True), journal=journal)
     assert refused.value.kind == "gpu_unhealthy"
