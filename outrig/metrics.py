@@ -267,6 +267,16 @@ def metric_values(line: str) -> dict[str, float] | None:
     return pairs
 
 
+def unfinished(line: str) -> bool:
+    """Whether a record may still be growing: it holds ``group/name=`` pairs and has not
+    reached its last key yet (``global_step=`` for a training record, ``epoch=`` for a
+    validation record). Any other line is taken whole (it is no metric record)."""
+    keys = [m.group("key") for m in PAIR_RE.finditer(line)]
+    if not any("/" in key for key in keys) or STEP_KEY in keys:
+        return False
+    return not (all(k.startswith("val/") or k == "epoch" for k in keys) and "epoch" in keys)
+
+
 def parse_chunk(process: str, data: bytes, clock: Clock, *, final: bool = False,
                 source: str = "log") -> Parsed:
     """The points and events of ``data`` (which starts at a record's first byte), and how
@@ -277,7 +287,7 @@ def parse_chunk(process: str, data: bytes, clock: Clock, *, final: bool = False,
         parsed.consumed = end
         return parsed
     last = records[-1]
-    keep_last = final or metric_values(join_pieces(last.pieces)) is not None
+    keep_last = final or not unfinished(join_pieces(last.pieces))
     for record in records if keep_last else records[:-1]:
         _consume(process, record, clock, parsed, source)
     parsed.consumed = end if keep_last else last.start

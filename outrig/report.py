@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outrig.journal import utc_text
-from outrig.metrics import RunData, by_step, metric_names, metric_order, spread, thin
+from outrig.metrics import RunData, by_step, merged, metric_names, metric_order, spread, thin
 from outrig.redaction import redact_text
 
 POINTS_PER_SERIES = 1500  # thinned to this many per run and metric (first and last kept)
@@ -111,7 +111,7 @@ def identity(run: RunData, secrets: Sequence[str]) -> dict[str, Any]:
         "gpu_totals": {str(k): v for k, v in sorted(totals.items(), key=lambda kv: str(kv[0]))},
         "processes": processes, "moved_to": record.get("moved_to"),
         "migrated_from": record.get("migrated_from"), "fenced": record.get("fenced"),
-        "mirror": run.mirror, "points": len(run.points),
+        "mirror": run.mirror, "points": len(merged(run.points)),
         "test_mode": record.get("test_mode"),
     }
 

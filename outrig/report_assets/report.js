@@ -131,7 +131,7 @@
                  ["GPUs", (run.gpus_used.length ? run.gpus_used.join(",") : "none planned") +
                   (run.gpu_count ? " of " + run.gpu_count : "") +
                   (run.gpu_memory_mib ? " (" + run.gpu_memory_mib + " MiB each)" : "")],
-                 ["metric points", run.points]];
+                 ["metric records", run.points + " (one per step and process)"]];
     if (run.migrated_from && run.migrated_from.run_id) {
       facts.push(["migrated from", run.migrated_from.run_id + " on " + run.migrated_from.host]);
     }
