@@ -12,6 +12,7 @@
   var main = document.getElementById("report");
   var PALETTE = ["#1f6fb4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
                  "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"];
+  var TIME_LABEL = "time since the first deploy";
   var MARKS = {deploy: "#666", ready: "#2ca02c", checkpoint: "#1f6fb4", resume: "#9467bd",
                resumed: "#9467bd", migrate: "#d62728", migrating: "#d62728",
                suspect: "#ff7f0e", dead: "#d62728", failed: "#d62728", evaluate: "#17becf",
@@ -24,11 +25,14 @@
     return node;
   }
   function add(parent, tag, text, cls) { return parent.appendChild(el(tag, text, cls)); }
+  /* hours since the start as h:mm (seconds: h:mm:ss, or m:ss under an hour) */
   function hm(h, seconds) {
     if (h === null || h === undefined) return "";
     var sign = h < 0 ? "-" : "", s = Math.round(Math.abs(h) * 3600);
-    var text = sign + Math.floor(s / 3600) + "h" + String(Math.floor(s / 60) % 60).padStart(2, "0");
-    return seconds ? text + "m" + String(s % 60).padStart(2, "0") + "s" : text;
+    var hh = Math.floor(s / 3600), mm = String(Math.floor(s / 60) % 60).padStart(2, "0");
+    var ss = String(s % 60).padStart(2, "0");
+    if (!seconds) return sign + hh + ":" + mm;
+    return sign + (hh ? hh + ":" + mm : String(Math.floor(s / 60))) + ":" + ss;
   }
   function num(v) {
     if (v === null || v === undefined) return "";
@@ -64,7 +68,7 @@
                    points: {show: spec.kind === "evaluation"},
                    value: function (u, v) { return num(v); }});
     });
-    var xaxis = {label: spec.xlabel};
+    var xaxis = {label: spec.xlabel, space: 70};
     if (spec.kind === "time") {
       xaxis.values = function (u, splits) {
         var span = u.scales.x.max - u.scales.x.min;  /* under 2 hours: to the second */
@@ -141,8 +145,12 @@
     if (run.mirror) facts.push(["log mirror", run.mirror]);
     var dl = add(card, "dl");
     facts.forEach(function (f) { add(dl, "dt", f[0]); add(dl, "dd", f[1]); });
-    if (run.processes.length) {
-      table(card, ["process", "GPUs", "command"], run.processes.map(function (p) {
+    if (run.processes.length) {  /* long: folded, one line says what is inside */
+      var fold = add(card, "details");
+      add(fold, "summary", "commands: " + run.processes.map(function (p) {
+        return p.name + (p.gpus.length ? " (GPU " + p.gpus.join(",") + ")" : "");
+      }).join(", "));
+      table(fold, ["process", "GPUs", "command"], run.processes.map(function (p) {
         return [p.name, p.gpus.join(",") || "-", el("code", p.command)];
       }));
     }
@@ -160,8 +168,8 @@
   var curves = add(main, "section");
   add(curves, "h2", "Metrics");
   add(curves, "p", "Left: over the training step (runs aligned by step). Right: over the " +
-      "hours since the first deploy of each run's chain (a migrated run goes on in its " +
-      "successor); dashed lines mark the events below.", "meta");
+      "time since the first deploy of each run's chain, h:mm (a migrated run goes on in " +
+      "its successor); dashed lines mark the events of the timeline below.", "meta");
   if (!doc.charts.length) add(curves, "p", "No metric lines in the log mirror yet.", "empty");
   doc.charts.forEach(function (c) {
     var row = add(curves, "div", null, "pair");
@@ -181,7 +189,7 @@
         });
       });
       chart(row, {id: c.id + "-" + kind, kind: kind, title: c.title, metrics: c.metrics,
-                  xlabel: kind === "step" ? "step" : "hours", tables: tables, labels: labels,
+                  xlabel: kind === "step" ? "step" : TIME_LABEL, tables: tables, labels: labels,
                   colours: colours, dashes: dashes, markers: kind === "time" ? markers : []});
     });
   });
@@ -205,8 +213,8 @@
   } else {
     var pair = add(gpus, "div", null, "pair");
     chart(pair, {id: "gpu-memory", kind: "time", title: "GPU memory used (MiB)",
-                 xlabel: "hours", tables: memory, labels: gl, colours: gc, markers: markers});
-    chart(pair, {id: "gpu-util", kind: "time", title: "GPU utilisation (%)", xlabel: "hours",
+                 xlabel: TIME_LABEL, tables: memory, labels: gl, colours: gc, markers: markers});
+    chart(pair, {id: "gpu-util", kind: "time", title: "GPU utilisation (%)", xlabel: TIME_LABEL,
                  tables: util, labels: gl, colours: gc, markers: markers});
   }
 
