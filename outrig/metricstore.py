@@ -94,10 +94,14 @@ class MetricStore:
                 sizes = state.setdefault("sizes", {})
                 for name in FILES:
                     self._cut(name, int(sizes.get(name) or 0))
+                before = json.dumps(state, sort_keys=True, default=str)
                 yield state
                 for name in FILES:
                     path = self.path(name)
                     sizes[name] = path.stat().st_size if path.exists() else 0
+                if json.dumps(state, sort_keys=True, default=str) == before and \
+                        self.state_file.exists():
+                    return  # nothing new (a watch asks every few seconds): no write
                 state["updated"] = time.time()
                 atomic_write_json(self.state_file, state)
         except OSError as exc:
