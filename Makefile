@@ -1,6 +1,7 @@
 # The checkout's two commands (README): `make demo` and `make test`. Each first sets up what a
 # fresh machine lacks: the OpenSSH server the sandbox box and the integration tests start
-# (apt-get, as root or through sudo), and .venv with outrig installed editable with its test
+# (apt-get, as root or through sudo), Chromium for the report's browser test (`make test`
+# only), and .venv with outrig installed editable with its test
 # tools. .ci/run is `make test`, so CI and a developer run exactly the same steps.
 #
 #   make demo                        the main job against a local sandbox box (outrig demo)
@@ -21,7 +22,7 @@ INSTALLED := $(VENV)/.outrig-installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast venv sshd
+.PHONY: demo test test-fast venv sshd chromium
 
 demo: sshd venv
 	$(VENV)/bin/outrig demo $(DEMO_ARGS)
@@ -29,7 +30,7 @@ demo: sshd venv
 # The real vLLM (CPU build) and the real speculators trainer, for tests/realvllm and the CPU
 # rehearsal: .ci/venvs installs them once at a stable place (several minutes the first time)
 # and prints their interpreters.
-test: sshd venv
+test: sshd chromium venv
 	@echo "test: the real tools' venvs"
 	eval "$$(.ci/venvs)"
 	export OUTRIG_VLLM_PYTHON OUTRIG_REHEARSAL_PYTHON
@@ -70,3 +71,12 @@ sshd:
 	if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 	$$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssh-server openssh-client
+
+# The report's browser test (tests/unit/test_report_browser.py) opens `outrig report`'s page in
+# the system's headless Chromium; installed once, skipped when it is already there.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then exit 0; fi
+	echo "make: installing chromium (the report's browser test)"
+	if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+	$$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium

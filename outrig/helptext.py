@@ -28,7 +28,7 @@ VALUE_NAMES = {
     "local-port": "PORT", "remote-port": "PORT",
     "project": "DIR", "host-file": "PATH", "checkpoint": "PATH",
     "force-foreign": "PID", "grep": "REGEX", "print-completion-script": "SHELL",
-    "help": "TASK",
+    "help": "TASK", "o": "FILE", "metric": "NAME",
 }
 """Value names where the generic one (the flag's name in capitals) would say too little."""
 

@@ -302,9 +302,10 @@ def parse_error_message(exc: ParseError, binary: str) -> str:
     """One paragraph: Invoke's complaint, which task it concerns, and how to see the flags."""
     context = getattr(exc, "context", None)
     name = getattr(context, "name", None)
-    # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host
+    # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host, -o
     text = re.sub(r"<Argument: ([^,()> ]+)[^>]*>",
-                  lambda m: "--" + translate_underscores(m.group(1)), str(exc)).rstrip(".!")
+                  lambda m: ("-" if len(m.group(1)) == 1 else "--")
+                  + translate_underscores(m.group(1)), str(exc)).rstrip(".!")
     if name in ("exec", "ssh") and text.startswith("No idea what"):
         fix = f"the command goes after --, e.g. `{binary} {name} --host NAME -- nvidia-smi`"
     elif name:

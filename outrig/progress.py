@@ -45,6 +45,7 @@ class Progress:
     total_steps: int | None = None
     total_source: str | None = None  # how total_steps is known ("--max-steps", ...)
     eta_s: float | None = None
+    loss_trend: str | None = None  # a sparkline of the run's loss (outrig.metricstore)
 
     @property
     def loss(self) -> float | None:
@@ -70,7 +71,7 @@ class Progress:
         for name in ("step", "epoch", "epoch_number", "epochs_total", "total_steps"):
             value = data.get(name)
             setattr(progress, name, value if isinstance(value, int) else None)
-        for name in ("epoch_state", "total_source"):
+        for name in ("epoch_state", "total_source", "loss_trend"):
             value = data.get(name)
             setattr(progress, name, value if isinstance(value, str) else None)
         eta = data.get("eta_s")
@@ -109,13 +110,16 @@ def logical_lines(text: str) -> list[str]:
             records[-1].append(PATH_COLUMN_RE.sub("", line).strip())
         else:
             records.append([PATH_COLUMN_RE.sub("", line).strip()])
-    out = []
-    for pieces in records:
-        joined = pieces[0]
-        for piece in pieces[1:]:
-            joined += (" " + piece) if joined.endswith(",") else piece
-        out.append(joined)
-    return out
+    return [join_pieces(pieces) for pieces in records]
+
+
+def join_pieces(pieces: list[str]) -> str:
+    """One record's wrapped pieces as one line: a space after a piece ending in a comma
+    (rich broke at the space after it), nothing otherwise (rich folded a long word)."""
+    joined = pieces[0]
+    for piece in pieces[1:]:
+        joined += (" " + piece) if joined.endswith(",") else piece
+    return joined
 
 
 def parse_metric_line(line: str) -> dict[str, float] | None:
@@ -254,7 +258,8 @@ def summary(progress: Progress) -> str:
     if epoch is not None:
         parts.append(epoch)
     if progress.loss is not None:
-        parts.append(f"loss {progress.loss:.3f}")
+        trend = f"{progress.loss_trend} " if progress.loss_trend else ""
+        parts.append(f"loss {trend}{progress.loss:.3f}")
     for key, value in progress.acceptance().items():
         parts.append(f"{key.split('/', 1)[-1]} {value:.3f}")
     if progress.step_ms is not None:

@@ -67,7 +67,7 @@ SERVER_FIXTURES = frozenset({"sandbox", "box_a", "vllm_python", "rehearsal_pytho
 # stop graces): the box agent run locally (tests/unit's ``box``, tests/support/agent.py) and
 # the stand-ins a ``procs`` tracker starts. The ``processes`` marker, left out of the fast
 # loop too.
-PROCESS_FIXTURES = frozenset({"box", "full_box", "procs"})
+PROCESS_FIXTURES = frozenset({"box", "full_box", "procs", "browser"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

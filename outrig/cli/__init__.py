@@ -11,6 +11,7 @@ The package:
 
 * the tasks, by what they act on: :mod:`outrig.cli.runs` (deploy, plan, status, tail-logs,
   cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.history` (runs),
+  :mod:`outrig.cli.report` (metrics, plot, report),
   :mod:`outrig.cli.boxes` (check, provision,
   stage, exec, ssh, forward, connections), :mod:`outrig.cli.evaluate`,
   :mod:`outrig.cli.sandbox` (demo, sandbox-up, sandbox-down), :mod:`outrig.cli.starter`
@@ -35,6 +36,8 @@ from outrig.cli.boxes import check, connections, exec_, forward, provision, ssh,
 from outrig.cli.evaluate import evaluate
 from outrig.cli.flags import friendly
 from outrig.cli.history import runs as runs_task  # the module outrig.cli.runs keeps its name
+from outrig.cli.report import metrics, report
+from outrig.cli.report import plot as plot_task
 from outrig.cli.runs import (
     cleanup,
     deploy,
@@ -51,9 +54,9 @@ from outrig.program import OutrigConfig, OutrigProgram, keep_help
 
 __all__ = ["OutrigConfig", "friendly", "make_collection", "ns", "program"]
 
-TASKS = (deploy, plan, status, runs_task, tail_logs, cleanup, provision, stage_, sync_checkpoints,
-         migrate, watch, evaluate, check, exec_, ssh, forward, connections, demo, sandbox_up,
-         sandbox_down, init)
+TASKS = (deploy, plan, status, runs_task, tail_logs, metrics, plot_task, report, cleanup,
+         provision, stage_, sync_checkpoints, migrate, watch, evaluate, check, exec_, ssh,
+         forward, connections, demo, sandbox_up, sandbox_down, init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

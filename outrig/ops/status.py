@@ -12,6 +12,7 @@ from outrig.errors import ConfigError, ConnectError
 from outrig.evaluation import fmt
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
+from outrig.metricstore import loss_trends, remember_samples
 from outrig.session import HostSession, Project, host_session
 
 
@@ -58,7 +59,9 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
     result = session.call("status", stream=False, log_lines=log_lines,
                           progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
                           gpu_holders=True, **selector)
+    remember_samples(session.journal, result)  # before enrich_status drops the log text
     enrich_status(result)
+    loss_trends(session.journal, result)
     remember_progress(session.journal, result)
     mark_moved_runs(result, session)
     mark_evaluations(result, session)

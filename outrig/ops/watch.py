@@ -55,6 +55,7 @@ from outrig.health import (
     run_state,
 )
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
+from outrig.metricstore import loss_trends, remember_samples
 from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on
 from outrig.ops.nodes import refuse_node_run
@@ -401,7 +402,9 @@ class Watcher:
         grew = digest is not None and digest != self.record["log_seen"]
         if grew:
             self.record.note(log_seen=digest)  # saved with the next change, not each beat
+        remember_samples(self.journal, result)  # the series and GPUs, for outrig report
         enrich_status(result)
+        loss_trends(self.journal, result)
         out = [Observation(at, "heartbeat", True), Observation(at, "log", grew)]
         if not runs:
             out.append(Observation(at, "processes", False, "the box has no such run",
@@ -441,7 +444,8 @@ class Watcher:
         checkpoint = ((trainer or {}).get("checkpoint") or {}).get("name")
         line = {"state": state, "step": progress.get("step"), "epoch": progress.get("epoch"),
                 "checkpoint": checkpoint}
-        self.latest = {**line, "loss": progress.get("loss"), "eta_s": progress.get("eta_s")}
+        self.latest = {**line, "loss": progress.get("loss"), "eta_s": progress.get("eta_s"),
+                       "loss_trend": progress.get("loss_trend")}
         before = self.record["progress"] or {}
         if line == before:
             return
@@ -632,7 +636,8 @@ def heartbeat_line(host: Any, run_id: Any, latest: dict[str, Any], last_answer: 
             parts.append(f"{key} {latest[key]}")
     loss = latest.get("loss")
     if isinstance(loss, (int, float)):
-        parts.append(f"loss {loss:.4g}")
+        trend = f"{latest['loss_trend']} " if latest.get("loss_trend") else ""
+        parts.append(f"loss {trend}{loss:.4g}")
     eta = latest.get("eta_s")
     if isinstance(eta, (int, float)):
         parts.append(f"ETA {_span(float(eta))}")

@@ -37,6 +37,13 @@ def test_make_test_sets_up_then_runs_the_checks_and_the_suite_in_order() -> None
     assert order == sorted(order), lines
 
 
+def test_make_test_installs_chromium_for_the_report_test_before_the_suite() -> None:
+    lines = planned("test")
+    install = position(lines, "apt-get install -y -qq --no-install-recommends chromium")
+    assert install < position(lines, ".venv/bin/python -m pytest")
+    assert "command -v chromium" in "\n".join(lines[:install])  # only where it is missing
+
+
 def test_make_demo_sets_up_then_runs_the_demo() -> None:
     lines = planned("demo")
     order = [position(lines, step) for step in [*SETUP, ".venv/bin/outrig demo"]]

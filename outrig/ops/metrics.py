@@ -1,0 +1,341 @@
+"""``outrig metrics``, ``outrig plot`` and ``outrig report``: a run drawn from what this
+workstation already holds, without contacting any box.
+
+Each command first brings the run's series up to date with its log mirror (only the bytes
+past the cursor are parsed, :meth:`outrig.metricstore.MetricStore.ingest_mirror`), then reads
+the series, the GPU samples ``status`` and ``watch`` kept, the journal's record of the run,
+its ``watch`` events and its ``evaluate`` results. A run that was migrated brings its chain
+along (the run it came from and the one it went to, :func:`outrig.metrics.chain_ids`), so
+its curve goes on across the move. The documents and drawings are pure:
+:mod:`outrig.metrics`, :mod:`outrig.termplot`, :mod:`outrig.report`.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import io
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from outrig.console import Reporter
+from outrig.errors import ConfigError, LocalWriteError
+from outrig.journal import Journal, make_private_dir, read_json, utc_text
+from outrig.logmirror import mirror_root
+from outrig.metrics import RunData, by_step, chain_ids, iter_rows, metric_names
+from outrig.metricstore import MetricStore
+from outrig.ops.watch import WATCH_DIR
+from outrig.redaction import ordered
+from outrig.report import render_html, report_document
+from outrig.terminal import terminal_width
+from outrig.termplot import Curve, plot_lines
+
+DEFAULT_PLOT = ("train/loss", "train/full_acc", "train/eal")  # plot without --metric
+BAD_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR,
+                       errno.EISDIR, errno.EROFS})
+
+
+def select_chains(journal: Journal, run_ids: Sequence[str]) -> list[list[str]]:
+    """Each ``--run`` with its chain (the runs it was moved from and to), in the order
+    given; a run already in an earlier chain is not repeated. An id the journal does not
+    know is bad input."""
+    wanted = [r for r in run_ids if r]
+    if not wanted:
+        raise ConfigError("--run is needed: the run to show (e.g. --run dflash-qwen36-"
+                          "20260101-120000); `outrig runs` lists the runs the journal knows. "
+                          "Nothing was read.")
+    records = {str(r.get("run_id")): r for r in journal.runs()}
+    for run_id in wanted:
+        if run_id not in records:
+            raise ConfigError(f"--run {run_id}: the journal ({journal.root}) has no such run; "
+                              "`outrig runs --all` lists the runs it knows. Nothing was "
+                              "read.")
+    chains: list[list[str]] = []
+    seen: set[str] = set()
+    for run_id in wanted:
+        if run_id in seen:
+            continue
+        chain = [r for r in chain_ids(records, run_id) if r not in seen]
+        seen.update(chain)
+        chains.append(chain)
+    return chains
+
+
+def load_run(journal: Journal, run_id: str) -> tuple[RunData, int]:
+    """The run's data, its series first brought up to date with its mirror; and how many
+    lines of the mirror were parsed for that."""
+    record = journal.run(run_id) or {"run_id": run_id}
+    store = MetricStore(journal, run_id)
+    host = str(record.get("host") or "")
+    lines = 0
+    mirror = mirror_root(journal, host, run_id) if host else None
+    if host:
+        created = record.get("created")
+        ref = float(created) if isinstance(created, (int, float)) else None
+        lines = store.ingest_mirror(host, ref).lines
+    data = RunData(record=record, points=store.points(), events=store.events(),
+                   gpu=store.gpu_samples(), mirror=str(mirror) if mirror else None)
+    return data, lines
+
+
+def load_chains(journal: Journal, run_ids: Sequence[str]
+                ) -> tuple[list[list[RunData]], int]:
+    chains = select_chains(journal, run_ids)
+    groups: list[list[RunData]] = []
+    parsed = 0
+    for chain in chains:
+        group = []
+        for run_id in chain:
+            data, lines = load_run(journal, run_id)
+            parsed += lines
+            group.append(data)
+        groups.append(group)
+    return groups, parsed
+
+
+def _say_empty(reporter: Reporter, runs: Sequence[RunData]) -> None:
+    for run in runs:
+        if not run.points:
+            reporter.info(f"• run {run.run_id} has no metric records yet: its log mirror "
+                          f"({run.mirror}) has none. `outrig tail-logs --host {run.host} --run "
+                          f"{run.run_id} --no-follow` fills the mirror; status and watch add "
+                          "the records their log tails hold")
+
+
+def _check_metrics(asked: Sequence[str], known: Sequence[str]) -> None:
+    unknown = [m for m in asked if m not in known]
+    if unknown:
+        listed = ", ".join(known[:14]) + (", ..." if len(known) > 14 else "")
+        raise ConfigError(f"--metric {unknown[0]}: no such metric in these runs"
+                          + (f" (they have: {listed})" if known else " (they have none yet)")
+                          + "; `outrig metrics --run R` lists them all. Nothing was drawn.")
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "table",
+                   metrics: Sequence[str] = (), journal: Journal | None = None
+                   ) -> dict[str, Any]:
+    """``outrig metrics``: every point of the runs (and their chains), as one JSON document
+    (``--json``), CSV (``--csv``: run, host, process, step, time, then one column per
+    metric) or, for people, a table per run of each metric's count, first, last, min and
+    max."""
+    journal = journal or Journal()
+    groups, parsed = load_chains(journal, run_ids)
+    runs = [run for group in groups for run in group]
+    names = list(dict.fromkeys(n for run in runs for n in metric_names(run.points)))
+    _check_metrics(metrics, names)
+    names = list(metrics) or names
+    doc: dict[str, Any] = {"metrics": names, "lines_parsed": parsed, "runs": []}
+    for index, group in enumerate(groups):
+        for run in group:
+            doc["runs"].append({
+                "run_id": run.run_id, "host": run.host, "playbook": run.record.get("playbook"),
+                "chain": index, "mirror": run.mirror,
+                "points": [{"process": p, "step": s, "t": t,
+                            "values": {n: v for n, v in zip(names, values, strict=True)
+                                       if v is not None}}
+                           for p, s, t, values in iter_rows(run.points, names)
+                           if any(v is not None for v in values)]})
+    if fmt == "json":
+        reporter.out.write(_dumps(doc) + "\n")
+    elif fmt == "csv":
+        reporter.out.write(csv_text(runs, names))
+    else:
+        _say_empty(reporter, runs)
+        reporter.lines(summary_lines(runs, names, reporter.width))
+    reporter.out.flush()
+    return doc
+
+
+def _dumps(doc: Any) -> str:
+    import json
+
+    return json.dumps(doc, default=str)
+
+
+def csv_text(runs: Sequence[RunData], names: Sequence[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["run_id", "host", "process", "step", "time_utc", "t", *names])
+    for run in runs:
+        for process, step, t, values in iter_rows(run.points, names):
+            if all(v is None for v in values):
+                continue
+            writer.writerow([run.run_id, run.host, process, step,
+                             "" if t is None else utc_text(t)[:19],
+                             "" if t is None else f"{t:.3f}",
+                             *("" if v is None else repr(v) for v in values)])
+    return buffer.getvalue()
+
+
+def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> list[str]:
+    """For people: per run its steps and one row per metric (points, first, last, min,
+    max); the export itself is --json or --csv."""
+    from outrig.textlayout import columns
+
+    out: list[str] = []
+    for run in runs:
+        if out:
+            out.append("")
+        steps = sorted({p.step for p in run.points})
+        span = f"steps {steps[0]}–{steps[-1]}" if steps else "no metric records yet"
+        out.append(f"run {run.run_id} ({run.record.get('playbook')}) on {run.host}: "
+                   f"{len(run.points)} records, {span}")
+        rows = []
+        for name in names:
+            values = [v for _, _, v in by_step(run.points, name)]
+            if values:
+                rows.append([name, str(len(values)), f"{values[0]:.4g}", f"{values[-1]:.4g}",
+                             f"{min(values):.4g}", f"{max(values):.4g}"])
+        if rows:
+            header, lines = columns(["metric", "points", "first", "last", "min", "max"], rows)
+            out += ["  " + header, *("  " + line for line in lines)]
+    out.append("(every point: --json or --csv)")
+    return [line if len(line) <= width else line[: width - 1] + "…" for line in out]
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] = (),
+         journal: Journal | None = None, width: int | None = None,
+         colour: bool | None = None) -> list[str]:
+    """``outrig plot``: the curves of ``metrics`` (default: loss, full_acc and eal, those
+    there are) of the runs and their chains, in the terminal (:mod:`outrig.termplot`)."""
+    journal = journal or Journal()
+    groups, _ = load_chains(journal, run_ids)
+    runs = [run for group in groups for run in group]
+    names = list(dict.fromkeys(n for run in runs for n in metric_names(run.points)))
+    _check_metrics(metrics, names)
+    chosen = list(metrics) or [m for m in DEFAULT_PLOT if m in names] or names[:1]
+    _say_empty(reporter, runs)
+    curves = [(metric, [Curve(run.label(), metric,
+                              [(s, v) for s, _, v in by_step(run.points, metric)])
+                        for run in runs]) for metric in chosen]
+    if reporter.json_mode:
+        reporter.emit_json({"curves": [
+            {"metric": metric, "run_id": run.run_id, "host": run.host,
+             "steps": [s for s, _ in curve.rows], "values": [v for _, v in curve.rows]}
+            for metric, row in curves for run, curve in zip(runs, row, strict=True)]})
+        return []
+    lines = plot_lines(curves, width or terminal_width(reporter.out),
+                       colour=reporter.colour if colour is None else colour)
+    if not chosen:
+        lines = ["nothing to plot yet"]
+    for line in lines:
+        reporter.out.write(line + "\n")
+    reporter.out.flush()
+    return lines
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def asset(name: str) -> str:
+    return (resources.files("outrig") / "report_assets" / name).read_text(encoding="utf-8")
+
+
+def watch_events(journal: Journal, run_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """The events of every saved ``watch`` (``<journal>/watches/``) about these runs."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted((journal.root / WATCH_DIR).glob("*.json")):
+        data = read_json(path)
+        for payload in (data or {}).get("events") or [] if isinstance(data, dict) else []:
+            if isinstance(payload, dict) and payload.get("run_id") in run_ids:
+                out.setdefault(str(payload["run_id"]), []).append(payload)
+    return out
+
+
+def plan_secrets(runs: Sequence[RunData]) -> list[str]:
+    """The values (from this shell) of the secrets the runs' plans name."""
+    names = {str(s) for run in runs for s in ((run.record.get("plan") or {}).get("secrets")
+                                              or [])}
+    return ordered(v for n in names if (v := os.environ.get(n)))
+
+
+def default_output(run_ids: Sequence[str]) -> Path:
+    return Path(f"outrig-report-{run_ids[0]}.html")
+
+
+def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | None = None,
+                 journal: Journal | None = None, now: float | None = None) -> dict[str, Any]:
+    """``outrig report``: the HTML file (:mod:`outrig.report`); what it holds, returned
+    (and printed with ``--json``)."""
+    journal = journal or Journal()
+    path = Path(output) if output else default_output([r for r in run_ids if r] or ["run"])
+    _check_writable(path)
+    groups, parsed = load_chains(journal, run_ids)
+    runs = [run for group in groups for run in group]
+    ids = {run.run_id for run in runs}
+    evaluations = {rid: journal.evaluations(run_id=rid) for rid in ids}
+    document = report_document(groups, now=time.time() if now is None else now,
+                               evaluations=evaluations, watch_events=watch_events(journal, ids),
+                               secrets=plan_secrets(runs))
+    html = render_html(document, uplot_js=asset("uPlot.iife.min.js"),
+                       uplot_css=asset("uPlot.min.css"), page_js=asset("report.js"),
+                       page_css=asset("report.css"))
+    _write(path, html)
+    size = len(html.encode())
+    summary: dict[str, Any] = {"report": str(path), "bytes": size, "runs": sorted(ids),
+               "charts": len(document["charts"]), "events": len(document["events"]),
+               "points": sum(len(run.points) for run in runs), "lines_parsed": parsed}
+    if reporter.json_mode:
+        reporter.emit_json(summary)
+    else:
+        _say_empty(reporter, runs)
+        reporter.success(f"wrote {path} ({size // 1024} KB): "
+                         f"{len(runs)} run(s), {summary['charts']} chart(s) of metrics, "
+                         f"{summary['events']} event(s); open it in a browser (it needs no "
+                         "network)")
+    return summary
+
+
+def _refused(path: Path, exc: OSError) -> Exception:
+    if exc.errno in BAD_WRITE:
+        return ConfigError(f"-o {path}: cannot write there ({exc.strerror or exc}); give a "
+                           "file in a folder you can write (e.g. -o ./report.html). Nothing "
+                           "was written.")
+    return LocalWriteError(f"writing the report {path} failed ({exc.strerror or exc}); free "
+                           "space there or give another -o, then run report again.")
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse an -o that cannot be written before any work (exit 2)."""
+    if path.is_dir():
+        raise ConfigError(f"-o {path}: that is a folder; give a file name (e.g. -o "
+                          f"{path / 'report.html'}). Nothing was written.")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"-o {path}: the folder {folder} does not exist; make it or give "
+                          "another file. Nothing was written.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"-o {path}: the folder {folder} is not writable by this user; "
+                          "give a file in a folder you can write (e.g. -o ./report.html). "
+                          "Nothing was written.")
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomically (temp file + rename), 0600 when new: a report holds the commands and
+    the log's paths."""
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        make_private_dir(folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(folder))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise _refused(path, exc) from None

@@ -1,0 +1,109 @@
+"""``outrig plot``: a run's curves in the terminal (pure: text in, lines out).
+
+With colour (a terminal, or ``FORCE_COLOR``), each metric is a chart drawn by plotext
+(braille dots, one colour per run) as wide as the terminal. Without colour (a pipe, a log
+file, ``NO_COLOR``), several curves in one monochrome chart cannot be told apart, so each
+metric becomes what can: a line with its sparkline and last value per run, then a table of
+evenly spread steps with each run's value, which fits 80 columns.
+
+plotext is imported only here, when a chart is drawn (start-up of every other command stays
+as it was); it is pure Python with no dependencies of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from outrig.metrics import sparkline, thin
+
+TABLE_ROWS = 12  # steps shown per metric without colour
+CHART_HEIGHT = 16  # lines per chart
+MIN_CHART_WIDTH = 40
+
+
+@dataclass
+class Curve:
+    """One run's values of one metric: ``(step, value)`` rows in step order."""
+
+    label: str
+    metric: str
+    rows: list[tuple[int, float]]
+
+
+def _num(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    magnitude = abs(value)
+    if magnitude and (magnitude < 1e-3 or magnitude >= 1e5):
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def table_lines(metric: str, curves: Sequence[Curve], width: int) -> list[str]:
+    """One metric without colour: a line per run (``[k]``, its label, sparkline, last
+    value, steps), then a table of :data:`TABLE_ROWS` evenly spread steps with a column
+    ``[k]`` per run (run ids are long and alike: the key keeps the columns narrow)."""
+    out = [_fit(metric, width)]
+    label_width = min(max(len(c.label) for c in curves), max(8, width // 3))
+    for key, curve in enumerate(curves, 1):
+        head = f"  [{key}] {curve.label[:label_width]:<{label_width}}  "
+        if not curve.rows:
+            out.append(_fit(head + "no values", width))
+            continue
+        spark_width = max(4, min(24, width - len(head) - 30))
+        first, last = curve.rows[0], curve.rows[-1]
+        out.append(_fit(head + f"{sparkline([v for _, v in curve.rows], spark_width)}  "
+                        f"last {_num(last[1])}  steps {first[0]}–{last[0]}", width))
+    steps = sorted({s for c in curves for s, _ in c.rows})
+    shown = thin(steps, TABLE_ROWS)
+    if not shown:
+        return out
+    columns = max(1, min(len(curves), (width - 12) // 11))
+    values = [dict(c.rows) for c in curves[:columns]]
+    out.append(f"  {'step':>8}" + "".join(f" {f'[{k}]':>10}" for k in range(1, columns + 1)))
+    for step in shown:
+        out.append(f"  {step:>8}" + "".join(f" {_num(v.get(step)):>10}" for v in values))
+    if len(curves) > columns:
+        out.append(_fit(f"  ({len(curves) - columns} more run(s) not shown at this width)",
+                        width))
+    return out
+
+
+def chart_lines(metric: str, curves: Sequence[Curve], width: int,
+                height: int = CHART_HEIGHT) -> list[str]:
+    """One metric as a plotext chart, in colour, ``width`` columns wide."""
+    import plotext as plt  # type: ignore[import-untyped]
+
+    plt.clear_figure()
+    plt.plotsize(max(MIN_CHART_WIDTH, width), height)
+    plt.theme("pro")
+    plt.title(metric)
+    plt.xlabel("step")
+    for curve in curves:
+        if curve.rows:
+            plt.plot([s for s, _ in curve.rows], [v for _, v in curve.rows],
+                     label=curve.label, marker="braille")
+    text: str = plt.build()
+    plt.clear_figure()
+    return text.rstrip("\n").split("\n")
+
+
+def plot_lines(curves_by_metric: Sequence[tuple[str, Sequence[Curve]]], width: int, *,
+               colour: bool) -> list[str]:
+    """Every metric asked for, a chart each (colour) or a table each (no colour)."""
+    out: list[str] = []
+    for metric, curves in curves_by_metric:
+        if out:
+            out.append("")
+        drawable = [c for c in curves if len(c.rows) >= 2]
+        if colour and drawable and width >= MIN_CHART_WIDTH:
+            out += chart_lines(metric, drawable, width)
+        else:
+            out += table_lines(metric, curves, width)
+    return out

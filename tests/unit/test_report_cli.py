@@ -1,0 +1,179 @@
+"""``outrig metrics``, ``plot`` and ``report`` as the installed command runs them, over a
+journal holding the real H200 trainer's log in its mirror and the H200x2 rehearsal's
+migrated run: the exports, the terminal plot at 80 columns with and without colour (and
+under ``NO_COLOR``), the report file, and every bad input refused with exit 2."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from outrig.journal import Journal
+from outrig.metrics import LOSS
+from outrig.termplot import Curve, plot_lines
+from tests.support.cli import outrig
+from tests.unit.test_metrics import H200, MIGRATE, START, make_run, metric_lines
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Journal:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    journal = Journal(tmp_path / "state" / "outrig")
+    make_run(journal, "h200-run", "uk-node", H200,
+             plan={"processes": [{"name": "trainer", "gpus": [0],
+                                  "argv": ["torchrun", "-m", "speculators.train"]}]})
+    make_run(journal, "old", "cpu-box", MIGRATE / "cpu-box-movable-trainer.log")
+    make_run(journal, "new", "new-box", MIGRATE / "new-box-movable-trainer.log",
+             migrated_from={"run_id": "old", "host": "cpu-box"})
+    journal.mark_moved("old", host="cpu-box", to_host="new-box", to_run_id="new", at=START)
+    return journal
+
+
+def test_metrics_csv_and_json_hold_every_record(journal: Journal,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = outrig(["metrics", "--run", "h200-run", "--csv"], capsys)
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(int(r["step"]), float(r[LOSS])) for r in rows] == metric_lines(H200)
+    assert {"train/eal", "train/position_7_acc", "lr/Muon", "profile/tokens_per_s",
+            "epoch"} <= set(rows[0])
+    assert rows[0]["time_utc"].endswith("08:31:22") and rows[0]["run_id"] == "h200-run"
+    code, out, err = outrig(["metrics", "--run", "h200-run", "--json", "--metric", LOSS],
+                            capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["metrics"] == [LOSS] and doc["lines_parsed"] == 0  # parsed above
+    assert [p["values"][LOSS] for p in doc["runs"][0]["points"]] == \
+        [v for _, v in metric_lines(H200)]
+    code, out, err = outrig(["metrics", "--run", "h200-run"], capsys)
+    assert code == 0 and "train/loss" in out and "34" in out
+    assert all(len(line) <= 80 for line in out.splitlines())
+
+
+def test_metrics_of_a_migrated_run_bring_its_successor(journal: Journal,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    code, out, err = outrig(["metrics", "--run", "old", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [r["run_id"] for r in doc["runs"]] == ["old", "new"]
+    assert {r["chain"] for r in doc["runs"]} == {0}
+    steps = [[p["step"] for p in r["points"] if LOSS in p["values"]] for r in doc["runs"]]
+    assert steps == [list(range(7)), list(range(5, 11))]
+
+
+def test_plot_without_colour_is_a_table_at_80_columns(journal: Journal,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for env in ({}, {"NO_COLOR": "1", "FORCE_COLOR": "1"}):  # NO_COLOR wins (no-color.org)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        code, out, err = outrig(["plot", "--run", "old"], capsys)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert "\x1b" not in out
+        assert max(len(line) for line in lines) <= 80
+        assert lines[0] == LOSS
+        assert lines[1].startswith("  [1] old (cpu-box)") and "steps 0–6" in lines[1]
+        assert lines[2].startswith("  [2] new (new-box)") and "steps 5–10" in lines[2]
+        table = [line.split() for line in lines[4:] if line.strip() and
+                 line.split()[0].isdigit()]
+        assert [int(row[0]) for row in table][:11] == list(range(11))  # steps 0..10, both runs
+        assert table[5][1:] == ["1.673", "1.708"]  # step 5 of the old run and of the new one
+
+
+def test_plot_with_colour_is_a_chart_at_80_columns(journal: Journal,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = outrig(["plot", "--run", "h200-run", "--metric", LOSS,
+                             "--metric", "train/eal"], capsys)
+    assert code == 0, err
+    assert "\x1b[" in out
+    plain = ANSI.sub("", out).splitlines()
+    assert max(len(line) for line in plain) <= 80
+    titles = [line.strip() for line in plain if line.strip() in (LOSS, "train/eal")]
+    assert titles == [LOSS, "train/eal"]
+    dots = sum(len(re.findall("[\u2801-\u28ff]", line)) for line in plain)
+    assert dots > 30  # braille dots: the curves
+    assert any(line.strip() == "step" for line in plain)
+
+
+def test_plot_lines_degrade_to_the_table_below_the_chart_width() -> None:
+    curve = Curve("r", LOSS, [(0, 2.0), (1, 1.5), (2, 1.0)])
+    narrow = plot_lines([(LOSS, [curve])], 30, colour=True)
+    assert "\x1b" not in "".join(narrow) and max(len(line) for line in narrow) <= 30
+    assert plot_lines([(LOSS, [Curve("r", LOSS, [(0, 1.0)])])], 80, colour=True)[1] \
+        .startswith("  [1] r")
+
+
+def test_plot_json(journal: Journal, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _err = outrig(["plot", "--run", "new", "--metric", LOSS, "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and [(c["run_id"], c["steps"]) for c in doc["curves"]] == \
+        [("old", list(range(7))), ("new", list(range(5, 11)))]
+
+
+def test_report_writes_one_self_contained_file(journal: Journal,
+                                               capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    code, out, err = outrig(["report", "--run", "old", "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    path = tmp_path / "outrig-report-old.html"
+    assert summary["report"] == "outrig-report-old.html" and path.exists()
+    assert summary["runs"] == ["new", "old"] and summary["points"] == 13
+    html = path.read_text()
+    assert "default-src 'none'" in html  # the page may fetch nothing
+    assert not re.search(r"""<(?:script|link|img)[^>]+(?:src|href)=""", html)
+    data = json.loads(re.search(r'id="outrig-data">(.*?)</script>', html, re.S).group(1))
+    assert [r["run_id"] for r in data["runs"]] == ["old", "new"]
+    assert {e["kind"] for e in data["events"]} >= {"deploy", "checkpoint", "resume", "migrate"}
+    assert os.stat(path).st_mode & 0o077 == 0
+    code, out, err = outrig(["report", "--run", "h200-run", "-o", "sub.html"], capsys)
+    assert code == 0 and "wrote sub.html" in err and (tmp_path / "sub.html").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["metrics"], "--run is needed"),
+    (["metrics", "--run", "nope"], "--run nope: the journal"),
+    (["plot", "--run", "nope"], "--run nope: the journal"),
+    (["report", "--run", "nope"], "--run nope: the journal"),
+    (["metrics", "--run", "old", "--json", "--csv"], "one of --json and --csv"),
+    (["plot", "--run", "old", "--metric", "train/nope"], "--metric train/nope: no such"),
+    (["metrics", "--run", "old", "--metric", "train/nope"], "--metric train/nope: no such"),
+    (["report", "--run", "old", "-o", "missing/r.html"], "the folder missing does not exist"),
+    (["report", "--run", "old", "-o", "."], "that is a folder"),
+])
+def test_bad_input_is_refused_with_exit_2(journal: Journal,
+                                          capsys: pytest.CaptureFixture[str],
+                                          args: list[str], words: str) -> None:
+    code, out, err = outrig(args, capsys)
+    assert code == 2, (args, out, err)
+    assert words in err and "Traceback" not in err
+    assert not list(Path.cwd().glob("*.html"))
+
+
+def test_an_unwritable_folder_is_refused_with_exit_2(journal: Journal, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    if os.geteuid() == 0:  # root writes anywhere: a read-only place stands in
+        target = "/proc/outrig-report.html"
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        target = str(locked / "r.html")
+    code, _out, err = outrig(["report", "--run", "old", "-o", target], capsys)
+    assert code == 2, err
+    assert f"-o {target}" in err and "Nothing was written" in err
