@@ -127,20 +127,26 @@ def make_private_dir(path: Path) -> None:
             folder.mkdir(mode=PRIVATE_DIR)
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    """``data`` as the JSON file ``path`` (0600, its folder 0700 if new), atomically."""
-    make_private_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))  # 0600
+def atomic_write_text(path: Path, text: str) -> None:
+    """``text`` as the file ``path`` (0600 when new, its missing folders 0700), atomically:
+    a temp file beside it, fsynced, renamed over it, so a reader never sees half a file."""
+    folder = path.parent if str(path.parent) else Path(".")
+    make_private_dir(folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(folder))  # 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True, default=str)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """``data`` as the JSON file ``path`` (0600, its folder 0700 if new), atomically."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_json(path: Path) -> Any | None:

@@ -16,7 +16,6 @@ import csv
 import errno
 import io
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from importlib import resources
@@ -25,7 +24,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
-from outrig.journal import Journal, make_private_dir, read_json, utc_text
+from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
 from outrig.metrics import RunData, by_step, chain_ids, iter_rows, metric_names
 from outrig.metricstore import MetricStore
@@ -324,18 +323,7 @@ def _check_writable(path: Path) -> None:
 def _write(path: Path, text: str) -> None:
     """Atomically (temp file + rename), 0600 when new: a report holds the commands and
     the log's paths."""
-    folder = path.parent if str(path.parent) else Path(".")
     try:
-        make_private_dir(folder)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(folder))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(path, text)
     except OSError as exc:
         raise _refused(path, exc) from None
