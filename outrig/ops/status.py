@@ -59,9 +59,7 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
     result = session.call("status", stream=False, log_lines=log_lines,
                           progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
                           gpu_holders=True, **selector)
-    remember_samples(session.journal, result)  # before enrich_status drops the log text
-    enrich_status(result)
-    loss_trends(session.journal, result)
+    read_answer(session.journal, result)
     remember_progress(session.journal, result)
     mark_moved_runs(result, session)
     mark_evaluations(result, session)
@@ -150,6 +148,15 @@ def evaluation_lines(result: dict[str, Any]) -> list[str]:
                      f"{' '.join(fmt(p) for p in ev.get('per_position') or []) or '-'}, "
                      f"speedup {fmt(ev.get('speedup'))}× (outrig evaluate --compare)")
     return lines
+
+
+def read_answer(journal: Journal, result: dict[str, Any]) -> None:
+    """A raw ``status`` answer as ``status`` and ``watch`` show it: its metric records and
+    GPU samples kept in the journal first (:func:`enrich_status` drops the log text they
+    come from), then enriched, then each process's loss sparkline from the kept series."""
+    remember_samples(journal, result)
+    enrich_status(result)
+    loss_trends(journal, result)
 
 
 def enrich_status(result: dict[str, Any]) -> dict[str, Any]:
