@@ -43,12 +43,22 @@ class Node:
 
     def wait_for(self, needle: str, count: int = 1, timeout: float = 60.0) -> None:
         """Wait (on the process's own output, polled) until ``needle`` shows ``count`` times."""
+        self._wait(lambda: self.text().count(needle) >= count, repr(needle), timeout)
+
+    def wait_workers(self, count: int, timeout: float = 60.0) -> None:
+        """Wait until ``count`` whole ``worker {env}`` lines are logged (a count of the text
+        ``worker `` would also match torch's own "Rendezvous'ing worker group" line)."""
+        self._wait(lambda: sum(line.startswith("worker ") and line.endswith("}")
+                               for line in self.text().splitlines()) >= count,
+                   f"{count} worker lines", timeout)
+
+    def _wait(self, done: Callable[[], bool], what: str, timeout: float) -> None:
         import time
 
         deadline = time.monotonic() + timeout
-        while self.text().count(needle) < count:
-            assert self.proc.poll() is None or self.text().count(needle) >= count, self.text()
-            assert time.monotonic() < deadline, f"no {needle!r} in:\n{self.text()}"
+        while not done():
+            assert self.proc.poll() is None or done(), self.text()
+            assert time.monotonic() < deadline, f"no {what} in:\n{self.text()}"
             time.sleep(0.05)
 
 
@@ -82,8 +92,8 @@ def joined(start: Callable[[int, int], Node]) -> tuple[Node, Node]:
     head = start(0, port)
     head.wait_for("Rendezvous'ing worker group")
     other = start(1, port)
-    other.wait_for("worker ", 2)
-    head.wait_for("worker ", 2)
+    other.wait_workers(2)
+    head.wait_workers(2)
     return head, other
 
 
@@ -135,8 +145,8 @@ def test_is_host_decides_who_hosts_the_store(start: Callable[..., Node]) -> None
     port = free_port()
     other = start(1, port, "is_host=0")  # started first, yet told not to host: it waits
     head = start(0, port, "is_host=1")
-    head.wait_for("worker ", 2)
-    other.wait_for("worker ", 2)
+    head.wait_workers(2)
+    other.wait_workers(2)
     head.fail.touch()
     assert head.proc.wait(60) == 1
     assert other.proc.wait(60) == 1  # the store was the head's: its end ends node 1
