@@ -294,3 +294,47 @@ def test_a_box_that_refuses_the_live_channel_keeps_the_exec_path_and_connections
     assert json.loads(subprocess.run([*OUTRIG, "connections", "--json"], cwd=tmp_path,
                                      capture_output=True, text=True, timeout=120).stdout)[
         "connections"][0]["live"]["state"] == "failed"
+
+
+SLOW = """\
+name: slow
+processes:
+  first:
+    command: python3 -c "import time; print('up', flush=True); time.sleep(600)"
+    gpus: []
+    ready: {log: "never printed", timeout: 600}
+    stop: {grace: 5}
+"""
+
+
+def test_ctrl_c_cancels_a_deploy_served_by_the_live_agent(
+        box: SandboxBox, warm: tuple[Path, Journal, LatencyProxy], tmp_path: Path,
+        procs: Any) -> None:
+    """The CLI's first Ctrl-C writes ``cancel`` to the agent's stdin: through the live agent
+    that is an ``i`` frame to the request's child, which stops what it launched and answers."""
+    host, _journal, _proxy = warm
+    project = tmp_path / "project"
+    (project / "playbooks").mkdir(parents=True)
+    (project / "hosts").mkdir()
+    (project / "hosts" / "live.yaml").write_text(host.read_text())
+    (project / "playbooks" / "slow.yaml").write_text(SLOW)
+    served = live_of_keeper()["served"]
+    opens, execs = sshd_counts(box)
+    deploying = procs.spawn([*OUTRIG, "deploy", "--host", "live", "--playbook", "slow",
+                             "--json"], cwd=project, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert deploying.stdout is not None
+    pid = None
+    for line in deploying.stdout:
+        event = json.loads(line)
+        if event.get("event") == "launched":
+            pid = int(event["pid"])
+            break
+    assert pid is not None, deploying.communicate()
+    assert live_of_keeper()["served"] > served, "the deploy was not on the live agent"
+    deploying.send_signal(signal.SIGINT)
+    _out, err = deploying.communicate(timeout=WAIT_S)
+    assert deploying.returncode == 130, err
+    assert f"had launched (first (pid {pid}))" in err and "workdir is unlocked" in err
+    assert wait_gone(pid, WAIT_S), "the launched process outlived the cancel"
+    assert sshd_counts(box) == (opens, execs)
