@@ -9,8 +9,17 @@ box, and times ``status`` (the op core of ``outrig status --host a,b,...``, thro
 - **cold**: every host connects afresh (keeping off, as ``--no-keep``);
 - **keep, first**: keeping on and no keeper yet: each host starts its keeper (which makes
   the connection), as the first command of a session does;
-- **warm**: keeping on, the keepers from the round before are there: each host's command
-  is one channel on its kept connection.
+- **warm**: keeping on, the keepers from the round before are there, each with its live
+  agent ready (connectors/live.py): each host's call is one request on the live agent's
+  channel (no channel open, no exec, no Python start on the box);
+- **Fabric ThreadingGroup, cold**: the plain alternative on the same boxes in the same run:
+  one ``ThreadingGroup.run`` of a lighter look than ``status`` (``ps`` of every process, ``df``
+  and the load average), host keys checked against the same known_hosts (RejectPolicy).
+
+After the kept rounds on all N boxes it reports the **memory of the kept hosts**: each
+keeper's PSS, RSS and private bytes (``/proc/PID/smaps_rollup``: PSS shares the pages the
+keepers share, forked from one launcher, fairly between them), and the same for each box's
+live agent, in total and per host.
 
 Every round also counts CPU seconds, so that a slow round can be told apart from a slow
 link: the **client** (this process: outrig's threads, paramiko's transports; for kept
@@ -175,6 +184,70 @@ def keeper_pids() -> list[int]:
     return [int(k["pid"]) for k in keepers()]
 
 
+FABRIC_LOOK = "ps -eo pid,ppid,pgid,lstart,args >/dev/null; df -P / >/dev/null; " \
+              "cat /proc/loadavg"
+
+
+def live_served() -> int:
+    """Calls the keepers' live agents have served so far."""
+    from outrig.connectors.kept import keepers
+
+    return sum(int((k.get("live") or {}).get("served") or 0) for k in keepers())
+
+
+def live_ready(count: int, limit: float = 120.0) -> int:
+    """Wait until ``count`` keepers each have a ready live agent; the calls served so far."""
+    from outrig.connectors.kept import keepers
+
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        found = keepers()
+        states = [(k.get("live") or {}).get("state") for k in found]
+        if len(found) == count and states == ["ready"] * count:
+            return live_served()
+        if "failed" in states:
+            raise SystemExit(f"a live agent failed: {[k.get('live') for k in found]}")
+        time.sleep(0.1)
+    raise SystemExit(f"the live agents were not all ready: {keepers()}")
+
+
+def memory_of(pid: int) -> dict[str, int] | None:
+    """PSS, RSS and private bytes of one process (``/proc/PID/smaps_rollup``)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    kib = {}
+    for line in text.splitlines()[1:]:
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            kib[name.strip()] = int(parts[0])
+    return {"pss": kib.get("Pss", 0) << 10, "rss": kib.get("Rss", 0) << 10,
+            "private": (kib.get("Private_Clean", 0) + kib.get("Private_Dirty", 0)) << 10}
+
+
+def kept_memory() -> dict[str, Any]:
+    """Memory of every keeper and every box's live agent, total and per host."""
+    from outrig.connectors.kept import keepers
+
+    found = keepers()
+    sides: dict[str, list[dict[str, int]]] = {"keeper": [], "live_agent": []}
+    for entry in found:
+        for side, pid in (("keeper", entry.get("pid")),
+                          ("live_agent", (entry.get("live") or {}).get("pid"))):
+            got = memory_of(int(pid)) if isinstance(pid, int) else None
+            if got is not None:
+                sides[side].append(got)
+    out: dict[str, Any] = {"hosts": len(found)}
+    for side, rows in sides.items():
+        for key in ("pss", "rss", "private"):
+            total = sum(r[key] for r in rows)
+            out[f"{side}_{key}_total_mib"] = round(total / 2**20, 1)
+            out[f"{side}_{key}_per_host_mib"] = round(total / 2**20 / max(1, len(rows)), 1)
+    return out
+
+
 @dataclass
 class Round:
     """One timed ``status`` across some hosts: wall clock and CPU by side."""
@@ -324,7 +397,7 @@ def main() -> int:
         def series(delay_ms: float) -> dict[str, Any]:
             proxies.ask(delay=delay_ms / 2000.0)
             rows: dict[str, Any] = {}
-            counts = sorted({1, min(5, args.boxes), args.boxes})
+            counts = sorted({1, min(5, args.boxes), min(10, args.boxes), args.boxes})
             for count in counts:
                 runs = [timed(cold, names[:count],
                               profile=args.profile if count == args.boxes and i == 0
@@ -335,23 +408,63 @@ def main() -> int:
             for count in counts:
                 stop_keepers()
                 first = timed(kept, names[:count])
-                runs = [timed(kept, names[:count]) for _ in range(args.repeat)]
                 assert first.outcomes and all(o.ok for o in first.outcomes), first
+                served = live_ready(count)
+                runs = [timed(kept, names[:count]) for _ in range(args.repeat)]
                 assert all(o.ok for r in runs for o in r.outcomes), runs
+                calls = live_served() - served
+                if calls != count * args.repeat:
+                    raise SystemExit(f"warm N={count}: {calls} of {count * args.repeat} "
+                                     "calls were served by the live agents")
                 rows[f"keep, first N={count}"] = first.row(count)
                 rows[f"warm N={count}"] = median_round(runs).row(count)
+                if count == args.boxes and delay_ms:
+                    memory.update(kept_memory())
             stop_keepers()
+            for count in counts:
+                runs = [fabric_round(boxes[:count]) for _ in range(args.repeat)]
+                rows[f"Fabric group N={count}"] = median_round(runs).row(count)
             for name, row in rows.items():
                 base = rows[name.split("N=")[0] + "N=1"]["seconds"]
                 row["x_one_box"] = round(row["seconds"] / base, 2)
                 row["x_cold_one_box"] = round(row["seconds"] / rows["cold N=1"]["seconds"], 2)
             return rows
 
+        memory: dict[str, Any] = {}
+
+        def fabric_round(chosen: list[SandboxBox]) -> Round:
+            """Fabric's ThreadingGroup on ``chosen``, cold: connect, run the look, close."""
+            import fabric
+            import paramiko
+
+            conns = []
+            for box, port in zip(chosen, ports, strict=False):
+                conn = fabric.Connection(box.host, user=box.user, port=port, connect_kwargs={
+                    "key_filename": str(box.identity_file), "look_for_keys": False,
+                    "allow_agent": False})
+                conn.client.load_host_keys(str(box.known_hosts))
+                conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+                conns.append(conn)
+            group = fabric.ThreadingGroup.from_connections(conns)
+            roots = [b.pid for b in boxes if b.pid is not None]
+            time.sleep(0.3)
+            box0, link0, self0 = tree_cpu(roots), tree_cpu([proxies.proc.pid]), self_cpu()
+            start = time.monotonic()
+            try:
+                group.run(FABRIC_LOOK, hide=True)
+            finally:
+                group.close()
+            seconds = time.monotonic() - start
+            time.sleep(0.5)
+            return Round(seconds, self_cpu() - self0, tree_cpu(roots) - box0,
+                         tree_cpu([proxies.proc.pid]) - link0)
+
         timed(cold, names)  # first contact: host keys recorded, RTTs in the journal
         report: dict[str, Any] = {
             "rtt_ms": args.rtt_ms, "boxes": args.boxes, "repeat": args.repeat,
             "max_parallel": max_parallel, "cpus": os.cpu_count(),
             "load_before": os.getloadavg()[0], "rounds": series(args.rtt_ms)}
+        report["memory"] = memory
         if args.no_delay:
             report["rounds_no_delay"] = series(0.0)
             proxies.ask(delay=args.rtt_ms / 2000.0)
@@ -411,6 +524,25 @@ def print_report(report: dict[str, Any]) -> None:
                   f"{row['client_cpu_s']:9.2f} s {row['client_cpu_per_host_ms']:4d} ms "
                   f"{row['box_cpu_s']:6.2f} s {row['box_cpu_per_host_ms']:4d} ms "
                   f"{row['link_cpu_s']:7.2f} s")
+    rounds = report["rounds"]
+    ten = min(10, report["boxes"])
+    if f"warm N={ten}" in rounds and f"Fabric group N={ten}" in rounds:
+        warm = rounds[f"warm N={ten}"]["seconds"] / rounds["warm N=1"]["seconds"]
+        cold = rounds[f"cold N={ten}"]["seconds"] / rounds[f"Fabric group N={ten}"]["seconds"]
+        print(f"goals: status on {ten} boxes warm = {warm:.2f}x one box warm (target <= 1.5: "
+              f"{'met' if warm <= 1.5 else 'NOT met'}); {ten} boxes cold = {cold:.2f}x Fabric "
+              f"ThreadingGroup on the same boxes (target <= 1: "
+              f"{'met' if cold <= 1 else 'NOT met'})")
+    memory = report.get("memory")
+    if memory:
+        print(f"memory of {memory['hosts']} kept hosts (PSS, the fair share of pages shared "
+              "between processes; RSS; private):")
+        for side, words in (("keeper", "keepers (workstation)"),
+                            ("live_agent", "live agents (boxes)")):
+            print(f"  {words:24} PSS {memory[side + '_pss_total_mib']:6.1f} MiB = "
+                  f"{memory[side + '_pss_per_host_mib']:5.1f} MiB/host; RSS "
+                  f"{memory[side + '_rss_per_host_mib']:5.1f} MiB/host; private "
+                  f"{memory[side + '_private_per_host_mib']:5.1f} MiB/host")
     dead = report.get(f"with_3_bad_of_{report['boxes']}")
     if dead:
         print(f"with 3 bad of {report['boxes']}: {dead['healthy_ok']}/{dead['healthy']} "

@@ -320,11 +320,13 @@ def start_sandbox(root: Path, *, name: str = "sandbox", gpus: int = 8,
     # The fake nvidia-smi: this module's source with a shebang for this interpreter.
     src = Path(nvidia_smi.__file__).read_text()
     smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!{sys.executable}\n{src}")
+    # ``-S``: no site module (the fakes use the standard library alone): a third less of the
+    # box's CPU per call, which a fan-out over many sandbox boxes on one machine adds up
+    smi.write_text(f"#!{sys.executable} -S\n{src}")
     os.chmod(smi, 0o755)
     # The fake kernel log beside it (the agent reads Xid lines with dmesg).
     log = bin_dir / "dmesg"
-    log.write_text(f"#!{sys.executable}\n{Path(dmesg.__file__).read_text()}")
+    log.write_text(f"#!{sys.executable} -S\n{Path(dmesg.__file__).read_text()}")
     os.chmod(log, 0o755)
     nvidia_smi.write_inventory(
         gpu_dir, nvidia_smi.make_inventory(gpus, gpu_memory_mib, gpu_name, seed=str(root)))
