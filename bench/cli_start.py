@@ -10,13 +10,20 @@ from the first line). ``outrig --help deploy`` is parsed by the Invoke program, 
 comparison. The module count of each row is the number of imports ``python -X importtime``
 reports for it (the interpreter's own included), from one more run.
 
+With ``--warm`` it also starts the sandbox box (a real OpenSSH sshd on 127.0.0.1; the journal
+and the keepers' sockets in the temporary folder) and times ``outrig status`` on it through a
+live keeper (the first command, untimed, starts it) and with ``--no-keep`` (its own SSH
+connection), in the same rounds: whole commands, the box's own answer included, so these
+rows say what the imports weigh only through their module counts and the difference. The
+keeper is stopped by its recorded pid at the end, and the box's sshd.
+
 Bytecode: every command runs with a private bytecode cache (``PYTHONPYCACHEPREFIX``, a
 temporary folder, so the source trees are left alone) and ``PYTHONDONTWRITEBYTECODE`` unset,
 and each is run once before timing, so that no row pays for compiling a module, as on a
 machine where outrig is installed. The machine's load average is printed before and after:
 the figures are only comparable within one run.
 
-Usage:  python bench/cli_start.py [--repeat 21] [--outrig PATH] [--json]
+Usage:  python bench/cli_start.py [--repeat 21] [--outrig PATH] [--warm] [--json]
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 TARGET = 0.15  # seconds: outrig --version and outrig --list (issue 23)
 
@@ -53,12 +61,40 @@ def modules(argv: list[str], env: dict[str, str]) -> int:
                and not line.rstrip().endswith("| package"))
 
 
+def start_box(root: Path, env: dict[str, str]) -> tuple[Any, Path]:
+    """The sandbox box under ``root`` and its host file; the commands' journal and keeper
+    sockets under ``root`` too (``env`` and this process, which stops the keeper)."""
+    from outrig.sandbox.box import start_sandbox
+
+    for name in ("state", "run"):
+        (root / name).mkdir(mode=0o700)
+    places = {"XDG_STATE_HOME": str(root / "state"), "XDG_RUNTIME_DIR": str(root / "run"),
+              "OUTRIG_KEEP_SECONDS": "600"}
+    env.update(places)
+    os.environ.update(places)
+    box = start_sandbox(root / "box")
+    host = box.write_host_file(root / "project" / "hosts" / "box.yaml")
+    return box, host
+
+
+def stop_box(box: Any) -> None:
+    """Stop the keeper (by its recorded pid) and the box's sshd."""
+    from outrig.connectors.kept import close_keepers, wait_gone
+
+    for entry in close_keepers():
+        wait_gone(int(entry["pid"]), 10.0)
+    box.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--outrig", default=str(Path(sys.executable).with_name("outrig")),
                         help="the outrig console script to time (default: beside this "
                              "interpreter)")
+    parser.add_argument("--warm", action="store_true",
+                        help="also time outrig status on the sandbox box, through a live "
+                             "keeper and with --no-keep")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args()
     script = Path(args.outrig)
@@ -72,18 +108,29 @@ def main() -> None:
         "outrig --help": [python, str(script), "--help"],
         "outrig --help deploy (parsed by Invoke)": [python, str(script), "--help", "deploy"],
     }
-    with tempfile.TemporaryDirectory(prefix="outrig-cli-start-") as cache:
+    with tempfile.TemporaryDirectory(prefix="outrig-cli-start-") as scratch:
+        root = Path(scratch)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(PYTHONPYCACHEPREFIX=cache, COLUMNS="80")
-        before = os.getloadavg()
-        for argv in rows.values():  # fill the bytecode cache
-            timed(argv, env)
-        samples: dict[str, list[float]] = {name: [] for name in rows}
-        for _ in range(args.repeat):
-            for name, argv in rows.items():
-                samples[name].append(timed(argv, env))
-        counts = {name: modules(argv, env) for name, argv in rows.items()}
-        after = os.getloadavg()
+        env.update(PYTHONPYCACHEPREFIX=str(root / "pycache"), COLUMNS="80")
+        box = None
+        if args.warm:
+            box, host = start_box(root, env)
+            status = [python, str(script), "status", "--host", str(host)]
+            rows["outrig status, through the live keeper"] = status
+            rows["outrig status --no-keep (its own SSH connection)"] = [*status, "--no-keep"]
+        try:
+            before = os.getloadavg()
+            for argv in rows.values():  # fill the bytecode cache (and start the keeper)
+                timed(argv, env)
+            samples: dict[str, list[float]] = {name: [] for name in rows}
+            for _ in range(args.repeat):
+                for name, argv in rows.items():
+                    samples[name].append(timed(argv, env))
+            counts = {name: modules(argv, env) for name, argv in rows.items()}
+            after = os.getloadavg()
+        finally:
+            if box is not None:
+                stop_box(box)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     floor, invoke = medians["python -c pass"], medians['python -c "import invoke"']
     print(f"median of {args.repeat}, {os.cpu_count()} CPUs; load average (1, 5, 15 min) "

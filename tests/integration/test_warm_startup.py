@@ -1,8 +1,9 @@
 """What a command through a live keeper imports: no SSH stack. A warm ``outrig status`` (and
 ``exec``, ``check``) in a fresh interpreter reaches the keeper over its unix socket, so
 paramiko and Fabric are never imported; a direct command (``--no-keep``) does import them, so
-the check can fail. Asserted on the modules the interpreter holds and on the TCP connections
-the latency proxy counted (a warm command opens none), never on time."""
+the check can fail. Neither plans, so neither imports the planner or the recipes. Asserted on
+the modules the interpreter holds and on the TCP connections the latency proxy counted (a warm
+command opens none), never on time."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def test_a_command_through_a_live_keeper_imports_no_ssh_stack(
     assert proxy.accepted == 1, "the warm command opened no TCP connection of its own"
     assert ssh_stack(warm) == []
     assert "outrig.connectors.kept" in warm
+    assert not warm & {"outrig.plan", "outrig.recipes"}, "nothing was planned"
 
 
 def test_a_direct_command_does_import_the_ssh_stack(
