@@ -140,6 +140,14 @@ def verdict(table: Table, bare: Table, rtt: float) -> None:
     link = (table.value(name) - bare.value(name)) / rtt
     print(f"warm second status, the link's share (its time minus the same at 0 ms): "
           f"{link:.2f} RTT")
+    live = "outrig status, warm (on the keeper's live agent)"
+    control = "ssh box true, ControlMaster=auto, second (through the master)"
+    ratio = table.value(live) / table.value(control)
+    print(f"warm status on the live agent {table.value(live):.3f} s vs ssh -o ControlMaster "
+          f"true {table.value(control):.3f} s: {ratio:.2f}x (target <= 1): "
+          f"{'met' if ratio <= 1 else 'NOT met'}; net of CLI start-up "
+          f"{(table.value(live) - startup) / rtt:.2f} RTT, the link's share "
+          f"{(table.value(live) - bare.value(live)) / rtt:.2f} RTT")
     cold_keep = table.value("outrig status, first (forks the keeper, which connects)")
     cold_direct = table.value("outrig status --no-keep (plain connector)")
     print(f"cold status with keeping {cold_keep:.3f} s vs --no-keep {cold_direct:.3f} s: "
@@ -213,6 +221,20 @@ def main() -> int:
             raise SystemExit(f"expected one live keeper, found {listed}")
         return int(listed[0]["pid"])
 
+    def live_ready() -> None:
+        """Wait until the one keeper's live agent serves calls (it starts after the first
+        call on the exec path; connectors/live.py)."""
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            listed = keepers()
+            live = listed[0].get("live") if len(listed) == 1 else None
+            if isinstance(live, dict) and live.get("state") == "ready":
+                return
+            if isinstance(live, dict) and live.get("state") == "failed":
+                raise SystemExit(f"the live agent failed to start: {live.get('why')}")
+            time.sleep(0.05)
+        raise SystemExit(f"the live agent did not become ready: {keepers()}")
+
     def at_once(run: Callable[[], float]) -> tuple[list[float], float, int]:
         """Two runs started together: each one's seconds, the span, connections opened."""
         took: list[float] = []
@@ -241,6 +263,9 @@ def main() -> int:
                   "in process", *counted(lambda: in_process("600")))
         table.add("status, second, through the keeper, in process",
                   *counted(lambda: in_process("600")))
+        live_ready()
+        table.add("status, warm, on the keeper's live agent, in process",
+                  *counted(lambda: in_process("600")))
         took, span, opened = at_once(lambda: in_process("600"))
         for seconds in took:
             table.add("two at once through one keeper, each, in process", seconds)
@@ -259,6 +284,9 @@ def main() -> int:
         table.add("outrig status, first (forks the keeper, which connects)",
                   *counted(cli), startup="outrig")
         table.add("outrig status, second (through the keeper)", *counted(cli),
+                  startup="outrig")
+        live_ready()
+        table.add("outrig status, warm (on the keeper's live agent)", *counted(cli),
                   startup="outrig")
         took, span, opened = at_once(cli)
         for seconds in took:

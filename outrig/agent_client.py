@@ -23,7 +23,7 @@ from outrig.console import one_line
 from outrig.errors import LinkLost, RemoteError
 from outrig.reader import ChannelReader, Event, EventHandler
 from outrig.timing import agent_idle_limit
-from outrig.transport import AgentChannel, Transport
+from outrig.transport import AgentChannel, LiveRequest, Transport
 
 AGENT_DIR = Path(agent_bundle.__file__).resolve().parent  # remote/agent/ (outrig/_box/agent/)
 # The fast path: bundle and request both travel in the exec'd command line. An SSH session
@@ -33,6 +33,10 @@ AGENT_DIR = Path(agent_bundle.__file__).resolve().parent  # remote/agent/ (outri
 # requests carrying secrets always use stdin so that no secret is ever visible in argv.
 ARGV_LIMIT = 120_000
 CANCEL_LINE = b"cancel\n"  # written to a deploying agent's stdin on Ctrl-C
+# Ops that keep a channel of their own even where a live agent could serve them: their files
+# stream on stdin/stdout in bulk, and the channel's one open is nothing next to the transfer,
+# while on the live agent's shared channel a large upload would queue the other calls' frames.
+EXEC_PATH_OPS = frozenset({"send_files", "recv_files"})
 
 
 @lru_cache(maxsize=1)
@@ -157,7 +161,9 @@ class AgentCall:
         it), the one way every op and tail-logs' follow stream start it. The request rides in
         the command line when it fits and carries no secret; else bundle and request go on
         stdin, written at once after the exec (pipelined: no reply awaited). Either way the
-        box runs the bundle kept unpacked in the request's workdir. ``window_size``: a larger
+        box runs the bundle kept unpacked in the request's workdir. A connector with a live
+        agent on the box (the kept connection's) runs the request there instead, when it can:
+        no exec at all (:meth:`~outrig.transport.Transport.start_agent`). ``window_size``: a larger
         receive window for bulk output. The caller may then stream more bytes to the agent's
         stdin (file frames) and reads its events and result with :meth:`reader`."""
         python = self.transport.host.python
@@ -165,8 +171,10 @@ class AgentCall:
         encoded = json.dumps(request).encode()
         argv = None if request.get("secrets") else argv_command(python, encoded, workdir)
         command = argv or agent_command(python, workdir)
-        channel = self.transport.start(command, window_size=window_size)
-        if argv is None:
+        live = None if request.get("op") in EXEC_PATH_OPS else LiveRequest(
+            encoded + b"\n", python, workdir, agent_digest())
+        channel = self.transport.start_agent(command, live, window_size=window_size)
+        if argv is None and not channel.live:
             try:
                 channel.write(agent_payload() + encoded + b"\n")
             except LinkLost as exc:

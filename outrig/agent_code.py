@@ -14,6 +14,8 @@ protocol from drifting apart. What is shared, and why:
   it here too, and the one secret redaction for what is shown from a box;
 - ``read_stat`` (``procs``): the one ``/proc/PID/stat`` parser (the sandbox's processes);
 - ``parse_prompt_lines`` (``bench``): an evaluation's prompt file, read as the box reads it;
+- ``serve``: the live agent's frames (``frame``, ``FrameBuffer``): the keeper speaks to the
+  box's resident agent with the box's own framing (``outrig/connectors/live.py``);
 - ``gpu_judge``: the GPU health judge; the box's deploy refuses a ``bad`` GPU with it and the
   workstation judges the same raw fields with it (``outrig/gpu_health.py``);
 - :func:`examples_dir`: the examples shipped beside the agent (``outrig demo``'s playbook and
@@ -32,9 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the files where the tree has them (pyproject.toml's mypy `files`)
-    from remote.agent import bench, bundle, events, gpu_judge, procs, protocol, transfer
+    from remote.agent import bench, bundle, events, gpu_judge, procs, protocol, serve, transfer
 else:  # their installed name
-    from outrig._box.agent import bench, bundle, events, gpu_judge, procs, protocol, transfer
+    from outrig._box.agent import bench, bundle, events, gpu_judge, procs, protocol, serve, transfer
 
 BAD_REQUEST = protocol.BAD_REQUEST
 PROTOCOL_VERSION = protocol.PROTOCOL_VERSION
@@ -55,4 +57,4 @@ def examples_dir() -> Path:
 
 __all__ = ["BAD_REQUEST", "PROTOCOL_VERSION", "AgentError", "bundle", "encode_request",
            "examples_dir", "gpu_judge", "parse_prompt_lines", "read_stat", "redact",
-           "request_problems", "transfer"]
+           "request_problems", "serve", "transfer"]

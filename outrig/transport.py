@@ -35,6 +35,9 @@ CHANNEL_ATTEMPTS = 4  # session-channel opens (each on a fresh connection after 
 class AgentChannel(ABC):
     """A running agent: its stdin, stdout and stderr."""
 
+    live = False  # served by a live agent (:meth:`Transport.start_agent`): the request is in
+    #               already, so nothing of it goes on stdin
+
     @abstractmethod
     def write(self, data: bytes) -> None: ...
 
@@ -81,6 +84,17 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class LiveRequest:
+    """An agent call as a live agent on the box runs it, without an exec
+    (``outrig/connectors/live.py``): the request line, and the bundle and Python it needs."""
+
+    line: bytes
+    python: str
+    workdir: str
+    digest: str
+
+
+@dataclass(frozen=True)
 class PeerAddress:
     """Where another box reaches this one over SSH (for box-to-box copies): the address,
     port and user the connection really used, after ``~/.ssh/config`` aliases."""
@@ -104,6 +118,13 @@ class Transport(ABC):
     @abstractmethod
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
         """Run ``argv``; ``window_size`` enlarges the receive window for bulk output."""
+
+    def start_agent(self, argv: list[str], live: LiveRequest | None, *,
+                    window_size: int | None = None) -> AgentChannel:
+        """Start an agent call: ``argv`` (the exec path's command). A connector with a live
+        agent on the box may serve ``live`` there instead; the channel's ``live`` is then
+        true, and the request is already in (nothing of it is to be written to stdin)."""
+        return self.start(argv, window_size=window_size)
 
     def connect(self) -> None:
         """Open the link now (connectors also connect on the first :meth:`start`); a

@@ -321,7 +321,23 @@ def connections(c: Any, close: bool = False, host: str | None = None,
     if not found:
         print("no warm connections")
         return
-    print(f"{'HOST':<28} {'NAME':<16} {'PID':>8} {'AGE':>8} {'IDLE LEFT':>10}")
+    print(f"{'HOST':<28} {'NAME':<16} {'PID':>8} {'AGE':>8} {'IDLE LEFT':>10}  LIVE AGENT")
     for entry in found:
         print(f"{entry['host']:<28} {entry['name']:<16} {entry['pid']:>8} "
-              f"{entry['age']:>7.0f}s {entry['idle_left']:>9.0f}s")
+              f"{entry['age']:>7.0f}s {entry['idle_left']:>9.0f}s  {live_words(entry)}")
+
+
+def live_words(entry: dict[str, Any]) -> str:
+    """The LIVE AGENT column of ``outrig connections``: whether the box's resident agent
+    serves this connection's calls, and if not, why they take the exec path."""
+    live = entry.get("live")
+    if not isinstance(live, dict):
+        return "none yet (starts with the first agent call)"
+    state, why = live.get("state"), live.get("why") or ""
+    if state == "ready":
+        return f"ready, box pid {live.get('pid')}, {live.get('served', 0)} calls served"
+    if state == "starting":
+        return "starting"
+    if state == "failed":
+        return f"off: {why} (calls take the exec path)"
+    return f"ended: {why} (the next call starts a fresh one)"

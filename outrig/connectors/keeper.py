@@ -45,6 +45,7 @@ from outrig.connectors.keeper_wire import (
     send_frame,
     send_json,
 )
+from outrig.connectors.live import LIVE_WINDOW, LiveAgent, Route, heartbeat_for
 from outrig.connectors.ssh import SSHTransport, _SSHChannel, exec_pipelined
 from outrig.errors import ConnectError, LinkLost
 from outrig.inventory import Host
@@ -52,6 +53,8 @@ from outrig.timing import channel_timeout_for, keepalive_limit_for, probe_idle_a
 from outrig.transport import RetryPolicy, known_hosts_path
 
 TICK = 1.0  # seconds between the keeper's checks of its link, idle time and socket
+ROOM_ATTEMPTS = 4  # channel opens refused by the box, while the keeper frees its own channels
+ROOM_PAUSE = 0.2  # seconds, times the attempt number, for the box to free a session
 
 
 class Keeper:
@@ -78,9 +81,14 @@ class Keeper:
         self.spare: Any = None  # one session channel opened ahead, with its open's RTT
         self.spare_rtt: float | None = None
         self.spare_lock = threading.Lock()
+        self.no_spare = False  # the box allows too few sessions to keep one ahead
         self.last_heard = time.monotonic()  # when the box last showed it was there
         self.probe_lock = threading.Lock()
         self.probes = 0  # keepalives sent before lending (for ``info`` and tests)
+        self.live: LiveAgent | None = None  # the box's resident agent (connectors/live.py)
+        self.live_lock = threading.Lock()
+        # the last agent bundle relayed, by digest: restarts a live agent that died
+        self.bundle: tuple[str, str] = ("", "")
 
     # ---------------------------------------------------------------- start and stop
 
@@ -140,6 +148,8 @@ class Keeper:
                     self.record.unlink()
         if self.listener is not None:
             self.listener.close()
+        if self.live is not None:
+            self.live.close()
         with contextlib.suppress(Exception):
             self.transport.close()
 
@@ -212,7 +222,9 @@ class Keeper:
                                        "link_up": self.link_up(), "probes": self.probes,
                                        "quiet": time.monotonic() - self.last_heard,
                                        "probe_after": probe_idle_after(
-                                           self.transport.best_rtt)})
+                                           self.transport.best_rtt),
+                                       "live": (self.live.describe()
+                                                if self.live is not None else None)})
             elif header.get("op") == "exec":
                 self.exec(conn, header)
         except (OSError, ValueError):
@@ -261,8 +273,11 @@ class Keeper:
                 self.refuse(conn, "link", why, silent=True)
                 self.stop.set()
                 return
+            live = self.live_for(header)
+            if live is not None and self.serve_live(conn, live, header, probed):
+                return
             try:
-                channel = self.open_channel(header)
+                channel = self.open_channel_making_room(header)
             except LinkLost as exc:
                 self.refuse(conn, "link", str(exc), silent=exc.silent)
                 self.stop.set()
@@ -273,15 +288,114 @@ class Keeper:
             if probed is not None:
                 self.transport.rtt = probed  # fresher than the spare's open
             conn.settimeout(None)
-            send_json(conn, b"k", {"rtt": self.transport.rtt, "probed": probed is not None,
-                                   "peer": [str(self.transport.connection.host),
-                                            int(self.transport.connection.port),
-                                            self.transport.connection.user]})
+            send_json(conn, b"k", self.answer(probed, live=False))
+            self.consider_live(header)
             Relay(conn, channel, self.link_up, self.heard).run()
         finally:
             with self.lock:
                 self.active -= 1
                 self.last_used = time.monotonic()
+
+    def answer(self, probed: float | None, *, live: bool) -> dict[str, Any]:
+        """The ``k`` body of a lent request: the link's RTT, whether it was probed now, the
+        address it really reaches, and whether the live agent serves it."""
+        conn = self.transport.connection
+        return {"rtt": self.transport.rtt, "probed": probed is not None, "live": live,
+                "peer": [str(conn.host), int(conn.port), conn.user]}
+
+    # ---------------------------------------------------------------- the live agent
+
+    def live_for(self, header: dict[str, Any]) -> LiveAgent | None:
+        """The live agent that can serve this request now, if any: it is ready, runs the
+        request's own bundle and Python, and the request wants no larger window than its
+        channel has (connectors/live.py)."""
+        agent = header.get("agent")
+        window = header.get("window")
+        live = self.live
+        if not isinstance(agent, dict) or live is None:
+            return None
+        if isinstance(window, int) and window > LIVE_WINDOW:
+            return None
+        if not live.usable(str(agent.get("digest")), str(agent.get("python"))):
+            return None
+        return live
+
+    def serve_live(self, conn: socket.socket, live: LiveAgent, header: dict[str, Any],
+                   probed: float | None) -> bool:
+        """Serve the request on the live agent: send it, answer the client, relay its stdin
+        while the box's frames go straight to it. ``False`` (nothing sent, nothing said)
+        when the live agent could not take it: the exec path serves it then."""
+        line = str(header["agent"].get("request", "")).encode()
+        route = Route(conn)
+        with route.lock:  # the box's first frame waits for the answer below
+            rid = live.submit(route, line)
+            if rid is None:
+                return False
+            if probed is not None:
+                self.transport.rtt = probed
+            send_json(conn, b"k", self.answer(probed, live=True))
+        live.relay_input(conn, rid, route, recv_frame)
+        return True
+
+    def consider_live(self, header: dict[str, Any]) -> None:
+        """After an agent call went the exec path: start a live agent of its bundle when
+        there is none for it (none yet, the last one died, or it runs another bundle, which
+        then retires). One that failed to start for this bundle is not tried again: this
+        keeper's calls keep the exec path, and ``connections`` says why."""
+        agent = header.get("agent")
+        argv = header.get("argv") or []
+        if not isinstance(agent, dict) or len(argv) < 8:
+            return
+        digest, python = str(agent.get("digest")), str(agent.get("python"))
+        if argv[6] != "-" and argv[4] == digest:
+            self.bundle = (digest, str(argv[6]))  # the bundle rode in the command line
+        with self.live_lock:
+            old = self.live
+            if old is not None and old.digest == digest and old.python == python \
+                    and old.state in ("starting", "ready", "failed"):
+                return
+            if self.bundle[0] != digest or not self.link_up():
+                return
+            self.live = LiveAgent(self.transport.connection.transport, python=python,
+                                  digest=digest, workdir=str(agent.get("workdir", "")),
+                                  heartbeat=heartbeat_for(self.transport.best_rtt),
+                                  heard=self.heard, link_up=self.link_up)
+            self.live.start(self.bundle[1])
+        if old is not None:
+            old.retire()
+
+    def open_channel_making_room(self, header: dict[str, Any]) -> Any:
+        """:meth:`open_channel`; when the box refuses it while this keeper holds channels of
+        its own (the spare, the live agent's), give those up and try again. Why: a box whose
+        sshd allows few sessions per connection (``MaxSessions``) must serve the command's
+        channel before the keeper's conveniences; the live agent is then off for good (and
+        ``connections`` says so), and no spare is kept ahead."""
+        for attempt in range(ROOM_ATTEMPTS):
+            try:
+                return self.open_channel(header)
+            except LinkLost:
+                raise
+            except ConnectError:
+                freed = self.make_room()
+                if attempt == ROOM_ATTEMPTS - 1 or (not freed and attempt > 0):
+                    raise
+                time.sleep(ROOM_PAUSE * (attempt + 1))  # sshd frees a session once its
+        raise AssertionError("unreachable")          # process has exited
+
+    def make_room(self) -> bool:
+        """Close the spare channel and the live agent (whether either was held)."""
+        self.no_spare = True
+        with self.spare_lock:
+            spare, self.spare = self.spare, None
+        if spare is not None:
+            with contextlib.suppress(Exception):
+                spare.close()
+        live = self.live
+        if live is not None and live.state in ("starting", "ready"):
+            live.give_up("the box refused a session channel beside it (its sshd allows too "
+                         "few sessions per connection: MaxSessions)")
+            return True
+        return spare is not None
 
     def open_channel(self, header: dict[str, Any]) -> Any:
         """The session channel with the exec sent. The spare channel opened ahead saves the
@@ -321,7 +435,7 @@ class Keeper:
 
     def _open_spare(self) -> None:
         link = self.transport.connection.transport if self.link_up() else None
-        if link is None:
+        if link is None or self.no_spare:
             return
         limit, _ = channel_timeout_for(self.host, self.transport.best_rtt)
         started = time.monotonic()

@@ -67,7 +67,7 @@ from outrig.connectors.ssh import SSHTransport, check_identity_file
 from outrig.errors import ConfigError, ConnectError, LinkLost
 from outrig.inventory import Host
 from outrig.timing import channel_timeout_for, connect_timeout_for, keepalive_limit_for
-from outrig.transport import AgentChannel, PeerAddress, RetryPolicy, Transport
+from outrig.transport import AgentChannel, LiveRequest, PeerAddress, RetryPolicy, Transport
 
 DEFAULT_KEEP_SECONDS = 600.0  # a keeper exits after this long without a channel
 KEEP_ENV = "OUTRIG_KEEP_SECONDS"  # 0 turns keeping off (as --no-keep does)
@@ -222,21 +222,30 @@ class KeptTransport(SSHTransport):
         self.kept_channels = 0  # channels this transport got from a keeper (for tests)
         self.keepers_started = 0
         self.keepalive_probes = 0  # kept links probed before they were lent (for tests)
+        self.live_calls = 0  # of the kept channels, those the live agent served (no exec)
         # why the kept link was found dead by silence, when it was: that silence spent one
         # of the silent connect attempts the fresh connection would otherwise have
         self.kept_silence = ""
         self._peer: PeerAddress | None = None
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
+        return self.start_agent(argv, None, window_size=window_size)
+
+    def start_agent(self, argv: list[str], live: LiveRequest | None, *,
+                    window_size: int | None = None) -> AgentChannel:
+        """Through the keeper: its live agent serves ``live`` when it can (no channel open,
+        no exec), else a channel of the kept link runs ``argv``; direct when no keeper can
+        serve this command."""
         if not self.direct and self.connection is None:
             self.host.refuse_placeholder()  # before a keeper is asked or started for it
             check_identity_file(self.host)  # a missing key file: exit 2, no keeper started
-            channel = self._via_keeper(argv, window_size)
+            channel = self._via_keeper(argv, window_size, live)
             if channel is not None:
                 return channel
         return super().start(argv, window_size=window_size)
 
-    def _via_keeper(self, argv: list[str], window_size: int | None) -> AgentChannel | None:
+    def _via_keeper(self, argv: list[str], window_size: int | None,
+                    live: LiveRequest | None = None) -> AgentChannel | None:
         """A channel from a live keeper, starting one when none answers; ``None`` (and
         direct from now on) when no keeper can serve this command."""
         try:
@@ -251,8 +260,11 @@ class KeptTransport(SSHTransport):
                       f"{RUNTIME_ENV} to a shorter folder")
             self.direct = True
             return None
-        header = {"op": "exec", "identity": identity(self.host), "argv": argv,
-                  "window": window_size}
+        header: dict[str, Any] = {"op": "exec", "identity": identity(self.host),
+                                  "argv": argv, "window": window_size}
+        if live is not None:
+            header["agent"] = {"request": live.line.decode(), "python": live.python,
+                               "workdir": live.workdir, "digest": live.digest}
         # the keeper may probe its link, then open a channel, before it answers
         limit = keepalive_limit_for(self.host, self.best_rtt)[0] + \
             channel_timeout_for(self.host, self.best_rtt)[0]
@@ -285,7 +297,10 @@ class KeptTransport(SSHTransport):
                 break
             self._took(body)
             self.kept_silence = ""  # a fresh keeper connected: the budget is whole again
-            return _KeptChannel(sock, self.host.label())
+            channel = _KeptChannel(sock, self.host.label())
+            channel.live = body.get("live") is True
+            self.live_calls += channel.live
+            return channel
         self.direct = True
         return None
 

@@ -263,7 +263,8 @@ def _keygen(path: Path, comment: str) -> None:
         raise SandboxError(f"ssh-keygen failed for {path}: {res.stderr.strip() or res.stdout}")
 
 
-def _sshd_config(root: Path, port: int, host_key: Path, authorized: Path, user: str) -> str:
+def _sshd_config(root: Path, port: int, host_key: Path, authorized: Path, user: str, *,
+                 log_level: str = "ERROR", max_sessions: int = 50) -> str:
     return "\n".join([
         "# sandbox sshd (outrig.sandbox); nothing here is read from /etc/ssh",
         "ListenAddress 127.0.0.1",
@@ -279,8 +280,8 @@ def _sshd_config(root: Path, port: int, host_key: Path, authorized: Path, user: 
         "PermitRootLogin prohibit-password",
         f"AllowUsers {user}",
         "MaxStartups 100:30:200",
-        "MaxSessions 50",
-        "LogLevel ERROR",
+        f"MaxSessions {max_sessions}",
+        f"LogLevel {log_level}",
         "Subsystem sftp internal-sftp",
         "AcceptEnv none",
         "PrintMotd no",
@@ -290,8 +291,12 @@ def _sshd_config(root: Path, port: int, host_key: Path, authorized: Path, user: 
 
 
 def start_sandbox(root: Path, *, name: str = "sandbox", gpus: int = 8,
-                  gpu_memory_mib: int = 49152, gpu_name: str = "NVIDIA L40S") -> SandboxBox:
+                  gpu_memory_mib: int = 49152, gpu_name: str = "NVIDIA L40S",
+                  log_level: str = "ERROR", max_sessions: int = 50) -> SandboxBox:
     """Create the box under ``root`` and start its sshd; returns it running.
+
+    ``log_level`` is sshd's (``DEBUG1`` logs every channel open and exec, which tests count);
+    ``max_sessions`` its channels per connection (a box that limits them).
 
     Layout: ``keys/`` (host and client ed25519 keys, authorized_keys), ``workdir/``, ``bin/``
     (the fake ``nvidia-smi``), ``gpu/`` (inventory and holders), ``sshd_config``, ``sshd.log``.
@@ -328,7 +333,8 @@ def start_sandbox(root: Path, *, name: str = "sandbox", gpus: int = 8,
     last_error: SandboxError | None = None
     for _attempt in range(3):  # the free port can be taken between probe and bind: retry
         port = free_port()
-        config.write_text(_sshd_config(root, port, host_key, authorized, user))
+        config.write_text(_sshd_config(root, port, host_key, authorized, user,
+                                       log_level=log_level, max_sessions=max_sessions))
         box = SandboxBox(
             name=name, root=root, host="127.0.0.1", port=port, user=user,
             identity_file=client_key, known_hosts=root / "known_hosts", workdir=workdir,

@@ -7,6 +7,7 @@ the protocol's (protocol.py; a unit test keeps them in step).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import traceback
@@ -14,7 +15,7 @@ from typing import Callable, Dict, Optional
 
 from .constants import JSONDict
 from .events import AgentError, Emitter, internal_error
-from .protocol import REQUEST_ENV, decode_request
+from .protocol import REQUEST_ENV, SERVE_KEY, decode_request
 from .validation import Request, apply_env, parse_request
 
 OpFunction = Callable[[Request, Emitter], JSONDict]
@@ -74,12 +75,13 @@ def _report_runs(req: Optional[Request], out: Emitter) -> None:
         report_runs(req, out)
 
 
-def main() -> None:
-    """Read one request line, run it, always finish with a ``result`` line."""
+def run(line: bytes) -> None:
+    """Run one request line, always finishing with a ``result`` line: the exec path's whole
+    life, and each serve-mode child's (serve.py)."""
     out = Emitter(sys.stdout.buffer)
     req: Optional[Request] = None
     try:
-        req = parse_request(read_request_line())
+        req = parse_request(line)
         result = dispatch(req, out)
         _report_runs(req, out)
         out.emit("result", ok=True, **result)
@@ -91,6 +93,37 @@ def main() -> None:
         if error.kind == "internal":
             traceback.print_exc(file=sys.stderr)
         out.emit("result", ok=False, error=error.to_json())
+
+
+def serve_options(line: bytes) -> Optional[JSONDict]:
+    """The options of a serve-mode request (``{"serve": {...}}``), else ``None``: one op."""
+    if not line.lstrip().startswith(b'{"' + SERVE_KEY.encode() + b'"'):
+        return None
+    try:
+        options = json.loads(line).get(SERVE_KEY)
+    except (ValueError, AttributeError):
+        return None
+    return options if isinstance(options, dict) else None
+
+
+def preload() -> None:
+    """Serve mode, once idle: import every op's module, so each forked request starts with
+    its code loaded (the exec path imports only its own op's)."""
+    for target in [*OPS.values(), "runs:report_runs"]:
+        importlib.import_module("." + target.partition(":")[0], __package__)
+
+
+def main() -> None:
+    """Read the request line: serve mode (the keeper's live agent), or one request."""
+    line = read_request_line()
+    options = serve_options(line)
+    if options is None:
+        run(line)
+        return
+    from .bundle import running_digest
+    from .serve import serve
+
+    serve(options, run, preload, running_digest())
 
 
 if __name__ == "__main__":

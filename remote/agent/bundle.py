@@ -147,6 +147,22 @@ def digest_of(bundle: bytes) -> str:
     return hashlib.sha256(bundle).hexdigest()[:20]
 
 
+def running_digest() -> str:
+    """The digest of the bundle this process runs: from the unpacked folder's mark (which the
+    bootstrap checked against the digest it was started with, file by file), else rebuilt
+    from the sources in memory (the same bytes, since stripping is idempotent). The live
+    agent reports it, so the keeper never serves a request with another bundle's code."""
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        with open(os.path.join(folder, MARK), "rb") as f:
+            words = f.read().split()
+        if words:
+            return words[0].decode()
+    except OSError:
+        pass
+    return digest_of(build_bundle(package_sources()))
+
+
 def pack(bundle: bytes) -> bytes:
     """The bundle compressed for the trip."""
     return zlib.compress(bundle, 9)

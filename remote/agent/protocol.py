@@ -17,6 +17,7 @@ from typing import Any, Dict, List, NamedTuple, Tuple
 
 PROTOCOL_VERSION = 1
 REQUEST_ENV = "OUTRIG_REQUEST"  # the request (argv path), handed from bootstrap to agent
+SERVE_KEY = "serve"  # a request line {"serve": {...}} starts serve mode (serve.py), not an op
 
 
 def encode_request(line: bytes) -> str:

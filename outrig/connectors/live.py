@@ -1,0 +1,340 @@
+"""The live agent: the box's resident agent on one channel of a kept connection.
+
+The keeper (:mod:`outrig.connectors.keeper`) starts it on the first agent call it relays on
+the exec path, with that call's own bundle, off the clock of any command; from the moment it
+says it is ready, each agent call through the keeper is one request frame on its channel and
+its output back (``remote/agent/serve.py`` is the box's side; docs/agent-protocol.md, "Live
+agent"). No channel open, no exec, no sshd session, shell or Python start on the box: a warm
+call costs the link one round trip plus the work itself.
+
+What keeps it honest:
+
+- **Same code.** It answers ready with the digest of the bundle it runs, and a request is
+  served only when its own bundle's digest (and Python) is that one; any other request goes the
+  exec path and starts a live agent of its own bundle in place of the old one, which leaves
+  once its last request is over.
+- **Same life.** It lives exactly as long as its channel: the keeper closing or the link dying
+  ends it on the box (its stdin ends). A live agent that dies while the link is up ends the
+  requests it had with the exit status 255 and a word on stderr, and the next call starts a
+  fresh one (and goes the exec path meanwhile).
+- **Never a new failure mode.** Until it is ready, and for good once it failed to start (no
+  Python able to stay resident, a box that refuses a second channel), every call takes the
+  exec path; the reason is kept and shown by ``outrig connections``.
+- **The link is heard.** The box sends a heartbeat whenever it has been quiet for a fraction of
+  the probe time (:func:`heartbeat_for`), so a live link is never probed before it is lent, and
+  a link that died shows as silence within a few RTTs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import shlex
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from outrig.agent_code import bundle as agent_bundle
+from outrig.agent_code import encode_request, serve
+from outrig.connectors.keeper_wire import send_frame
+from outrig.connectors.ssh import exec_pipelined
+from outrig.timing import probe_idle_after
+
+LIVE_WINDOW = 32 << 20  # the live channel's receive window: the log stream's (ops/logs.py)
+START_LIMIT = 60.0  # seconds for the box to start it and say ready
+SEND_LIMIT = 30.0  # a client that takes none of its output for this long is dropped
+TICK = 1.0
+HEARTBEAT_MIN = 0.2
+DIED_STATUS = 255  # the exit status a request gets when the live agent under it died
+STDERR_KEPT = 4000  # bytes of the live agent's own stderr kept for its failure reason
+
+
+def heartbeat_for(rtt: float | None) -> float:
+    """How quiet the box may be before it sends a heartbeat: a third of the time after which
+    the keeper probes a quiet link (never below :data:`HEARTBEAT_MIN`)."""
+    return max(HEARTBEAT_MIN, probe_idle_after(rtt) / 3)
+
+
+def serve_argv(python: str, digest: str, workdir: str, bundle_b64: str,
+               heartbeat: float) -> list[str]:
+    """The exec that starts serve mode: the bootstrap with the bundle in argv and the serve
+    request as its request (no secret is ever in it)."""
+    line = json.dumps({"serve": {"heartbeat": heartbeat}}).encode()
+    return agent_bundle.bootstrap_argv(python, digest, workdir, bundle_b64,
+                                       encode_request(line))
+
+
+class Route:
+    """One request's client: its socket connection, written by the live agent's reader."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        conn.settimeout(None)  # the client's stdin frames may take any time to come...
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,  # ...its output may not wait
+                        struct.pack("ll", int(SEND_LIMIT), 0))
+        self.lock = threading.Lock()
+        self.done = False  # the exit status (or the end) was sent
+
+    def send(self, kind: bytes, payload: bytes = b"") -> bool:
+        """Pass one frame on; ``False`` when the client is gone (or took nothing for
+        :data:`SEND_LIMIT` seconds). Held while the keeper answers the request (the
+        :attr:`lock`), so nothing of the box's reaches the client before that answer."""
+        with self.lock:
+            try:
+                send_frame(self.conn, kind, payload)
+                return True
+            except OSError:
+                return False
+
+
+class LiveAgent:
+    """The live agent of one keeper's link: its channel, its requests, its state."""
+
+    def __init__(self, link: Any, *, python: str, digest: str, workdir: str, heartbeat: float,
+                 heard: Callable[[], None], link_up: Callable[[], bool]) -> None:
+        self.link = link
+        self.python, self.digest, self.workdir = python, digest, workdir
+        self.heartbeat = heartbeat
+        self.heard = heard  # the keeper's: the box just showed it is there
+        self.link_up = link_up
+        self.state = "starting"  # → ready → ended | failed
+        self.why = ""  # why it failed or ended (``outrig connections`` shows it)
+        self.pid: int | None = None  # the box's pid of the live agent
+        self.served = 0  # requests it took
+        self.retiring = False  # replaced by a newer bundle's: leaves once its routes are over
+        self.channel: Any = None
+        self.routes: dict[int, Route] = {}
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.send_lock = threading.Lock()
+        self.stderr = bytearray()
+
+    # ---------------------------------------------------------------- start and end
+
+    def start(self, bundle_b64: str) -> None:
+        """Open its channel and start it, in the background (the caller goes on at once)."""
+        threading.Thread(target=self._run, args=(bundle_b64,), daemon=True,
+                         name="outrig-live-agent").start()
+
+    def _run(self, bundle_b64: str) -> None:
+        argv = serve_argv(self.python, self.digest, self.workdir, bundle_b64, self.heartbeat)
+        try:
+            channel = self.link.open_session(window_size=LIVE_WINDOW, timeout=START_LIMIT)
+            exec_pipelined(channel, shlex.join(argv))
+        except Exception as exc:
+            text = getattr(exc, "text", None)  # paramiko's ChannelException: the box said no
+            self._fail(f"the box refused it a session channel ({text}; its sshd may limit "
+                       "sessions per connection: MaxSessions)" if text else
+                       f"no channel for it ({type(exc).__name__}: {exc})")
+            return
+        self.channel = channel
+        self.heard()
+        self._pump(channel, time.monotonic() + START_LIMIT)
+
+    def _fail(self, why: str) -> None:
+        with self.lock:
+            if self.state in ("starting", "ready"):
+                self.state = "failed" if self.state == "starting" else "ended"
+                self.why = why
+
+    def give_up(self, why: str) -> None:
+        """Off for good on this keeper (the box needs its session for a command channel):
+        no new request; it closes as soon as the requests it has are over."""
+        with self.lock:
+            self.state, self.why = "failed", why
+        self.retire()
+
+    def retire(self) -> None:
+        """A newer bundle's live agent takes over: close once the last request is over."""
+        self.retiring = True
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        with self.lock:
+            idle = not self.routes
+        if self.retiring and idle and self.channel is not None:
+            with contextlib.suppress(Exception):
+                self.channel.close()
+
+    def close(self) -> None:
+        """End it: its channel closes, its stdin on the box ends, it exits."""
+        with self.lock:
+            if self.state in ("starting", "ready"):
+                self.state, self.why = "ended", self.why or "closed by the keeper"
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                self.channel.close()
+
+    def usable(self, digest: str, python: str) -> bool:
+        """Whether it can serve a request of this bundle and Python now."""
+        return (self.state == "ready" and not self.retiring and self.digest == digest
+                and self.python == python)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``outrig connections`` shows of it."""
+        return {"state": self.state, "why": self.why, "pid": self.pid, "served": self.served,
+                "digest": self.digest, "requests_open": len(self.routes)}
+
+    # ---------------------------------------------------------------- the box's frames
+
+    def _pump(self, channel: Any, ready_by: float) -> None:
+        """Sort the box's frames to their requests until the channel ends."""
+        frames = serve.FrameBuffer()
+        channel.settimeout(TICK)
+        try:
+            while True:
+                try:
+                    data = channel.recv(65536)
+                except TimeoutError:
+                    self._keep_stderr(channel)
+                    if not self.link_up():
+                        break
+                    if self.state == "starting" and time.monotonic() > ready_by:
+                        self._fail(f"it did not say ready within {START_LIMIT:.0f} s")
+                        break
+                    continue
+                if not data:
+                    break
+                self.heard()
+                for kind, rid, payload in frames.feed(data):
+                    self._dispatch(kind, rid, payload)
+        except (OSError, EOFError, ValueError):
+            pass
+        finally:
+            self._ended(channel)
+
+    def _keep_stderr(self, channel: Any) -> None:
+        with contextlib.suppress(Exception):
+            while channel.recv_stderr_ready():
+                chunk = channel.recv_stderr(65536)
+                if not chunk:
+                    break
+                self.stderr.extend(chunk)
+                del self.stderr[:-STDERR_KEPT]
+
+    def _dispatch(self, kind: bytes, rid: int, payload: bytes) -> None:
+        if kind == b"R":
+            self._ready(payload)
+            return
+        if kind == b"h":
+            return
+        with self.lock:
+            route = self.routes.get(rid)
+        if route is None:
+            return
+        if not route.send(kind, payload):
+            self._drop(rid, route)  # the client is gone: the box closes the child's pipes
+            return
+        if kind == b"x":
+            route.done = True
+            self._forget(rid)
+
+    def _ready(self, payload: bytes) -> None:
+        try:
+            info = json.loads(payload)
+        except ValueError:
+            info = {}
+        with self.lock:
+            if info.get("digest") != self.digest:
+                self.state = "failed"
+                self.why = (f"the box runs bundle {info.get('digest')!r}, not "
+                            f"{self.digest!r}")
+            elif self.state == "starting":
+                self.state = "ready"
+                self.pid = info.get("pid") if isinstance(info.get("pid"), int) else None
+        if self.state == "failed" and self.channel is not None:
+            with contextlib.suppress(Exception):
+                self.channel.close()
+
+    def _ended(self, channel: Any) -> None:
+        """The channel is over: say why, end every open request the way the exec path
+        would (the link lost, or the agent gone without a result)."""
+        self._keep_stderr(channel)
+        link = self.link_up()
+        status = None
+        with contextlib.suppress(Exception):
+            if channel.status_event.wait(0.5 if link else 0):
+                status = channel.recv_exit_status()
+        told = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        reason = told[-1] if told else (f"exit status {status}" if status is not None
+                                        else "its channel closed")
+        with self.lock:
+            if self.state == "starting":
+                self.state, self.why = "failed", reason if link else "the link dropped"
+            elif self.state == "ready":
+                self.state = "ended"
+                self.why = self.why or (reason if link else "the link dropped")
+            routes, self.routes = dict(self.routes), {}
+        for route in routes.values():
+            if route.done:
+                continue
+            route.done = True
+            if link:
+                route.send(b"r", b"outrig: the live agent on the box ended before this "
+                           b"request finished (" + self.why.encode() + b")\n")
+                route.send(b"x", json.dumps(DIED_STATUS).encode())
+            else:
+                route.send(b"L")
+        with contextlib.suppress(Exception):
+            channel.close()
+
+    # ---------------------------------------------------------------- requests
+
+    def submit(self, route: Route, line: bytes) -> int | None:
+        """Send one request (its JSON line); its output goes to ``route``. ``None`` when the
+        live agent is no longer there to take it (nothing was sent)."""
+        if len(line) > serve.MAX_PAYLOAD:
+            return None
+        with self.lock:
+            if self.state != "ready":
+                return None
+            rid = next(self.ids)
+            self.routes[rid] = route
+            self.served += 1
+        if not self.write(b"q", rid, line):
+            self._forget(rid)
+            return None
+        return rid
+
+    def write(self, kind: bytes, rid: int, payload: bytes = b"") -> bool:
+        """One frame to the box (split where longer than a frame may be)."""
+        step = serve.MAX_PAYLOAD
+        parts = [payload[i:i + step] for i in range(0, len(payload), step)] or [b""]
+        try:
+            with self.send_lock:
+                for part in parts:
+                    self.channel.sendall(serve.frame(kind, rid, part))
+            return True
+        except Exception:
+            return False
+
+    def relay_input(self, conn: socket.socket, rid: int, route: Route,
+                    recv: Callable[[socket.socket], tuple[bytes, bytes] | None]) -> None:
+        """Client → box for one request: stdin bytes and its end; the client leaving before
+        the end closes the child's pipes on the box."""
+        with contextlib.suppress(OSError):
+            while True:
+                frame = recv(conn)
+                if frame is None:
+                    break
+                kind, payload = frame
+                if kind == b"i":
+                    self.write(b"i", rid, payload)
+                elif kind == b"e":
+                    self.write(b"e", rid)
+        if not route.done:
+            self._drop(rid, route)
+
+    def _drop(self, rid: int, route: Route) -> None:
+        route.done = True
+        self.write(b"c", rid)
+        self._forget(rid)
+
+    def _forget(self, rid: int) -> None:
+        with self.lock:
+            self.routes.pop(rid, None)
+        self._close_if_idle()
