@@ -74,6 +74,16 @@ def test_a_parsed_command_does_import_invoke() -> None:
     assert "invoke" in loaded_by("--help", "deploy", among=BEFORE_INVOKE)
 
 
+def test_a_command_that_plans_nothing_imports_no_planner_and_no_ssh() -> None:
+    """``status`` imports its op, the session and the transports' front (the task runs and
+    refuses the unknown host), but neither the planner nor the recipes, nor SSH: a host with
+    a live keeper is reached through it (tests/integration/test_warm_startup.py)."""
+    among = ("outrig.plan", "outrig.recipes", "outrig.playbook", "paramiko", "fabric")
+    _, after = imported_by("status", "--host", "no-such-host")
+    assert "outrig.ops.status" in after and "outrig.session" in after
+    assert loaded_by("status", "--host", "no-such-host", among=among) == []
+
+
 def test_a_task_that_runs_does_import_them() -> None:
     """The probe can fail: a task that plans (``plan`` with no project) loads the planner."""
     assert "outrig.console" in loaded_by("plan", "--playbook", "nosuch")
