@@ -1,6 +1,7 @@
 """outrig's command line: the installed ``outrig`` command and ``inv`` in a checkout.
 
-Both run the one :data:`ns` collection (``tasks.py`` re-exports it); ``outrig`` is an Invoke
+Both run the tasks of the one table :data:`TASKS`, as the collection :func:`make_collection`
+makes of it (``tasks.py`` names it ``ns``); ``outrig`` is an Invoke
 :class:`~invoke.program.Program` the way Fabric builds ``fab``. Each task turns flags into one
 call into ``outrig.ops``; errors come back as one paragraph that says what failed, where, and
 the fix (no traceback), with exit status 2 for bad input (nothing was sent) and 1 for failures
