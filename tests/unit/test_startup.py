@@ -122,6 +122,19 @@ def test_anything_else_goes_to_the_invoke_program() -> None:
         assert program.answer(args) is None
 
 
+def test_python_dash_m_outrig_is_the_command() -> None:
+    """``python -m outrig`` (outrig/__main__.py) runs the same launcher as the console
+    script: its answers, and its exit status for a refused command line."""
+    from outrig import __version__
+
+    done = subprocess.run([sys.executable, "-m", "outrig", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, f"outrig {__version__}\n"), done.stderr
+    refused = subprocess.run([sys.executable, "-m", "outrig", "--bogus"], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "--bogus" in refused.stderr
+
+
 def test_stage_help_names_the_default_number_of_streams() -> None:
     stage = make_collection()["stage"]
     assert f"(default {STREAMS})" in stage.__dict__["_outrig_help"]["streams"]
