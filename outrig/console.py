@@ -3,6 +3,9 @@
 Humans get the plan as a table, one line per event, and a live line while waiting for a
 process to become ready (elapsed / limit and the last log line). ``--json`` gets JSON lines on
 stdout and nothing else there, so scripts can parse it; human chatter then goes to stderr.
+
+The plan is a type here only: every command that reports imports this module, and the
+planner (with the recipes and the playbook models) only the commands that plan.
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ import os
 import re
 import sys
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from outrig.errors import CLOSED_PIPE_EXIT
-from outrig.plan import Plan
 from outrig.terminal import wrap_width
 from outrig.textlayout import paragraph, plan_lines, status_lines, visible
+
+if TYPE_CHECKING:
+    from outrig.plan import Plan
 
 
 class _Console(Console):

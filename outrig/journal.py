@@ -20,6 +20,10 @@ Why each rule:
   not an object, a folder where the file should be) is skipped with a warning naming it and
   moved aside (``<name>.unreadable-<time>``); a write that fails (a full disk) is a
   :class:`~outrig.errors.LocalWriteError` naming the file and the fix.
+
+``outrig --list`` imports this module (through the text layout's time stamps), so
+:mod:`tempfile` (with shutil, random and the compression modules it pulls in) is imported
+where a file is written, purely for start-up.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -132,6 +135,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     a temp file beside it, fsynced, renamed over it, so a reader never sees half a file."""
     folder = path.parent if str(path.parent) else Path(".")
     make_private_dir(folder)
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(folder))  # 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

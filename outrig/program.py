@@ -13,8 +13,11 @@ Program methods that read them (:meth:`parse_core`, :meth:`parse_cleanup`,
 :meth:`update_config`) are overridden to match. The help itself is laid out by
 :mod:`outrig.helptext`.
 
-Imported on every start: it imports Invoke, :mod:`outrig.settings` (light), the text layout
-and nothing of the ops; :func:`value_candidates` imports the inventory only when completing.
+Imported by every command that is not answered before Invoke (``outrig --version``,
+``--list`` and ``--help`` are: :mod:`outrig.launcher`, which holds outrig's own options, the
+summary and the help's wording, so that both programs print the same). It imports Invoke,
+:mod:`outrig.settings` (light), the text layout and nothing of the ops;
+:func:`value_candidates` imports the inventory only when completing, purely for start-up.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import inspect
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from invoke.collection import Collection
 from invoke.completion.complete import complete, print_completion_script
 from invoke.config import Config, merge_dicts
 from invoke.exceptions import Exit, ParseError
@@ -33,22 +38,15 @@ from invoke.parser.argument import Argument
 from invoke.parser.context import ParserContext, translate_underscores
 from invoke.parser.parser import Parser
 from invoke.program import Program
+from invoke.tasks import Task
 from invoke.util import helpline
 
-from outrig.errors import CLOSED_PIPE_EXIT
-from outrig.helptext import Option, core_help_lines, task_help_lines, task_list_lines
+from outrig.helptext import Option, task_help_lines
+from outrig.launcher import CORE_OPTIONS, end_on_closed_pipe, help_lines, keep_typed, list_lines
 from outrig.settings import SETTINGS, find_project
+from outrig.taskspec import TaskSpec
 from outrig.terminal import terminal_width, wrap_width
 from outrig.textlayout import paragraph
-
-_REMAINDER: list[str] | None = None
-
-
-def remainder_argv() -> list[str]:
-    """The words after ``--`` exactly as typed (Invoke's parser joins them into one string,
-    which would lose quoting): from :class:`OutrigProgram`, else this process's argv."""
-    argv = _REMAINDER if _REMAINDER is not None else sys.argv
-    return list(argv[argv.index("--") + 1:]) if "--" in argv else []
 
 
 class OutrigConfig(Config):
@@ -64,27 +62,26 @@ class OutrigConfig(Config):
         return defaults
 
 
-SUMMARY = ("Drive rented GPU boxes over SSH: deploy a job's processes, watch them, read "
-           "their logs, move them to another box and clean up exactly what was started.")
-
-
 def core_arguments() -> list[Argument]:
-    """outrig's own options (Invoke's Program would add its shell-runner ones)."""
-    return [
-        Argument(names=("complete",), kind=bool, default=False,
-                 help="print completion candidates for the words after -- (what the "
-                      "completion scripts call)"),
-        Argument(names=("help", "h"), optional=True,
-                 help="show this help, or with a task name that task's description and "
-                      "options"),
-        Argument(names=("list", "l"), kind=bool, default=False,
-                 help="list the tasks, each with what it does"),
-        Argument(names=("print-completion-script",), kind=str, default="",
-                 help="print the completion script for bash, zsh or fish (docs/cli.md, "
-                      "\"Shell completion\")"),
-        Argument(names=("version", "V"), kind=bool, default=False,
-                 help="print outrig's version"),
-    ]
+    """outrig's own options (:data:`outrig.launcher.CORE_OPTIONS`) as Invoke's arguments: a
+    switch is a bool that defaults to False, any other takes a string."""
+    return [Argument(names=o.names, kind=bool, default=False, help=o.help)
+            if o.kind == "bool" else
+            Argument(names=o.names, kind=str, default=None if o.optional else "",
+                     optional=o.optional, help=o.help)
+            for o in CORE_OPTIONS]
+
+
+def collection(tasks: Sequence[TaskSpec], default_project: Path | None = None) -> Collection:
+    """Invoke's collection of ``tasks``, each under the name its spec gives;
+    ``default_project`` is the project used when none is found upward from the current
+    folder (``tasks.py`` passes its checkout)."""
+    made = Collection()
+    for spec in tasks:
+        made.add_task(Task(spec.body, **spec.options), name=spec.name)
+    made.configure({"project": str(default_project) if default_project else None})
+    keep_help(made)  # before any parser takes the help texts out of the tasks
+    return made
 
 
 def keep_help(collection: Any) -> None:
@@ -93,8 +90,7 @@ def keep_help(collection: Any) -> None:
     Invoke takes each help text out of its task (``Task.help.pop``) when it builds a parser
     for it, so every parser after the first (:func:`missing_value`'s, then the one
     ``--help TASK`` reads) had none: the first call keeps a copy on the task, and every call
-    puts that copy back. :func:`outrig.cli.make_collection` calls it before any parser is
-    built."""
+    puts that copy back. :func:`collection` calls it before any parser is built."""
     for task in collection.tasks.values():
         kept = task.__dict__.setdefault("_outrig_help", dict(task.help))
         task.help = dict(kept)
@@ -135,26 +131,22 @@ class OutrigProgram(Program):
         try:
             super().run(argv, exit)
         except BrokenPipeError:
-            # Python's own advice: point stdout at /dev/null so the flush at exit cannot
-            # raise a second time (docs.python.org, "Note on SIGPIPE").
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            sys.exit(CLOSED_PIPE_EXIT)
+            end_on_closed_pipe()
 
     def parse_core(self, argv: list[str] | None) -> None:
         """Invoke's, for outrig's options: ``--version`` and ``--print-completion-script``
         answer here, before the tasks are looked at. (Invoke's also read ``--debug`` and
-        ``--write-pyc``; outrig has neither and, as Invoke does by default, writes no
-        bytecode.)"""
-        global _REMAINDER
-        words = list(sys.argv if argv is None else argv)
-        _REMAINDER = words if "--" in words else []
+        ``--write-pyc``; outrig has neither. Invoke then turns bytecode writing off, so that
+        a project's ``tasks.py`` leaves no ``__pycache__`` behind; outrig loads no tasks
+        file, and leaves Python's default: with it off, every module a task imports when it
+        runs (the console, the ops, the transports) was compiled from source on every
+        command where outrig is installed from source, about 0.4 s of a warm ``status``.)"""
+        keep_typed(sys.argv if argv is None else argv)
         self.normalize_argv(argv)
         try:
             self.parse_core_args()
         except ParseError as exc:
             raise refusal(parse_error_message(exc, self.binary_names[0])) from None
-        sys.dont_write_bytecode = True
         if self.args.version.value:
             self.print_version()
             raise Exit
@@ -219,11 +211,8 @@ class OutrigProgram(Program):
                 for name, task in sorted(self.collection.tasks.items())]
 
     def print_help(self) -> None:
-        width = terminal_width(sys.stdout)
-        options = [option(a) for a in self.initial_context.args.values()]
-        options.sort(key=lambda o: o.names[0])
-        print("\n".join(core_help_lines(self.binary_names[0], SUMMARY, options,
-                                        self.task_summaries(), width)))
+        print("\n".join(help_lines(self.binary_names[0], self.task_summaries(),
+                                   terminal_width(sys.stdout))))
 
     def print_task_help(self, name: str) -> None:
         context = self.parser.contexts[name]
@@ -233,7 +222,7 @@ class OutrigProgram(Program):
                                         terminal_width(sys.stdout))))
 
     def list_tasks(self) -> None:
-        print("\n".join(task_list_lines(self.task_summaries(), terminal_width(sys.stdout))))
+        print("\n".join(list_lines(self.task_summaries(), terminal_width(sys.stdout))))
 
 
 def missing_value(argv: list[str], parser: Parser) -> ParseError | None:

@@ -8,6 +8,10 @@ error's type and the op, when a call cut by a lost link is run again
 (:func:`link_retry_allowed`). Running one op core on several sessions at once is
 :mod:`outrig.fanout`; the run helpers the ops share (run ids, which run a command means) are
 :mod:`outrig.ops.runs`.
+
+Every command that reaches a box imports this module, and most of them plan nothing
+(``status``, ``tail-logs``, ``exec``...), so the planner (and with it the recipes) is imported
+where the facts for a plan are made (:func:`host_facts`), purely for start-up.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrig.agent_client import AgentCall, raise_for_result
 from outrig.agent_code import BAD_REQUEST, PROTOCOL_VERSION, request_problems
@@ -26,9 +30,11 @@ from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.moves import moved_line, moved_runs
-from outrig.plan import HostFacts
 from outrig.timing import retry_pause
 from outrig.transport import Transport, transport_for
+
+if TYPE_CHECKING:
+    from outrig.plan import HostFacts
 
 
 @dataclass
@@ -56,6 +62,8 @@ class Project:
 
 def host_facts(host: Host, journal: Journal) -> HostFacts:
     """GPU count declared in the host file wins; else what the box said last time."""
+    from outrig.plan import HostFacts
+
     cached = journal.host_facts(host.name)
     memory = cached.get("gpu_memory_mib")
     if isinstance(host.gpus, int):

@@ -7,7 +7,9 @@ reaches a box.
 
 :mod:`outrig.program` reads :data:`SETTINGS` and :func:`find_project` on every start, so the
 session layer (and through it the transports) is imported only where settings are made
-(:func:`_settings`), purely for start-up; the reporter is a type here only.
+(:func:`_settings`), purely for start-up; the reporter is a type here only. The task modules
+import it too, and ``outrig --list`` imports them (:mod:`outrig.launcher`), so YAML is
+imported where a file or a ``--param`` value is read, also purely for start-up.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from outrig.errors import ConfigError
 
@@ -44,6 +44,8 @@ def find_project(start: Path) -> Path | None:
 def read_project_file(root: Path, name: str = PROJECT_FILE) -> dict[str, Any]:
     """One config file of the project (an empty mapping when absent); a wrong shape is a
     ConfigError naming the file and key."""
+    import yaml
+
     path = root / name
     if not path.is_file():
         return {}
@@ -277,6 +279,8 @@ def playbook_for(settings: Settings, flag: str | None, host: str | None,
 def parse_params(values: list[str] | None) -> dict[str, Any]:
     """``--param key=value`` flags as a mapping; each value is read as YAML (``5`` is a
     number, ``true`` a boolean, anything else text), like the playbook's own params."""
+    import yaml
+
     params: dict[str, Any] = {}
     for item in values or []:
         key, sep, raw = item.partition("=")

@@ -1,6 +1,7 @@
 """outrig's command line: the installed ``outrig`` command and ``inv`` in a checkout.
 
-Both run the one :data:`ns` collection (``tasks.py`` re-exports it); ``outrig`` is an Invoke
+Both run the tasks of the one table :data:`TASKS`, as the collection :func:`make_collection`
+makes of it (``tasks.py`` names it ``ns``); ``outrig`` is an Invoke
 :class:`~invoke.program.Program` the way Fabric builds ``fab``. Each task turns flags into one
 call into ``outrig.ops``; errors come back as one paragraph that says what failed, where, and
 the fix (no traceback), with exit status 2 for bad input (nothing was sent) and 1 for failures
@@ -23,13 +24,19 @@ The package:
 
 Where values come from is :mod:`outrig.settings`; the program itself (parse errors,
 completion) is :mod:`outrig.program`.
+
+Start-up: :data:`program` is the launcher (:mod:`outrig.launcher`), which answers
+``outrig --version``, ``--list`` and ``--help`` from :data:`TASKS` before Invoke is
+imported; the task modules declare their tasks with :func:`outrig.taskspec.task`, so that
+importing them imports no Invoke. Invoke's collection and program are made (and Invoke
+imported, inside :func:`make_collection` and :func:`make_program`) only for a command that
+is parsed, purely for start-up.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from invoke.collection import Collection
+from typing import TYPE_CHECKING
 
 from outrig import __version__
 from outrig.cli.boxes import check, connections, exec_, forward, provision, ssh, stage_
@@ -50,9 +57,14 @@ from outrig.cli.runs import (
 )
 from outrig.cli.sandbox import demo, sandbox_down, sandbox_up
 from outrig.cli.starter import init
-from outrig.program import OutrigConfig, OutrigProgram, keep_help
+from outrig.launcher import Launcher
 
-__all__ = ["OutrigConfig", "friendly", "make_collection", "ns", "program"]
+if TYPE_CHECKING:
+    from invoke.collection import Collection
+
+    from outrig.program import OutrigProgram
+
+__all__ = ["TASKS", "friendly", "make_collection", "make_program", "program"]
 
 TASKS = (deploy, plan, status, runs_task, tail_logs, metrics, plot_task, report, cleanup,
          provision, stage_, sync_checkpoints, migrate, watch, evaluate, check, exec_, ssh,
@@ -60,16 +72,21 @@ TASKS = (deploy, plan, status, runs_task, tail_logs, metrics, plot_task, report,
 
 
 def make_collection(default_project: Path | None = None) -> Collection:
-    """The task collection; ``default_project`` is the project used when none is found
-    upward from the current folder (``tasks.py`` passes its checkout)."""
-    collection = Collection(*TASKS)
-    collection.configure({"project": str(default_project) if default_project else None})
-    keep_help(collection)  # before any parser takes the help texts out of the tasks
-    return collection
+    """Invoke's collection of :data:`TASKS`; ``default_project`` is the project used when none
+    is found upward from the current folder (``tasks.py`` passes its checkout)."""
+    from outrig.program import collection
+
+    return collection(TASKS, default_project)
 
 
-ns = make_collection()
+def make_program() -> OutrigProgram:
+    """The Invoke program that parses and runs a command (what :data:`program` hands to)."""
+    from outrig.program import OutrigConfig, OutrigProgram
+
+    return OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
+                         namespace=make_collection(), version=__version__,
+                         config_class=OutrigConfig)
 
 
-program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                        namespace=ns, version=__version__, config_class=OutrigConfig)
+program = Launcher(TASKS, make_program)
+"""The ``outrig`` command (the console script runs ``program.run``)."""

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from invoke.exceptions import Exit
-from invoke.tasks import task
-
 from outrig.cli.flags import (
     DEADLINE_HELP,
     FANOUT_JSON,
@@ -27,13 +24,15 @@ from outrig.cli.flags import (
     MAX_PARALLEL_HELP,
     NO_KEEP_HELP,
     PROJECT_HELP,
+    exit_with,
     friendly,
     make_reporter,
     number,
 )
 from outrig.errors import ConfigError
-from outrig.program import remainder_argv
+from outrig.launcher import remainder_argv
 from outrig.settings import playbook_for, settings_for
+from outrig.taskspec import task
 
 if TYPE_CHECKING:
     from outrig.settings import Settings
@@ -195,7 +194,7 @@ def exec_(c: Any, host: str | None = None, project: str | None = None, no_keep: 
             "stdout": out.getvalue().decode("utf-8", "replace"),
             "stderr": err.getvalue().decode("utf-8", "replace")})
     if code:
-        raise Exit(code=code)
+        raise exit_with(code)
 
 
 @task(

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from invoke.tasks import task
-
 from outrig.cli.flags import HOST_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 from outrig.errors import ConfigError
 from outrig.settings import playbook_for, settings_for
+from outrig.taskspec import task
 
 
 @task(

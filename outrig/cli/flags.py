@@ -1,8 +1,11 @@
 """What every task of :mod:`outrig.cli` shares: the flags' help texts, numeric flags parsed
 into clear errors, the reporter, and :func:`friendly` (an error as one paragraph and its exit
 status, no traceback). A module of its own so that the task modules import it without
-importing each other. Every task module imports it at start-up, so the console (rich) is
-imported only when a reporter is made (:func:`make_reporter`), purely for start-up.
+importing each other. Every task module imports it at start-up (``outrig --list`` imports
+them without Invoke, :mod:`outrig.launcher`), so the console (rich) is imported only when a
+reporter is made (:func:`make_reporter`) and Invoke's ``Exit`` only when a task ends with a
+status (:func:`exit_with`, where Invoke, which runs the task, is loaded already), purely for
+start-up.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from invoke.exceptions import Exit
-
 from outrig.errors import ConfigError, Interrupted, OutrigError
 from outrig.terminal import wrap_width
 from outrig.textlayout import paragraph, visible
 
 if TYPE_CHECKING:
+    from invoke.exceptions import Exit
+
     from outrig.console import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,6 +71,14 @@ def make_reporter(json: bool, gpus: bool = False) -> Reporter:
     return Reporter(json_mode=json, gpu_table=gpus)
 
 
+def exit_with(code: int) -> Exit:
+    """Invoke's ``Exit`` with ``code``: raised by a task, the program exits with that status
+    and prints nothing more."""
+    from invoke.exceptions import Exit
+
+    return Exit(code=code)
+
+
 def friendly(func: F) -> F:
     """Print an OutrigError's message (no traceback) and exit with its status; Ctrl-C
     exits 130 (docs/cli.md, "Exit status"). The message is one paragraph wrapped at spaces
@@ -82,13 +93,13 @@ def friendly(func: F) -> F:
             return func(*args, **kwargs)
         except Interrupted as exc:  # what Ctrl-C stopped: a note, not an error
             say(str(exc))
-            raise Exit(code=exc.exit_code) from None
+            raise exit_with(exc.exit_code) from None
         except OutrigError as exc:
             say(str(exc), first="error: ")
-            raise Exit(code=exc.exit_code) from None
+            raise exit_with(exc.exit_code) from None
         except KeyboardInterrupt:
             say("interrupted: anything already launched keeps running on the box; see "
                 "`outrig status`")
-            raise Exit(code=130) from None
+            raise exit_with(130) from None
 
     return wrapper  # type: ignore[return-value]

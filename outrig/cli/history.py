@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from invoke.tasks import task
-
 from outrig.cli.flags import NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter
 from outrig.settings import settings_for
+from outrig.taskspec import task
 
 
 @task(

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from invoke.tasks import task
-
 from outrig.cli.flags import (
     DEADLINE_HELP,
     FANOUT_JSON,
@@ -35,6 +33,7 @@ from outrig.cli.flags import (
 )
 from outrig.errors import ConfigError
 from outrig.settings import parse_params, playbook_for, settings_for
+from outrig.taskspec import task
 
 if TYPE_CHECKING:
     from outrig.cli.targets import NodeJob, OneHost

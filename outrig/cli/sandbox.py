@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from invoke.tasks import task
-
 from outrig.cli.flags import JSON_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 from outrig.settings import Settings, settings_for
+from outrig.taskspec import task
 
 
 @task(

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from invoke.tasks import task
-
 from outrig.cli.flags import friendly
+from outrig.taskspec import task
 
 
 @task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present",

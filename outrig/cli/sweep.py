@@ -12,7 +12,7 @@ never needs them, and ``outrig --list`` stays quick.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrig.cli.rows import (
     Rows,
@@ -31,8 +31,10 @@ from outrig.fanout import Core, FanOutFailed, run_fanout
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.runs import new_run_id
-from outrig.playbook import Job
 from outrig.session import HostSession, Project
+
+if TYPE_CHECKING:
+    from outrig.playbook import Job
 
 DEPLOY_WORK = 60.0  # seconds a deploy on several hosts allows for pushing files and launching
 LONG_WORK = 3600.0  # provision, stage, sync-checkpoints: installs and copies (use --deadline)

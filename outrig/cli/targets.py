@@ -17,6 +17,11 @@ target calls the one that applies. This is the one place that tells the kinds ap
 model is fabric's ``Group`` (a single host is a group of one: ``hosts`` is always the list
 of hosts; ``ThreadingGroup`` is the sweep; a sweep's :class:`~outrig.fanout.FanOutFailed`
 is ``GroupException``).
+
+Every command that takes ``--host`` imports this module, and most of them load no playbook
+(``status``, ``tail-logs``, ``exec`` without ``--playbook``), so the playbook models (and
+with them the recipes) are imported where a playbook is resolved or loaded
+(:func:`playbook_identity`, :func:`_load`), purely for start-up.
 """
 
 from __future__ import annotations
@@ -24,16 +29,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrig.cli.flags import number
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.fanout import MAX_PARALLEL
 from outrig.journal import Journal
-from outrig.playbook import Job, find_playbook, load_job, resolve_playbook
 from outrig.session import Project
 from outrig.settings import Settings, playbook_for
+
+if TYPE_CHECKING:
+    from outrig.playbook import Job
 
 
 def fanout_parallel(max_parallel: str | None) -> int:
@@ -203,6 +210,8 @@ def playbook_identity(settings: Settings, playbook: str | None) -> str | None:
     checkout is found by it."""
     if playbook is None:
         return None
+    from outrig.playbook import resolve_playbook
+
     return resolve_playbook(playbook, settings.project.playbooks_dir).name
 
 
@@ -236,6 +245,8 @@ def select_deploy(settings: Settings, reporter: Reporter, host: list[str] | None
 
 
 def _load(settings: Settings, name: str, *, test: bool, params: dict[str, Any]) -> Job:
+    from outrig.playbook import find_playbook, load_job
+
     return load_job(find_playbook(name, settings.project.playbooks_dir), test=test,
                     params=params)
 

@@ -12,10 +12,12 @@ from outrig.cli import make_collection
 from outrig.program import OutrigConfig, OutrigProgram
 
 
-def outrig(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``outrig ARGS`` in this process: exit status, stdout, stderr."""
+def outrig(args: list[str], capsys: pytest.CaptureFixture[str],
+           version: str = "test") -> tuple[int, str, str]:
+    """``outrig ARGS`` in this process, parsed by Invoke's program (not answered by the
+    launcher): exit status, stdout, stderr."""
     program = OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
-                            namespace=make_collection(), version="test",
+                            namespace=make_collection(), version=version,
                             config_class=OutrigConfig)
     code = 0
     try:

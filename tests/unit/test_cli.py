@@ -261,14 +261,16 @@ def test_every_task_says_what_it_does_in_one_whole_line() -> None:
         assert first.endswith("."), (name, first)
 
 
-def test_a_reader_that_goes_away_ends_the_output_without_a_traceback() -> None:
+@pytest.mark.parametrize("args", [["--help", "deploy"], ["--list"], ["--help"]])
+def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(args: list[str]) -> None:
     """``outrig --help deploy | head -1``: the pipe closes early; outrig exits 141 (128 +
-    SIGPIPE) with nothing on stderr instead of a BrokenPipeError traceback."""
+    SIGPIPE) with nothing on stderr instead of a BrokenPipeError traceback. The same for the
+    answers made before Invoke is imported (``--list``, ``--help``: outrig/launcher.py)."""
     binary = Path(sys.executable).parent / "outrig"
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first byte
     with open(write_end, "wb") as stdout:
-        proc = subprocess.run([str(binary), "--help", "deploy"], stdout=stdout,
+        proc = subprocess.run([str(binary), *args], stdout=stdout,
                               stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 141, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr

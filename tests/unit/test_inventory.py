@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from outrig.errors import ConfigError
-from outrig.inventory import resolve_host
+from outrig.inventory import resolve_host, ssh_config_hostnames
 
 HOSTS = Path(__file__).resolve().parents[2] / "hosts"
 
@@ -115,3 +115,62 @@ def test_messages_name_the_host_as_typed_then_its_address(home: Path, tmp_path: 
     assert host.label("me@10.0.0.1:22") == "sandbox (me@10.0.0.1:22)"
     typed = resolve_host("root@127.0.0.1:2222", hosts_dir=tmp_path)
     assert typed.label() == "root@127.0.0.1:2222"  # the name is the address: said once
+
+
+SSH_CONFIGS = {
+    "aliases and wildcards": "Host gpu-a gpu-b\n  HostName 10.1.2.3\n  User me\n"
+                             "Host *.lab !bad.lab\n  User lab\nHost *\n  ServerAliveInterval 30\n",
+    "key in any case, with =, indented, comments": "# boxes\n\n   host=uk-node\n"
+                                                   "HOST  us-node # not a comment\n"
+                                                   "\tPort 2222\n",
+    "quoted names": 'Host "quoted box" plain\n  HostName 10.0.0.5\n',
+    "an unparsable line": "Host fine\n???\n",
+    "an unbalanced quote": 'Host "open\nHost fine\n',
+    "empty": "",
+}
+
+
+def paramikos_reading(path: Path) -> set[str]:
+    """What paramiko's own parser says (how the names were read before): the reference."""
+    import paramiko
+
+    try:
+        cfg = paramiko.SSHConfig.from_path(str(path))
+    except Exception:
+        return set()
+    return {h for h in cfg.get_hostnames() if not any(c in h for c in "*?!")}
+
+
+@pytest.mark.parametrize("text", list(SSH_CONFIGS.values()), ids=list(SSH_CONFIGS))
+def test_ssh_config_aliases_are_read_as_paramiko_reads_them(tmp_path: Path, text: str) -> None:
+    """The aliases come from the ``Host`` lines read without paramiko (whose import a command
+    through a live keeper never needs), name for name as paramiko's ``SSHConfig`` reads
+    them, an unreadable file giving none."""
+    path = tmp_path / "config"
+    path.write_text(text)
+    assert ssh_config_hostnames(path) == paramikos_reading(path)
+
+
+def test_a_match_block_does_not_hide_the_aliases(tmp_path: Path) -> None:
+    """A ``Match`` block holds no names. (paramiko parses it, but its ``get_hostnames`` then
+    raises KeyError: it reads ``entry["host"]``, which a Match block's entry lacks,
+    paramiko/config.py; with paramiko's reading, any --host that was not a host file failed
+    with a traceback for a user whose ssh config has one.)"""
+    path = tmp_path / "config"
+    path.write_text("Match host gpu-* user me\n  Port 2200\nHost after-match\n")
+    assert ssh_config_hostnames(path) == {"after-match"}
+
+
+def test_ssh_config_aliases_are_found_without_importing_paramiko(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "config"
+    path.write_text(SSH_CONFIGS["aliases and wildcards"])
+    probe = ("import sys; from pathlib import Path; "
+             "from outrig.inventory import ssh_config_hostnames; "
+             f"print(sorted(ssh_config_hostnames(Path({str(path)!r})))); "
+             "print('paramiko' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.split("\n")[:2] == ["['gpu-a', 'gpu-b']", "False"], done.stderr

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.cli import targets
+from outrig import playbook as playbooks
 from outrig.cli.targets import (
     NodeJob,
     OneHost,
@@ -100,13 +100,13 @@ def test_a_one_host_command_refuses_a_selection_before_anything_is_sent(
 def test_deploy_loads_the_playbook_once_whatever_the_target(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     loads: list[str] = []
-    real = targets.load_job
+    real = playbooks.load_job  # targets imports it when it loads one (start-up)
 
     def counting(path: Path, **kwargs: Any) -> Any:
         loads.append(path.stem)
         return real(path, **kwargs)
 
-    monkeypatch.setattr(targets, "load_job", counting)
+    monkeypatch.setattr(playbooks, "load_job", counting)
     resolve = {"what": "deploy", "test": False, "params": {"n": 2},
                "sweep_needs_playbook": True}
     one = select_deploy(settings, quiet(), ["a"], "one", **resolve)
