@@ -232,19 +232,16 @@ def kept_memory() -> dict[str, Any]:
     from outrig.connectors.kept import keepers
 
     found = keepers()
-    sides: dict[str, list[dict[str, int]]] = {"keeper": [], "live_agent": []}
-    for entry in found:
-        for side, pid in (("keeper", entry.get("pid")),
-                          ("live_agent", (entry.get("live") or {}).get("pid"))):
-            got = memory_of(int(pid)) if isinstance(pid, int) else None
-            if got is not None:
-                sides[side].append(got)
-    out: dict[str, Any] = {"hosts": len(found)}
-    for side, rows in sides.items():
+    pids = {"keeper": {e.get("pid") for e in found},  # one hosting process holds many
+            "live_agent": {(e.get("live") or {}).get("pid") for e in found}}
+    out: dict[str, Any] = {"hosts": len(found),
+                           "keeper_processes": len(pids["keeper"])}
+    for side, chosen in pids.items():
+        rows = [m for m in (memory_of(int(p)) for p in chosen if isinstance(p, int)) if m]
         for key in ("pss", "rss", "private"):
             total = sum(r[key] for r in rows)
             out[f"{side}_{key}_total_mib"] = round(total / 2**20, 1)
-            out[f"{side}_{key}_per_host_mib"] = round(total / 2**20 / max(1, len(rows)), 1)
+            out[f"{side}_{key}_per_host_mib"] = round(total / 2**20 / max(1, len(found)), 1)
     return out
 
 
@@ -535,8 +532,9 @@ def print_report(report: dict[str, Any]) -> None:
               f"{'met' if cold <= 1 else 'NOT met'})")
     memory = report.get("memory")
     if memory:
-        print(f"memory of {memory['hosts']} kept hosts (PSS, the fair share of pages shared "
-              "between processes; RSS; private):")
+        print(f"memory of {memory['hosts']} kept hosts, {memory['keeper_processes']} keeper "
+              "process(es) (PSS, the fair share of pages shared between processes; RSS; "
+              "private; each total over the hosts):")
         for side, words in (("keeper", "keepers (workstation)"),
                             ("live_agent", "live agents (boxes)")):
             print(f"  {words:24} PSS {memory[side + '_pss_total_mib']:6.1f} MiB = "

@@ -296,7 +296,7 @@ def connections(c: Any, close: bool = False, host: str | None = None,
         outrig connections
         outrig connections --close --host uk-node
     """
-    from outrig.connectors.kept import close_keepers, keepers, wait_gone
+    from outrig.connectors.kept import close_keepers, keepers, wait_closed
 
     if host and not close:
         raise ConfigError("--host goes with --close (outrig connections lists every host). "
@@ -304,7 +304,7 @@ def connections(c: Any, close: bool = False, host: str | None = None,
     reporter = make_reporter(json)
     if close:
         closed = close_keepers(host)
-        gone = [e for e in closed if wait_gone(int(e["pid"]), 10.0)]
+        gone = [e for e in closed if wait_closed(e, 10.0)]
         if json:
             reporter.emit_json({"closed": closed})
             return

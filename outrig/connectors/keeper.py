@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shlex
 import signal
 import socket
@@ -216,6 +215,7 @@ class Keeper:
             if header.get("op") == "info":
                 send_json(conn, b"k", {"name": self.host.name, "host": self.host.describe(),
                                        "hostname": self.host.hostname,
+                                       "started": self.started,
                                        "age": time.time() - self.started,
                                        "idle_left": self.idle_left(),
                                        "keep_seconds": self.keep_seconds,
@@ -227,6 +227,9 @@ class Keeper:
                                                 if self.live is not None else None)})
             elif header.get("op") == "exec":
                 self.exec(conn, header)
+            elif header.get("op") == "close":  # ``outrig connections --close --host``
+                self.stop.set()
+                send_json(conn, b"k", {"closing": True})
         except (OSError, ValueError):
             pass
         finally:
@@ -593,8 +596,12 @@ def launch(config: dict[str, Any], report_fd: int) -> None:
         os._exit(1)
 
 
-def run(config: dict[str, Any], report: Any) -> int:
-    """Connect, say ready (or the error) on ``report``, then serve until done."""
+def run(config: dict[str, Any], report: Any, *,
+        started: Callable[[Keeper], None] | None = None) -> int:
+    """Connect, say ready (or the error) on ``report``, then serve until done. Alone in its
+    process (``started`` is None), SIGTERM stops it; in a process hosting several keepers
+    (:mod:`outrig.connectors.keeper_launch`), ``started`` hands it to the host, whose own
+    SIGTERM stops them all."""
     keeper = Keeper(config)
     keeper.report = report
     try:
@@ -604,9 +611,12 @@ def run(config: dict[str, Any], report: Any) -> int:
         report.close()
         keeper.close()
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: keeper.stop.set())
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if started is None:
+        signal.signal(signal.SIGTERM, lambda *_: keeper.stop.set())
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        started(keeper)
     keeper.say({"ready": True, "pid": os.getpid(),
                 "connect_seconds": keeper.transport.connect_seconds})
     report.close()
@@ -618,95 +628,10 @@ def run(config: dict[str, Any], report: Any) -> int:
     return 0
 
 
-LAUNCH_MAX = 1 << 20  # one launch request (configuration and environment), bytes
-
-
-def serve_launches(sock: socket.socket, idle: float) -> int:
-    """``--launcher``: start keepers by forking this process, one per request, until the
-    command that started it closes its end or ``idle`` seconds pass without a request.
-
-    Why: a command with several threads (a fan-out over many hosts) must not fork itself,
-    and a fresh ``python -m`` per keeper pays the interpreter and paramiko's imports (about
-    0.25 s of CPU) once per host; this process pays them once per command and forks from a
-    single thread. A request is one datagram (``SOCK_SEQPACKET``): the JSON ``{"config",
-    "env"}`` with the write end of the keeper's report pipe attached. Before leaving on
-    idle it shuts its end, so a command sending meanwhile gets EPIPE (and starts a fresh
-    launcher) and nothing already queued is dropped."""
-    warm_up()
-    while True:
-        ready, _, _ = select.select([sock], [], [], idle)
-        if not ready:
-            sock.shutdown(socket.SHUT_RD)
-            sock.setblocking(False)
-            while _serve_one(sock):
-                pass
-            return 0
-        if not _serve_one(sock):
-            return 0
-
-
-def warm_up() -> None:
-    """Import here, once, what every keeper needs (the connector imports paramiko and
-    Fabric only when it connects), and freeze the objects made so far out of the garbage
-    collector's reach: each forked keeper then neither imports them again nor copies the
-    pages a collection would touch (about 0.1 s of CPU per keeper, measured)."""
-    import gc
-
-    import fabric
-    import paramiko
-
-    fabric.Config()  # loads the rest of Invoke's and Fabric's configuration machinery
-    del paramiko
-    gc.freeze()
-
-
-def _serve_one(sock: socket.socket) -> bool:
-    """Serve one queued request; ``False`` at the end (the command closed, or none left)."""
-    try:
-        data, fds, _flags, _addr = socket.recv_fds(sock, LAUNCH_MAX, 1)
-    except (BlockingIOError, OSError):
-        return False
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return False
-    if len(fds) != 1:
-        for fd in fds:
-            os.close(fd)
-        return True
-    try:
-        request = json.loads(data)
-        config, env = dict(request["config"]), dict(request["env"])
-    except (ValueError, KeyError, TypeError):
-        os.close(fds[0])
-        return True
-    fork_keeper(config, env, fds[0])
-    return True
-
-
-def fork_keeper(config: dict[str, Any], env: dict[str, str], report_fd: int) -> None:
-    """Fork one keeper with the requesting command's environment (``~/.ssh/config`` and the
-    runtime folder are found through it, as in a keeper the command started itself)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.environ.clear()
-            os.environ.update(env)
-            launch(config, report_fd)
-        finally:
-            os._exit(1)
-    os.close(report_fd)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)  # launch() forks again and exits at once
-
-
 def main() -> int:
     """``python -m outrig.connectors.keeper``: the configuration on stdin, reports on
-    stdout (used when the starting process cannot simply fork: it has other threads).
-    ``--launcher IDLE``: stdin is a socket of launch requests (:func:`serve_launches`)."""
-    if sys.argv[1:2] == ["--launcher"]:
-        idle = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
-        return serve_launches(socket.socket(fileno=0), idle)
+    stdout (used when the starting process cannot simply fork: it has other threads, and no
+    launcher could be had; :mod:`outrig.connectors.keeper_launch` is the usual way)."""
     config = json.loads(sys.stdin.read())
     launch(config, os.dup(1))
     return 1

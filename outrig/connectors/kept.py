@@ -468,15 +468,16 @@ class KeptTransport(SSHTransport):
 
 
 class KeeperLauncher:
-    """This command's keeper launcher: one ``python -m outrig.connectors.keeper
-    --launcher`` that forks a keeper per request (:func:`outrig.connectors.keeper.
-    serve_launches`), shared by the command's threads.
+    """This command's keeper launcher: one ``python -m outrig.connectors.keeper_launch``
+    that starts a keeper per request, all of them in one hosting process
+    (:mod:`outrig.connectors.keeper_launch`), shared by the command's threads.
 
     Why: a fan-out starts a keeper per host from a process with many threads, which must
     not fork; one interpreter per keeper would pay Python's start and paramiko's imports
-    (about 0.25 s of CPU) once per host, 20 times for 20 hosts, on the workstation. The
-    launcher pays them once; it leaves when the command ends or after :data:`IDLE_S`
-    without a request, and a command that finds it gone starts a fresh one."""
+    (about 0.25 s of CPU) once per host, 20 times for 20 hosts, on the workstation, and one
+    process per keeper about 10 MiB each. The launcher pays them once; it leaves when the
+    command ends or after :data:`IDLE_S` without a request, and a command that finds it gone
+    starts a fresh one. The keepers stay, in their hosting process."""
 
     IDLE_S = 30.0
 
@@ -513,7 +514,7 @@ class KeeperLauncher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "outrig.connectors.keeper", "--launcher",
+                [sys.executable, "-m", "outrig.connectors.keeper_launch",
                  str(self.IDLE_S)], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, cwd="/", start_new_session=True, close_fds=True)
         except OSError:
@@ -630,19 +631,47 @@ def keepers(folder: Path | None = None) -> list[dict[str, Any]]:
 
 
 def close_keepers(host: str | None = None, folder: Path | None = None) -> list[dict[str, Any]]:
-    """Stop the live keepers (of ``host``: its ``--host`` name or address) by the pid
-    recorded, confirmed as the socket's own listener through ``SO_PEERCRED``."""
+    """Stop the live keepers (of ``host``: its ``--host`` name or address). A process whose
+    keepers are all to stop gets SIGTERM, by the pid recorded and confirmed as the socket's
+    own listener through ``SO_PEERCRED``; a keeper that shares its process with others that
+    stay (a fan-out's hosting process) is asked on its socket to close."""
     import signal
 
+    found = keepers(folder)
+    chosen = [e for e in found if host is None or host in (e.get("name"), e.get("host"),
+                                                           e.get("hostname"))]
     closed = []
-    for entry in keepers(folder):
-        if host is not None and host not in (entry.get("name"), entry.get("host"),
-                                             entry.get("hostname")):
+    for entry in chosen:
+        pid = int(entry["pid"])
+        alone = all(e in chosen for e in found if int(e["pid"]) == pid)
+        if alone:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                closed.append(entry)
             continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(entry["pid"]), signal.SIGTERM)
+        with contextlib.suppress(KeeperGone, KeeperRefused, UnsafePlace, OSError):
+            sock, _ = request(Path(entry["socket"]), {"op": "close"}, 5.0)
+            sock.close()
             closed.append(entry)
     return closed
+
+
+def wait_closed(entry: dict[str, Any], timeout: float, folder: Path | None = None) -> bool:
+    """Whether the keeper of ``entry`` (as :func:`keepers` listed it) is gone within
+    ``timeout``: its process, or, in a process that hosts others, that keeper (no keeper
+    answers at its socket any more, or a fresh one that another command started)."""
+    deadline = time.monotonic() + timeout
+    pid, started = int(entry["pid"]), entry.get("started")
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if not any(e["socket"] == entry["socket"] and e["pid"] == pid
+                   and e.get("started") == started for e in keepers(folder)):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def wait_gone(pid: int, timeout: float) -> bool:

@@ -136,7 +136,8 @@ class Campaign:
         assert self.proxy.cut_all() >= 1
         action()
         after = keepers()
-        assert after and {k["pid"] for k in after} != {k["pid"] for k in before}, \
+        assert after and {(k["pid"], k["started"]) for k in after} != {
+            (k["pid"], k["started"]) for k in before}, \
             f"{command} after a reset link: keepers {before} then {after}"
         self.outcomes.append((command, "reset kept link", "ok"))
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ def test_link_dropped_under_the_keeper_next_command_works(
     assert result["ok"]
     assert isinstance(session.transport, KeptTransport)
     assert session.transport.kept_channels == 1
-    assert wait_gone(int(old["pid"]), 10.0), "a keeper whose link died exits"
+    assert kept.wait_closed(old, 10.0), "a keeper whose link died exits"
     assert proxy.accepted == 2
 
 
@@ -356,7 +357,7 @@ def test_changed_host_key_in_known_hosts_gets_a_fresh_connection(
     assert isinstance(session.transport, KeptTransport)
     assert session.transport.keepers_started == 1
     assert any("host key" in n for n in notices), notices
-    assert wait_gone(int(old["pid"]), 10.0)
+    assert kept.wait_closed(old, 10.0)
     assert proxy.accepted == 2
 
 
@@ -411,7 +412,7 @@ def counting_keeper_processes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]
     real_popen = kept.subprocess.Popen
 
     def popen(argv: list[str], *args: Any, **kwargs: Any) -> Any:
-        if "outrig.connectors.keeper" in argv:
+        if {"outrig.connectors.keeper", "outrig.connectors.keeper_launch"} & set(argv):
             started.append(list(argv))
         return real_popen(argv, *args, **kwargs)
 
@@ -447,11 +448,12 @@ def test_fanout_starts_every_keeper_from_one_launcher(
     outcomes = run_fanout(project, names, lambda s: s.call("status", stream=False),
                           journal=journal)
     assert [(o.host, o.state) for o in outcomes] == [(n, "ok") for n in names], outcomes
-    assert len(started) == 1 and "--launcher" in started[0], started
+    assert len(started) == 1 and "outrig.connectors.keeper_launch" in started[0], started
     assert kept.LAUNCHER.started == 1
     listed = keepers()
     assert sorted(e["name"] for e in listed) == names
-    assert len({e["pid"] for e in listed}) == 3
+    assert len({e["pid"] for e in listed}) == 1, "one process holds the three hosts' links"
+    assert listed[0]["pid"] != os.getpid()
     again = run_fanout(project, names, lambda s: s.call("status", stream=False),
                        journal=journal)
     assert all(o.ok for o in again), again
@@ -483,3 +485,35 @@ def test_launcher_gone_idle_is_replaced_by_a_fresh_one(
     assert kept.LAUNCHER.started == 2 and len(started) == 2
     assert sorted(e["name"] for e in keepers()) == names
     kept.LAUNCHER.close()
+
+
+def test_one_host_of_a_shared_keeper_process_closes_alone_and_a_dead_link_ends_only_its_own(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fan-out's keepers share one hosting process: closing one host's (``connections
+    --close --host``) or losing one host's link ends that keeper only; the others keep their
+    links and serve the next command. Closing the rest ends the process."""
+    counting_keeper_processes(monkeypatch)
+    project, names, proxies = fanout_hosts(box_host, make_proxy, tmp_path, 3)
+    journal = Journal(tmp_path / "state")
+    first = run_fanout(project, names, lambda s: s.call("status", stream=False),
+                       journal=journal)
+    assert all(o.ok for o in first), first
+    kept.LAUNCHER.close()
+    listed = {e["name"]: e for e in keepers()}
+    assert len({e["pid"] for e in listed.values()}) == 1
+    pid = int(listed["h0"]["pid"])
+    closed = close_keepers("h0")
+    assert [e["name"] for e in closed] == ["h0"]
+    assert kept.wait_closed(closed[0], 30.0)
+    assert proxies[1].cut_all() == 1  # h1's link dies under its keeper
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "h1" in {e["name"] for e in keepers()}:
+        time.sleep(0.05)
+    assert sorted(e["name"] for e in keepers()) == ["h2"]
+    assert int(keepers()[0]["pid"]) == pid, "the process lives on for h2"
+    again = run_fanout(project, ["h2"], lambda s: s.call("status", stream=False),
+                       journal=journal)
+    assert again[0].ok and proxies[2].accepted == 1, "h2's keeper still served it"
+    assert [e["name"] for e in close_keepers()] == ["h2"]
+    assert wait_gone(pid, 30.0), "the hosting process outlived its last keeper"
