@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -29,9 +30,11 @@ AGENT_DIR = Path(agent_bundle.__file__).resolve().parent  # remote/agent/ (outri
 # The fast path: bundle and request both travel in the exec'd command line. An SSH session
 # channel has a zero send window until the server has started the command, so anything written
 # to stdin waits one extra round trip for the window; the command line does not. Linux caps one
-# argument (and sshd passes the whole command to the shell as one) at 128 KiB, hence the limit;
-# requests carrying secrets always use stdin so that no secret is ever visible in argv.
-ARGV_LIMIT = 120_000
+# argument (and sshd passes the whole command to the shell as one) at 128 KiB (MAX_ARG_STRLEN,
+# 131072 bytes with its NUL), hence the limit on the command as sshd gets it (shlex-joined),
+# a little below that; requests carrying secrets always use stdin so that no secret is ever
+# visible in argv.
+ARGV_LIMIT = 130_000
 CANCEL_LINE = b"cancel\n"  # written to a deploying agent's stdin on Ctrl-C
 # Ops that keep a channel of their own even where a live agent could serve them: their files
 # stream on stdin/stdout in bulk, and the channel's one open is nothing next to the transfer,
@@ -133,7 +136,7 @@ def argv_command(python: str, request_json: bytes, workdir: str = "") -> list[st
     ``workdir`` is the request's (where the box keeps the unpacked bundle)."""
     argv = agent_bundle.bootstrap_argv(python, agent_digest(), workdir, agent_b64(),
                                        encode_request(request_json))
-    if sum(len(part) + 3 for part in argv) > ARGV_LIMIT:
+    if len(shlex.join(argv)) > ARGV_LIMIT:
         return None
     return argv
 
