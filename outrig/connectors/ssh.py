@@ -10,6 +10,9 @@ SSH specifics, and why:
   :mod:`outrig.timing`): a 240 ms link and a LAN get different limits, and every limit is
   named in the error when it fires.
 - RTT is measured for free from the session-channel open (exactly one round trip).
+- The public-key login is pipelined behind the ``ssh-userauth`` service request (one round
+  trip fewer per connect; :mod:`outrig.connectors.pipelined_login` says why that is sound and
+  when it falls back); ``OUTRIG_SSH_PIPELINE=0`` switches it off.
 - Liveness from outside (``watch``, ``migrate``): a fresh TCP connect to the port and the SSH
   banner (:func:`probe_port`), and a confirming login on a connection of its own
   (:meth:`SSHTransport.confirm_alive`), never the open or the warm connection.
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from outrig.connectors.pipelined_login import pipelined_transport_class
 from outrig.errors import (
     AuthenticationError,
     ConfigError,
@@ -231,16 +235,24 @@ def handshake_phase(transport: Any) -> str:
     return "channel"
 
 
-def _watched_transport_factory() -> Callable[..., Any]:
-    """A paramiko Transport that remembers a DISCONNECT the server sent on purpose.
+def pipelining_wanted() -> bool:
+    """Whether logins are pipelined: yes, unless ``OUTRIG_SSH_PIPELINE=0`` (for a box whose SSH
+    server mishandles a login sent right behind its service request)."""
+    return os.environ.get("OUTRIG_SSH_PIPELINE", "1").strip() not in ("0", "no", "false", "off")
+
+
+def _watched_transport_factory(pipeline: bool = True) -> Callable[..., Any]:
+    """A paramiko Transport that remembers a DISCONNECT the server sent on purpose, and whose
+    public-key login is pipelined when ``pipeline`` is set.
 
     paramiko turns both a dropped link and the server's own goodbye (``Too many
     authentication failures``) into the same "transport shut down or saw EOF"; the recorded
     message is what tells a refusal from a cut."""
-    import paramiko
+    base = pipelined_transport_class()
 
-    class WatchedTransport(paramiko.Transport):
+    class WatchedTransport(base):  # type: ignore[misc,valid-type]
         server_disconnect: tuple[int, str] | None = None
+        pipeline_login = pipeline
 
         def _parse_disconnect(self, m: Any) -> None:
             code = m.get_int()
@@ -321,8 +333,11 @@ class SSHTransport(Transport):
     def __init__(self, host: Host, *, rtt_hint: float | None = None,
                  notify: Callable[[str], None] | None = None,
                  attempts: int = RetryPolicy.refused, link_attempts: int = RetryPolicy.link,
-                 channel_attempts: int = RetryPolicy.channel) -> None:
+                 channel_attempts: int = RetryPolicy.channel,
+                 pipeline: bool | None = None) -> None:
         self.host = host
+        # pipelined login (pipelined_login.py); off after a pipelined login was cut
+        self.pipeline = pipelining_wanted() if pipeline is None else pipeline
         self.rtt_hint = rtt_hint
         self.rtt = None
         self.notify = notify
@@ -341,7 +356,8 @@ class SSHTransport(Transport):
         # the local user on port 22.
         config = fabric.Config()
         connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
-                                          "transport_factory": _watched_transport_factory()}
+                                          "transport_factory":
+                                              _watched_transport_factory(self.pipeline)}
         if self.host.identity_file:
             connect_kwargs["key_filename"] = [str(Path(self.host.identity_file).expanduser())]
         conn = fabric.Connection(host=self.host.hostname, user=self.host.user,
@@ -382,6 +398,10 @@ class SSHTransport(Transport):
                         raise error from None
                 elif isinstance(error, LinkLost):
                     lost += 1
+                    if error.phase == "auth" and self.pipeline:
+                        # the fallback: should this server mishandle a pipelined login, the
+                        # next attempts use paramiko's own sequence (one round trip more)
+                        self.pipeline = False
                     silent += error.silent
                     if lost >= self.retry.link or silent >= min(self.retry.silent,
                                                              self.retry.refused):
@@ -504,8 +524,12 @@ class SSHTransport(Transport):
 
         transport = self.connection.transport
         rtt = self.best_rtt
+        if rtt is None:
+            # the pipelined login's service accept took exactly one round trip; else the
+            # handshake took at least 3 (banners, key exchange, login): an upper bound
+            rtt = getattr(transport, "login_rtt", None)
         if rtt is None and self.connect_seconds is not None:
-            rtt = self.connect_seconds / 4  # the handshake is ≥4 round trips: an upper bound
+            rtt = self.connect_seconds / 3
         limit, why = channel_timeout_for(self.host, rtt)
         started = time.monotonic()
         host = self.host.label()
