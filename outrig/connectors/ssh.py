@@ -12,7 +12,8 @@ SSH specifics, and why:
 - RTT is measured for free from the session-channel open (exactly one round trip).
 - The public-key login is pipelined behind the ``ssh-userauth`` service request (one round
   trip fewer per connect; :mod:`outrig.connectors.pipelined_login` says why that is sound and
-  when it falls back); ``OUTRIG_SSH_PIPELINE=0`` switches it off.
+  when it falls back); ``OUTRIG_SSH_PIPELINE=0`` switches it off, ``=channel`` also sends a
+  command's session-channel open behind the login (OpenSSH servers only; off by default).
 - Liveness from outside (``watch``, ``migrate``): a fresh TCP connect to the port and the SSH
   banner (:func:`probe_port`), and a confirming login on a connection of its own
   (:meth:`SSHTransport.confirm_alive`), never the open or the warm connection.
@@ -235,13 +236,19 @@ def handshake_phase(transport: Any) -> str:
     return "channel"
 
 
-def pipelining_wanted() -> bool:
-    """Whether logins are pipelined: yes, unless ``OUTRIG_SSH_PIPELINE=0`` (for a box whose SSH
-    server mishandles a login sent right behind its service request)."""
-    return os.environ.get("OUTRIG_SSH_PIPELINE", "1").strip() not in ("0", "no", "false", "off")
+def pipelining_wanted() -> tuple[bool, bool]:
+    """Whether logins are pipelined, and whether a command's channel open goes right behind
+    the login: ``OUTRIG_SSH_PIPELINE`` unset or ``1``: the login only; ``0``: neither (for a
+    box whose SSH server mishandles a login sent right behind its service request);
+    ``channel``: both (docs/architecture.md says why that is not the default)."""
+    value = os.environ.get("OUTRIG_SSH_PIPELINE", "1").strip().lower()
+    if value in ("0", "no", "false", "off"):
+        return False, False
+    return True, value == "channel"
 
 
-def _watched_transport_factory(pipeline: bool = True) -> Callable[..., Any]:
+def _watched_transport_factory(pipeline: bool = True, early_channel: bool = False,
+                               early_window: int | None = None) -> Callable[..., Any]:
     """A paramiko Transport that remembers a DISCONNECT the server sent on purpose, and whose
     public-key login is pipelined when ``pipeline`` is set.
 
@@ -259,6 +266,8 @@ def _watched_transport_factory(pipeline: bool = True) -> Callable[..., Any]:
             desc = m.get_text()
             self.server_disconnect = (int(code), str(desc))
 
+    WatchedTransport.early_channel = early_channel
+    WatchedTransport.early_window = early_window
     return WatchedTransport
 
 
@@ -334,10 +343,15 @@ class SSHTransport(Transport):
                  notify: Callable[[str], None] | None = None,
                  attempts: int = RetryPolicy.refused, link_attempts: int = RetryPolicy.link,
                  channel_attempts: int = RetryPolicy.channel,
-                 pipeline: bool | None = None) -> None:
+                 pipeline: bool | None = None, early_channel: bool | None = None) -> None:
         self.host = host
-        # pipelined login (pipelined_login.py); off after a pipelined login was cut
-        self.pipeline = pipelining_wanted() if pipeline is None else pipeline
+        # pipelined login (pipelined_login.py); off after a pipelined login was cut; and
+        # the channel open behind it, for the connect a command makes (off after a failure)
+        login, channel = pipelining_wanted()
+        self.pipeline = login if pipeline is None else pipeline
+        self.early_channel = self.pipeline and (channel if early_channel is None
+                                                else early_channel)
+        self._early_window: tuple[bool, int | None] = (False, None)  # for the next connect
         self.rtt_hint = rtt_hint
         self.rtt = None
         self.notify = notify
@@ -356,8 +370,8 @@ class SSHTransport(Transport):
         # the local user on port 22.
         config = fabric.Config()
         connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
-                                          "transport_factory":
-                                              _watched_transport_factory(self.pipeline)}
+                                          "transport_factory": _watched_transport_factory(
+                                              self.pipeline, *self._early_window)}
         if self.host.identity_file:
             connect_kwargs["key_filename"] = [str(Path(self.host.identity_file).expanduser())]
         conn = fabric.Connection(host=self.host.hostname, user=self.host.user,
@@ -505,10 +519,16 @@ class SSHTransport(Transport):
         attempt = silent = 0
         while True:
             attempt += 1
-            self.connect()
+            self._early_window = (self.early_channel and self.pipeline, window_size)
+            try:
+                self.connect()
+            finally:
+                self._early_window = (False, None)
             try:
                 return self._open(argv, window_size)
             except LinkLost as exc:
+                if getattr(self.connection.transport, "early_channels", 0):
+                    self.early_channel = False  # the next attempt opens it after the login
                 self.close()
                 silent += exc.silent  # each silence costs a whole limit: fewer of those
                 if attempt >= self.retry.channel or silent >= SILENT_ATTEMPTS:
@@ -533,8 +553,11 @@ class SSHTransport(Transport):
         limit, why = channel_timeout_for(self.host, rtt)
         started = time.monotonic()
         host = self.host.label()
+        early = None
         try:
-            channel = transport.open_session(window_size=window_size, timeout=limit)
+            take = getattr(transport, "take_early_channel", None)
+            early = take(limit) if take is not None else None
+            channel = early or transport.open_session(window_size=window_size, timeout=limit)
         except paramiko.ChannelException as exc:
             raise ConnectError(
                 f"{host}: the box refused a session channel ({exc.text or exc.code}); its sshd "
@@ -550,8 +573,10 @@ class SSHTransport(Transport):
                 f"{host}: the link dropped just after authentication, while opening a session "
                 f"channel ({detail}). Run the same command again when the link is back.",
                 phase="channel") from None
-        # The channel-open confirmation is exactly one round trip: a free RTT measurement.
-        self.rtt = time.monotonic() - started
+        # The channel-open confirmation is exactly one round trip: a free RTT measurement;
+        # one sent behind the login waited for the login too, and the service accept is used
+        self.rtt = time.monotonic() - started if early is None else \
+            getattr(transport, "login_rtt", None) or self.rtt
         transport.set_keepalive(keepalive_interval_for(self.rtt))
         try:
             exec_pipelined(channel, shlex.join(argv))

@@ -30,7 +30,8 @@ service request alone is one packet of at most ~112 bytes, a signed login adds 1
 Round trips are counted per connection (:attr:`PhaseTracker.turns`, :meth:`LatencyProxy.tracker`):
 a *turn* is a run of client bytes that begins after the proxy has handed the client new
 server bytes, so it counts the times the client may have waited for the server (from its
-banner to the end), and :attr:`PhaseTracker.turn_of` says in which turn each phase began.
+banner to the end), and :attr:`PhaseTracker.turn_of` says in which turn each phase began (and
+:attr:`PhaseTracker.flight_turns` that of each flight after NEWKEYS).
 Bytes a client sends without waiting (a pipelined message) stay in the turn they follow.
 
 Whole-proxy faults act on every connection at once, live ones and those accepted meanwhile,
@@ -123,6 +124,7 @@ class PhaseTracker:
         self.stream_bytes = 0
         self.turns = 0  # client turns (see the module docstring)
         self.turn_of: dict[str, int] = {}  # phase -> the turn in which it began
+        self.flight_turns: list[int] = []  # the turn of each encrypted client flight
         self._handed = 0  # server chunks handed to the client
         self._handed_seen = -1  # ... as of the client's last bytes
 
@@ -181,6 +183,7 @@ class PhaseTracker:
         if pos < len(data) and self._server_spoke:
             self._server_spoke = False
             self.flights += 1
+            self.flight_turns.append(self.turns)
             if self.flights == 2:
                 self.pipelined_login = self.first_flight_bytes > SERVICE_REQUEST_MAX
             names = {1: "auth", 2: "channel", 3: "exec"} if self.pipelined_login else \

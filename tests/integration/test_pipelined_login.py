@@ -180,3 +180,65 @@ def test_phase_tracker_reads_a_pipelined_login_by_its_size() -> None:
     assert tracker.feed("s2c", b"output") == {"stream": 0}
     assert tracker.turn_of == {"banner": 1, "kex": 2, "auth": 2, "channel": 3, "exec": 4,
                                "stream": 4}
+
+
+def test_the_channel_open_behind_the_login_saves_one_more_turn(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    """``OUTRIG_SSH_PIPELINE=channel``: the session-channel open leaves with the login; the
+    exec then goes out in the next flight, one turn before the login-only layout's."""
+    host_file, proxy = proxied(box_host, make_proxy, 0.05)
+    flights = {}
+    for number, early in enumerate((False, True), start=1):
+        transport = run_true(host_file, tmp_path, True, early_channel=early)
+        try:
+            link = transport.connection.transport
+            assert link.early_channels == (1 if early else 0)
+            assert transport.rtt is not None and transport.rtt >= 0.1  # one round trip
+        finally:
+            transport.close()
+        flights[early] = proxy.tracker(number).flight_turns
+    # login only: [login], [open], [exec]; with the open behind the login: [login, open], [exec]
+    assert flights[True][0] == flights[False][0]
+    assert flights[True][1] == flights[False][2] - 1
+
+
+def test_a_refused_key_with_a_channel_open_behind_it_leaves_the_next_key_its_chance(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    """sshd answers an open sent before the login's answer with UNIMPLEMENTED when the key is
+    refused and keeps the connection: the next key (here ~/.ssh/id_ed25519) logs in on the
+    same connection, and the command's channel is then opened the ordinary way."""
+    config = yaml.safe_load(box_host.read_text())
+    right = Path(config["identity_file"])
+    ssh_dir = Path.home() / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "id_ed25519").write_bytes(right.read_bytes())
+    (ssh_dir / "id_ed25519").chmod(0o600)
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)],
+                   check=True)
+    host_file, proxy = proxied(box_host, make_proxy, 0.005, identity_file=str(wrong))
+    transport = run_true(host_file, tmp_path, True, early_channel=True)
+    try:
+        link = transport.connection.transport
+        assert link.pipelined_logins == 2 and link.early_channels == 1
+        assert transport.link_failures == 0
+    finally:
+        transport.close()
+    assert proxy.accepted == 1, "the same connection"
+
+
+def test_a_wrong_key_with_a_channel_open_behind_it_is_refused_as_before(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    key = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    host_file, proxy = proxied(box_host, make_proxy, 0.005, identity_file=str(key))
+    stepwise = refusal(host_file, tmp_path, False)
+    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path),
+                             pipeline=True, early_channel=True)
+    try:
+        with pytest.raises(AuthRefused) as caught:
+            transport.start(["true"])
+    finally:
+        transport.close()
+    assert str(caught.value) == stepwise
+    assert proxy.accepted == 2
