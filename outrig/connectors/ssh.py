@@ -527,7 +527,8 @@ class SSHTransport(Transport):
             try:
                 return self._open(argv, window_size)
             except LinkLost as exc:
-                if getattr(self.connection.transport, "early_channels", 0):
+                link = self.connection.transport if self.connection is not None else None
+                if getattr(link, "early_channels", 0):
                     self.early_channel = False  # the next attempt opens it after the login
                 self.close()
                 silent += exc.silent  # each silence costs a whole limit: fewer of those
@@ -557,7 +558,8 @@ class SSHTransport(Transport):
         try:
             take = getattr(transport, "take_early_channel", None)
             early = take(limit) if take is not None else None
-            channel = early or transport.open_session(window_size=window_size, timeout=limit)
+            channel = early if early is not None else \
+                transport.open_session(window_size=window_size, timeout=limit)
         except paramiko.ChannelException as exc:
             raise ConnectError(
                 f"{host}: the box refused a session channel ({exc.text or exc.code}); its sshd "
