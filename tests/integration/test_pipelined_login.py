@@ -242,3 +242,34 @@ def test_a_wrong_key_with_a_channel_open_behind_it_is_refused_as_before(
         transport.close()
     assert str(caught.value) == stepwise
     assert proxy.accepted == 2
+
+
+def test_an_rsa_key_logs_in_with_an_sha2_signature_pipelined_or_not(tmp_path: Path) -> None:
+    """paramiko picks an RSA key's signature algorithm from the server's server-sig-algs:
+    the login is pipelined only once that list has arrived, and signs with rsa-sha2-* either
+    way (sshd 8.8+ refuses ssh-rsa, SHA-1)."""
+    from outrig.sandbox.box import start_sandbox
+
+    box = start_sandbox(tmp_path / "rsa-box", name="rsa")
+    try:
+        key = tmp_path / "id_rsa"
+        subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f",
+                        str(key)], check=True)
+        authorized = box.root / "keys" / "authorized_keys"
+        authorized.write_text((tmp_path / "id_rsa.pub").read_text())
+        host_file = box.write_host_file(tmp_path / "hosts" / "rsa.yaml")
+        config = yaml.safe_load(host_file.read_text())
+        config["identity_file"] = str(key)
+        host_file.write_text(yaml.safe_dump(config))
+        transport = run_true(host_file, tmp_path / "hosts", True)
+        try:
+            link = transport.connection.transport
+            assert link.is_authenticated()
+            assert link._agreed_pubkey_algorithm.startswith("rsa-sha2-")
+            assert link.pipelined_logins in (0, 1)
+            if link.pipelined_logins:
+                assert "server-sig-algs" in link.server_extensions
+        finally:
+            transport.close()
+    finally:
+        box.stop()
