@@ -29,9 +29,10 @@ The session-channel open behind the first login (``early_channel``, off unless a
 round trip. It is only sent to an OpenSSH server: sshd reads the packets that follow a
 successful login from the same buffer after authentication (``ssh_packet_get_state`` and
 ``ssh_packet_set_state`` in packet.c carry the unread input from the pre-authentication
-process; ``server_loop2`` in serverloop.c handles buffered packets first), and before the
-login's answer every other message meets ``dispatch_protocol_error`` (dispatch.c): a log line
-and SSH_MSG_UNIMPLEMENTED, the connection kept, so the next key still gets its turn. The open
+process; ``server_loop2`` in serverloop.c handles buffered packets first); after a refused
+login the open arrives before authentication, where every message but a login meets
+``dispatch_protocol_error`` (dispatch.c): a log line and SSH_MSG_UNIMPLEMENTED, the connection
+kept, so the next key still gets its turn. The open
 is then forgotten and the command's channel is opened the ordinary way. Dropbear ends the
 connection instead ("received message ... before userauth"), which would take the next key's
 chance away: hence OpenSSH only. The exec cannot follow: its CHANNEL_REQUEST must name the
