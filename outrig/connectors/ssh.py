@@ -10,6 +10,10 @@ SSH specifics, and why:
   :mod:`outrig.timing`): a 240 ms link and a LAN get different limits, and every limit is
   named in the error when it fires.
 - RTT is measured for free from the session-channel open (exactly one round trip).
+- The public-key login is pipelined behind the ``ssh-userauth`` service request (one round
+  trip fewer per connect; :mod:`outrig.connectors.pipelined_login` says why that is sound and
+  when it falls back); ``OUTRIG_SSH_PIPELINE=0`` switches it off, ``=channel`` also sends a
+  command's session-channel open behind the login (OpenSSH servers only; off by default).
 - Liveness from outside (``watch``, ``migrate``): a fresh TCP connect to the port and the SSH
   banner (:func:`probe_port`), and a confirming login on a connection of its own
   (:meth:`SSHTransport.confirm_alive`), never the open or the warm connection.
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from outrig.connectors.pipelined_login import pipelined_transport_class
 from outrig.errors import (
     AuthenticationError,
     ConfigError,
@@ -231,22 +236,38 @@ def handshake_phase(transport: Any) -> str:
     return "channel"
 
 
-def _watched_transport_factory() -> Callable[..., Any]:
-    """A paramiko Transport that remembers a DISCONNECT the server sent on purpose.
+def pipelining_wanted() -> tuple[bool, bool]:
+    """Whether logins are pipelined, and whether a command's channel open goes right behind
+    the login: ``OUTRIG_SSH_PIPELINE`` unset or ``1``: the login only; ``0``: neither (for a
+    box whose SSH server mishandles a login sent right behind its service request);
+    ``channel``: both (docs/architecture.md says why that is not the default)."""
+    value = os.environ.get("OUTRIG_SSH_PIPELINE", "1").strip().lower()
+    if value in ("0", "no", "false", "off"):
+        return False, False
+    return True, value == "channel"
+
+
+def _watched_transport_factory(pipeline: bool = True, early_channel: bool = False,
+                               early_window: int | None = None) -> Callable[..., Any]:
+    """A paramiko Transport that remembers a DISCONNECT the server sent on purpose, and whose
+    public-key login is pipelined when ``pipeline`` is set.
 
     paramiko turns both a dropped link and the server's own goodbye (``Too many
     authentication failures``) into the same "transport shut down or saw EOF"; the recorded
     message is what tells a refusal from a cut."""
-    import paramiko
+    base = pipelined_transport_class()
 
-    class WatchedTransport(paramiko.Transport):
+    class WatchedTransport(base):  # type: ignore[misc,valid-type]
         server_disconnect: tuple[int, str] | None = None
+        pipeline_login = pipeline
 
         def _parse_disconnect(self, m: Any) -> None:
             code = m.get_int()
             desc = m.get_text()
             self.server_disconnect = (int(code), str(desc))
 
+    WatchedTransport.early_channel = early_channel
+    WatchedTransport.early_window = early_window
     return WatchedTransport
 
 
@@ -321,8 +342,16 @@ class SSHTransport(Transport):
     def __init__(self, host: Host, *, rtt_hint: float | None = None,
                  notify: Callable[[str], None] | None = None,
                  attempts: int = RetryPolicy.refused, link_attempts: int = RetryPolicy.link,
-                 channel_attempts: int = RetryPolicy.channel) -> None:
+                 channel_attempts: int = RetryPolicy.channel,
+                 pipeline: bool | None = None, early_channel: bool | None = None) -> None:
         self.host = host
+        # pipelined login (pipelined_login.py); off after a pipelined login was cut; and
+        # the channel open behind it, for the connect a command makes (off after a failure)
+        login, channel = pipelining_wanted()
+        self.pipeline = login if pipeline is None else pipeline
+        self.early_channel = self.pipeline and (channel if early_channel is None
+                                                else early_channel)
+        self._early_window: tuple[bool, int | None] = (False, None)  # for the next connect
         self.rtt_hint = rtt_hint
         self.rtt = None
         self.notify = notify
@@ -341,7 +370,8 @@ class SSHTransport(Transport):
         # the local user on port 22.
         config = fabric.Config()
         connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
-                                          "transport_factory": _watched_transport_factory()}
+                                          "transport_factory": _watched_transport_factory(
+                                              self.pipeline, *self._early_window)}
         if self.host.identity_file:
             connect_kwargs["key_filename"] = [str(Path(self.host.identity_file).expanduser())]
         conn = fabric.Connection(host=self.host.hostname, user=self.host.user,
@@ -382,6 +412,10 @@ class SSHTransport(Transport):
                         raise error from None
                 elif isinstance(error, LinkLost):
                     lost += 1
+                    if error.phase == "auth" and self.pipeline:
+                        # the fallback: should this server mishandle a pipelined login, the
+                        # next attempts use paramiko's own sequence (one round trip more)
+                        self.pipeline = False
                     silent += error.silent
                     if lost >= self.retry.link or silent >= min(self.retry.silent,
                                                              self.retry.refused):
@@ -485,10 +519,17 @@ class SSHTransport(Transport):
         attempt = silent = 0
         while True:
             attempt += 1
-            self.connect()
+            self._early_window = (self.early_channel and self.pipeline, window_size)
+            try:
+                self.connect()
+            finally:
+                self._early_window = (False, None)
             try:
                 return self._open(argv, window_size)
             except LinkLost as exc:
+                link = self.connection.transport if self.connection is not None else None
+                if getattr(link, "early_channels", 0):
+                    self.early_channel = False  # the next attempt opens it after the login
                 self.close()
                 silent += exc.silent  # each silence costs a whole limit: fewer of those
                 if attempt >= self.retry.channel or silent >= SILENT_ATTEMPTS:
@@ -504,13 +545,21 @@ class SSHTransport(Transport):
 
         transport = self.connection.transport
         rtt = self.best_rtt
+        if rtt is None:
+            # the pipelined login's service accept took exactly one round trip; else the
+            # handshake took at least 3 (banners, key exchange, login): an upper bound
+            rtt = getattr(transport, "login_rtt", None)
         if rtt is None and self.connect_seconds is not None:
-            rtt = self.connect_seconds / 4  # the handshake is ≥4 round trips: an upper bound
+            rtt = self.connect_seconds / 3
         limit, why = channel_timeout_for(self.host, rtt)
         started = time.monotonic()
         host = self.host.label()
+        early = None
         try:
-            channel = transport.open_session(window_size=window_size, timeout=limit)
+            take = getattr(transport, "take_early_channel", None)
+            early = take(limit) if take is not None else None
+            channel = early if early is not None else \
+                transport.open_session(window_size=window_size, timeout=limit)
         except paramiko.ChannelException as exc:
             raise ConnectError(
                 f"{host}: the box refused a session channel ({exc.text or exc.code}); its sshd "
@@ -526,8 +575,10 @@ class SSHTransport(Transport):
                 f"{host}: the link dropped just after authentication, while opening a session "
                 f"channel ({detail}). Run the same command again when the link is back.",
                 phase="channel") from None
-        # The channel-open confirmation is exactly one round trip: a free RTT measurement.
-        self.rtt = time.monotonic() - started
+        # The channel-open confirmation is exactly one round trip: a free RTT measurement;
+        # one sent behind the login waited for the login too, and the service accept is used
+        self.rtt = time.monotonic() - started if early is None else \
+            getattr(transport, "login_rtt", None) or self.rtt
         transport.set_keepalive(keepalive_interval_for(self.rtt))
         try:
             exec_pipelined(channel, shlex.join(argv))

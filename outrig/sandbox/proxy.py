@@ -17,11 +17,22 @@ never close) or ``stall`` (hold everything for a while, then go on); ``jitter`` 
 extra delay per chunk (order kept). How the proxy knows the phase without decrypting anything
 (:class:`PhaseTracker`): it reads the cleartext banner lines, then parses the cleartext binary
 packets of the key exchange up to the client's NEWKEYS; after that it counts the client's
-*flights* (client bytes sent after the server last spoke). With OpenSSH and paramiko, flight
-1 is the ``ssh-userauth`` service request, 2 the public-key login, 3 the session-channel
-open and 4 the (pipelined) exec; ``stream`` is the server's bytes after that. A client that
-authenticates differently (several keys, keyboard-interactive) shifts the later flights, so
-tests check :attr:`LatencyProxy.fired` to see where a fault actually struck.
+*flights* (client bytes sent after the server last spoke). With OpenSSH and plain paramiko,
+flight 1 is the ``ssh-userauth`` service request, 2 the public-key login, 3 the
+session-channel open and 4 the (pipelined) exec; with outrig's pipelined login
+(:mod:`outrig.connectors.pipelined_login`) flight 1 carries the service request and the login,
+2 is the channel open and 3 the exec. The tracker tells the two apart by flight 1's size: a
+service request alone is one packet of at most ~112 bytes, a signed login adds 150 or more.
+``stream`` is the server's bytes after the exec. A client that authenticates differently
+(several keys, keyboard-interactive) shifts the later flights, so tests check
+:attr:`LatencyProxy.fired` to see where a fault actually struck.
+
+Round trips are counted per connection (:attr:`PhaseTracker.turns`, :meth:`LatencyProxy.tracker`):
+a *turn* is a run of client bytes that begins after the proxy has handed the client new
+server bytes, so it counts the times the client may have waited for the server (from its
+banner to the end), and :attr:`PhaseTracker.turn_of` says in which turn each phase began (and
+:attr:`PhaseTracker.flight_turns` that of each flight after NEWKEYS).
+Bytes a client sends without waiting (a pipelined message) stay in the turn they follow.
 
 Whole-proxy faults act on every connection at once, live ones and those accepted meanwhile,
 while they stay open: :meth:`LatencyProxy.stall_all` forwards nothing for N seconds and then
@@ -54,6 +65,10 @@ _Item = tuple[float, bytes | None]  # (deliver_at, data); None data = EOF from t
 PHASES = ("tcp", "banner", "kex", "auth", "channel", "exec", "stream", "byte")
 ACTIONS = ("cut", "blackhole", "stall")
 _NEWKEYS = 21  # SSH_MSG_NEWKEYS: the last cleartext packet of the key exchange
+# The most bytes a lone ``ssh-userauth`` service request takes on the wire (one packet: 22
+# bytes of payload and length, padding to the block, a MAC of up to 64 bytes): a first
+# flight longer than this carries the login as well (a pipelined login)
+SERVICE_REQUEST_MAX = 160
 
 
 @dataclass
@@ -103,8 +118,21 @@ class PhaseTracker:
         self._newkeys = False
         self._server_spoke = True  # since the client's last post-kex bytes
         self.flights = 0
+        self.first_flight_bytes = 0
+        self.pipelined_login: bool | None = None  # known once flight 2 begins
         self.counted = {"c2s": 0, "s2c": 0}
         self.stream_bytes = 0
+        self.turns = 0  # client turns (see the module docstring)
+        self.turn_of: dict[str, int] = {}  # phase -> the turn in which it began
+        self.flight_turns: list[int] = []  # the turn of each encrypted client flight
+        self._handed = 0  # server chunks handed to the client
+        self._handed_seen = -1  # ... as of the client's last bytes
+
+    def handed_to_client(self) -> None:
+        """The proxy is handing the client a chunk of the server's bytes (called before the
+        send, so that a client's answer is never read before its cause is counted)."""
+        with self._lock:
+            self._handed += 1
 
     def feed(self, direction: str, data: bytes) -> dict[str, int]:
         with self._lock:
@@ -118,19 +146,26 @@ class PhaseTracker:
 
     def _enter(self, phase: str, offset: int, found: dict[str, int]) -> None:
         found.setdefault(phase, offset)
+        self.turn_of.setdefault(phase, self.turns)
         self.phase = phase
+
+    def _exec_flight(self) -> int:
+        return 3 if self.pipelined_login else 4
 
     def _feed_server(self, data: bytes, found: dict[str, int]) -> None:
         if self.counted["s2c"] == 0 and data:
             self._enter("banner", 0, found)
         if self._newkeys:
             self._server_spoke = True
-        if self.flights >= 4 and data:
+        if self.flights >= self._exec_flight() and data:
             if self.stream_bytes == 0:
                 self._enter("stream", 0, found)
             self.stream_bytes += len(data)
 
     def _feed_client(self, data: bytes, found: dict[str, int]) -> None:
+        if data and self._handed != self._handed_seen:
+            self.turns += 1
+            self._handed_seen = self._handed
         pos = 0
         if not self._banner_done:
             end = data.find(b"\n")
@@ -148,9 +183,15 @@ class PhaseTracker:
         if pos < len(data) and self._server_spoke:
             self._server_spoke = False
             self.flights += 1
-            names = {1: "auth", 3: "channel", 4: "exec"}
+            self.flight_turns.append(self.turns)
+            if self.flights == 2:
+                self.pipelined_login = self.first_flight_bytes > SERVICE_REQUEST_MAX
+            names = {1: "auth", 2: "channel", 3: "exec"} if self.pipelined_login else \
+                {1: "auth", 3: "channel", 4: "exec"}
             if self.flights in names:
                 self._enter(names[self.flights], pos, found)
+        if self.flights == 1:
+            self.first_flight_bytes += len(data) - pos
 
     def _parse_cleartext(self, data: bytes, pos: int) -> int:
         """Walk the key exchange's cleartext packets; return where encrypted bytes begin."""
@@ -313,6 +354,8 @@ class _Connection:
                     dst.shutdown(socket.SHUT_WR)
                 self._direction_done()
                 return
+            if dst is self.client:
+                self.tracker.handed_to_client()
             view = memoryview(data)
             while view and not self.stop.is_set():
                 try:
@@ -369,6 +412,7 @@ class LatencyProxy:
         self._random = random.Random(seed)
         self._faults: list[Fault] = []
         self.fired: list[tuple[int, str, str]] = []  # (connection, phase, action) struck
+        self.trackers: dict[int, PhaseTracker] = {}  # connection number -> its tracker
         self._held: list[socket.socket] = []  # clients blackholed at accept
         self.target_port = int(target_port)
         if one_way_delay < 0:
@@ -412,6 +456,12 @@ class LatencyProxy:
         if not self._port:
             raise RuntimeError("LatencyProxy.port read before start()")
         return self._port
+
+    def tracker(self, number: int) -> PhaseTracker:
+        """The phase tracker of the ``number``-th connection accepted (1-based): its phases,
+        flights and turns."""
+        with self._lock:
+            return self.trackers[number]
 
     @property
     def connections(self) -> int:
@@ -596,6 +646,7 @@ class LatencyProxy:
             conn.hold_until = time.monotonic() + fault.seconds
         with self._lock:
             self._conns.append(conn)
+            self.trackers[number] = conn.tracker
         conn.start()
 
     def _forget(self, conn: _Connection) -> None:

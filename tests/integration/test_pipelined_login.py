@@ -1,0 +1,275 @@
+"""The pipelined login (outrig/connectors/pipelined_login.py) against the real sshd, counted by
+the latency proxy: one client turn fewer before the exec, the same refusal for a wrong key,
+nothing sent under the session keys for a changed host key, and paramiko's own sequence again
+after a pipelined login was cut."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.connectors.ssh import SSHTransport
+from outrig.errors import AuthRefused, HostKeyError
+from outrig.inventory import resolve_host
+from outrig.sandbox.proxy import SERVICE_REQUEST_MAX, Fault, LatencyProxy, PhaseTracker
+
+pytestmark = pytest.mark.integration
+
+
+def proxied(box_host: Path, make_proxy: Any, delay: float, **changes: Any
+            ) -> tuple[Path, LatencyProxy]:
+    config = yaml.safe_load(box_host.read_text())
+    proxy: LatencyProxy = make_proxy(config["port"], one_way_delay=delay)
+    config["port"] = proxy.port
+    config.update(changes)
+    path = box_host.parent / "pipelined.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, proxy
+
+
+def run_true(host_file: Path, tmp_path: Path, pipeline: bool, **kwargs: Any) -> SSHTransport:
+    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path),
+                             pipeline=pipeline, **kwargs)
+    try:
+        channel = transport.start(["true"])
+        assert channel.exit_status(30) == 0
+    except BaseException:
+        transport.close()
+        raise
+    return transport
+
+
+def test_the_pipelined_login_saves_one_client_turn_before_the_exec(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    # 100 ms RTT: a reply cannot reach the client within 100 ms of its request, so
+    # messages sent together can never be counted as turns of their own
+    host_file, proxy = proxied(box_host, make_proxy, 0.05)
+    turns = {}
+    for number, pipeline in enumerate((False, True), start=1):
+        transport = run_true(host_file, tmp_path, pipeline)
+        try:
+            link = transport.connection.transport
+            assert link.pipelined_logins == (1 if pipeline else 0)
+            assert (link.login_rtt is not None) == pipeline
+        finally:
+            transport.close()
+        tracker = proxy.tracker(number)
+        assert tracker.pipelined_login is pipeline
+        turns[pipeline] = tracker.turn_of
+    # banner, KEXINIT, key exchange, then NEWKEYS with the service request: the same
+    assert turns[True]["auth"] == turns[False]["auth"]
+    # stepwise: login, channel open, exec each wait; pipelined: the login waits no more
+    assert turns[False]["channel"] - turns[False]["auth"] == 2
+    assert turns[True]["channel"] - turns[True]["auth"] == 1
+    assert turns[True]["exec"] == turns[False]["exec"] - 1
+    assert turns[True]["exec"] <= 6
+
+
+def test_the_measured_login_rtt_is_one_round_trip(box_host: Path, make_proxy: Any,
+                                                  tmp_path: Path) -> None:
+    host_file, _ = proxied(box_host, make_proxy, 0.1)
+    transport = run_true(host_file, tmp_path, True)
+    try:
+        login_rtt = transport.connection.transport.login_rtt
+    finally:
+        transport.close()
+    assert login_rtt >= 0.2  # never less than the link's round trip
+    assert login_rtt < 0.4  # and not two of them (the login itself is not waited for)
+
+
+def refusal(host_file: Path, tmp_path: Path, pipeline: bool) -> str:
+    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path),
+                             pipeline=pipeline)
+    try:
+        with pytest.raises(AuthRefused) as caught:
+            transport.start(["true"])
+    finally:
+        transport.close()
+    return str(caught.value)
+
+
+def test_a_wrong_key_is_refused_with_the_same_error_as_without_pipelining(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    key = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    host_file, proxy = proxied(box_host, make_proxy, 0.005, identity_file=str(key))
+    stepwise = refusal(host_file, tmp_path, False)
+    pipelined = refusal(host_file, tmp_path, True)
+    assert pipelined == stepwise
+    assert "authentication failed" in pipelined and "wrong_key" in pipelined
+    assert proxy.accepted == 2, "a refusal is never retried"
+    # the first flight under the session keys: the service request alone, then with the login
+    assert proxy.tracker(1).first_flight_bytes <= SERVICE_REQUEST_MAX
+    assert proxy.tracker(2).first_flight_bytes > SERVICE_REQUEST_MAX
+
+
+def test_a_changed_host_key_is_refused_before_anything_is_encrypted(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+                   check=True)
+    host_file, proxy = proxied(box_host, make_proxy, 0.005)
+    config = yaml.safe_load(host_file.read_text())
+    public = (tmp_path / "other_key.pub").read_text().split()
+    known = Path(config["known_hosts"])
+    known.parent.mkdir(parents=True, exist_ok=True)
+    known.write_text(f"[127.0.0.1]:{proxy.port} {public[0]} {public[1]}\n")
+    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path), pipeline=True)
+    try:
+        with pytest.raises(HostKeyError, match="CHANGED"):
+            transport.start(["true"])
+    finally:
+        transport.close()
+    tracker = proxy.tracker(1)
+    assert "kex" in tracker.turn_of
+    # no service request, no login: not one byte under the session keys
+    assert tracker.flights == 0 and "auth" not in tracker.turn_of
+    assert proxy.accepted == 1
+
+
+def test_a_cut_pipelined_login_is_retried_with_paramikos_own_sequence(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    host_file, proxy = proxied(box_host, make_proxy, 0.005)
+    proxy.inject(Fault(phase="auth"))
+    transport = run_true(host_file, tmp_path, True)
+    try:
+        assert transport.link_failures == 1 and transport.pipeline is False
+        assert transport.connection.transport.pipelined_logins == 0
+    finally:
+        transport.close()
+    assert proxy.fired == [(1, "auth", "cut")]
+    assert proxy.tracker(2).pipelined_login is False
+
+
+def test_pipelining_is_off_with_the_environment_switch(
+        box_host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTRIG_SSH_PIPELINE", "0")
+    transport = SSHTransport(resolve_host(str(box_host), hosts_dir=tmp_path))
+    assert transport.pipeline is False
+    try:
+        channel = transport.start(["true"])
+        assert channel.exit_status(30) == 0
+        assert transport.connection.transport.pipelined_logins == 0
+    finally:
+        transport.close()
+
+
+def flight(tracker: PhaseTracker, data: bytes) -> dict[str, int]:
+    """One client flight after the server spoke (and its bytes were handed over)."""
+    tracker.handed_to_client()
+    tracker.feed("s2c", b"server bytes")
+    return tracker.feed("c2s", data)
+
+
+def test_phase_tracker_reads_a_pipelined_login_by_its_size() -> None:
+    tracker = PhaseTracker()
+    tracker.feed("c2s", b"SSH-2.0-paramiko\r\n")
+    tracker.handed_to_client()
+    tracker.feed("s2c", b"SSH-2.0-OpenSSH_9\r\n")
+    newkeys = b"\x00\x00\x00\x0c\x0a\x15" + b"\x00" * 10
+    login = b"L" * (SERVICE_REQUEST_MAX + 1)  # the service request and a signed login
+    assert tracker.feed("c2s", newkeys + login[:40]) == {"kex": 0, "auth": len(newkeys)}
+    assert tracker.feed("c2s", login[40:]) == {}  # the same flight: no turn of its own
+    assert flight(tracker, b"open") == {"channel": 0}
+    assert tracker.pipelined_login is True
+    assert flight(tracker, b"exec") == {"exec": 0}
+    assert tracker.feed("s2c", b"output") == {"stream": 0}
+    assert tracker.turn_of == {"banner": 1, "kex": 2, "auth": 2, "channel": 3, "exec": 4,
+                               "stream": 4}
+
+
+def test_the_channel_open_behind_the_login_saves_one_more_turn(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    """``OUTRIG_SSH_PIPELINE=channel``: the session-channel open leaves with the login; the
+    exec then goes out in the next flight, one turn before the login-only layout's."""
+    host_file, proxy = proxied(box_host, make_proxy, 0.05)
+    flights = {}
+    for number, early in enumerate((False, True), start=1):
+        transport = run_true(host_file, tmp_path, True, early_channel=early)
+        try:
+            link = transport.connection.transport
+            assert link.early_channels == (1 if early else 0)
+            assert transport.rtt is not None and transport.rtt >= 0.1  # one round trip
+        finally:
+            transport.close()
+        flights[early] = proxy.tracker(number).flight_turns
+    # login only: [login], [open], [exec]; with the open behind the login: [login, open], [exec]
+    assert flights[True][0] == flights[False][0]
+    assert flights[True][1] == flights[False][2] - 1
+
+
+def test_a_refused_key_with_a_channel_open_behind_it_leaves_the_next_key_its_chance(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    """sshd answers an open sent before the login's answer with UNIMPLEMENTED when the key is
+    refused and keeps the connection: the next key (here ~/.ssh/id_ed25519) logs in on the
+    same connection, and the command's channel is then opened the ordinary way."""
+    config = yaml.safe_load(box_host.read_text())
+    right = Path(config["identity_file"])
+    ssh_dir = Path.home() / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "id_ed25519").write_bytes(right.read_bytes())
+    (ssh_dir / "id_ed25519").chmod(0o600)
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)],
+                   check=True)
+    host_file, proxy = proxied(box_host, make_proxy, 0.005, identity_file=str(wrong))
+    transport = run_true(host_file, tmp_path, True, early_channel=True)
+    try:
+        link = transport.connection.transport
+        assert link.pipelined_logins == 2 and link.early_channels == 1
+        assert transport.link_failures == 0
+    finally:
+        transport.close()
+    assert proxy.accepted == 1, "the same connection"
+
+
+def test_a_wrong_key_with_a_channel_open_behind_it_is_refused_as_before(
+        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    key = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    host_file, proxy = proxied(box_host, make_proxy, 0.005, identity_file=str(key))
+    stepwise = refusal(host_file, tmp_path, False)
+    transport = SSHTransport(resolve_host(str(host_file), hosts_dir=tmp_path),
+                             pipeline=True, early_channel=True)
+    try:
+        with pytest.raises(AuthRefused) as caught:
+            transport.start(["true"])
+    finally:
+        transport.close()
+    assert str(caught.value) == stepwise
+    assert proxy.accepted == 2
+
+
+def test_an_rsa_key_logs_in_with_an_sha2_signature_pipelined_or_not(tmp_path: Path) -> None:
+    """paramiko picks an RSA key's signature algorithm from the server's server-sig-algs:
+    the login is pipelined only once that list has arrived, and signs with rsa-sha2-* either
+    way (sshd 8.8+ refuses ssh-rsa, SHA-1)."""
+    from outrig.sandbox.box import start_sandbox
+
+    box = start_sandbox(tmp_path / "rsa-box", name="rsa")
+    try:
+        key = tmp_path / "id_rsa"
+        subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f",
+                        str(key)], check=True)
+        authorized = box.root / "keys" / "authorized_keys"
+        authorized.write_text((tmp_path / "id_rsa.pub").read_text())
+        host_file = box.write_host_file(tmp_path / "hosts" / "rsa.yaml")
+        config = yaml.safe_load(host_file.read_text())
+        config["identity_file"] = str(key)
+        host_file.write_text(yaml.safe_dump(config))
+        transport = run_true(host_file, tmp_path / "hosts", True)
+        try:
+            link = transport.connection.transport
+            assert link.is_authenticated()
+            assert link._agreed_pubkey_algorithm.startswith("rsa-sha2-")
+            assert link.pipelined_logins in (0, 1)
+            if link.pipelined_logins:
+                assert "server-sig-algs" in link.server_extensions
+        finally:
+            transport.close()
+    finally:
+        box.stop()
