@@ -537,10 +537,10 @@ class Watcher:
                                spares=[s for s in self.record["spares"] or [] if s != spare],
                                log_seen=None, progress=None)
             checkpoint = report.get("checkpoint") or {}
-            self.send("resumed", **{"from": old_host}, old_run_id=old_run,
+            self.show_timings(report)  # printed before the event goes out: who reacts to
+            self.send("resumed", **{"from": old_host}, old_run_id=old_run,  # it finds the
                       checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
-                      seconds=report.get("seconds"))
-            self.show_timings(report)
+                      seconds=report.get("seconds"))  # line already there
             return
         self.send("failed", why="the box is dead and no spare took the job"
                   + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))

@@ -148,13 +148,19 @@ def _train_for_real(r: Rehearsal) -> RealTraining:
     stop = r.cleanup(box, playbook=str(playbook))
     first_logs = _logs(r, box, run_id)
     first_exit = r.exit_code(box, run_id, "trainer")
-    # what the trainer resumes from: the highest numbered folder, 0 (epoch 0, mid-way or, on
-    # a slow machine that finished the epoch before the stop, its end)
-    resume_from = r.training_state("0") or {}
+    # what the trainer resumes from: the highest numbered folder (speculators' checkpointer
+    # picks it): 0 mid-way, or, where the stop came later than the first mid-epoch save (a
+    # loaded machine), 0 at its end or 1 mid-way
+    numbered = [int(p.name) for p in r.save_path.iterdir() if p.name.isdigit()]
+    resume_folder = str(max(numbered, default=0))
+    resume_from = r.training_state(resume_folder) or {}
     second = r.deploy(box, playbook)
     second_id = second.plan.run_id
-    r.wait_log(box, second_id, "trainer",
-               RESUMED[0] if resume_from.get("local_step") else RESUMED[1])
+    # Either resume line: which one the trainer logs, and that it matches the checkpoint
+    # read above, is test_rehearsal_cpu's to check (with the log in its message), not a wait
+    # that times out. The second start (a real vLLM and trainer again) is slow on a loaded
+    # machine: it gets the time the trainer's exit gets.
+    r.wait_log(box, second_id, "trainer", RESUMED, timeout=WAIT_S * 3)
     second_exit = r.wait_exit(box, second_id, "trainer", timeout=WAIT_S * 3)
     second_logs = _logs(r, box, second_id)
     r.cleanup(box, playbook=str(playbook))  # the server too: nothing of it outlives the fixture
@@ -163,7 +169,7 @@ def _train_for_real(r: Rehearsal) -> RealTraining:
         data_path=str(r.data_path), save_path=str(r.save_path),
         processes=[p["name"] for p in first.processes], server_argv=list(server.argv),
         mid_epoch=mid_epoch, probe=json.loads(probe.stdout.strip().splitlines()[-1]),
-        trainer_before_stop=before_stop, resume_from=resume_from,
+        trainer_before_stop=before_stop, resume_folder=resume_folder, resume_from=resume_from,
         first_stop=json.loads(json.dumps(stop, default=str)), first_logs=first_logs,
         first_trainer_exit=first_exit, second_logs=second_logs,
         second_trainer_exit=second_exit, checkpoint=str(r.save_path / str(REAL_EPOCHS - 1)))

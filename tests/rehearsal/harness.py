@@ -241,17 +241,20 @@ class Rehearsal:
         path = self.log_path(box, run_id, process)
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def wait_log(self, box: str, run_id: str, process: str, needle: str,
+    def wait_log(self, box: str, run_id: str, process: str, needle: str | tuple[str, ...],
                  timeout: float = WAIT_S) -> str:
-        """The log once it contains ``needle``; fails with its tail otherwise."""
+        """The log once it contains ``needle`` (or one of several); fails with its tail
+        otherwise."""
+        needles = (needle,) if isinstance(needle, str) else needle
         text = ""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log(box, run_id, process)
-            if needle in text:
+            if any(n in text for n in needles):
                 return text
             time.sleep(0.25)
-        pytest.fail(f"{process} never logged {needle!r} in {timeout:g}s; tail:\n{text[-3000:]}")
+        pytest.fail(f"{process} never logged {' or '.join(map(repr, needles))} in "
+                    f"{timeout:g}s; tail:\n{text[-3000:]}")
 
     def run_record(self, box: str, run_id: str) -> dict[str, Any]:
         """The box's ``runs/<id>/run.json``: what outrig recorded for each process."""
@@ -320,7 +323,8 @@ class RealTraining:
     mid_epoch: dict[str, Any]  # training_state.json behind the first mid-epoch link
     probe: dict[str, Any]  # hidden_states_probe.py's answer, during the first run
     trainer_before_stop: str  # the first trainer's log at the mid-epoch link
-    resume_from: dict[str, Any]  # training_state.json of 0/ after the stop
+    resume_folder: str  # the highest numbered checkpoint folder after the stop
+    resume_from: dict[str, Any]  # its training_state.json: what the trainer resumes from
     first_stop: dict[str, Any]  # cleanup's report
     first_logs: dict[str, str]  # process -> log, after the stop
     first_trainer_exit: int | None

@@ -113,15 +113,16 @@ def test_real_trainer_checkpoints_mid_epoch_and_resumes_after_cleanup(
     assert "skipping preprocessing" in second["prepare"]
     resumed = second["trainer"]
     assert "Found interrupted checkpoint at" in resumed  # never resumed from by speculators
-    assert f"Found checkpoint at {save_path}/0" in resumed, resumed[-3000:]
+    assert f"Found checkpoint at {save_path}/{t.resume_folder}" in resumed, resumed[-3000:]
+    epoch = int(t.resume_from["epoch"])
+    assert str(epoch) == t.resume_folder, t.resume_from
     if t.resume_from.get("local_step"):  # stopped mid-epoch: resumes at the saved step
-        assert f"{RESUMED[0]}0 local_step={t.resume_from['local_step']} " in resumed, \
+        assert f"{RESUMED[0]}{epoch} local_step={t.resume_from['local_step']} " in resumed, \
             resumed[-3000:]
     else:
-        # The trainer finished epoch 0 (and rewrote ``0/`` as the end-of-epoch save) before
-        # the stop: a loaded machine can lose that race. The resume then starts epoch 1.
-        assert t.resume_from.get("epoch") == 0, t.resume_from
-        assert f"{RESUMED[1]}1" in resumed, resumed[-3000:]
+        # The trainer finished the epoch (and rewrote its folder as the end-of-epoch save)
+        # before the stop: a loaded machine can lose that race. The resume starts the next.
+        assert f"{RESUMED[1]}{epoch + 1}" in resumed, resumed[-3000:]
     assert t.second_trainer_exit == 0, resumed[-3000:]
     assert f"Saving checkpoint to {save_path}/{REAL_EPOCHS - 1}" in resumed
 
