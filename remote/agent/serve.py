@@ -297,19 +297,24 @@ class Server:
 
     def relay_output(self, fd: int) -> None:
         child = self.by_fd.get(fd)
-        if child is None:
-            return
+        if child is not None:
+            self.relay_chunk(child, fd)
+
+    def relay_chunk(self, child: Child, fd: int) -> bool:
+        """Relay one read of a child's ``fd``; ``False`` when nothing more comes now (it would
+        block) or ever (its end: then it is closed)."""
         try:
             chunk = os.read(fd, READ_CHUNK)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             chunk = b""
         if not chunk:
             self.forget_fd(child, fd)
-            return
+            return False
         if not child.gone:
             self.send(b"o" if fd == child.stdout else b"r", child.rid, chunk)
+        return True
 
     def forget_fd(self, child: Child, fd: int) -> None:
         self.by_fd.pop(fd, None)
@@ -323,16 +328,10 @@ class Server:
         """After the child exited: relay what its pipes still hold, then close them (a
         process it left behind may hold their other ends open forever)."""
         for fd in (child.stdout, child.stderr):
-            while fd is not None and fd in self.by_fd:
-                try:
-                    chunk = os.read(fd, READ_CHUNK)
-                except (BlockingIOError, OSError):
-                    chunk = b""
-                if not chunk:
-                    self.forget_fd(child, fd)
-                    break
-                if not child.gone:
-                    self.send(b"o" if fd == child.stdout else b"r", child.rid, chunk)
+            while fd is not None and fd in self.by_fd and self.relay_chunk(child, fd):
+                pass
+            if fd is not None and fd in self.by_fd:
+                self.forget_fd(child, fd)
 
     def reap(self) -> None:
         """Collect exited children; send each one's exit status after its last output."""

@@ -1,5 +1,6 @@
 """Fixtures shared by the integration tests: ``teardown_runs`` (whatever a test launched on
-the sandbox, stopped by outrig's own cleanup), and for the tests that move a job between two
+the sandbox, stopped by outrig's own cleanup), ``keeping`` (warm connections on for one test,
+its keepers closed after it), and for the tests that move a job between two
 boxes (migrate, the migrate overlap, fencing, watch) A with its own sshd and 4 × 48 GB, and B
 on the session's shared sshd with 8 × 96 GB."""
 
@@ -10,12 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from outrig.connectors.kept import close_keepers, wait_gone
 from outrig.sandbox.box import SandboxBox, start_sandbox
 from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
 from outrig.session import Project
 from tests.support.runs import stop_every_run, stop_recorded_runs
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Keeping on for this test (the suite has it off); every keeper it started is closed
+    at teardown."""
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "600")
+    yield
+    for entry in close_keepers():
+        wait_gone(int(entry["pid"]), 10.0)
 
 
 @pytest.fixture

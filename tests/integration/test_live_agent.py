@@ -39,14 +39,6 @@ OUTRIG = [sys.executable, "-c",
 WAIT_S = 120.0  # the most a state the keeper reports may take to come (a loaded machine)
 
 
-@pytest.fixture
-def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "600")
-    yield
-    for entry in close_keepers():
-        wait_gone(int(entry["pid"]), 10.0)
-
-
 def counted_box(tmp_path: Path, **options: Any) -> Iterator[SandboxBox]:
     box = start_sandbox(tmp_path / "box", log_level="DEBUG1", **options)
     try:

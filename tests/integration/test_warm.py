@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 PROJECT = Project(REPO)
 OUTRIG = [sys.executable, "-c",
           "import sys; from outrig.cli import program; program.run(['outrig', *sys.argv[1:]])"]
-
-
-@pytest.fixture
-def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Keeping on for this test; every keeper it started is closed at teardown."""
-    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "600")
-    yield
-    for entry in close_keepers():
-        wait_gone(int(entry["pid"]), 10.0)
 
 
 def proxied(box_host: Path, make_proxy: Any, **changes: Any) -> tuple[Path, LatencyProxy]:

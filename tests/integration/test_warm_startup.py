@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from outrig.connectors.kept import close_keepers, keepers, wait_gone
+from outrig.connectors.kept import keepers
 from outrig.sandbox.proxy import LatencyProxy
 
 pytestmark = pytest.mark.integration
@@ -33,16 +32,6 @@ except SystemExit as exc:
     code = exc.code if isinstance(exc.code, int) else 1
 print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
 """
-
-
-@pytest.fixture
-def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Keeping on (off in the suite by default); every keeper started is closed at
-    teardown."""
-    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "600")
-    yield
-    for entry in close_keepers():
-        wait_gone(int(entry["pid"]), 10.0)
 
 
 @pytest.fixture
