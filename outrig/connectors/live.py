@@ -156,15 +156,18 @@ class LiveAgent:
     def _close_if_idle(self) -> None:
         with self.lock:
             idle = not self.routes
-        if self.retiring and idle and self.channel is not None:
-            with contextlib.suppress(Exception):
-                self.channel.close()
+        if self.retiring and idle:
+            self._close_channel()
 
     def close(self) -> None:
         """End it: its channel closes, its stdin on the box ends, it exits."""
         with self.lock:
             if self.state in ("starting", "ready"):
                 self.state, self.why = "ended", self.why or "closed by the keeper"
+        self._close_channel()
+
+    def _close_channel(self) -> None:
+        """Close the channel if it was opened: the box's live agent sees its stdin end."""
         if self.channel is not None:
             with contextlib.suppress(Exception):
                 self.channel.close()
@@ -246,9 +249,8 @@ class LiveAgent:
             elif self.state == "starting":
                 self.state = "ready"
                 self.pid = info.get("pid") if isinstance(info.get("pid"), int) else None
-        if self.state == "failed" and self.channel is not None:
-            with contextlib.suppress(Exception):
-                self.channel.close()
+        if self.state == "failed":
+            self._close_channel()
 
     def _ended(self, channel: Any) -> None:
         """The channel is over: say why, end every open request the way the exec path
