@@ -1,6 +1,7 @@
 """docs/cli.md, "Which run a command means", across commands on the real sshd sandbox: a
 playbook whose ``name:`` differs from its file name (``playbooks/a.yaml`` with ``name: b``)
-is the same playbook for deploy, status, tail-logs, watch and cleanup, however it is named;
+is the same playbook for deploy, status, tail-logs, watch, cleanup, sync-checkpoints and
+forward, however it is named;
 a failed run of another playbook does not make a plain tail-logs ambiguous; and a watch
 started again after a redeploy follows the new run with its own flags."""
 
@@ -8,8 +9,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,6 +26,7 @@ from outrig.journal import Journal, atomic_write_json, read_json
 from outrig.ops.watch import WatchOptions, watch, watch_file
 from outrig.session import Project
 from tests.support.cli import deployed, outrig
+from tests.support.network import free_port
 from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
@@ -164,3 +172,69 @@ def test_a_watch_started_again_for_the_same_run_carries_it_on_and_says_so(
     assert isinstance(record, dict)
     assert record["started"] == 1.0 and record["restarts"] == 2
     assert record["status"] == "finished"
+
+
+def test_sync_checkpoints_of_a_playbook_named_unlike_its_file_pulls_its_run(
+        project: Path, box_host: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ck.yaml`` (name: ckb) with a checkpoints item: sync-checkpoints --playbook ck, then
+    --playbook ckb, then with no --playbook (the newest run's) all mean the one playbook:
+    the first pulls the box's complete checkpoint, the next two find nothing new."""
+    workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])
+    (project / "playbooks" / "ck.yaml").write_text(yaml.safe_dump({
+        "name": "ckb", "stage": {"ckpt": {"path": "${workdir}/ckpt", "kind": "checkpoints"}},
+        "processes": {"beat": {"command": [sys.executable, "-u", "-c", BEATS], "gpus": [],
+                               "ready": {"log": "beat 0", "timeout": 60}}}}))
+    run_id = deployed("ck", capsys)["run_id"]
+    assert run_id.startswith("ckb-")
+    folder = workdir / "ckpt" / "0"  # as speculators names it: the epoch
+    folder.mkdir(parents=True)
+    names = ["config.json", "model.safetensors", "optimizer_state_dict.pt",
+             "scheduler_state_dict.pt"]
+    for name in names:
+        (folder / name).write_bytes(b"w" * 4096)
+    (folder / "training_state.json").write_text(json.dumps({"epoch": 0}))
+    old = time.time() - 600  # settled long ago: complete without a later epoch
+    for index, name in enumerate([*names, "training_state.json"]):
+        os.utime(folder / name, (old + index, old + index))
+    pulled = []
+    for spelling in (["--playbook", "ck"], ["--playbook", "ckb"], []):
+        code, out, err = outrig(["sync-checkpoints", "--host", "sandbox", *spelling,
+                                 "--json"], capsys)
+        assert code == 0, (spelling, err)
+        document = json.loads(out.splitlines()[-1])
+        assert document["playbook"] == "ckb", (spelling, document)
+        pulled.append(len(document["pulled"]))
+    assert pulled == [1, 0, 0], pulled
+    code, _, err = outrig(["cleanup", "--host", "sandbox", "--playbook", "ck", "--json"],
+                          capsys)
+    assert code == 0, err
+
+
+def test_forward_of_a_playbook_named_unlike_its_file_reaches_its_server(
+        project: Path, capsys: pytest.CaptureFixture[str], procs: Any) -> None:
+    """``web.yaml`` (name: site) serving HTTP: forward --playbook web and --playbook site
+    both find its running run, name it, and carry a request to its server."""
+    port = free_port()
+    (project / "playbooks" / "web.yaml").write_text(yaml.safe_dump({
+        "name": "site", "processes": {"server": {
+            "command": [sys.executable, "-m", "http.server", str(port), "--bind",
+                        "127.0.0.1"], "gpus": [],
+            "ready": {"http": f"http://127.0.0.1:{port}/", "timeout": 60}}}}))
+    run_id = deployed("web", capsys)["run_id"]
+    assert run_id.startswith("site-")
+    command = str(Path(sys.executable).with_name("outrig"))
+    for spelling in ("web", "site"):
+        forwarding = procs.spawn([command, "forward", "--host", "sandbox", "--playbook",
+                                  spelling, "--process", "server", "--json"],
+                                 cwd=project, stdout=subprocess.PIPE, text=True)
+        assert forwarding.stdout is not None
+        event = json.loads(forwarding.stdout.readline())
+        assert event["event"] == "forwarding", (spelling, event)
+        assert f"process server of run {run_id}" in event["what"], (spelling, event)
+        with urllib.request.urlopen(event["url"], timeout=60) as answer:
+            assert answer.status == 200, spelling
+        forwarding.send_signal(signal.SIGINT)
+        assert forwarding.wait(timeout=30) == 130, spelling
+    code, _, err = outrig(["cleanup", "--host", "sandbox", "--playbook", "web", "--json"],
+                          capsys)
+    assert code == 0, err
