@@ -39,8 +39,9 @@ def generic(evaluate: dict[str, Any]) -> dict[str, Any]:
 
 def refused(done: subprocess.CompletedProcess[str], box_host: Path, *needles: str) -> None:
     assert done.returncode == 2, (done.returncode, done.stderr)
+    said = " ".join(done.stderr.split())  # wherever the terminal width wrapped it
     for needle in needles:
-        assert needle in done.stderr, (needle, done.stderr)
+        assert needle in said, (needle, done.stderr)
     runs = workdir(box_host) / "runs"
     started = [p.name for p in runs.iterdir()] if runs.is_dir() else []
     assert not [r for r in started if ".evaluate-" in r], started
@@ -118,3 +119,20 @@ def test_a_generic_playbook_without_the_keys_is_refused(box_project: Path, box_h
     done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "m",
                   "--checkpoint", "/ckpt/3")
     refused(done, box_host, "--checkpoint /ckpt/3: method ngram drafts without a checkpoint")
+
+
+def test_a_playbook_named_unlike_its_file_is_found_by_either_spelling(
+        box_project: Path, box_host: Path, tmp_path: Path) -> None:
+    """``dd.yaml`` (name: dee): evaluate --playbook dd and --playbook dee are the one
+    playbook, whose checkpoints (none yet) are looked for; a name no file has is refused."""
+    save = tmp_path / "save"
+    conversations = tmp_path / "chat.jsonl"
+    conversations.write_text(json.dumps({"conversations": [{"role": "user",
+                                                             "content": "hi"}]}) + "\n")
+    write(box_project, "dd", {"name": "dee", **dflash(save, conversations)})
+    for spelling in ("dd", "dee", "playbooks/dd.yaml"):
+        done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", spelling)
+        refused(done, box_host, f"no complete checkpoint under {save}", "--checkpoint PATH")
+    done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "nosuch")
+    assert done.returncode == 2 and "nosuch" in done.stderr, done.stderr
+    assert "no complete checkpoint" not in " ".join(done.stderr.split()), done.stderr
