@@ -25,6 +25,7 @@ from outrig.sandbox.box import SandboxBox, SandboxError, find_sshd, start_sandbo
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
 from tests.support.processes import alive, wait_gone
+from tests.support.trees import checkpoint
 
 pytestmark = pytest.mark.integration
 BOXES = 5
@@ -346,23 +347,6 @@ def test_tail_logs_follow_goes_on_when_one_host_dies(
     assert ends["b1"]["ok"] is False and ends["b0"]["ok"] and ends["b2"]["ok"]
 
 
-def _checkpoint(folder: Path, epoch: int) -> None:
-    """A complete checkpoint of ``epoch`` as speculators leaves it (the training state
-    written last, ten minutes ago)."""
-    import time
-
-    root = folder / str(epoch)
-    root.mkdir(parents=True)
-    names = ["config.json", "model.safetensors", "optimizer_state_dict.pt",
-             "scheduler_state_dict.pt"]
-    for name in names:
-        (root / name).write_bytes(os.urandom(4096))
-    (root / "training_state.json").write_text(json.dumps({"epoch": epoch}))
-    old = time.time() - 600
-    for index, name in enumerate([*names, "training_state.json"]):
-        os.utime(root / name, (old + index, old + index))
-
-
 def test_provision_stage_deploy_and_sync_run_the_same_job_on_every_host(
         fleet: list[SandboxBox], project: tuple[Path, list[LatencyProxy]],
         tmp_path: Path) -> None:
@@ -416,7 +400,7 @@ def test_provision_stage_deploy_and_sync_run_the_same_job_on_every_host(
     for host in ("b0", "b1"):
         workdir = Path(yaml.safe_load((root / "hosts" / f"{host}.yaml").read_text())[
             "workdir"])
-        _checkpoint(workdir / "ckpt", 0 if host == "b0" else 1)
+        checkpoint(workdir / "ckpt", 0 if host == "b0" else 1)
     code, rows = _run(cli.sync_checkpoints, root, host=["b0,b1"], playbook=str(book))
     assert code == 0, rows
     pulled = sorted(p["epoch"] for r in rows for p in r["result"]["pulled"])

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from outrig.session import Project
 from tests.support.cli import deployed, outrig
 from tests.support.network import free_port
 from tests.support.processes import alive
+from tests.support.trees import checkpoint
 
 pytestmark = pytest.mark.integration
 BEATS = ("import time\nfor i in range(3000):\n    print('beat', i, flush=True)\n"
@@ -186,16 +185,7 @@ def test_sync_checkpoints_of_a_playbook_named_unlike_its_file_pulls_its_run(
                                "ready": {"log": "beat 0", "timeout": 60}}}}))
     run_id = deployed("ck", capsys)["run_id"]
     assert run_id.startswith("ckb-")
-    folder = workdir / "ckpt" / "0"  # as speculators names it: the epoch
-    folder.mkdir(parents=True)
-    names = ["config.json", "model.safetensors", "optimizer_state_dict.pt",
-             "scheduler_state_dict.pt"]
-    for name in names:
-        (folder / name).write_bytes(b"w" * 4096)
-    (folder / "training_state.json").write_text(json.dumps({"epoch": 0}))
-    old = time.time() - 600  # settled long ago: complete without a later epoch
-    for index, name in enumerate([*names, "training_state.json"]):
-        os.utime(folder / name, (old + index, old + index))
+    checkpoint(workdir / "ckpt", 0)  # complete, settled ten minutes ago
     pulled = []
     for spelling in (["--playbook", "ck"], ["--playbook", "ckb"], []):
         code, out, err = outrig(["sync-checkpoints", "--host", "sandbox", *spelling,
