@@ -16,7 +16,6 @@ of vLLM's ``vllm:spec_decode_*`` Prometheus counters, summed over ``engine`` lab
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 from outrig.evaluation_section import BOX_PREFIX, EvaluateSpec
 from outrig.journal import utc_text
 from outrig.template import UndefinedName, substitute
+from outrig.textlayout import fmt
 
 SERVER_HOST = "127.0.0.1"
 EVALUATE_SUFFIX = ".evaluate"  # the server's runs are filed under <playbook>.evaluate
@@ -329,13 +329,6 @@ def speedup(tokens_per_s: float | None, baseline: float | None) -> float | None:
     if tokens_per_s is None or not baseline:
         return None
     return tokens_per_s / baseline
-
-
-def fmt(value: float | None, digits: int = 2) -> str:
-    """A number for the terminal; ``-`` for none."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.{digits}f}"
 
 
 def report_lines(doc: dict[str, Any]) -> list[str]:

@@ -14,16 +14,15 @@ connection is built (see :mod:`outrig.connectors.ssh`), so the same alias works 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing import Any, Literal
 
 from outrig.errors import ConfigError
-from outrig.yamlfile import load_yaml, validation_messages
+from outrig.yamlfile import YamlDoc, load_yaml, validation_messages
 
 DEFAULT_WORKDIR = "~/outrig"
 # Addresses reserved for documentation (RFC 5737, RFC 3849): no box has one, so a host with
@@ -33,51 +32,6 @@ DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(net) for net in (
 GROUPS_FILE = "groups.yaml"  # hosts/groups.yaml: the groups of outrig.hostgroups, not a host
 _SPEC = re.compile(r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^:@/\s\[\]]+)"
                    r"(?::(?P<port>\d{1,5}))?$")
-
-
-class HostFile(BaseModel):
-    """The format of ``hosts/NAME.yaml`` (see docs/hosts.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    hostname: str = Field(description="address or ~/.ssh/config alias; 'local' runs the "
-                          "agent on this machine without SSH, in this file's workdir (two "
-                          "such files are two boxes on one machine)")
-    port: int | None = Field(None, ge=1, le=65535)
-    user: str | None = None
-    identity_file: str | None = None
-    known_hosts: str | None = Field(
-        None, description="known_hosts file to check and record keys in "
-        "(default ~/.ssh/known_hosts)"
-    )
-    workdir: str = Field(description="absolute path on the box; everything outrig writes is here")
-    env: dict[str, str] = Field(default_factory=dict)
-    python: str = "python3"
-    gpus: Literal["auto"] | int = "auto"
-    connect_timeout: float | None = Field(None, gt=0, description="seconds; default from RTT")
-    keep_seconds: float | None = Field(
-        None, ge=0, description="seconds a warm connection to this box stays open when idle "
-        "(default 600; 0: none)")
-    node_address: str | None = Field(
-        None, min_length=1, description="the address the other nodes of a multi-node job "
-        "reach this box by (a cluster-internal IP or name), as ${head_host} when it is node "
-        "0 (default: hostname; 127.0.0.1 for hostname: local)")
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir_absolute(cls, value: str) -> str:
-        if not (value.startswith("/") or value.startswith("~")):
-            raise ValueError(f"workdir {value!r} must be an absolute path (or start with ~)")
-        if value.rstrip("/") in {"", "~"}:
-            raise ValueError("workdir must be a folder of its own, not / or ~")
-        return value
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpu_count(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
-        if isinstance(value, int) and value < 0:
-            raise ValueError("gpus must be 'auto' or a count ≥ 0")
-        return value
 
 
 @dataclass(frozen=True)
@@ -188,22 +142,102 @@ def ssh_config_hostnames(path: Path | None = None) -> set[str]:
     return {h for h in names if not any(c in h for c in "*?!")}
 
 
-def _host_from_file(name: str, path: Path) -> Host:
-    doc = load_yaml(path, what="host file")
+_TEXT_KEYS = ("hostname", "workdir", "user", "identity_file", "known_hosts", "python",
+              "node_address")
+_HOST_FILE_KEYS = frozenset((*_TEXT_KEYS, "port", "env", "gpus", "connect_timeout",
+                             "keep_seconds"))
+
+
+def _plain_number(value: object) -> float | None:
+    """An int or a finite float as the model's float fields keep it; None for anything a
+    lax model might convert (a bool, a string of digits) or refuse (nan, inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def plain_host_file(data: object) -> dict[str, Any] | None:
+    """A host file's values, read without pydantic, when every key and value is one that
+    :class:`~outrig.hostfile_model.HostFile` takes unchanged; None for anything else (an
+    unknown key, a port written as a string, a relative workdir...), which the model then
+    judges and names. Only the plain case is read here, so nothing is accepted here that the
+    model refuses or would convert (tests/unit/test_inventory.py compares the two)."""
+    if not isinstance(data, dict) or not set(data) <= _HOST_FILE_KEYS:
+        return None
+    if not {"hostname", "workdir"} <= set(data):
+        return None
+    values: dict[str, Any] = {"port": None, "user": None, "identity_file": None,
+                              "known_hosts": None, "env": {}, "python": "python3",
+                              "gpus": "auto", "connect_timeout": None, "keep_seconds": None,
+                              "node_address": None}
+    for key in _TEXT_KEYS:
+        if key in data:
+            value = data[key]
+            optional = key not in {"hostname", "workdir", "python"}
+            if value is None and optional:
+                values[key] = None
+                continue
+            if type(value) is not str:
+                return None
+            values[key] = value
+    workdir = values["workdir"]
+    if not workdir.startswith(("/", "~")) or workdir.rstrip("/") in {"", "~"}:
+        return None
+    if values["node_address"] == "":
+        return None
+    port = data.get("port")
+    if port is not None and (type(port) is not int or not 1 <= port <= 65535):
+        return None
+    values["port"] = port
+    gpus = data.get("gpus", "auto")
+    if gpus != "auto" and (type(gpus) is not int or gpus < 0):
+        return None
+    values["gpus"] = gpus
+    for key, least in (("connect_timeout", None), ("keep_seconds", 0.0)):
+        raw = data.get(key)
+        if raw is None:
+            continue
+        number = _plain_number(raw)
+        if number is None or (number <= 0 if least is None else number < least):
+            return None
+        values[key] = number
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(type(k) is str and type(v) is str
+                                            for k, v in env.items()):
+        return None
+    values["env"] = dict(env)
+    return values
+
+
+def _validated_host_file(doc: YamlDoc) -> dict[str, Any]:
+    """The host file's values as the model gives them, or its mistakes as a ConfigError
+    that names each key and line."""
+    from pydantic import ValidationError
+
+    from outrig.hostfile_model import HostFile
+
     try:
-        spec = HostFile.model_validate(doc.data)
+        return HostFile.model_validate(doc.data).model_dump()
     except ValidationError as exc:
         lines = validation_messages(doc, list(exc.errors()))
         raise ConfigError(
-            f"host file {path} is not valid:\n" + "\n".join(f"  - {line}" for line in lines)
+            f"host file {doc.path} is not valid:\n" + "\n".join(f"  - {line}" for line in lines)
         ) from None
+
+
+def _host_from_file(name: str, path: Path) -> Host:
+    doc = load_yaml(path, what="host file")
+    spec = plain_host_file(doc.data)
+    if spec is None:
+        spec = _validated_host_file(doc)
     return Host(
-        name=name, hostname=spec.hostname, port=spec.port, user=spec.user,
-        identity_file=spec.identity_file, known_hosts=spec.known_hosts, workdir=spec.workdir,
-        env=dict(spec.env), python=spec.python, gpus=spec.gpus,
-        connect_timeout=spec.connect_timeout, keep_seconds=spec.keep_seconds,
-        source=str(path), node_address=spec.node_address,
-        is_local=spec.hostname == "local",
+        name=name, hostname=spec["hostname"], port=spec["port"], user=spec["user"],
+        identity_file=spec["identity_file"], known_hosts=spec["known_hosts"],
+        workdir=spec["workdir"], env=dict(spec["env"]), python=spec["python"],
+        gpus=spec["gpus"], connect_timeout=spec["connect_timeout"],
+        keep_seconds=spec["keep_seconds"], source=str(path),
+        node_address=spec["node_address"], is_local=spec["hostname"] == "local",
     )
 
 

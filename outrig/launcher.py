@@ -1,6 +1,8 @@
 """The installed ``outrig`` command's first step: ``outrig --version``, ``outrig --list`` and
-``outrig --help`` (and ``outrig`` alone) are answered here, before Invoke is imported; any
-other command line goes to the Invoke program (:mod:`outrig.program`).
+``outrig --help`` (and ``outrig`` alone) are answered here, before Invoke is imported; a
+plain command line (``outrig status --host box``: a task and its long flags, no Invoke
+config file; :mod:`outrig.plainargs`) runs its task here too, without Invoke; any other
+command line goes to the Invoke program (:mod:`outrig.program`).
 
 Why: Invoke takes about 0.1 s to import (it imports ``unittest.mock``, and with it asyncio,
 and its YAML loader), most of a start-up that should take a blink. The answers are made from
@@ -22,6 +24,7 @@ from typing import Protocol
 from outrig import __version__
 from outrig.errors import CLOSED_PIPE_EXIT
 from outrig.helptext import Option, core_help_lines, task_list_lines
+from outrig.plainargs import PlainCall, PlainConfig, PlainContext, plain_call
 from outrig.taskspec import TaskSpec
 from outrig.terminal import terminal_width
 
@@ -89,6 +92,29 @@ def end_on_closed_pipe() -> None:
     sys.exit(CLOSED_PIPE_EXIT)
 
 
+def run_plain(call: PlainCall, exit: bool = True) -> None:
+    """Call a plain command line's task (:mod:`outrig.plainargs`) the way Invoke's program
+    would have: an ``Exit`` the task raises prints its message, if any, and exits with its
+    code; Ctrl-C outside the task's own handling exits 1; a reader that went away early ends
+    quietly (:func:`end_on_closed_pipe`)."""
+    try:
+        call.task(PlainContext(PlainConfig()), **call.kwargs)
+    except BrokenPipeError:
+        end_on_closed_pipe()
+    except KeyboardInterrupt:
+        sys.exit(1)
+    except Exception as exc:
+        # outrig's tasks raise Invoke's Exit (outrig.cli.flags.exit_with), which imports
+        # Invoke's exceptions: if they were never imported, this is no Exit
+        exceptions = sys.modules.get("invoke.exceptions")
+        if exceptions is None or not isinstance(exc, exceptions.Exit):
+            raise
+        if exc.message:
+            print(exc.message, file=sys.stderr)
+        if exit:
+            sys.exit(exc.code)
+
+
 class Runs(Protocol):
     """The Invoke program, as far as the launcher uses it."""
 
@@ -101,11 +127,13 @@ class Launcher:
     only then)."""
 
     def __init__(self, tasks: Sequence[TaskSpec], make_program: Callable[[], Runs],
-                 binary: str = "outrig", version: str = __version__) -> None:
+                 binary: str = "outrig", version: str = __version__, *,
+                 plain: bool = True) -> None:
         self.tasks = tuple(tasks)
         self.make_program = make_program
         self.binary = binary
         self.version = version
+        self.plain = plain
 
     def answer(self, words: Sequence[str]) -> list[str] | None:
         """The lines ``outrig WORDS`` prints when it is answered here, else None."""
@@ -126,7 +154,12 @@ class Launcher:
         words = list(sys.argv if argv is None else argv)
         lines = self.answer(words[1:])
         if lines is None:
-            self.make_program().run(argv, exit)
+            call = plain_call(self.tasks, words[1:]) if self.plain else None
+            if call is None:
+                self.make_program().run(argv, exit)
+            else:
+                keep_typed(words)
+                run_plain(call, exit)
             return
         try:
             print("\n".join(lines))

@@ -13,6 +13,7 @@ functions return lines; :class:`outrig.console.Reporter` prints them.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import textwrap
@@ -442,3 +443,10 @@ def fanout_lines(rows: Sequence[tuple[str, str, str]],
     for host, state, summary in rows:
         out += fanout_row(host, state, summary, [], host_width, width)
     return out + fanout_failures(failures, len(rows), width)
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    """A number for the terminal; ``-`` for none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"

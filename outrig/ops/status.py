@@ -9,11 +9,11 @@ from typing import Any
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError
-from outrig.evaluation import fmt
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
 from outrig.metricstore import loss_trends, remember_samples
 from outrig.session import HostSession, Project, host_session
+from outrig.textlayout import fmt
 
 
 def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +177,98 @@ def test_ssh_config_aliases_are_found_without_importing_paramiko(tmp_path: Path)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120)
     assert done.stdout.split("\n")[:2] == ["['gpu-a', 'gpu-b']", "False"], done.stderr
+
+
+# The plain reader (outrig.inventory.plain_host_file) against the model it stands in for
+# (outrig.hostfile_model.HostFile): every document it reads, it reads to the model's values;
+# every document the model refuses or converts, it leaves to the model.
+_BASE = {"hostname": "box", "workdir": "/w"}
+_DOCS = [
+    _BASE,
+    {**_BASE, "port": 2222, "user": "root", "identity_file": "~/.ssh/k", "python": "python3.11",
+     "known_hosts": "/k", "env": {"PATH": "/x:$PATH", "HF_HOME": "/data"}, "gpus": 4,
+     "connect_timeout": 12, "keep_seconds": 0, "node_address": "10.0.0.2"},
+    {**_BASE, "gpus": "auto", "connect_timeout": 2.5, "keep_seconds": 30.0, "user": None},
+    {**_BASE, "workdir": "~/runs", "env": {}},
+    {"hostname": "local", "workdir": "/tmp/box"},
+    # refused by the model
+    {"hostname": "box"},
+    {"workdir": "/w"},
+    {**_BASE, "workdir": "relative"},
+    {**_BASE, "workdir": "/"},
+    {**_BASE, "workdir": "~/"},
+    {**_BASE, "port": 0},
+    {**_BASE, "port": 70000},
+    {**_BASE, "gpus": -1},
+    {**_BASE, "gpus": "all"},
+    {**_BASE, "connect_timeout": 0},
+    {**_BASE, "connect_timeout": float("nan")},
+    {**_BASE, "keep_seconds": -1},
+    {**_BASE, "env": {"PORT": 8000}},
+    {**_BASE, "env": ["A=1"]},
+    {**_BASE, "hostname": 12},
+    {**_BASE, "python": None},
+    {**_BASE, "node_address": ""},
+    {**_BASE, "colour": "blue"},
+    # converted by the model (lax mode): left to it
+    {**_BASE, "port": "2222"},
+    {**_BASE, "port": 22.0},
+    {**_BASE, "port": True},
+    {**_BASE, "gpus": "2"},
+    {**_BASE, "connect_timeout": "5"},
+    {**_BASE, "keep_seconds": True},
+    {**_BASE, "connect_timeout": float("inf")},
+    [],
+    "hostname: box",
+]
+
+
+@pytest.mark.parametrize("doc", _DOCS, ids=range(len(_DOCS)))
+def test_the_plain_host_file_reader_reads_only_what_the_model_takes_unchanged(doc: object
+                                                                              ) -> None:
+    from pydantic import ValidationError
+
+    from outrig.hostfile_model import HostFile
+    from outrig.inventory import plain_host_file
+
+    plain = plain_host_file(doc)
+    try:
+        model = HostFile.model_validate(doc).model_dump()
+    except ValidationError:
+        assert plain is None, f"read what the model refuses: {doc!r}"
+        return
+    if plain is not None:
+        assert plain == model
+        assert [type(plain[k]) for k in sorted(plain)] == [type(model[k]) for k in sorted(model)]
+    else:  # declined: only where the model converts a value, or a number is not finite
+        assert isinstance(doc, dict)
+        assert any(model[k] != v or type(model[k]) is not type(v)
+                   or (isinstance(v, float) and not math.isfinite(v))
+                   for k, v in doc.items()), f"declined a plain host file: {doc!r}"
+
+
+def test_every_plain_document_of_the_list_is_read_without_the_model() -> None:
+    from outrig.inventory import plain_host_file
+
+    assert [plain_host_file(d) is not None for d in _DOCS[:5]] == [True] * 5
+
+
+def test_a_host_file_is_read_without_importing_pydantic(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    (hosts / "box.yaml").write_text("hostname: 127.0.0.1\nport: 2222\nworkdir: /w\n"
+                                    "env: {PATH: '/x:$PATH'}\n")
+    code = ("import sys; from pathlib import Path; from outrig.inventory import resolve_host; "
+            f"h = resolve_host('box', hosts_dir=Path({str(hosts)!r})); "
+            "print(h.port, h.env['PATH'], 'pydantic' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["2222", "/x:$PATH", "False"]
+
+
+def test_a_host_file_mistake_is_still_named_by_the_model(tmp_path: Path, home: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("hostname: box\nworkdir: /w\nport: '70000'\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_host(str(path), hosts_dir=tmp_path)
+    assert f"{path}:3: port" in str(err.value)
