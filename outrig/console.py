@@ -17,33 +17,45 @@ import sys
 import time
 from typing import IO, TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-
 from outrig.errors import CLOSED_PIPE_EXIT
 from outrig.terminal import wrap_width
 from outrig.textlayout import paragraph, plan_lines, status_lines, visible
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from outrig.plan import Plan
 
 
-class _Console(Console):
-    """rich's Console, ending quietly with :data:`~outrig.errors.CLOSED_PIPE_EXIT` when the
-    reader went away (``outrig plan | head``), as every other write of outrig's does
-    (:class:`outrig.program.OutrigProgram`); rich itself would exit 1."""
+def make_console(stream: IO[str]) -> Console:
+    """rich's Console on ``stream`` (colour as :func:`wants_colour` says), ending quietly
+    with :data:`~outrig.errors.CLOSED_PIPE_EXIT` when the reader went away (``outrig plan |
+    head``), as every other write of outrig's does (:class:`outrig.program.OutrigProgram`);
+    rich itself would exit 1."""
+    from rich.console import Console
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        try:
-            fd = self.file.fileno()
-        except (AttributeError, OSError, ValueError):
-            fd = None  # not a real file: nothing will flush it at exit
-        if fd is not None:  # point it at /dev/null so that the flush at exit cannot fail
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
-        raise SystemExit(CLOSED_PIPE_EXIT)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            try:
+                fd = self.file.fileno()
+            except (AttributeError, OSError, ValueError):
+                fd = None  # not a real file: nothing will flush it at exit
+            if fd is not None:  # point it at /dev/null so that the flush at exit cannot fail
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            raise SystemExit(CLOSED_PIPE_EXIT)
+
+    return _Console(file=stream, highlight=False, soft_wrap=True,
+                    no_color=not wants_colour(stream))
+
+
+def escape(text: str) -> str:
+    """rich's markup escape (rich imported on first use, as the consoles are)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def wants_colour(stream: IO[str]) -> bool:
@@ -89,15 +101,37 @@ class Reporter:
         self.quiet = quiet
         self.gpu_table = gpu_table  # the full GPU table instead of the one-line summary
         self.out = out or sys.stdout
-        err = err or sys.stderr
-        self.console = _Console(file=err, highlight=False, soft_wrap=True,
-                               no_color=not wants_colour(err))
-        self.stdout_console = _Console(file=self.out, highlight=False, soft_wrap=True,
-                                      no_color=not wants_colour(self.out))
+        self.err = err or sys.stderr
+        self._console: Console | None = None
+        self._stdout_console: Console | None = None
         # colour for what an op writes on stdout itself (tail-logs' process names)
         self.colour = wants_colour(self.out) and not json_mode
         self._status: Any = None
         self._last_wait_print = 0.0
+
+    # rich (about 40 modules) is imported when something is first drawn for people: a
+    # --json command that warns of nothing never imports it
+    @property
+    def console(self) -> Console:
+        """rich's console on stderr: notes, warnings, waits."""
+        if self._console is None:
+            self._console = make_console(self.err)
+        return self._console
+
+    @console.setter
+    def console(self, console: Console) -> None:
+        self._console = console
+
+    @property
+    def stdout_console(self) -> Console:
+        """rich's console on stdout: the layouts and tables."""
+        if self._stdout_console is None:
+            self._stdout_console = make_console(self.out)
+        return self._stdout_console
+
+    @stdout_console.setter
+    def stdout_console(self, console: Console) -> None:
+        self._stdout_console = console
 
     # --- plain messages -------------------------------------------------------------------
     # Notes, warnings and ✓ lines are prose: wrapped at spaces to the terminal (the
