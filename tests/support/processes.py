@@ -78,18 +78,34 @@ def children(pid: int) -> list[int]:
 MARK_ENV = "OUTRIG_TEST_MARK"
 
 
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (field 22 of /proc/PID/stat, clock ticks since boot), None when
+    there is no such process: with its pid, it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class ProcessTracker:
     """Starts processes in their own group and kills exactly what a test started, at teardown.
 
     What is killed: every recorded process group (``killpg``), every recorded pid, and every
     process whose environment carries this test's marker (``OUTRIG_TEST_MARK=<uuid>``), which
     catches children that called setsid and left the group. Nothing is matched by name.
+
+    Each pid and group is recorded with its start ticks, and signalled only while it is
+    still that process (a group: while no other process holds its leader's pid; Linux
+    does not hand out a number that is still some living process's group id). This machine's
+    pid_max may be 32768, which a long suite goes through more than once: a pid recorded
+    minutes ago can be another test's process by now (a vLLM worker, say).
     """
 
     def __init__(self) -> None:
         self.mark = uuid.uuid4().hex
-        self.groups: list[int] = []
-        self.pids: list[int] = []
+        self.groups: list[tuple[int, int | None]] = []
+        self.pids: list[tuple[int, int | None]] = []
         self.popens: list[subprocess.Popen[Any]] = []
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -106,14 +122,14 @@ class ProcessTracker:
         proc: subprocess.Popen[Any] = subprocess.Popen(
             argv, env=self.env(env), start_new_session=True, **kw)
         self.popens.append(proc)
-        self.groups.append(proc.pid)
+        self.track_group(proc.pid)  # not reaped before wait(): its stat is there
         return proc
 
     def track_group(self, pgid: int) -> None:
-        self.groups.append(pgid)
+        self.groups.append((pgid, start_ticks(pgid)))
 
     def track_pid(self, pid: int) -> None:
-        self.pids.append(pid)
+        self.pids.append((pid, start_ticks(pid)))
 
     def marked_pids(self) -> list[int]:
         """Live pids whose environment holds this tracker's marker."""
@@ -133,10 +149,17 @@ class ProcessTracker:
     def cleanup(self) -> list[int]:
         """SIGKILL everything tracked; return the pids that were still running (for reports)."""
         leftovers = self.marked_pids()
-        for pgid in self.groups:
+        for pgid, ticks in self.groups:
+            now = start_ticks(pgid)
+            if now is not None and now != ticks:
+                continue  # the leader's pid is another process's now: so is the group
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
-        for pid in [*self.pids, *leftovers]:
+        targets = [(pid, ticks) for pid, ticks in self.pids]
+        targets += [(pid, start_ticks(pid)) for pid in leftovers]
+        for pid, ticks in targets:
+            if ticks is None or start_ticks(pid) != ticks:
+                continue  # gone, or its pid is another process's now
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         for proc in self.popens:
