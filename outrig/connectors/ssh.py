@@ -10,11 +10,10 @@ SSH specifics, and why:
   :mod:`outrig.timing`): a 240 ms link and a LAN get different limits, and every limit is
   named in the error when it fires.
 - RTT is measured for free from the session-channel open (exactly one round trip).
-- The client's KEXINIT leaves with its banner, and the public-key login is pipelined behind
-  the ``ssh-userauth`` service request (two round trips fewer per connect;
-  :mod:`outrig.connectors.pipelined_login` says why that is sound and when it falls back);
-  ``OUTRIG_SSH_PIPELINE=0`` switches both off, ``=channel`` also sends a command's
-  session-channel open behind the login (OpenSSH servers only; off by default).
+- The public-key login is pipelined behind the ``ssh-userauth`` service request (one round
+  trip fewer per connect; :mod:`outrig.connectors.pipelined_login` says why that is sound and
+  when it falls back); ``OUTRIG_SSH_PIPELINE=0`` switches it off, ``=channel`` also sends a
+  command's session-channel open behind the login (OpenSSH servers only; off by default).
 - Liveness from outside (``watch``, ``migrate``): a fresh TCP connect to the port and the SSH
   banner (:func:`probe_port`), and a confirming login on a connection of its own
   (:meth:`SSHTransport.confirm_alive`), never the open or the warm connection.
