@@ -1,7 +1,5 @@
 """The pipelined login: the ``ssh-userauth`` service request and the signed public-key login
-leave in one flight, saving the round trip paramiko spends waiting for SERVICE_ACCEPT; and
-the client's KEXINIT leaves right behind its identification string, saving the round trip
-paramiko spends waiting for the server's banner first (:meth:`_check_banner` below).
+leave in one flight, saving the round trip paramiko spends waiting for SERVICE_ACCEPT.
 
 Why it is sound:
 - The login is the very request paramiko itself sends (its own code builds and signs it, in
@@ -119,31 +117,6 @@ def pipelined_transport_class() -> type[Any]:
         login_rtt: float | None = None  # service request to accept: exactly one round trip
         _early: tuple[Any, threading.Event] | None = None
         _early_tried = False
-
-        early_kexinit = False  # our KEXINIT was sent right behind our banner
-        _kexinit_skip = False
-
-        def _check_banner(self) -> None:
-            """Send our KEXINIT right behind our identification string, before the
-            server's has arrived (one round trip fewer on every connect), then read the
-            server's as paramiko does. RFC 4253 section 4.2: "Key exchange will begin
-            immediately after sending this identifier"; our KEXINIT depends on nothing the
-            server's banner says (paramiko's ``_send_kex_init`` reads only our own
-            preferences). A server reads the identification line without reading past it
-            (OpenSSH's ``kex_exchange_identification`` in kex.c reads it one byte at a
-            time), so the packet waits in its input for the key exchange. Only while
-            logins are pipelined: ``OUTRIG_SSH_PIPELINE=0``, and the attempt after a cut
-            pipelined login, keep paramiko's order."""
-            if self.pipeline_login and not self.server_mode and self.local_kex_init is None:
-                self._send_kex_init()
-                self.early_kexinit = self._kexinit_skip = True
-            super()._check_banner()
-
-        def _send_kex_init(self) -> None:
-            if self._kexinit_skip:  # run()'s own call after the banner: already sent
-                self._kexinit_skip = False
-                return
-            super()._send_kex_init()
 
         def _open_early(self) -> None:
             """paramiko's ``open_channel("session")`` without the wait for the answer."""
