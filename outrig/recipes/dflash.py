@@ -79,6 +79,11 @@ SERVER_FATAL = [
     # model's max_position_embeddings
     r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len",
     r"Engine core initialization failed",
+    # v1/executor/multiproc_executor.py:315 (0.32), logged before the engine's fatal line
+    # when a worker process ends without a traceback of its own: killed (exit code -9: the
+    # OOM killer, or something that kills by pid) or crashed in native code; the line
+    # carries the exit code, which the engine's own fatal line does not
+    r"Worker proc \S+ died unexpectedly",
     # v1/engine/core.py:1512 and :2663, logged as the engine dies (then EngineDeadError)
     r"EngineCore encountered a fatal error",
     r"EngineDeadError",
