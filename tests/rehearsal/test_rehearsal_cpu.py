@@ -84,10 +84,15 @@ def test_real_trainer_checkpoints_mid_epoch_and_resumes_after_cleanup(
     assert sorted(p.name for p in data_path.glob("data-*.arrow")), prepare[-3000:]
     assert "POST /v1/chat/completions/render" in logs["server"]
 
-    # the real trainer started fresh, fetched real hidden states, and saved within epoch 0
+    # the real trainer started fresh, fetched real hidden states, and saved mid-epoch: the
+    # folder behind the first epoch<E>_step<K> link holds a save at step K > 0 of epoch E.
+    # Usually E is 0; a loaded machine can be past epoch 0 before the fixture looks (its link
+    # is epoch0_end by then: speculators train/trainer.py replaces it at the epoch's end), and
+    # the first mid-epoch link found is epoch 1's
     trainer = logs["trainer"]
     assert FRESH in trainer, trainer[-3000:]
-    assert t.mid_epoch.get("epoch") == 0 and t.mid_epoch.get("local_step", 0) > 0, t.mid_epoch
+    assert t.mid_epoch.get("epoch") in (0, 1) and t.mid_epoch.get("local_step", 0) > 0, \
+        t.mid_epoch
     assert "POST /v1/completions" in logs["server"]
     assert "Hidden-states write failed" not in logs["server"]
     assert "Hidden-state generation circuit breaker" not in trainer
