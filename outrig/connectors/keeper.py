@@ -74,6 +74,7 @@ class Keeper:
         self.active = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.signalled = False  # set by run()'s SIGTERM handler, which takes no lock
         self.listener: socket.socket | None = None
         self.inode = 0
         self.server_key = b""
@@ -189,6 +190,9 @@ class Keeper:
         self.listener.settimeout(TICK)
         self.refill()
         while not self.stop.is_set():
+            if self.signalled:  # SIGTERM, alone in its process (run)
+                self.stop.set()
+                break
             if not self.link_up() or self.idle_left() <= 0:
                 break
             if not self.owns_socket() and not self.active:
@@ -612,7 +616,9 @@ def run(config: dict[str, Any], report: Any, *,
         keeper.close()
         return 1
     if started is None:
-        signal.signal(signal.SIGTERM, lambda *_: keeper.stop.set())
+        # the handler takes no lock (Event.set takes its condition's, which the main thread
+        # or a second SIGTERM's handler may hold): it sets a flag that serve() acts on
+        signal.signal(signal.SIGTERM, lambda *_: setattr(keeper, "signalled", True))
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     else:

@@ -168,7 +168,18 @@ def host(sock: socket.socket) -> int:
     lock = threading.Lock()
     stopping = threading.Event()
 
+    signalled = False
+
     def stop_all(*_: Any) -> None:
+        # A signal handler only sets a flag; the loop below sets ``stopping`` and stops the
+        # keepers. It must take no lock, not even an Event's (``Event.set`` takes its
+        # condition's): a second SIGTERM that comes while the first one's handler holds one
+        # runs the handler again on the same thread, and these locks are not re-entrant (seen:
+        # a hosting process asleep on one for good, its keepers gone).
+        nonlocal signalled
+        signalled = True
+
+    def stop_keepers() -> None:
         stopping.set()
         with lock:
             for keeper in keepers:
@@ -187,8 +198,10 @@ def host(sock: socket.socket) -> int:
     taking = True
     sock.settimeout(TICK)
     while taking or any(t.is_alive() for t in threads):
-        if not taking or stopping.is_set():
+        if not taking or signalled:
             taking = False
+            if signalled:
+                stop_keepers()
             for thread in threads:
                 thread.join(TICK)
             threads = [t for t in threads if t.is_alive()]
