@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig.sandbox.box import children_of
+from outrig.sandbox.service import start_ticks
 
 
 def alive(pid: int) -> bool:
@@ -76,16 +77,6 @@ def children(pid: int) -> list[int]:
 
 
 MARK_ENV = "OUTRIG_TEST_MARK"
-
-
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (field 22 of /proc/PID/stat, clock ticks since boot), None when
-    there is no such process: with its pid, it names one process for good."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class ProcessTracker:

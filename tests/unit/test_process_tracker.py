@@ -7,7 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.support.processes import ProcessTracker, alive, start_ticks
+from outrig.sandbox.service import start_ticks
+from tests.support.processes import ProcessTracker, alive
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
