@@ -10,6 +10,7 @@ planner (with the recipes and the playbook models) only the commands that plan.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -27,11 +28,12 @@ if TYPE_CHECKING:
     from outrig.plan import Plan
 
 
-def make_console(stream: IO[str]) -> Console:
-    """rich's Console on ``stream`` (colour as :func:`wants_colour` says), ending quietly
-    with :data:`~outrig.errors.CLOSED_PIPE_EXIT` when the reader went away (``outrig plan |
-    head``), as every other write of outrig's does (:class:`outrig.program.OutrigProgram`);
-    rich itself would exit 1."""
+@functools.cache
+def _console_class() -> type[Console]:
+    """rich's Console, ending quietly with :data:`~outrig.errors.CLOSED_PIPE_EXIT` when the
+    reader went away (``outrig plan | head``), as every other write of outrig's does
+    (:class:`outrig.program.OutrigProgram`); rich itself would exit 1. Made once, on first
+    use, so that rich is imported only then."""
     from rich.console import Console
 
     class _Console(Console):
@@ -47,8 +49,37 @@ def make_console(stream: IO[str]) -> Console:
                 os.close(devnull)
             raise SystemExit(CLOSED_PIPE_EXIT)
 
-    return _Console(file=stream, highlight=False, soft_wrap=True,
-                    no_color=not wants_colour(stream))
+    return _Console
+
+
+def make_console(stream: IO[str]) -> Console:
+    """rich's Console on ``stream``, colour as :func:`wants_colour` says."""
+    return _console_class()(file=stream, highlight=False, soft_wrap=True,
+                            no_color=not wants_colour(stream))
+
+
+class LazyConsole:
+    """A reporter's console on one of its streams (the attribute ``stream`` names), made on
+    first use: rich (about 40 modules) is imported when something is first drawn for
+    people, so a --json command that warns of nothing never imports it. Assignable (a step
+    reporter shares its parent's)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+
+    def __get__(self, reporter: Any, owner: type | None = None) -> Console:
+        if reporter is None:  # looked up on the class (introspection): the descriptor
+            return self  # type: ignore[return-value]
+        made: Console | None = reporter.__dict__.get(self.slot)
+        if made is None:
+            made = reporter.__dict__[self.slot] = make_console(getattr(reporter, self.stream))
+        return made
+
+    def __set__(self, reporter: Any, console: Console) -> None:
+        reporter.__dict__[self.slot] = console
 
 
 def escape(text: str) -> str:
@@ -94,6 +125,9 @@ def one_line(text: object) -> str:
 class Reporter:
     """Where every op sends what the user should see."""
 
+    console = LazyConsole("err")  # notes, warnings, waits
+    stdout_console = LazyConsole("out")  # the layouts and tables
+
     def __init__(self, *, json_mode: bool = False, out: IO[str] | None = None,
                  err: IO[str] | None = None, quiet: bool = False,
                  gpu_table: bool = False) -> None:
@@ -102,36 +136,10 @@ class Reporter:
         self.gpu_table = gpu_table  # the full GPU table instead of the one-line summary
         self.out = out or sys.stdout
         self.err = err or sys.stderr
-        self._console: Console | None = None
-        self._stdout_console: Console | None = None
         # colour for what an op writes on stdout itself (tail-logs' process names)
         self.colour = wants_colour(self.out) and not json_mode
         self._status: Any = None
         self._last_wait_print = 0.0
-
-    # rich (about 40 modules) is imported when something is first drawn for people: a
-    # --json command that warns of nothing never imports it
-    @property
-    def console(self) -> Console:
-        """rich's console on stderr: notes, warnings, waits."""
-        if self._console is None:
-            self._console = make_console(self.err)
-        return self._console
-
-    @console.setter
-    def console(self, console: Console) -> None:
-        self._console = console
-
-    @property
-    def stdout_console(self) -> Console:
-        """rich's console on stdout: the layouts and tables."""
-        if self._stdout_console is None:
-            self._stdout_console = make_console(self.out)
-        return self._stdout_console
-
-    @stdout_console.setter
-    def stdout_console(self, console: Console) -> None:
-        self._stdout_console = console
 
     # --- plain messages -------------------------------------------------------------------
     # Notes, warnings and ✓ lines are prose: wrapped at spaces to the terminal (the
