@@ -76,52 +76,51 @@ class PlainCall:
     kwargs: dict[str, Any]
 
 
-def _flags(spec: TaskSpec) -> dict[str, tuple[str, str]] | None:
-    """``--flag`` → (parameter, kind) for each parameter but the context, kind ``switch``,
-    ``value`` or ``list``; None when a parameter is of a kind this parser leaves to Invoke
-    (no default, so positional; a bool that defaults to True; a number)."""
-    iterable = set(spec.options.get("iterable") or ())
+def _signature(spec: TaskSpec) -> tuple[dict[str, tuple[str, str]], dict[str, Any]] | None:
+    """The task's flags, ``--flag`` → (parameter, kind ``switch``, ``value`` or ``list``), and
+    the keyword arguments Invoke passes when none is given (each parameter's default; ``[]``
+    for a repeatable one), from one reading of its signature; None when a parameter is of a
+    kind this parser leaves to Invoke (no default, so positional; a bool that defaults to
+    True; a number)."""
     if spec.options.get("positional") or spec.options.get("optional") or \
             spec.options.get("auto_shortflags", True):
         return None
+    iterable = set(spec.options.get("iterable") or ())
     flags: dict[str, tuple[str, str]] = {}
+    defaults: dict[str, Any] = {}
     for name, param in list(inspect.signature(spec.body).parameters.items())[1:]:
         default = param.default
         if name in iterable:
-            kind = "list"
+            kind, default = "list", []
         elif default is False:
             kind = "switch"
         elif default is None or isinstance(default, str):
             kind = "value"
         else:
             return None
+        defaults[name] = default
         word = name.strip("_").replace("_", "-")
         if len(word) > 1:  # a one-letter name is Invoke's short flag (-o): left to Invoke
             flags["--" + word] = (name, kind)
-    return flags
+    return flags, defaults
 
 
 def plain_call(tasks: Sequence[TaskSpec], words: Sequence[str],
                config_paths: Sequence[Path] | None = None) -> PlainCall | None:
     """The call ``outrig WORDS`` makes, when the command line is plain (the module's rules);
-    None for anything Invoke must parse."""
-    if not words or any(p.exists() for p in (config_paths if config_paths is not None
-                                             else config_files())):
+    None for anything Invoke must parse. (``--help`` and ``--`` are no task's flag.) The
+    command line is read first, the configuration files looked for last."""
+    spec = next((t for t in tasks if t.name == words[0]), None) if words else None
+    signature = _signature(spec) if spec is not None else None
+    if spec is None or signature is None:
         return None
-    spec = next((t for t in tasks if t.name == words[0]), None)
-    flags = _flags(spec) if spec is not None else None
-    if spec is None or flags is None:
-        return None
-    iterable = set(spec.options.get("iterable") or ())
-    kwargs: dict[str, Any] = {
-        name: [] if name in iterable else param.default
-        for name, param in list(inspect.signature(spec.body).parameters.items())[1:]}
+    flags, kwargs = signature
     given: set[str] = set()
     rest = list(words[1:])
     while rest:
         word = rest.pop(0)
         flag, eq, value = word.partition("=")
-        if flag not in flags or word in ("--help", "--") or flag == "--help":
+        if flag not in flags:
             return None
         name, kind = flags[flag]
         if kind == "switch":
@@ -142,4 +141,7 @@ def plain_call(tasks: Sequence[TaskSpec], words: Sequence[str],
             else:
                 kwargs[name] = value
         given.add(name)
+    paths = config_files() if config_paths is None else config_paths
+    if any(path.exists() for path in paths):
+        return None
     return PlainCall(spec, kwargs)
