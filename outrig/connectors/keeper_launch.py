@@ -166,29 +166,28 @@ def host(sock: socket.socket) -> int:
     last keeper has ended. SIGTERM stops every keeper here."""
     keepers: list[Keeper] = []
     lock = threading.Lock()
-    stopping = threading.Event()
-
     signalled = False
 
     def stop_all(*_: Any) -> None:
-        # A signal handler only sets a flag; the loop below sets ``stopping`` and stops the
-        # keepers. It must take no lock, not even an Event's (``Event.set`` takes its
-        # condition's): a second SIGTERM that comes while the first one's handler holds one
-        # runs the handler again on the same thread, and these locks are not re-entrant (seen:
-        # a hosting process asleep on one for good, its keepers gone).
+        # A signal handler only sets a flag; the loop below stops the keepers. It must take
+        # no lock, not even an Event's (``Event.set`` takes its condition's): a second SIGTERM
+        # that comes while the first one's handler holds one runs the handler again on the
+        # same thread, and these locks are not re-entrant (seen: a hosting process asleep on
+        # one for good, its keepers gone).
         nonlocal signalled
         signalled = True
 
     def stop_keepers() -> None:
-        stopping.set()
         with lock:
             for keeper in keepers:
                 keeper.stop.set()
 
     def started(keeper: Keeper) -> None:
+        # a keeper that comes in after the loop's stop_keepers (on its own thread) stops
+        # itself: the flag is set before the loop looks at it
         with lock:
             keepers.append(keeper)
-        if stopping.is_set():
+        if signalled:
             keeper.stop.set()
 
     signal.signal(signal.SIGTERM, stop_all)
