@@ -146,8 +146,7 @@ class ProcessTracker:
                 continue  # the leader's pid is another process's now: so is the group
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
-        targets = [(pid, ticks) for pid, ticks in self.pids]
-        targets += [(pid, start_ticks(pid)) for pid in leftovers]
+        targets = [*self.pids, *((pid, start_ticks(pid)) for pid in leftovers)]
         for pid, ticks in targets:
             if ticks is None or start_ticks(pid) != ticks:
                 continue  # gone, or its pid is another process's now
