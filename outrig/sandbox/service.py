@@ -22,9 +22,9 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -335,9 +335,15 @@ def serve(name: str, root: Path, host_file: Path, one_way_delay: float, ready_fd
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
 
-    stop = threading.Event()
+    # The handlers do nothing in Python: the interpreter's C-level handler writes the signal's
+    # number to the wakeup socket, which the main loop waits on. A handler that set an Event
+    # took its lock, and a second SIGTERM arriving while the first was handled ran the handler
+    # again on the same thread and hung on that lock for good (docs/reliability.md).
+    wake_read, wake_write = socket.socketpair()
+    wake_write.setblocking(False)
+    signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda *_: None)
     box = None
     proxy = None
     try:
@@ -355,8 +361,7 @@ def serve(name: str, root: Path, host_file: Path, one_way_delay: float, ready_fd
         atomic_write_json(root / STATE_FILE, state)
         _report(ready_fd, state)
         ready_fd = -1
-        while not stop.wait(3600):
-            pass
+        wake_read.recv(1)  # blocks until one of the signals above arrives
     except Exception as exc:  # reported to `up`, which raises it; then the traceback
         if ready_fd >= 0:
             _report(ready_fd, {"error": str(exc)})

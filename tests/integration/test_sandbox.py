@@ -413,6 +413,22 @@ def test_sandbox_down_stops_the_recorded_sshd_when_its_server_died(
     assert wait_gone([state["sshd"]["pid"]]) == []
 
 
+def test_a_burst_of_sigterms_ends_the_sandbox_server_and_its_sshd(
+        sandbox_project: Path) -> None:
+    """The server's handlers take no lock: a second SIGTERM arriving while the first was being
+    handled used to run the handler again on the same thread and hang on the Event's lock."""
+    up = outrig_cli(["sandbox-up", "--json"], sandbox_project)
+    assert up.returncode == 0, up.stderr
+    state = json.loads(up.stdout)
+    server, sshd = state["server"]["pid"], state["sshd"]["pid"]
+    from outrig.sandbox.service import is_recorded_process
+    for _ in range(200):
+        if not is_recorded_process(state["server"]):
+            break
+        os.kill(server, signal.SIGTERM)
+    assert wait_gone([server, sshd]) == []
+
+
 def test_demo_keep_leaves_a_reachable_sandbox_and_run_that_sandbox_down_stops(
         sandbox_project: Path) -> None:
     """The walkthrough's bug: `demo --keep --delay 120` wrote a host file pointing at a proxy
