@@ -6,9 +6,9 @@ Starts the sandbox box (a real OpenSSH sshd on 127.0.0.1) behind the latency pro
 delay = RTT / 2) and, in rounds (one untimed warm-up first), runs as subprocesses:
 
 - ``outrig deploy --no-wait --no-keep`` of playbooks/smoke.yaml (every repeat redeploys:
-  outrig stops the previous run in the same call), pipelined login on (the default), off
-  (``OUTRIG_SSH_PIPELINE=0``), and with the channel open behind the login as well
-  (``OUTRIG_SSH_PIPELINE=channel``);
+  outrig stops the previous run in the same call) as it connects by default (the login and
+  the channel open pipelined), with the login alone pipelined (``OUTRIG_SSH_PIPELINE=login``,
+  the default before) and with paramiko's own sequence (``OUTRIG_SSH_PIPELINE=0``);
 - ``outrig deploy --dry-run`` of the same: the CLI's start-up (the same imports, the plan,
   no network), subtracted in "beyond start";
 - ``ssh box true`` with the OpenSSH client (``-F /dev/null``, ``ControlMaster=no``), and its
@@ -20,8 +20,8 @@ delay = RTT / 2) and, in rounds (one untimed warm-up first), runs as subprocesse
 For every connection the proxy counts the client's *turns* (runs of client bytes sent after
 the proxy handed it new server bytes: the times it may have waited, banner included) and, for
 paramiko clients, the turn in which the exec went out (outrig/sandbox/proxy.py: the 4th
-flight after NEWKEYS with paramiko's sequence, the 3rd with the pipelined login, the 2nd with
-the channel open behind the login too). Wall time: the
+flight after NEWKEYS with paramiko's sequence, the 3rd with the login alone pipelined, the 2nd
+with the channel open behind the login too). Wall time: the
 median and the fastest of the rounds; "beyond start" subtracts the same of the method's own
 start-up. The turns do not depend on the machine's load; the seconds do. The
 machine's load average is printed before and after. Everything is stopped at the end.
@@ -71,6 +71,9 @@ c.close()
 '''
 
 
+DEFAULT = "outrig deploy, login and channel open pipelined (default)"
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -108,12 +111,13 @@ def main() -> int:
     deploy_argv = [outrig, "deploy", "--host", str(host_file), "--playbook", "smoke",
                    "--no-wait", "--no-keep"]
     off = {**os.environ, "OUTRIG_SSH_PIPELINE": "0"}
-    channel = {**os.environ, "OUTRIG_SSH_PIPELINE": "channel"}
+    login = {**os.environ, "OUTRIG_SSH_PIPELINE": "login"}
+    default = {k: v for k, v in os.environ.items() if k != "OUTRIG_SSH_PIPELINE"}
     methods: dict[str, tuple[list[str], dict[str, str] | None, bool]] = {
         # name: (argv, environment, connects)
-        "outrig deploy, pipelined login": (deploy_argv, None, True),
+        DEFAULT: (deploy_argv, default, True),
+        "outrig deploy, login alone pipelined": (deploy_argv, login, True),
         "outrig deploy, paramiko's sequence": (deploy_argv, off, True),
-        "outrig deploy, login and channel open pipelined": (deploy_argv, channel, True),
         "outrig start-up (deploy --dry-run)": (
             [outrig, "deploy", "--host", str(host_file), "--playbook", "smoke", "--dry-run"],
             None, False),
@@ -151,8 +155,8 @@ def main() -> int:
                         # the exec's flight is known for paramiko's layouts only (OpenSSH's
                         # client asks whether a key would do before it signs)
                         paramiko_client = name.startswith(("outrig", "Fabric run"))
-                        flights = 2 if "channel open" in name else \
-                            3 if tracker.pipelined_login else 4
+                        flights = 4 if not tracker.pipelined_login else \
+                            2 if name == DEFAULT else 3
                         if len(tracker.flight_turns) >= flights and paramiko_client:
                             exec_turns[name].append(tracker.flight_turns[flights - 1])
     finally:
@@ -182,13 +186,13 @@ def print_table(results: dict[str, Any], rtt: float) -> None:
     names = {"outrig": "outrig start-up (deploy --dry-run)", "ssh": "ssh start-up (ssh -G)",
              "Fabric": "Fabric start-up (import fabric)"}
     startup = {kind: (median(times[name]), min(times[name])) for kind, name in names.items()}
-    ours = times["outrig deploy, pipelined login"]
+    ours = times[DEFAULT]
     base = (median(ours) - startup["outrig"][0], min(ours) - startup["outrig"][1])
     load = results["load"]
     print(f"\nRTT {rtt * 1000:.0f} ms (latency proxy), {results['repeat']} rounds (after 1 "
           f"warm-up); load average {load[0][0]:.2f} before, {load[1][0]:.2f} after\n")
     print("| method | median s | fastest s | beyond start: median | RTT | fastest | RTT "
-          "| × outrig pipelined (median / fastest) | client turns | exec in turn |")
+          "| × outrig default (median / fastest) | client turns | exec in turn |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, values in times.items():
         middle, fastest = median(values), min(values)

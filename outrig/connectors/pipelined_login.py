@@ -24,19 +24,26 @@ guessed); and every connection made with pipelining switched off (``pipeline_log
 :class:`outrig.connectors.ssh.SSHTransport` switches it off after a pipelined login was cut,
 and ``OUTRIG_SSH_PIPELINE=0`` switches it off for good).
 
-The session-channel open behind the first login (``early_channel``, off unless asked for with
-``OUTRIG_SSH_PIPELINE=channel``; :meth:`take_early_channel` hands it over) saves one more
-round trip. It is only sent to an OpenSSH server: sshd reads the packets that follow a
-successful login from the same buffer after authentication (``ssh_packet_get_state`` and
-``ssh_packet_set_state`` in packet.c carry the unread input from the pre-authentication
-process; ``server_loop2`` in serverloop.c handles buffered packets first); after a refused
-login the open arrives before authentication, where every message but a login meets
-``dispatch_protocol_error`` (dispatch.c): a log line and SSH_MSG_UNIMPLEMENTED, the connection
-kept, so the next key still gets its turn. The open
-is then forgotten and the command's channel is opened the ordinary way. Dropbear ends the
-connection instead ("received message ... before userauth"), which would take the next key's
-chance away: hence OpenSSH only. The exec cannot follow: its CHANNEL_REQUEST must name the
-server's channel number, which only the open's confirmation brings (RFC 4254 section 5.1).
+The session-channel open behind the first login (``early_channel``, on by default for a
+command's connect, off with ``OUTRIG_SSH_PIPELINE=login`` or ``=0``;
+:meth:`take_early_channel` hands it over) saves one more round trip. It is only sent to an
+OpenSSH server: sshd reads the packets that follow a successful login from the same buffer
+after authentication (``ssh_packet_get_state`` and ``ssh_packet_set_state`` in packet.c carry
+the unread input from the pre-authentication process; ``server_loop2`` in serverloop.c
+handles buffered packets first); after a refused login the open arrives before
+authentication, where every message but a login meets ``dispatch_protocol_error``
+(dispatch.c): an INFO line in sshd's log and SSH_MSG_UNIMPLEMENTED, the connection kept, so
+the next key still gets its turn. The open is then forgotten and the command's channel is
+opened the ordinary way. Dropbear ends the connection instead ("received message ... before
+userauth"), which would take the next key's chance away: hence OpenSSH only. Not with
+compression either: sshd switches ``zlib@openssh.com``'s decompression on once it has sent
+the login's success, so an open the client compressed before seeing that answer would not
+decompress (packet.c; outrig never asks for compression). The same handling was read in
+OpenSSH's source from 9.2 to 10.5: the unread input still travels with the packet state from
+``sshd-auth`` to ``sshd-session`` (``mm_send_keystate``, ``monitor_apply_keystate``), and
+``server_loop2`` still handles buffered packets before it waits. The exec cannot
+follow: its CHANNEL_REQUEST must name the server's channel number, which only the open's
+confirmation brings (RFC 4254 section 5.1).
 
 paramiko is imported lazily (inside :func:`pipelined_transport_class`), like everywhere in the
 connectors: a command that never connects does not pay for it.
@@ -44,10 +51,33 @@ connectors: a command that never connects does not pay for it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from functools import cache
 from typing import Any
+
+from outrig.errors import ConfigError
+
+PIPELINE_ENV = "OUTRIG_SSH_PIPELINE"
+_PIPELINE_VALUES = {"": (True, True), "1": (True, True), "channel": (True, True),
+                    "login": (True, False), "0": (False, False), "off": (False, False)}
+
+
+def pipelining_wanted() -> tuple[bool, bool]:
+    """Whether logins are pipelined, and whether a command's channel open goes right behind
+    the login (``OUTRIG_SSH_PIPELINE``): unset, ``1`` or ``channel``: both (the default);
+    ``login``: the login only, the open waits for its answer (what outrig did before, and the
+    only layout in which a fault can be aimed between the two); ``0`` or ``off``: neither, for
+    a box whose SSH server mishandles a login sent right behind its service request. Another
+    value is refused before anything is sent: a misspelt switch must not quietly mean "on"."""
+    value = os.environ.get(PIPELINE_ENV, "").strip().lower()
+    if value not in _PIPELINE_VALUES:
+        raise ConfigError(
+            f"{PIPELINE_ENV}={value!r} is not one of 1, channel, login, 0, off. Unset it for "
+            "the default (the login and the channel open pipelined), or set login or 0 (see "
+            "docs/cli.md). Nothing was sent.")
+    return _PIPELINE_VALUES[value]
 
 
 @cache
@@ -143,7 +173,8 @@ def pipelined_transport_class() -> type[Any]:
         def _drop_early(self) -> None:
             """The login it followed was refused: sshd dropped the open (it answers
             UNIMPLEMENTED before authentication), so forget the channel."""
-            early, self._early = self._early, None
+            with self.lock:
+                early, self._early = self._early, None
             if early is None:
                 return
             with self.lock:
@@ -155,7 +186,8 @@ def pipelined_transport_class() -> type[Any]:
             """The channel opened behind the login, once the server confirmed it (``None``
             when none was opened or it was dropped); waits like paramiko's ``open_channel``
             and fails as it does (``ChannelException`` on a refusal, ``SSHException``)."""
-            early, self._early = self._early, None
+            with self.lock:  # one taker only: a keeper's spare and a command may both ask
+                early, self._early = self._early, None
             if early is None:
                 return None
             channel, answered = early
@@ -185,8 +217,12 @@ def pipelined_transport_class() -> type[Any]:
                 # only OpenSSH's handling of an open before the login's answer is known
                 # (processed after a success, answered UNIMPLEMENTED after a refusal);
                 # Dropbear, for one, ends the connection on it when the key is refused
+                # and never with compression: sshd turns zlib@openssh.com's decompression on
+                # once it has sent the login's success, and an open compressed before that
+                # answer was seen would not decompress (packet.c, OpenSSH 9.2 to 10.5)
                 if self.early_channel and not self._early_tried and \
-                        str(self.remote_version).startswith("SSH-2.0-OpenSSH_"):
+                        str(self.remote_version).startswith("SSH-2.0-OpenSSH_") and \
+                        self.local_compression in (None, "none"):
                     self._early_tried = True
                     self._open_early()
             if event is not None:

@@ -12,8 +12,9 @@ SSH specifics, and why:
 - RTT is measured for free from the session-channel open (exactly one round trip).
 - The public-key login is pipelined behind the ``ssh-userauth`` service request (one round
   trip fewer per connect; :mod:`outrig.connectors.pipelined_login` says why that is sound and
-  when it falls back); ``OUTRIG_SSH_PIPELINE=0`` switches it off, ``=channel`` also sends a
-  command's session-channel open behind the login (OpenSSH servers only; off by default).
+  when it falls back), and so is a command's session-channel open behind the login (OpenSSH
+  servers only); ``OUTRIG_SSH_PIPELINE=login`` keeps the open for after the login's answer,
+  ``=0`` switches both off.
 - Liveness from outside (``watch``, ``migrate``): a fresh TCP connect to the port and the SSH
   banner (:func:`probe_port`), and a confirming login on a connection of its own
   (:meth:`SSHTransport.confirm_alive`), never the open or the warm connection.
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from outrig.connectors.pipelined_login import pipelined_transport_class
+from outrig.connectors.pipelined_login import pipelined_transport_class, pipelining_wanted
 from outrig.errors import (
     AuthenticationError,
     ConfigError,
@@ -236,17 +237,6 @@ def handshake_phase(transport: Any) -> str:
     return "channel"
 
 
-def pipelining_wanted() -> tuple[bool, bool]:
-    """Whether logins are pipelined, and whether a command's channel open goes right behind
-    the login: ``OUTRIG_SSH_PIPELINE`` unset or ``1``: the login only; ``0``: neither (for a
-    box whose SSH server mishandles a login sent right behind its service request);
-    ``channel``: both (docs/architecture.md says why that is not the default)."""
-    value = os.environ.get("OUTRIG_SSH_PIPELINE", "1").strip().lower()
-    if value in ("0", "no", "false", "off"):
-        return False, False
-    return True, value == "channel"
-
-
 def _watched_transport_factory(pipeline: bool = True, early_channel: bool = False,
                                early_window: int | None = None) -> Callable[..., Any]:
     """A paramiko Transport that remembers a DISCONNECT the server sent on purpose, and whose
@@ -388,6 +378,16 @@ class SSHTransport(Transport):
         used (after ``~/.ssh/config``)."""
         user = getattr(conn, "user", None) or "?"
         return self.host.label(f"{user}@{conn.host}:{conn.port}")
+
+    def connect_opening_channel(self) -> None:
+        """:meth:`connect`, with a session-channel open sent behind the login where the
+        pipelining allows it, for the caller to take with the paramiko transport's
+        ``take_early_channel`` (a keeper's first spare channel)."""
+        self._early_window = (self.early_channel and self.pipeline, None)
+        try:
+            self.connect()
+        finally:
+            self._early_window = (False, None)
 
     def connect(self) -> None:
         if self.connection is not None:

@@ -21,8 +21,13 @@ packets of the key exchange up to the client's NEWKEYS; after that it counts the
 flight 1 is the ``ssh-userauth`` service request, 2 the public-key login, 3 the
 session-channel open and 4 the (pipelined) exec; with outrig's pipelined login
 (:mod:`outrig.connectors.pipelined_login`) flight 1 carries the service request and the login,
-2 is the channel open and 3 the exec. The tracker tells the two apart by flight 1's size: a
-service request alone is one packet of at most ~112 bytes, a signed login adds 150 or more.
+and by default the channel open too, and flight 2 is the exec; with the open kept for after
+the login's answer (``OUTRIG_SSH_PIPELINE=login``) 2 is the channel open and 3 the exec. The
+tracker tells a pipelined login from a lone service request by flight 1's size: a service
+request alone is one packet of at most ~112 bytes, a signed login adds 150 or more. Whether
+the open rode along cannot be told from the encrypted bytes, so the proxy is told
+(``early_channel``; by default what the client in this process's environment does, read at
+each accept).
 ``stream`` is the server's bytes after the exec. A client that authenticates differently
 (several keys, keyboard-interactive) shifts the later flights, so tests check
 :attr:`LatencyProxy.fired` to see where a fault actually struck.
@@ -54,6 +59,8 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
+
+from outrig.connectors.pipelined_login import pipelining_wanted
 
 _POLL = 0.1  # how often blocked threads look at their stop flag
 _PAUSE_WAIT = 10.0  # blackhole_all(drop_new): the most it waits for the accept thread to pause
@@ -109,8 +116,9 @@ class PhaseTracker:
     ``feed(direction, data)`` returns ``{phase: offset}`` for each phase whose first byte lies
     in ``data`` (``offset`` into ``data``). Thread-safe: both readers call it."""
 
-    def __init__(self) -> None:
+    def __init__(self, early_channel: bool = False) -> None:
         self._lock = threading.Lock()
+        self.early_channel = early_channel  # a pipelined login's flight carries the open too
         self.phase = "tcp"
         self._banner_done = False  # the client's banner line has ended
         self._kex = False
@@ -149,8 +157,15 @@ class PhaseTracker:
         self.turn_of.setdefault(phase, self.turns)
         self.phase = phase
 
+    def _flight_names(self) -> dict[int, str]:
+        """The phase each client flight after NEWKEYS begins (the module docstring)."""
+        if not self.pipelined_login:
+            return {1: "auth", 3: "channel", 4: "exec"}
+        return {1: "auth", 2: "exec"} if self.early_channel else \
+            {1: "auth", 2: "channel", 3: "exec"}
+
     def _exec_flight(self) -> int:
-        return 3 if self.pipelined_login else 4
+        return max(self._flight_names())
 
     def _feed_server(self, data: bytes, found: dict[str, int]) -> None:
         if self.counted["s2c"] == 0 and data:
@@ -186,8 +201,7 @@ class PhaseTracker:
             self.flight_turns.append(self.turns)
             if self.flights == 2:
                 self.pipelined_login = self.first_flight_bytes > SERVICE_REQUEST_MAX
-            names = {1: "auth", 2: "channel", 3: "exec"} if self.pipelined_login else \
-                {1: "auth", 3: "channel", 4: "exec"}
+            names = self._flight_names()
             if self.flights in names:
                 self._enter(names[self.flights], pos, found)
         if self.flights == 1:
@@ -250,7 +264,7 @@ class _Connection:
         self.upstream = upstream
         self.number = number
         self.fault = fault
-        self.tracker = PhaseTracker()
+        self.tracker = PhaseTracker(proxy.expects_early_channel())
         self.silenced = False  # a blackhole struck: read and drop everything from now on
         self.hold_until = 0.0  # a stall struck: deliver nothing before this time
         self.stop = threading.Event()
@@ -404,8 +418,10 @@ class LatencyProxy:
     """
 
     def __init__(self, target_host: str, target_port: int, one_way_delay: float = 0.12, *,
-                 jitter: float = 0.0, seed: int | None = None) -> None:
+                 jitter: float = 0.0, seed: int | None = None,
+                 early_channel: bool | None = None) -> None:
         self.target_host = _check_loopback(target_host)
+        self.early_channel = early_channel  # None: as this process's environment says
         if jitter < 0:
             raise ValueError("jitter must be >= 0")
         self.jitter = float(jitter)
@@ -456,6 +472,13 @@ class LatencyProxy:
         if not self._port:
             raise RuntimeError("LatencyProxy.port read before start()")
         return self._port
+
+    def expects_early_channel(self) -> bool:
+        """Whether a pipelined login's flight carries the channel open too: as set, else as
+        a client started from this process's environment sends it (read now, at accept)."""
+        if self.early_channel is not None:
+            return self.early_channel
+        return pipelining_wanted()[1]
 
     def tracker(self, number: int) -> PhaseTracker:
         """The phase tracker of the ``number``-th connection accepted (1-based): its phases,

@@ -22,6 +22,7 @@ keeper's probe of an idle link before it lends a channel); its case belongs with
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -30,6 +31,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ import pytest
 import yaml
 
 from outrig.connectors.kept import close_keepers, keepers, wait_gone
+from outrig.connectors.pipelined_login import PIPELINE_ENV
 from outrig.console import Reporter
 from outrig.errors import AuthRefused, LinkLost, OutrigError
 from outrig.inventory import resolve_host
@@ -80,6 +83,26 @@ def faults_for(phase: str, rng: random.Random) -> list[Fault]:
             for _ in range(rng.randint(1, 3))]
 
 
+@contextlib.contextmanager
+def layout_for(phase: str) -> Iterator[None]:
+    """The connection layout a fault at ``phase`` needs: the channel open has a client flight
+    of its own only while it waits for the login's answer (``OUTRIG_SSH_PIPELINE=login``); by
+    default it leaves with the login, which the ``auth`` cut covers. The command's keeper, if
+    it starts one, gets the same environment."""
+    if phase != "channel":
+        yield
+        return
+    saved = os.environ.get(PIPELINE_ENV)
+    os.environ[PIPELINE_ENV] = "login"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(PIPELINE_ENV, None)
+        else:
+            os.environ[PIPELINE_ENV] = saved
+
+
 @pytest.fixture(params=["direct", "warm"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The connector under test: ``direct`` (keeping off, as in most tests) or ``warm``
@@ -112,7 +135,8 @@ class Campaign:
             stop_keepers()
         self.proxy.inject(*faults_for(phase, self.rng))
         try:
-            action()
+            with layout_for(phase):
+                action()
         except OutrigError as exc:
             text = str(exc)
             if isinstance(exc, AuthRefused) or "authentication failed" in text:
@@ -273,8 +297,9 @@ def test_stage_survives_or_resumes_after_a_cut_at_every_phase(
         journal = Journal(tmp_path / f"state-{name}-{fault.after_bytes}")
         campaign.proxy.inject(fault)
         try:
-            stage(PROJECT, str(campaign.host), str(book), Reporter(quiet=True),
-                  journal=journal, streams=1)
+            with layout_for(name):
+                stage(PROJECT, str(campaign.host), str(book), Reporter(quiet=True),
+                      journal=journal, streams=1)
         except OutrigError as exc:
             assert not isinstance(exc, AuthRefused) and "authentication failed" not in str(exc)
             assert isinstance(exc, LinkLost), f"stage at {name}: {exc!r}"
@@ -318,7 +343,8 @@ def test_sync_checkpoints_survives_or_resumes_after_a_cut_at_every_phase(
                              playbook=str(book), journal=j)
 
         try:
-            sync()
+            with layout_for(name):
+                sync()
         except OutrigError as exc:
             assert not isinstance(exc, AuthRefused) and "authentication failed" not in str(exc)
             assert isinstance(exc, LinkLost), f"sync-checkpoints at {name}: {exc!r}"

@@ -93,7 +93,10 @@ def start_fails(host_file: Path, tmp_path: Path) -> LinkLost:
 
 
 def test_cut_just_after_auth_names_what_happened(box_host: Path, make_proxy: Any,
-                                                tmp_path: Path) -> None:
+                                                tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # the open waits for the login's answer: the only layout with a moment between the two
+    monkeypatch.setenv("OUTRIG_SSH_PIPELINE", "login")
     host_file, proxy = proxied(box_host, make_proxy)
     proxy.inject(*[Fault(phase="channel") for _ in range(CHANNEL_ATTEMPTS + 2)])
     lost = start_fails(host_file, tmp_path)
@@ -104,8 +107,10 @@ def test_cut_just_after_auth_names_what_happened(box_host: Path, make_proxy: Any
     assert [f[1] for f in proxy.fired] == ["channel"] * CHANNEL_ATTEMPTS  # bounded
 
 
-def test_silence_just_after_auth_says_the_link_went_silent(box_host: Path, make_proxy: Any,
-                                                          tmp_path: Path) -> None:
+def test_silence_just_after_auth_says_the_link_went_silent(
+        box_host: Path, make_proxy: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTRIG_SSH_PIPELINE", "login")  # as in the test above
     # connect_timeout: also the channel-open limit; generous enough for a loaded machine's
     # handshake, short enough for a test.
     host_file, proxy = proxied(box_host, make_proxy, connect_timeout=4)

@@ -44,7 +44,10 @@ def run_true(host_file: Path, tmp_path: Path, pipeline: bool, **kwargs: Any) -> 
 
 
 def test_the_pipelined_login_saves_one_client_turn_before_the_exec(
-        box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+        box_host: Path, make_proxy: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the login alone pipelined (the open waits for its answer): the layout compared here
+    monkeypatch.setenv("OUTRIG_SSH_PIPELINE", "login")
     # 100 ms RTT: a reply cannot reach the client within 100 ms of its request, so
     # messages sent together can never be counted as turns of their own
     host_file, proxy = proxied(box_host, make_proxy, 0.05)
@@ -184,12 +187,15 @@ def test_phase_tracker_reads_a_pipelined_login_by_its_size() -> None:
 
 def test_the_channel_open_behind_the_login_saves_one_more_turn(
         box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
-    """``OUTRIG_SSH_PIPELINE=channel``: the session-channel open leaves with the login; the
-    exec then goes out in the next flight, one turn before the login-only layout's."""
+    """The default: the session-channel open leaves with the login; the exec then goes out
+    in the next flight, one turn before the login-only layout's
+    (``OUTRIG_SSH_PIPELINE=login``)."""
     host_file, proxy = proxied(box_host, make_proxy, 0.05)
     flights = {}
     for number, early in enumerate((False, True), start=1):
-        transport = run_true(host_file, tmp_path, True, early_channel=early)
+        proxy.early_channel = early  # how the proxy names the flights of this connection
+        transport = run_true(host_file, tmp_path, True,
+                             early_channel=None if early else False)  # None: the default
         try:
             link = transport.connection.transport
             assert link.early_channels == (1 if early else 0)
@@ -200,6 +206,32 @@ def test_the_channel_open_behind_the_login_saves_one_more_turn(
     # login only: [login], [open], [exec]; with the open behind the login: [login, open], [exec]
     assert flights[True][0] == flights[False][0]
     assert flights[True][1] == flights[False][2] - 1
+    early, stepwise = proxy.tracker(2).turn_of, proxy.tracker(1).turn_of
+    assert "channel" not in early and early["exec"] == stepwise["exec"] - 1
+    assert early["exec"] - early["auth"] == 1
+
+
+def test_phase_tracker_reads_the_exec_as_the_second_flight_behind_an_early_open() -> None:
+    tracker = PhaseTracker(early_channel=True)
+    tracker.feed("c2s", b"SSH-2.0-paramiko\r\n")
+    tracker.handed_to_client()
+    tracker.feed("s2c", b"SSH-2.0-OpenSSH_9\r\n")
+    newkeys = b"\x00\x00\x00\x0c\x0a\x15" + b"\x00" * 10
+    flight_1 = b"L" * (SERVICE_REQUEST_MAX + 100)  # the service request, the login, the open
+    assert tracker.feed("c2s", newkeys + flight_1) == {"kex": 0, "auth": len(newkeys)}
+    assert flight(tracker, b"exec") == {"exec": 0}
+    assert tracker.pipelined_login is True
+    assert tracker.feed("s2c", b"output") == {"stream": 0}
+    assert "channel" not in tracker.turn_of
+    # a lone service request (paramiko's own sequence, the fallback): the stepwise flights
+    stepwise = PhaseTracker(early_channel=True)
+    stepwise.feed("c2s", b"SSH-2.0-paramiko\r\n")
+    stepwise.handed_to_client()
+    stepwise.feed("s2c", b"SSH-2.0-OpenSSH_9\r\n")
+    stepwise.feed("c2s", newkeys + b"S" * 60)
+    assert flight(stepwise, b"login") == {}
+    assert flight(stepwise, b"open") == {"channel": 0}
+    assert flight(stepwise, b"exec") == {"exec": 0}
 
 
 def test_a_refused_key_with_a_channel_open_behind_it_leaves_the_next_key_its_chance(

@@ -76,6 +76,23 @@ def test_second_status_goes_through_the_keeper(box_host: Path, make_proxy: Any,
     assert listed[0]["idle_left"] > 0 and listed[0]["pid"] != os.getpid()
 
 
+def test_the_keepers_connect_sends_the_channel_open_behind_its_login(
+        box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
+    """The keeper's login carries a session-channel open (its first spare channel): the
+    first command's exec leaves in the flight after the login, as a direct command's does,
+    and the kept connection has the same layout on the wire."""
+    host, proxy = proxied(box_host, make_proxy)
+    proxy.early_channel = True
+    result, session = status_once(host, Journal(tmp_path / "state"))
+    assert result["ok"] and isinstance(session.transport, KeptTransport)
+    assert session.transport.keepers_started == 1 and proxy.accepted == 1
+    tracker = proxy.tracker(1)
+    assert tracker.pipelined_login is True
+    assert "channel" not in tracker.turn_of
+    assert tracker.flight_turns[1] == tracker.flight_turns[0] + 1  # exec: the next turn
+    assert tracker.turn_of["exec"] == tracker.turn_of["auth"] + 1
+
+
 def test_the_first_contact_starts_a_keeper_without_calling_anything_stale(
         box_host: Path, make_proxy: Any, tmp_path: Path, keeping: None) -> None:
     """No socket at all is no keeper yet, not a stale one: the first command to a host said
