@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig.connectors.pipelined_login import pipelined_transport_class, pipelining_wanted
+from outrig.connectors.preconnect import CLIENT_BANNER, EarlyConnect, early_connect_allowed
 from outrig.errors import (
     AuthenticationError,
     ConfigError,
@@ -251,6 +252,12 @@ def _watched_transport_factory(pipeline: bool = True, early_channel: bool = Fals
         server_disconnect: tuple[int, str] | None = None
         pipeline_login = pipeline
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # the identification line outrig sends, also when it was sent ahead with the TCP
+            # connect (preconnect.py): it enters the key exchange's hash, so one value only
+            self.local_version = CLIENT_BANNER
+
         def _parse_disconnect(self, m: Any) -> None:
             code = m.get_int()
             desc = m.get_text()
@@ -350,6 +357,7 @@ class SSHTransport(Transport):
         self.connection: Any = None
         self.connect_seconds: float | None = None
         self.link_failures = 0  # link failures retried by this transport (for reports, tests)
+        self.early_connects = 0  # connects whose TCP connect and banner left early (tests)
         self._tunnel_lock = threading.Lock()  # forwarded connections arrive on threads
 
     def _build(self, timeout: float) -> Any:
@@ -397,11 +405,17 @@ class SSHTransport(Transport):
         timeout, why = connect_timeout_for(self.host, self.rtt_hint)
         refused = silent = lost = 0
         attempt = 0
+        # the first attempt's TCP connect and banner leave now, while Fabric and paramiko load
+        early = EarlyConnect(self.host.hostname, self.host.port or 22, timeout) \
+            if early_connect_allowed(self.host.hostname, self.host.port) else None
         while True:
             attempt += 1
             conn = self._build(timeout)
             started = time.monotonic()
             try:
+                if early is not None:
+                    taken, early = early, None  # the first attempt's only, failed or not
+                    self._adopt_early(taken, conn, timeout)
                 conn.open()
             except BaseException as exc:
                 error = self._classify(conn, exc, timeout, why, time.monotonic() - started)
@@ -432,6 +446,19 @@ class SSHTransport(Transport):
             pause = retry_pause(self.rtt_hint, attempt)
             self._notice(str(error).split(" (")[0], pause)
             time.sleep(pause)
+
+    def _adopt_early(self, early: EarlyConnect, conn: Any, timeout: float) -> None:
+        """Give ``conn`` the socket connected ahead, or raise its connect's failure as this
+        attempt's; when Fabric routes the connection elsewhere (a gateway, another address
+        or port from ``~/.ssh/config``), close it unused and let ``conn`` connect itself."""
+        if getattr(conn, "gateway", None) or (conn.host, int(conn.port or 22)) != early.address:
+            early.discard()
+            return
+        sock, failure = early.take(timeout)
+        if failure is not None:
+            raise failure
+        conn.connect_kwargs["sock"] = sock
+        self.early_connects += 1
 
     def _notice(self, what: str, pause: float) -> None:
         """Tell the user a link failure is being retried (not an error yet)."""

@@ -1,0 +1,151 @@
+"""The TCP connect and the client's SSH banner, sent while the SSH stack is still being loaded.
+
+Why: a cold command's first network step waits for nothing of paramiko's. Before this, the
+TCP connect and the client's banner left only after Fabric and paramiko were imported and
+Fabric had read ``~/.ssh/config`` (about 0.15-0.2 s of a 2-core machine), and the server's
+key exchange cannot begin before its sshd has read the client's banner (OpenSSH sends its
+KEXINIT right after it). Started first, on a thread, the connect and the banner travel while
+the imports run: on a real link that is the TCP handshake's round trip and the banner's half
+of the next one taken off the clock, up to the time the imports take.
+
+What is sent is exactly what paramiko would send first (RFC 4253 section 4.2: the
+identification line), under outrig's name (:data:`CLIENT_BANNER`), which the connection's
+paramiko transport then takes as its own (``local_version``: the line also enters the key
+exchange's hash, so both must be the same); :class:`BannerSentSocket` keeps paramiko from
+writing it a second time. Nothing else is sent ahead: the key exchange, the host key check
+and the login are paramiko's, unchanged.
+
+When it is not used (the connect goes the ordinary way): where the SSH configuration could
+send the connection through another host (a ``ProxyJump`` or ``ProxyCommand`` line anywhere
+in it), or to another port when the host file gives none (a ``Port`` line): then it is not
+started at all (:func:`early_connect_allowed`); where Fabric, having read the configuration,
+connects elsewhere all the same (another ``HostName`` for the name): then the early socket is
+closed unused; and on every later attempt of the same command (only the first one starts
+ahead). A failure of the early connect (refused, silent, unreachable) is the first attempt's
+failure, classified and retried exactly as one from paramiko's own connect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from typing import Any
+
+from outrig import __version__
+
+CLIENT_BANNER = f"SSH-2.0-outrig_{__version__}"
+
+
+class EarlyConnect:
+    """One TCP connect and banner to ``(host, port)``, begun at construction on a thread."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.address = (host, port)
+        self.sock: socket.socket | None = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._taken = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, args=(timeout,), name="outrig-early-connect",
+                         daemon=True).start()
+
+    def _run(self, timeout: float) -> None:
+        sock: socket.socket | None = None
+        try:
+            sock = socket.create_connection(self.address, timeout=timeout)
+            sock.sendall(f"{CLIENT_BANNER}\r\n".encode())
+        except BaseException as exc:  # kept for the attempt that takes it
+            if sock is not None:
+                sock.close()
+            self.error = exc
+        else:
+            with self._lock:
+                if self._taken:  # nobody waits for it any more
+                    sock.close()
+                else:
+                    self.sock = sock
+        finally:
+            self._done.set()
+
+    def take(self, timeout: float) -> tuple[Any, BaseException | None]:
+        """``(socket, None)`` once connected with the banner sent (wrapped so that paramiko
+        does not send the banner again), ``(None, error)`` when the connect failed, or
+        ``(None, TimeoutError)`` when it had not finished within ``timeout``; only once."""
+        finished = self._done.wait(timeout)
+        with self._lock:
+            if self._taken:
+                return None, None  # handed over (or discarded) before
+            self._taken = True
+            sock, self.sock = self.sock, None
+        if sock is not None:
+            return BannerSentSocket(sock, f"{CLIENT_BANNER}\r\n".encode()), None
+        if not finished:
+            return None, TimeoutError(f"timed out connecting to {self.address[0]} port "
+                                      f"{self.address[1]}")
+        return None, self.error
+
+    def discard(self) -> None:
+        """Close the early socket unused (the connection goes elsewhere)."""
+        with self._lock:
+            self._taken = True
+            sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+
+
+class BannerSentSocket:
+    """A connected socket whose first bytes written are the banner already sent: those are
+    taken as sent, everything else goes to the socket (paramiko's ``Packetizer`` writes the
+    banner first, with ``send``)."""
+
+    def __init__(self, sock: socket.socket, sent: bytes) -> None:
+        self._sock = sock
+        self._sent = sent
+
+    def send(self, data: bytes) -> int:
+        if self._sent:
+            if not self._sent.startswith(bytes(data[:len(self._sent)])):
+                raise OSError("the SSH banner written differs from the one sent ahead")
+            taken = min(len(data), len(self._sent))
+            self._sent = self._sent[taken:]
+            return taken
+        return self._sock.send(data)
+
+    def sendall(self, data: bytes) -> None:
+        while data:
+            data = data[self.send(data):]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+SSH_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
+SSH_CONFIG_DIR = "/etc/ssh/ssh_config.d"
+
+
+def early_connect_allowed(hostname: str, port: int | None) -> bool:
+    """Whether a connect may start before Fabric has read the SSH configuration: not when any
+    of it can send the connection through another host (``ProxyJump``, ``ProxyCommand``), and,
+    for a host file without ``port:``, not when it sets a ``Port`` (the early connect would
+    knock on port 22 first). Another ``HostName`` for the name is caught after Fabric read it
+    (:meth:`SSHTransport._adopt_early`). The files are read as text, cheaply; a line that
+    names one of these words anywhere, even in a block for other hosts, is enough to say no."""
+    if not hostname:
+        return False
+    words = ("proxyjump", "proxycommand") if port else ("proxyjump", "proxycommand", "port")
+    paths = [os.path.expanduser(p) for p in SSH_CONFIGS]
+    with contextlib.suppress(OSError):
+        paths += [os.path.join(SSH_CONFIG_DIR, n) for n in sorted(os.listdir(SSH_CONFIG_DIR))]
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    first = line.strip().split(None, 1)
+                    key = first[0].split("=", 1)[0].lower() if first else ""
+                    if key in words:
+                        return False
+        except OSError:
+            continue
+    return True
