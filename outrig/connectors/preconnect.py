@@ -36,6 +36,7 @@ from typing import Any
 from outrig import __version__
 
 CLIENT_BANNER = f"SSH-2.0-outrig_{__version__}"
+BANNER_LINE = f"{CLIENT_BANNER}\r\n".encode()  # what goes on the wire
 
 
 class EarlyConnect:
@@ -55,7 +56,7 @@ class EarlyConnect:
         sock: socket.socket | None = None
         try:
             sock = socket.create_connection(self.address, timeout=timeout)
-            sock.sendall(f"{CLIENT_BANNER}\r\n".encode())
+            sock.sendall(BANNER_LINE)
         except BaseException as exc:  # kept for the attempt that takes it
             if sock is not None:
                 sock.close()
@@ -74,13 +75,11 @@ class EarlyConnect:
         does not send the banner again), ``(None, error)`` when the connect failed, or
         ``(None, TimeoutError)`` when it had not finished within ``timeout``; only once."""
         finished = self._done.wait(timeout)
-        with self._lock:
-            if self._taken:
-                return None, None  # handed over (or discarded) before
-            self._taken = True
-            sock, self.sock = self.sock, None
+        first, sock = self._claim()
+        if not first:
+            return None, None  # handed over (or discarded) before
         if sock is not None:
-            return BannerSentSocket(sock, f"{CLIENT_BANNER}\r\n".encode()), None
+            return BannerSentSocket(sock, BANNER_LINE), None
         if not finished:
             return None, TimeoutError(f"timed out connecting to {self.address[0]} port "
                                       f"{self.address[1]}")
@@ -88,11 +87,17 @@ class EarlyConnect:
 
     def discard(self) -> None:
         """Close the early socket unused (the connection goes elsewhere)."""
-        with self._lock:
-            self._taken = True
-            sock, self.sock = self.sock, None
+        _first, sock = self._claim()
         if sock is not None:
             sock.close()
+
+    def _claim(self) -> tuple[bool, socket.socket | None]:
+        """Mark it taken (a socket connected later is closed by its thread): whether this
+        was the first claim, and the socket connected so far, now ours alone."""
+        with self._lock:
+            first, self._taken = not self._taken, True
+            sock, self.sock = self.sock, None
+        return first, sock
 
 
 class BannerSentSocket:
