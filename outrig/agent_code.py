@@ -13,7 +13,8 @@ protocol from drifting apart. What is shared, and why:
 - ``AgentError`` and ``redact`` (``events``): the box's error as the shared frame code raises
   it here too, and the one secret redaction for what is shown from a box;
 - ``read_stat`` (``procs``): the one ``/proc/PID/stat`` parser (the sandbox's processes);
-- ``parse_prompt_lines`` (``bench``): an evaluation's prompt file, read as the box reads it;
+- ``parse_prompt_lines``, ``prompts_digest`` (``bench``): an evaluation's prompt file, read
+  as the box reads it, and the prompt set's identity, computed as the box computes it;
 - ``serve``: the live agent's frames (``frame``, ``FrameBuffer``): the keeper speaks to the
   box's resident agent with the box's own framing (``outrig/connectors/live.py``);
 - ``gpu_judge``: the GPU health judge; the box's deploy refuses a ``bad`` GPU with it and the
@@ -46,6 +47,7 @@ AgentError = events.AgentError
 redact = events.redact
 read_stat = procs.read_stat
 parse_prompt_lines = bench.parse_prompt_lines
+prompts_digest = bench.prompts_digest
 
 
 
@@ -56,5 +58,5 @@ def examples_dir() -> Path:
 
 
 __all__ = ["BAD_REQUEST", "PROTOCOL_VERSION", "AgentError", "bundle", "encode_request",
-           "examples_dir", "gpu_judge", "parse_prompt_lines", "read_stat", "redact",
-           "request_problems", "serve", "transfer"]
+           "examples_dir", "gpu_judge", "parse_prompt_lines", "prompts_digest", "read_stat",
+           "redact", "request_problems", "serve", "transfer"]

@@ -114,7 +114,7 @@ def test_gpus_a_running_run_holds_are_refused_naming_it(box_project: Path,
 def test_a_generic_playbook_without_the_keys_is_refused(box_project: Path, box_host: Path) -> None:
     write(box_project, "n", {"processes": {"a": {"command": "true"}}})
     done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "n")
-    refused(done, box_host, "evaluate.model", "evaluate.speculative", "evaluate.prompts")
+    refused(done, box_host, "evaluate.model", "evaluate.speculative")
     write(box_project, "m", generic({"prompts": "box:eval.jsonl"}))
     done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "m",
                   "--checkpoint", "/ckpt/3")
