@@ -21,20 +21,22 @@ from outrig.taskspec import task
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
-    """``--k 3,7,15``: whole numbers ≥ 1, each once."""
+    """``--sweep-k 3,7,15``: whole numbers ≥ 1, each once. (Not ``--k``: Invoke makes a
+    one-letter parameter the short flag ``-k``.)"""
     try:
         ks = tuple(int(part) for part in text.split(","))
     except ValueError:
         ks = ()
     if not ks or any(k < 1 for k in ks) or len(set(ks)) != len(ks):
-        raise ConfigError(f"--k {text}: give num_speculative_tokens values as whole numbers "
-                          "≥ 1, comma-separated and each once, e.g. --k 3,7,15")
+        raise ConfigError(f"--sweep-k {text}: give num_speculative_tokens values as whole "
+                          "numbers ≥ 1, comma-separated and each once, e.g. --sweep-k 3,7,15")
     return ks
 
 
-def flag_playbook(model: str, speculative: str | None, prompts: str | None) -> dict[str, Any]:
+def flag_playbook(model: str, speculative: str | None, prompts: str | None,
+                  python: str | None = None) -> dict[str, Any]:
     """The evaluate-only playbook (as loaded YAML) of ``--model M --speculative JSON
-    [--prompts F]``; bad JSON is refused naming the flag."""
+    [--prompts F] [--python P]``; bad JSON is refused naming the flag."""
     if not speculative:
         raise ConfigError("--model needs --speculative JSON (vLLM's --speculative-config), "
                           "e.g. --speculative '{\"method\": \"ngram\", "
@@ -51,29 +53,33 @@ def flag_playbook(model: str, speculative: str | None, prompts: str | None) -> d
     evaluate: dict[str, Any] = {"model": model, "speculative": config}
     if prompts:
         evaluate["prompts"] = prompts
+    if python:
+        evaluate["server"] = {"python": python}
     return {"name": f"evaluate-{slug or 'model'}"[:64], "evaluate": evaluate}
 
 
 @task(
-    auto_shortflags=False, optional=["baseline"],
+    auto_shortflags=False,
     help={"host": HOST_HELP, "playbook": "the playbook whose evaluate: key (or dflash: "
           "section) says what to serve and send",
           "model": "without --playbook: the verifier to serve (with --speculative)",
           "speculative": "without --playbook: vLLM's --speculative-config as JSON",
           "prompts": "without --playbook: a JSONL prompts file here, box:PATH, or smoke "
                      "(outrig's own set, the default)",
+          "python": "without --playbook: the vLLM venv's interpreter on the box (default "
+                    "python3)",
           "run": "the training run whose checkpoints are evaluated (default: the "
                  "playbook's newest run on this host)",
           "checkpoint": "a checkpoint folder on the box (default: the run's newest complete "
                         "one); a torn one is refused",
           "requests": "how many prompts to send (default: evaluate.requests, 32)",
-          "baseline": "also serve the verifier without speculation for the speedup (the "
-                      "default); reused from the journal when measured before with the same "
-                      "verifier, vLLM, GPU, prompts, concurrency and max_tokens; --baseline "
-                      "fresh measures it again",
+          "baseline": "cached (the default): serve the verifier without speculation for "
+                      "the speedup, or reuse the one measured before with the same verifier, "
+                      "vLLM, GPU, prompts, concurrency and max_tokens; fresh: measure it "
+                      "again (even with evaluate.baseline: false)",
           "no_baseline": "skip the baseline (no speedup is reported)",
-          "k": "sweep num_speculative_tokens, e.g. 3,7,15: one server each; the fastest is "
-               "named",
+          "sweep_k": "sweep num_speculative_tokens, e.g. 3,7,15: one server each; the fastest "
+                     "is named",
           "card": "also write the result as a model-card section (Markdown) to this file",
           "compare": "print the recorded evaluations of the playbook's runs; nothing is sent",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
@@ -84,10 +90,11 @@ def flag_playbook(model: str, speculative: str | None, prompts: str | None) -> d
 @friendly
 def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
              model: str | None = None, speculative: str | None = None,
-             prompts: str | None = None,
+             prompts: str | None = None, python: str | None = None,
              run: str | None = None, checkpoint: str | None = None,
-             requests: str | None = None, baseline: Any = None,
-             no_baseline: bool = False, k: str | None = None, card: str | None = None,
+             requests: str | None = None, baseline: str | None = None,
+             no_baseline: bool = False, sweep_k: str | None = None,
+             card: str | None = None,
              compare: bool = False, project: str | None = None, no_keep: bool = False,
              json: bool = False) -> None:
     """Measure a drafter the way vLLM uses it: acceptance, latency and speedup, and why.
@@ -106,9 +113,8 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
         outrig evaluate --host uk-node --playbook dflash-qwen36
         outrig evaluate --host uk-node --playbook dflash-qwen36 --checkpoint /w/ckpt/2
         outrig evaluate --host uk-node --playbook dflash-qwen36 --card card.md
-        outrig evaluate --host uk-node --model /models/Qwen3-8B --speculative \
-            '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
-        outrig evaluate --host uk-node --playbook dflash-qwen36 --k 3,7,15
+        outrig evaluate --host uk-node --model /m/q --speculative '{"method": "ngram"}'
+        outrig evaluate --host uk-node --playbook dflash-qwen36 --sweep-k 3,7,15
         outrig evaluate --host uk-node --playbook dflash-qwen36 --compare
     """
     from outrig.cli.targets import one_host  # at run time only, as in outrig.cli.runs
@@ -119,17 +125,19 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
 
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
-    if baseline not in (None, True, "fresh"):
-        raise ConfigError(f"--baseline {baseline}: give --baseline, --baseline fresh or "
-                          "--no-baseline")
+    if baseline not in (None, "cached", "fresh"):
+        raise ConfigError(f"--baseline {baseline}: give --baseline cached (reuse a matching "
+                          "one), --baseline fresh (measure again) or --no-baseline")
     if baseline and no_baseline:
         raise ConfigError("give --baseline or --no-baseline, not both")
-    if playbook and (model or speculative or prompts):
-        raise ConfigError("--model, --speculative and --prompts make a playbook of their "
-                          "own; leave them out with --playbook (its evaluate: key says them)")
-    if (speculative or prompts) and not model:
-        raise ConfigError("--speculative and --prompts go with --model M (the verifier)")
-    ks = parse_ks(k) if k is not None else ()
+    if playbook and (model or speculative or prompts or python):
+        raise ConfigError("--model, --speculative, --prompts and --python make a playbook of "
+                          "their own; leave them out with --playbook (its evaluate: key says "
+                          "them)")
+    if (speculative or prompts or python) and not model:
+        raise ConfigError("--speculative, --prompts and --python go with --model M (the "
+                          "verifier)")
+    ks = parse_ks(sweep_k) if sweep_k is not None else ()
     count = None if requests is None else int(number(requests, "requests", 32))
     host_spec = one_host(settings, reporter, host).spec
     options = Options(run_id=run, checkpoint=checkpoint, requests=count,
@@ -140,7 +148,8 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
     if model:
         if compare:
             raise ConfigError("--compare lists a playbook's evaluations: give --playbook")
-        job = flag_job(flag_playbook(model, speculative, prompts), settings.project.root)
+        job = flag_job(flag_playbook(model, speculative, prompts, python),
+                       settings.project.root)
         run_evaluate(settings.project, host_spec, job, reporter, options)
         return
     name = playbook_for(settings, playbook, host_spec, reporter, what="evaluate")

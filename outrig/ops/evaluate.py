@@ -65,7 +65,7 @@ class Options:
     requests: int | None = None
     baseline: bool | None = None
     fresh: bool = False  # --baseline fresh: measure the baseline again
-    ks: tuple[int, ...] = ()  # --k 3,7,15: one speculative server per value
+    ks: tuple[int, ...] = ()  # --sweep-k 3,7,15: one speculative server per value
     card: Path | None = None  # --card FILE.md
     command: tuple[str, ...] = ()  # the command line, for the card's "reproduce"
 

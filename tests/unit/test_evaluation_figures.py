@@ -289,5 +289,5 @@ def test_flags_make_a_playbook_and_bad_ones_are_refused(tmp_path: Path) -> None:
                                None), tmp_path)
     assert parse_ks("3,7,15") == (3, 7, 15)
     for bad in ("3,,7", "0", "3,3", "x"):
-        with pytest.raises(ConfigError, match="--k"):
+        with pytest.raises(ConfigError, match="--sweep-k"):
             parse_ks(bad)
