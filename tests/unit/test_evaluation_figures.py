@@ -291,3 +291,55 @@ def test_flags_make_a_playbook_and_bad_ones_are_refused(tmp_path: Path) -> None:
     for bad in ("3,,7", "0", "3,3", "x"):
         with pytest.raises(ConfigError, match="--sweep-k"):
             parse_ks(bad)
+
+
+def test_a_cached_baseline_is_reused_measured_when_missing_and_fresh_measures_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal side of the cached baseline: the first call measures both levels on one
+    server; the second (same key: another checkpoint) measures nothing; a third level is
+    measured alone; ``fresh`` measures every level again and replaces the kept ones. (The
+    servers are counted here; on the real vLLM, tests/realvllm/test_evaluate.py counts the
+    runs on the box.)"""
+    from types import SimpleNamespace
+
+    from outrig.console import Reporter
+    from outrig.journal import Journal
+    from outrig.ops import evaluate_serving
+
+    started: list[tuple[int, ...]] = []
+
+    def serve(session: Any, job: Any, settings: Any, speculative: Any, inline: Any,
+              reporter: Any, label: str, per_request: Any = None) -> dict[str, Any]:
+        assert speculative is None and per_request is None
+        started.append(settings.levels)
+        tps = 10.0 * len(started)
+        return {"run_id": f"base-{len(started)}", "start_seconds": 1.0, "argv": ["vllm"],
+                "benches": [(c, {"sent": 1, "completion_tokens": int(tps), "seconds": 1.0,
+                                 "per_request": []}) for c in settings.levels]}
+
+    monkeypatch.setattr(evaluate_serving, "serve_and_send", serve)
+    settings, _ = settings_for(EvaluateSpec(model="/m", speculative={"method": "ngram"},
+                                            concurrency=[1, 4]), None, {}, "p.yaml")
+    assert settings is not None
+    session = SimpleNamespace(journal=Journal(tmp_path))
+    quiet = Reporter(json_mode=False)
+    facts = {"vllm": "0.32.0", "gpu": "cpu"}
+
+    def run(levels: list[int], fresh: bool = False) -> dict[int, dict[str, Any]]:
+        import dataclasses
+
+        here = dataclasses.replace(settings, levels=tuple(levels))
+        found, _ = evaluate_serving.baselines(session, None, here, [], quiet,  # type: ignore
+                                              facts, "sha", fresh)
+        return found
+
+    first = run([1, 4])
+    assert started == [(1, 4)] and [first[c]["cached"] for c in (1, 4)] == [False, False]
+    second = run([1, 4])
+    assert started == [(1, 4)], "a cached baseline started a server"
+    assert second[1]["tokens_per_s"] == 10.0 and second[4]["cached"] is True
+    third = run([1, 4, 16])
+    assert started[-1] == (16,) and third[16]["cached"] is False and third[1]["cached"] is True
+    fresh = run([1, 4], fresh=True)
+    assert started[-1] == (1, 4) and fresh[1]["tokens_per_s"] == 30.0
+    assert run([1])[1]["tokens_per_s"] == 30.0  # the fresh one replaced the kept one
