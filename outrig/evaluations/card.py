@@ -74,6 +74,12 @@ def card_markdown(doc: dict[str, Any]) -> str:
     for flag in doc.get("flags") or []:
         lines += [f"> **{flag['flag']}**: {flag['seen']}. Likely cause: {flag['cause']}. "
                   f"Fix: {flag['fix']}.", ""]
+    cached = sorted({str((lv.get("baseline") or {}).get("run_id"))
+                     for lv in doc.get("levels") or []
+                     if (lv.get("baseline") or {}).get("cached")})
+    if cached:
+        lines += [f"Baseline cached from run {', '.join(cached)} (the same server without "
+                  "--speculative-config).", ""]
     commands = doc.get("commands") or {}
     if commands:
         lines += ["Reproduce:", "", "```"]

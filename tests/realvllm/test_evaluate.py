@@ -234,8 +234,9 @@ def test_an_evaluate_only_playbook_gives_levels_categories_and_a_cached_baseline
     print(done.stderr, again.stdout, again.stderr, card.read_text(), sep="\n----\n")
     listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "evonly", "--compare",
                      "--json"], box_project)
-    second = json.loads(listed.stdout)["evaluations"][-1]
-    assert second["eval_id"] != doc["eval_id"] and second["eval_id"] in again.stdout
+    second = json.loads(listed.stdout)["evaluations"][0]  # newest first
+    assert second["eval_id"] != doc["eval_id"]
+    assert second["eval_id"] in " ".join(again.stderr.split())
     started = {p.name for p in runs.iterdir() if ".evaluate-" in p.name} - before
     assert len(started) == 1 and started == set(second["server_runs"]), started
     assert second["baseline_cached"] is True and second["num_speculative_tokens"] == 2
@@ -247,4 +248,5 @@ def test_an_evaluate_only_playbook_gives_levels_categories_and_a_cached_baseline
     assert "(cached)" in report and "per request p10" in report and "per category" in report
     text = card.read_text()
     assert "| 1 |" in text and "| 3 |" in text and "--per-request-spec-decode-metrics" in text
+    assert f"Baseline cached from run {doc['server_runs'][1]}" in text
     check_stopped(second, workdir)

@@ -190,7 +190,8 @@ def full_doc() -> dict[str, Any]:
                                                                   "p99": 31.0},
              "tpot_ms": {"p50": 8.0, "p95": 9.0, "p99": 9.5},
              "itl_ms": {"p50": 16.0, "p95": 20.0, "p99": 22.0},
-             "baseline": {"tokens_per_s": 60.0, "cached": True}, "speedup": 2.0,
+             "baseline": {"tokens_per_s": 60.0, "cached": True, "run_id": "m.evaluate-1"},
+             "speedup": 2.0,
              "categories": {"code": {"requests": 2, "ttft_ms": {"p50": 20.0},
                                      "tpot_ms": {"p50": 7.0},
                                      "acceptance": {"step_weighted": 3.2, "p50": 3.4}}}}
@@ -226,6 +227,7 @@ def test_the_card_has_the_table_the_numbers_and_the_commands() -> None:
     assert "| code | 2 | 3.20 | 3.40 | 20.0 | 7.0 |" in card
     assert "> **broken_serving**" in card
     assert "outrig evaluate --host h" in card
+    assert "Baseline cached from run m.evaluate-1 (the same server" in card
     assert "--speculative-config '{\"method\": \"dflash\"}'" in card
 
 
