@@ -345,3 +345,27 @@ def test_a_cached_baseline_is_reused_measured_when_missing_and_fresh_measures_ag
     fresh = run([1, 4], fresh=True)
     assert started[-1] == (1, 4) and fresh[1]["tokens_per_s"] == 30.0
     assert run([1])[1]["tokens_per_s"] == 30.0  # the fresh one replaced the kept one
+
+
+def test_train_eal_at_the_checkpoint_comes_from_the_runs_metric_series(tmp_path: Path) -> None:
+    """The trainer's own log (a real CPU rehearsal trainer's, tests/fixtures) read into the
+    run's series the way status does: train/eal at or before the checkpoint's step is the
+    one the provenance records and far_below_training compares with."""
+    from types import SimpleNamespace
+
+    from outrig.journal import Journal
+    from outrig.metricstore import MetricStore
+    from outrig.ops.evaluate_document import train_eal
+
+    log = (Path(__file__).resolve().parents[1] / "fixtures" / "h200x2-rehearsal" / "migrate"
+           / "cpu-box-movable-trainer.log").read_text()
+    journal = Journal(tmp_path)
+    assert MetricStore(journal, "r1").add_tail({"trainer": log}, 1.0) > 0
+    steps = sorted(p.step for p in MetricStore(journal, "r1").points()
+                   if "train/eal" in p.values)
+    assert steps
+    session = SimpleNamespace(journal=journal)
+    run = {"run_id": "r1"}
+    assert train_eal(session, run, {"global_step": steps[-1]}) == 1.0  # type: ignore[arg-type]
+    assert train_eal(session, run, {"global_step": steps[0] - 1}) is None  # type: ignore
+    assert train_eal(session, None, {"global_step": 5}) is None  # type: ignore[arg-type]
