@@ -46,7 +46,8 @@ def public_addresses(text: str) -> list[tuple[int, str]]:
 
 def test_the_scan_finds_public_addresses_and_passes_reserved_ones() -> None:
     # built from parts, so that this file holds no public address for the scan below to find
-    v4, v6 = ".".join(("217", "138", "104", "34")), ":".join(("2a00", "1450", "4009", "81f", "", "200e"))
+    v4 = ".".join(("217", "138", "104", "34"))
+    v6 = ":".join(("2a00", "1450", "4009", "81f", "", "200e"))
     text = (f"hostname: {v4}\nvia {v6}\n"
             "ok: 127.0.0.1 10.0.0.1 192.0.2.4 198.51.100.7 203.0.113.9 ::1 2001:db8::5\n"
             "version 2.13.0 at 12:30:45\n")
