@@ -250,3 +250,30 @@ def test_an_evaluate_only_playbook_gives_levels_categories_and_a_cached_baseline
     assert "| 1 |" in text and "| 3 |" in text and "--per-request-spec-decode-metrics" in text
     assert f"Baseline cached from run {doc['server_runs'][1]}" in text
     check_stopped(second, workdir)
+
+
+def test_the_smoke_set_is_sent_as_streamed_chat(box_project: Path, box_host: Path,
+                                                vllm_python: str, verifier: dict[str, str]
+                                                ) -> None:
+    """The default prompts of a generic playbook, outrig's smoke set, go to the real server's
+    /v1/chat/completions, streamed: every request answered with its latency figures, every
+    category of the first requests present (requests 6: the set's first six are code and
+    math), no baseline when turned off."""
+    playbook = {"name": "smoke",
+                "evaluate": {"model": verifier["model"],
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_max": 2, "prompt_lookup_min": 1},
+                             "requests": 6, "concurrency": 2, "max_tokens": 16,
+                             "baseline": False, "server": server_settings(vllm_python)}}
+    (box_project / "playbooks" / "smoke.yaml").write_text(yaml.safe_dump(playbook))
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "smoke", "--json"],
+                  box_project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    check_stopped(doc, Path(yaml.safe_load(box_host.read_text())["workdir"]))
+    assert doc["provenance"]["prompts"] == "smoke" and len(doc["server_runs"]) == 1
+    level = doc["levels"][0]
+    assert level["requests"] == 6 and level["completion_tokens"] > 0
+    assert level["ttft_ms"]["p50"] > 0 and level["baseline"] is None
+    assert sorted(level["categories"]) == ["code", "math"]
+    assert doc["per_request"] is not None and doc["per_request"]["requests"] == 6
