@@ -369,3 +369,22 @@ def test_train_eal_at_the_checkpoint_comes_from_the_runs_metric_series(tmp_path:
     assert train_eal(session, run, {"global_step": steps[-1]}) == 1.0  # type: ignore[arg-type]
     assert train_eal(session, run, {"global_step": steps[0] - 1}) is None  # type: ignore
     assert train_eal(session, None, {"global_step": 5}) is None  # type: ignore[arg-type]
+
+
+def test_status_shows_the_served_acceptance_length_by_checkpoint(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from outrig.journal import Journal
+    from outrig.ops.status import evaluation_lines, mark_evaluations
+
+    journal = Journal(tmp_path)
+    for eval_id, at, step, length in (("e1", 1.0, 10, 1.0), ("e2", 2.0, 20, 1.75)):
+        journal.record_evaluation(eval_id, {"eval_id": eval_id, "run_id": "r1", "at": at,
+                                            "checkpoint": {"path": f"/c/{step}",
+                                                           "global_step": step},
+                                            "acceptance_length": length})
+    result: dict[str, Any] = {"runs": [{"run_id": "r1"}]}
+    mark_evaluations(result, SimpleNamespace(journal=journal))  # type: ignore[arg-type]
+    assert result["runs"][0]["served"] == [[10, 1.0], [20, 1.75]]
+    assert evaluation_lines(result)[-1] == (
+        "run r1: served acceptance length by checkpoint step: 10 1.00, 20 1.75")
