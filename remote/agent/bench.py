@@ -222,6 +222,7 @@ def _stream(url: str, body: JSONDict, timeout: float) -> Tuple[int, str, JSONDic
     seconds from sending to the first chunk that carries text (``ttft``), the gaps between
     such chunks (``itl``), the total (``latency``), and the last ``usage`` and ``metrics``
     seen (vLLM sends both on the final chunk when ``include_usage`` is set)."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -261,8 +262,9 @@ def _stream(url: str, body: JSONDict, timeout: float) -> Tuple[int, str, JSONDic
             return response.status, "", got
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace"), got
-    except (OSError, ValueError) as exc:
-        return 0, str(exc), got
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        # a server that died mid-answer: IncompleteRead is an HTTPException, not an OSError
+        return 0, f"{type(exc).__name__}: {exc}", got
 
 
 def _has_text(chunk: JSONDict) -> bool:

@@ -388,3 +388,38 @@ def test_status_shows_the_served_acceptance_length_by_checkpoint(tmp_path: Path)
     assert result["runs"][0]["served"] == [[10, 1.0], [20, 1.75]]
     assert evaluation_lines(result)[-1] == (
         "run r1: served acceptance length by checkpoint step: 10 1.00, 20 1.75")
+
+
+def test_a_stream_cut_mid_chunk_is_a_failed_request_not_a_dead_sender() -> None:
+    """A server that dies in the middle of a streamed answer (a chunk shorter than its
+    header says, then the connection closed): the request counts as failed with the reason,
+    it does not raise out of the sender's thread (http.client's IncompleteRead is not an
+    OSError). A loopback HTTP server plays it."""
+    import socket
+    import threading
+
+    from outrig._box.agent.bench import Sender
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            first = b'data: {"choices": [{"text": "hi"}]}\n\n'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n"
+                         + f"{len(first):x}\r\n".encode() + first + b"\r\n"
+                         + b"64\r\ndata: {\"cho")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    sender = Sender(f"http://127.0.0.1:{port}", "m", [{"prompt": "x"}], 8, 0.0, 30.0)
+    sender.one({"prompt": "x"})
+    thread.join(10)
+    listener.close()
+    assert (sender.done, sender.failed, sender.tokens) == (1, 1, 0)
+    assert "IncompleteRead" in sender.errors[0], sender.errors
