@@ -378,3 +378,18 @@ def test_a_fresh_init_refuses_to_contact_its_placeholder_host_naming_the_file(
     for args in (["plan"], ["deploy", "--dry-run"]):  # these send nothing: they work
         code, _, err = outrig(args, capsys)
         assert code == 0, (args, err)
+
+
+@pytest.mark.parametrize("key", ["OUTRIG_RUN", "OUTRIG_PROCESS", "OUTRIG_CGROUP_PROCS"])
+def test_a_playbook_env_with_outrigs_own_marker_name_is_exit_2_naming_key_and_fix(
+        project: Path, capsys: pytest.CaptureFixture[str], key: str) -> None:
+    # the names outrig puts in every launched process: a playbook value would be overwritten,
+    # or make a process look like another run's to cleanup
+    (project / "playbooks" / "job.yaml").write_text(yaml.safe_dump({
+        "name": "job", "processes": {"a": {"command": "echo", "gpus": [],
+                                            "env": {key: "x", "VLLM_LOGGING_LEVEL": "DEBUG"}}}}))
+    code, _, err = outrig(["plan", "--playbook", "job", "--host", "one"], capsys)
+    assert code == 2, err
+    assert f"processes.a.env.{key}: {key} is set by outrig in every process it launches" in err
+    assert "remove it from env: (or give your variable another name)" in err
+    assert "VLLM_LOGGING_LEVEL" not in err  # vLLM's own variables are the user's to set
