@@ -142,13 +142,18 @@ class Stopper:
         one in the session (the session id cannot be joined, only inherited at fork) that
         started after the leader and before the last tick the leader was known alive
         (:meth:`alive_until`), or one recorded as the run's before (``seen``). That member has
-        kept the pid in use since the leader lived, so the pid was never free to be reused."""
+        kept the pid in use since the leader lived, so the pid was never free to be reused.
+        So does the leader's own zombie, where nothing reaps it (a container whose PID 1 does
+        not reap)."""
         if leader == "alive":
             return True
         if leader != "gone":
             return False
         pid = rec["pid"]
         ticks = rec["start_ticks"]
+        st = read_stat(pid)
+        if st is not None and st.start_ticks == ticks:
+            return True  # the leader's zombie (nobody reaped it) still holds the pid
         until = self.alive_until(rec)
         seen = self.seen_of(run_id)
         return any(

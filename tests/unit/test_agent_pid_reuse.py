@@ -14,9 +14,12 @@ the real one runs in a fresh pid namespace where the kernel hands the stranger t
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import pid_reuse
-from tests.support.agent import PY, R1, Box, wait_until
-from tests.support.processes import alive
+from tests.support.agent import PY, R1, Box, stat_fields, wait_until
+from tests.support.processes import alive, children
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,3 +112,40 @@ def test_the_runs_own_orphan_in_its_session_is_still_stopped(box: Box) -> None:
     assert wait_until(lambda: not alive(orphan), timeout=20), "the run's orphan was left"
     stopped = result["runs"][0]["processes"][0]
     assert stopped["process"] == "server" and stopped["stragglers"] == 1
+
+
+def test_a_gone_leaders_zombie_keeps_its_session_the_runs(box: Box) -> None:
+    # Where nothing reaps the ended wrapper (a container whose PID 1 does not reap), its zombie
+    # still holds the pid: no stranger can have it, so the session is still the leader's even
+    # with no exit file (the wrapper was SIGKILLed) and no record of its members.
+    pr_set_child_subreaper = 36
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0  # orphans come to this test
+    pids: list[int] = []
+    try:
+        env = {"OUTRIG_CGROUPS": "0"}
+        # the server drops the markers too: only its session leads to it and its child
+        unmarked = ["env", "-u", "OUTRIG_RUN", "-u", "OUTRIG_PROCESS", PY, "-c", ORPHAN]
+        _, result = box.deploy([{"name": "server", "argv": unmarked,
+                                 "ready": {"log": "^up$", "timeout": 30}, "stop_grace": 1}],
+                               env=env)
+        assert result["ok"] is True, result
+        leader = box.run_json()["processes"][0]["pid"]
+        orphan = int((box.workdir / "orphan.pid").read_text())
+        server = next(p for p in children(leader))
+        pids += [leader, server, orphan]
+        for pid in (server, orphan):
+            box.track(pid)
+        os.kill(leader, signal.SIGKILL)  # no exit file: nothing says until when it lived
+        assert wait_until(lambda: not alive(leader), timeout=30)
+        assert stat_fields(leader) is not None  # a zombie, unreaped
+        (box.workdir / "runs" / R1 / "descendants.json").unlink(missing_ok=True)
+        _, result = box.agent({"op": "cleanup", "run_id": R1, "env": env})
+        assert result["ok"] is True, result
+        assert wait_until(lambda: not alive(server) and not alive(orphan), timeout=20)
+        assert result["runs"][0]["processes"][0]["stragglers"] == 2
+    finally:
+        libc.prctl(pr_set_child_subreaper, 0, 0, 0, 0)
+        for pid in pids:  # reap what came to this test
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
