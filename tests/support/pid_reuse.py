@@ -108,6 +108,8 @@ def real_reuse(box: Box, way: str) -> dict[str, Any]:
     run_id = f"reuse-{way}-{uuid.uuid4().hex[:6]}"
     record = deploy_job(box, run_id)
     end_job(box, record)
+    # gone for good, not only a zombie: PID 1 (main) must have reaped it for the pid to be free
+    assert wait_until(lambda: not os.path.exists(f"/proc/{record['pid']}"), timeout=30)
     with open("/proc/sys/kernel/ns_last_pid", "w") as f:
         f.write(str(record["pid"] - 1))  # the next fork in this namespace gets the leader's pid
     stranger, sleeper = start_stranger(box)

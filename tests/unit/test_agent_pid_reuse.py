@@ -60,6 +60,7 @@ def namespace_prefix() -> list[str]:
     return argv
 
 
+@pytest.mark.processes  # the box agent and its runs, in the namespace (no fixture says so)
 def test_real_pid_reuse_in_a_fresh_pid_namespace(tmp_path: Path) -> None:
     argv = [*namespace_prefix(), sys.executable, "-m", "tests.support.pid_reuse",
             str(tmp_path)]
