@@ -16,12 +16,12 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from outrig.errors import ConfigError
+from outrig.ssh_config import config_host_names
 from outrig.yamlfile import YamlDoc, load_yaml, validation_messages
 
 DEFAULT_WORKDIR = "~/outrig"
@@ -107,39 +107,11 @@ def is_placeholder_address(hostname: str) -> bool:
     return any(address in network for network in DOCUMENTATION_NETWORKS)
 
 
-_SETTING = re.compile(r"(\w+)(?:\s*=\s*|\s+)(.+)")  # paramiko/config.py, SETTINGS_REGEX
-
-
 def ssh_config_hostnames(path: Path | None = None) -> set[str]:
-    """Concrete ``Host`` names (no wildcards) in the user's ssh config.
-
-    Read the way paramiko's ``SSHConfig.parse`` reads them (paramiko/config.py: each line
-    stripped, blank and ``#`` lines skipped, ``KEY VALUE`` or ``KEY=VALUE`` with the key in
-    any case, a ``Host`` line's value split as a shell splits words), and, as there, a line
-    that does not parse makes the file unusable: no aliases (a broken ssh config is ssh's
-    business). A ``Match`` block holds no names (paramiko's ``get_hostnames`` raises
-    KeyError on one). Not with paramiko itself: its import (with cryptography, about 100
-    modules) is otherwise paid only when a connection is opened, and a command through a
-    live keeper opens none (tests/unit/test_inventory.py compares the two readings)."""
-    path = path or Path("~/.ssh/config").expanduser()
-    try:
-        text = path.read_text() if path.is_file() else ""
-    except (OSError, UnicodeDecodeError):
-        return set()
-    names: set[str] = set()
-    for raw in text.split("\n"):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SETTING.match(line)
-        if match is None:
-            return set()
-        if match.group(1).lower() == "host":
-            try:
-                names.update(shlex.split(match.group(2)))
-            except ValueError:
-                return set()
-    return {h for h in names if not any(c in h for c in "*?!")}
+    """Concrete ``Host`` names (no wildcards) in the user's SSH configuration, its ``Include``
+    files followed (:func:`outrig.ssh_config.config_host_names`): an alias defined only in an
+    included file is an alias as it is for ``ssh``."""
+    return config_host_names(str(path) if path else None)
 
 
 _TEXT_KEYS = ("hostname", "workdir", "user", "identity_file", "known_hosts", "python",
