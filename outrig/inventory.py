@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from outrig.errors import ConfigError
-from outrig.ssh_config import config_host_names
 from outrig.yamlfile import YamlDoc, load_yaml, validation_messages
 
 DEFAULT_WORKDIR = "~/outrig"
@@ -110,7 +109,10 @@ def is_placeholder_address(hostname: str) -> bool:
 def ssh_config_hostnames(path: Path | None = None) -> set[str]:
     """Concrete ``Host`` names (no wildcards) in the user's SSH configuration, its ``Include``
     files followed (:func:`outrig.ssh_config.config_host_names`): an alias defined only in an
-    included file is an alias as it is for ``ssh``."""
+    included file is an alias as it is for ``ssh``. Imported here: a host file (the usual
+    ``--host``) needs none of it."""
+    from outrig.ssh_config import config_host_names
+
     return config_host_names(str(path) if path else None)
 
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrig.connectors.pipelined_login import pipelined_transport_class, pipelining_wanted
 from outrig.connectors.preconnect import CLIENT_BANNER, EarlyConnect
@@ -51,7 +51,6 @@ from outrig.errors import (
 )
 from outrig.health import Observation
 from outrig.inventory import Host
-from outrig.ssh_config import SSHRoute, ssh_route
 from outrig.timing import (
     channel_timeout_for,
     connect_timeout_for,
@@ -66,6 +65,9 @@ from outrig.transport import (
     Transport,
     known_hosts_path,
 )
+
+if TYPE_CHECKING:
+    from outrig.ssh_config import SSHRoute
 
 # paramiko logs its own tracebacks (banner timeouts, resets) through the root logger's
 # last-resort handler; outrig reports those failures itself, in one paragraph.
@@ -410,7 +412,10 @@ class SSHTransport(Transport):
 
     def route(self) -> SSHRoute:
         """Where the connection goes after the SSH configuration, read as OpenSSH reads it
-        (:mod:`outrig.ssh_config`: ``Include``, ``Match``, a proxy from any file)."""
+        (:mod:`outrig.ssh_config`: ``Include``, ``Match``, a proxy from any file). Imported
+        here: a command through a live keeper connects nothing and reads none of it."""
+        from outrig.ssh_config import ssh_route
+
         return ssh_route(self.host.hostname, port=self.host.port, user=self.host.user)
 
     def _build(self, timeout: float, route: SSHRoute) -> Any:
