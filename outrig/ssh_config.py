@@ -19,10 +19,13 @@ decide the route, followed here:
   share one slot, so whichever comes first wins, and ``none`` takes the slot with no proxy;
 - values set by the host file (``port:``, ``user:``) come first, as ``ssh -p`` / ``-l`` do.
 
-What cannot be judged here is refused with the file and line (:class:`ConfigError`), never
-guessed: a ``Match exec`` or ``Match localnetwork`` that would decide (its earlier criteria
-matched), an unknown ``Match`` criterion, ``CanonicalizeHostname`` switched on, an unknown
-``%`` token, quoting that does not close, an ``Include`` loop. A proxy is never skipped: the
+A ``Match exec`` or ``Match localnetwork`` that would decide (its earlier criteria matched) is
+OpenSSH's to judge: ``ssh -G`` answers for the whole host then (one process, a few ms), where
+it reads the same files (``HOME`` is the password database's home) and there is an ``ssh``.
+What cannot be judged is refused with the file and line (:class:`ConfigError`), never
+guessed: such a ``Match`` where ``ssh -G`` cannot answer, an unknown ``Match`` criterion,
+``CanonicalizeHostname`` switched on, an unknown ``%`` token, quoting that does not close, an
+``Include`` loop. A proxy is never skipped: the
 connection then goes through the command (:attr:`SSHRoute.proxy`), and nothing connects to the
 box directly. ``ProxyJump`` becomes the command OpenSSH itself runs for it
 (``ssh -l USER -p PORT -J REST -W [%h]:%p HOST``).
@@ -37,6 +40,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 from dataclasses import dataclass, field
 
 from outrig.errors import ConfigError
@@ -63,6 +67,10 @@ class SSHRoute:
     @property
     def direct(self) -> bool:
         return self.proxy is None
+
+
+class _Undecidable(ConfigError):
+    """A ``Match`` criterion only OpenSSH itself can judge."""
 
 
 @dataclass
@@ -237,11 +245,10 @@ class _Reading:
                 if criterion in ("exec", "localnetwork"):
                     if not result:
                         continue  # an earlier criterion failed: OpenSSH runs nothing
-                    raise ConfigError(
+                    raise _Undecidable(
                         f"the SSH configuration {line.where}: 'Match {criterion}' decides "
-                        f"whether this block applies to {self.original}, and outrig cannot "
-                        "judge it. Give this host a Host block of its own (before the "
-                        "Match line), or name the route in the host file.")
+                        f"whether this block applies to {self.original}, which outrig's own "
+                        "reading cannot judge (it never guesses a route)")
                 hit = _pattern_list_matches(self._subject(criterion), value)
             else:
                 raise ConfigError(f"the SSH configuration {line.where}: outrig cannot "
@@ -330,11 +337,8 @@ def _proxy_argv(reading: _Reading, hostname: str, port: int, user: str | None
     return (shell, "-c", f"exec {command}"), f"{name} in {where}"
 
 
-def ssh_route(name: str, *, port: int | None = None, user: str | None = None,
-              identity_file: str | None = None) -> SSHRoute:
-    """Where ``ssh NAME`` (with ``-p PORT -l USER -i KEY`` when given) would connect, read from
-    the SSH configuration as OpenSSH reads it (this module's docstring); no network, no
-    process. Raises :class:`ConfigError` for what it cannot judge."""
+def _read_configuration(name: str, port: int | None, user: str | None,
+                        identity_file: str | None) -> _Reading:
     reading = _Reading(original=name)
     if port is not None:
         reading.options["port"] = ([str(port)], "the host file")
@@ -348,8 +352,77 @@ def ssh_route(name: str, *, port: int | None = None, user: str | None = None,
             reading.read(path, system, 0, (os.path.realpath(path),))
         if not reading.wants_final:
             break
+    return reading
+
+
+OPENSSH_G = ("ssh", "-G")  # OpenSSH's own resolution (tests add -F)
+
+
+def openssh_home() -> str:
+    """The home whose ``.ssh`` OpenSSH reads (the password database's; not ``HOME``)."""
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_dir
+
+
+def _openssh_reading(name: str, port: int | None, user: str | None,
+                     why: _Undecidable) -> _Reading:
+    """``ssh -G NAME``'s answer, for a ``Match`` only OpenSSH can judge (``exec``,
+    ``localnetwork``): one process (a few ms). Only where OpenSSH reads the same files as
+    outrig (its ``~`` is the password database's home: when ``HOME`` points elsewhere, it
+    would answer for another configuration) and there is an ``ssh``; else refused."""
+    import subprocess
+
+    client = shutil.which(OPENSSH_G[0])
+    home = openssh_home()
+    same = os.path.realpath(os.path.expanduser("~")) == os.path.realpath(home)
+    if client is None or not same:
+        because = "there is no ssh client here" if client is None else \
+            f"HOME is not {home}, where ssh reads its configuration"
+        raise ConfigError(f"{why} ({because}, so `ssh -G` cannot judge it either). Put a "
+                          f"'Host {name}' block with the route it takes before that line "
+                          f"and leave {name} out of the Match (Match host ...,!{name} ...). "
+                          "Nothing was contacted.") from None
+    argv = [client, *OPENSSH_G[1:], *(["-p", str(port)] if port else []),
+            *(["-l", user] if user else []), "--", name]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"{why}; `ssh -G {name}`, which judges it, failed ({exc}). "
+                          "Nothing was contacted.") from None
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ConfigError(f"{why}; `ssh -G {name}`, which judges it, refused the "
+                          f"configuration: {said}. Nothing was contacted.")
+    reading = _Reading(original=name)
+    source = f"`ssh -G {name}`"
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "identityfile":
+            reading.identity.append(value)
+        elif key in ("proxycommand", "proxyjump"):
+            reading.options.setdefault("proxy", ([key, value], source))
+        elif key in ("hostname", "port", "user", "canonicalizehostname"):
+            reading.options.setdefault(key, ([value.replace("%", "%%")
+                                              if key == "hostname" else value], source))
+    return reading
+
+
+def ssh_route(name: str, *, port: int | None = None, user: str | None = None,
+              identity_file: str | None = None) -> SSHRoute:
+    """Where ``ssh NAME`` (with ``-p PORT -l USER -i KEY`` when given) would connect, read from
+    the SSH configuration as OpenSSH reads it (this module's docstring); no network, and no
+    process unless a ``Match exec``/``localnetwork`` decides (then ``ssh -G`` judges it).
+    Raises :class:`ConfigError` for what cannot be judged."""
+    try:
+        reading = _read_configuration(name, port, user, identity_file)
+    except _Undecidable as why:
+        reading = _openssh_reading(name, port, user, why)
+        if identity_file:
+            reading.identity.insert(0, identity_file)
     canon = reading.options.get("canonicalizehostname")
-    if canon and canon[0][0].lower() != "no":
+    if canon and canon[0][0].lower() not in ("no", "false"):
         raise ConfigError(f"the SSH configuration {canon[1]}: CanonicalizeHostname "
                           f"{canon[0][0]} applies to {name}, and outrig does not canonicalize "
                           "host names; set HostName to the full name instead")

@@ -106,12 +106,32 @@ def test_match_host_originalhost_user_and_final(ssh_dir: Path) -> None:
     assert route.proxy is not None and route.proxy[-1] == "gate"
 
 
-def test_match_exec_is_refused_where_it_decides_and_skipped_where_it_cannot(
+def test_match_exec_is_refused_where_it_decides_and_ssh_G_cannot_judge_it(
         ssh_dir: Path) -> None:
+    """Here HOME is not the password database's home, where ssh reads its files."""
     config = write(ssh_dir, "config", "Match host gpu-* exec \"test -e /x\"\n  ProxyJump gate\n")
     assert ssh_route("other").direct  # host failed first: OpenSSH runs nothing either
-    with pytest.raises(ConfigError, match=f"{config} line 1: 'Match exec' decides"):
+    with pytest.raises(ConfigError, match=f"{config} line 1: 'Match exec' decides") as caught:
         ssh_route("gpu-1")
+    assert "Match host ...,!gpu-1" in str(caught.value)
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client here")
+@pytest.mark.parametrize("test,direct", [("true", False), ("false", True)])
+def test_a_match_exec_that_decides_is_judged_by_ssh_G(
+        ssh_dir: Path, monkeypatch: pytest.MonkeyPatch, test: str, direct: bool) -> None:
+    """Where ssh reads the same files (made so here with -F and the home it reports), OpenSSH
+    runs the exec and its answer is the route."""
+    config = write(ssh_dir, "config", f"Match host gpu-* exec {test}\n  ProxyJump gate\n"
+                                      "Host gpu-*\n  HostName 10.9.9.9\n  Port 2201\n")
+    monkeypatch.setattr(ssh_config, "OPENSSH_G", ("ssh", "-G", "-F", str(config)))
+    monkeypatch.setattr(ssh_config, "openssh_home", lambda: str(Path.home()))
+    route = ssh_route("gpu-1", user="me")
+    assert (route.hostname, route.port, route.user) == ("10.9.9.9", 2201, "me")
+    assert route.direct is direct
+    if not direct:
+        assert route.proxy == ("ssh", "-W", "[10.9.9.9]:2201", "gate")
+        assert route.proxy_source == "ProxyJump in `ssh -G gpu-1`"
 
 
 @pytest.mark.parametrize("text,words", [
