@@ -240,12 +240,28 @@ def host_files(hosts_dir: Path) -> list[str]:
     return sorted(names)
 
 
+NAME_MAX = 250  # a file name's 255 bytes less ".yaml"
+
+
+def _refuse_overlong(spec: str) -> None:
+    """A ``--host`` value no host file, alias or address can be (it ended in ``OSError: File
+    name too long`` from the file look-up): a host name has at most 253 characters, a file
+    name 255 bytes."""
+    longest = max(len(part.encode()) for part in spec.split("/"))
+    if longest > NAME_MAX:
+        raise ConfigError(f"--host {spec[:40]}…: {len(spec)} characters, longer than any host "
+                          "file name, ssh alias or host name can be (a name of at most "
+                          f"{NAME_MAX}); pass a name from hosts/, an ssh alias or "
+                          "user@host:port. Nothing was sent.")
+
+
 def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> Host:
     """Turn a ``--host`` value into a :class:`Host` (no network)."""
     spec = spec.strip()
     if not spec:
         raise ConfigError("--host is empty; pass a name from hosts/, an ssh alias or "
                           "user@host:port")
+    _refuse_overlong(spec)
     if spec == "local":
         return Host(name="local", hostname="localhost", workdir=workdir or DEFAULT_WORKDIR,
                     source="local", is_local=True)
