@@ -126,6 +126,11 @@ def test_param_overrides_reach_the_plan_and_unknown_names_are_refused(
     (["deploy", "--playbook", "a", "--playbook", "b"], "--playbook given twice ('a' and 'b')"),
     (["deploy", "--playbook=a", "--playbook=b"], "--playbook given twice ('a' and 'b')"),
     (["status", "--lines", "3", "--lines", "4"], "--lines given twice"),
+    # the box refused it, after connecting (`--host one` is local: no box at all here)
+    (["status", "--host", "one", "--lines=-1"], "--lines must be from 0 to 10000, not -1"),
+    (["status", "--host", "one", "--lines", "-1"], "--lines must be from 0 to 10000, not -1"),
+    (["status", "--host", "one", "--lines", "10001"], "--lines must be from 0 to 10000"),
+    (["tail-logs", "--host", "one", "--lines=-5"], "--lines must be from 0 to 1000000000, not -5"),
 ])
 def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], flag: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
