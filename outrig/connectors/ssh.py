@@ -28,6 +28,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import select
 import shlex
 import socket
@@ -117,6 +118,17 @@ def probe_port(host: str, port: int, timeout: float) -> tuple[Observation, Obser
     return (Observation(connected, "tcp", True),
             Observation(time.monotonic(), "banner", ok,
                         "" if ok else "the port does not speak SSH"))
+
+
+def retry_notice(error: str) -> str:
+    """``error``'s gist for a retry notice: its first sentence, parenthesised asides removed,
+    cut at its first colon unless what comes before is only the host's name."""
+    previous = None
+    while previous != error:
+        previous, error = error, re.sub(r"\s*\([^()]*\)", "", error)
+    first = re.split(r"\.\s|\.$", error, maxsplit=1)[0]
+    head = first.partition(": ")[0]
+    return (head if " " in head else first).strip()
 
 
 def proxy_socket(route: SSHRoute) -> Any:
@@ -511,7 +523,7 @@ class SSHTransport(Transport):
                 conn.transport.set_keepalive(keepalive_interval_for(self.rtt_hint))
                 return
             pause = retry_pause(self.rtt_hint, attempt)
-            self._notice(str(error).split(" (")[0], pause)
+            self._notice(str(error), pause)
             time.sleep(pause)
 
     def _adopt_early(self, early: EarlyConnect, conn: Any, timeout: float) -> None:
@@ -527,10 +539,12 @@ class SSHTransport(Transport):
         conn.connect_kwargs["sock"] = sock
         self.early_connects += 1
 
-    def _notice(self, what: str, pause: float) -> None:
-        """Tell the user a link failure is being retried (not an error yet)."""
+    def _notice(self, error: str, pause: float) -> None:
+        """Tell the user a link failure is being retried (not an error yet), in a line: the
+        error's first clause without its parentheses ("the link to sandbox dropped during
+        authentication"; cutting at the first parenthesis dropped the verb)."""
         if self.notify is not None:
-            self.notify(f"{what}; retrying in {pause:.1f} s")
+            self.notify(f"{retry_notice(error)}; retrying in {pause:.1f} s")
 
     def _classify(self, conn: Any, exc: BaseException, timeout: float, why: str,
                   spent: float) -> BaseException:
@@ -630,7 +644,7 @@ class SSHTransport(Transport):
                     raise
                 self.link_failures += 1
                 pause = retry_pause(self.best_rtt, attempt)
-                self._notice(str(exc).split(" (")[0], pause)
+                self._notice(str(exc), pause)
             time.sleep(pause)
 
     def _open(self, argv: list[str], window_size: int | None) -> AgentChannel:
