@@ -105,7 +105,6 @@
       }]}
     };
     new uPlot(opts, data, box);
-    if (spec.note) add(box, "p", spec.note, "meta");  /* values no chart can draw */
   }
 
   function sorted(xs, ys) {
@@ -191,8 +190,7 @@
       });
       chart(row, {id: c.id + "-" + kind, kind: kind, title: c.title, metrics: c.metrics,
                   xlabel: kind === "step" ? "step" : TIME_LABEL, tables: tables, labels: labels,
-                  colours: colours, dashes: dashes, markers: kind === "time" ? markers : [],
-                  note: kind === "step" ? c.note : null});
+                  colours: colours, dashes: dashes, markers: kind === "time" ? markers : []});
     });
   });
 
