@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import getpass
 import glob
 import os
 import re
 import shlex
-import shutil
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from outrig.errors import ConfigError
 
@@ -53,9 +51,9 @@ MAX_INCLUDE_DEPTH = 16  # readconf.c, READCONF_MAX_DEPTH
 _SAFE = re.compile(r"[A-Za-z0-9._:@%\[\]-]+")
 
 
-@dataclass(frozen=True)
-class SSHRoute:
-    """Where a connection to one host goes, after the SSH configuration."""
+class SSHRoute(NamedTuple):
+    """Where a connection to one host goes, after the SSH configuration. (Plain classes in
+    this module, no dataclasses: an alias look-up imports it on the warm path.)"""
 
     hostname: str
     port: int
@@ -69,16 +67,22 @@ class SSHRoute:
         return self.proxy is None
 
 
+def local_user() -> str:
+    """This user's login name (OpenSSH's default ``User``); getpass imported only here."""
+    import getpass
+
+    return getpass.getuser()
+
+
 class _Undecidable(ConfigError):
     """A ``Match`` criterion only OpenSSH itself can judge."""
 
 
-@dataclass
 class _Line:
-    path: str
-    number: int
-    key: str
-    args: list[str]
+    __slots__ = ("args", "key", "number", "path")
+
+    def __init__(self, path: str, number: int, key: str, args: list[str]) -> None:
+        self.path, self.number, self.key, self.args = path, number, key, args
 
     @property
     def where(self) -> str:
@@ -172,15 +176,15 @@ def _include_paths(argument: str, system: bool) -> list[str]:
     return sorted(glob.glob(path))
 
 
-@dataclass
 class _Reading:
     """One resolution: the options obtained so far (first wins) and what is being looked up."""
 
-    original: str
-    final: bool = False
-    options: dict[str, tuple[list[str], str]] = field(default_factory=dict)
-    identity: list[str] = field(default_factory=list)
-    wants_final: bool = False
+    def __init__(self, original: str) -> None:
+        self.original = original
+        self.final = False
+        self.options: dict[str, tuple[list[str], str]] = {}
+        self.identity: list[str] = []
+        self.wants_final = False
 
     def read(self, path: str, system: bool, depth: int, stack: tuple[str, ...]) -> None:
         active = True
@@ -264,8 +268,8 @@ class _Reading:
         if criterion == "originalhost":
             return self.original
         if criterion == "user":
-            return self.value("user") or getpass.getuser()
-        return getpass.getuser()
+            return self.value("user") or local_user()
+        return local_user()
 
 
 def _expand(text: str, tokens: dict[str, str], where: str, key: str) -> str:
@@ -326,7 +330,7 @@ def _proxy_argv(reading: _Reading, hostname: str, port: int, user: str | None
         if value and not _SAFE.fullmatch(value):
             raise ConfigError(f"the host name or user {value!r} would enter the {name} of "
                               f"{where} as shell text; outrig refuses it (so does OpenSSH)")
-    tokens = {"h": hostname, "p": str(port), "r": user or getpass.getuser(),
+    tokens = {"h": hostname, "p": str(port), "r": user or local_user(),
               "n": reading.original, "%": "%"}
     if key == "proxyjump":
         argv = _jump_argv(" ".join(args), where)
@@ -371,6 +375,7 @@ def _openssh_reading(name: str, port: int | None, user: str | None,
     ``localnetwork``): one process (a few ms). Only where OpenSSH reads the same files as
     outrig (its ``~`` is the password database's home: when ``HOME`` points elsewhere, it
     would answer for another configuration) and there is an ``ssh``; else refused."""
+    import shutil
     import subprocess
 
     client = shutil.which(OPENSSH_G[0])
@@ -434,8 +439,8 @@ def ssh_route(name: str, *, port: int | None = None, user: str | None = None,
     number = _port(found[0][0], found[1]) if found else 22
     found = reading.options.get("user")
     login = found[0][0] if found else None
-    tokens = {"h": hostname, "p": str(number), "r": login or getpass.getuser(),
-              "u": getpass.getuser(), "d": os.path.expanduser("~"), "n": name, "%": "%"}
+    tokens = {"h": hostname, "p": str(number), "r": login or local_user(),
+              "u": local_user(), "d": os.path.expanduser("~"), "n": name, "%": "%"}
     keys = []
     for key in reading.identity:
         with contextlib.suppress(ConfigError):
