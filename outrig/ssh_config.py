@@ -74,8 +74,9 @@ def local_user() -> str:
     return getpass.getuser()
 
 
-class _Undecidable(ConfigError):
-    """A ``Match`` criterion only OpenSSH itself can judge."""
+class _Undecidable(Exception):
+    """A ``Match`` criterion only OpenSSH itself can judge: never leaves this module
+    (:func:`ssh_route` asks ``ssh -G``, or raises a :class:`ConfigError` with it)."""
 
 
 class _Line:
