@@ -100,3 +100,15 @@ def test_an_alias_defined_only_in_an_included_file_resolves(
         "Host only-included\n  HostName 127.0.0.1\n")
     host = resolve_host("only-included", hosts_dir=box_project / "nohosts")
     assert host.hostname == "only-included" and host.source == "~/.ssh/config"
+
+
+def test_the_keepers_connection_goes_through_the_proxy_too(
+        through_relay: tuple[Path, Any], keeping: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The warm path: the keeper (another process) connects through the relay, and the
+    second command rides its connection: one connection in all, relayed."""
+    count, proxy = through_relay
+    for _ in range(2):
+        code, _, err = outrig(["status", "--host", "X"], capsys)
+        assert code == 0, err
+    assert proxy.accepted == len(relayed(count)) == 1, (proxy.accepted, relayed(count))
