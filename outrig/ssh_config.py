@@ -455,14 +455,21 @@ def ssh_route(name: str, *, port: int | None = None, user: str | None = None,
 _SETTING = re.compile(r"(\w+)(?:\s*=\s*|\s+)(.+)")  # paramiko/config.py, SETTINGS_REGEX
 
 
-def config_host_names(path: str | None = None, depth: int = 0) -> set[str]:
-    """The concrete ``Host`` names (no wildcards, no negation) of the user's SSH configuration,
-    its ``Include`` files followed (whatever block the line sits in): what an alias given to
-    ``--host`` can be. Read as text, cheaply (no process, no paramiko: a command through a
-    live keeper never imports it). Lines are read as paramiko reads them (``KEY VALUE`` or
-    ``KEY=VALUE``, any case, a ``Host`` line's names split as a shell splits words), and a
-    line that does not parse makes that file give no names (ssh refuses such a file)."""
-    path = path or os.path.expanduser(USER_CONFIG)
+def config_host_names(path: str | None = None) -> set[str]:
+    """The concrete ``Host`` names (no wildcards, no negation) of the SSH configuration (the
+    user's file and the system's, or only ``path``), their ``Include`` files followed
+    (whatever block the line sits in): what an alias given to ``--host`` can be. Read as
+    text, cheaply (no process, no paramiko). Lines are read as paramiko reads them (``KEY
+    VALUE`` or ``KEY=VALUE``, any case, a ``Host`` line's names split as a shell splits
+    words), and a line that does not parse makes that file give no names (ssh refuses such a
+    file)."""
+    if path is not None:
+        return _names_in(path, False, 0)
+    return _names_in(os.path.expanduser(USER_CONFIG), False, 0) | \
+        _names_in(SYSTEM_CONFIG, True, 0)
+
+
+def _names_in(path: str, system: bool, depth: int) -> set[str]:
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
@@ -488,8 +495,8 @@ def config_host_names(path: str | None = None, depth: int = 0) -> set[str]:
             names.update(w for w in words if not any(c in w for c in "*?!"))
         elif depth < MAX_INCLUDE_DEPTH:
             for argument in words:
-                for found in _include_paths(argument, False):
-                    included |= config_host_names(found, depth + 1)
+                for found in _include_paths(argument, system):
+                    included |= _names_in(found, system, depth + 1)
     return names | included
 
 

@@ -161,10 +161,13 @@ def test_words_split_as_openssh_splits_them() -> None:
     assert split_words('nc "a b" \'c d\' e\\ f # trailing', "here") == ["nc", "a b", "c d", "e f"]
 
 
-def test_aliases_come_from_included_files(ssh_dir: Path) -> None:
+def test_aliases_come_from_included_files_and_the_system_file(ssh_dir: Path,
+                                                              tmp_path: Path) -> None:
     write(ssh_dir, "config", "Include conf.d/*\nHost top\n")
     write(ssh_dir, "conf.d/a", "Host only-included other-*\n")
-    assert ssh_config_hostnames() == {"top", "only-included"}
+    write(tmp_path / "etc", "ssh_config", f"Include {tmp_path / 'etc' / 'd'}/*.conf\n")
+    write(tmp_path / "etc" / "d", "corp.conf", "Host corp-gate\n")
+    assert ssh_config_hostnames() == {"top", "only-included", "corp-gate"}
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client here")
