@@ -38,6 +38,10 @@ from outrig.taskspec import task
 if TYPE_CHECKING:
     from outrig.cli.targets import NodeJob, OneHost
 
+# the agent's own limits (remote/agent/status.py, follow.py): refused here, before connecting
+STATUS_LINES_MAX = 10000
+TAIL_LINES_MAX = 10**9
+
 
 @task(
     auto_shortflags=False,
@@ -194,7 +198,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     from outrig.cli.targets import select
     from outrig.ops.status import status as run_status
 
-    count = int(number(lines, "lines", 5))
+    count = int(number(lines, "lines", 5, least=0, most=STATUS_LINES_MAX))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json, gpus)
     target = select(settings, reporter, host, run=run, playbook=playbook,
@@ -255,7 +259,8 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
     from outrig.cli.targets import select
     from outrig.ops.logs import tail_logs as run_tail
 
-    count = None if lines is None else int(number(lines, "lines", 100))
+    count = None if lines is None else int(number(lines, "lines", 100, least=0,
+                                                  most=TAIL_LINES_MAX))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     processes = list(process or [])

@@ -64,6 +64,7 @@ from outrig.ops.status import (
     read_answer,
     remember_progress,
 )
+from outrig.ops.watch_lock import WatchLock
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 from outrig.watchlines import crash_hint, death_hint, heartbeat_line
@@ -653,7 +654,8 @@ def opened(session: HostSession) -> Iterator[HostSession]:
 
 
 def open_record(project: Project, journal: Journal, host_spec: str, playbook: str,
-                options: WatchOptions, reporter: Reporter) -> WatchRecord:
+                options: WatchOptions, reporter: Reporter,
+                lock: WatchLock | None = None) -> WatchRecord:
     """The watch's record, by docs/cli.md's rule ("Which run a command means").
 
     The run to follow is ``--run``, else the playbook's current run, asked of the box the
@@ -663,7 +665,8 @@ def open_record(project: Project, journal: Journal, host_spec: str, playbook: st
     may be dead), and it says so; flags given on this command line replace what it saved
     (``--spare``, ``--restarts``). A saved watch of another run (one a redeploy stopped on
     purpose) is marked ``superseded`` and a new watch follows the current run with this
-    command line's flags."""
+    command line's flags. ``lock`` claims the run (and the saved watch) before anything is
+    written: a second watch of it is refused (:mod:`outrig.ops.watch_lock`)."""
     found = find_watch(journal, host_spec, playbook)
     saved = None if found is None else found[1]
     where = host_spec if saved is None else str(saved.get("host") or host_spec)
@@ -683,8 +686,12 @@ def open_record(project: Project, journal: Journal, host_spec: str, playbook: st
                           f"cannot say which run of {playbook} is current: carrying on the "
                           "saved watch")
     if found is not None and (run_id is None or run_id == found[1].get("run_id")):
+        if lock is not None:
+            lock.claim(str(found[1].get("run_id")), found[0])
         return carry_on(found[0], found[1], playbook, options, reporter)
     assert run_id is not None
+    if lock is not None:
+        lock.claim(run_id, *([found[0]] if found else []), watch_file(journal, where, playbook))
     if found is not None:
         path, data = found
         WatchRecord(path, data).update(status="superseded", superseded_by=run_id)
@@ -754,10 +761,15 @@ def watch(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
         raise ConfigError("--threshold must be more than 0 seconds (default 60)")
     journal = journal or Journal()
     notifier = notifier or Notifier(None, reporter)
-    record = open_record(project, journal, host_spec, playbook, options, reporter)
-    reporter.info(f"• watching {record['run_id']} on {record['host']}"
-                  + (f" (spares: {', '.join(record['spares'])})" if record["spares"] else ""))
+    lock = WatchLock(journal)  # one watch per run, held until this one ends
     try:
-        return Watcher(project, reporter, journal, notifier, record, options, stop).run()
+        record = open_record(project, journal, host_spec, playbook, options, reporter, lock)
+        reporter.info(f"• watching {record['run_id']} on {record['host']}"
+                      + (f" (spares: {', '.join(record['spares'])})" if record["spares"]
+                         else ""))
+        try:
+            return Watcher(project, reporter, journal, notifier, record, options, stop).run()
+        finally:
+            notifier.close(timeout=60)
     finally:
-        notifier.close(timeout=60)
+        lock.release()
