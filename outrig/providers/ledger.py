@@ -22,11 +22,12 @@ from outrig.journal import Journal
 LIVE = ("creating", "starting", "ready")
 
 
-def begin(journal: Journal, key: str, *, provider: str, project: str, offer: dict[str, Any],
-          price: float, why: str, for_run: str | None = None) -> None:
-    """Record a rent about to be asked for (before the provider's create call)."""
+def begin(journal: Journal, key: str, *, name: str, provider: str, project: str,
+          offer: dict[str, Any], price: float, why: str, for_run: str | None = None) -> None:
+    """Record a rent about to be asked for (before the provider's create call). ``key`` is
+    this attempt's own (a box name may be tried on several offers); ``name`` the box's."""
     journal.record_rental(key, {
-        "key": key, "name": key, "provider": provider, "project": project, "offer": offer,
+        "key": key, "name": name, "provider": provider, "project": project, "offer": offer,
         "price_per_hour": price, "state": "creating", "created_at": time.time(),
         "why": why, "for_run": for_run, "instance_id": None})
 
@@ -66,7 +67,9 @@ def uptime(record: dict[str, Any], now: float) -> float:
 
 
 def box_cost(record: dict[str, Any], now: float) -> float:
-    """US dollars so far: price × uptime."""
+    """US dollars so far: price × uptime (nothing for a create the provider refused)."""
+    if not record.get("instance_id") and record.get("state") not in LIVE:
+        return 0.0
     return float(record.get("price_per_hour") or 0.0) * uptime(record, now) / 3600.0
 
 

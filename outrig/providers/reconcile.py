@@ -45,7 +45,7 @@ def reconcile(project: Project, journal: Journal,
         for record in ledger.live([r for r in records if r.get("provider") == name]):
             key = str(record["key"])
             instance = by_id.get(str(record.get("instance_id"))) if record.get(
-                "instance_id") else by_name.get(key)
+                "instance_id") else by_name.get(str(record.get("name")))
             if instance is None:
                 if record.get("state") != "creating" or time.time() - float(
                         record.get("created_at") or 0) > 600:
@@ -76,9 +76,9 @@ def _document(project: Project, journal: Journal, states: dict[tuple[str, str], 
         runs = [{"run_id": r.get("run_id"), "status": r.get("status"),
                  "moved": bool(r.get("moved_to")),
                  "cost": _round(ledger.run_cost(r, record, now))}
-                for r in journal.runs(host=key)]
+                for r in journal.runs(host=str(record.get("name")))]
         boxes.append({
-            "name": key, "provider": record.get("provider"),
+            "name": record.get("name"), "key": key, "provider": record.get("provider"),
             "instance_id": record.get("instance_id"), "state": record.get("state"),
             "provider_state": instance.state if instance else None,
             "price_per_hour": record.get("price_per_hour"),

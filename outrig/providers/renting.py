@@ -152,13 +152,13 @@ def _try_offer(project: Project, journal: Journal, provider: Provider, offer: Of
                tried: list[str]) -> dict[str, Any] | None:
     """One offer: create (a sold-out offer asked again once), wait for SSH, check. The box is
     terminated and None returned when it fails; the reason is added to ``tried``."""
-    key = name
     offer_doc = {"offer_id": offer.offer_id, "gpus": offer.gpus, "gpu_name": offer.gpu_name,
                  "where": offer.where}
     start = time.monotonic()
     instance = None
     for attempt in range(CAPACITY_TRIES):
-        ledger.begin(journal, key, provider=provider.name, project=str(project.root),
+        key = f"{name}.{secrets.token_hex(3)}"  # this attempt's record
+        ledger.begin(journal, key, name=name, provider=provider.name, project=str(project.root),
                      offer=offer_doc, price=offer.price_per_hour, why=why, for_run=for_run)
         send("rent_started", provider=provider.name, offer=offer.offer_id, box=name,
              price_per_hour=offer.price_per_hour, attempt=attempt + 1)
@@ -206,8 +206,8 @@ def _terminate(provider: Provider, journal: Journal, key: str, instance_id: str,
     provider.terminate(instance_id)
     ledger.finish(journal, key, "released", why)
     record = journal.rental(key) or {}
-    send("released", provider=provider.name, box=key, instance_id=instance_id, why=why,
-         cost=round(ledger.box_cost(record, time.time()), 4),
+    send("released", provider=provider.name, box=record.get("name"), instance_id=instance_id,
+         why=why, cost=round(ledger.box_cost(record, time.time()), 4),
          seconds=round(ledger.uptime(record, time.time()), 3))
 
 
