@@ -91,3 +91,51 @@ def run_cost(run: dict[str, Any], rental: dict[str, Any], now: float) -> float |
 
 def spent(records: list[dict[str, Any]], now: float) -> float:
     return sum(box_cost(r, now) for r in records)
+
+
+def rental_of(journal: Journal, host: str, at: float | None) -> dict[str, Any] | None:
+    """The rental whose box was the host ``host`` at time ``at`` (a run's start): the newest
+    one created before it, live or ended."""
+    found = [r for r in journal.rentals() if r.get("name") == host
+             and (at is None or float(r.get("created_at") or 0) <= at + 1)]
+    return found[-1] if found else None
+
+
+def annotate_costs(journal: Journal, rows: list[dict[str, Any]], now: float) -> None:
+    """Add ``cost`` {usd, price_per_hour, provider} to each row (a run of ``outrig runs``,
+    with run_id and host) that ran on a rented box."""
+    for row in rows:
+        record = journal.run(str(row.get("run_id"))) or {}
+        created = record.get("created")
+        rental = rental_of(journal, str(row.get("host")),
+                           float(created) if isinstance(created, (int, float)) else None)
+        if rental is None:
+            continue
+        usd = run_cost(record, rental, now)
+        if usd is not None:
+            row["cost"] = {"usd": round(usd, 4), "price_per_hour": rental.get("price_per_hour"),
+                           "provider": rental.get("provider")}
+
+
+def rental_summary(journal: Journal, host: str, now: float) -> dict[str, Any] | None:
+    """What ``status`` shows of a rented box: provider, id, price, uptime, cost so far."""
+    record = for_host(journal, host)
+    if record is None:
+        return None
+    return {"provider": record.get("provider"), "instance_id": record.get("instance_id"),
+            "price_per_hour": record.get("price_per_hour"),
+            "uptime_s": round(uptime(record, now), 3), "cost": round(box_cost(record, now), 4)}
+
+
+def rental_lines(summary: dict[str, Any] | None) -> list[str]:
+    if not summary:
+        return []
+    cost = money(float(summary["cost"]))
+    return [f"rented from {summary['provider']} ({summary['instance_id']}) at "
+            f"${float(summary['price_per_hour'] or 0):.2f}/h: up "
+            f"{float(summary['uptime_s']) / 3600:.2f} h, {cost} so far (outrig boxes)"]
+
+
+def money(usd: float) -> str:
+    """US dollars: cents, or hundredths of a cent below one cent (a sandbox minute)."""
+    return f"${usd:.2f}" if usd >= 0.01 or usd == 0 else f"${usd:.4f}"

@@ -112,13 +112,14 @@ def boxes_lines(doc: dict[str, Any], *, show_all: bool = False) -> list[str]:
         headers = ["box", "provider", "state", "up", "$/h", "cost"]
         rows = [[b["name"], f"{b['provider']} {b['instance_id'] or '-'}",
                  _state_text(b), format_duration(float(b["uptime_s"])),
-                 f"{float(b['price_per_hour'] or 0):.2f}", f"${b['cost']:.2f}"] for b in shown]
+                 f"{float(b['price_per_hour'] or 0):.2f}", ledger.money(b["cost"])]
+                for b in shown]
         header, lines = columns(headers, rows)
         out.append(header)
         for box, line in zip(shown, lines, strict=False):
             out.append(line)
             for run in box["runs"]:
-                cost = "" if run["cost"] is None else f", ${run['cost']:.2f}"
+                cost = "" if run["cost"] is None else f", {ledger.money(run['cost'])}"
                 out.append(f"    run {run['run_id']} ({run['status']}"
                            f"{', moved' if run['moved'] else ''}{cost})")
     for orphan in doc["orphans"]:
@@ -127,7 +128,7 @@ def boxes_lines(doc: dict[str, Any], *, show_all: bool = False) -> list[str]:
                    f"it in the provider's console if it is yours")
     for name, error in doc["unreachable"].items():
         out.append(f"{name} did not answer ({error}); its boxes are shown as last recorded")
-    out.append(f"now ${doc['hourly']:.2f}/h; spent ${doc['total_cost']:.2f} in all")
+    out.append(f"now ${doc['hourly']:.2f}/h; spent {ledger.money(doc['total_cost'])} in all")
     return out
 
 

@@ -9,6 +9,7 @@ The tests wait for events and records, never for a time."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -27,6 +28,8 @@ from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
+from outrig.ops.history import runs_history
+from outrig.ops.status import status
 from outrig.ops.watch import WatchOptions
 from outrig.providers import sandbox as market
 from outrig.providers.budget import BudgetRefused
@@ -246,6 +249,16 @@ def test_a_rented_box_dies_under_watch_spare_auto_and_the_run_resumes_on_a_rente
         assert by_name[new_box]["runs"][0]["run_id"] == resumed["run_id"]
         old = journal.run(first.plan.run_id) or {}
         assert old["cost"]["usd"] > 0 and old["cost"]["box"] == "a"
+        shown = io.StringIO()
+        history = runs_history(project, Reporter(out=shown, err=io.StringIO()),
+                               journal=journal)
+        costs = {r["run_id"]: r.get("cost") for r in history["runs"]}
+        assert costs[first.plan.run_id]["usd"] > 0 and costs[resumed["run_id"]]["usd"] > 0
+        assert "cost $" in shown.getvalue() and "(rented at $2.10/h)" in shown.getvalue()
+        looked = io.StringIO()
+        status(project, new_box, Reporter(out=looked, err=io.StringIO()),
+               journal=journal)
+        assert "rented from sandbox" in looked.getvalue() and "so far" in looked.getvalue()
         running.end()
         assert running.error is None
     finally:
