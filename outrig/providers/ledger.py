@@ -101,6 +101,17 @@ def rental_of(journal: Journal, host: str, at: float | None) -> dict[str, Any] |
     return found[-1] if found else None
 
 
+def runs_during(journal: Journal, rental: dict[str, Any]) -> list[dict[str, Any]]:
+    """The journal's runs on the rental's box that started while it was rented (a box name
+    can be rented again later, or tried on an offer that failed)."""
+    if not rental.get("ready_at") and rental.get("state") != "ready":
+        return []
+    start = float(rental.get("created_at") or 0)
+    end = ended_at(rental) or float("inf")
+    return [r for r in journal.runs(host=str(rental.get("name")))
+            if isinstance(r.get("created"), (int, float)) and start <= r["created"] <= end]
+
+
 def annotate_costs(journal: Journal, rows: list[dict[str, Any]], now: float) -> None:
     """Add ``cost`` {usd, price_per_hour, provider} to each row (a run of ``outrig runs``,
     with run_id and host) that ran on a rented box."""

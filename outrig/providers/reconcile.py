@@ -76,7 +76,7 @@ def _document(project: Project, journal: Journal, states: dict[tuple[str, str], 
         runs = [{"run_id": r.get("run_id"), "status": r.get("status"),
                  "moved": bool(r.get("moved_to")),
                  "cost": _round(ledger.run_cost(r, record, now))}
-                for r in journal.runs(host=str(record.get("name")))]
+                for r in ledger.runs_during(journal, record)]
         boxes.append({
             "name": record.get("name"), "key": key, "provider": record.get("provider"),
             "instance_id": record.get("instance_id"), "state": record.get("state"),
@@ -120,8 +120,8 @@ def boxes_lines(doc: dict[str, Any], *, show_all: bool = False) -> list[str]:
             out.append(line)
             for run in box["runs"]:
                 cost = "" if run["cost"] is None else f", {ledger.money(run['cost'])}"
-                out.append(f"    run {run['run_id']} ({run['status']}"
-                           f"{', moved' if run['moved'] else ''}{cost})")
+                state = "moved" if run["moved"] else run["status"]
+                out.append(f"    run {run['run_id']} ({state}{cost})")
     for orphan in doc["orphans"]:
         out.append(f"orphan: {orphan['provider']} has {orphan['instance_id']} "
                    f"({orphan['name']}, {orphan['state']}) that outrig has no record of; end "

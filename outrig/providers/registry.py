@@ -15,6 +15,7 @@ from outrig.providers.base import Provider
 
 PROVIDERS = {
     "sandbox": "outrig.providers.sandbox:SandboxProvider",
+    "vastai": "outrig.providers.vastai:VastProvider",
 }
 
 
@@ -40,4 +41,4 @@ def get_provider(name: str, root: Path) -> Provider:
                           f"{', '.join(sorted(PROVIDERS))}. Nothing was rented.")
     module_name, _, class_name = PROVIDERS[name].partition(":")
     factory = getattr(importlib.import_module(module_name), class_name)
-    return cast(Provider, factory(provider_settings(root, name)))
+    return cast(Provider, factory(provider_settings(root, name), root))

@@ -161,7 +161,9 @@ def _try_offer(project: Project, journal: Journal, provider: Provider, offer: Of
         ledger.begin(journal, key, name=name, provider=provider.name, project=str(project.root),
                      offer=offer_doc, price=offer.price_per_hour, why=why, for_run=for_run)
         send("rent_started", provider=provider.name, offer=offer.offer_id, box=name,
-             price_per_hour=offer.price_per_hour, attempt=attempt + 1)
+             price_per_hour=offer.price_per_hour, attempt=attempt + 1,
+             why=f"asking {provider.name} for {name}: offer {offer.offer_id} "
+                 f"({offer.gpus}x {offer.gpu_name}) at ${offer.price_per_hour:.2f}/h")
         try:
             instance = provider.create(offer, request)
             break
@@ -195,7 +197,9 @@ def _try_offer(project: Project, journal: Journal, provider: Provider, offer: Of
     ledger.update(journal, key, state="ready", ready_at=time.time(), host_file=str(host_file),
                   ready_seconds=seconds)
     send("rented", provider=provider.name, box=name, instance_id=instance.instance_id,
-         price_per_hour=offer.price_per_hour, seconds=seconds)
+         price_per_hour=offer.price_per_hour, seconds=seconds,
+         why=f"{name} ({provider.name} {instance.instance_id}) at "
+             f"${offer.price_per_hour:.2f}/h, answering and checked in {seconds:.1f}s")
     return {"name": name, "host_file": str(host_file), "provider": provider.name,
             "instance_id": instance.instance_id, "price_per_hour": offer.price_per_hour,
             "offer": offer.offer_id}
@@ -206,9 +210,11 @@ def _terminate(provider: Provider, journal: Journal, key: str, instance_id: str,
     provider.terminate(instance_id)
     ledger.finish(journal, key, "released", why)
     record = journal.rental(key) or {}
+    cost = ledger.box_cost(record, time.time())
     send("released", provider=provider.name, box=record.get("name"), instance_id=instance_id,
-         why=why, cost=round(ledger.box_cost(record, time.time()), 4),
-         seconds=round(ledger.uptime(record, time.time()), 3))
+         cost=round(cost, 4), seconds=round(ledger.uptime(record, time.time()), 3),
+         why=f"{record.get('name')} ({provider.name} {instance_id}) terminated after "
+             f"{ledger.uptime(record, time.time()):.0f}s, {ledger.money(cost)}: {why}")
 
 
 def living_runs(journal: Journal, name: str) -> list[str]:
@@ -247,6 +253,9 @@ def release(project: Project, box: str, *, force: bool = False, journal: Journal
     else:
         ledger.finish(journal, str(record["key"]), "released", why + " (never created)")
     record_run_costs(journal, journal.rental(str(record["key"])) or record)
+    for run in journal.moved_runs(box):  # nothing of them runs on a terminated box
+        if not run.get("fenced") and run.get("run_id"):
+            journal.mark_fenced(str(run["run_id"]), stopped=[])
     host_file = project.hosts_dir / f"{box}.yaml"
     if _rented_host_file(host_file):
         host_file.unlink()
@@ -268,7 +277,7 @@ def _rented_host_file(path: Path) -> bool:
 def record_run_costs(journal: Journal, rental: dict[str, Any]) -> None:
     """Write each run's share of the box's bill into the run's journal record (``cost``)."""
     now = time.time()
-    for run in journal.runs(host=str(rental.get("name"))):
+    for run in ledger.runs_during(journal, rental):
         cost = ledger.run_cost(run, rental, now)
         if cost is not None and run.get("run_id"):
             journal.record_run(str(run["run_id"]), {"cost": {

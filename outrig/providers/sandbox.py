@@ -99,8 +99,9 @@ class SandboxProvider:
 
     name = NAME
 
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: dict[str, Any] | None = None, root: Path | None = None) -> None:
         self.config = dict(config or {})
+        del root  # the sandbox needs nothing of the project
 
     def search(self, spec: GpuSpec, max_price: float | None) -> list[Offer]:
         offers = [Offer(NAME, str(o["id"]), int(o["gpus"]), str(o["gpu_name"]),

@@ -32,6 +32,7 @@ from outrig.ops.history import runs_history
 from outrig.ops.status import status
 from outrig.ops.watch import WatchOptions
 from outrig.providers import sandbox as market
+from outrig.providers.base import CreateRequest, parse_gpus
 from outrig.providers.budget import BudgetRefused
 from outrig.providers.reconcile import boxes_lines, reconcile
 from outrig.providers.renting import release, rent
@@ -175,16 +176,14 @@ def test_boxes_marks_gone_and_orphans_and_release_refuses_a_box_with_our_run(
     lost = rent(project, "sandbox", "8xH100", name="lost", journal=journal)
     provider = market.SandboxProvider()
     provider.terminate(lost["instance_id"])  # ended behind outrig's back
-    from outrig.providers.base import CreateRequest
-    stray = provider.create(provider.search(__import__("outrig.providers.base").providers
-                                            .base.parse_gpus("8xH100"), None)[0],
+    stray = provider.create(provider.search(parse_gpus("8xH100"), None)[0],
                             CreateRequest(name="outrig-stray"))  # outrig never recorded it
     doc = reconcile(project, journal)
     states = {b["name"]: b["state"] for b in doc["boxes"]}
     assert states == {"kept": "ready", "lost": "gone"}
     assert [o["instance_id"] for o in doc["orphans"]] == [stray.instance_id]
     journal.record_run("r1", {"run_id": "r1", "host": "kept", "status": "running",
-                              "created": time.time() - 60})
+                              "created": time.time()})
     with pytest.raises(ConfigError, match="still has run\\(s\\) of ours: r1"):
         release(project, "kept", journal=journal)
     assert [i.instance_id for i in provider.list() if i.instance_id == kept["instance_id"]]
@@ -237,9 +236,11 @@ def test_a_rented_box_dies_under_watch_spare_auto_and_the_run_resumes_on_a_rente
             (project.hosts_dir / f"{new_box}.yaml").read_text())["workdir"])
         assert f"Resuming training on epoch {checkpoint + 1}" in \
             resumed_log(b_workdir, resumed["run_id"])
-        record = running.wait_record(lambda r: r.get("host") == new_box)
+        record = running.wait_record(lambda r: r.get("host") == new_box and bool(
+            r.get("moved")) and r["moved"][0].get("stopped") == "box released")
         assert record["spares"] == ["auto"], "auto stays for a next death"
-        assert record["moved"][0]["stopped"] == "box released"
+        assert (journal.run(first.plan.run_id) or {}).get("fenced"), \
+            "a run on a terminated box is fenced in the journal"
         assert [i.instance_id for i in market.SandboxProvider().list()] == \
             [str(rented["instance_id"])], "the dead box is terminated; the new one runs"
         doc = reconcile(project, journal)
@@ -273,11 +274,12 @@ def test_outrig_boxes_and_release_from_the_command_line(project: Project) -> Non
     market.set_market(offers=offers(1))
     done = outrig(project, "rent", "--provider", "sandbox", "--gpus", "8xH100", "--name", "c")
     assert done.returncode == 0, done.stderr
-    assert "rented c from sandbox" in done.stdout and "$2.10/h" in done.stdout
+    said = done.stdout + done.stderr
+    assert "rented c from sandbox" in said and "$2.10/h" in said
     shown = outrig(project, "boxes")
     assert shown.returncode == 0 and "c " in shown.stdout and "ready" in shown.stdout
     gone = outrig(project, "release", "c")
-    assert gone.returncode == 0 and "released c" in gone.stdout, gone.stderr
+    assert gone.returncode == 0 and "released c" in gone.stdout + gone.stderr, gone.stderr
     assert market.SandboxProvider().list() == []
     with pytest.raises(OutrigError):
         release(project, "c")
