@@ -16,8 +16,9 @@ from outrig.taskspec import task
 
 @task(
     auto_shortflags=False,
-    help={"provider": "where to rent: vastai, or sandbox (boxes on this machine, for trying "
-                      "outrig); keys and settings in outrig.yaml, see docs/providers.md",
+    help={"provider": "where to rent: runpod, vastai, or sandbox (boxes on this machine, "
+                      "for trying outrig); keys and settings in outrig.yaml, see "
+                      "docs/providers.md",
           "gpus": "COUNTxMODEL, e.g. 8xH100 (the model matched as a word of the offer's GPU "
                   "name)",
           "max_price": "US dollars per hour the box may cost at most (default: the cheapest "

@@ -14,6 +14,7 @@ from outrig.errors import ConfigError
 from outrig.providers.base import Provider
 
 PROVIDERS = {
+    "runpod": "outrig.providers.runpod:RunPodProvider",
     "sandbox": "outrig.providers.sandbox:SandboxProvider",
     "vastai": "outrig.providers.vastai:VastProvider",
 }

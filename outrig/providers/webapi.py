@@ -52,17 +52,18 @@ class JsonApi:
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             decoded = _decode(raw)
-            raise HttpError(self._clean(f"{self.provider} {method} {path} answered HTTP "
+            raise HttpError(self.clean(f"{self.provider} {method} {path} answered HTTP "
                                         f"{exc.code}: {_message(decoded)}"),
                             exc.code, decoded) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise ProviderError(self._clean(f"{self.provider} {method} {path} failed: "
+            raise ProviderError(self.clean(f"{self.provider} {method} {path} failed: "
                                             f"{reason}; check the network and try again")
                                 ) from None
         return _decode(raw)
 
-    def _clean(self, text: str) -> str:
+    def clean(self, text: str) -> str:
+        """``text`` with the key replaced by ``***``."""
         return text.replace(self.key.value, "***") if self.key.value else text
 
 
