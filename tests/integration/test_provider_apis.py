@@ -28,6 +28,7 @@ from outrig.providers.base import (
     Instance,
     NeverAnswered,
     NoCapacity,
+    ProviderError,
     parse_gpus,
 )
 from outrig.providers.registry import get_provider
@@ -256,3 +257,118 @@ def test_a_missing_or_readable_key_is_bad_input_and_nothing_is_rented(
     assert server.requests[-1]["headers"]["Authorization"] == f"Bearer {KEY}", \
         "the key came from the 0600 file"
     assert not any(r["method"] == "PUT" for r in server.requests), "nothing was rented"
+
+
+# ---------------------------------------------------------------------------------- RunPod
+# runpod-python 1.12.0: POST {base}/graphql {"query"} with a Bearer key (graphql.py 33-43);
+# HTTP 401 is a bad key (45-48); {"errors": [{"message"}]} an error (50-51); data per query:
+# gpuTypes (queries/gpus.py 5-44), myself.pods (queries/pods.py 5-44),
+# podFindAndDeployOnDemand (mutations/pods.py 130-149), podTerminate (186-195).
+GPU_TYPES = {"data": {"gpuTypes": [
+    {"id": "NVIDIA H100 80GB HBM3", "displayName": "H100 SXM", "memoryInGb": 80,
+     "lowestPrice": {"uninterruptablePrice": 2.69}},
+    {"id": "NVIDIA H100 PCIe", "displayName": "H100 PCIe", "memoryInGb": 80,
+     "lowestPrice": {"uninterruptablePrice": 2.39}},
+    {"id": "NVIDIA A100 80GB PCIe", "displayName": "A100 PCIe", "memoryInGb": 80,
+     "lowestPrice": {"uninterruptablePrice": 1.19}},
+    {"id": "NVIDIA H200", "displayName": "H200 SXM", "memoryInGb": 141,
+     "lowestPrice": {"uninterruptablePrice": None}},  # none free with 8 now
+]}}
+NO_CAPACITY = {"errors": [{"message": "There are no longer any instances available with the "
+                                      "requested specifications. Please refresh and try "
+                                      "again."}]}
+
+
+class RunPodServer(VastServer):
+    """Answers as RunPod's GraphQL endpoint does."""
+
+    def route(self, method: str, path: str) -> tuple[int, Any]:
+        query = str((self.requests[-1]["body"] or {}).get("query") or "")
+        if method != "POST" or path != "/graphql":
+            return 404, "not found"
+        for word in ("gpuTypes", "podFindAndDeployOnDemand", "myself", "podTerminate"):
+            if word in query and self.script.get(word):
+                return self.script[word].pop(0)
+        if "gpuTypes" in query:
+            return 200, GPU_TYPES
+        if "myself" in query:
+            return 200, {"data": {"myself": {"pods": self.instances}}}
+        if "podTerminate" in query:
+            self.instances = [p for p in self.instances if f'"{p["id"]}"' not in query]
+            return 200, {"data": {"podTerminate": None}}
+        return 200, {"errors": [{"message": "unexpected query"}]}
+
+
+@pytest.fixture
+def runpod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RunPodServer,
+                                                                             Path]]:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+    server = RunPodServer()
+    root = tmp_path / "proj"
+    (root / "hosts").mkdir(parents=True)
+    (root / "outrig.yaml").write_text(yaml.safe_dump(
+        {"providers": {"runpod": {"url": server.url, "poll_seconds": 0.1}}}))
+    yield server, root
+    server.http.shutdown()
+
+
+def test_runpod_offers_a_gpu_type_priced_for_the_count_and_deploys_with_full_ssh(
+        runpod: tuple[RunPodServer, Path], sandbox: SandboxBox) -> None:
+    server, root = runpod
+    provider = get_provider("runpod", root)
+    offers = provider.search(parse_gpus("8xH100"), None)
+    assert [(o.offer_id, o.price_per_hour) for o in offers] == [
+        ("NVIDIA H100 PCIe", 19.12), ("NVIDIA H100 80GB HBM3", 21.52)]
+    assert "gpuCount: 8" in server.requests[0]["body"]["query"]
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert provider.search(parse_gpus("8xH200"), None) == [], "no price: no offer"
+    server.script["podFindAndDeployOnDemand"] = [
+        (200, NO_CAPACITY), (200, {"data": {"podFindAndDeployOnDemand": {
+            "id": "abc123xyz", "machineId": "m1"}}})]
+    with pytest.raises(NoCapacity, match="no longer any instances available"):
+        provider.create(offers[0], CreateRequest(name="outrig-h100-cd34", disk_gb=300))
+    pod = provider.create(offers[0], CreateRequest(name="outrig-h100-cd34", disk_gb=300))
+    assert pod.instance_id == "abc123xyz"
+    query = server.requests[-1]["body"]["query"]
+    for part in ('name: "outrig-h100-cd34"', 'gpuTypeId: "NVIDIA H100 PCIe"', "gpuCount: 8",
+                 "supportPublicIp: true", "startSsh: true", 'ports: "22/tcp"',
+                 "volumeInGb: 300"):
+        assert part in query, part
+    row: dict[str, Any] = {"id": "abc123xyz", "name": "outrig-h100-cd34",
+                           "desiredStatus": "RUNNING", "costPerHr": 19.12, "runtime": None}
+    server.instances.append(row)
+    assert provider.list()[0].state == "starting", "RUNNING wanted, no container yet"
+
+    def come_up() -> None:
+        time.sleep(0.5)
+        row["runtime"] = {"ports": [
+            {"ip": "100.65.0.2", "isIpPublic": False, "privatePort": 22, "publicPort": 22,
+             "type": "tcp"},
+            {"ip": "127.0.0.1", "isIpPublic": True, "privatePort": 22,
+             "publicPort": sandbox.port, "type": "tcp"}]}
+
+    threading.Thread(target=come_up, daemon=True).start()
+    ready = provider.wait_ssh(pod, time.monotonic() + 60)
+    assert ready.host["hostname"] == "127.0.0.1" and ready.host["port"] == sandbox.port, \
+        "the public IP's port mapped to 22, not the private one"
+    provider.terminate("abc123xyz")
+    assert 'podTerminate(input: { podId: "abc123xyz" })' in \
+        server.requests[-1]["body"]["query"]
+    assert provider.list() == []
+
+
+def test_runpod_error_answers_and_a_bad_key_say_so_without_the_key(
+        runpod: tuple[RunPodServer, Path]) -> None:
+    server, root = runpod
+    provider = get_provider("runpod", root)
+    server.script["gpuTypes"] = [(401, "Unauthorized"),
+                                 (200, {"errors": [{"message": f"bad token {KEY}"}]})]
+    with pytest.raises(ProviderError, match="refused the API key \\(HTTP 401\\)"):
+        provider.search(parse_gpus("8xH100"), None)
+    with pytest.raises(ProviderError) as caught:
+        provider.search(parse_gpus("8xH100"), None)
+    assert "bad token ***" in str(caught.value) and KEY not in str(caught.value)
+    name = 'x" } ) { id } podTerminate(input: { podId: "all'  # refused before any call
+    with pytest.raises(ConfigError, match="--name"):
+        rent(Project(root), "runpod", "8xH100", name=name)
