@@ -283,3 +283,36 @@ def test_outrig_boxes_and_release_from_the_command_line(project: Project) -> Non
     assert market.SandboxProvider().list() == []
     with pytest.raises(OutrigError):
         release(project, "c")
+
+
+def test_a_spare_the_budget_does_not_allow_is_not_rented(project: Project) -> None:
+    market.set_market(offers=offers(2))
+    set_yaml(project, spares={"provider": "sandbox", "gpus": "8xH100"},
+             budget={"max_total": 1.0})
+    with pytest.raises(BudgetRefused, match=r"max_total \$1\.00 would be crossed by \$1\.10"):
+        rent_spare(project, Journal(), lambda *a, **k: None, "old", "run-2")
+    assert market.SandboxProvider().list() == []
+
+
+def test_release_when_done_releases_the_box_of_a_finished_run_with_nothing_else_on_it(
+        project: Project) -> None:
+    from outrig.providers.spares import release_finished
+
+    market.set_market(offers=offers(1))
+    journal = Journal()
+    box = rent(project, "sandbox", "8xH100", name="done", journal=journal)
+    for run_id in ("r-finished", "r-other"):
+        journal.record_run(run_id, {"run_id": run_id, "host": "done", "status": "running",
+                                    "created": time.time()})
+    sent: list[str] = []
+    assert not release_finished(project, journal, lambda e, **f: sent.append(e), "done",
+                                "r-finished"), "off unless release_when_done: true"
+    set_yaml(project, release_when_done=True)
+    assert not release_finished(project, journal, lambda e, **f: sent.append(e), "done",
+                                "r-finished"), "r-other still runs there"
+    journal.record_run("r-other", {"status": "finished"})
+    assert release_finished(project, journal, lambda e, **f: sent.append(e), "done",
+                            "r-finished")
+    assert sent == ["released"]
+    assert market.SandboxProvider().list() == [], box["instance_id"]
+    assert (journal.run("r-finished") or {})["cost"]["box"] == "done", "its share recorded"
