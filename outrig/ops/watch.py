@@ -537,6 +537,7 @@ class Watcher:
             report = self.migrate_to(old_host, old_run, spare)
             if report is None:
                 skipped.append(f"{spare}: the move failed")
+                rented.release_unused(self.project, self.journal, self.send, spare, old_run)
                 continue
             moved = [*(self.record["moved"] or []), {"host": old_host, "run_id": old_run,
                                                      "fenced": None}]

@@ -138,6 +138,20 @@ def release_dead(project: Project, journal: Journal, send: Send, old_host: str) 
     return True
 
 
+def release_unused(project: Project, journal: Journal, send: Send, host: str,
+                   for_run: str) -> bool:
+    """The box rented for the death of ``for_run`` took no job (the move failed): release
+    it rather than pay for it. True when released."""
+    record = ledger.for_host(journal, host)
+    if record is None or record.get("for_run") != for_run:
+        return False
+    with contextlib.suppress(OutrigError):
+        release(project, host, force=True, journal=journal, send=send,
+                why="the move onto it failed")
+        return True
+    return False
+
+
 def release_finished(project: Project, journal: Journal, send: Send, host: str,
                      run_id: str) -> bool:
     """``release_when_done: true``: release the rented box whose run ``run_id`` finished,

@@ -316,3 +316,16 @@ def test_release_when_done_releases_the_box_of_a_finished_run_with_nothing_else_
     assert sent == ["released"]
     assert market.SandboxProvider().list() == [], box["instance_id"]
     assert (journal.run("r-finished") or {})["cost"]["box"] == "done", "its share recorded"
+
+
+def test_a_spare_whose_move_failed_is_released_not_kept_paid_for(project: Project) -> None:
+    from outrig.providers.spares import release_unused
+
+    market.set_market(offers=offers(1))
+    set_yaml(project, spares={"provider": "sandbox", "gpus": "8xH100"})
+    journal = Journal()
+    spare = rent_spare(project, journal, lambda *a, **k: None, "old", "run-3")
+    assert not release_unused(project, journal, lambda *a, **k: None, spare, "run-4"), \
+        "rented for another death: left alone"
+    assert release_unused(project, journal, lambda *a, **k: None, spare, "run-3")
+    assert market.SandboxProvider().list() == []
