@@ -99,7 +99,9 @@ def boxes(c: Any, all: bool = False, provider: str | None = None,
 
 @task(
     auto_shortflags=False,
-    help={"force": "stop our runs on it first (when it answers), then release it",
+    help={"box": "the rented box, as `outrig boxes` names it (its hosts/BOX.yaml); given "
+                 "as a word: outrig release BOX",
+          "force": "stop our runs on it first (when it answers), then release it",
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
