@@ -329,3 +329,18 @@ def test_a_spare_whose_move_failed_is_released_not_kept_paid_for(project: Projec
         "rented for another death: left alone"
     assert release_unused(project, journal, lambda *a, **k: None, spare, "run-3")
     assert market.SandboxProvider().list() == []
+
+
+def test_demo_failover_shows_a_rented_box_taking_over_and_gives_everything_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    done = subprocess.run([sys.executable, "-m", "outrig", "demo", "--failover"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          check=False, env={**os.environ})
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    for line in ("rented failover-a", "• rent_started: failover-a", "• rented: failover-a",
+                 "• resumed: ", "dead: released by watch"):
+        assert line in said, line
+    assert "failover-a        sandbox" in said and "released" in said, "boxes is shown"
+    assert market.SandboxProvider().list() == [], "the demo released every box it rented"
