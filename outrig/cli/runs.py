@@ -395,7 +395,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         assert name is not None
         from outrig.providers.spares import spares_for_watch
 
-        options = WatchOptions(spares=spares_for_watch(one.project, list(spare or [])),
+        options = WatchOptions(spares=spares_for_watch(one.project, list(spare or []), name),
                                run_id=run,
                                restarts=(None if restarts is None
                                          else int(number(restarts, "restarts", 0))),

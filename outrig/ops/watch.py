@@ -549,7 +549,8 @@ class Watcher:
             self.send("resumed", **{"from": old_host}, old_run_id=old_run,  # it finds the
                       checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
                       seconds=report.get("seconds"))  # line already there
-            if rented.release_dead(self.project, self.journal, self.send, old_host):
+            if rented.release_dead(self.project, self.journal, self.send, old_host,
+                                   self.run_playbook()):
                 self.record.update(moved=[rented.moved_entry_released(m)
                                           if m.get("run_id") == old_run else m
                                           for m in self.record["moved"] or []])
@@ -564,7 +565,8 @@ class Watcher:
         """``--spare auto``: the box rented for this death (:mod:`outrig.providers.spares`),
         or None with the reason added to ``skipped``."""
         try:
-            return rented.rent_spare(self.project, self.journal, self.send, old_host, old_run)
+            return rented.rent_spare(self.project, self.journal, self.send, old_host, old_run,
+                                     self.run_playbook())
         except rented.SpareTaken as exc:
             self.record.update(status="handed over")
             raise OutrigError(str(exc)) from None

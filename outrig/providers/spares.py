@@ -8,8 +8,9 @@ what is no longer needed: the dead box when ``release_dead`` says so and the pro
 longer reports it running, and a box whose run finished when ``release_when_done`` says so
 and nothing else of ours is on it.
 
-The spare's settings are ``spares:`` of outrig.yaml: ``{provider: P, gpus: 8xH100,
-max_price: 4.0, release_dead: true}``; ``release_when_done: true`` is a key of its own.
+The spare's settings are ``spares:`` of the playbook, else of outrig.yaml: ``{provider: P,
+gpus: 8xH100, max_price: 4.0, release_dead: true}``; ``release_when_done: true`` is a key of
+outrig.yaml of its own.
 
 One death, one rent: the rent is made under a lock named after the dead run, and a second
 watch of the same run that finds a spare already rented for it rents nothing and moves
@@ -22,6 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from outrig.errors import ConfigError, OutrigError
@@ -53,54 +55,76 @@ def _project_file(project: Project) -> dict[str, Any]:
     return read_project_file(project.root)
 
 
-def spare_spec(project: Project) -> SpareSpec | None:
-    """``spares:`` of outrig.yaml, checked (a ConfigError names the key and the fix)."""
+def spare_spec(project: Project, playbook: str | None = None) -> SpareSpec | None:
+    """``spares:`` of the playbook (when it has one), else of outrig.yaml; checked (a
+    ConfigError names the file, the key and the fix)."""
     from outrig.settings import PROJECT_FILE
 
-    where = project.root / PROJECT_FILE
+    if playbook:
+        found = _playbook_spares(project, playbook)
+        if found is not None:
+            return _parse(found[1], f"{found[0]}: spares:")
     section = _project_file(project).get("spares")
     if section is None:
         return None
+    return _parse(section, f"{project.root / PROJECT_FILE}: spares:")
+
+
+def _playbook_spares(project: Project, playbook: str) -> tuple[Path, Any] | None:
+    """The playbook's path and its ``spares:``, when the playbook is found and has one."""
+    from outrig.playbook import find_playbook, load_job
+
+    try:
+        path = find_playbook(playbook, project.playbooks_dir)
+        spares = load_job(path).spec.spares
+    except OutrigError:
+        return None  # a playbook that cannot be read here: outrig.yaml's spares apply
+    return None if spares is None else (path, spares)
+
+
+def _parse(section: Any, where: str) -> SpareSpec:
     if not isinstance(section, dict) or set(section) - set(KEYS) or \
             not {"provider", "gpus"} <= set(section):
-        raise ConfigError(f"{where}: spares: must be a mapping with provider and gpus (and "
-                          f"optionally {', '.join(KEYS[2:])}), e.g. 'spares: {{provider: "
-                          f"sandbox, gpus: 8xH100, max_price: 4}}'")
+        raise ConfigError(f"{where} must be a mapping with provider and gpus (and optionally "
+                          f"{', '.join(KEYS[2:])}), e.g. 'spares: {{provider: sandbox, gpus: "
+                          "8xH100, max_price: 4}'")
     if section["provider"] not in PROVIDERS:
-        raise ConfigError(f"{where}: spares: provider {section['provider']!r} is not one of "
+        raise ConfigError(f"{where} provider {section['provider']!r} is not one of "
                           f"{', '.join(sorted(PROVIDERS))}")
-    parse_gpus(str(section["gpus"]), f"{where}: spares: gpus")
+    parse_gpus(str(section["gpus"]), f"{where} gpus")
     price = section.get("max_price")
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))):
-        raise ConfigError(f"{where}: spares: max_price must be US dollars per hour, a number")
+        raise ConfigError(f"{where} max_price must be US dollars per hour, a number")
     return SpareSpec(str(section["provider"]), str(section["gpus"]),
                      None if price is None else float(price),
                      bool(section.get("release_dead", False)),
                      section.get("disk"), section.get("image"))
 
 
-def spares_for_watch(project: Project, given: list[str]) -> list[str]:
+def spares_for_watch(project: Project, given: list[str],
+                     playbook: str | None = None) -> list[str]:
     """The watch's spares: ``--spare`` as given (``auto`` only with ``spares:`` set), or
-    ``[auto]`` when none is given and outrig.yaml has ``spares:``."""
-    spec = spare_spec(project)
+    ``[auto]`` when none is given and the playbook or outrig.yaml has ``spares:``."""
+    spec = spare_spec(project, playbook)
     if AUTO in given and spec is None:
         raise ConfigError("--spare auto rents the spare through a provider, which needs "
                           "'spares: {provider: sandbox, gpus: 8xH100}' (and optionally "
-                          "max_price) in the project's outrig.yaml; add it or name a spare "
-                          "box. Nothing was started.")
+                          "max_price) in the playbook or the project's outrig.yaml; add it "
+                          "or name a spare box. Nothing was started.")
     if not given and spec is not None:
         return [AUTO]
     return given
 
 
 def rent_spare(project: Project, journal: Journal, send: Send, old_host: str,
-               old_run: str) -> str | None:
+               old_run: str, playbook: str | None = None) -> str | None:
     """Rent the spare for the death of ``old_run`` on ``old_host``; its host name, or None
     when another watch rented one for this death already (this one must not move the job).
     Raises OutrigError when no box could be rented (the reason names each offer tried)."""
-    spec = spare_spec(project)
+    spec = spare_spec(project, playbook)
     if spec is None:
-        raise ConfigError("spare auto: outrig.yaml has no spares: section any more")
+        raise ConfigError("spare auto: neither the playbook nor outrig.yaml has a spares: "
+                          "section any more")
     lock = journal.root / "rentals" / "deaths" / f"{old_run}.json"
     with record_lock(lock):
         taken = next((r for r in journal.rentals() if r.get("for_run") == old_run
@@ -118,10 +142,11 @@ class SpareTaken(OutrigError):
     """Another watch rented the spare for this death."""
 
 
-def release_dead(project: Project, journal: Journal, send: Send, old_host: str) -> bool:
+def release_dead(project: Project, journal: Journal, send: Send, old_host: str,
+                 playbook: str | None = None) -> bool:
     """Terminate the dead box when it was rented through outrig, ``release_dead`` is on and
     its provider reports it not running (stopped or gone). True when released."""
-    spec = spare_spec(project)
+    spec = spare_spec(project, playbook)
     record = ledger.for_host(journal, old_host)
     if spec is None or not spec.release_dead or record is None:
         return False

@@ -344,3 +344,25 @@ def test_demo_failover_shows_a_rented_box_taking_over_and_gives_everything_back(
         assert line in said, line
     assert "failover-a        sandbox" in said and "released" in said, "boxes is shown"
     assert market.SandboxProvider().list() == [], "the demo released every box it rented"
+
+
+def test_the_playbooks_spares_win_over_outrig_yaml_and_are_checked(project: Project) -> None:
+    from outrig.providers.spares import spare_spec, spares_for_watch
+
+    set_yaml(project, spares={"provider": "sandbox", "gpus": "8xH100", "max_price": 3})
+    assert spare_spec(project, "mig-4gpu") == spare_spec(project)
+    book = project.playbooks_dir / "mig-4gpu.yaml"
+    data = yaml.safe_load(book.read_text())
+    data["spares"] = {"provider": "sandbox", "gpus": "1xA100", "release_dead": True}
+    book.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = spare_spec(project, "mig-4gpu")
+    assert spec is not None and spec.gpus == "1xA100" and spec.release_dead
+    assert spares_for_watch(project, [], "mig-4gpu") == ["auto"]
+    data["spares"] = {"provider": "nimbus", "gpus": "1xA100"}
+    book.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"mig-4gpu.yaml: spares: provider 'nimbus'"):
+        spare_spec(project, "mig-4gpu")
+    path = project.root / "outrig.yaml"
+    path.write_text(yaml.safe_dump({}))
+    with pytest.raises(ConfigError, match="--spare auto rents the spare"):
+        spares_for_watch(project, ["auto"], "mig-8gpu")
