@@ -52,6 +52,8 @@ class Host:
     source: str = ""
     is_local: bool = False
     node_address: str | None = None
+    provider: str | None = None  # rented through outrig: the provider and its box's id
+    instance_id: str | None = None
 
     def peer_address(self) -> str:
         """How the other nodes of a multi-node job reach this box (``${head_host}`` when it
@@ -117,7 +119,7 @@ def ssh_config_hostnames(path: Path | None = None) -> set[str]:
 
 
 _TEXT_KEYS = ("hostname", "workdir", "user", "identity_file", "known_hosts", "python",
-              "node_address")
+              "node_address", "provider", "instance_id")
 _HOST_FILE_KEYS = frozenset((*_TEXT_KEYS, "port", "env", "gpus", "connect_timeout",
                              "keep_seconds"))
 
@@ -144,7 +146,7 @@ def plain_host_file(data: object) -> dict[str, Any] | None:
     values: dict[str, Any] = {"port": None, "user": None, "identity_file": None,
                               "known_hosts": None, "env": {}, "python": "python3",
                               "gpus": "auto", "connect_timeout": None, "keep_seconds": None,
-                              "node_address": None}
+                              "node_address": None, "provider": None, "instance_id": None}
     for key in _TEXT_KEYS:
         if key in data:
             value = data[key]
@@ -158,7 +160,7 @@ def plain_host_file(data: object) -> dict[str, Any] | None:
     workdir = values["workdir"]
     if not workdir.startswith(("/", "~")) or workdir.rstrip("/") in {"", "~"}:
         return None
-    if values["node_address"] == "":
+    if "" in (values["node_address"], values["provider"], values["instance_id"]):
         return None
     port = data.get("port")
     if port is not None and (type(port) is not int or not 1 <= port <= 65535):
@@ -212,6 +214,7 @@ def _host_from_file(name: str, path: Path) -> Host:
         gpus=spec["gpus"], connect_timeout=spec["connect_timeout"],
         keep_seconds=spec["keep_seconds"], source=str(path),
         node_address=spec["node_address"], is_local=spec["hostname"] == "local",
+        provider=spec["provider"], instance_id=spec["instance_id"],
     )
 
 

@@ -308,6 +308,9 @@ class _PlaybookTail(_Strict):
         None, description="what the box must offer: python, NVIDIA driver, free disk")
     evaluate: EvaluateSpec | None = Field(
         None, description="what `outrig evaluate` serves and sends (docs/evaluate.md)")
+    spares: dict[str, Any] | None = Field(
+        None, description="the spare `watch --spare auto` rents for this job: provider, gpus, "
+        "max_price, release_dead (docs/providers.md); wins over outrig.yaml's")
 
     @field_validator("environments")
     @classmethod

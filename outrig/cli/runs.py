@@ -356,7 +356,8 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     help={"host": HOST_HELP,
           "playbook": "the playbook whose run to follow (its current run on the host)",
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
-                   "that passes check and has no bad GPU wins)",
+                   "that passes check and has no bad GPU wins); 'auto' rents one through the "
+                   "provider of spares: in outrig.yaml (the default when that is set)",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash on a healthy box, redeploy in place at most N times "
                       "(default 0: report and stop)",
@@ -397,7 +398,10 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         name = playbook_identity(settings, playbook_for(settings, playbook, one.spec,
                                                         reporter, what="watch"))
         assert name is not None
-        options = WatchOptions(spares=list(spare or []), run_id=run,
+        from outrig.providers.spares import spares_for_watch
+
+        options = WatchOptions(spares=spares_for_watch(one.project, list(spare or []), name),
+                               run_id=run,
                                restarts=(None if restarts is None
                                          else int(number(restarts, "restarts", 0))),
                                threshold=float(number(threshold, "threshold", 60,

@@ -65,6 +65,7 @@ from outrig.ops.status import (
     remember_progress,
 )
 from outrig.ops.watch_lock import WatchLock
+from outrig.providers import spares as rented
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 from outrig.watchlines import crash_hint, death_hint, heartbeat_line
@@ -197,6 +198,8 @@ class Watcher:
             if verdict.state == "finished":
                 self.send("finished", why=verdict.why)
                 self.record.update(status="finished")
+                rented.release_finished(self.project, self.journal, self.send,
+                                        str(self.record["host"]), str(self.record["run_id"]))
                 break
             if verdict.state == "crashed":
                 self.on_crash(verdict)
@@ -522,6 +525,10 @@ class Watcher:
         old_host, old_run = str(self.record["host"]), str(self.record["run_id"])
         skipped: list[str] = []
         for spare in list(self.record["spares"] or []):
+            if spare == rented.AUTO:  # rent one through the provider (outrig.providers)
+                spare = self.rent_spare(old_host, old_run, skipped) or ""
+                if not spare:
+                    continue
             problem = self.check_spare(spare)
             if problem:
                 skipped.append(f"{spare}: {problem}")
@@ -531,6 +538,7 @@ class Watcher:
             report = self.migrate_to(old_host, old_run, spare)
             if report is None:
                 skipped.append(f"{spare}: the move failed")
+                rented.release_unused(self.project, self.journal, self.send, spare, old_run)
                 continue
             moved = [*(self.record["moved"] or []), {"host": old_host, "run_id": old_run,
                                                      "fenced": None}]
@@ -542,12 +550,30 @@ class Watcher:
             self.send("resumed", **{"from": old_host}, old_run_id=old_run,  # it finds the
                       checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
                       seconds=report.get("seconds"))  # line already there
+            if rented.release_dead(self.project, self.journal, self.send, old_host,
+                                   self.run_playbook()):
+                self.record.update(moved=[rented.moved_entry_released(m)
+                                          if m.get("run_id") == old_run else m
+                                          for m in self.record["moved"] or []])
             return
         self.send("failed", why="the box is dead and no spare took the job"
                   + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))
         self.record.update(status="failed")
         raise OutrigError(death_hint(self.record.snapshot(), old_host, old_run, verdict.why,
                                      skipped, self.checkpointed()))
+
+    def rent_spare(self, old_host: str, old_run: str, skipped: list[str]) -> str | None:
+        """``--spare auto``: the box rented for this death (:mod:`outrig.providers.spares`),
+        or None with the reason added to ``skipped``."""
+        try:
+            return rented.rent_spare(self.project, self.journal, self.send, old_host, old_run,
+                                     self.run_playbook())
+        except rented.SpareTaken as exc:
+            self.record.update(status="handed over")
+            raise OutrigError(str(exc)) from None
+        except OutrigError as exc:
+            skipped.append(f"auto: {exc}")
+            return None
 
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is
