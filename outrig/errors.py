@@ -28,6 +28,7 @@ next to the code that raises them are marked with their module)::
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
     ├── NodesFailed                     outrig.ops.nodes: a node of a multi-node job failed
     ├── EvaluationFailed                outrig.ops.evaluate: requests failed on the server
+    ├── CountersUnusable                outrig.evaluation: /metrics went back, NaN, or junk
     ├── SandboxError [RuntimeError]     outrig.sandbox.box: the sandbox could not start
     └── FullDiskUnavailable [RuntimeError]  outrig.sandbox.fulldisk: no small fs to mount
 
