@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outrig.metrics import sparkline, thin
+from outrig.metrics import drawable, left_out_note, sparkline, thin
 
 TABLE_ROWS = 12  # steps shown per metric without colour
 CHART_HEIGHT = 16  # lines per chart
@@ -85,13 +85,18 @@ def chart_lines(metric: str, curves: Sequence[Curve], width: int,
     plt.theme("pro")
     plt.title(metric)
     plt.xlabel("step")
+    notes = []
     for curve in curves:
-        if curve.rows:
-            plt.plot([s for s, _ in curve.rows], [v for _, v in curve.rows],
+        rows = [(s, v) for s, v in curve.rows if drawable(v)]
+        note = left_out_note(curve.rows)
+        if note:
+            notes.append(_fit(f"  {curve.label}: {note}", width))
+        if rows:
+            plt.plot([s for s, _ in rows], [v for _, v in rows],
                      label=curve.label, marker="braille")
     text: str = plt.build()
     plt.clear_figure()
-    return text.rstrip("\n").split("\n")
+    return text.rstrip("\n").split("\n") + notes
 
 
 def plot_lines(curves_by_metric: Sequence[tuple[str, Sequence[Curve]]], width: int, *,
@@ -101,9 +106,11 @@ def plot_lines(curves_by_metric: Sequence[tuple[str, Sequence[Curve]]], width: i
     for metric, curves in curves_by_metric:
         if out:
             out.append("")
-        drawable = [c for c in curves if len(c.rows) >= 2]
-        if colour and drawable and width >= MIN_CHART_WIDTH:
-            out += chart_lines(metric, drawable, width)
+        # plotext computes a range as max - min: a value near ±1e308 overflows it (it
+        # raised OverflowError); such values are left out of the chart and named under it
+        shown = [c for c in curves if sum(drawable(v) for _, v in c.rows) >= 2]
+        if colour and shown and width >= MIN_CHART_WIDTH:
+            out += chart_lines(metric, shown, width)
         else:
             out += table_lines(metric, curves, width)
     return out
