@@ -13,6 +13,7 @@ as it was); it is pure Python with no dependencies of its own.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,7 +91,8 @@ def chart_lines(metric: str, curves: Sequence[Curve], width: int,
         rows = [(s, v) for s, v in curve.rows if drawable(v)]
         note = left_out_note(curve.rows)
         if note:
-            notes.append(_fit(f"  {curve.label}: {note}", width))
+            notes += textwrap.wrap(f"{curve.label}: {note}", max(20, width - 2),
+                                   initial_indent="  ", subsequent_indent="    ")
         if rows:
             plt.plot([s for s, _ in rows], [v for _, v in rows],
                      label=curve.label, marker="braille")
