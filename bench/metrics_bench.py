@@ -12,6 +12,9 @@ command (``python -m outrig`` from this checkout's root), Python's start include
 - ``read the store``: a Python that imports outrig and reads the run's points file
   (``MetricStore.points``): what the nothing-new case cannot go below.
 
+Each is reported as wall time and CPU time (user + system of the command): on a shared
+machine the CPU time is the one to compare.
+
 Usage:  python bench/metrics_bench.py [--records 1000000] [--repeat 3] [--json]
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,13 +60,18 @@ def make_journal(state: Path, records: int) -> Journal:
     return journal
 
 
-def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system of the child). The CPU time is what to
+    compare on a shared machine: other load stretches the wall time, not the work."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return seconds
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, cpu
 
 
 def main() -> None:
@@ -72,7 +81,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     outrig = [sys.executable, "-m", "outrig"]  # this checkout's outrig (run from its root)
-    results: dict[str, list[float]] = {}
+    results: dict[str, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="outrig-metrics-bench-") as tmp:
         work = Path(tmp)
         env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "COLUMNS": "100"}
@@ -94,15 +103,17 @@ def main() -> None:
             ]
             for name, argv, case_env in cases:
                 results.setdefault(name, []).append(timed(argv, case_env, REPO))
-    summary = {name: {"median_s": round(statistics.median(v), 2), "runs": [round(x, 2)
-                                                                           for x in v]}
+    summary = {name: {"wall_s": round(statistics.median(w for w, _ in v), 2),
+                      "cpu_s": round(statistics.median(c for _, c in v), 2),
+                      "runs_cpu_s": [round(c, 2) for _, c in v]}
                for name, v in results.items()}
     if args.json:
         print(json.dumps({"records": args.records, "results": summary}, indent=1))
         return
-    print(f"{args.records} metric records, {args.repeat} run(s) each (median, seconds)")
+    print(f"{args.records} metric records, {args.repeat} run(s) each (medians, seconds)")
+    print(f"  {'':<30} {'wall':>8} {'CPU':>8}")
     for name, row in summary.items():
-        print(f"  {name:<30} {row['median_s']:>8.2f}   {row['runs']}")
+        print(f"  {name:<30} {row['wall_s']:>8.2f} {row['cpu_s']:>8.2f}   {row['runs_cpu_s']}")
 
 
 if __name__ == "__main__":
