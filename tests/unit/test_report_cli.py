@@ -237,3 +237,19 @@ def test_the_report_of_a_series_with_extreme_values_keeps_the_rest_and_says_so(
     assert loss["s"] == [0, 2, 4, 6, 9] and loss["v"] == [1.5, 1.4, 1.3, 1.2, 1.1]
     chart = next(c for c in data["charts"] if c["metrics"] == [LOSS])
     assert "2 value(s) beyond ±1e+150 not drawn" in chart["note"]
+
+
+def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
+    """plot hands plotext at most two rows per dot of width (each bucket's lowest and
+    highest): a million points drew in half a minute, and a spike must not be thinned
+    away."""
+    from outrig.termplot import envelope
+
+    rows = [(s, 1.0 + (s % 7) * 1e-3) for s in range(100_000)]
+    rows[54_321] = (54_321, 9.0)
+    rows[77_777] = (77_777, -3.0)
+    kept = envelope(rows, 160)
+    assert len(kept) <= 322 and kept[0] == rows[0] and kept[-1] == rows[-1]
+    assert (54_321, 9.0) in kept and (77_777, -3.0) in kept
+    assert [s for s, _ in kept] == sorted(s for s, _ in kept)
+    assert envelope(rows[:50], 160) == rows[:50]
