@@ -80,8 +80,8 @@ def envelope(rows: Sequence[tuple[int, float]], buckets: int) -> list[tuple[int,
     """At most ``2 × buckets + 2`` rows that draw as ``rows`` do on a chart ``buckets`` dots
     wide: the rows cut into ``buckets`` runs in step order, each run's lowest and highest
     kept (in step order, and the first and last row), so a spike survives where an even
-    stride would skip it. plotext draws every point it is given: a million took half a
-    minute for a chart 200 dots wide."""
+    stride would skip it. plotext draws every point it is given, and a terminal shows no
+    more than two per dot."""
     if buckets <= 0 or len(rows) <= 2 * buckets:
         return list(rows)
     size = len(rows) / buckets

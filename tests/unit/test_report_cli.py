@@ -241,7 +241,7 @@ def test_the_report_of_a_series_with_extreme_values_keeps_the_rest_and_says_so(
 
 def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
     """plot hands plotext at most two rows per dot of width (each bucket's lowest and
-    highest): a million points drew in half a minute, and a spike must not be thinned
+    highest): a million points are not drawn one by one, and a spike must not be thinned
     away."""
     from outrig.termplot import envelope
 
