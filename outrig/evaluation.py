@@ -16,11 +16,13 @@ of vLLM's ``vllm:spec_decode_*`` Prometheus counters, summed over ``engine`` lab
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from outrig.errors import OutrigError
 from outrig.evaluation_section import BOX_PREFIX, SMOKE, EvaluateSpec
 from outrig.journal import utc_text
 from outrig.template import UndefinedName, substitute
@@ -308,6 +310,8 @@ class Counters:
     accepted_tokens: float = 0.0
     per_position: dict[int, float] = field(default_factory=dict)
     seen: bool = False  # any spec_decode sample was there (a server without speculation: no)
+    vllm_samples: int = 0  # samples named vllm:* of any kind (0: not vLLM's /metrics at all)
+    not_finite: list[str] = field(default_factory=list)  # "name = NaN" of counters that lie
 
     def minus(self, other: Counters) -> Counters:
         """The counts between two reads (``other`` the earlier one)."""
@@ -336,11 +340,17 @@ def parse_counters(text: str) -> Counters:
             continue
         name, labels, value = match.group(1), _labels(match.group(3)), match.group(4)
         if not name.endswith("_total"):
+            out.vllm_samples += name.startswith("vllm:")
             continue
         base = name[: -len("_total")]
         try:
             number = float(value)
         except ValueError:
+            continue
+        if name.startswith("vllm:"):
+            out.vllm_samples += 1
+        if (base == PER_POS or base in COUNTERS) and not math.isfinite(number):
+            out.not_finite.append(f"{name} = {value}")
             continue
         if base == PER_POS and labels.get("position", "").isdigit():
             pos = int(labels["position"])
@@ -352,9 +362,54 @@ def parse_counters(text: str) -> Counters:
     return out
 
 
+class CountersUnusable(OutrigError):
+    """The server's ``/metrics`` cannot measure the evaluation window: its counters went
+    backwards between the two reads (the server restarted, or reset them), are not finite,
+    or the answer is not vLLM's metrics at all. Nothing is recorded: numbers from such a
+    window would be wrong, and a wrong acceptance length compared later misleads."""
+
+
 def measured(before: str, after: str) -> Counters:
-    """The counters' deltas over an evaluation window (two /metrics texts)."""
-    return parse_counters(after).minus(parse_counters(before))
+    """The counters' deltas over an evaluation window (two /metrics texts); raises
+    :class:`CountersUnusable` (saying why) when the two reads cannot measure it."""
+    first, last = parse_counters(before), parse_counters(after)
+    problem = counters_problem(first, last, before, after)
+    if problem is not None:
+        raise CountersUnusable(
+            f"the server's /metrics cannot measure this evaluation: {problem}. Nothing was "
+            "recorded. Run outrig evaluate again (its server log, outrig tail-logs --run "
+            "<the server run> --no-follow, says whether it restarted)")
+    return last.minus(first)
+
+
+def counters_problem(first: Counters, last: Counters, before_text: str,
+                     after_text: str) -> str | None:
+    """Why two reads of ``/metrics`` (``first`` before the requests, ``last`` after) cannot
+    be subtracted, or None: a counter that is not finite (NaN, +Inf), a counter lower in
+    the second read (a server restart between the reads resets them), an answer with no
+    ``vllm:`` sample at all (not vLLM's metrics: a proxy's page, a truncated body)."""
+    for when, counts in (("before", first), ("after", last)):
+        if counts.not_finite:
+            return (f"the read {when} the requests has counters that are not finite numbers "
+                    f"({', '.join(counts.not_finite[:3])})")
+    for when, counts, text in (("before", first, before_text), ("after", last, after_text)):
+        if not counts.vllm_samples:
+            head = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+            return (f"the read {when} the requests holds no vllm: sample, so it is not "
+                    "vLLM's metrics (" + (f"it began {head[:80]!r}" if head else "it was empty")
+                    + ")")
+    pairs = [(f"{name}_total", getattr(first, attr), getattr(last, attr))
+             for name, attr in COUNTERS.items()]
+    pairs += [(f"{PER_POS}_total{{position=\"{k}\"}}", first.per_position.get(k, 0.0),
+               last.per_position.get(k, 0.0))
+              for k in sorted(set(first.per_position) | set(last.per_position))]
+    back = [(name, a, b) for name, a, b in pairs if b < a]
+    if back:
+        name, a, b = back[0]
+        return (f"{name} went backwards, from {a:g} before the requests to {b:g} after: the "
+                "server restarted (or reset its counters) between the two reads, so the "
+                "window's counts are unknown")
+    return None
 
 
 def acceptance(counts: Counters) -> dict[str, Any]:
