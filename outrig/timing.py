@@ -74,6 +74,26 @@ def probe_idle_after(rtt: float | None) -> float:
     return PROBE_IDLE_RTTS * (rtt or 0.0)
 
 
+LIVE_SILENT_BEATS = 10  # heartbeats a live agent may miss before it counts as stopped
+WATCH_FLOOR = 1.0  # seconds a kept link lending a channel may be quiet before it is probed
+
+
+def live_silence_limit(heartbeat: float, rtt: float | None) -> float:
+    """How long the box's live agent (the keeper's resident agent) may send nothing, not even
+    its heartbeat, before the keeper judges it: a few heartbeats plus the link's delay. Then
+    a keepalive says whether the link (dead: every request is lost contact) or the agent
+    (stopped or starved: dropped, its requests not yet started go the exec path) is silent.
+    It is also how long a request may wait to be started by it."""
+    return LIVE_SILENT_BEATS * heartbeat + 2 * (rtt or 0.0)
+
+
+def watch_idle_after(rtt: float | None) -> float:
+    """Silence after which a kept link that lends a channel now is probed by its keeper (a
+    command waiting on it would otherwise wait out the mid-call limit,
+    :func:`agent_idle_limit`, on a link that died just before or during its call)."""
+    return max(WATCH_FLOOR, probe_idle_after(rtt))
+
+
 def dead_link_limit(host: Host, rtt: float | None, *, kept: bool,
                     silent_attempts: int = SILENT_ATTEMPTS) -> float:
     """The longest a command waits before it reports a link that is already dead: the
