@@ -109,6 +109,10 @@ class Route:
             self._cond.notify_all()
         return True
 
+    def backlog(self) -> int:
+        """Bytes queued for the client, not yet taken."""
+        return self._queued
+
     def discard(self) -> None:
         """Forget what was queued (a request refused by the box: the exec path serves it)."""
         with self._cond:
@@ -260,8 +264,11 @@ class LiveAgent:
 
     def describe(self) -> dict[str, Any]:
         """What ``outrig connections`` shows of it."""
+        with self.lock:
+            routes = list(self.routes.values())
         return {"state": self.state, "why": self.why, "pid": self.pid, "served": self.served,
-                "digest": self.digest, "requests_open": len(self.routes)}
+                "digest": self.digest, "requests_open": len(routes),
+                "backlog": sum(r.backlog() for r in routes), "quiet": round(self.quiet(), 3)}
 
     # ---------------------------------------------------------------- the box's frames
 
