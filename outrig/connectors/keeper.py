@@ -234,8 +234,8 @@ class Keeper:
                 self.link_dead(ping.failure())
                 return
             if live is not None and agent_silent and live.quiet() > live.silent_after():
-                live.drop_silent(f"silent for {live.quiet():.1f} s while the link answered "
-                                 "(stopped or starved on the box)")
+                live.drop_silent(f"silent for {live.quiet():.1f} s while the link answered: "
+                                 "stopped or starved on the box")
 
     def idle_left(self) -> float:
         with self.lock:
@@ -435,7 +435,7 @@ class Keeper:
                 break
             if time.monotonic() >= deadline and (ping.answered() or not self.link_up()):
                 live.drop_silent(f"it started no request within {limit:.1f} s while the "
-                                 "link answered (stopped or starved on the box)")
+                                 "link answered: stopped or starved on the box")
                 break
         return route.accepted
 

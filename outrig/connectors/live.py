@@ -15,8 +15,14 @@ What keeps it honest:
   once its last request is over.
 - **Same life.** It lives exactly as long as its channel: the keeper closing or the link dying
   ends it on the box (its stdin ends). A live agent that dies while the link is up ends the
-  requests it had with the exit status 255 and a word on stderr, and the next call starts a
-  fresh one (and goes the exec path meanwhile).
+  requests it had started as lost contact, saying why (``L``: a follow resumes, a deploy
+  says that what it launched keeps running), and the next call starts a fresh one (and goes
+  the exec path meanwhile).
+- **Never stuck behind it.** A request must be started within a few heartbeats; the box's
+  agent refuses it after its deadline (on its own clock), so one it did not start in time is
+  served on the exec path and never runs later. A silent agent on a link that answers is
+  dropped (:meth:`LiveAgent.drop_silent`); each client has its own writer, so one that takes
+  nothing holds up no other.
 - **Never a new failure mode.** Until it is ready, and for good once it failed to start (no
   Python able to stay resident, a box that refuses a second channel), every call takes the
   exec path; the reason is kept and shown by ``outrig connections``.
@@ -51,7 +57,6 @@ SEND_LIMIT = 30.0  # a client that takes none of its output for this long is dro
 ROUTE_BUFFER = 16 << 20  # bytes queued for one client at most; beyond, it is dropped
 TICK = 1.0
 HEARTBEAT_MIN = 0.2
-DIED_STATUS = 255  # the exit status a request gets when the live agent under it died
 STDERR_KEPT = 4000  # bytes of the live agent's own stderr kept for its failure reason
 
 
@@ -367,9 +372,11 @@ class LiveAgent:
         with contextlib.suppress(Exception):
             if channel.status_event.wait(0.5 if link else 0):
                 status = channel.recv_exit_status()
-        told = self.stderr.decode("utf-8", "replace").strip().splitlines()
-        reason = told[-1] if told else (f"exit status {status}" if status is not None
-                                        else "its channel closed")
+        told = [line for line in self.stderr.decode("utf-8", "replace").splitlines()
+                if line.strip() and not line.startswith("debug")]  # (an sshd's -d noise)
+        reason = told[-1].strip() if told else (
+            f"exit status {status}" if status is not None and status >= 0
+            else "killed, or its channel closed")
         with self.lock:
             if self.state == "starting":
                 self.state, self.why = "failed", reason if link else "the link dropped"
@@ -388,8 +395,8 @@ class LiveAgent:
             # deploy's processes do), and a call safe to repeat is repeated (a follow
             # resumes by its cursors) on the exec path while a fresh live agent starts
             route.send(b"L", json.dumps({
-                "why": f"the live agent on the box ended before this request finished "
-                       f"({self.why})", "silent": False}).encode() if link else self.lost())
+                "why": f"the box's live agent ended: {self.why}", "silent": False}).encode()
+                if link else self.lost())
         with contextlib.suppress(Exception):
             channel.close()
 
