@@ -15,9 +15,10 @@ connection) and on the warm path, through a keeper (connectors/kept.py). On the 
 each command finds no live keeper and starts one, so the fault strikes the keeper's own
 connection: its handshake (which the keeper retries as a direct connect does) or its first
 channel, exec and answer (the command then connects directly); and an established kept
-link is reset between two commands (the next one notices and starts a fresh keeper). Not
-covered here yet: a link that goes *silent* under a warm connection that is already up (the
-keeper's probe of an idle link before it lends a channel); its case belongs with that probe.
+link is reset between two commands (the next one notices and starts a fresh keeper). A link
+that goes *silent* under a warm connection that is already up is tried 0, 0.5, 2 and 5 s
+before the command (never reported later than on the direct path), and the keeper's live
+agent is stopped, killed mid-request, or shares its channel with a suspended client.
 """
 
 from __future__ import annotations
