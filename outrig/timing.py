@@ -76,7 +76,6 @@ def probe_idle_after(rtt: float | None) -> float:
 
 LIVE_SILENT_BEATS = 10  # heartbeats a live agent may miss before it counts as stopped
 LIVE_SILENT_FLOOR = 3.0  # seconds, at least: a loaded box's agent may miss a few on a LAN
-WATCH_FLOOR = 1.0  # seconds a kept link lending a channel may be quiet before it is probed
 
 
 def live_silence_limit(heartbeat: float, rtt: float | None) -> float:
@@ -87,13 +86,6 @@ def live_silence_limit(heartbeat: float, rtt: float | None) -> float:
     It is also how long a request may wait to be started by it. Never below
     :data:`LIVE_SILENT_FLOOR` (a spurious drop costs a call the exec path and a fresh agent)."""
     return max(LIVE_SILENT_FLOOR, LIVE_SILENT_BEATS * heartbeat) + 2 * (rtt or 0.0)
-
-
-def watch_idle_after(rtt: float | None) -> float:
-    """Silence after which a kept link that lends a channel now is probed by its keeper (a
-    command waiting on it would otherwise wait out the mid-call limit,
-    :func:`agent_idle_limit`, on a link that died just before or during its call)."""
-    return max(WATCH_FLOOR, probe_idle_after(rtt))
 
 
 def dead_link_limit(host: Host, rtt: float | None, *, kept: bool,

@@ -49,17 +49,12 @@ from outrig.connectors.live import LIVE_WINDOW, LiveAgent, Route, heartbeat_for
 from outrig.connectors.ssh import SSHTransport, _SSHChannel, exec_pipelined
 from outrig.errors import ConnectError, LinkLost
 from outrig.inventory import Host
-from outrig.timing import (
-    channel_timeout_for,
-    keepalive_limit_for,
-    probe_idle_after,
-    watch_idle_after,
-)
+from outrig.timing import channel_timeout_for, keepalive_limit_for, probe_idle_after
 from outrig.transport import RetryPolicy, known_hosts_path
 
 TICK = 1.0  # seconds between the keeper's checks of its link, idle time and socket
 DRAIN_S = 3.0  # seconds a keeper whose link died waits for its requests to be told
-WATCH_TICK = 0.1  # seconds between the watch's looks at the live agent's and the link's silence
+WATCH_TICK = 0.1  # seconds between the watch's looks at the live agent's silence
 ROOM_ATTEMPTS = 4  # channel opens refused by the box, while the keeper frees its own channels
 ROOM_PAUSE = 0.2  # seconds, times the attempt number, for the box to free a session
 
@@ -93,7 +88,7 @@ class Keeper:
         self.last_heard = time.monotonic()  # when the box last showed it was there
         self.probe_lock = threading.Lock()
         self.probes = 0  # keepalives sent before lending (for ``info`` and tests)
-        self.pinger = Pinger(self.heard)  # every keepalive, one in flight at a time
+        self.pinger = Pinger(self.heard, self.link_dead)  # every keepalive, one at a time
         self.dead_why = ""  # set once the link was found dead by silence: what every
         #                     request lent on it is told (and the next command's connect)
         self.live: LiveAgent | None = None  # the box's resident agent (connectors/live.py)
@@ -215,25 +210,21 @@ class Keeper:
                            "silent": bool(self.dead_why)}).encode()
 
     def watch(self) -> None:
-        """While it serves: a live agent silent for a few heartbeats, or a link quiet while
-        it lends a channel, is probed with a keepalive; unanswered, the link is dead
-        (:meth:`link_dead`); answered, the live agent is stopped or starved and is dropped
-        (:meth:`LiveAgent.drop_silent`). Why here: a command waits on what it was lent
-        with the mid-call limit, a minute; the keeper knows within a few heartbeats."""
+        """While it serves: a live agent silent for a few heartbeats (busy or idle) is
+        probed with a keepalive; unanswered, the link is dead (:meth:`link_dead`, through
+        the pinger); answered, the live agent is stopped or starved and is dropped
+        (:meth:`LiveAgent.drop_silent`). Why here: a command waits on what it was lent with
+        the mid-call limit, a minute; the keeper knows within a few heartbeats."""
         while not self.stop.wait(WATCH_TICK):
             live = self.live
-            agent_silent = live is not None and live.state == "ready" and \
-                live.quiet() > live.silent_after()
-            link_quiet = self.active > 0 and time.monotonic() - self.last_heard > \
-                watch_idle_after(self.transport.best_rtt)
-            if not (agent_silent or link_quiet) or not self.link_up():
+            if live is None or live.state != "ready" or live.quiet() <= live.silent_after() \
+                    or not self.link_up():
                 continue
             ping = self.ping()
             ping.done.wait()
             if ping.rtt is None:
-                self.link_dead(ping.failure())
                 return
-            if live is not None and agent_silent and live.quiet() > live.silent_after():
+            if live.quiet() > live.silent_after():
                 live.drop_silent(f"silent for {live.quiet():.1f} s while the link answered: "
                                  "stopped or starved on the box")
 
@@ -366,6 +357,8 @@ class Keeper:
                 return
             if probed is not None:
                 self.transport.rtt = probed  # fresher than the spare's open
+            elif header.get("agent") is not None:  # (not beside a bulk transfer's stream)
+                self.ping()  # a link that died a moment ago is found in the keepalive limit
             conn.settimeout(None)
             send_json(conn, b"k", self.answer(probed, live=False))
             self.consider_live(header)
@@ -430,8 +423,7 @@ class Keeper:
         ping = self.ping()
         deadline = time.monotonic() + limit
         while not route.settled.wait(0.02):
-            if ping.failed():
-                self.link_dead(ping.failure())
+            if ping.failed():  # the link is dead (the pinger said so: link_dead)
                 break
             if time.monotonic() >= deadline and (ping.answered() or not self.link_up()):
                 live.drop_silent(f"it started no request within {limit:.1f} s while the "

@@ -36,10 +36,12 @@ class Ping:
 
 
 class Pinger:
-    """The keepalives of one link; ``heard`` is called on each answer."""
+    """The keepalives of one link; ``heard`` is called on each answer, ``failed`` with why
+    when one goes unanswered (the link is dead, whoever asked)."""
 
-    def __init__(self, heard: Callable[[], None]) -> None:
+    def __init__(self, heard: Callable[[], None], failed: Callable[[str], None]) -> None:
         self.heard = heard
+        self.failed = failed
         self.lock = threading.Lock()
         self.current: Ping | None = None
         self.sent = 0
@@ -61,6 +63,8 @@ class Pinger:
             rtt = keepalive(link, ping.limit) if link is not None else None
         if rtt is not None:
             self.heard()
+        else:
+            self.failed(ping.failure())
         ping.rtt = rtt
         ping.done.set()
 
