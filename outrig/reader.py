@@ -125,11 +125,21 @@ class ChannelReader:
         return bytes(gathered)
 
     def _silence(self, silent: float, alive: bool) -> LinkLost:
+        if not alive and self.channel.lost_why:
+            return self.lost_contact()
         state = "may be down" if alive else "is down"
         return LinkLost(
             f"lost contact with the agent on {self.host.label()}: nothing heard for "
             f"{silent:.0f} s (limit {self.idle_limit:.0f} s) and the link {state}. "
             f"{self.advice()}", phase="stream", request_sent=True, silent=alive)
+
+    def lost_contact(self) -> LinkLost:
+        """The channel ended without an exit status: the link dropped, or the connector
+        said why (the keeper found its link dead, or the box's live agent went)."""
+        why = self.channel.lost_why or "the connection dropped"
+        return LinkLost(f"lost contact with the agent on {self.host.label()} before it "
+                        f"finished ({why}). {self.advice()}", phase="stream",
+                        request_sent=True, silent=self.channel.lost_silent)
 
     def advice(self) -> str:
         """The sentence a lost link's error ends with: the caller's, or by default what
@@ -174,9 +184,7 @@ class ChannelReader:
         status = channel.exit_status(timeout=5.0)
         if not channel.alive() or status in (None, -1):
             # The channel ended with no exit status: the link dropped, not the agent.
-            return LinkLost(
-                f"lost contact with the agent on {host.label()} before it finished (the "
-                f"connection dropped). {self.advice()}", phase="stream", request_sent=True)
+            return self.lost_contact()
         return crash_error(host, status, channel.stderr_text().strip(), self.frames, self.tail)
 
 

@@ -74,6 +74,20 @@ def probe_idle_after(rtt: float | None) -> float:
     return PROBE_IDLE_RTTS * (rtt or 0.0)
 
 
+LIVE_SILENT_BEATS = 10  # heartbeats a live agent may miss before it counts as stopped
+LIVE_SILENT_FLOOR = 3.0  # seconds, at least: a loaded box's agent may miss a few on a LAN
+
+
+def live_silence_limit(heartbeat: float, rtt: float | None) -> float:
+    """How long the box's live agent (the keeper's resident agent) may send nothing, not even
+    its heartbeat, before the keeper judges it: a few heartbeats plus the link's delay. Then
+    a keepalive says whether the link (dead: every request is lost contact) or the agent
+    (stopped or starved: dropped, its requests not yet started go the exec path) is silent.
+    It is also how long a request may wait to be started by it. Never below
+    :data:`LIVE_SILENT_FLOOR` (a spurious drop costs a call the exec path and a fresh agent)."""
+    return max(LIVE_SILENT_FLOOR, LIVE_SILENT_BEATS * heartbeat) + 2 * (rtt or 0.0)
+
+
 def dead_link_limit(host: Host, rtt: float | None, *, kept: bool,
                     silent_attempts: int = SILENT_ATTEMPTS) -> float:
     """The longest a command waits before it reports a link that is already dead: the

@@ -37,6 +37,8 @@ class AgentChannel(ABC):
 
     live = False  # served by a live agent (:meth:`Transport.start_agent`): the request is in
     #               already, so nothing of it goes on stdin
+    lost_why = ""  # why contact was lost, where the connector was told (the keeper's ``L``)
+    lost_silent = False  # ... and whether the link was found dead by silence
 
     @abstractmethod
     def write(self, data: bytes) -> None: ...

@@ -44,6 +44,7 @@ from outrig.connectors.keeper_wire import (
     send_frame,
     send_json,
 )
+from outrig.connectors.link_probe import Ping, Pinger
 from outrig.connectors.live import LIVE_WINDOW, LiveAgent, Route, heartbeat_for
 from outrig.connectors.ssh import SSHTransport, _SSHChannel, exec_pipelined
 from outrig.errors import ConnectError, LinkLost
@@ -52,6 +53,8 @@ from outrig.timing import channel_timeout_for, keepalive_limit_for, probe_idle_a
 from outrig.transport import RetryPolicy, known_hosts_path
 
 TICK = 1.0  # seconds between the keeper's checks of its link, idle time and socket
+DRAIN_S = 3.0  # seconds a keeper whose link died waits for its requests to be told
+WATCH_TICK = 0.1  # seconds between the watch's looks at the live agent's silence
 ROOM_ATTEMPTS = 4  # channel opens refused by the box, while the keeper frees its own channels
 ROOM_PAUSE = 0.2  # seconds, times the attempt number, for the box to free a session
 
@@ -85,6 +88,9 @@ class Keeper:
         self.last_heard = time.monotonic()  # when the box last showed it was there
         self.probe_lock = threading.Lock()
         self.probes = 0  # keepalives sent before lending (for ``info`` and tests)
+        self.pinger = Pinger(self.heard, self.link_dead)  # every keepalive, one at a time
+        self.dead_why = ""  # set once the link was found dead by silence: what every
+        #                     request lent on it is told (and the next command's connect)
         self.live: LiveAgent | None = None  # the box's resident agent (connectors/live.py)
         self.live_lock = threading.Lock()
         # the last agent bundle relayed, by digest: restarts a live agent that died
@@ -144,6 +150,14 @@ class Keeper:
 
     def close(self) -> None:
         """Remove the socket and record if they are still ours, then drop the link."""
+        self.close_listener()
+        if self.live is not None:
+            self.live.close()
+        with contextlib.suppress(Exception):
+            self.transport.close()
+
+    def close_listener(self) -> None:
+        """No request more: the socket and record go (if still ours), the listener closes."""
         if self.owns_socket():
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -152,10 +166,6 @@ class Keeper:
                     self.record.unlink()
         if self.listener is not None:
             self.listener.close()
-        if self.live is not None:
-            self.live.close()
-        with contextlib.suppress(Exception):
-            self.transport.close()
 
     def heard(self) -> None:
         """The box just showed it is there (a channel's output, a channel opened, an answered
@@ -171,14 +181,52 @@ class Keeper:
             rtt = self.transport.best_rtt
             if time.monotonic() - self.last_heard <= probe_idle_after(rtt):
                 return None, ""
-            limit, why = keepalive_limit_for(self.host, rtt)
             self.probes += 1
-            answered = keepalive(self.transport.connection.transport, limit)
-            if answered is None:
-                return None, (f"the kept SSH link gave no answer to a keepalive within "
-                              f"{limit:.3g} s ({why})")
-            self.heard()
-            return answered, ""
+            ping = self.ping()
+            ping.done.wait()
+            if ping.rtt is None:
+                return None, self.dead_why or ping.failure()
+            return ping.rtt, ""
+
+    def ping(self) -> Ping:
+        """A keepalive on the link now (or the one in flight): a :class:`Ping`."""
+        limit, why = keepalive_limit_for(self.host, self.transport.best_rtt)
+        conn = self.transport.connection
+        return self.pinger.ping(conn.transport if conn is not None else None, limit, why)
+
+    def link_dead(self, why: str) -> None:
+        """The link gave no answer within its limit: every request on it ends now as lost
+        contact, told ``why`` (``silent``: the command's fresh connection spends one silent
+        attempt fewer), and the keeper leaves."""
+        if not self.dead_why:
+            self.dead_why = why
+        self.stop.set()
+        with contextlib.suppress(Exception):
+            self.transport.connection.transport.close()
+
+    def lost(self) -> bytes:
+        """The ``L`` frame's payload: why the link is gone, and whether by silence."""
+        return json.dumps({"why": self.dead_why or "the kept SSH link dropped",
+                           "silent": bool(self.dead_why)}).encode()
+
+    def watch(self) -> None:
+        """While it serves: a live agent silent for a few heartbeats (busy or idle) is
+        probed with a keepalive; unanswered, the link is dead (:meth:`link_dead`, through
+        the pinger); answered, the live agent is stopped or starved and is dropped
+        (:meth:`LiveAgent.drop_silent`). Why here: a command waits on what it was lent with
+        the mid-call limit, a minute; the keeper knows within a few heartbeats."""
+        while not self.stop.wait(WATCH_TICK):
+            live = self.live
+            if live is None or live.state != "ready" or live.quiet() <= live.silent_after() \
+                    or not self.link_up():
+                continue
+            ping = self.ping()
+            ping.done.wait()
+            if ping.rtt is None:
+                return
+            if live.quiet() > live.silent_after():
+                live.drop_silent(f"silent for {live.quiet():.1f} s while the link answered: "
+                                 "stopped or starved on the box")
 
     def idle_left(self) -> float:
         with self.lock:
@@ -193,6 +241,7 @@ class Keeper:
         assert self.listener is not None
         self.listener.settimeout(TICK)
         self.refill()
+        threading.Thread(target=self.watch, daemon=True, name="outrig-keeper-watch").start()
         while not self.stop.is_set():
             if self.signalled:  # SIGTERM, alone in its process (run)
                 self.stop.set()
@@ -208,6 +257,11 @@ class Keeper:
             except OSError:
                 break
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+        if self.dead_why:  # let the requests lent on the dead link hear why (``L``)
+            self.close_listener()
+            deadline = time.monotonic() + DRAIN_S
+            while self.active and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def handle(self, conn: socket.socket) -> None:
         """One request on one socket connection."""
@@ -287,6 +341,11 @@ class Keeper:
             live = self.live_for(header)
             if live is not None and self.serve_live(conn, live, header, probed):
                 return
+            if self.dead_why or not self.link_up():  # found dead while the live agent waited
+                self.refuse(conn, "link", self.dead_why or "the keeper's SSH link is down",
+                            silent=bool(self.dead_why))
+                self.stop.set()
+                return
             try:
                 channel = self.open_channel_making_room(header)
             except LinkLost as exc:
@@ -298,10 +357,12 @@ class Keeper:
                 return
             if probed is not None:
                 self.transport.rtt = probed  # fresher than the spare's open
+            elif header.get("agent") is not None:  # (not beside a bulk transfer's stream)
+                self.ping()  # a link that died a moment ago is found in the keepalive limit
             conn.settimeout(None)
             send_json(conn, b"k", self.answer(probed, live=False))
             self.consider_live(header)
-            Relay(conn, channel, self.link_up, self.heard).run()
+            Relay(conn, channel, self.link_up, self.heard, self.lost).run()
         finally:
             with self.lock:
                 self.active -= 1
@@ -338,15 +399,37 @@ class Keeper:
         when the live agent could not take it: the exec path serves it then."""
         line = str(header["agent"].get("request", "")).encode()
         route = Route(conn)
-        with route.lock:  # the box's first frame waits for the answer below
-            rid = live.submit(route, line)
-            if rid is None:
-                return False
-            if probed is not None:
-                self.transport.rtt = probed
-            send_json(conn, b"k", self.answer(probed, live=True))
+        limit = live.silent_after()
+        rid = live.submit(route, line, limit)
+        if rid is None:
+            return False
+        if not self.started_by(live, route, limit):
+            live.forget(rid)
+            return False
+        if probed is not None:
+            self.transport.rtt = probed
+        send_json(conn, b"k", self.answer(probed, live=True))
+        route.start()  # the box's frames follow the answer
         live.relay_input(conn, rid, route, recv_frame)
         return True
+
+    def started_by(self, live: LiveAgent, route: Route, limit: float) -> bool:
+        """Whether the live agent started the request (its ``a``) before its deadline,
+        ``limit`` seconds. A keepalive goes out beside the request: on a link that died
+        just before (heard from a moment ago, so lent unprobed), its silence is found in
+        the keepalive limit, as a probe would have found it. Not started, with the link
+        answering: the agent is stopped or starved and is dropped; either way the request
+        is not run there (it refuses it after its deadline) and the caller goes on."""
+        ping = self.ping()
+        deadline = time.monotonic() + limit
+        while not route.settled.wait(0.02):
+            if ping.failed():  # the link is dead (the pinger said so: link_dead)
+                break
+            if time.monotonic() >= deadline and (ping.answered() or not self.link_up()):
+                live.drop_silent(f"it started no request within {limit:.1f} s while the "
+                                 "link answered: stopped or starved on the box")
+                break
+        return route.accepted
 
     def consider_live(self, header: dict[str, Any]) -> None:
         """After an agent call went the exec path: start a live agent of its bundle when
@@ -370,7 +453,8 @@ class Keeper:
             self.live = LiveAgent(self.transport.connection.transport, python=python,
                                   digest=digest, workdir=str(agent.get("workdir", "")),
                                   heartbeat=heartbeat_for(self.transport.best_rtt),
-                                  heard=self.heard, link_up=self.link_up)
+                                  heard=self.heard, link_up=self.link_up, lost=self.lost,
+                                  rtt=lambda: self.transport.best_rtt)
             self.live.start(self.bundle[1])
         if old is not None:
             old.retire()
@@ -473,11 +557,12 @@ class Relay:
     """Pump one SSH channel to one socket connection and back."""
 
     def __init__(self, conn: socket.socket, channel: Any, link_up: Callable[[], bool],
-                 heard: Callable[[], None]) -> None:
+                 heard: Callable[[], None], lost: Callable[[], bytes]) -> None:
         self.conn = conn
         self.channel = channel
         self.link_up = link_up
         self.heard = heard  # called whenever the box's bytes arrive
+        self.lost = lost  # the ``L`` payload: why the link is gone
         self.send_lock = threading.Lock()
 
     def send(self, kind: bytes, payload: bytes = b"") -> None:
@@ -519,7 +604,7 @@ class Relay:
                 except TimeoutError:
                     self.drain_stderr()
                     if not self.link_up():
-                        self.send(b"L")
+                        self.send(b"L", self.lost())
                         return
                     continue
                 self.heard()
@@ -541,43 +626,12 @@ class Relay:
                 self.heard()
                 self.send(b"x", json.dumps(int(self.channel.recv_exit_status())).encode())
             else:
-                self.send(b"L")
+                self.send(b"L", self.lost())
         except OSError:
             pass  # the client went away: closing the socket closes the channel
         finally:
             with contextlib.suppress(Exception):
                 self.channel.close()
-
-
-def keepalive(link: Any, limit: float) -> float | None:
-    """One ``keepalive@openssh.com`` global request on ``link`` that wants a reply (OpenSSH
-    answers it, with a failure, as ``ServerAliveInterval`` relies on): the seconds the box
-    took to answer, or ``None`` when no answer came within ``limit`` or the link closed.
-    Why not paramiko's: its keepalive asks for no reply (so it never sees a dead link), and
-    its ``global_request`` waits without a limit. The send runs on a thread of its own: on a
-    dead link it may block (a key exchange under way), and the limit must still hold."""
-    from paramiko.common import cMSG_GLOBAL_REQUEST
-    from paramiko.message import Message
-
-    answered = threading.Event()
-    link.completion_event = answered  # set by the box's reply, success or failure alike
-    message = Message()
-    message.add_byte(cMSG_GLOBAL_REQUEST)
-    message.add_string("keepalive@openssh.com")
-    message.add_boolean(True)
-    started = time.monotonic()
-    threading.Thread(target=_send_quietly, args=(link, message), daemon=True,
-                     name="outrig-keepalive").start()
-    deadline = started + limit
-    while not answered.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
-        if not link.is_active() or time.monotonic() >= deadline:
-            return None
-    return time.monotonic() - started
-
-
-def _send_quietly(link: Any, message: Any) -> None:
-    with contextlib.suppress(Exception):  # a dead link: the unanswered wait says so
-        link._send_user_message(message)
 
 
 def error_report(exc: BaseException) -> dict[str, Any]:

@@ -124,9 +124,11 @@ class _KeptChannel(AgentChannel):
     """One agent channel relayed by the keeper: frames from the socket are sorted by a
     reader thread into stdout chunks, stderr and the exit status."""
 
-    def __init__(self, sock: socket.socket, host: str) -> None:
+    def __init__(self, sock: socket.socket, host: str,
+                 on_silent: Callable[[str], None] = lambda why: None) -> None:
         self.sock = sock
         self.host = host
+        self.on_silent = on_silent  # the keeper found the link dead by silence: why
         self._err = bytearray()
         self._out: queue.Queue[bytes] = queue.Queue()
         self._out_eof = False
@@ -154,6 +156,7 @@ class _KeptChannel(AgentChannel):
                     self._status = int(json.loads(payload))
                     break
                 elif kind == b"L":
+                    self._heard_lost(payload)
                     break
         except OSError:
             pass
@@ -162,6 +165,20 @@ class _KeptChannel(AgentChannel):
                 self._link_lost = True
             self._out.put(b"")
             self._ended.set()
+
+    def _heard_lost(self, payload: bytes) -> None:
+        """The keeper's word on a lost request: why (the link found dead by silence, the
+        box's live agent gone) and whether by silence (then the fresh connection that
+        follows spends one silent attempt fewer, as after a refused silent link)."""
+        try:
+            said = json.loads(payload) if payload else {}
+        except ValueError:
+            said = {}
+        if isinstance(said, dict):
+            self.lost_why = str(said.get("why") or "")
+            self.lost_silent = said.get("silent") is True
+        if self.lost_silent and self.lost_why:
+            self.on_silent(self.lost_why)
 
     def write(self, data: bytes) -> None:
         try:
@@ -226,6 +243,9 @@ class KeptTransport(SSHTransport):
         # why the kept link was found dead by silence, when it was: that silence spent one
         # of the silent connect attempts the fresh connection would otherwise have
         self.kept_silence = ""
+        # the same, heard on a lent channel (the keeper found its link dead mid-call): it
+        # becomes kept_silence for the next command's keeper request
+        self.lost_silence = ""
         self._peer: PeerAddress | None = None
 
     def start(self, argv: list[str], *, window_size: int | None = None) -> AgentChannel:
@@ -268,7 +288,7 @@ class KeptTransport(SSHTransport):
         # the keeper may probe its link, then open a channel, before it answers
         limit = keepalive_limit_for(self.host, self.best_rtt)[0] + \
             channel_timeout_for(self.host, self.best_rtt)[0]
-        self.kept_silence = ""
+        self.kept_silence, self.lost_silence = self.lost_silence, ""
         for fresh in (False, True):
             if fresh and not self._start_keeper(folder, path):
                 break
@@ -297,7 +317,8 @@ class KeptTransport(SSHTransport):
                 break
             self._took(body)
             self.kept_silence = ""  # a fresh keeper connected: the budget is whole again
-            channel = _KeptChannel(sock, self.host.label())
+            channel = _KeptChannel(sock, self.host.label(),
+                                   on_silent=lambda why: setattr(self, "lost_silence", why))
             channel.live = body.get("live") is True
             self.live_calls += channel.live
             return channel

@@ -20,11 +20,19 @@ and its events out, and costs the link one round trip.
   the keeper hears the box often enough never to need a keepalive probe before lending the
   link, and learns of a dead link within a few RTTs even while no request runs.
 
+- **A request never runs late.** ``Q`` carries a deadline on this process's own clock (the
+  keeper learns the clock from ``R`` and each ``h``): a request read after it is refused, never
+  started, because by then the keeper has given up on it (this process was stopped or starved)
+  and served it elsewhere. A request that is started is acknowledged at once (``a``), so the
+  keeper knows which requests it may still hand to the exec path.
+
 Frames, both ways: one kind byte, the request id and the payload's length (``>cII``), then the
-payload. Keeper to agent: ``q`` (a request: its JSON line), ``i`` (stdin bytes), ``e`` (stdin's
-end), ``c`` (the client is gone: close the child's pipes). Agent to keeper: ``R`` (ready, id 0:
-digest, pid, Python version), ``o`` (stdout bytes), ``r`` (stderr bytes), ``x`` (the exit
-status, JSON), ``h`` (heartbeat, id 0). Stdlib only, Python 3.8.
+payload. Keeper to agent: ``Q`` (a request: its deadline, ``>d``, then its JSON line), ``q`` (a
+request without a deadline), ``i`` (stdin bytes), ``e`` (stdin's end), ``c`` (the client is
+gone: close the child's pipes). Agent to keeper: ``R`` (ready, id 0: digest, pid, Python
+version, clock), ``a`` (the request was started), ``o`` (stdout bytes), ``r`` (stderr bytes),
+``x`` (the exit status, JSON), ``h`` (heartbeat, id 0: the clock, ``>d``). Stdlib only,
+Python 3.8.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ DEFAULT_HEARTBEAT_S = 0.5
 STDIN_LIMIT = 64 << 20  # a child that leaves this much of its stdin unread is cut off
 READ_CHUNK = 65536
 FORK_FAILED = 75  # the exit status of a request that could not be started (EX_TEMPFAIL)
+EXPIRED = 76  # the exit status of a request read after its deadline (never started)
+CLOCK = struct.Struct(">d")  # a ``Q`` frame's deadline and an ``h`` frame's clock
 
 
 def frame(kind: bytes, rid: int, payload: bytes = b"") -> bytes:
@@ -147,7 +157,7 @@ class Server:
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        self.send(b"R", 0, json.dumps(info).encode())
+        self.send(b"R", 0, json.dumps({**info, "clock": time.monotonic()}).encode())
         while True:
             if not self.step():
                 break
@@ -184,7 +194,7 @@ class Server:
                 self.relay_output(fd)
         self.reap()
         if time.monotonic() - self.last_sent >= self.heartbeat:
-            self.send(b"h", 0)
+            self.send(b"h", 0, CLOCK.pack(time.monotonic()))
         return True
 
     def take_input(self) -> bool:
@@ -206,6 +216,15 @@ class Server:
         return True
 
     def on_frame(self, kind: bytes, rid: int, payload: bytes) -> None:
+        if kind == b"Q" and len(payload) >= CLOCK.size:
+            late = time.monotonic() - CLOCK.unpack_from(payload)[0]
+            if late > 0:  # the keeper has given this request up: it must never run now
+                self.send(b"r", rid, f"outrig agent: refused a request read {late:.1f} s "
+                          "after its deadline (this agent was stopped or starved)\n".encode())
+                self.send(b"x", rid, json.dumps(EXPIRED).encode())
+            elif rid not in self.children:
+                self.spawn(rid, payload[CLOCK.size:])
+            return
         if kind == b"q":
             if rid not in self.children:
                 self.spawn(rid, payload)
@@ -271,6 +290,7 @@ class Server:
         self.children[rid] = child
         self.by_fd[out_r] = child
         self.by_fd[err_r] = child
+        self.send(b"a", rid)
 
     def by_stdin(self, fd: int) -> Optional[Child]:
         for child in self.children.values():

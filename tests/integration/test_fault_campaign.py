@@ -15,9 +15,10 @@ connection) and on the warm path, through a keeper (connectors/kept.py). On the 
 each command finds no live keeper and starts one, so the fault strikes the keeper's own
 connection: its handshake (which the keeper retries as a direct connect does) or its first
 channel, exec and answer (the command then connects directly); and an established kept
-link is reset between two commands (the next one notices and starts a fresh keeper). Not
-covered here yet: a link that goes *silent* under a warm connection that is already up (the
-keeper's probe of an idle link before it lends a channel); its case belongs with that probe.
+link is reset between two commands (the next one notices and starts a fresh keeper). A link
+that goes *silent* under a warm connection that is already up is tried 0, 0.5, 2 and 5 s
+before the command (never reported later than on the direct path), and the keeper's live
+agent is stopped, killed mid-request, or shares its channel with a suspended client.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import json
 import os
 import random
 import re
+import signal
+import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -363,30 +367,38 @@ def test_sync_checkpoints_survives_or_resumes_after_a_cut_at_every_phase(
 DEAD_LIMIT = 2.0  # the dead-link tests' connect_timeout: (every link limit then)
 
 
-def quiet_for_long(host_file: Path) -> None:
-    """Wait until the host's keeper has heard nothing from the box for longer than it lends
-    a link without a keepalive (a few RTTs; the keeper's ``info`` says both)."""
-    deadline = time.monotonic() + 30.0
+GAPS = [0.0, 0.5, 2.0, 5.0]  # seconds the link is dead before the command starts
+
+
+def live_ready(host_file: Path) -> None:
+    """Wait until the host's keeper has its live agent ready (a call after the first one is
+    served by it: the warm path's usual case)."""
+    deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
         found = [k for k in keepers() if k.get("name") == host_file.stem]
         assert len(found) == 1, found
-        if found[0]["quiet"] > found[0]["probe_after"]:
+        if (found[0].get("live") or {}).get("state") == "ready":
             return
         time.sleep(0.02)
-    raise AssertionError("the keeper kept hearing from a blackholed box")
+    raise AssertionError("the keeper's live agent never became ready")
 
 
-@pytest.mark.parametrize("path", ["warm", "direct"])
+@pytest.mark.parametrize(("path", "gap"), [("direct", 0.0)] + [("warm", g) for g in GAPS])
 def test_a_dead_link_is_reported_through_the_keeper_no_later_than_directly(
-        path: str, box_host: Path, make_proxy: Any, tmp_path: Path,
+        path: str, gap: float, box_host: Path, make_proxy: Any, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The link goes dead (every connection silent, new ones accepted and never answered)
-    while a keeper holds it, or between two direct commands. status, check and deploy then
-    fail in the handshake limits: the warm path's keeper probes its idle link (one
-    keepalive, its limit named), and the fresh connection gets the one silent attempt left,
-    so the limits the warm path waits out are those of :func:`dead_link_limit` and never
-    more than the direct path's. No command waits out the mid-call limit, and the deploy
-    that launched nothing does not say that something keeps running."""
+    ``gap`` seconds before the command, while a keeper holds it with its live agent ready,
+    or between two direct commands. status, check and deploy then fail in the handshake
+    limits, never later than on the direct path, whatever the gap: a link heard from a
+    moment ago is lent, and the keepalive sent beside the request finds it silent within
+    the keepalive limit (the request is never started, and the fresh connection gets the one
+    silent attempt left); a link quiet for a few RTTs is probed before it is lent; one that
+    the keeper found dead on its own (its live agent silent, a keepalive unanswered) is gone
+    with its keeper, and the command connects afresh as a direct one does. No command waits
+    out the mid-call limit, and the deploy that launched nothing does not say that
+    something keeps running. The limits waited are read from the error (each names its
+    own)."""
     config = yaml.safe_load(box_host.read_text())
     proxy: LatencyProxy = make_proxy(config["port"], one_way_delay=0.005)
     config.update(port=proxy.port, connect_timeout=DEAD_LIMIT)
@@ -405,37 +417,180 @@ def test_a_dead_link_is_reported_through_the_keeper_no_later_than_directly(
             status(PROJECT, str(host_file), Reporter(quiet=True), journal=journal)  # works
             known = journal.host_facts(host.name).get("rtt")
             rtt = known if isinstance(known, float) else None
+            direct_limit = dead_link_limit(host, rtt, kept=False)
             said: list[str] = []
             reporter = Reporter(quiet=True)
             reporter.info = said.append  # type: ignore[method-assign]
             reporter.warn = said.append  # type: ignore[method-assign]
+            if path == "warm":
+                live_ready(host_file)
             proxy.blackhole_all()
-            if path == "warm":  # the box quiet for longer than a few RTTs: dead, unseen
-                quiet_for_long(host_file)
-            before = proxy.accepted
+            time.sleep(gap)  # the setup of the case: how long the link has been dead
+            before, started = proxy.accepted, time.monotonic()
             try:
                 with pytest.raises(LinkLost) as caught:
                     command(reporter)
             finally:
+                elapsed = time.monotonic() - started
                 proxy.restore()
             text, opened = str(caught.value), proxy.accepted - before
-            assert caught.value.silent and caught.value.phase == "banner", (name, text)
-            assert "lost contact with the agent" not in text, (name, text)  # mid-call limit
-            assert "keeps running" not in text, (name, text)
-            assert not any("Reconnecting" in line for line in said), (name, said)
+            case = (name, gap, text)
+            assert caught.value.silent and caught.value.phase == "banner", case
+            assert "lost contact with the agent" not in text, case  # the mid-call limit
+            assert "keeps running" not in text, case
+            assert not any("Reconnecting" in line for line in said), (case, said)
             connects = [float(x) for x in re.findall(r"connect timeout of ([\d.]+) s", text)]
             tried = int(re.findall(r"Tried (\d+) time", text)[-1])
             keepalive = [float(x) for x in re.findall(r"keepalive within ([\d.]+) s", text)]
-            if path == "warm":
-                assert opened == 1, (name, opened)  # the fresh keeper's one handshake
-                assert tried == 1 and keepalive == [DEAD_LIMIT], (name, text)
+            if keepalive:  # the kept link found silent in this command: one connect left
+                assert path == "warm" and opened == tried == 1, case
+                assert keepalive == [DEAD_LIMIT], case
                 assert any("no answer to a keepalive" in line for line in said), said
-            else:
-                assert opened == tried == 2 and keepalive == [], (name, text)
+            else:  # direct, or the keeper had already found its link dead and left
+                assert opened == tried == 2, case
             waited = sum(keepalive) + tried * connects[-1]
-            assert waited <= dead_link_limit(host, rtt, kept=path == "warm")
-            assert waited <= dead_link_limit(host, rtt, kept=False)
+            assert waited <= direct_limit, case
+            # the time itself only as a generous bound: the mid-call limit is a minute
+            assert elapsed <= 3 * direct_limit + 20.0, (case, elapsed)
             assert live_copies(book.stem) == {}, name
     finally:
         for entry in close_keepers():
             wait_gone(int(entry["pid"]), 10.0)
+
+
+# ------------------------------------------------------------------ the resident agent's faults
+
+AGENT_FAULTS = ["stopped", "killed", "slow client"]
+
+
+class AgentFault:
+    """One fault of the keeper's live agent, struck while the commands run: ``stopped``
+    (SIGSTOP before each command, SIGCONT after), ``killed`` (SIGKILL as soon as a request
+    is open on it) or ``slow client`` (a tail-logs of another process, suspended as Ctrl-Z
+    does, whose stream backs up in the keeper). Every pid it signals is one the test's own
+    sshd started (the live agent) or the test itself (the client)."""
+
+    def __init__(self, kind: str, host_file: Path, logs: Path, procs: Any) -> None:
+        self.kind, self.host_file, self.logs, self.procs = kind, host_file, logs, procs
+        self.stopped: list[int] = []
+        self.struck = 0
+        self.client: Any = None
+
+    def live(self) -> dict[str, Any]:
+        found = [k for k in keepers() if k.get("name") == self.host_file.stem]
+        return (found[0].get("live") or {}) if found else {}
+
+    @contextlib.contextmanager
+    def around(self) -> Iterator[None]:
+        """The fault around one command."""
+        live_ready(self.host_file)
+        pid = int(self.live()["pid"])
+        if self.kind == "stopped":
+            os.kill(pid, signal.SIGSTOP)
+            self.stopped.append(pid)
+            self.struck += 1
+        done = threading.Event()
+        killer = threading.Thread(target=self._kill_when_busy, args=(pid, done), daemon=True)
+        if self.kind == "killed":
+            killer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            if killer.is_alive():
+                killer.join(30)
+            for stopped in self.stopped:
+                os.kill(stopped, signal.SIGCONT)
+            for stopped in self.stopped:
+                assert wait_gone(stopped, 60), "a resumed live agent stayed"
+            self.stopped.clear()
+
+    def _kill_when_busy(self, pid: int, done: threading.Event) -> None:
+        while not done.is_set():
+            if self.live().get("requests_open"):
+                os.kill(pid, signal.SIGKILL)
+                self.struck += 1
+                return
+            time.sleep(0.005)
+
+    def start_slow_client(self, project: Path) -> None:
+        """A tail-logs of its own process, suspended, whose stream backs up in the keeper."""
+        self.client = self.procs.spawn(
+            [sys.executable, "-c", "import sys; from outrig.cli import program; "
+             "program.run(['outrig', *sys.argv[1:]])", "tail-logs", "--host",
+             self.host_file.stem, "--playbook", "job", "--json"], cwd=project,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+        assert self.client.stdout is not None
+        assert "line 0" in self.client.stdout.readline()
+        self.client.send_signal(signal.SIGSTOP)
+        with open(self.logs / "noise.log", "a") as log:
+            for _ in range(4):
+                log.write("".join(f"{os.urandom(48).hex()}\n" for _ in range(20000)))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self.live().get("backlog", 0) < 1 << 20:
+            time.sleep(0.05)
+        assert self.live().get("backlog", 0) >= 1 << 20, self.live()
+        self.struck += 1
+
+    def end_slow_client(self) -> None:
+        if self.client is not None:
+            assert self.live().get("requests_open", 0) >= 1, "the slow client was dropped"
+            self.client.send_signal(signal.SIGCONT)
+            self.client.send_signal(signal.SIGINT)
+            self.client.communicate(timeout=120)
+
+
+@pytest.mark.parametrize("kind", AGENT_FAULTS)
+def test_status_tail_logs_and_deploy_survive_the_resident_agents_faults(
+        kind: str, box_host: Path, make_proxy: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, procs: Any) -> None:
+    """Warm path, the keeper's live agent ready: with it stopped, killed mid-request or
+    sharing its channel with a suspended client, status and tail-logs succeed (lines exact),
+    and deploy succeeds or names the next step, after which the box runs one copy; a
+    request sent to a stopped agent never runs when it resumes."""
+    monkeypatch.setenv("OUTRIG_KEEP_SECONDS", "600")
+    config = yaml.safe_load(box_host.read_text())
+    campaign = Campaign(box_host, make_proxy(config["port"], one_way_delay=0.005), "warm")
+    logs = make_run(box_host, ["trainer", "noise"])
+    lines = [f"line {i}" for i in range(500)]
+    (logs / "trainer.log").write_text("".join(f"{x}\n" for x in lines))
+    (logs / "noise.log").write_text("line 0\n")
+    name = f"agent{uuid.uuid4().hex[:8]}"
+    book = playbook(tmp_path, name)
+    journal = Journal(tmp_path / "state")
+    quiet = Reporter(quiet=True)
+    fault = AgentFault(kind, campaign.host, logs, procs)
+    project = tmp_path / "project"
+    (project / "hosts").mkdir(parents=True)
+    (project / "hosts" / campaign.host.name).write_text(campaign.host.read_text())
+    status(PROJECT, str(campaign.host), quiet, journal=journal)  # the keeper and its agent
+    try:
+        if kind == "slow client":
+            live_ready(campaign.host)
+            fault.start_slow_client(project)
+        for round_ in range(2):
+            with fault.around():
+                status(PROJECT, str(campaign.host), quiet, journal=journal)
+            out = io.StringIO()
+            with fault.around():
+                tail_logs(PROJECT, str(campaign.host), Reporter(
+                    json_mode=True, out=out, err=io.StringIO()), playbook="job",
+                    processes=["trainer"],
+                    follow=False, lines=1000, journal=Journal(tmp_path / f"t{round_}"),
+                    backoff=0.05)
+            shown = [json.loads(x)["line"] for x in out.getvalue().splitlines()]
+            assert shown == lines, f"tail-logs, {kind}: lines lost or repeated"
+            try:
+                with fault.around():
+                    deploy(PROJECT, str(campaign.host), str(book), quiet, journal=journal)
+            except LinkLost as exc:
+                assert kind == "killed" and "keeps running" in str(exc), str(exc)
+                assert "This is a bug" not in str(exc)
+                deploy(PROJECT, str(campaign.host), str(book), quiet, journal=journal)
+            assert live_copies(name) == {"svc": 1}, f"deploy, {kind}"
+        fault.end_slow_client()
+    finally:
+        cleanup(PROJECT, str(box_host), Reporter(quiet=True), all_runs=True,
+                journal=Journal(tmp_path / "teardown"))
+        stop_keepers()
+    assert fault.struck >= (1 if kind != "stopped" else 6), fault.struck

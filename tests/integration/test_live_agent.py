@@ -30,6 +30,7 @@ from outrig.ops.logs import LOG_WINDOW
 from outrig.sandbox.box import SandboxBox, start_sandbox
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import HostSession, Project
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -330,3 +331,159 @@ def test_ctrl_c_cancels_a_deploy_served_by_the_live_agent(
     assert f"had launched (first (pid {pid}))" in err and "workdir is unlocked" in err
     assert wait_gone(pid, WAIT_S), "the launched process outlived the cancel"
     assert sshd_counts(box) == (opens, execs)
+
+
+# ------------------------------------------------------------------ its faults (issue: a
+# stopped agent, a stopped client, a killed agent): each found by a state the keeper reports
+
+
+def marked_book(tmp_path: Path, marker: Path) -> Path:
+    """A playbook whose one process appends a line to ``marker`` each time it starts."""
+    book = tmp_path / "marked.yaml"
+    book.write_text(yaml.safe_dump({"name": "marked", "processes": {"svc": {
+        "command": [sys.executable, "-u", "-c",
+                    f"import time\nopen({str(marker)!r}, 'a').write('run\\n')\n"
+                    "print('up', flush=True)\ntime.sleep(600)"],
+        "ready": {"log": "up", "timeout": 60}, "stop": {"grace": 2}}}}))
+    return book
+
+
+def test_a_stopped_live_agent_is_dropped_and_a_deploy_sent_to_it_runs_once_on_the_exec_path(
+        box: SandboxBox, warm: tuple[Path, Journal, LatencyProxy], tmp_path: Path) -> None:
+    """The box's live agent stopped (SIGSTOP) while the link is fine: the deploy sent to it
+    is not started within its deadline, so the keeper drops the agent and serves the deploy
+    on the exec path; the stopped agent, resumed, refuses the request it then reads (too
+    late) and leaves. The deploy ran exactly once; the next call is served as usual."""
+    host, journal, proxy = warm
+    old = live_of_keeper()
+    pid = int(old["pid"])
+    marker = tmp_path / "starts"
+    book = marked_book(tmp_path, marker)
+    os.kill(pid, signal.SIGSTOP)  # the box's live agent: a process this test's own sshd started
+    try:
+        deploy(PROJECT, str(host), str(book), Reporter(quiet=True), journal=journal)
+        now = live_of_keeper()
+        assert (now["pid"], now["state"]) != (pid, "ready"), "the stopped agent still counts"
+        result, transport = status_once(host, journal)
+        assert result["ok"] and transport.kept_channels == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert wait_gone(pid, WAIT_S), "the resumed agent did not leave with its closed channel"
+    assert marker.read_text() == "run\n", "the deploy ran again once the agent resumed"
+    wait_live("ready", other_than=old)
+    result, transport = status_once(host, journal)
+    assert result["ok"] and transport.live_calls == 1
+    assert proxy.accepted == 1, "the same kept connection all along"
+    from outrig.ops.cleanup import cleanup
+    cleanup(PROJECT, str(host), Reporter(quiet=True), playbook="marked", journal=journal)
+
+
+def test_a_status_through_the_keeper_of_a_stopped_agent_takes_the_exec_path(
+        warm: tuple[Path, Journal, LatencyProxy]) -> None:
+    host, journal, _proxy = warm
+    old = live_of_keeper()
+    pid = int(old["pid"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        result, transport = status_once(host, journal)
+        assert result["ok"] and transport.live_calls == 0 and transport.kept_channels == 1
+        listed = json.loads(subprocess.run([*OUTRIG, "connections", "--json"],
+                                           capture_output=True, text=True,
+                                           timeout=120).stdout)["connections"][0]["live"]
+        assert (listed["pid"], listed["state"]) != (pid, "ready"), listed
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert wait_gone(pid, WAIT_S)
+
+
+def test_a_stopped_client_holds_up_no_other_request_on_the_live_agent(
+        box: SandboxBox, warm: tuple[Path, Journal, LatencyProxy], tmp_path: Path,
+        procs: Any) -> None:
+    """A tail-logs suspended (SIGSTOP, as Ctrl-Z does) takes none of its stream: what the
+    box sends for it queues for it alone, and a status served by the same live agent
+    meanwhile gets its answer while the stopped client's request is still open (it was not
+    dropped to free the others)."""
+    from tests.support.logs import make_run
+
+    host, journal, _proxy = warm
+    logs = make_run(host, ["trainer"])
+    (logs / "trainer.log").write_text("first\n")
+    project = tmp_path / "project"
+    (project / "hosts").mkdir(parents=True)
+    (project / "hosts" / "live.yaml").write_text(host.read_text())
+    tail = procs.spawn([*OUTRIG, "tail-logs", "--host", "live", "--playbook", "job",
+                        "--json"], cwd=project, stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+    assert tail.stdout is not None
+    assert "first" in tail.stdout.readline()
+    tail.send_signal(signal.SIGSTOP)
+    try:
+        with open(logs / "trainer.log", "a") as log:  # random lines: no compression helps
+            for _ in range(4):
+                log.write("".join(f"{os.urandom(48).hex()}\n" for _ in range(20000)))
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and live_of_keeper().get("backlog", 0) < 1 << 20:
+            time.sleep(0.05)
+        assert live_of_keeper().get("backlog", 0) >= 1 << 20, live_of_keeper()
+        result, transport = status_once(host, journal)
+        assert result["ok"] and transport.live_calls == 1
+        assert live_of_keeper()["requests_open"] >= 1, "the stopped client was dropped"
+    finally:
+        tail.send_signal(signal.SIGCONT)
+        tail.send_signal(signal.SIGINT)
+    tail.communicate(timeout=WAIT_S)
+
+
+def test_a_killed_live_agent_does_not_end_a_follow_which_goes_on_through_a_new_one(
+        warm: tuple[Path, Journal, LatencyProxy]) -> None:
+    from tests.support.logs import Follow, make_run, wait_for
+
+    host, journal, _proxy = warm
+    logs = make_run(host, ["trainer"])
+    (logs / "trainer.log").write_text("before\n")
+    follow = Follow(host, journal, heartbeat=0.2, backoff=0.05)
+    wait_for(lambda: "before" in follow.lines(), WAIT_S, "the first line")
+    old = live_of_keeper()
+    assert old["requests_open"] == 1, "the follow is not on the live agent"
+    os.kill(int(old["pid"]), signal.SIGKILL)
+    wait_live("ended")
+    with open(logs / "trainer.log", "a") as log:
+        log.write("after\n")
+    wait_for(lambda: "after" in follow.lines() or follow.error is not None, WAIT_S,
+             "the line written after the kill")
+    result = follow.finish()
+    assert follow.lines() == ["before", "after"], "lines lost or repeated"
+    assert result.reconnects >= 1
+
+
+def test_a_deploy_whose_live_agent_is_killed_says_what_keeps_running(
+        warm: tuple[Path, Journal, LatencyProxy], tmp_path: Path, procs: Any) -> None:
+    host, _journal, _proxy = warm
+    project = tmp_path / "project"
+    (project / "playbooks").mkdir(parents=True)
+    (project / "hosts").mkdir()
+    (project / "hosts" / "live.yaml").write_text(host.read_text())
+    (project / "playbooks" / "slow.yaml").write_text(SLOW)
+    deploying = procs.spawn([*OUTRIG, "deploy", "--host", "live", "--playbook", "slow",
+                             "--json"], cwd=project, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert deploying.stdout is not None
+    pid = None
+    for line in deploying.stdout:
+        event = json.loads(line)
+        if event.get("event") == "launched":
+            pid = int(event["pid"])
+            break
+    assert pid is not None, deploying.communicate()
+    live = live_of_keeper()
+    assert live["requests_open"] == 1, "the deploy is not on the live agent"
+    os.kill(int(live["pid"]), signal.SIGKILL)
+    _out, err = deploying.communicate(timeout=WAIT_S)
+    assert deploying.returncode != 0
+    assert "live agent ended" in err and "keeps running" in err, err
+    assert "This is a bug" not in err, err
+    try:
+        assert alive(pid), "the launched process did not keep running"
+    finally:
+        subprocess.run([*OUTRIG, "cleanup", "--host", "live", "--playbook", "slow"],
+                       cwd=project, capture_output=True, timeout=WAIT_S)

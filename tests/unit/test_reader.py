@@ -121,3 +121,31 @@ def test_a_lost_link_says_what_keeps_running_only_when_something_was_launched() 
     with pytest.raises(LinkLost) as silent:  # the same after a silence with nothing heard
         list(ChannelReader(Silent(up=True), HOST, 0.0, poll=0.0).events())
     assert "keeps running" not in str(silent.value)
+
+
+def test_the_keepers_word_on_a_lost_request_is_the_errors_cause_and_its_silence_is_kept() -> None:
+    """The keeper ends a lent request with ``L`` and why (its link found dead by silence, or
+    the box's live agent gone): the error names that cause, not "the connection dropped",
+    says what keeps running, and a silent link is handed to the transport for the fresh
+    connection that follows (one silent attempt fewer)."""
+    import json
+    import socket
+
+    from outrig.connectors.keeper_wire import send_frame
+    from outrig.connectors.kept import _KeptChannel
+
+    for why, silent in (("the kept SSH link gave no answer to a keepalive within 5 s", True),
+                        ("the box's live agent ended: killed, or its channel closed", False)):
+        ours, keeper = socket.socketpair()
+        told: list[str] = []
+        lent = _KeptChannel(ours, "box", on_silent=told.append)
+        send_frame(keeper, b"o", b'{"event": "launched", "t": 1, "process": "a"}\n')
+        send_frame(keeper, b"L", json.dumps({"why": why, "silent": silent}).encode())
+        with pytest.raises(LinkLost) as caught:
+            ChannelReader(lent, HOST, 60.0).result()
+        text = str(caught.value)
+        assert f"before it finished ({why})" in text and "keeps running" in text, text
+        assert caught.value.silent is silent and caught.value.request_sent
+        assert told == ([why] if silent else [])
+        lent.close()
+        keeper.close()

@@ -180,7 +180,8 @@ def test_heartbeats_while_quiet_and_the_channel_ending_ends_it_and_its_children(
         agent: Agent, tmp_path: Path) -> None:
     agent.until(lambda f: f[0] == b"R")
     beats = agent.until(lambda f: f[0] == b"h")
-    assert beats[-1] == (b"h", 0, b"")
+    kind, rid, clock = beats[-1]
+    assert (kind, rid) == (b"h", 0) and serve.CLOCK.unpack(clock)[0] > 0  # the agent's clock
     marker = tmp_path / "ended"
     agent.send(b"q", 9, f"pid {marker}".encode())
     pid = int(agent.until(lambda f: f[0] == b"o" and f[1] == 9)[-1][2])
@@ -222,3 +223,21 @@ def test_a_frame_longer_than_the_limit_is_a_broken_stream() -> None:
     with pytest.raises(ValueError):
         buffer.feed(serve.FRAME.pack(b"q", 1, serve.MAX_PAYLOAD + 1))
     assert serve.FrameBuffer().feed(serve.frame(b"i", 3, b"ab")[:-1]) == []
+
+
+def test_a_request_is_acknowledged_when_started_and_refused_after_its_deadline(
+        agent: Agent) -> None:
+    """``Q`` carries a deadline on the agent's own clock: read in time, the request starts and
+    ``a`` says so before its output; read after it (a stopped agent resumed), it is refused
+    with the exit status EXPIRED and never started: the keeper has served it elsewhere."""
+    ready = json.loads(agent.until(lambda f: f[0] == b"R")[-1][2])
+    assert isinstance(ready["clock"], float)
+    clock = serve.CLOCK.unpack(agent.until(lambda f: f[0] == b"h")[-1][2])[0]
+    agent.send(b"Q", 4, serve.CLOCK.pack(clock + 3600) + b"env fresh")
+    frames = agent.until(lambda f: f[0] == b"x" and f[1] == 4)
+    mine = [f[0] for f in frames if f[1] == 4]
+    assert mine[0] == b"a" and b"o" in mine, mine
+    agent.send(b"Q", 5, serve.CLOCK.pack(clock - 1) + b"env stale")
+    out, err, status = agent.output(5)
+    assert status == serve.EXPIRED and out == b"" and b"after its deadline" in err
+    assert not [f for f in agent.got if f[1] == 5 and f[0] == b"a"], "a late request started"
