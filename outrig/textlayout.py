@@ -234,6 +234,8 @@ def _state(proc: dict[str, Any]) -> str:
     """The state cell: ``exited (3)``, ``killed (signal 9)``, or ``stopped by cleanup`` for a
     process that outrig itself stopped (the agent's ``stopped_by``), whatever its exit."""
     state = str(proc.get("state"))
+    if state == "running" and (proc.get("hung") or {}).get("hung"):
+        return "hung"
     if state != "running" and proc.get("stopped_by"):
         return f"stopped by {proc.get('stopped_by')}"
     if state == "exited":
@@ -253,6 +255,12 @@ def _detail(proc: dict[str, Any]) -> str:
         health = server.get("health") or f"down ({server.get('health_error')})"
         models = ", ".join(server.get("models") or []) or "?"
         detail = f"/health {health}, serving {models}"
+    hung = proc.get("hung") or {}
+    signs = [f"{e.get('detail')} ({e.get('confirmations')} of {e.get('needed')} "
+             "confirmations)" for e in hung.get("evidence") or [] if isinstance(e, dict)]
+    if signs:
+        detail = ("; ".join([detail] if detail else []) + ("; " if detail else "")
+                  + ("hung: " if hung.get("hung") else "may be hung: ") + "; ".join(signs))
     return detail
 
 

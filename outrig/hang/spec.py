@@ -25,21 +25,25 @@ class LogSilenceSpec(_Strict):
     """A process that writes no log line for longer than its own cadence allows."""
 
     enabled: bool = True
-    floor: float = Field(judge.LOG_FLOOR, gt=0, description="seconds of silence never called a hang")
-    factor: float = Field(judge.LOG_FACTOR, ge=1, description="times the longest gap seen between two "
-                          "log writes (its own cadence) that silence must also exceed")
-    learn: int = Field(judge.LOG_LEARN, ge=1, description="gaps seen before the cadence is trusted: a "
-                       "process that has not logged that often is never judged by its log")
+    floor: float = Field(judge.LOG_FLOOR, gt=0,
+                         description="seconds of silence never called a hang")
+    factor: float = Field(judge.LOG_FACTOR, ge=1,
+                          description="times the longest gap seen between two log writes "
+                          "(its own cadence) that silence must also exceed")
+    learn: int = Field(judge.LOG_LEARN, ge=1,
+                       description="gaps seen before the cadence is trusted: a process that "
+                       "has not logged that often is never judged by its log")
 
 
 class GpuIdleSpec(_Strict):
     """Every GPU a live, non-server process was given stays under a utilisation floor."""
 
     enabled: bool = True
-    floor: int = Field(judge.GPU_FLOOR, ge=0, le=100, description="utilisation in percent under which a "
-                       "GPU counts as idle")
-    window: float = Field(judge.GPU_WINDOW, gt=0, description="seconds every GPU of the process must "
-                          "stay idle before a confirmation counts")
+    floor: int = Field(judge.GPU_FLOOR, ge=0, le=100,
+                       description="utilisation in percent under which a GPU counts as idle")
+    window: float = Field(judge.GPU_WINDOW, gt=0,
+                          description="seconds every GPU of the process must stay idle before "
+                          "a confirmation counts")
 
 
 class CountersSpec(_Strict):
@@ -47,8 +51,8 @@ class CountersSpec(_Strict):
     while requests are running or waiting (vLLM's ``/metrics``)."""
 
     enabled: bool = True
-    path: str = Field(judge.METRICS_PATH, pattern=r"^/", description="the metrics page on the "
-                      "server's origin")
+    path: str = Field(judge.METRICS_PATH, pattern=r"^/",
+                      description="the metrics page on the server's origin")
     progress: list[str] = Field(default_factory=lambda: list(judge.PROGRESS_COUNTERS),
                                 min_length=1, description="counters that grow with work")
     busy: list[str] = Field(default_factory=lambda: list(judge.BUSY_GAUGES), min_length=1,
@@ -60,7 +64,8 @@ class CanarySpec(_Strict):
     within its deadline (off by default: it puts a request on the server)."""
 
     enabled: bool = False
-    deadline: float = Field(judge.CANARY_DEADLINE, gt=0, le=600, description="seconds the answer may take")
+    deadline: float = Field(judge.CANARY_DEADLINE, gt=0, le=600,
+                            description="seconds the answer may take")
 
 
 class StoppedSpec(_Strict):
@@ -73,10 +78,12 @@ class HangSpec(_Strict):
     """The ``hang:`` section (defaults in docs/playbooks.md#hang)."""
 
     enabled: bool = True
-    confirmations: int = Field(judge.CONFIRMATIONS, ge=1, le=100, description="consecutive confirmations a "
-                               "signal needs before the process is hung")
-    interval: float = Field(judge.INTERVAL, gt=0, description="seconds (on the box's clock) at least "
-                            "between two confirmations")
+    confirmations: int = Field(judge.CONFIRMATIONS, ge=1, le=100,
+                               description="consecutive confirmations a signal needs before "
+                               "the process is hung")
+    interval: float = Field(judge.INTERVAL, gt=0,
+                            description="seconds (on the box's clock) at least between two "
+                            "confirmations")
     log: LogSilenceSpec = Field(default_factory=lambda: LogSilenceSpec())
     gpu: GpuIdleSpec = Field(default_factory=lambda: GpuIdleSpec())
     counters: CountersSpec = Field(default_factory=lambda: CountersSpec())
