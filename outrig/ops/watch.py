@@ -577,9 +577,14 @@ class Watcher:
                       checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
                       seconds=report.get("seconds"))  # line already there
             return
-        self.send("failed", why="the box is dead and no spare took the job"
+        self.send("failed", why=("the run hangs" if hung else "the box is dead")
+                  + " and no spare took the job"
                   + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))
         self.record.update(status="failed")
+        if hung:
+            raise OutrigError(hang_hint(self.record.snapshot(), verdict.why,
+                                        int(self.record["restarts_used"] or 0),
+                                        int(self.record["restarts"] or 0)))
         raise OutrigError(death_hint(self.record.snapshot(), old_host, old_run, verdict.why,
                                      skipped, self.checkpointed()))
 

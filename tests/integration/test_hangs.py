@@ -148,6 +148,7 @@ def server_playbook(project_root: Path, port: int) -> Project:
     (project_root / "playbooks").mkdir(parents=True)
     book = {
         "name": "srv", "params": {"port": port},
+        "stage": {"ckpt": {"path": "${workdir}/ckpt", "kind": "checkpoints"}},
         "hang": {"confirmations": 3, "interval": 1.0},
         "processes": {"server": {
             "command": [sys.executable, str(STANDINS / "fake_vllm.py"), "serve", "m",
@@ -216,14 +217,22 @@ def test_a_server_whose_counters_freeze_with_a_request_running_is_hung_and_moved
         assert "hung" not in running.events(), "a server at work is not hung"
         (box_a.workdir / "freeze").touch()  # the engine wedges inside a step
         frozen = metrics(port)
+        while True:  # the step under way when the file came may still finish
+            time.sleep(0.5)
+            now = metrics(port)
+            if now == frozen:
+                break
+            frozen = now
         assert frozen["vllm:num_requests_running"] >= 1
+        progress = (frozen["vllm:iteration_tokens_total_count"]
+                    + frozen["vllm:generation_tokens_total"])
 
         hung = running.wait_event("hung")
         assert hung["run_id"] == first.plan.run_id
         evidence = hung["processes"][0]["evidence"]
         counters = next(e for e in evidence if e["signal"] == "counters")
         assert counters["confirmations"] == 3 == counters["needed"], evidence
-        assert f"stood at {frozen['vllm:iteration_tokens_total_count'] + frozen['vllm:generation_tokens_total']:.0f}" in hung["why"]
+        assert f"stood at {progress:.0f}" in hung["why"]
         migrating = running.wait_event("migrating")
         assert migrating["to"] == str(host_b)
         resumed = running.wait_event("resumed")
