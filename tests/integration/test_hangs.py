@@ -258,9 +258,12 @@ def test_a_30s_link_stall_is_never_a_hang(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The link holds every byte for 30 s (the trainer logs on, the box is fine): the watch
     may find the box suspect, but no hang signal holds when the answers come back, because
-    every fact the judge reads is the box's own, on the box's clock."""
+    every fact the judge reads is the box's own, on the box's clock, and a missing answer
+    confirms nothing. One confirmation is enough here: any sample in which a signal held
+    would call the hang."""
     proxy = make_proxy(box_a.port, one_way_delay=RTT_HALF)
     project, journal, a, run_id = trainer_job(box_a, tmp_path, monkeypatch, proxy)
+    with_hang(project, "mig-4gpu", {**FAST, "confirmations": 1})  # one stale look would do
     running = Running(project, str(a), journal, WatchOptions(threshold=60, period=0.5),
                       "mig-4gpu")
     store = hang_file(journal, run_id)
