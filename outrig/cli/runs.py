@@ -372,8 +372,9 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     GPU is skipped). A crash on a box that answers is reported, never migrated (--restarts
     N redeploys in place). A process that lives but does no work (a silent log, idle GPUs,
     vLLM's counters frozen with requests queued, a stopped process), confirmed as the
-    playbook's hang: section says, is a hung event, then a restart, else a move. A GPU turning bad during the run (uncorrectable ECC errors, a
-    row remap, a fatal Xid) is a gpu_unhealthy event. Events go to the on_event hook; its
+    playbook's hang: section says, is a hung event, then a restart, else a move. A GPU
+    turning bad during the run (uncorrectable ECC errors, a row remap, a fatal Xid) is a
+    gpu_unhealthy event. Events go to the on_event hook; its
     state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
     Example:

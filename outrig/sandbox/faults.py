@@ -67,7 +67,7 @@ def run_processes(workdir: Path) -> Iterator[tuple[str, int, bool]]:
             pid = item.get("pid") if isinstance(item, dict) else None
             st = read_stat(pid) if isinstance(pid, int) and pid > 1 else None
             if st is not None and st.live() and st.start_ticks == item.get("start_ticks"):
-                yield run_id, pid, False
+                yield run_id, st.pid, False
 
 
 def _signal(target: int, group: bool, signum: int) -> bool:
@@ -91,13 +91,20 @@ def crash(name: str) -> dict[str, Any]:
             for pid in sessions:  # sshd's connections, in sessions of their own
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-    runs: dict[str, int] = {}
-    for run_id, target, group in list(run_processes(root / "box" / "workdir")):
-        if _signal(target, group, signal.SIGKILL):
-            runs[run_id] = runs.get(run_id, 0) + 1
+    runs = kill_runs(root / "box" / "workdir")
     atomic_write_json(root / STATE_FILE, {**state, "crashed": time.time()})
     return {"name": name, "host_file": state.get("host_file"), "killed": killed,
-            "runs": sorted(runs), "port": state.get("port")}
+            "runs": runs, "port": state.get("port")}
+
+
+def kill_runs(workdir: Path) -> list[str]:
+    """SIGKILL every live process of every run recorded under ``workdir`` at once (what a
+    dead box does to them); the run ids that had one."""
+    runs: set[str] = set()
+    for run_id, target, group in list(run_processes(workdir)):
+        if _signal(target, group, signal.SIGKILL):
+            runs.add(run_id)
+    return sorted(runs)
 
 
 def hang(name: str, *, resume: bool = False) -> dict[str, Any]:
