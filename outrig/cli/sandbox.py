@@ -55,7 +55,7 @@ def demo(c: Any, keep: bool = False, delay: str | None = None, failover: bool = 
                               "with --keep (drop one of them)")
         reporter = make_reporter(json)
         ensure_sshd(reporter)
-        run_failover(settings.project, reporter, one_way_delay=one_way_ms / 1000.0)
+        run_failover(reporter, one_way_delay=one_way_ms / 1000.0)
         return
     run_demo(settings.project, make_reporter(json), keep=keep,
              one_way_delay=one_way_ms / 1000.0)

@@ -41,6 +41,7 @@ from outrig.session import Project
 
 FAILOVER_STEPS = 4000  # 0.05 s a step: over three minutes of training, a checkpoint a second
 FAILOVER_THRESHOLD = 15.0  # seconds every signal must fail before the box may be called dead
+MIRRORED_BEFORE_CRASH = 3  # the box dies once the watch holds this checkpoint
 WAIT_LIMIT = 300.0  # seconds for each stage (a checkpoint mirrored, the move) on a slow laptop
 
 
@@ -69,8 +70,12 @@ def failover_playbook(root: Path, port: int) -> Path:
     return path
 
 
-def run_failover(project: Project, reporter: Reporter, *, one_way_delay: float = 0.0) -> None:
-    """The demo (module docstring): deploy, watch, crash, move, resume; then clean up."""
+def run_failover(reporter: Reporter, *, one_way_delay: float = 0.0) -> dict[str, Any]:
+    """The demo (module docstring): deploy, watch, crash, move, resume; then clean up. Its
+    project is its own folder (``hosts/sandbox.yaml``, ``hosts/spare.yaml``,
+    ``playbooks/smoke.yaml``), so the boxes go by those names. Returns what happened: the
+    events the watch sent, the old and new run ids, the checkpoint resumed from and the
+    trainer's resume line."""
     from outrig.sandbox.box import free_port, start_sandbox
 
     root = Path(tempfile.mkdtemp(prefix="outrig-failover-"))
@@ -79,13 +84,13 @@ def run_failover(project: Project, reporter: Reporter, *, one_way_delay: float =
     try:
         with own_state(root):
             reporter.info(f"• starting two sandbox boxes in {root}: sandbox and spare")
-            hosts = []
+            project = Project(root / "job")
             for name in ("sandbox", "spare"):
                 box = start_sandbox(root / name, name=name)
                 boxes.append(box)
-                hosts.append(str(_host_file(box, root, name, one_way_delay, proxies)))
+                _host_file(box, project.hosts_dir, name, one_way_delay, proxies)
             playbook = failover_playbook(root / "job", free_port())
-            _follow_and_crash(project, reporter, boxes, hosts, playbook, proxies)
+            return _follow_and_crash(project, reporter, boxes, playbook, proxies)
     finally:
         for proxy in proxies:
             proxy.close()
@@ -94,7 +99,7 @@ def run_failover(project: Project, reporter: Reporter, *, one_way_delay: float =
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _host_file(box: Any, root: Path, name: str, one_way_delay: float,
+def _host_file(box: Any, hosts_dir: Path, name: str, one_way_delay: float,
                proxies: list[Any]) -> Path:
     from outrig.sandbox.proxy import LatencyProxy
 
@@ -103,14 +108,14 @@ def _host_file(box: Any, root: Path, name: str, one_way_delay: float,
         proxy = LatencyProxy(box.host, box.port, one_way_delay=one_way_delay).start()
         proxies.append(proxy)
         port = proxy.port
-    return Path(box.write_host_file(root / "hosts" / f"{name}.yaml", port=port))
+    return Path(box.write_host_file(hosts_dir / f"{name}.yaml", port=port))
 
 
 def _follow_and_crash(project: Project, reporter: Reporter, boxes: list[Any],
-                      hosts: list[str], playbook: Path, proxies: list[Any]) -> None:
+                      playbook: Path, proxies: list[Any]) -> dict[str, Any]:
     from outrig.sandbox.faults import kill_runs
 
-    sandbox, spare = hosts
+    sandbox, spare = "sandbox", "spare"
     box, spare_box = boxes
     journal = Journal()
     reporter.info(f"• deploying {DEMO_PLAYBOOK} ({FAILOVER_STEPS} steps) to sandbox")
@@ -132,9 +137,8 @@ def _follow_and_crash(project: Project, reporter: Reporter, boxes: list[Any],
     thread = threading.Thread(target=follow, name="outrig-demo-watch", daemon=True)
     thread.start()
     try:
-        _wait(lambda: _mirrored(journal, sandbox), thread, failure,
-              "the watch to mirror a complete checkpoint")
-        del first
+        _wait(lambda: _mirrored(journal, sandbox) >= MIRRORED_BEFORE_CRASH, thread, failure,
+              f"the watch to mirror checkpoint {MIRRORED_BEFORE_CRASH}")
         reporter.info("• crashing sandbox: its sshd and every process of its run killed at "
                       "once; its host file stays (as `outrig sandbox-down --crash`)")
         box.stop()
@@ -144,10 +148,11 @@ def _follow_and_crash(project: Project, reporter: Reporter, boxes: list[Any],
         resumed = _wait(lambda: _event(notifier, "resumed"), thread, failure,
                         "the watch to move the run to spare")
         new_run = str(resumed["run_id"])
-        _wait(lambda: _resumed(spare_box.workdir, new_run), thread, failure,
-              "the trainer on spare to resume")
-        reporter.info(f"• the run moved to spare as {new_run} and resumed from checkpoint "
-                      f"{resumed.get('checkpoint')} (its last complete one); its log:")
+        line = _wait(lambda: _resumed(spare_box.workdir, new_run), thread, failure,
+                     "the trainer on spare to resume")
+        reporter.info(f"• the run moved to spare as {new_run}, from checkpoint "
+                      f"{resumed.get('checkpoint')} (the last complete one the watch "
+                      f"mirrored); the trainer there says: {line}")
         logs(project, spare, reporter, run_id=new_run, processes=["trainer"], lines=4,
              journal=journal)
     finally:
@@ -157,27 +162,32 @@ def _follow_and_crash(project: Project, reporter: Reporter, boxes: list[Any],
             cleanup(project, spare, Reporter(quiet=True), all_runs=True, journal=journal)
     reporter.success("failover demo done: deploy → box death → watch moved the run to the "
                      "spare → it resumed there from its last complete checkpoint")
+    return {"events": [e.get("event") for e in notifier.sent], "old_run": first.plan.run_id,
+            "new_run": new_run, "checkpoint": resumed.get("checkpoint"), "resume_line": line}
 
 
 def _event(notifier: Notifier, name: str) -> dict[str, Any] | None:
     return next((e for e in notifier.sent if e.get("event") == name), None)
 
 
-def _mirrored(journal: Journal, host: str) -> bool:
+def _mirrored(journal: Journal, host: str) -> int:
+    """The newest checkpoint the watch has mirrored (-1: none yet)."""
     from outrig.ops.watch import find_watch
 
     found = find_watch(journal, host, DEMO_PLAYBOOK)
-    return found is not None and found[1].get("mirrored") is not None
+    mirrored = None if found is None else found[1].get("mirrored")
+    return int(mirrored) if isinstance(mirrored, int) else -1
 
 
-def _resumed(workdir: Path, run_id: str) -> bool:
+def _resumed(workdir: Path, run_id: str) -> str | None:
     """Whether the trainer on the spare said it resumed (its log, read on this machine: the
     sandbox box is here; the demo then shows it through ``tail-logs``)."""
     try:
         text = (workdir / "runs" / run_id / "logs" / "trainer.log").read_text()
     except OSError:
-        return False
-    return "Resuming from checkpoint" in text
+        return None
+    return next((line for line in text.splitlines() if "Resuming from checkpoint" in line),
+                None)
 
 
 def _wait(check: Any, thread: threading.Thread, failure: list[BaseException],
