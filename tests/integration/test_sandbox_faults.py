@@ -46,10 +46,11 @@ def project(tmp_path: Path) -> Iterator[Path]:
               "while True:\n    print('tick', flush=True)\n    time.sleep(0.2)\n")
     (root / "playbooks" / "tick.yaml").write_text(yaml.safe_dump({
         "name": "tick", "hang": {"confirmations": 2, "interval": 0.5},
-        "processes": {"ticker": {"command": [sys.executable, "-c", ticker], "gpus": []},
+        "processes": {"ticker": {"command": [sys.executable, "-c", ticker], "gpus": [],
+                                 "stop": {"grace": 30}},
                       "sleeper": {"command": [sys.executable, "-c",
                                               "import time; time.sleep(600)"],
-                                  "gpus": []}}}))
+                                  "gpus": [], "stop": {"grace": 30}}}}))
     yield root
     with contextlib.suppress(ConfigError):  # not up: crashed, or never started
         hang("sandbox", resume=True)  # a stopped run ends on SIGTERM only once it goes on
@@ -133,3 +134,24 @@ def test_sandbox_down_crash_kills_everything_at_once_and_keeps_the_host_file(
     down = outrig_cli(["sandbox-down"], project)
     assert down.returncode == 0, down.stderr
     assert not host_file.exists()
+
+
+def test_a_stopped_run_ends_on_sigterm_within_its_grace_not_killed_after_it(
+        project: Path) -> None:
+    """cleanup (and the redeploy of a watch's restart) sends SIGCONT after SIGTERM: a run
+    stopped by SIGSTOP acts on the TERM (a trainer saves) instead of waiting out its grace to
+    be SIGKILLed."""
+    up = outrig_cli(["sandbox-up", "--json"], project)
+    assert up.returncode == 0, up.stderr
+    _, pids = deploy_tick(project)
+    assert outrig_cli(["sandbox-hang"], project).returncode == 0
+    assert {proc_state(pid) for pid in pids} == {"T"}
+    stopped = outrig_cli(["cleanup", "--host", "sandbox", "--playbook", "tick", "--json"],
+                         project)
+    assert stopped.returncode == 0, stopped.stderr
+    ended = [json.loads(line) for line in stopped.stdout.splitlines()
+             if line.startswith("{") and '"event": "stopped"' in line]
+    hows = {e["process"]: e["how"] for e in ended}
+    assert hows["sleeper"] == "term", ended  # the ticker's orphaned child is killed after
+    assert all(e["seconds"] < 30 for e in ended), ended
+    assert wait_gone(pids) == []
