@@ -84,10 +84,10 @@ def crash(name: str) -> dict[str, Any]:
     root = sandbox_root(name)
     killed: list[int] = []
     for entry in (state.get("server") or {}, state.get("sshd") or {}):
-        if is_recorded_process(entry):
+        if is_recorded_process(entry):  # (the server's group may have taken sshd with it)
             sessions = children_of(int(entry["pid"]))
-            if _signal(int(entry["pgid"]), True, signal.SIGKILL):
-                killed.append(int(entry["pid"]))
+            _signal(int(entry["pgid"]), True, signal.SIGKILL)
+            killed.append(int(entry["pid"]))
             for pid in sessions:  # sshd's connections, in sessions of their own
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
