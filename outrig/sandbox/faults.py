@@ -83,14 +83,15 @@ def crash(name: str) -> dict[str, Any]:
     state = _up_state(name, "crash")
     root = sandbox_root(name)
     killed: list[int] = []
-    for entry in (state.get("server") or {}, state.get("sshd") or {}):
-        if is_recorded_process(entry):  # (the server's group may have taken sshd with it)
-            sessions = children_of(int(entry["pid"]))
-            _signal(int(entry["pgid"]), True, signal.SIGKILL)
-            killed.append(int(entry["pid"]))
-            for pid in sessions:  # sshd's connections, in sessions of their own
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    live = [e for e in (state.get("server") or {}, state.get("sshd") or {})
+            if is_recorded_process(e)]
+    sessions = [pid for e in live for pid in children_of(int(e["pid"]))]
+    for entry in live:  # all at once: no process here gets to clean up after another
+        _signal(int(entry["pgid"]), True, signal.SIGKILL)
+        killed.append(int(entry["pid"]))
+    for pid in sessions:  # sshd's connections, in sessions of their own
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     runs = kill_runs(root / "box" / "workdir")
     atomic_write_json(root / STATE_FILE, {**state, "crashed": time.time()})
     return {"name": name, "host_file": state.get("host_file"), "killed": killed,
