@@ -13,6 +13,8 @@ tests/standins/README.md traces each behaviour):
 - SIGTERM to the parent terminates its children and exits 0; SIGKILL of the parent leaves them
   alive and holding GPUs (vLLM #55510);
 - readiness: log lines, then ``/health`` and ``/v1/models`` on HOST:PORT after a startup delay;
+- the engine loop and ``/metrics``: the step counters and request gauges outrig's hang judge
+  reads, and a wedged engine that publishes nothing more (:class:`Engine`);
 - stale GPU memory: ``Free memory on device cuda:X ... is less than desired GPU memory
   utilization`` when live holders leave too little.
 
@@ -20,7 +22,9 @@ Test knobs: ``--fake-mib``, ``--fake-startup-delay``; env ``FAKE_VLLM_SETSID_CHI
 child that calls setsid and holds GPU memory; the parent has lost track of it),
 ``FAKE_VLLM_IGNORE_TERM_CHILD=1`` (the first engine ignores SIGTERM), ``FAKE_VLLM_FATAL=text``
 (print it and exit 1 after the startup delay), ``FAKE_VLLM_LEAK_MIB=N`` (the first engine's N MiB
-stay used after it dies, as with a process stuck in the driver).
+stay used after it dies, as with a process stuck in the driver),
+``FAKE_VLLM_FREEZE_FILE=path`` (while that file exists the engine is wedged: ``/metrics`` stands
+still, requests wait, ``/health`` answers 200; see :class:`Engine`).
 Standard library only; no outrig import.
 """
 
