@@ -36,9 +36,11 @@ class HangFollower:
         return [v.to_json() for v in self.verdicts if v.hung]
 
 
-def hang_hint(record: dict[str, Any], why: str, used: int, allowed: int) -> str:
-    """The error of a hung run that no restart and no spare took, with what to do next."""
+def hang_hint(record: dict[str, Any], why: str) -> str:
+    """The error of a hung run that no restart and no spare took (``record``: the watch's),
+    with what to do next."""
     host, run_id, playbook = record.get("host"), record.get("run_id"), record.get("playbook")
+    used, allowed = record.get("restarts_used") or 0, record.get("restarts") or 0
     return (f"run {run_id} on {host} is hung ({why}); no restart was left (used {used} of "
             f"{allowed}) and no spare took it. Look: `outrig status --host {host} --run "
             f"{run_id}`; stop it: `outrig cleanup --host {host} --run {run_id}`; start it "

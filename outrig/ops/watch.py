@@ -532,21 +532,14 @@ class Watcher:
         self.reporter.info(f"• restarted in place as {deployed.plan.run_id}")
 
     def on_hang(self, verdict: Verdict) -> None:
-        """A confirmed hang on a box that answers, handled like a death (docs/watch.md#hangs):
-        restart in place while ``--restarts`` allow (the re-deploy stops the hung processes),
-        else move to a spare (migrate finds the box alive: it stops the run and copies its
-        newest complete checkpoint box to box), else fail."""
+        """A confirmed hang on a box that answers (docs/watch.md#hangs): restart in place
+        while ``--restarts`` allow (the re-deploy stops the hung run), else as a death."""
         self.send("hung", why=verdict.why, processes=self.hangs.evidence())
-        used = int(self.record["restarts_used"] or 0)
-        allowed = int(self.record["restarts"] or 0)
+        used, allowed = int(self.record["restarts_used"] or 0), int(self.record["restarts"] or 0)
         if used < allowed:
             self.restart(used, allowed)
-        elif self.record["spares"]:
-            self.on_death(verdict, hung=True)
         else:
-            self.send("failed", why=f"hung: {verdict.why}")
-            self.record.update(status="failed")
-            raise OutrigError(hang_hint(self.record.snapshot(), verdict.why, used, allowed))
+            self.on_death(verdict, hung=True)
 
     def on_death(self, verdict: Verdict, *, hung: bool = False) -> None:
         """Migrate to the first spare that passes ``check``; then watch it. ``hung``: the box
@@ -581,12 +574,8 @@ class Watcher:
                   + " and no spare took the job"
                   + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))
         self.record.update(status="failed")
-        if hung:
-            raise OutrigError(hang_hint(self.record.snapshot(), verdict.why,
-                                        int(self.record["restarts_used"] or 0),
-                                        int(self.record["restarts"] or 0)))
-        raise OutrigError(death_hint(self.record.snapshot(), old_host, old_run, verdict.why,
-                                     skipped, self.checkpointed()))
+        raise OutrigError(hang_hint(self.record.snapshot(), verdict.why) if hung else death_hint(
+            self.record.snapshot(), old_host, old_run, verdict.why, skipped, self.checkpointed()))
 
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is

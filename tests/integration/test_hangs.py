@@ -112,6 +112,13 @@ def test_a_stopped_trainer_is_hung_after_the_confirmations_and_restarted(
         assert seen == sorted(seen), "one confirmation at a time"
         assert all(e["needed"] == 3 for e in verdict["evidence"])
 
+        alone = Running(project, str(a), journal, WatchOptions(period=0.5), "mig-4gpu")
+        alone.thread.join(120)  # no restart, no spare: the hang is reported, the watch fails
+        assert alone.events() == ["hung", "failed"], alone.events()
+        assert "the run hangs and no spare took the job" in alone.notifier.sent[1]["why"]
+        assert alone.error is not None and f"run {run_id} on {a} is hung" in str(alone.error)
+        assert "--restarts N or --spare HOST" in str(alone.error)
+
         running = Running(project, str(a), journal, WatchOptions(restarts=1, period=0.5),
                           "mig-4gpu")
         try:
