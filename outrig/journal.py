@@ -55,7 +55,7 @@ def state_dir() -> Path:
 
 
 def safe_name(text: str) -> str:
-    """A host spec such as ``root@1.2.3.4:22`` as a file name."""
+    """A host spec such as ``root@203.0.113.7:22`` as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "host"
 
 
@@ -325,6 +325,23 @@ class Journal:
                 continue
             out.append(data)
         out.sort(key=lambda r: (r.get("created", 0), r.get("run_id", "")), reverse=True)
+        return out
+
+    def rental_path(self, key: str) -> Path:
+        return self.root / "rentals" / f"{safe_name(key)}.json"
+
+    def record_rental(self, key: str, record: dict[str, Any]) -> None:
+        """Merge into the record of one box rented through a provider
+        (:mod:`outrig.providers.ledger` says what it holds)."""
+        self._merge(self.rental_path(key), record)
+
+    def rental(self, key: str) -> dict[str, Any] | None:
+        return self.load(self.rental_path(key))
+
+    def rentals(self) -> list[dict[str, Any]]:
+        """Every rental record, oldest first."""
+        out = list(self._records("rentals"))
+        out.sort(key=lambda r: (r.get("created_at", 0), r.get("key", "")))
         return out
 
     def evaluation_path(self, eval_id: str) -> Path:

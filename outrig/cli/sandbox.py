@@ -18,9 +18,9 @@ from outrig.taskspec import task
                   "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
           "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
                    "(default 0; 120 gives a 240 ms RTT like a far-away box)",
-          "failover": "the headline instead: two sandbox boxes, smoke deployed on one and "
-                      "watched with the other as spare; the first box dies, watch moves the "
-                      "run and it resumes from its last complete checkpoint (a few minutes)",
+          "failover": "instead: rent a box from the sandbox provider, let it die under "
+                      "watch --spare auto, and see a rented box take the job over and the "
+                      "dead one released, with what each cost (docs/providers.md)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": "each step's JSON (deploy events, the status document, log lines, the "
                   "cleanup report) as JSON lines; progress notes go to stderr"},
@@ -34,29 +34,20 @@ def demo(c: Any, keep: bool = False, delay: str | None = None, failover: bool = 
     installing openssh-server with apt-get first if this machine has no sshd. The smoke
     playbook and its trainer ship with outrig, so it runs in any folder.
 
-    With --failover: deploy, box death, watch moving the run to a spare sandbox, the
-    resume there from the last complete checkpoint (docs/sandbox.md).
-
     Examples:
         outrig demo
-        outrig demo --failover --delay 120
+        outrig demo --failover
     """
     from outrig.ops.demo import run_demo
 
+    if failover:
+        from outrig.ops.demo_failover import run_failover_demo
+
+        run_failover_demo(make_reporter(json))
+        return
+
     one_way_ms = number(delay, "delay", 0)
     settings = settings_for(c, project, no_keep=no_keep)
-    if failover:
-        from outrig.errors import ConfigError
-        from outrig.ops.demo import ensure_sshd
-        from outrig.ops.failover import run_failover
-
-        if keep:
-            raise ConfigError("--failover stops its boxes when it is done; it cannot be given "
-                              "with --keep (drop one of them)")
-        reporter = make_reporter(json)
-        ensure_sshd(reporter)
-        run_failover(reporter, one_way_delay=one_way_ms / 1000.0)
-        return
     run_demo(settings.project, make_reporter(json), keep=keep,
              one_way_delay=one_way_ms / 1000.0)
 

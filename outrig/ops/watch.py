@@ -65,6 +65,8 @@ from outrig.ops.status import (
     read_answer,
     remember_progress,
 )
+from outrig.ops.watch_lock import WatchLock
+from outrig.providers import spares as rented
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 from outrig.watchlines import crash_hint, death_hint, heartbeat_line
@@ -197,6 +199,8 @@ class Watcher:
             if verdict.state == "finished":
                 self.send("finished", why=verdict.why)
                 self.record.update(status="finished")
+                rented.release_finished(self.project, self.journal, self.send,
+                                        str(self.record["host"]), str(self.record["run_id"]))
                 break
             if verdict.state == "crashed":
                 self.on_crash(verdict)
@@ -549,6 +553,10 @@ class Watcher:
         old_host, old_run = str(self.record["host"]), str(self.record["run_id"])
         skipped: list[str] = []
         for spare in list(self.record["spares"] or []):
+            if spare == rented.AUTO:  # rent one through the provider (outrig.providers)
+                spare = self.rent_spare(old_host, old_run, skipped) or ""
+                if not spare:
+                    continue
             problem = self.check_spare(spare)
             if problem:
                 skipped.append(f"{spare}: {problem}")
@@ -558,6 +566,7 @@ class Watcher:
             report = self.migrate_to(old_host, old_run, spare, probe=hung)
             if report is None:
                 skipped.append(f"{spare}: the move failed")
+                rented.release_unused(self.project, self.journal, self.send, spare, old_run)
                 continue
             moved = [*(self.record["moved"] or []), {"host": old_host, "run_id": old_run,
                                                      "fenced": None}]
@@ -569,6 +578,11 @@ class Watcher:
             self.send("resumed", **{"from": old_host}, old_run_id=old_run,  # it finds the
                       checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
                       seconds=report.get("seconds"))  # line already there
+            if rented.release_dead(self.project, self.journal, self.send, old_host,
+                                   self.run_playbook()):
+                self.record.update(moved=[rented.moved_entry_released(m)
+                                          if m.get("run_id") == old_run else m
+                                          for m in self.record["moved"] or []])
             return
         self.send("failed", why=("the run hangs" if hung else "the box is dead")
                   + " and no spare took the job"
@@ -576,6 +590,19 @@ class Watcher:
         self.record.update(status="failed")
         raise OutrigError(hang_hint(self.record.snapshot(), verdict.why) if hung else death_hint(
             self.record.snapshot(), old_host, old_run, verdict.why, skipped, self.checkpointed()))
+
+    def rent_spare(self, old_host: str, old_run: str, skipped: list[str]) -> str | None:
+        """``--spare auto``: the box rented for this death (:mod:`outrig.providers.spares`),
+        or None with the reason added to ``skipped``."""
+        try:
+            return rented.rent_spare(self.project, self.journal, self.send, old_host, old_run,
+                                     self.run_playbook())
+        except rented.SpareTaken as exc:
+            self.record.update(status="handed over")
+            raise OutrigError(str(exc)) from None
+        except OutrigError as exc:
+            skipped.append(f"auto: {exc}")
+            return None
 
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is
@@ -683,7 +710,8 @@ def opened(session: HostSession) -> Iterator[HostSession]:
 
 
 def open_record(project: Project, journal: Journal, host_spec: str, playbook: str,
-                options: WatchOptions, reporter: Reporter) -> WatchRecord:
+                options: WatchOptions, reporter: Reporter,
+                lock: WatchLock | None = None) -> WatchRecord:
     """The watch's record, by docs/cli.md's rule ("Which run a command means").
 
     The run to follow is ``--run``, else the playbook's current run, asked of the box the
@@ -693,7 +721,8 @@ def open_record(project: Project, journal: Journal, host_spec: str, playbook: st
     may be dead), and it says so; flags given on this command line replace what it saved
     (``--spare``, ``--restarts``). A saved watch of another run (one a redeploy stopped on
     purpose) is marked ``superseded`` and a new watch follows the current run with this
-    command line's flags."""
+    command line's flags. ``lock`` claims the run (and the saved watch) before anything is
+    written: a second watch of it is refused (:mod:`outrig.ops.watch_lock`)."""
     found = find_watch(journal, host_spec, playbook)
     saved = None if found is None else found[1]
     where = host_spec if saved is None else str(saved.get("host") or host_spec)
@@ -713,8 +742,12 @@ def open_record(project: Project, journal: Journal, host_spec: str, playbook: st
                           f"cannot say which run of {playbook} is current: carrying on the "
                           "saved watch")
     if found is not None and (run_id is None or run_id == found[1].get("run_id")):
+        if lock is not None:
+            lock.claim(str(found[1].get("run_id")), found[0])
         return carry_on(found[0], found[1], playbook, options, reporter)
     assert run_id is not None
+    if lock is not None:
+        lock.claim(run_id, *([found[0]] if found else []), watch_file(journal, where, playbook))
     if found is not None:
         path, data = found
         WatchRecord(path, data).update(status="superseded", superseded_by=run_id)
@@ -784,10 +817,15 @@ def watch(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
         raise ConfigError("--threshold must be more than 0 seconds (default 60)")
     journal = journal or Journal()
     notifier = notifier or Notifier(None, reporter)
-    record = open_record(project, journal, host_spec, playbook, options, reporter)
-    reporter.info(f"• watching {record['run_id']} on {record['host']}"
-                  + (f" (spares: {', '.join(record['spares'])})" if record["spares"] else ""))
+    lock = WatchLock(journal)  # one watch per run, held until this one ends
     try:
-        return Watcher(project, reporter, journal, notifier, record, options, stop).run()
+        record = open_record(project, journal, host_spec, playbook, options, reporter, lock)
+        reporter.info(f"• watching {record['run_id']} on {record['host']}"
+                      + (f" (spares: {', '.join(record['spares'])})" if record["spares"]
+                         else ""))
+        try:
+            return Watcher(project, reporter, journal, notifier, record, options, stop).run()
+        finally:
+            notifier.close(timeout=60)
     finally:
-        notifier.close(timeout=60)
+        lock.release()

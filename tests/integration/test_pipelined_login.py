@@ -14,7 +14,7 @@ import yaml
 
 from outrig.connectors.preconnect import CLIENT_BANNER
 from outrig.connectors.ssh import SSHTransport
-from outrig.errors import AuthRefused, HostKeyError
+from outrig.errors import AuthRefused, HostKeyError, LinkLost
 from outrig.inventory import resolve_host
 from outrig.sandbox.proxy import SERVICE_REQUEST_MAX, Fault, LatencyProxy, PhaseTracker
 
@@ -329,32 +329,37 @@ def test_the_tcp_connect_and_banner_leave_before_the_ssh_stack_is_built(
     assert proxy.accepted == 1
 
 
-def test_no_early_connect_where_the_ssh_configuration_could_route_elsewhere(
+def test_no_early_connect_where_the_ssh_configuration_names_a_proxy_for_the_host(
         box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    """A proxy for another host leaves the early connect alone; one for this host (a
+    ``ProxyCommand`` that fails) makes the connect fail through it, naming it, and nothing
+    connects to the box directly, early or late."""
     ssh_dir = Path.home() / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "config").write_text("Host elsewhere\n  ProxyCommand false\n")
     host_file, proxy = proxied(box_host, make_proxy, 0.005)
     transport = run_true(host_file, tmp_path, True)
     try:
-        assert transport.early_connects == 0
+        assert transport.early_connects == 1
     finally:
         transport.close()
-    assert proxy.accepted == 1
+    (ssh_dir / "config").write_text("Host 127.0.0.1\n  ProxyCommand false\n")
+    with pytest.raises(LinkLost, match="via the ProxyCommand in"):
+        run_true(host_file, tmp_path, True, link_attempts=1)
+    assert proxy.accepted == 1  # the first run's only: none direct
 
 
-def test_an_early_connect_to_a_name_the_configuration_remaps_is_closed_unused(
+def test_an_early_connect_goes_where_the_configuration_sends_the_name(
         box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
     """The host file says 127.0.0.2, ~/.ssh/config sends that name to 127.0.0.1 (where the
-    proxy listens): the early connect (to 127.0.0.2, refused) is dropped, not reported, and
-    Fabric's own connect goes where the configuration says."""
+    proxy listens): the configuration is read before the early connect, which goes there."""
     host_file, proxy = proxied(box_host, make_proxy, 0.005, hostname="127.0.0.2")
     ssh_dir = Path.home() / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "config").write_text("Host 127.0.0.2\n  HostName 127.0.0.1\n")
     transport = run_true(host_file, tmp_path, True)
     try:
-        assert transport.early_connects == 0 and transport.link_failures == 0
+        assert transport.early_connects == 1 and transport.link_failures == 0
     finally:
         transport.close()
     assert proxy.accepted == 1
@@ -372,3 +377,29 @@ def test_a_cut_early_connect_is_the_first_attempts_failure_and_the_next_connects
     finally:
         transport.close()
     assert proxy.accepted == 2 and proxy.fired == [(1, "tcp", "cut")]
+
+
+def test_a_paramiko_without_the_private_parts_logs_in_its_own_way_with_a_note(
+        box_host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A paramiko release that renamed a private method the pipelined login relies on costs a
+    round trip, never the login: paramiko's own sequence, and one note that says why."""
+    import outrig.connectors.pipelined_login as pipelined_login
+
+    api = dict(pipelined_login.PRIVATE_API)
+    api["Transport"] = (*api["Transport"], "_renamed_in_a_later_release")
+    monkeypatch.setattr(pipelined_login, "PRIVATE_API", api)
+    monkeypatch.setattr(pipelined_login, "_noted_fallback", False)
+    pipelined_login.pipelined_transport_class.cache_clear()
+    try:
+        transport = run_true(box_host, tmp_path, pipeline=True)
+        try:
+            link = transport.connection.transport
+            assert link.pipelined_logins == 0 and link.early_channels == 0
+        finally:
+            transport.close()
+    finally:
+        pipelined_login.pipelined_transport_class.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("Transport._renamed_in_a_later_release") == 1
+    assert "paramiko's own sequence" in err

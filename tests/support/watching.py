@@ -1,5 +1,5 @@
 """A ``watch`` running in a thread of a test: the events it sent, its record, its end (the
-hang and failover tests; tests/integration/test_watch.py has its own)."""
+hang tests; tests/integration/test_watch.py has its own)."""
 
 from __future__ import annotations
 
