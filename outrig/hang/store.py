@@ -4,8 +4,9 @@
 through :func:`judge_answer`; keeping the state here (read, judged, written under the
 record's lock) makes them count the same confirmations, so ``status`` shows ``hung`` with the
 evidence a watch collected, and a ``status`` now and then adds its own samples. The settings
-are the run's playbook's ``hang:`` section where the playbook can be read here, else those
-the last judge used for the run, else the defaults.
+are those the run was first judged with (kept here: the playbook's ``hang:`` section as it was
+when the run began to be judged, and no playbook read again on each ``status``), else the
+run's playbook's section where the playbook can be read here, else the defaults.
 """
 
 from __future__ import annotations
@@ -40,14 +41,12 @@ def playbook_settings(playbooks_dir: Path, playbook: str | None) -> dict[str, An
 
 def settings_for(journal: Journal, playbooks_dir: Path, run_id: str) -> dict[str, Any]:
     """The run's settings, in the order of the module docstring."""
-    record = journal.run(run_id) or {}
-    found = playbook_settings(playbooks_dir, record.get("playbook"))
-    if found is not None:
-        return found
     saved = read_json(hang_file(journal, run_id))
     if isinstance(saved, dict) and isinstance(saved.get("settings"), dict):
         return dict(saved["settings"])
-    return defaults()
+    record = journal.run(run_id) or {}
+    found = playbook_settings(playbooks_dir, record.get("playbook"))
+    return found if found is not None else defaults()
 
 
 def request_for(settings: dict[str, Any]) -> dict[str, Any] | None:

@@ -4,9 +4,11 @@ never logged); the playbook section's defaults are the judge's; the agent's metr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from outrig._box.agent.hangs import parse_metrics
 from outrig.hang.judge import defaults, judge_run, sample_request
@@ -212,3 +214,31 @@ def test_the_agent_sums_engines_and_skips_other_names() -> None:
     assert parse(page, ["vllm:generation_tokens_total", "vllm:num_requests_waiting",
                         "vllm:iteration_tokens_total_count"]) == {
         "vllm:generation_tokens_total": 42.0}
+
+
+def test_the_store_keeps_the_settings_and_count_a_run_began_with(tmp_path: Path) -> None:
+    """watch and status count the same confirmations (the journal's), with the settings the
+    run was first judged with: the playbook's hang: section then, not as edited since."""
+    from outrig.hang.store import judge_answer, settings_for
+    from outrig.journal import Journal
+
+    journal = Journal(tmp_path / "state")
+    books = tmp_path / "playbooks"
+    books.mkdir()
+    book = books / "job.yaml"
+    book.write_text(yaml.safe_dump({"name": "job", "hang": {"confirmations": 2,
+                                                            "interval": 1},
+                                    "processes": {"p": {"command": "true"}}}))
+    journal.record_run("r1", {"run_id": "r1", "playbook": "job"})
+    first = settings_for(journal, books, "r1")
+    assert first["confirmations"] == 2
+    verdicts = judge_answer(journal, run_of(trainer(0, 0, stopped=True)), {}, first)
+    assert verdicts[0].evidence[0]["confirmations"] == 1 and not verdicts[0].hung
+    book.write_text(yaml.safe_dump({"name": "job", "hang": {"enabled": False},
+                                    "processes": {"p": {"command": "true"}}}))
+    again = settings_for(journal, books, "r1")  # another command, later: the same settings
+    assert again == first
+    verdicts = judge_answer(journal, run_of(trainer(1, 1, stopped=True)), {}, again)
+    assert verdicts[0].hung and verdicts[0].signal == "stopped"
+    journal.record_run("r2", {"run_id": "r2", "playbook": "job"})
+    assert settings_for(journal, books, "r2")["enabled"] is False, "a new run: the file now"
