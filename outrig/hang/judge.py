@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SIGNALS = ("log", "gpu", "counters", "canary", "stopped")
+SIGNALS = ("stopped", "counters", "canary", "log", "gpu")  # the most direct evidence first
 SKIP = "(no new sample for this signal)"  # keeps its count as it is
 GAPS_KEPT = 20  # the newest gaps between log writes that the cadence is learned from
 

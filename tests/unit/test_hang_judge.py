@@ -242,3 +242,13 @@ def test_the_store_keeps_the_settings_and_count_a_run_began_with(tmp_path: Path)
     assert verdicts[0].hung and verdicts[0].signal == "stopped"
     journal.record_run("r2", {"run_id": "r2", "playbook": "job"})
     assert settings_for(journal, books, "r2")["enabled"] is False, "a new run: the file now"
+
+
+def test_when_two_signals_confirm_at_once_the_most_direct_is_named() -> None:
+    """A stopped trainer is silent too: named ``stopped``, the surer evidence, not ``log``."""
+    feed = Feed(settings())
+    for t in range(10):
+        feed(trainer(t, t))
+    seen = [feed(trainer(t, 9.0, stopped=True))["trainer"] for t in (15, 16, 17)]
+    assert [e["signal"] for e in seen[2].evidence] == ["stopped", "log"]
+    assert seen[2].hung and seen[2].signal == "stopped"
