@@ -24,6 +24,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
+from outrig.evaluations.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
 from outrig.metrics import RunData, by_step, chain_ids, iter_rows, metric_names
@@ -78,7 +79,9 @@ def load_run(journal: Journal, run_id: str) -> tuple[RunData, int]:
         created = record.get("created")
         ref = float(created) if isinstance(created, (int, float)) else None
         lines = store.ingest_mirror(host, ref).lines
-    data = RunData(record=record, points=store.points(), events=store.events(),
+    # the run's evaluated checkpoints as the series served/acceptance_length
+    points = store.points() + served_points(journal.evaluations(run_id=run_id))
+    data = RunData(record=record, points=points, events=store.events(),
                    gpu=store.gpu_samples(), mirror=str(mirror) if mirror else None)
     return data, lines
 
@@ -219,6 +222,12 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
     curves = [(metric, [Curve(run.label(), metric,
                               [(s, v) for s, _, v in by_step(run.points, metric)])
                         for run in runs]) for metric in chosen]
+    if not reporter.json_mode:  # served beside the trainer's estimate, on its chart
+        for metric, row in curves:
+            if metric == "train/eal" and SERVED not in chosen:
+                row += [Curve(f"{run.label()} served", SERVED,
+                              [(s, v) for s, _, v in by_step(run.points, SERVED)])
+                        for run in runs if any(SERVED in p.values for p in run.points)]
     if reporter.json_mode:
         reporter.emit_json({"curves": [
             {"metric": metric, "run_id": run.run_id, "host": run.host,

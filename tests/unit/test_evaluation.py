@@ -93,7 +93,7 @@ def test_a_generic_playbook_names_every_missing_key() -> None:
     settings, problems = settings_for(EvaluateSpec(), None, {}, "p.yaml")
     assert settings is None
     assert [p.split(":")[1].strip() for p in problems] == [
-        "evaluate.model", "evaluate.speculative", "evaluate.prompts"]
+        "evaluate.model", "evaluate.speculative"]
 
 
 def test_run_dir_without_a_run_is_refused_with_the_fix(tmp_path: Path) -> None:

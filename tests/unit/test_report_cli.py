@@ -177,3 +177,34 @@ def test_an_unwritable_folder_is_refused_with_exit_2(journal: Journal, tmp_path:
     code, _out, err = outrig(["report", "--run", "old", "-o", target], capsys)
     assert code == 2, err
     assert f"-o {target}" in err and "Nothing was written" in err
+
+
+def test_evaluated_checkpoints_are_a_series_beside_train_eal(
+        journal: Journal, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Two evaluations of the old run's checkpoints (and one of a checkpoint evaluated again:
+    the newer counts): ``served/acceptance_length`` at the checkpoints' global steps in
+    metrics, on train/eal's chart in the report and the plot."""
+    from outrig.evaluations.served import SERVED
+
+    for eval_id, at, step, length in (("e1", 1.0, 2, 1.5), ("e2", 2.0, 5, 1.1),
+                                      ("e3", 3.0, 5, 1.25)):
+        journal.record_evaluation(eval_id, {"eval_id": eval_id, "run_id": "old", "at": at,
+                                            "checkpoint": {"path": f"/c/{step}",
+                                                           "global_step": step},
+                                            "acceptance_length": length,
+                                            "per_position": [length - 1]})
+    code, out, err = outrig(["metrics", "--run", "old", "--json", "--metric", SERVED], capsys)
+    assert code == 0, err
+    points = [(p["step"], p["values"][SERVED]) for run in json.loads(out)["runs"]
+              for p in run["points"] if SERVED in p["values"]]
+    assert points == [(2, 1.5), (5, 1.25)]
+    code, out, err = outrig(["report", "--run", "old"], capsys)
+    assert code == 0, err
+    html = (tmp_path / "outrig-report-old.html").read_text()
+    data = json.loads(re.search(r'id="outrig-data">(.*?)</script>', html, re.S).group(1))
+    chart = next(c for c in data["charts"] if SERVED in c["metrics"])
+    assert chart["metrics"] == ["train/eal", SERVED] and chart["title"] == "train/eal"
+    assert data["series"]["old"][SERVED]["v"] == [1.5, 1.25]
+    code, out, err = outrig(["plot", "--run", "old", "--metric", "train/eal"], capsys)
+    assert code == 0, err
+    assert "old (cpu-box) served" in out
