@@ -33,6 +33,7 @@ from outrig import recipes
 from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
 from outrig.errors import ConfigError
 from outrig.evaluation_section import EvaluateSpec
+from outrig.hang.spec import HangSpec
 from outrig.recipes import Recipe
 from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
 
@@ -308,6 +309,8 @@ class _PlaybookTail(_Strict):
         None, description="what the box must offer: python, NVIDIA driver, free disk")
     evaluate: EvaluateSpec | None = Field(
         None, description="what `outrig evaluate` serves and sends (docs/evaluate.md)")
+    hang: HangSpec = Field(default_factory=lambda: HangSpec(), description="how watch and "
+                           "status tell a hung process (docs/playbooks.md#hang)")
     spares: dict[str, Any] | None = Field(
         None, description="the spare `watch --spare auto` rents for this job: provider, gpus, "
         "max_price, release_dead (docs/providers.md); wins over outrig.yaml's")

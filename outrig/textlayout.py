@@ -241,6 +241,8 @@ def _state(proc: dict[str, Any]) -> str:
     """The state cell: ``exited (3)``, ``killed (signal 9)``, or ``stopped by cleanup`` for a
     process that outrig itself stopped (the agent's ``stopped_by``), whatever its exit."""
     state = str(proc.get("state"))
+    if state == "running" and (proc.get("hung") or {}).get("hung"):
+        return "hung"
     if state != "running" and proc.get("stopped_by"):
         return f"stopped by {proc.get('stopped_by')}"
     if state == "exited":
@@ -260,7 +262,21 @@ def _detail(proc: dict[str, Any]) -> str:
         health = server.get("health") or f"down ({server.get('health_error')})"
         models = ", ".join(server.get("models") or []) or "?"
         detail = f"/health {health}, serving {models}"
+    hung = proc.get("hung") or {}
+    signs = [f"{e.get('detail')} ({_confirmed(e)} of {e.get('needed')} confirmations)"
+             for e in hung.get("evidence") or [] if isinstance(e, dict)]
+    if signs:
+        detail = ("; ".join([detail] if detail else []) + ("; " if detail else "")
+                  + ("hung: " if hung.get("hung") else "may be hung: ") + "; ".join(signs))
     return detail
+
+
+def _confirmed(evidence: dict[str, Any]) -> Any:
+    """Confirmations seen, shown at most as many as are needed (more change nothing)."""
+    seen, needed = evidence.get("confirmations"), evidence.get("needed")
+    if isinstance(seen, int) and isinstance(needed, int):
+        return min(seen, needed)
+    return seen
 
 
 def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False) -> list[str]:
@@ -308,7 +324,9 @@ def run_state(run: dict[str, Any]) -> str:
     the box still runs it (status marks it, see :func:`outrig.ops.status.mark_moved_runs`)."""
     moved = run.get("moved_to")
     if not isinstance(moved, dict):
-        return str(run.get("status"))
+        hung = [str(p.get("name")) for p in run.get("processes") or []
+                if isinstance(p, dict) and (p.get("hung") or {}).get("hung")]
+        return str(run.get("status")) + (f", hung: {', '.join(hung)}" if hung else "")
     fenced = run.get("fenced")
     if isinstance(fenced, dict):
         return (f"moved to {moved.get('host')} at {when(moved.get('at'))}; fenced at "

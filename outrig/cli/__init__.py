@@ -16,8 +16,8 @@ The package:
   :mod:`outrig.cli.boxes` (check, provision,
   stage, exec, ssh, forward, connections), :mod:`outrig.cli.evaluate`,
   :mod:`outrig.cli.rentals` (rent, boxes, release),
-  :mod:`outrig.cli.sandbox` (demo, sandbox-up, sandbox-down), :mod:`outrig.cli.starter`
-  (init);
+  :mod:`outrig.cli.sandbox` (demo, sandbox-up, sandbox-down, sandbox-hang),
+  :mod:`outrig.cli.starter` (init);
 * what a command acts on, resolved once from ``--host``/``--run``/``--playbook``:
   :mod:`outrig.cli.targets` (one host, a sweep of hosts, a multi-node job);
 * a task's work on a sweep, and its rows: :mod:`outrig.cli.sweep`, :mod:`outrig.cli.rows`;
@@ -58,7 +58,7 @@ from outrig.cli.runs import (
     tail_logs,
     watch,
 )
-from outrig.cli.sandbox import demo, sandbox_down, sandbox_up
+from outrig.cli.sandbox import demo, sandbox_down, sandbox_hang, sandbox_up
 from outrig.cli.starter import init
 from outrig.launcher import Launcher
 
@@ -72,7 +72,7 @@ __all__ = ["TASKS", "friendly", "make_collection", "make_program", "program"]
 TASKS = (deploy, plan, status, runs_task, tail_logs, metrics, plot_task, report, cleanup,
          provision, stage_, sync_checkpoints, migrate, watch, evaluate, check, exec_, ssh,
          forward, connections, rent, boxes_task, release, demo, sandbox_up, sandbox_down,
-         init)
+         sandbox_hang, init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

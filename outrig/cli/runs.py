@@ -361,8 +361,8 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
                    "that passes check and has no bad GPU wins); 'auto' rents one through the "
                    "provider of spares: in outrig.yaml (the default when that is set)",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
-          "restarts": "after a crash on a healthy box, redeploy in place at most N times "
-                      "(default 0: report and stop)",
+          "restarts": "after a crash or a hang on a healthy box, redeploy in place at most "
+                      "N times (default 0: report and stop, or move a hung run to a spare)",
           "threshold": "seconds with every health signal failing before the box may be "
                        "called dead (default 60; scaled up with the measured RTT)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
@@ -372,14 +372,17 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
           spare: list[str] | None = None, run: str | None = None, restarts: str | None = None,
           threshold: str | None = None, project: str | None = None, no_keep: bool = False,
           json: bool = False) -> None:
-    """Follow one run until it finishes; move it to a spare if its box dies.
+    """Follow one run until it finishes; restart or move it if it hangs or its box dies.
 
     Judges the box from several signals (TCP, SSH banner, the agent's answer, the run's
     processes, log growth) with RTT-scaled limits, mirrors each new complete checkpoint, and
     on a confirmed death migrates to the first spare that passes check (a spare with a bad
     GPU is skipped). A crash on a box that answers is reported, never migrated (--restarts
-    N redeploys in place). A GPU turning bad during the run (uncorrectable ECC errors, a
-    row remap, a fatal Xid) is a gpu_unhealthy event. Events go to the on_event hook; its
+    N redeploys in place). A process that lives but does no work (a silent log, idle GPUs,
+    vLLM's counters frozen with requests queued, a stopped process), confirmed as the
+    playbook's hang: section says, is a hung event, then a restart, else a move. A GPU
+    turning bad during the run (uncorrectable ECC errors, a row remap, a fatal Xid) is a
+    gpu_unhealthy event. Events go to the on_event hook; its
     state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
     Example:

@@ -113,10 +113,13 @@ def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
     help={"name": SANDBOX_NAME_HELP,
           "keep_runs": "leave the box's outrig runs running: the sshd stops, the runs stay "
                        "reachable through the host file (hostname: local) until sandbox-down",
+          "crash": "die like a rented box: SIGKILL its sshd and every process of its runs "
+                   "at once, no cleanup, and keep its host file (watch sees a dead box; a "
+                   "later sandbox-down removes what is left)",
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
+def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False, crash: bool = False,
                  project: str | None = None, json: bool = False) -> None:
     """Stop the sandbox that sandbox-up (or demo --keep) started and remove its host file.
 
@@ -134,6 +137,9 @@ def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
 
     settings = settings_for(c, project)
     reporter = make_reporter(json)
+    if crash:
+        _crash(settings, name, reporter, keep_runs=keep_runs, json=json)
+        return
     state = read_state(name)
     result = stop(settings.project, name, reporter, keep_runs=keep_runs)
     if json:
@@ -146,3 +152,59 @@ def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False,
         reporter.success(first)
         for line in rest:
             reporter.info(line)
+
+
+def _crash(settings: Settings, name: str, reporter: Any, *, keep_runs: bool,
+           json: bool) -> None:
+    """``sandbox-down --crash``: the box dies at once (outrig/sandbox/faults.py)."""
+    from outrig.errors import ConfigError
+    from outrig.sandbox.faults import crash
+    from outrig.sandbox.service import host_argument
+
+    if keep_runs:
+        raise ConfigError("--crash kills the box's runs with it; it cannot be given with "
+                          "--keep-runs (drop one of them)")
+    result = crash(name)
+    if json:
+        reporter.emit_json(result)
+        return
+    host = host_argument(Path(str(result["host_file"])), settings.project.hosts_dir)
+    killed = ", ".join(map(str, result["killed"])) or "none"
+    reporter.success(f"sandbox {name} crashed: sshd and server killed (pids {killed}), "
+                     f"runs killed: {', '.join(result['runs']) or 'none'}")
+    reporter.info(f"  its host file stays: outrig status --host {host} now fails to connect, "
+                  f"as with a dead box; remove what is left: {_down_command(name)}")
+
+
+@task(
+    name="sandbox-hang",
+    auto_shortflags=False,
+    help={"name": SANDBOX_NAME_HELP,
+          "resume": "send SIGCONT instead: the stopped runs carry on",
+          "project": PROJECT_HELP, "json": JSON_HELP},
+)
+@friendly
+def sandbox_hang(c: Any, name: str = "sandbox", resume: bool = False,
+                 project: str | None = None, json: bool = False) -> None:
+    """Hang the runs on a sandbox box: SIGSTOP every process of its outrig runs.
+
+    The box and its sshd keep answering while the job does nothing, as with a trainer stuck
+    in a collective or a wedged vLLM engine; watch calls it hung after the playbook's
+    confirmations (docs/watch.md). The processes are found from the box's run records (pid,
+    group and start time), never by name. --resume sends SIGCONT.
+
+    Examples:
+        outrig sandbox-hang
+        outrig sandbox-hang --resume
+    """
+    from outrig.sandbox.faults import hang
+
+    settings_for(c, project)
+    reporter = make_reporter(json)
+    result = hang(name, resume=resume)
+    if json:
+        reporter.emit_json(result)
+        return
+    runs = ", ".join(result["runs"]) or "none (no run of it is running)"
+    reporter.success(f"sandbox {name}: " + ("resumed (SIGCONT) " if resume else
+                                            "stopped (SIGSTOP) ") + f"runs {runs}")

@@ -10,6 +10,8 @@ from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError
 from outrig.evaluations.served import served_trend
+from outrig.hang import store as hang_store
+from outrig.hang.judge import defaults
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
 from outrig.metricstore import loss_trends, remember_samples
@@ -60,8 +62,9 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
     selector = _selector(run_id, playbook)
     result = session.call("status", stream=False, log_lines=log_lines,
                           progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
-                          gpu_holders=True, **selector)
+                          gpu_holders=True, hang=hang_request(session, playbook), **selector)
     read_answer(session.journal, result)
+    mark_hangs(result, session)
     remember_progress(session.journal, result)
     mark_moved_runs(result, session)
     mark_evaluations(result, session)
@@ -79,6 +82,32 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
         warn_gpu_health(session.reporter, result)
         session.reporter.lines(rental_lines(rental))
     return result
+
+
+def hang_request(session: HostSession, playbook: str | None) -> dict[str, Any] | None:
+    """What the agent samples for the hang judge: as the named playbook's ``hang:`` section
+    asks (the metric names, the canary), else as the defaults do."""
+    settings = hang_store.playbook_settings(session.project.playbooks_dir, playbook)
+    return hang_store.request_for(settings or defaults())
+
+
+def mark_hangs(result: dict[str, Any], session: HostSession) -> None:
+    """Each running process's hang verdict (``hung``: the signal and its evidence, with the
+    confirmations counted so far), judged with the confirmations the journal kept for the
+    run (a watch's, or earlier status calls'); docs/watch.md#hangs."""
+    for run in result.get("runs") or []:
+        if not isinstance(run, dict) or not isinstance(run.get("run_id"), str):
+            continue
+        settings = hang_store.settings_for(session.journal, session.project.playbooks_dir,
+                                           run["run_id"])
+        verdicts = hang_store.judge_answer(session.journal, run, result.get("facts") or {},
+                                           settings)
+        by_name = {v.process: v for v in verdicts}
+        for proc in run.get("processes") or []:
+            verdict = by_name.get(str(proc.get("name")))
+            if verdict is not None and verdict.evidence:
+                proc["hung"] = verdict.to_json()
+            proc.pop("hang", None)  # the raw sample: the verdict says what it meant
 
 
 def mark_gpu_health(result: dict[str, Any], session: HostSession) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 from outrig import gpu_health
 from outrig.console import Reporter, one_line
 from outrig.errors import ConfigError, OutrigError, RemoteError
+from outrig.hang.follow import HangFollower, hang_hint
 from outrig.health import (
     DEFAULT_THRESHOLD,
     Limits,
@@ -183,7 +184,7 @@ class Watcher:
             f": {why}" if why else "")
         if self.reporter.json_mode:
             self.reporter.emit_json(payload)
-        elif event in ("failed", "dead", "gpu_unhealthy"):
+        elif event in ("failed", "dead", "hung", "gpu_unhealthy"):
             self.reporter.warn(line)
         else:
             self.reporter.info(f"• {line}")
@@ -205,12 +206,17 @@ class Watcher:
                 self.on_crash(verdict)
             elif verdict.state == "dead":
                 self.on_death(verdict)
+            elif verdict.state == "hung":
+                self.on_hang(verdict)
         return self.record.snapshot()
 
     def follow(self) -> Verdict | None:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
         self.session = HostSession(self.project, str(self.record["host"]), silent(),
                                    self.journal)
+        self.hangs = HangFollower(self.journal, self.project.playbooks_dir,
+                                  str(self.record["run_id"]))
+        self.hung: str | None = None  # the evidence once a process is confirmed hung
         try:
             return self._follow()
         finally:
@@ -261,6 +267,8 @@ class Watcher:
                 if verdict.state == "dead" and not suspect:
                     self.send("suspect", why=verdict.why)
                 return verdict
+            if self.hung is not None:  # the box answers; a process of the run does no work
+                return Verdict("hung", self.hung)
             if verdict.state == "suspect" and not suspect:
                 suspect = True
                 self.send("suspect", why=verdict.why)
@@ -319,7 +327,7 @@ class Watcher:
         try:
             result = session.call("status", stream=False, run_id=run_id, log_lines=0,
                                   progress_bytes=PROGRESS_BYTES, markers=PROGRESS_MARKERS,
-                                  gpu_holders=False)
+                                  gpu_holders=False, hang=self.hangs.request)
         except RemoteError as exc:  # the agent answered: the run is not there
             results.put((time.monotonic(), ("gone", str(exc))))
             return
@@ -416,6 +424,8 @@ class Watcher:
         out.append(Observation(at, "processes", state != "failed", why, run_state=state))
         self.show_progress(runs[0], state)
         self.gpu_news(result.get("facts") or {}, runs[0])
+        if state == "running":
+            self.hung = self.hangs.observe(runs[0], result.get("facts") or {})
         return out
 
     def gpu_news(self, facts: dict[str, Any], run: dict[str, Any]) -> None:
@@ -506,6 +516,12 @@ class Watcher:
             self.record.update(status="failed")
             raise OutrigError(crash_hint(self.record.snapshot(), verdict.why, used, allowed,
                                          self.checkpointed()))
+        self.restart(used, allowed)
+
+    def restart(self, used: int, allowed: int) -> None:
+        """Deploy the run's playbook again on its box (restart ``used + 1`` of ``allowed``):
+        the re-deploy stops what is left of the run, and a trainer resumes from its newest
+        complete checkpoint there."""
         self.send("restarting", why=f"restart {used + 1} of {allowed}")
         from outrig.ops.deploy import deploy_on
         from outrig.playbook import find_playbook, load_job
@@ -519,9 +535,21 @@ class Watcher:
                            log_seen=None, progress=None)
         self.reporter.info(f"• restarted in place as {deployed.plan.run_id}")
 
-    def on_death(self, verdict: Verdict) -> None:
-        """Migrate to the first spare that passes ``check``; then watch it."""
-        self.send("dead", why=verdict.why)
+    def on_hang(self, verdict: Verdict) -> None:
+        """A confirmed hang on a box that answers (docs/watch.md#hangs): restart in place
+        while ``--restarts`` allow (the re-deploy stops the hung run), else as a death."""
+        self.send("hung", why=verdict.why, processes=self.hangs.evidence())
+        used, allowed = int(self.record["restarts_used"] or 0), int(self.record["restarts"] or 0)
+        if used < allowed:
+            self.restart(used, allowed)
+        else:
+            self.on_death(verdict, hung=True)
+
+    def on_death(self, verdict: Verdict, *, hung: bool = False) -> None:
+        """Migrate to the first spare that passes ``check``; then watch it. ``hung``: the box
+        answers (its run hangs), so the move probes it and stops the run there."""
+        if not hung:
+            self.send("dead", why=verdict.why)
         old_host, old_run = str(self.record["host"]), str(self.record["run_id"])
         skipped: list[str] = []
         for spare in list(self.record["spares"] or []):
@@ -535,7 +563,7 @@ class Watcher:
                 self.reporter.warn(f"spare {spare} skipped: {problem}")
                 continue
             self.send("migrating", to=spare, skipped=skipped)
-            report = self.migrate_to(old_host, old_run, spare)
+            report = self.migrate_to(old_host, old_run, spare, probe=hung)
             if report is None:
                 skipped.append(f"{spare}: the move failed")
                 rented.release_unused(self.project, self.journal, self.send, spare, old_run)
@@ -556,11 +584,12 @@ class Watcher:
                                           if m.get("run_id") == old_run else m
                                           for m in self.record["moved"] or []])
             return
-        self.send("failed", why="the box is dead and no spare took the job"
+        self.send("failed", why=("the run hangs" if hung else "the box is dead")
+                  + " and no spare took the job"
                   + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))
         self.record.update(status="failed")
-        raise OutrigError(death_hint(self.record.snapshot(), old_host, old_run, verdict.why,
-                                     skipped, self.checkpointed()))
+        raise OutrigError(hang_hint(self.record.snapshot(), verdict.why) if hung else death_hint(
+            self.record.snapshot(), old_host, old_run, verdict.why, skipped, self.checkpointed()))
 
     def rent_spare(self, old_host: str, old_run: str, skipped: list[str]) -> str | None:
         """``--spare auto``: the box rented for this death (:mod:`outrig.providers.spares`),
@@ -593,16 +622,17 @@ class Watcher:
             return "unhealthy GPU: " + "; ".join(gpu_health.summary(v) for v in bad)
         return None
 
-    def migrate_to(self, old_host: str, old_run: str, spare: str) -> dict[str, Any] | None:
+    def migrate_to(self, old_host: str, old_run: str, spare: str,
+                   probe: bool = False) -> dict[str, Any] | None:
         from outrig.ops.migrate import migrate
 
-        # The death was confirmed a moment ago by a failed fresh SSH login; migrate's own
+        # A death was confirmed a moment ago by a failed fresh SSH login; migrate's own
         # probes would only add their connect timeouts (up to 15 s each on a blackholed
-        # box, 10 s for the bare TCP check) to the recovery, so it probes nothing. Should
-        # OLD answer after all, the moved run there is fenced when it does.
+        # box) to the recovery, so it probes nothing (once for a hang: the box answers).
+        # Should OLD answer after all, the moved run there is fenced when it does.
         try:
             return migrate(self.project, old_host, spare, self.reporter, journal=self.journal,
-                           run_id=old_run, probe_attempts=0, probe_pause=0.0)
+                           run_id=old_run, probe_attempts=int(probe), probe_pause=0.0)
         except OutrigError as exc:
             self.reporter.warn(f"moving {old_run} to {spare} failed: {exc}")
             return None

@@ -101,7 +101,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
     },
     "status": {
         **_RUN, "log_lines": f("int"), "progress_bytes": f("int"), "markers": f("list"),
-        "gpu_holders": f("bool"),
+        "gpu_holders": f("bool"), "hang": f("dict|null"),
     },
     "logs": {**_RUN, "lines": f("int"), "processes": f("list|null")},
     "check": {},

@@ -12,6 +12,7 @@ from .checkpoints import newest_checkpoint
 from .constants import PROBE_TIMEOUT_S, JSONDict
 from .events import AgentError, Emitter, bad_request, redact
 from .gpus import describe_pid, gather_facts, gpu_audit_queried
+from .hangs import hang_request, hang_sample
 from .layout import Layout, all_pointers, nearest_existing
 from .logs import last_lines_containing, tail_lines, tail_text
 from .procs import read_stat, require_proc
@@ -30,6 +31,7 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
     progress_bytes = get_int(raw, "progress_bytes", "", 0, 0, 1 << 20)
     markers = get_str_list(raw, "markers", "")
     want_gpus = get_bool(raw, "gpu_holders", "", False)
+    hang = hang_request(req)  # samples for the workstation's hang judge (hangs.py)
     layout = Layout(req.workdir)
     require_proc("cannot tell which of its processes run")
     if run_id is not None or playbook is not None:
@@ -56,6 +58,8 @@ def op_status(req: Request, out: Emitter) -> JSONDict:
             if isinstance(rec, dict):
                 proc_state = process_state(rec, stopper, log_lines, hidden)
                 proc_state["tree"] = tree
+                if hang is not None and proc_state.get("state") == "running":
+                    proc_state["hang"] = hang_sample(rec, [t["pid"] for t in tree], hang)
                 proc_state.update(status_extras(rec, proc_state, progress_bytes, markers,
                                                 hidden))
                 procs.append(proc_state)

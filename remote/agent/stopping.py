@@ -332,6 +332,10 @@ class Stopper:
             self.stop_children_first(run_id, rec, grace, t0)
         if leader == "alive":
             self.kill(pid, signal.SIGTERM)
+            # A stopped process (SIGSTOP: a hung run, a debugger) acts on TERM only once it
+            # runs again: its group goes on, so it saves and exits within its grace instead
+            # of waiting the grace out to be killed (systemd sends SIGCONT after TERM too).
+            self.killpg(pid, signal.SIGCONT)
             # Children-first left the launcher with nothing to wait for; it still gets at least
             # the launcher part of the grace to exit by itself.
             deadline = max(t0 + grace, time.monotonic() + CHILDREN_FIRST_LAUNCHER_S)
@@ -431,6 +435,7 @@ class Stopper:
                       f"{children} first (they save before exiting)")
         for child in children:
             self.kill(child, signal.SIGTERM)
+            self.kill(child, signal.SIGCONT)  # a stopped rank acts on TERM once it runs
         deadline = t0 + grace
         next_beat = time.monotonic() + STOP_HEARTBEAT_S
         while time.monotonic() < deadline:
@@ -480,6 +485,7 @@ class Stopper:
         t0 = time.monotonic()
         for pid in found:
             self.kill(pid, signal.SIGTERM)
+            self.kill(pid, signal.SIGCONT)  # a stopped one acts on TERM once it runs again
         deadline = t0 + grace
         how = "term"
         seen = set(found)

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from outrig._box.agent.hangs import parse_metrics
+from outrig.hang.judge import BUSY_GAUGES, PROGRESS_COUNTERS
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import DeployResult, deploy_on
 from outrig.ops.status import status_on
@@ -287,6 +289,28 @@ def wait_health(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
             pass
         time.sleep(0.2)
     pytest.fail(f"no /health on {port}: {log.read_text(errors='replace')[-2000:]}")
+
+
+def test_the_hang_judges_counters_are_on_the_real_servers_metrics_page(
+        served: Served) -> None:
+    """The names the hang judge reads from /metrics by default (outrig/hang/judge.py) are
+    on the real server's page, and its progress counters move with a request; the real
+    server at rest is not hung to status."""
+    names = [*PROGRESS_COUNTERS, *BUSY_GAUGES]
+    base = f"http://127.0.0.1:{served.port}"
+    code, body, _ = http("GET", base + "/metrics")
+    assert code == 200
+    before = parse_metrics(body.decode(), names)
+    assert sorted(before) == sorted(names), body.decode()[:3000]
+    code, _, _ = http("POST", base + "/v1/completions",
+                      {"model": str(served.model), "prompt": [0], "max_tokens": 4})
+    assert code == 200
+    _, body, _ = http("GET", base + "/metrics")
+    after = parse_metrics(body.decode(), names)
+    for name in PROGRESS_COUNTERS:
+        assert after[name] > before[name], (name, before, after)
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+    assert "hung" not in served.status()["processes"][0]
 
 
 def test_fake_vllm_answers_logs_and_renames_like_the_real_server(

