@@ -54,6 +54,7 @@ from outrig.health import (
     prune,
     run_state,
 )
+from outrig.inventory import Host
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on
@@ -64,6 +65,7 @@ from outrig.ops.status import (
     read_answer,
     remember_progress,
 )
+from outrig.redeploy.rebuild import redeploy_of, run_host
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 from outrig.watchlines import crash_hint, death_hint, heartbeat_line
@@ -206,7 +208,7 @@ class Watcher:
     def follow(self) -> Verdict | None:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
         self.session = HostSession(self.project, str(self.record["host"]), silent(),
-                                   self.journal)
+                                   self.journal, host=self.box(str(self.record["host"])))
         try:
             return self._follow()
         finally:
@@ -277,7 +279,14 @@ class Watcher:
         afresh on the new session."""
         with contextlib.suppress(Exception):
             session.transport.close()
-        return HostSession(self.project, session.host_spec, silent(), self.journal)
+        return HostSession(self.project, session.host_spec, silent(), self.journal,
+                           host=session.host)
+
+    def box(self, spec: str) -> Host:
+        """The box ``spec`` names: its host file, else (deleted since) the address the move
+        record of the followed run holds (:func:`outrig.redeploy.rebuild.run_host`)."""
+        return run_host(self.project.hosts_dir, self.journal, spec,
+                        str(self.record["run_id"]))[0]
 
     def limits(self, session: HostSession) -> Limits:
         rtt = session.transport.best_rtt if hasattr(session.transport, "best_rtt") else None
@@ -504,13 +513,14 @@ class Watcher:
                                          self.checkpointed()))
         self.send("restarting", why=f"restart {used + 1} of {allowed}")
         from outrig.ops.deploy import deploy_on
-        from outrig.playbook import find_playbook, load_job
 
-        name = self.run_playbook()
-        with opened(HostSession(self.project, str(self.record["host"]),
-                                           self.reporter, self.journal)) as session:
-            job = load_job(find_playbook(name, self.project.playbooks_dir))
-            deployed = deploy_on(session, job)
+        again = redeploy_of(self.project.playbooks_dir, self.journal,
+                            str(self.record["run_id"]), self.run_playbook())
+        for note in again.notes:
+            self.reporter.info(f"• {note}")
+        with opened(HostSession(self.project, str(self.record["host"]), self.reporter,
+                                self.journal, host=self.session.host)) as session:
+            deployed = deploy_on(session, again.job, params=again.params)
         self.record.update(run_id=deployed.plan.run_id, restarts_used=used + 1,
                            log_seen=None, progress=None)
         self.reporter.info(f"• restarted in place as {deployed.plan.run_id}")
@@ -575,7 +585,8 @@ class Watcher:
         # OLD answer after all, the moved run there is fenced when it does.
         try:
             return migrate(self.project, old_host, spare, self.reporter, journal=self.journal,
-                           run_id=old_run, probe_attempts=0, probe_pause=0.0)
+                           run_id=old_run, probe_attempts=0, probe_pause=0.0,
+                           from_host=self.session.host)
         except OutrigError as exc:
             self.reporter.warn(f"moving {old_run} to {spare} failed: {exc}")
             return None
@@ -603,8 +614,10 @@ class Watcher:
         for entry in pending:
             try:
                 session = HostSession(self.project, str(entry["host"]), Reporter(quiet=True),
-                                      self.journal)
-            except OutrigError as exc:  # e.g. its host file was removed
+                                      self.journal, host=run_host(
+                                          self.project.hosts_dir, self.journal,
+                                          str(entry["host"]), str(entry["run_id"]))[0])
+            except OutrigError as exc:  # no host file and no address recorded
                 self.reporter.warn(f"cannot look at {entry['host']} to fence it: {exc}")
                 continue
             if not all(seen.ok for seen in session.transport.probe(5.0)):
