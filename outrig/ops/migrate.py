@@ -50,7 +50,8 @@ from outrig.plan import Plan
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.progress import argv_int
 from outrig.recipes import ModelFacts
-from outrig.redeploy.rebuild import Redeploy, rebuild, run_host
+from outrig.redeploy.rebuild import Redeploy, rebuild
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import MIGRATE_PROBE_PAUSE, TCP_PROBE_LIMIT, connect_timeout_for
 

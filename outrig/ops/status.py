@@ -12,6 +12,7 @@ from outrig.errors import ConfigError, ConnectError
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
 from outrig.metricstore import loss_trends, remember_samples
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, host_session
 from outrig.textlayout import fmt
 
@@ -29,8 +30,12 @@ PROGRESS_MARKERS = ["Training epoch "]  # last line holding these is found furth
 def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
            playbook: str | None = None, log_lines: int = 5,
            journal: Journal | None = None) -> dict[str, Any]:
-    """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
-    with host_session(project, host_spec, reporter, journal) as session:
+    """``inv status``: one agent exec; progress is parsed here (outrig/progress.py). With
+    ``run_id``, a box whose host file is gone is reached at the address the run's record
+    holds (:func:`outrig.redeploy.record.run_host`)."""
+    journal = journal or Journal()
+    host = run_host(project.hosts_dir, journal, host_spec, run_id)[0] if run_id else None
+    with host_session(project, host_spec, reporter, journal, host=host) as session:
         try:
             return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)
         except ConnectError as exc:

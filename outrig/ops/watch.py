@@ -65,7 +65,8 @@ from outrig.ops.status import (
     read_answer,
     remember_progress,
 )
-from outrig.redeploy.rebuild import redeploy_of, run_host
+from outrig.redeploy.rebuild import redeploy_of
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 from outrig.watchlines import crash_hint, death_hint, heartbeat_line
@@ -284,7 +285,7 @@ class Watcher:
 
     def box(self, spec: str) -> Host:
         """The box ``spec`` names: its host file, else (deleted since) the address the move
-        record of the followed run holds (:func:`outrig.redeploy.rebuild.run_host`)."""
+        record of the followed run holds (:func:`outrig.redeploy.record.run_host`)."""
         return run_host(self.project.hosts_dir, self.journal, spec,
                         str(self.record["run_id"]))[0]
 

@@ -6,9 +6,6 @@ wins. What differs from a fresh deploy of today's file is said, one note each, s
 success line and ``status`` can name it: the playbook file changed (or is gone) since the
 run was deployed, a param given again. A run deployed by an older outrig has no move record:
 today's file is used with the params and test mode its record kept, and a note says so.
-
-Where the old box is: its host file when there still is one, else the address the move
-record holds (:func:`run_host`).
 """
 
 from __future__ import annotations
@@ -18,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from outrig.errors import ConfigError
-from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.playbook import Job, find_playbook, load_job
-from outrig.redeploy.record import RECORD_KEY, recorded_host, text_digest
+from outrig.redeploy.record import RECORD_KEY, text_digest
 
 
 @dataclass
@@ -114,26 +110,6 @@ def _param_notes(recorded: dict[str, Any], given: dict[str, Any]) -> list[str]:
             f"{key}={recorded[key]}" if key in recorded else
             f"--param {key}={value} given on the command line (the run had the playbook's value)"
             for key, value in given.items() if recorded.get(key) != value]
-
-
-def run_host(project_hosts: Path, journal: Journal, name: str,
-             run_id: str | None = None) -> tuple[Host, str | None]:
-    """The box named ``name`` (a run's host, as the journal files it): its host file (or
-    alias, or address) when it still resolves, else the address the move record of
-    ``run_id`` (or of the host's newest run that has one) holds, with a note saying so.
-    A ConfigError when neither exists."""
-    try:
-        return resolve_host(name, hosts_dir=project_hosts), None
-    except ConfigError as missing:
-        records = [journal.run(run_id)] if run_id else []
-        records += journal.runs(host=name)
-        for record in records:
-            host = recorded_host(record)
-            if host is not None and host.name == name:
-                return host, (f"{name} has no host file any more: using the address recorded "
-                              f"with run {record.get('run_id') if record else '?'} "
-                              f"({host.describe()}, workdir {host.workdir})")
-        raise missing from None
 
 
 def redeploy_of(playbooks_dir: Path, journal: Journal, run_id: str, playbook: str,

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from outrig.inventory import Host
-from outrig.playbook import Job
+from outrig.errors import ConfigError
+from outrig.inventory import Host, resolve_host
+from outrig.journal import Journal
+
+if TYPE_CHECKING:  # the playbook models (pydantic, the recipes) only where a job is loaded
+    from outrig.playbook import Job
 
 RECORD_KEY = "deployed"
 _HOST_TEXT = ("hostname", "workdir", "user", "identity_file", "known_hosts", "python",
@@ -99,3 +103,23 @@ def _text(value: Any) -> str | None:
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else None
+
+
+def run_host(project_hosts: Path, journal: Journal, name: str,
+             run_id: str | None = None) -> tuple[Host, str | None]:
+    """The box named ``name`` (a run's host, as the journal files it): its host file (or
+    alias, or address) when it still resolves, else the address the move record of
+    ``run_id`` (or of the host's newest run that has one) holds, with a note saying so.
+    A ConfigError when neither exists."""
+    try:
+        return resolve_host(name, hosts_dir=project_hosts), None
+    except ConfigError as missing:
+        records = [journal.run(run_id)] if run_id else []
+        records += journal.runs(host=name)
+        for record in records:
+            host = recorded_host(record)
+            if host is not None and host.name == name:
+                return host, (f"{name} has no host file any more: using the address recorded "
+                              f"with run {record.get('run_id') if record else '?'} "
+                              f"({host.describe()}, workdir {host.workdir})")
+        raise missing from None
