@@ -32,29 +32,13 @@ from tests.support.runs import (
     host_a,
     kill_run,
     resumed_log,
+    trainer_tag,
     wait_checkpoints,
+    with_tag,
     write_playbooks,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def with_tag(project: Project, default: str = "from-the-file") -> None:
-    """Both members of family "mig" take a param ``tag``, which the trainer gets as
-    ``TRAIN_TAG`` (a stand-in for lr, epochs, anything a DFlash run passes as a param)."""
-    for book in project.playbooks_dir.glob("*.yaml"):
-        data = yaml.safe_load(book.read_text())
-        data["params"]["tag"] = default
-        data["processes"]["trainer"]["env"] = {"TRAIN_TAG": "${tag}"}
-        book.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def trainer_tag(journal: Journal, run_id: str) -> str:
-    """The trainer's ``TRAIN_TAG`` as the run's plan sent it to the box."""
-    record = journal.run(run_id)
-    assert record is not None, f"no journal record of {run_id}"
-    (trainer,) = [p for p in record["plan"]["processes"] if p["name"] == "trainer"]
-    return str(trainer["env"]["TRAIN_TAG"])
 
 
 def box_tag(workdir: Path, run_id: str) -> str:
@@ -88,8 +72,8 @@ def test_a_param_survives_migrate_and_the_changed_file_is_named(
     box_a.stop()
     kill_run(box_a.workdir, first.plan.run_id)
     try:
-        report = migrate(project, None, str(host_b), quiet, journal=journal,
-                         run_id=first.plan.run_id, probe_attempts=1, probe_pause=0.0)
+        report = migrate(project, str(a), str(host_b), quiet, journal=journal,
+                         probe_attempts=1, probe_pause=0.0)
         new_run = report["run_id"]
         assert report["playbook"] == "mig-8gpu"
         assert trainer_tag(journal, new_run) == "carried"
