@@ -67,6 +67,7 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
     read_answer(session.journal, result)
     remember_progress(session.journal, result)
     mark_moved_runs(result, session)
+    mark_redeployed(result, session.journal)
     mark_evaluations(result, session)
     mark_gpu_health(result, session)
     if session.reporter.json_mode:
@@ -220,6 +221,22 @@ def mark_moved_runs(result: dict[str, Any], session: HostSession) -> None:
         run["status"] = "fenced" if record.get("fenced") else "moved"
         run["moved_to"] = record.get("moved_to")
         run["fenced"] = record.get("fenced")
+
+
+def mark_redeployed(result: dict[str, Any], journal: Journal) -> None:
+    """A run that a move (``migrate``, watch's move) or a restart (``watch --restarts``)
+    deployed again from an earlier run's record (:mod:`outrig.redeploy`): ``redeployed``
+    says from which run and host, with which params, and every difference from that run as
+    it was deployed (none: the same job)."""
+    for run in result.get("runs") or []:
+        record = journal.run(str(run.get("run_id"))) or {}
+        origin = record.get("migrated_from") or record.get("restarted_from")
+        if not isinstance(origin, dict):
+            continue
+        run["redeployed"] = {"how": "moved" if record.get("migrated_from") else "restarted",
+                             "run_id": origin.get("run_id"), "host": origin.get("host"),
+                             "params": record.get("param_overrides") or {},
+                             "differences": list(origin.get("differences") or [])}
 
 
 def redact_run(run: dict[str, Any]) -> None:

@@ -522,6 +522,8 @@ class Watcher:
         with opened(HostSession(self.project, str(self.record["host"]), self.reporter,
                                 self.journal, host=self.session.host)) as session:
             deployed = deploy_on(session, again.job, params=again.params)
+        self.journal.record_run(deployed.plan.run_id, {"restarted_from": {
+            "run_id": again.run_id, "host": session.host.name, "differences": again.notes}})
         self.record.update(run_id=deployed.plan.run_id, restarts_used=used + 1,
                            log_seen=None, progress=None)
         self.reporter.info(f"• restarted in place as {deployed.plan.run_id}")
