@@ -160,7 +160,8 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
 @task(
     auto_shortflags=False,
     iterable=["host"],
-    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs)" + JOB_RUN,
+    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs); without "
+          "--host, on the box the journal records for it" + JOB_RUN,
           "playbook": "show the current run of this playbook",
           "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
           "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
@@ -215,7 +216,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 @task(
     auto_shortflags=False,
     iterable=["process", "host"],
-    help={"host": HOSTS_HELP, "run": "run id (default: the current run)" + JOB_RUN,
+    help={"host": HOSTS_HELP, "run": "run id (default: the current run); without --host, on "
+          "the box the journal records for it (its mirror when that box is gone)" + JOB_RUN,
           "playbook": "the current run of this playbook",
           "process": "only this process (repeat for several)",
           "lines": "start N lines before the end (default: resume from the saved cursor, or "
@@ -461,8 +463,8 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
           "moved run's playbook as it was deployed, or the member of its family that fits the "
           "new box best)",
           "run": "the run to move (default: the old box's newest run that really ran)",
-          "param": "key=value: change a param of the moved run (repeatable; the run's own "
-                   "--param values are carried over without it)",
+          "param": "change a param of the moved run (the run's own --param values are "
+                   "carried over without it)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
