@@ -375,11 +375,12 @@ def success_line(report: dict[str, Any], playbook: str, from_spec: str, to_spec:
 
 def _carried(project: Project, last: dict[str, Any] | None, playbook: str | None,
              params: dict[str, Any] | None) -> Redeploy | None:
-    """The old run's job as it was deployed, when the move carries it (the run is known and
-    no other playbook was named)."""
-    if last is None or (playbook is not None and playbook != last.get("playbook")):
+    """What the move deploys of the old run: its job as it was deployed, with its params and
+    test mode; with ``--playbook``, that file as it is now, with the run's params and test
+    mode (:func:`outrig.redeploy.rebuild.rebuild`). None when the journal knows no run."""
+    if last is None:
         return None
-    return rebuild(project.playbooks_dir, last, params=params)
+    return rebuild(project.playbooks_dir, last, params=params, named=playbook)
 
 
 def _load(project: Project, ref: str, params: dict[str, Any] | None) -> Job:

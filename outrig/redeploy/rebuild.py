@@ -49,16 +49,21 @@ class Redeploy:
 
 
 def rebuild(project_playbooks: Path, record: dict[str, Any], *,
-            params: dict[str, Any] | None = None) -> Redeploy:
+            params: dict[str, Any] | None = None, named: str | None = None) -> Redeploy:
     """The redeploy of the run ``record`` (a journal run record); ``params``: ``--param``
-    values given on this command line, which win over the recorded ones."""
+    values given on this command line, which win over the recorded ones. ``named``: a
+    playbook named on the command line (``migrate --playbook``): its file as it is now is
+    deployed, with the run's params (those it declares) and test mode, and a note says when
+    it differs from the run's playbook as deployed."""
     run_id = str(record.get("run_id"))
     given = dict(params or {})
     deployed = record.get(RECORD_KEY)
     book = deployed.get("playbook") if isinstance(deployed, dict) else None
     if not isinstance(book, dict) or not isinstance(book.get("text"), str) \
             or not book["text"]:
-        return _from_today(project_playbooks, record, given)
+        return _from_today(project_playbooks, record, given, named)
+    if named is not None:
+        return _named(project_playbooks, record, given, named)
     assert isinstance(deployed, dict)
     kept = deployed.get("params")
     recorded: dict[str, Any] = dict(kept) if isinstance(kept, dict) else {}
@@ -84,12 +89,36 @@ def rebuild(project_playbooks: Path, record: dict[str, Any], *,
     return Redeploy(run_id, job, merged, test, notes)
 
 
+def _named(playbooks_dir: Path, record: dict[str, Any], given: dict[str, Any],
+           named: str) -> Redeploy:
+    """``--playbook`` named on the command line: that file as it is now, with the run's
+    params it declares and its test mode (see :func:`rebuild`)."""
+    deployed = record[RECORD_KEY]
+    kept = deployed.get("params")
+    recorded: dict[str, Any] = dict(kept) if isinstance(kept, dict) else {}
+    test = bool(deployed.get("test"))
+    path = find_playbook(named, playbooks_dir)
+    declared = load_job(path, test=test).doc.data.get("params")
+    merged = {k: v for k, v in {**recorded, **given}.items()
+              if isinstance(declared, dict) and k in declared}
+    job = load_job(path, test=test, params=merged or None)
+    notes = []
+    if job.doc.text != deployed["playbook"].get("text"):
+        notes.append(f"--playbook {named}: {path} as it is now, which is not run "
+                     f"{record.get('run_id')}'s playbook as deployed")
+    dropped = sorted(set(recorded) - set(merged))
+    if dropped:
+        notes.append(f"{path} has no param {', '.join(dropped)}: the run's value is not used")
+    return Redeploy(str(record.get("run_id")), job, merged, test,
+                    notes + _param_notes(recorded, given))
+
+
 def _from_today(playbooks_dir: Path, record: dict[str, Any],
-                given: dict[str, Any]) -> Redeploy:
-    """A run without a move record: today's file, with the params and test mode the record
-    kept."""
+                given: dict[str, Any], named: str | None = None) -> Redeploy:
+    """A run without a move record: today's file (``named``, else the run's), with the
+    params and test mode the record kept."""
     run_id = str(record.get("run_id"))
-    name = record.get("playbook")
+    name = named or record.get("playbook")
     if not isinstance(name, str):
         raise ConfigError(f"the journal's record of run {run_id} names no playbook; pass "
                           "--playbook NAME")

@@ -89,11 +89,12 @@ def test_a_param_survives_migrate_and_the_changed_file_is_named(
 def test_a_param_given_again_wins_and_the_run_keeps_its_playbook_as_deployed(
         box_a: SandboxBox, host_b: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Moved with its own playbook named (no family choice): the playbook as deployed, not
+    """A family of one (no other member to choose): the run's playbook as deployed, not
     today's edited file, and a --param given on migrate's command line wins, said so."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     project = write_playbooks(tmp_path / "proj", free_port())
     with_tag(project)
+    (project.playbooks_dir / "mig-8gpu.yaml").unlink()
     journal = Journal()
     quiet = Reporter(quiet=True)
     a = host_a(box_a, tmp_path)
@@ -105,8 +106,7 @@ def test_a_param_given_again_wins_and_the_run_keeps_its_playbook_as_deployed(
     book.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         report = migrate(project, str(a), str(host_b), quiet, journal=journal,
-                         playbook="mig-4gpu", run_id=first.plan.run_id,
-                         params={"tag": "given-again"})
+                         run_id=first.plan.run_id, params={"tag": "given-again"})
         new_run = report["run_id"]
         assert trainer_tag(journal, new_run) == "given-again"
         record = journal.run(new_run)

@@ -75,6 +75,17 @@ def test_a_rebuild_is_the_job_as_deployed_with_its_params(project: Path) -> None
     assert any("is gone" in n for n in gone.notes) and gone.job.spec.params["steps"] == 3000
 
 
+def test_a_playbook_named_again_is_todays_file_with_the_runs_params(project: Path) -> None:
+    """`migrate --playbook job`: the file as it is now (the user asked for it), with the
+    run's params and test mode, and a note that it is not the playbook as deployed."""
+    record = deployed(project, {"steps": 3000})
+    book = project / "playbooks" / "job.yaml"
+    book.write_text(book.read_text().replace("t.py", "edited.py"))
+    again = rebuild(project / "playbooks", record, named="job")
+    assert "edited" in argv(again.job) and again.job.spec.params["steps"] == 3000
+    assert any("not run job-1's playbook as deployed" in n for n in again.notes), again.notes
+
+
 def test_a_run_without_a_move_record_uses_todays_file_with_its_params(project: Path) -> None:
     record = {"run_id": "old-1", "playbook": "job", "param_overrides": {"tag": "kept"}}
     again = rebuild(project / "playbooks", record)
