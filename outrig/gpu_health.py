@@ -62,11 +62,6 @@ def newly_bad(verdicts: list[dict[str, Any]], before: dict[str, dict[str, Any]]
             and (before.get(str(v["uuid"])) or {}).get("verdict") != BAD]
 
 
-def bad_indices(verdicts: list[dict[str, Any]]) -> list[int]:
-    return sorted(int(v["index"]) for v in verdicts if v["verdict"] == BAD
-                  and isinstance(v.get("index"), int))
-
-
 def event_fields(verdict: dict[str, Any]) -> dict[str, Any]:
     """The ``gpu_unhealthy`` event's fields for one GPU: which, the field that decided, why
     and what to do (the ``on_event`` hook gets these on its stdin)."""

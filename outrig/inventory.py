@@ -63,7 +63,7 @@ class Host:
         return "127.0.0.1" if self.is_local else self.hostname.strip("[]")
 
     def describe(self) -> str:
-        """``root@1.2.3.4:10978`` (what a person would type to ssh there)."""
+        """``root@203.0.113.7:10978`` (what a person would type to ssh there)."""
         if self.is_local:
             return "local"
         user = f"{self.user}@" if self.user else ""
@@ -73,7 +73,7 @@ class Host:
     def label(self, address: str | None = None) -> str:
         """The host as the user named it, then where it is: ``sandbox (root@127.0.0.1:44259)``
         (``address``: what the connection really used, else :meth:`describe`); the name
-        alone when it is the address (``--host root@1.2.3.4:22``, an ssh alias). Messages
+        alone when it is the address (``--host root@203.0.113.7:22``, an ssh alias). Messages
         name hosts this way, so the name in them is the one to type in the next command."""
         address = address or self.describe()
         return self.name if address == self.name else f"{self.name} ({address})"

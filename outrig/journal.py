@@ -56,7 +56,7 @@ def state_dir() -> Path:
 
 
 def safe_name(text: str) -> str:
-    """A host spec such as ``root@1.2.3.4:22`` as a file name."""
+    """A host spec such as ``root@203.0.113.7:22`` as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "host"
 
 

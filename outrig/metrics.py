@@ -430,17 +430,6 @@ def sparkline(values: Sequence[float], width: int = 16) -> str:
     return "".join(SPARKS[round((v - low) / (high - low) * top)] for v in finite)
 
 
-def trend_text(points: Sequence[Point], metric: str = LOSS, width: int = 16) -> str | None:
-    """``loss ▇▆▅▃▂▁ 1.234 (steps 0–120)``: the one-line trend ``status`` and ``watch``
-    show, or None with fewer than two points."""
-    rows = by_step(points, metric)
-    if len(rows) < 2:
-        return None
-    name = metric.split("/", 1)[-1]
-    return (f"{name} {sparkline([r[2] for r in rows], width)} {rows[-1][2]:.4g} "
-            f"(steps {rows[0][0]}–{rows[-1][0]})")
-
-
 def iter_rows(points: Iterable[Point], names: Sequence[str]
               ) -> Iterator[tuple[str, int, float | None, list[float | None]]]:
     """``(process, step, t, values in the order of names)``, by process then step: the

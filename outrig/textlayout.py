@@ -449,17 +449,6 @@ def fanout_failures(failures: Sequence[tuple[str, str]], total: int, width: int)
     return out
 
 
-def fanout_lines(rows: Sequence[tuple[str, str, str]],
-                 failures: Sequence[tuple[str, str]], width: int) -> list[str]:
-    """A command run on several hosts, laid out at once: the header, one row per host
-    (see :func:`fanout_row`), then each failed host with its whole reason."""
-    header, host_width = fanout_header([h for h, _, _ in rows])
-    out = [header]
-    for host, state, summary in rows:
-        out += fanout_row(host, state, summary, [], host_width, width)
-    return out + fanout_failures(failures, len(rows), width)
-
-
 def fmt(value: float | None, digits: int = 2) -> str:
     """A number for the terminal; ``-`` for none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

@@ -122,14 +122,6 @@ def sync_summary(result: dict[str, Any]) -> str:
     return text
 
 
-def tail_summary(result: dict[str, Any]) -> str:
-    """``run smoke-2026... · 120 lines · 1 reconnect`` (one host's tail-logs)."""
-    reconnects = int(result.get("reconnects") or 0)
-    return (f"run {result.get('run_id')} · {result.get('lines')} lines"
-            + (f" · {reconnects} reconnect{'s' if reconnects != 1 else ''}" if reconnects
-               else ""))
-
-
 class Rows:
     """The output of a fan-out, printed as it comes: the header first (the host column's
     width is known from the selection), then each host's row (with its warnings under it)

@@ -80,14 +80,57 @@ def pipelining_wanted() -> tuple[bool, bool]:
     return _PIPELINE_VALUES[value]
 
 
+# paramiko's private methods the pipelined login calls or overrides, by class. pyproject.toml
+# bounds paramiko below its next major version; a release that renames one of these anyway
+# must cost a round trip, never a login: see :func:`missing_private_api`.
+PRIVATE_API = {
+    "AuthHandler": ("_request_auth", "_parse_service_accept", "_get_key_type_and_bits",
+                    "auth_publickey", "wait_for_response"),
+    "Transport": ("_send_message", "_sanitize_window_size", "_sanitize_packet_size",
+                  "_next_channel", "auth_publickey", "is_authenticated", "get_exception"),
+    "Channel": ("_set_transport", "_set_window", "get_id"),
+}
+_noted_fallback = False
+
+
+def missing_private_api(classes: dict[str, type[Any]]) -> list[str]:
+    """``Class.method`` for each private method of :data:`PRIVATE_API` that ``classes`` (name
+    → class) lack: what a paramiko release that reworked its internals took away."""
+    return [f"{name}.{method}" for name, methods in PRIVATE_API.items()
+            for method in methods if not callable(getattr(classes[name], method, None))]
+
+
+def _note_fallback(missing: list[str]) -> None:
+    """Say once per process that logins are no longer pipelined, and why: the connection
+    still works (paramiko's own sequence), one round trip slower."""
+    global _noted_fallback
+    if _noted_fallback:
+        return
+    _noted_fallback = True
+    import sys
+
+    import paramiko
+    print(f"note: paramiko {paramiko.__version__} lacks {', '.join(missing)}, which outrig's "
+          "pipelined login uses; logging in with paramiko's own sequence (one round trip "
+          "more per connect). Install the paramiko version pyproject.toml names to get it "
+          "back.", file=sys.stderr, flush=True)
+
+
 @cache
 def pipelined_transport_class() -> type[Any]:
-    """A ``paramiko.Transport`` whose public-key logins are pipelined (class built once)."""
+    """A ``paramiko.Transport`` whose public-key logins are pipelined (class built once).
+
+    Where the installed paramiko lacks a private method this relies on
+    (:func:`missing_private_api`), every login and channel open takes paramiko's own
+    sequence instead, with a note: one round trip slower, never broken."""
     import paramiko
     from paramiko.auth_handler import AuthHandler
     from paramiko.channel import Channel
     from paramiko.common import cMSG_CHANNEL_OPEN, cMSG_SERVICE_REQUEST
     from paramiko.message import Message
+
+    unsupported = missing_private_api({"AuthHandler": AuthHandler,
+                                       "Transport": paramiko.Transport, "Channel": Channel})
 
     # paramiko's private parts used here (_request_auth, _parse_service_accept, the
     # transport's _send_message and server_extensions) are not in its type stubs
@@ -203,7 +246,9 @@ def pipelined_transport_class() -> type[Any]:
             return channel
 
         def auth_publickey(self, username: str, key: Any, event: Any = None) -> Any:
-            if not self.pipeline_login:
+            if unsupported:
+                _note_fallback(unsupported)
+            if not self.pipeline_login or unsupported:
                 return super().auth_publickey(username, key, event)
             # paramiko's Transport.auth_publickey, with the pipelining handler
             if not self.active or not self.initial_kex_done:

@@ -203,6 +203,8 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
     gives each host its own, so their journal records never collide).
     ``allow_unhealthy_gpu``: see :func:`deploy_request`."""
     reporter, journal = session.reporter, session.journal
+    if not dry_run:  # an unedited example host: refused before a plan suggests a deploy began
+        session.host.refuse_placeholder()
     begun = time.monotonic()
     plan = plan_on(session, job, probe=not dry_run, run_id=run_id)
     reporter.plan(plan)

@@ -150,12 +150,6 @@ def find_job(journal: Journal, ident: str) -> tuple[dict[str, Any], list[NodeRun
     return record, sorted(nodes, key=lambda n: n.rank)
 
 
-def current_job(journal: Journal, playbook: str) -> tuple[dict[str, Any], list[NodeRun]] | None:
-    """The newest multi-node job of ``playbook`` in the journal (``--playbook`` selections)."""
-    jobs = journal.jobs(playbook=playbook)
-    return find_job(journal, str(jobs[0].get("job_id"))) if jobs else None
-
-
 def _job_nodes(journal: Journal, ident: str) -> tuple[dict[str, Any], list[NodeRun]]:
     found = find_job(journal, ident)
     if found is None:

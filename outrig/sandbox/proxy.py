@@ -564,11 +564,6 @@ class LatencyProxy:
             dropped, self._faults = len(self._faults), []
         return dropped
 
-    def pending_faults(self) -> int:
-        """Faults armed but not yet given to a connection."""
-        with self._lock:
-            return len(self._faults)
-
     def _take_fault(self, number: int) -> Fault | None:
         with self._lock:
             for i, fault in enumerate(self._faults):

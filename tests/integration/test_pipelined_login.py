@@ -372,3 +372,29 @@ def test_a_cut_early_connect_is_the_first_attempts_failure_and_the_next_connects
     finally:
         transport.close()
     assert proxy.accepted == 2 and proxy.fired == [(1, "tcp", "cut")]
+
+
+def test_a_paramiko_without_the_private_parts_logs_in_its_own_way_with_a_note(
+        box_host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A paramiko release that renamed a private method the pipelined login relies on costs a
+    round trip, never the login: paramiko's own sequence, and one note that says why."""
+    import outrig.connectors.pipelined_login as pipelined_login
+
+    api = dict(pipelined_login.PRIVATE_API)
+    api["Transport"] = (*api["Transport"], "_renamed_in_a_later_release")
+    monkeypatch.setattr(pipelined_login, "PRIVATE_API", api)
+    monkeypatch.setattr(pipelined_login, "_noted_fallback", False)
+    pipelined_login.pipelined_transport_class.cache_clear()
+    try:
+        transport = run_true(box_host, tmp_path, pipeline=True)
+        try:
+            link = transport.connection.transport
+            assert link.pipelined_logins == 0 and link.early_channels == 0
+        finally:
+            transport.close()
+    finally:
+        pipelined_login.pipelined_transport_class.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("Transport._renamed_in_a_later_release") == 1
+    assert "paramiko's own sequence" in err

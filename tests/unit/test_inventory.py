@@ -23,7 +23,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_shipped_uk_node_host_file(home: Path) -> None:
     host = resolve_host("uk-node", hosts_dir=HOSTS)
-    assert (host.hostname, host.port, host.user) == ("217.138.104.34", 10978, "root")
+    assert (host.hostname, host.port, host.user) == ("203.0.113.10", 10978, "root")
     assert host.workdir == "/workspace/dflash"
     assert host.env["PATH"] == "/root/.local/bin:$PATH"
     assert host.gpus == "auto"

@@ -32,3 +32,20 @@ def test_a_misspelt_value_is_refused_with_the_values_it_takes(
     text = str(caught.value)
     assert "OUTRIG_SSH_PIPELINE='chanel'" in text and "login" in text and "Nothing was sent" in text
     assert caught.value.exit_code == 2
+
+
+def test_the_installed_paramiko_has_every_private_part_the_pipelined_login_uses() -> None:
+    """Fails on a paramiko release that took one away (the login would then fall back)."""
+    import paramiko
+    from paramiko.auth_handler import AuthHandler
+    from paramiko.channel import Channel
+
+    from outrig.connectors.pipelined_login import missing_private_api
+    assert missing_private_api({"AuthHandler": AuthHandler, "Transport": paramiko.Transport,
+                                "Channel": Channel}) == []
+
+    class Bare:
+        pass
+    missing = missing_private_api({"AuthHandler": Bare, "Transport": paramiko.Transport,
+                                   "Channel": Channel})
+    assert "AuthHandler._request_auth" in missing and "AuthHandler.wait_for_response" in missing
