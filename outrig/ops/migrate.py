@@ -1,4 +1,5 @@
-"""``inv migrate --from OLD --to NEW``: move a job to a fresh box and resume it.
+"""``inv migrate (--run RUN | --from OLD) --to NEW``: move a job to a fresh box and resume it,
+as it was deployed (its playbook as deployed, ``--param``, ``--test``: :mod:`outrig.redeploy`).
 
 The runbook, in order (docs/migrate.md):
 1. Probe OLD several times, and several ways (SSH, then the connector's look from outside: for
@@ -14,8 +15,8 @@ The runbook, in order (docs/migrate.md):
    run (the trainer saves on SIGTERM; its last complete checkpoint is final), then copy the
    newest complete checkpoint OLD → NEW. If OLD is dead, take the newest one from the
    workstation's mirror (``inv sync-checkpoints``) while the environments install.
-7. Deploy on NEW once 4 to 6 are done; the trainer resumes from the highest complete epoch in
-   its save path.
+7. Deploy on NEW once 4 to 6 are done, the job rebuilt from the old run's move record (every
+   difference named); the trainer resumes from the highest complete epoch in its save path.
 8. Record the move in the journal. OLD's logs stay in the local mirror (``tail-logs``).
 
 ``report["timings"]`` has the seconds of each step (probe, provision, stage, checkpoint,
