@@ -13,6 +13,8 @@ protocol from drifting apart. What is shared, and why:
 - ``AgentError`` and ``redact`` (``events``): the box's error as the shared frame code raises
   it here too, and the one secret redaction for what is shown from a box;
 - ``read_stat`` (``procs``): the one ``/proc/PID/stat`` parser (the sandbox's processes);
+- ``LAUNCH_ENV_KEYS`` (``constants``): the variables the agent sets in every process it
+  launches (the run's markers), which the planner refuses in a playbook's ``env:``;
 - ``parse_prompt_lines`` (``bench``): an evaluation's prompt file, read as the box reads it;
 - ``serve``: the live agent's frames (``frame``, ``FrameBuffer``): the keeper speaks to the
   box's resident agent with the box's own framing (``outrig/connectors/live.py``);
@@ -34,9 +36,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the files where the tree has them (pyproject.toml's mypy `files`)
-    from remote.agent import bench, bundle, events, gpu_judge, procs, protocol, serve, transfer
+    from remote.agent import (
+        bench,
+        bundle,
+        constants,
+        events,
+        gpu_judge,
+        procs,
+        protocol,
+        serve,
+        transfer,
+    )
 else:  # their installed name
-    from outrig._box.agent import bench, bundle, events, gpu_judge, procs, protocol, serve, transfer
+    from outrig._box.agent import (
+        bench,
+        bundle,
+        constants,
+        events,
+        gpu_judge,
+        procs,
+        protocol,
+        serve,
+        transfer,
+    )
 
 BAD_REQUEST = protocol.BAD_REQUEST
 PROTOCOL_VERSION = protocol.PROTOCOL_VERSION
@@ -45,6 +67,7 @@ request_problems = protocol.request_problems
 AgentError = events.AgentError
 redact = events.redact
 read_stat = procs.read_stat
+LAUNCH_ENV_KEYS = constants.LAUNCH_ENV_KEYS
 parse_prompt_lines = bench.parse_prompt_lines
 
 
@@ -55,6 +78,6 @@ def examples_dir() -> Path:
     return Path(bundle.__file__).resolve().parent.parent / "examples"
 
 
-__all__ = ["BAD_REQUEST", "PROTOCOL_VERSION", "AgentError", "bundle", "encode_request",
-           "examples_dir", "gpu_judge", "parse_prompt_lines", "read_stat", "redact",
-           "request_problems", "serve", "transfer"]
+__all__ = ["BAD_REQUEST", "LAUNCH_ENV_KEYS", "PROTOCOL_VERSION", "AgentError", "bundle",
+           "encode_request", "examples_dir", "gpu_judge", "parse_prompt_lines", "read_stat",
+           "redact", "request_problems", "serve", "transfer"]

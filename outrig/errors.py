@@ -11,6 +11,7 @@ next to the code that raises them are marked with their module)::
 
     OutrigError                         anything outrig raises on purpose
     ├── ConfigError [ValueError]        exit 2: a host file, playbook or flag is wrong
+    │   └── BudgetRefused               outrig.providers.budget: a rent would cross the budget
     ├── PlanError [ValueError]          exit 2: the plan has problems; nothing was sent
     ├── AuthenticationError             the box refused every key; never retried
     ├── ConnectError [ConnectionError]  the box could not be reached
@@ -28,6 +29,11 @@ next to the code that raises them are marked with their module)::
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
     ├── NodesFailed                     outrig.ops.nodes: a node of a multi-node job failed
     ├── EvaluationFailed                outrig.ops.evaluate: requests failed on the server
+    ├── ProviderError                   outrig.providers.base: a provider's API failed a call
+    │   ├── NoCapacity                  outrig.providers.base: the offer is taken; retried
+    │   ├── NeverAnswered               outrig.providers.base: the new box never answered SSH
+    │   └── HttpError                   outrig.providers.webapi: an error answer (``status``)
+    ├── SpareTaken                      outrig.providers.spares: another watch rented the spare
     ├── SandboxError [RuntimeError]     outrig.sandbox.box: the sandbox could not start
     └── FullDiskUnavailable [RuntimeError]  outrig.sandbox.fulldisk: no small fs to mount
 

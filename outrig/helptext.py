@@ -34,8 +34,9 @@ VALUE_NAMES = {
 
 KIND_NAMES = {"int": "N", "float": "NUMBER"}
 
-USAGE_TAILS = {"exec": "-- COMMAND [ARG...]", "ssh": "[-- COMMAND [ARG...]]"}
-"""What follows a task's options on its usage line, for the tasks that take words after --."""
+USAGE_TAILS = {"exec": "-- COMMAND [ARG...]", "ssh": "[-- COMMAND [ARG...]]", "release": "BOX"}
+"""What follows a task's options on its usage line, for the tasks that take words after --
+(and ``release``, whose box is a positional word)."""
 
 INDENT = "  "
 BLOCK_INDENT = 4  # how far the docstrings indent their examples

@@ -23,6 +23,7 @@ from typing import Any
 
 from outrig.journal import utc_text
 from outrig.progress import format_duration
+from outrig.providers.ledger import money
 from outrig.textlayout import INDENT, columns, labelled, visible, wrapped
 
 RECENT = 20  # runs shown without --all (and every older run that may still hold a box)
@@ -181,6 +182,15 @@ def _moved_text(row: dict[str, Any]) -> str:
                   f"--host {row.get('host')})"
 
 
+def cost_text(row: dict[str, Any]) -> str:
+    """``cost $1.24 (rented at $2.49/h)`` for a run on a box rented through outrig."""
+    cost = row.get("cost")
+    if not isinstance(cost, dict):
+        return ""
+    return f"cost {money(float(cost.get('usd') or 0))} (rented at " \
+           f"${float(cost.get('price_per_hour') or 0):.2f}/h)"
+
+
 def _pieces(pieces: Sequence[str], width: int, indent: str = INDENT) -> list[str]:
     """Short facts under a row, ``; ``-joined on as few lines as fit, each fact whole on a
     line when it fits (a date is not split from its time)."""
@@ -230,7 +240,7 @@ def history_lines(doc: dict[str, Any], width: int) -> list[str]:
         about = [] if with_host else [f"on {row.get('host')}"]
         if row.get("playbook") and not str(row["run_id"]).startswith(f"{row['playbook']}-"):
             about.append(f"playbook {row['playbook']}")
-        for text in (_progress_text(row), _moved_text(row), _seen_text(row)):
+        for text in (_progress_text(row), _moved_text(row), _seen_text(row), cost_text(row)):
             if text:
                 about.append(text)
         out += _pieces(about, width)

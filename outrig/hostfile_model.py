@@ -42,6 +42,12 @@ class HostFile(BaseModel):
         None, min_length=1, description="the address the other nodes of a multi-node job "
         "reach this box by (a cluster-internal IP or name), as ${head_host} when it is node "
         "0 (default: hostname; 127.0.0.1 for hostname: local)")
+    provider: str | None = Field(
+        None, min_length=1, description="the provider this box was rented from (written by "
+        "`outrig rent`; `outrig boxes` and `release` use it)")
+    instance_id: str | None = Field(
+        None, min_length=1, description="the provider's id of the box (written by `outrig "
+        "rent`)")
 
     @field_validator("workdir")
     @classmethod

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +52,8 @@ class Host:
     source: str = ""
     is_local: bool = False
     node_address: str | None = None
+    provider: str | None = None  # rented through outrig: the provider and its box's id
+    instance_id: str | None = None
 
     def peer_address(self) -> str:
         """How the other nodes of a multi-node job reach this box (``${head_host}`` when it
@@ -107,43 +108,18 @@ def is_placeholder_address(hostname: str) -> bool:
     return any(address in network for network in DOCUMENTATION_NETWORKS)
 
 
-_SETTING = re.compile(r"(\w+)(?:\s*=\s*|\s+)(.+)")  # paramiko/config.py, SETTINGS_REGEX
-
-
 def ssh_config_hostnames(path: Path | None = None) -> set[str]:
-    """Concrete ``Host`` names (no wildcards) in the user's ssh config.
+    """Concrete ``Host`` names (no wildcards) in the user's SSH configuration, its ``Include``
+    files followed (:func:`outrig.ssh_config.config_host_names`): an alias defined only in an
+    included file is an alias as it is for ``ssh``. Imported here: a host file (the usual
+    ``--host``) needs none of it."""
+    from outrig.ssh_config import config_host_names
 
-    Read the way paramiko's ``SSHConfig.parse`` reads them (paramiko/config.py: each line
-    stripped, blank and ``#`` lines skipped, ``KEY VALUE`` or ``KEY=VALUE`` with the key in
-    any case, a ``Host`` line's value split as a shell splits words), and, as there, a line
-    that does not parse makes the file unusable: no aliases (a broken ssh config is ssh's
-    business). A ``Match`` block holds no names (paramiko's ``get_hostnames`` raises
-    KeyError on one). Not with paramiko itself: its import (with cryptography, about 100
-    modules) is otherwise paid only when a connection is opened, and a command through a
-    live keeper opens none (tests/unit/test_inventory.py compares the two readings)."""
-    path = path or Path("~/.ssh/config").expanduser()
-    try:
-        text = path.read_text() if path.is_file() else ""
-    except (OSError, UnicodeDecodeError):
-        return set()
-    names: set[str] = set()
-    for raw in text.split("\n"):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SETTING.match(line)
-        if match is None:
-            return set()
-        if match.group(1).lower() == "host":
-            try:
-                names.update(shlex.split(match.group(2)))
-            except ValueError:
-                return set()
-    return {h for h in names if not any(c in h for c in "*?!")}
+    return config_host_names(str(path) if path else None)
 
 
 _TEXT_KEYS = ("hostname", "workdir", "user", "identity_file", "known_hosts", "python",
-              "node_address")
+              "node_address", "provider", "instance_id")
 _HOST_FILE_KEYS = frozenset((*_TEXT_KEYS, "port", "env", "gpus", "connect_timeout",
                              "keep_seconds"))
 
@@ -170,7 +146,7 @@ def plain_host_file(data: object) -> dict[str, Any] | None:
     values: dict[str, Any] = {"port": None, "user": None, "identity_file": None,
                               "known_hosts": None, "env": {}, "python": "python3",
                               "gpus": "auto", "connect_timeout": None, "keep_seconds": None,
-                              "node_address": None}
+                              "node_address": None, "provider": None, "instance_id": None}
     for key in _TEXT_KEYS:
         if key in data:
             value = data[key]
@@ -184,7 +160,7 @@ def plain_host_file(data: object) -> dict[str, Any] | None:
     workdir = values["workdir"]
     if not workdir.startswith(("/", "~")) or workdir.rstrip("/") in {"", "~"}:
         return None
-    if values["node_address"] == "":
+    if "" in (values["node_address"], values["provider"], values["instance_id"]):
         return None
     port = data.get("port")
     if port is not None and (type(port) is not int or not 1 <= port <= 65535):
@@ -238,6 +214,7 @@ def _host_from_file(name: str, path: Path) -> Host:
         gpus=spec["gpus"], connect_timeout=spec["connect_timeout"],
         keep_seconds=spec["keep_seconds"], source=str(path),
         node_address=spec["node_address"], is_local=spec["hostname"] == "local",
+        provider=spec["provider"], instance_id=spec["instance_id"],
     )
 
 
@@ -266,12 +243,28 @@ def host_files(hosts_dir: Path) -> list[str]:
     return sorted(names)
 
 
+NAME_MAX = 250  # a file name's 255 bytes less ".yaml"
+
+
+def _refuse_overlong(spec: str) -> None:
+    """A ``--host`` value no host file, alias or address can be (it ended in ``OSError: File
+    name too long`` from the file look-up): a host name has at most 253 characters, a file
+    name 255 bytes."""
+    longest = max(len(part.encode()) for part in spec.split("/"))
+    if longest > NAME_MAX:
+        raise ConfigError(f"--host {spec[:40]}…: {len(spec)} characters, longer than any host "
+                          "file name, ssh alias or host name can be (a name of at most "
+                          f"{NAME_MAX}); pass a name from hosts/, an ssh alias or "
+                          "user@host:port. Nothing was sent.")
+
+
 def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> Host:
     """Turn a ``--host`` value into a :class:`Host` (no network)."""
     spec = spec.strip()
     if not spec:
         raise ConfigError("--host is empty; pass a name from hosts/, an ssh alias or "
                           "user@host:port")
+    _refuse_overlong(spec)
     if spec == "local":
         return Host(name="local", hostname="localhost", workdir=workdir or DEFAULT_WORKDIR,
                     source="local", is_local=True)

@@ -328,6 +328,23 @@ class Journal:
         out.sort(key=lambda r: (r.get("created", 0), r.get("run_id", "")), reverse=True)
         return out
 
+    def rental_path(self, key: str) -> Path:
+        return self.root / "rentals" / f"{safe_name(key)}.json"
+
+    def record_rental(self, key: str, record: dict[str, Any]) -> None:
+        """Merge into the record of one box rented through a provider
+        (:mod:`outrig.providers.ledger` says what it holds)."""
+        self._merge(self.rental_path(key), record)
+
+    def rental(self, key: str) -> dict[str, Any] | None:
+        return self.load(self.rental_path(key))
+
+    def rentals(self) -> list[dict[str, Any]]:
+        """Every rental record, oldest first."""
+        out = list(self._records("rentals"))
+        out.sort(key=lambda r: (r.get("created_at", 0), r.get("key", "")))
+        return out
+
     def evaluation_path(self, eval_id: str) -> Path:
         return self.root / "evaluations" / f"{safe_name(eval_id)}.json"
 

@@ -34,7 +34,8 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 
 EVENTS = ("suspect", "dead", "migrating", "resumed", "fenced", "failed", "finished",
-          "restarting", "recovered", "gpu_unhealthy")
+          "restarting", "recovered", "gpu_unhealthy",
+          "rent_started", "rented", "released")  # the last three: outrig.providers
 HOOK_TIMEOUT_S = 30.0
 PIPE_GRACE_S = 2.0  # after the kill: how long the pipes may take to close before we let go
 _STOP = object()

@@ -17,13 +17,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from outrig import recipes
+from outrig.agent_code import LAUNCH_ENV_KEYS
 from outrig.inventory import Host
 from outrig.playbook import Job, ProcessSpec
 from outrig.recipes import EnvFacts, ModelFacts, RecipeContext
 from outrig.template import UndefinedName, substitute
 from outrig.yamlfile import validation_messages
-
-MARKER_VAR = "OUTRIG_RUN"
 
 
 @dataclass(frozen=True)
@@ -274,7 +273,11 @@ def _render_process(job: Job, name: str, proc: ProcessSpec, params: dict[str, ob
         env[key] = _sub(job, (*base, "env", key), text, params, problems)
     why = {"CUDA_VISIBLE_DEVICES": " from gpus:; list the GPUs there instead",
            "CUDA_DEVICE_ORDER": " (PCI_BUS_ID, so CUDA's indices are nvidia-smi's); remove it"}
-    for reserved in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", MARKER_VAR, "OUTRIG_PROCESS"):
+    for key in LAUNCH_ENV_KEYS:
+        why[key] = (" in every process it launches, to know the run's processes from anyone "
+                    "else's when it stops them; remove it from env: (or give your variable "
+                    "another name)")
+    for reserved in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", *LAUNCH_ENV_KEYS):
         if reserved in env:
             problems.append(
                 f"{job.where((*base, 'env', reserved))}: {reserved} is set by outrig"

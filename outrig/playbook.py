@@ -308,6 +308,9 @@ class _PlaybookTail(_Strict):
         None, description="what the box must offer: python, NVIDIA driver, free disk")
     evaluate: EvaluateSpec | None = Field(
         None, description="what `outrig evaluate` serves and sends (docs/evaluate.md)")
+    spares: dict[str, Any] | None = Field(
+        None, description="the spare `watch --spare auto` rents for this job: provider, gpus, "
+        "max_price, release_dead (docs/providers.md); wins over outrig.yaml's")
 
     @field_validator("environments")
     @classmethod
@@ -508,6 +511,7 @@ def resolve_playbook(value: str, playbooks_dir: Path) -> PlaybookRef:
         path = playbooks_dir / f"{value}{suffix}"
         if path.is_file():
             return PlaybookRef(value, _filed_name(path), path)
+        _refuse_folder(path)
     named = _files_named(value, playbooks_dir)
     if len(named) > 1:
         raise ConfigError(
@@ -515,6 +519,14 @@ def resolve_playbook(value: str, playbooks_dir: Path) -> PlaybookRef:
             f"({', '.join(p.name for p in named)}); pass the one you mean as a path, or give "
             "them different names. Nothing was sent.")
     return PlaybookRef(value, value, named[0] if named else None)
+
+
+def _refuse_folder(path: Path) -> None:
+    """``--playbook`` naming a folder: say so (it exists; "does not exist" was wrong)."""
+    if path.is_dir():
+        raise ConfigError(f"--playbook {path} is a folder, not a playbook file; pass the "
+                          f"playbook .yaml file itself (e.g. {path / 'NAME.yaml'}). "
+                          "Nothing was sent.")
 
 
 def find_playbook(name_or_path: str, playbooks_dir: Path) -> Path:
@@ -525,11 +537,14 @@ def find_playbook(name_or_path: str, playbooks_dir: Path) -> Path:
     if _is_path(name_or_path):
         if candidate.is_file():
             return candidate
+        _refuse_folder(candidate)
         raise ConfigError(f"playbook file {candidate} does not exist")
     path = resolve_playbook(name_or_path, playbooks_dir).path
     if path is not None:
         return path
-    known = sorted(p.stem for p in playbooks_dir.glob("*.y*ml")) if playbooks_dir.is_dir() else []
+    _refuse_folder(candidate)  # not a playbook's name, but a folder here
+    known = sorted(p.stem for p in playbooks_dir.glob("*.y*ml") if p.is_file()) \
+        if playbooks_dir.is_dir() else []
     hint = f" Known playbooks: {', '.join(known)}." if known else ""
     raise ConfigError(
         f"unknown playbook {name_or_path!r}: no {playbooks_dir}/{name_or_path}.yaml and no "

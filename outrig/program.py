@@ -179,6 +179,9 @@ class OutrigProgram(Program):
         if self.args.list.value:
             self.list_tasks()
             raise Exit
+        if self.args.version.value:  # after a task (`plan -V`), as --help and -l are there
+            self.print_version()
+            raise Exit
         if self.args.complete.value:
             complete(names=self.binary_names, core=self.core,
                      initial_context=self.initial_context, collection=self.collection,
@@ -193,9 +196,13 @@ class OutrigProgram(Program):
             self.config.merge()
 
     def parse_tasks(self) -> None:
-        missing = missing_value(self.core.unparsed, self._make_parser())
+        parser = self._make_parser()
+        missing = missing_value(self.core.unparsed, parser)
         if missing is not None:
             raise refusal(parse_error_message(missing, self.binary_names[0]))
+        twice = given_twice(self.core.unparsed, parser)
+        if twice is not None:
+            raise refusal(twice)
         try:
             super().parse_tasks()
         except ParseError as exc:
@@ -203,6 +210,11 @@ class OutrigProgram(Program):
         except ValueError as exc:  # a typed flag given a value of the wrong type
             raise refusal(f"error: {exc}; see `outrig --help TASK` for the flag's type") \
                 from None
+        if len(self.tasks) > 1:  # Invoke would run each in turn: `runs ... cleanup ...`
+            names = " and ".join(f"`{task.name}`" for task in self.tasks)
+            raise refusal(f"error: {names} are {len(self.tasks)} tasks on one command line; "
+                          f"{self.binary_names[0]} runs one task per command: run them one "
+                          "after the other. Nothing was run.")
 
     # --- the help (laid out by outrig.helptext) ----------------------------------------
     def task_summaries(self) -> list[tuple[str, str]]:
@@ -253,6 +265,50 @@ def missing_value(argv: list[str], parser: Parser) -> ParseError | None:
     if waiting is None:
         return None
     return ParseError(f"Flag {waiting!r} needed value and was not given one!", context)
+
+
+def given_twice(argv: list[str], parser: Parser) -> str | None:
+    """The refusal for a flag that takes one value and was given two (``--playbook a
+    --playbook b``: Invoke said "No idea what 'b' is"), else None. The words are walked as
+    :func:`missing_value` walks them; a repeatable flag may come any number of times."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    context: ParserContext | None = parser.initial
+    seen: dict[str, str] = {}
+    pending: Argument | None = None
+    for word in words:
+        flags = context.flags if context is not None else {}
+        if pending is not None and word not in flags:
+            refused = _second_value(seen, pending, word)
+            if refused is not None:
+                return refused
+            pending = None
+            continue
+        pending = None
+        name, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        flag = flags.get(name)
+        if flag is not None and flag.takes_value and not flag.optional:
+            if not eq:
+                pending = flag
+                continue
+            refused = _second_value(seen, flag, value)
+            if refused is not None:
+                return refused
+        elif word in parser.contexts:
+            context, seen = parser.contexts[word], {}
+    return None
+
+
+def _second_value(seen: dict[str, str], flag: Argument, value: str) -> str | None:
+    """Note ``flag``'s value; the refusal when it already had one (and takes one only)."""
+    name = str(flag.name)
+    if flag.kind is list:
+        return None
+    if name not in seen:
+        seen[name] = value
+        return None
+    typed = ("--" if len(name) > 1 else "-") + translate_underscores(name)
+    return (f"error: {typed} given twice ({seen[name]!r} and {value!r}); give it once. "
+            "Nothing was run.")
 
 
 VALUE_FLAGS = {"--host": "hosts", "--from": "hosts", "--to": "hosts",

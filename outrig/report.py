@@ -113,6 +113,7 @@ def identity(run: RunData, secrets: Sequence[str]) -> dict[str, Any]:
         "migrated_from": record.get("migrated_from"), "fenced": record.get("fenced"),
         "mirror": run.mirror, "points": len(merged(run.points)),
         "test_mode": record.get("test_mode"),
+        "cost": record.get("cost") if isinstance(record.get("cost"), dict) else None,
     }
 
 

@@ -15,6 +15,7 @@ The package:
   :mod:`outrig.cli.report` (metrics, plot, report),
   :mod:`outrig.cli.boxes` (check, provision,
   stage, exec, ssh, forward, connections), :mod:`outrig.cli.evaluate`,
+  :mod:`outrig.cli.rentals` (rent, boxes, release),
   :mod:`outrig.cli.sandbox` (demo, sandbox-up, sandbox-down), :mod:`outrig.cli.starter`
   (init);
 * what a command acts on, resolved once from ``--host``/``--run``/``--playbook``:
@@ -43,6 +44,8 @@ from outrig.cli.boxes import check, connections, exec_, forward, provision, ssh,
 from outrig.cli.evaluate import evaluate
 from outrig.cli.flags import friendly
 from outrig.cli.history import runs as runs_task  # the module outrig.cli.runs keeps its name
+from outrig.cli.rentals import boxes as boxes_task  # the module outrig.cli.boxes keeps its name
+from outrig.cli.rentals import release, rent
 from outrig.cli.report import metrics, report
 from outrig.cli.report import plot as plot_task
 from outrig.cli.runs import (
@@ -68,7 +71,8 @@ __all__ = ["TASKS", "friendly", "make_collection", "make_program", "program"]
 
 TASKS = (deploy, plan, status, runs_task, tail_logs, metrics, plot_task, report, cleanup,
          provision, stage_, sync_checkpoints, migrate, watch, evaluate, check, exec_, ssh,
-         forward, connections, demo, sandbox_up, sandbox_down, init)
+         forward, connections, rent, boxes_task, release, demo, sandbox_up, sandbox_down,
+         init)
 
 
 def make_collection(default_project: Path | None = None) -> Collection:

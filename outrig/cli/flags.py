@@ -52,16 +52,26 @@ JOB_RUN = ("; a multi-node job's id (or a node's run id) covers every node of it
            "needed")
 
 
-def number(value: str | None, flag: str, default: float, *, whole: bool = True) -> float:
-    """A numeric flag, parsed here so that ``--lines abc`` is one clear exit-2 paragraph."""
+def number(value: str | None, flag: str, default: float, *, whole: bool = True,
+           least: float | None = None, most: float | None = None) -> float:
+    """A numeric flag, parsed here so that ``--lines abc`` (or ``--lines -1``, below
+    ``least``) is one clear exit-2 paragraph before anything is contacted."""
     if value is None:
         return default
     try:
-        return int(value) if whole else float(value)
+        parsed = int(value) if whole else float(value)
     except ValueError:
         kind = "a whole number" if whole else "a number"
         raise ConfigError(f"--{flag} must be {kind}, not {value!r} (e.g. --{flag} "
                           f"{int(default)})") from None
+    if (least is not None and parsed < least) or (most is not None and parsed > most):
+        def shown(bound: float) -> str:
+            return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+        span = f"from {shown(least or 0)} to {shown(most)}" if most is not None else \
+            f"at least {shown(least or 0)}"
+        raise ConfigError(f"--{flag} must be {span}, not {value} (e.g. --{flag} "
+                          f"{int(default)}). Nothing was sent.")
+    return parsed
 
 
 def make_reporter(json: bool, gpus: bool = False) -> Reporter:

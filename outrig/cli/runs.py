@@ -38,6 +38,10 @@ from outrig.taskspec import task
 if TYPE_CHECKING:
     from outrig.cli.targets import NodeJob, OneHost
 
+# the agent's own limits (remote/agent/status.py, follow.py): refused here, before connecting
+STATUS_LINES_MAX = 10000
+TAIL_LINES_MAX = 10**9
+
 
 @task(
     auto_shortflags=False,
@@ -195,7 +199,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     from outrig.cli.targets import select
     from outrig.ops.status import status as run_status
 
-    count = int(number(lines, "lines", 5))
+    count = int(number(lines, "lines", 5, least=0, most=STATUS_LINES_MAX))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json, gpus)
     target = select(settings, reporter, host, run=run, playbook=playbook,
@@ -257,7 +261,8 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
     from outrig.cli.targets import select
     from outrig.ops.logs import tail_logs as run_tail
 
-    count = None if lines is None else int(number(lines, "lines", 100))
+    count = None if lines is None else int(number(lines, "lines", 100, least=0,
+                                                  most=TAIL_LINES_MAX))
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     processes = list(process or [])
@@ -353,7 +358,8 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     help={"host": HOST_HELP,
           "playbook": "the playbook whose run to follow (its current run on the host)",
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
-                   "that passes check and has no bad GPU wins)",
+                   "that passes check and has no bad GPU wins); 'auto' rents one through the "
+                   "provider of spares: in outrig.yaml (the default when that is set)",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash on a healthy box, redeploy in place at most N times "
                       "(default 0: report and stop)",
@@ -394,7 +400,10 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         name = playbook_identity(settings, playbook_for(settings, playbook, one.spec,
                                                         reporter, what="watch"))
         assert name is not None
-        options = WatchOptions(spares=list(spare or []), run_id=run,
+        from outrig.providers.spares import spares_for_watch
+
+        options = WatchOptions(spares=spares_for_watch(one.project, list(spare or []), name),
+                               run_id=run,
                                restarts=(None if restarts is None
                                          else int(number(restarts, "restarts", 0))),
                                threshold=float(number(threshold, "threshold", 60,

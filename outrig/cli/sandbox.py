@@ -18,12 +18,15 @@ from outrig.taskspec import task
                   "sandbox of sandbox-up) and print how to reach them; sandbox-down stops both",
           "delay": "one-way delay in ms added by a latency proxy in front of the sandbox "
                    "(default 0; 120 gives a 240 ms RTT like a far-away box)",
+          "failover": "instead: rent a box from the sandbox provider, let it die under "
+                      "watch --spare auto, and see a rented box take the job over and the "
+                      "dead one released, with what each cost (docs/providers.md)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": "each step's JSON (deploy events, the status document, log lines, the "
                   "cleanup report) as JSON lines; progress notes go to stderr"},
 )
 @friendly
-def demo(c: Any, keep: bool = False, delay: str | None = None,
+def demo(c: Any, keep: bool = False, delay: str | None = None, failover: bool = False,
          project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
 
@@ -31,10 +34,17 @@ def demo(c: Any, keep: bool = False, delay: str | None = None,
     installing openssh-server with apt-get first if this machine has no sshd. The smoke
     playbook and its trainer ship with outrig, so it runs in any folder.
 
-    Example:
+    Examples:
         outrig demo
+        outrig demo --failover
     """
     from outrig.ops.demo import run_demo
+
+    if failover:
+        from outrig.ops.demo_failover import run_failover_demo
+
+        run_failover_demo(make_reporter(json))
+        return
 
     one_way_ms = number(delay, "delay", 0)
     settings = settings_for(c, project, no_keep=no_keep)

@@ -15,20 +15,18 @@ exchange's hash, so both must be the same); :class:`BannerSentSocket` keeps para
 writing it a second time. Nothing else is sent ahead: the key exchange, the host key check
 and the login are paramiko's, unchanged.
 
-When it is not used (the connect goes the ordinary way): where the SSH configuration could
-send the connection through another host (a ``ProxyJump`` or ``ProxyCommand`` line anywhere
-in it), or to another port when the host file gives none (a ``Port`` line): then it is not
-started at all (:func:`early_connect_allowed`); where Fabric, having read the configuration,
-connects elsewhere all the same (another ``HostName`` for the name): then the early socket is
-closed unused; and on every later attempt of the same command (only the first one starts
+Where it goes: to the address and port the SSH configuration gives the host, read first as
+OpenSSH reads it (:func:`outrig.ssh_config.ssh_route`: ``Include``, ``Match``, ``HostName``,
+``Port``; pure Python, about a millisecond). When it is not used (the connect goes the
+ordinary way): where that configuration sends the connection through a proxy
+(``ProxyCommand``, ``ProxyJump``, from any file): then nothing connects to the box directly,
+early or late; and on every later attempt of the same command (only the first one starts
 ahead). A failure of the early connect (refused, silent, unreachable) is the first attempt's
 failure, classified and retried exactly as one from paramiko's own connect.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import threading
 from typing import Any
@@ -124,33 +122,3 @@ class BannerSentSocket:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
-
-
-SSH_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
-SSH_CONFIG_DIR = "/etc/ssh/ssh_config.d"
-
-
-def early_connect_allowed(hostname: str, port: int | None) -> bool:
-    """Whether a connect may start before Fabric has read the SSH configuration: not when any
-    of it can send the connection through another host (``ProxyJump``, ``ProxyCommand``), and,
-    for a host file without ``port:``, not when it sets a ``Port`` (the early connect would
-    knock on port 22 first). Another ``HostName`` for the name is caught after Fabric read it
-    (:meth:`SSHTransport._adopt_early`). The files are read as text, cheaply; a line that
-    names one of these words anywhere, even in a block for other hosts, is enough to say no."""
-    if not hostname:
-        return False
-    words = ("proxyjump", "proxycommand") if port else ("proxyjump", "proxycommand", "port")
-    paths = [os.path.expanduser(p) for p in SSH_CONFIGS]
-    with contextlib.suppress(OSError):
-        paths += [os.path.join(SSH_CONFIG_DIR, n) for n in sorted(os.listdir(SSH_CONFIG_DIR))]
-    for path in paths:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    first = line.strip().split(None, 1)
-                    key = first[0].split("=", 1)[0].lower() if first else ""
-                    if key in words:
-                        return False
-        except OSError:
-            continue
-    return True

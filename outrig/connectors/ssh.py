@@ -28,16 +28,19 @@ import errno
 import hashlib
 import logging
 import os
+import re
+import select
 import shlex
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrig.connectors.pipelined_login import pipelined_transport_class, pipelining_wanted
-from outrig.connectors.preconnect import CLIENT_BANNER, EarlyConnect, early_connect_allowed
+from outrig.connectors.preconnect import CLIENT_BANNER, EarlyConnect
 from outrig.errors import (
     AuthenticationError,
     ConfigError,
@@ -63,6 +66,9 @@ from outrig.transport import (
     Transport,
     known_hosts_path,
 )
+
+if TYPE_CHECKING:
+    from outrig.ssh_config import SSHRoute
 
 # paramiko logs its own tracebacks (banner timeouts, resets) through the root logger's
 # last-resort handler; outrig reports those failures itself, in one paragraph.
@@ -112,6 +118,61 @@ def probe_port(host: str, port: int, timeout: float) -> tuple[Observation, Obser
     return (Observation(connected, "tcp", True),
             Observation(time.monotonic(), "banner", ok,
                         "" if ok else "the port does not speak SSH"))
+
+
+def retry_notice(error: str) -> str:
+    """``error``'s gist for a retry notice: its first sentence, parenthesised asides removed,
+    cut at its first colon unless what comes before is only the host's name."""
+    previous = None
+    while previous != error:
+        previous, error = error, re.sub(r"\s*\([^()]*\)", "", error)
+    first = re.split(r"\.\s|\.$", error, maxsplit=1)[0]
+    head = first.partition(": ")[0]
+    return (head if " " in head else first).strip()
+
+
+def proxy_socket(route: SSHRoute) -> Any:
+    """The socket-like end of the route's proxy command (paramiko runs it; it is ended when
+    the connection closes)."""
+    import paramiko
+
+    assert route.proxy is not None
+    return paramiko.ProxyCommand(shlex.join(route.proxy))
+
+
+def probe_route(route: SSHRoute, timeout: float) -> tuple[Observation, Observation]:
+    """:func:`probe_port` along the route: where the configuration names a proxy, the banner
+    is read through a run of the proxy command (the ``tcp`` observation is then the
+    command's), never from a direct connect."""
+    if route.proxy is None:
+        return probe_port(route.hostname, route.port, timeout)
+    started = time.monotonic()
+    try:
+        child = subprocess.Popen(route.proxy, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        return (Observation(started, "tcp", False, f"the proxy command failed: {exc}"),
+                Observation(time.monotonic(), "banner", False, "no proxy"))
+    data = b""
+    try:
+        assert child.stdout is not None
+        out = child.stdout.fileno()
+        while b"\n" not in data and len(data) < 256:
+            left = timeout - (time.monotonic() - started)
+            if left <= 0 or not select.select([out], [], [], left)[0]:
+                break
+            chunk = os.read(out, 256)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        child.kill()
+        child.wait()
+    ok = data.startswith(b"SSH-")
+    detail = "" if ok else ("no SSH banner through the proxy within "
+                            f"{timeout:.1f}s" if not data else "the route does not speak SSH")
+    return (Observation(started, "tcp", bool(data), "" if data else f"via {route.proxy_source}"),
+            Observation(time.monotonic(), "banner", ok, detail))
 
 
 class _SSHChannel(AgentChannel):
@@ -355,26 +416,39 @@ class SSHTransport(Transport):
         self.retry = RetryPolicy(refused=max(1, attempts), link=max(1, link_attempts),
                                  channel=max(1, channel_attempts))
         self.connection: Any = None
+        self._route: SSHRoute | None = None
         self.connect_seconds: float | None = None
         self.link_failures = 0  # link failures retried by this transport (for reports, tests)
         self.early_connects = 0  # connects whose TCP connect and banner left early (tests)
         self._tunnel_lock = threading.Lock()  # forwarded connections arrive on threads
 
-    def _build(self, timeout: float) -> Any:
-        import fabric
+    def route(self) -> SSHRoute:
+        """Where the connection goes after the SSH configuration, read as OpenSSH reads it
+        (:mod:`outrig.ssh_config`: ``Include``, ``Match``, a proxy from any file). Imported
+        here: a command through a live keeper connects nothing and reads none of it."""
+        from outrig.ssh_config import ssh_route
 
-        # NOTE: a fresh fabric.Config loads ~/.ssh/config and /etc/ssh/ssh_config at init; a
-        # cloned invoke config would not (fabric#2111), and aliases would silently resolve to
-        # the local user on port 22.
-        config = fabric.Config()
+        return ssh_route(self.host.hostname, port=self.host.port, user=self.host.user)
+
+    def _build(self, timeout: float, route: SSHRoute) -> Any:
+        import fabric
+        import paramiko
+
+        # NOTE: the SSH configuration is read by outrig.ssh_config (paramiko's reading, which
+        # Fabric would use, has no Include: a ProxyCommand kept in an included file was
+        # skipped); Fabric is given an empty one and the route's values.
+        config = fabric.Config(ssh_config=paramiko.SSHConfig())
         connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout,
                                           "transport_factory": _watched_transport_factory(
                                               self.pipeline, *self._early_window)}
-        if self.host.identity_file:
-            connect_kwargs["key_filename"] = [str(Path(self.host.identity_file).expanduser())]
-        conn = fabric.Connection(host=self.host.hostname, user=self.host.user,
-                                 port=self.host.port, config=config,
-                                 connect_timeout=timeout, connect_kwargs=connect_kwargs)
+        keys = [str(Path(self.host.identity_file).expanduser())] \
+            if self.host.identity_file else []
+        keys += [k for k in route.identity_files if k not in keys]
+        if keys:
+            connect_kwargs["key_filename"] = keys
+        conn = fabric.Connection(host=route.hostname, user=route.user, port=route.port,
+                                 config=config, gateway=False, connect_timeout=timeout,
+                                 connect_kwargs=connect_kwargs)
         path = known_hosts_path(self.host)
         if path.is_file():
             conn.client.load_host_keys(str(path))
@@ -385,7 +459,8 @@ class SSHTransport(Transport):
         """``sandbox (root@127.0.0.1:44259)``: the host as named, then what the connection
         used (after ``~/.ssh/config``)."""
         user = getattr(conn, "user", None) or "?"
-        return self.host.label(f"{user}@{conn.host}:{conn.port}")
+        via = f" via the {self._route.proxy_source}" if self._route and self._route.proxy else ""
+        return self.host.label(f"{user}@{conn.host}:{conn.port}{via}")
 
     def connect_opening_channel(self) -> None:
         """:meth:`connect`, with a session-channel open sent behind the login where the
@@ -405,17 +480,21 @@ class SSHTransport(Transport):
         timeout, why = connect_timeout_for(self.host, self.rtt_hint)
         refused = silent = lost = 0
         attempt = 0
-        # the first attempt's TCP connect and banner leave now, while Fabric and paramiko load
-        early = EarlyConnect(self.host.hostname, self.host.port or 22, timeout) \
-            if early_connect_allowed(self.host.hostname, self.host.port) else None
+        route = self._route = self.route()  # one it cannot read fully is refused here
+        # the first attempt's TCP connect and banner leave now, while Fabric and paramiko
+        # load; never where the configuration names a proxy
+        early = EarlyConnect(route.hostname, route.port, timeout) \
+            if route.direct and route.hostname else None
         while True:
             attempt += 1
-            conn = self._build(timeout)
+            conn = self._build(timeout, route)
             started = time.monotonic()
             try:
                 if early is not None:
                     taken, early = early, None  # the first attempt's only, failed or not
                     self._adopt_early(taken, conn, timeout)
+                if route.proxy is not None:  # a connection through it, never a direct one
+                    conn.connect_kwargs["sock"] = proxy_socket(route)
                 conn.open()
             except BaseException as exc:
                 error = self._classify(conn, exc, timeout, why, time.monotonic() - started)
@@ -444,7 +523,7 @@ class SSHTransport(Transport):
                 conn.transport.set_keepalive(keepalive_interval_for(self.rtt_hint))
                 return
             pause = retry_pause(self.rtt_hint, attempt)
-            self._notice(str(error).split(" (")[0], pause)
+            self._notice(str(error), pause)
             time.sleep(pause)
 
     def _adopt_early(self, early: EarlyConnect, conn: Any, timeout: float) -> None:
@@ -460,10 +539,12 @@ class SSHTransport(Transport):
         conn.connect_kwargs["sock"] = sock
         self.early_connects += 1
 
-    def _notice(self, what: str, pause: float) -> None:
-        """Tell the user a link failure is being retried (not an error yet)."""
+    def _notice(self, error: str, pause: float) -> None:
+        """Tell the user a link failure is being retried (not an error yet), in a line: the
+        error's first clause without its parentheses ("the link to sandbox dropped during
+        authentication"; cutting at the first parenthesis dropped the verb)."""
         if self.notify is not None:
-            self.notify(f"{what}; retrying in {pause:.1f} s")
+            self.notify(f"{retry_notice(error)}; retrying in {pause:.1f} s")
 
     def _classify(self, conn: Any, exc: BaseException, timeout: float, why: str,
                   spent: float) -> BaseException:
@@ -563,7 +644,7 @@ class SSHTransport(Transport):
                     raise
                 self.link_failures += 1
                 pause = retry_pause(self.best_rtt, attempt)
-                self._notice(str(exc).split(" (")[0], pause)
+                self._notice(str(exc), pause)
             time.sleep(pause)
 
     def _open(self, argv: list[str], window_size: int | None) -> AgentChannel:
@@ -615,16 +696,16 @@ class SSHTransport(Transport):
         return _SSHChannel(channel, host)
 
     def probe(self, timeout: float) -> list[Observation]:
-        """The ``tcp`` and ``banner`` observations of :func:`probe_port` at the host file's
-        address and port; the open connection is not used."""
-        return list(probe_port(self.host.hostname, self.host.port or 22, timeout))
+        """The ``tcp`` and ``banner`` observations of :func:`probe_route` along the
+        configured route; the open connection is not used."""
+        return list(probe_route(self.route(), timeout))
 
     def confirm_alive(self, timeout: float) -> Observation:
         """The fresh look a death needs (never the open or the warm connection): a TCP
         connect and the SSH banner within ``timeout``, then, when they answer, a whole SSH
         login with one attempt; ``ok`` when the box answered. A port that gives no banner
         within ``timeout`` fails without the SSH connect's own (longer) limit."""
-        tcp, banner = probe_port(self.host.hostname, self.host.port or 22, timeout)
+        tcp, banner = probe_route(self.route(), timeout)
         if not banner.ok:
             return Observation(time.monotonic(), "confirm", False,
                                f"{banner.detail}" if tcp.ok else f"TCP: {tcp.detail}")

@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from outrig.console import Reporter
-from outrig.errors import OutrigError
+from outrig.errors import ConfigError, OutrigError
 from outrig.fanout import MAX_PARALLEL, HostOutcome, run_fanout
 from outrig.history import RECENT, HostView, chosen, history_document, history_lines
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status, remember_progress
+from outrig.providers.ledger import annotate_costs
 from outrig.session import HostSession, Project
 
 
@@ -57,6 +58,15 @@ def _ask(session: HostSession) -> dict[str, Any]:
     return {"runs": [r.get("run_id") for r in result.get("runs") or []]}
 
 
+def _reachable_spec(project: Project, spec: str) -> bool:
+    """Whether ``spec`` still names a host (its host file may have been removed)."""
+    try:
+        resolve_host(spec, hosts_dir=project.hosts_dir)
+    except ConfigError:
+        return False
+    return True
+
+
 def runs_history(project: Project, reporter: Reporter, *, hosts: Sequence[str] | None = None,
                  playbook: str | None = None, show_all: bool = False,
                  max_parallel: int = MAX_PARALLEL, deadline: float | None = None,
@@ -66,8 +76,11 @@ def runs_history(project: Project, reporter: Reporter, *, hosts: Sequence[str] |
     journal = journal or Journal()
     keys = None if hosts is None else list(dict.fromkeys(host_key(project, h) for h in hosts))
     before, _ = chosen(journal_runs(journal, keys, playbook), show_all=show_all, recent=recent)
+    # the journal's hosts that still have a way in: a released box's host file is gone, and
+    # its runs are shown as last seen
     specs = list(hosts) if hosts is not None else \
-        list(dict.fromkeys(str(r.get("host")) for r in before if r.get("host")))
+        [h for h in dict.fromkeys(str(r.get("host")) for r in before if r.get("host"))
+         if _reachable_spec(project, h)]
     outcomes: list[HostOutcome] = []
     if specs:
         outcomes = run_fanout(project, specs, _ask, max_parallel=max_parallel,
@@ -85,6 +98,7 @@ def runs_history(project: Project, reporter: Reporter, *, hosts: Sequence[str] |
                               (outcome.error or outcome.state).split(". ")[0],
                               seen_at=seen_at, listed=listed, contacted=outcome is not None))
     doc = history_document(records, views, now=now, show_all=show_all, recent=recent)
+    annotate_costs(journal, doc["runs"], now)  # runs on rented boxes: their share of the bill
     if reporter.json_mode:
         reporter.emit_json(doc)
     else:

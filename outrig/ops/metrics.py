@@ -29,6 +29,7 @@ from outrig.logmirror import mirror_root
 from outrig.metrics import RunData, by_step, chain_ids, iter_rows, metric_names
 from outrig.metricstore import MetricStore
 from outrig.ops.watch import WATCH_DIR
+from outrig.providers.ledger import annotate_costs
 from outrig.redaction import ordered
 from outrig.report import render_html, report_document
 from outrig.terminal import terminal_width
@@ -277,6 +278,8 @@ def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | No
     document = report_document(groups, now=time.time() if now is None else now,
                                evaluations=evaluations, watch_events=watch_events(journal, ids),
                                secrets=plan_secrets(runs))
+    annotate_costs(journal, [r for r in document.get("runs") or [] if not r.get("cost")],
+                   time.time())  # a run on a box rented through outrig: its share so far
     html = render_html(document, uplot_js=asset("uPlot.iife.min.js"),
                        uplot_css=asset("uPlot.min.css"), page_js=asset("report.js"),
                        page_css=asset("report.css"))

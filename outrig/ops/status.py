@@ -12,6 +12,7 @@ from outrig.errors import ConfigError, ConnectError
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
 from outrig.metricstore import loss_trends, remember_samples
+from outrig.providers.ledger import annotate_costs, rental_lines, rental_summary
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, host_session
 from outrig.textlayout import fmt
@@ -70,12 +71,18 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
     mark_redeployed(result, session.journal)
     mark_evaluations(result, session)
     mark_gpu_health(result, session)
+    rental = rental_summary(session.journal, session.host.name, time.time())
+    if rental is not None:  # a box rented through outrig: what it costs (outrig.providers)
+        result["rental"] = rental
+        annotate_costs(session.journal, [{**r, "host": session.host.name}
+                                         for r in result.get("runs") or []], time.time())
     if session.reporter.json_mode:
         session.reporter.emit_json(result)
     else:
         print_status(session.reporter, result)
         session.reporter.lines(evaluation_lines(result))
         warn_gpu_health(session.reporter, result)
+        session.reporter.lines(rental_lines(rental))
     return result
 
 

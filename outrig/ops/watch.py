@@ -54,18 +54,19 @@ from outrig.health import (
     prune,
     run_state,
 )
-from outrig.inventory import Host
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on
 from outrig.ops.nodes import refuse_node_run
+from outrig.ops.restart import restart_on
 from outrig.ops.status import (
     PROGRESS_BYTES,
     PROGRESS_MARKERS,
     read_answer,
     remember_progress,
 )
-from outrig.redeploy.rebuild import redeploy_of
+from outrig.ops.watch_lock import WatchLock
+from outrig.providers import spares as rented
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
@@ -199,6 +200,8 @@ class Watcher:
             if verdict.state == "finished":
                 self.send("finished", why=verdict.why)
                 self.record.update(status="finished")
+                rented.release_finished(self.project, self.journal, self.send,
+                                        str(self.record["host"]), str(self.record["run_id"]))
                 break
             if verdict.state == "crashed":
                 self.on_crash(verdict)
@@ -208,8 +211,9 @@ class Watcher:
 
     def follow(self) -> Verdict | None:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
-        self.session = HostSession(self.project, str(self.record["host"]), silent(),
-                                   self.journal, host=self.box(str(self.record["host"])))
+        spec = str(self.record["host"])  # its host file, else the run's recorded address
+        self.session = HostSession(self.project, spec, silent(), self.journal, host=run_host(
+            self.project.hosts_dir, self.journal, spec, str(self.record["run_id"]))[0])
         try:
             return self._follow()
         finally:
@@ -283,11 +287,6 @@ class Watcher:
         return HostSession(self.project, session.host_spec, silent(), self.journal,
                            host=session.host)
 
-    def box(self, spec: str) -> Host:
-        """The box ``spec`` names: its host file, else (deleted since) the address the move
-        record of the followed run holds (:func:`outrig.redeploy.record.run_host`)."""
-        return run_host(self.project.hosts_dir, self.journal, spec,
-                        str(self.record["run_id"]))[0]
 
     def limits(self, session: HostSession) -> Limits:
         rtt = session.transport.best_rtt if hasattr(session.transport, "best_rtt") else None
@@ -513,17 +512,9 @@ class Watcher:
             raise OutrigError(crash_hint(self.record.snapshot(), verdict.why, used, allowed,
                                          self.checkpointed()))
         self.send("restarting", why=f"restart {used + 1} of {allowed}")
-        from outrig.ops.deploy import deploy_on
-
-        again = redeploy_of(self.project.playbooks_dir, self.journal,
-                            str(self.record["run_id"]), self.run_playbook())
-        for note in again.notes:
-            self.reporter.info(f"• {note}")
         with opened(HostSession(self.project, str(self.record["host"]), self.reporter,
                                 self.journal, host=self.session.host)) as session:
-            deployed = deploy_on(session, again.job, params=again.params)
-        self.journal.record_run(deployed.plan.run_id, {"restarted_from": {
-            "run_id": again.run_id, "host": session.host.name, "differences": again.notes}})
+            deployed = restart_on(session, str(self.record["run_id"]), self.run_playbook())
         self.record.update(run_id=deployed.plan.run_id, restarts_used=used + 1,
                            log_seen=None, progress=None)
         self.reporter.info(f"• restarted in place as {deployed.plan.run_id}")
@@ -534,6 +525,10 @@ class Watcher:
         old_host, old_run = str(self.record["host"]), str(self.record["run_id"])
         skipped: list[str] = []
         for spare in list(self.record["spares"] or []):
+            if spare == rented.AUTO:  # rent one through the provider (outrig.providers)
+                spare = self.rent_spare(old_host, old_run, skipped) or ""
+                if not spare:
+                    continue
             problem = self.check_spare(spare)
             if problem:
                 skipped.append(f"{spare}: {problem}")
@@ -543,6 +538,7 @@ class Watcher:
             report = self.migrate_to(old_host, old_run, spare)
             if report is None:
                 skipped.append(f"{spare}: the move failed")
+                rented.release_unused(self.project, self.journal, self.send, spare, old_run)
                 continue
             moved = [*(self.record["moved"] or []), {"host": old_host, "run_id": old_run,
                                                      "fenced": None}]
@@ -554,12 +550,30 @@ class Watcher:
             self.send("resumed", **{"from": old_host}, old_run_id=old_run,  # it finds the
                       checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
                       seconds=report.get("seconds"))  # line already there
+            if rented.release_dead(self.project, self.journal, self.send, old_host,
+                                   self.run_playbook()):
+                self.record.update(moved=[rented.moved_entry_released(m)
+                                          if m.get("run_id") == old_run else m
+                                          for m in self.record["moved"] or []])
             return
         self.send("failed", why="the box is dead and no spare took the job"
                   + (f" ({'; '.join(skipped)})" if skipped else " (no spares left)"))
         self.record.update(status="failed")
         raise OutrigError(death_hint(self.record.snapshot(), old_host, old_run, verdict.why,
                                      skipped, self.checkpointed()))
+
+    def rent_spare(self, old_host: str, old_run: str, skipped: list[str]) -> str | None:
+        """``--spare auto``: the box rented for this death (:mod:`outrig.providers.spares`),
+        or None with the reason added to ``skipped``."""
+        try:
+            return rented.rent_spare(self.project, self.journal, self.send, old_host, old_run,
+                                     self.run_playbook())
+        except rented.SpareTaken as exc:
+            self.record.update(status="handed over")
+            raise OutrigError(str(exc)) from None
+        except OutrigError as exc:
+            skipped.append(f"auto: {exc}")
+            return None
 
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is
@@ -669,7 +683,8 @@ def opened(session: HostSession) -> Iterator[HostSession]:
 
 
 def open_record(project: Project, journal: Journal, host_spec: str, playbook: str,
-                options: WatchOptions, reporter: Reporter) -> WatchRecord:
+                options: WatchOptions, reporter: Reporter,
+                lock: WatchLock | None = None) -> WatchRecord:
     """The watch's record, by docs/cli.md's rule ("Which run a command means").
 
     The run to follow is ``--run``, else the playbook's current run, asked of the box the
@@ -679,7 +694,8 @@ def open_record(project: Project, journal: Journal, host_spec: str, playbook: st
     may be dead), and it says so; flags given on this command line replace what it saved
     (``--spare``, ``--restarts``). A saved watch of another run (one a redeploy stopped on
     purpose) is marked ``superseded`` and a new watch follows the current run with this
-    command line's flags."""
+    command line's flags. ``lock`` claims the run (and the saved watch) before anything is
+    written: a second watch of it is refused (:mod:`outrig.ops.watch_lock`)."""
     found = find_watch(journal, host_spec, playbook)
     saved = None if found is None else found[1]
     where = host_spec if saved is None else str(saved.get("host") or host_spec)
@@ -699,8 +715,12 @@ def open_record(project: Project, journal: Journal, host_spec: str, playbook: st
                           f"cannot say which run of {playbook} is current: carrying on the "
                           "saved watch")
     if found is not None and (run_id is None or run_id == found[1].get("run_id")):
+        if lock is not None:
+            lock.claim(str(found[1].get("run_id")), found[0])
         return carry_on(found[0], found[1], playbook, options, reporter)
     assert run_id is not None
+    if lock is not None:
+        lock.claim(run_id, *([found[0]] if found else []), watch_file(journal, where, playbook))
     if found is not None:
         path, data = found
         WatchRecord(path, data).update(status="superseded", superseded_by=run_id)
@@ -770,10 +790,15 @@ def watch(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
         raise ConfigError("--threshold must be more than 0 seconds (default 60)")
     journal = journal or Journal()
     notifier = notifier or Notifier(None, reporter)
-    record = open_record(project, journal, host_spec, playbook, options, reporter)
-    reporter.info(f"• watching {record['run_id']} on {record['host']}"
-                  + (f" (spares: {', '.join(record['spares'])})" if record["spares"] else ""))
+    lock = WatchLock(journal)  # one watch per run, held until this one ends
     try:
-        return Watcher(project, reporter, journal, notifier, record, options, stop).run()
+        record = open_record(project, journal, host_spec, playbook, options, reporter, lock)
+        reporter.info(f"• watching {record['run_id']} on {record['host']}"
+                      + (f" (spares: {', '.join(record['spares'])})" if record["spares"]
+                         else ""))
+        try:
+            return Watcher(project, reporter, journal, notifier, record, options, stop).run()
+        finally:
+            notifier.close(timeout=60)
     finally:
-        notifier.close(timeout=60)
+        lock.release()

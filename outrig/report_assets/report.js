@@ -142,6 +142,11 @@
     if (run.moved_to && run.moved_to.run_id) {
       facts.push(["moved to", run.moved_to.run_id + " on " + run.moved_to.host]);
     }
+    if (run.cost && run.cost.usd !== undefined) {  /* a box rented through outrig */
+      facts.push(["cost", "$" + Number(run.cost.usd).toFixed(run.cost.usd < 0.01 ? 4 : 2) +
+                  " (" + run.cost.provider + " at $" +
+                  Number(run.cost.price_per_hour || 0).toFixed(2) + "/h)"]);
+    }
     if (run.mirror) facts.push(["log mirror", run.mirror]);
     var dl = add(card, "dl");
     facts.forEach(function (f) { add(dl, "dt", f[0]); add(dl, "dd", f[1]); });

@@ -93,8 +93,12 @@ def generated_by_us(path: Path) -> bool:
 # -------------------------------------------------------------------------------------- up
 
 
-def sandbox_up(name: str, host_file: Path, *, one_way_delay: float = 0.0) -> dict[str, Any]:
+def sandbox_up(name: str, host_file: Path, *, one_way_delay: float = 0.0, gpus: int = 8,
+               gpu_name: str = "NVIDIA L40S") -> dict[str, Any]:
     """Start sandbox ``name`` detached (or find it already up) and return its state.
+
+    ``gpus`` and ``gpu_name`` are its fake GPUs (the sandbox provider rents boxes of the GPU
+    its offer names).
 
     The state has ``host_file``, ``address``/``port`` (what the host file points at: the
     proxy when there is a delay), ``server``/``sshd`` (pid, pgid, start time) and
@@ -122,7 +126,8 @@ def sandbox_up(name: str, host_file: Path, *, one_way_delay: float = 0.0) -> dic
             proc = subprocess.Popen(
                 [sys.executable, "-m", "outrig.sandbox.service", "--name", name,
                  "--root", str(root), "--host-file", str(host_file),
-                 "--delay", repr(one_way_delay), "--ready-fd", str(write_end)],
+                 "--delay", repr(one_way_delay), "--ready-fd", str(write_end),
+                 "--gpus", str(gpus), "--gpu-name", gpu_name],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(write_end,),
                 start_new_session=True)
         os.close(write_end)
@@ -330,7 +335,8 @@ def _wait_gone(entry: dict[str, Any], limit: float) -> bool:
 # ---------------------------------------------------------------------------------- server
 
 
-def serve(name: str, root: Path, host_file: Path, one_way_delay: float, ready_fd: int) -> None:
+def serve(name: str, root: Path, host_file: Path, one_way_delay: float, ready_fd: int, *,
+          gpus: int = 8, gpu_name: str = "NVIDIA L40S") -> None:
     """The detached server: start the box (and proxy), record, report, wait for SIGTERM."""
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
@@ -347,7 +353,7 @@ def serve(name: str, root: Path, host_file: Path, one_way_delay: float, ready_fd
     box = None
     proxy = None
     try:
-        box = start_sandbox(root / "box", name=name)
+        box = start_sandbox(root / "box", name=name, gpus=gpus, gpu_name=gpu_name)
         port = box.port
         if one_way_delay > 0:
             proxy = LatencyProxy(box.host, box.port, one_way_delay=one_way_delay).start()
@@ -386,8 +392,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-file", required=True, type=Path)
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--ready-fd", type=int, required=True)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpu-name", default="NVIDIA L40S")
     args = parser.parse_args(argv)
-    serve(args.name, args.root, args.host_file, args.delay, args.ready_fd)
+    serve(args.name, args.root, args.host_file, args.delay, args.ready_fd, gpus=args.gpus,
+          gpu_name=args.gpu_name)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,12 @@ MARKER_KEY = "OUTRIG_RUN"
 PROCESS_KEY = "OUTRIG_PROCESS"
 CGROUP_KEY = "OUTRIG_CGROUP_PROCS"  # read (and removed) by the wrapper
 CGROUP_SWITCH = "OUTRIG_CGROUPS"  # "0" in the host's env: never create cgroups
+# What the agent itself puts in the environment of every process it launches. A playbook may
+# not set them (outrig/plan.py refuses them: a value of its own would be overwritten, or would
+# mark a process as another run's). None starts with VLLM_: vLLM warns about every VLLM_* name
+# it does not know (vllm/envs.py validate_environ) and refuses to start on one with
+# --fail-on-environ-validation, so outrig's names must never take that prefix.
+LAUNCH_ENV_KEYS = (MARKER_KEY, PROCESS_KEY, CGROUP_KEY)
 DESCENDANTS_FILE = "descendants.json"
 SWEEP_NAME = "(marker sweep)"
 CGROUP_SWEEP_NAME = "(cgroup sweep)"

@@ -54,6 +54,18 @@ def read_stat(pid: int) -> Optional[ProcStat]:
         return None
 
 
+def now_ticks() -> Optional[int]:
+    """Clock ticks since boot now (the unit of a process's start time), from /proc/uptime; None
+    when it is unreadable. Read it *before* looking at a process: a process seen alive after
+    this reading was alive at this tick."""
+    try:
+        with open("/proc/uptime", encoding="ascii") as f:
+            seconds = float(f.read().split()[0])
+        return int(seconds * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pid_live(pid: int) -> bool:
     """The pid exists and is not a zombie."""
     st = read_stat(pid)

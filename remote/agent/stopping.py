@@ -24,7 +24,16 @@ from .constants import (
 )
 from .events import Emitter
 from .layout import Layout, clear_pointers, read_json, write_json_atomic
-from .procs import ProcStat, boot_id, own_lineage, pid_live, read_markers, read_stat, scan_procs
+from .procs import (
+    ProcStat,
+    boot_id,
+    now_ticks,
+    own_lineage,
+    pid_live,
+    read_markers,
+    read_stat,
+    scan_procs,
+)
 from .validation import _is_num
 
 
@@ -46,6 +55,8 @@ class Stopper:
         self.protected = own_lineage()
         self.boot = boot_id()
         self.marker_cache: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str]]] = {}
+        # (leader pid, start ticks) -> the latest clock tick at which it was seen alive
+        self.alive_at: Dict[Tuple[int, int], int] = {}
         # What a stop could not write (a full disk must never keep it from killing).
         self.unrecorded: List[str] = []
         own_pgid = os.getpgid(0)
@@ -87,12 +98,68 @@ class Stopper:
         """``alive`` (ticks match), ``reused`` (pid is someone else's) or ``gone``."""
         if rec.get("boot_id") and rec.get("boot_id") != self.boot:
             return "gone"
+        now = now_ticks()  # read before the look: alive at the look means alive at this tick
         st = read_stat(rec["pid"])
         if st is None:
             return "gone"
         if st.start_ticks != rec["start_ticks"]:
             return "reused"
-        return "alive" if st.live() else "gone"
+        if not st.live():
+            return "gone"
+        if now is not None:
+            key = (st.pid, st.start_ticks)
+            self.alive_at[key] = max(self.alive_at.get(key, now), now)
+        return "alive"
+
+    def alive_until(self, rec: JSONDict) -> int:
+        """The latest clock tick (since boot) at which the record's leader is known to have been
+        alive: its start, a look of this stopper, or the ``alive_ticks`` its wrapper wrote into
+        its exit file as it ended (the wrapper reads the clock while it still lives)."""
+        pid: int = rec["pid"]
+        start: int = rec["start_ticks"]
+        best = max(start, self.alive_at.get((pid, start), 0))
+        path = rec.get("exit_file")
+        data: Any = None
+        if isinstance(path, str):
+            with contextlib.suppress(OSError, ValueError):
+                data = read_json(path)
+        if isinstance(data, dict) and data.get("pid") == pid:
+            ticks = data.get("alive_ticks")
+            if isinstance(ticks, int) and not isinstance(ticks, bool):
+                best = max(best, ticks)
+        return best
+
+    def session_is_the_leaders(self, run_id: str, rec: JSONDict, leader: str,
+                               procs: Dict[int, ProcStat]) -> bool:
+        """Whether a process group or session whose id is the leader's pid is still the one the
+        leader made, so that its members are ours.
+
+        While the leader lives, yes: Linux never hands out a pid that is some live group's or
+        session's id, so nobody else can make one with it. Once the leader is gone its pid is
+        free as soon as its group and session are empty, and a stranger that gets the pid and
+        calls setsid() makes a new session (and group) with the same id. The id then still
+        means the leader's only when a live member provably joined while the leader lived:
+        one in the session (the session id cannot be joined, only inherited at fork) that
+        started after the leader and before the last tick the leader was known alive
+        (:meth:`alive_until`), or one recorded as the run's before (``seen``). That member has
+        kept the pid in use since the leader lived, so the pid was never free to be reused.
+        So does the leader's own zombie, where nothing reaps it (a container whose PID 1 does
+        not reap)."""
+        if leader == "alive":
+            return True
+        if leader != "gone":
+            return False
+        pid = rec["pid"]
+        ticks = rec["start_ticks"]
+        st = read_stat(pid)
+        if st is not None and st.start_ticks == ticks:
+            return True  # the leader's zombie (nobody reaped it) still holds the pid
+        until = self.alive_until(rec)
+        seen = self.seen_of(run_id)
+        return any(
+            st.sid == pid and st.pid != pid and st.start_ticks >= ticks
+            and (st.start_ticks < until or (st.pid, st.start_ticks) in seen)
+            for st in procs.values())
 
     def members(self, run_id: str, rec: JSONDict, leader: str) -> Set[int]:
         """Live processes of this record other than its leader, by the ownership rules (see
@@ -107,7 +174,8 @@ class Stopper:
                       procs: Optional[Dict[int, ProcStat]] = None) -> Dict[int, str]:
         """{pid: the rule that proves it ours} for the record's live processes but its leader.
 
-        Ours: in the leader's ``group`` or ``session`` (started after it), carrying its
+        Ours: in the leader's ``group`` or ``session`` (started after it, while that group or
+        session is provably still the leader's: :meth:`session_is_the_leaders`), carrying its
         ``marker``, in its ``cgroup``, ``seen`` as ours before with the same pid and start
         time, or a ``child`` of a process already proven ours (a setsid child that cleared its
         environment). What is found is recorded, so it stays ours after its parent is gone.
@@ -122,11 +190,11 @@ class Stopper:
         if procs is None:
             procs = self.live_procs()
         out: Dict[int, str] = {}
+        leaders = same_boot and self.session_is_the_leaders(run_id, rec, leader, procs)
         for st in procs.values():
             if st.pid == pid:
                 continue
-            if same_boot and leader != "reused" and st.start_ticks >= ticks and (
-                    st.pgid == pid or st.sid == pid):
+            if leaders and st.start_ticks >= ticks and (st.pgid == pid or st.sid == pid):
                 out[st.pid] = "group" if st.pgid == pid else "session"
                 continue
             run, name = self.markers(st)

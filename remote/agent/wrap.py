@@ -2,8 +2,10 @@
 
 Usage: python3 wrap.py EXIT_FILE -- ARGV...
 Runs ARGV as a child in this process group, forwards SIGTERM, SIGINT and SIGHUP to it, waits,
-then writes EXIT_FILE atomically as {"code": int|null, "signal": int|null, "ended": unix_time}
-and exits with the child's code (128+N when the child died of signal N).
+then writes EXIT_FILE atomically as {"code": int|null, "signal": int|null, "ended": unix_time,
+"pid": its own pid, "alive_ticks": clock ticks since boot, read while it still lived} and exits
+with the child's code (128+N when the child died of signal N). ``alive_ticks`` bounds which
+members of its session started while it lived (cleanup's session rule, docs/cleanup.md).
 """
 from __future__ import annotations
 
@@ -16,8 +18,18 @@ import time
 from typing import Any, Dict, Optional
 
 
+def alive_ticks() -> Optional[int]:
+    """Clock ticks since boot now, the unit of /proc/PID/stat's start time (None: unreadable)."""
+    try:
+        with open("/proc/uptime", encoding="ascii") as f:
+            return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def write_exit(path: str, code: Optional[int], sig: Optional[int]) -> None:
-    data = json.dumps({"code": code, "signal": sig, "ended": time.time()}).encode()
+    data = json.dumps({"code": code, "signal": sig, "ended": time.time(), "pid": os.getpid(),
+                       "alive_ticks": alive_ticks()}).encode()
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)

@@ -270,6 +270,40 @@ def test_recorded_pids_now_belonging_to_others_are_not_touched(
     assert report["runs"][0]["processes"][0]["how"] == ("gone" if how == "reboot" else "reused")
 
 
+def test_a_strangers_session_with_a_dead_leaders_pid_is_not_touched(
+        box_host: Path, tmp_path: Path, procs: Any) -> None:
+    # The leader ended; a stranger got its pid and made a session (and group) with that id,
+    # forked `sleep 600` and exited (we cannot force the pid through SSH, so the record is
+    # pointed at the stranger's pid; tests/unit/test_agent_pid_reuse.py has the real reuse).
+    journal = Journal(tmp_path / "state")
+    playbook = write_playbook(tmp_path, {"processes": {"a": {
+        "command": [sys.executable, "-c", "import time; time.sleep(600)"],
+        "stop": {"grace": 1}}}}, "reuse")
+    result = deploy(PROJECT, str(box_host), str(playbook), Reporter(quiet=True),
+                    journal=journal)
+    record = result.processes[0]
+    os.killpg(record["pgid"], signal.SIGKILL)
+    assert wait_gone([record["pid"]]) == []
+    out = tmp_path / "sleeper.pid"
+    stranger = procs.spawn([sys.executable, "-c",  # a session of its own: spawn gives it one
+                            "import subprocess, sys\n"
+                            "p = subprocess.Popen(['sleep', '600'])\n"
+                            "open(sys.argv[1], 'w').write(str(p.pid))\n", str(out)])
+    assert stranger.wait(timeout=30) == 0
+    sleeper = int(out.read_text())
+    workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])
+    run_file = workdir / "runs" / result.plan.run_id / "run.json"
+    run = json.loads(run_file.read_text())
+    run["processes"][0].update(pid=stranger.pid, pgid=stranger.pid, sid=stranger.pid)
+    run_file.write_text(json.dumps(run))
+
+    report = cleanup(PROJECT, str(box_host), Reporter(quiet=True), playbook="reuse",
+                     journal=journal)
+    stopped = report["runs"][0]["processes"]
+    assert [(p["process"], p["stragglers"]) for p in stopped] == [("a", 0)]
+    assert alive(sleeper), "the stranger's child was killed as the run's straggler"
+
+
 def test_corrupt_manifest_still_sweeps_by_marker(box_host: Path, tmp_path: Path) -> None:
     journal = Journal(tmp_path / "state")
     playbook = write_playbook(tmp_path, {"processes": {"a": {

@@ -57,6 +57,26 @@ def test_cut_during_auth_is_a_lost_link_and_is_retried(box_host: Path, make_prox
     assert proxy.accepted == 3
 
 
+def test_the_retry_notice_says_what_happened_to_the_link(box_host: Path,
+                                                         make_proxy: Any) -> None:
+    """It read "the link to X; retrying in 0.2 s": cut at the first parenthesis, which came
+    right after the host's name, so the verb was lost (issue 40)."""
+    host, proxy = proxied(box_host, make_proxy)
+    proxy.inject(Fault(phase="auth"), Fault(phase="channel"))
+    notices: list[str] = []
+    transport = SSHTransport(resolve_host(str(host), hosts_dir=box_host.parent),
+                             notify=notices.append)
+    try:
+        assert transport.start(["true"]).exit_status(30) == 0
+    finally:
+        transport.close()
+    retries = [n for n in notices if "retrying in" in n]  # not the new host key's line
+    assert len(retries) == 2, notices
+    assert retries[0].startswith("the link to faulty dropped during authentication"), retries
+    assert retries[1].startswith("faulty: the link dropped just after authentication, while "
+                                 "opening a session channel; retrying in"), retries
+
+
 def test_cuts_at_every_handshake_attempt_end_as_a_lost_link_not_auth_failure(
         box_host: Path, make_proxy: Any, journal: Journal) -> None:
     host, proxy = proxied(box_host, make_proxy)

@@ -14,7 +14,7 @@ import yaml
 
 from outrig.connectors.preconnect import CLIENT_BANNER
 from outrig.connectors.ssh import SSHTransport
-from outrig.errors import AuthRefused, HostKeyError
+from outrig.errors import AuthRefused, HostKeyError, LinkLost
 from outrig.inventory import resolve_host
 from outrig.sandbox.proxy import SERVICE_REQUEST_MAX, Fault, LatencyProxy, PhaseTracker
 
@@ -329,32 +329,37 @@ def test_the_tcp_connect_and_banner_leave_before_the_ssh_stack_is_built(
     assert proxy.accepted == 1
 
 
-def test_no_early_connect_where_the_ssh_configuration_could_route_elsewhere(
+def test_no_early_connect_where_the_ssh_configuration_names_a_proxy_for_the_host(
         box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
+    """A proxy for another host leaves the early connect alone; one for this host (a
+    ``ProxyCommand`` that fails) makes the connect fail through it, naming it, and nothing
+    connects to the box directly, early or late."""
     ssh_dir = Path.home() / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "config").write_text("Host elsewhere\n  ProxyCommand false\n")
     host_file, proxy = proxied(box_host, make_proxy, 0.005)
     transport = run_true(host_file, tmp_path, True)
     try:
-        assert transport.early_connects == 0
+        assert transport.early_connects == 1
     finally:
         transport.close()
-    assert proxy.accepted == 1
+    (ssh_dir / "config").write_text("Host 127.0.0.1\n  ProxyCommand false\n")
+    with pytest.raises(LinkLost, match="via the ProxyCommand in"):
+        run_true(host_file, tmp_path, True, link_attempts=1)
+    assert proxy.accepted == 1  # the first run's only: none direct
 
 
-def test_an_early_connect_to_a_name_the_configuration_remaps_is_closed_unused(
+def test_an_early_connect_goes_where_the_configuration_sends_the_name(
         box_host: Path, make_proxy: Any, tmp_path: Path) -> None:
     """The host file says 127.0.0.2, ~/.ssh/config sends that name to 127.0.0.1 (where the
-    proxy listens): the early connect (to 127.0.0.2, refused) is dropped, not reported, and
-    Fabric's own connect goes where the configuration says."""
+    proxy listens): the configuration is read before the early connect, which goes there."""
     host_file, proxy = proxied(box_host, make_proxy, 0.005, hostname="127.0.0.2")
     ssh_dir = Path.home() / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "config").write_text("Host 127.0.0.2\n  HostName 127.0.0.1\n")
     transport = run_true(host_file, tmp_path, True)
     try:
-        assert transport.early_connects == 0 and transport.link_failures == 0
+        assert transport.early_connects == 1 and transport.link_failures == 0
     finally:
         transport.close()
     assert proxy.accepted == 1

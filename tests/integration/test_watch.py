@@ -559,6 +559,37 @@ def test_a_killed_watch_started_again_carries_on_from_the_journal(
         kill_run(box_a.workdir, first.plan.run_id)
 
 
+def test_a_second_watch_of_the_same_run_is_refused_naming_the_first(
+        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],
+        monkeypatch: pytest.MonkeyPatch, procs: Any) -> None:
+    """Two watches of one run both restarted it, the second's redeploy replacing the
+    first's (issue 40). The second is refused (exit 2) naming the first's pid, and writes
+    nothing: the first's saved watch is as it was."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.01)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy)
+    record_path = watch_file(journal, str(a), "mig-4gpu")
+    out, second_out = tmp_path / "watch.out", tmp_path / "second.out"
+    first_watch = cli_watch(procs, project, a, out, "--restarts", "1")
+    try:
+        deadline = time.monotonic() + 120
+        while not (isinstance(read_json(record_path), dict) and
+                   (read_json(record_path).get("progress") or {}).get("state") == "running"):
+            assert time.monotonic() < deadline and first_watch.poll() is None, out.read_text()
+            time.sleep(0.1)
+        before = read_json(record_path)
+        second = cli_watch(procs, project, a, second_out, "--restarts", "3")
+        assert second.wait(120) == 2, second_out.read_text()
+        said = second_out.read_text()
+        assert f"run {first.plan.run_id} is already watched by another `outrig watch` " \
+               f"(pid {first_watch.pid})" in " ".join(said.split()), said
+        after = read_json(record_path)
+        assert after["restarts"] == before["restarts"] == 1  # not the second's --restarts 3
+        assert after["started"] == before["started"] and after["status"] == "watching"
+        assert first_watch.poll() is None, "the first watch carries on"
+    finally:
+        kill_run(box_a.workdir, first.plan.run_id)
+
+
 @pytest.mark.parametrize(("behaviour", "tcp", "banner"), [
     ("banner", True, True), ("silent", True, False), ("close", False, False),
     ("refuse", False, False), ("http", True, False)])

@@ -382,6 +382,144 @@ def make_handler(served: str, scale_out: bool = True) -> type:
     return Handler
 
 
+# ----------------------------------------------------------------------------- DP supervisor
+# ``--data-parallel-multi-port-external-lb``: vllm entrypoints/launchers/dp_supervisor.py. The
+# process outrig launched becomes a supervisor; each local DP rank is a whole API server of its
+# own (its own port), started by multiprocessing spawn, that leaves the supervisor's process
+# group at once. So a group kill of what outrig launched never reaches the ranks.
+CHILD_EXIT_GRACE_S = 5.0  # dp_supervisor.py: the supervisor's wait after forwarding SIGTERM
+
+
+def dp_server_main(rank: int, host: str, port: int, gpus: List[int], mib: int, tp: int,
+                   served: str) -> None:
+    """``_run_vllm_dp_server``: ``os.setpgrp()`` ("a fresh process group ... so that CTRL-C is
+    propagated cleanly"), ``set_process_title(f"APIServer_DP{rank}")`` (setproctitle
+    ``VLLM::APIServer_DP{rank}``, so the marker is gone from its environ), then one DP rank's
+    API server: its engine (a spawn child, in the rank's new group) and ``/health`` on its own
+    port. SIGTERM shuts the engine down and exits 0."""
+    os.setpgrp()
+    os.environ[SET_ON_IMPORT] = "1"
+    title = f"VLLM::APIServer_DP{rank}"
+    set_comm(title)
+    tag = f"APIServer_DP{rank}"
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    engine = mp.get_context("spawn").Process(
+        target=engine_main, name=f"VLLM::EngineCore_DP{rank}",
+        args=(f"VLLM::EngineCore_DP{rank}", gpus, mib, tp, rank, False))
+    engine.start()
+    # The rank's API server starts only after its engine reported ready (holds its GPU), as in
+    # the single server (engine/utils.py wait_for_engine_startup).
+    holder = os.path.join(_gpu_dir() or "", "holders", f"{engine.pid}.json")
+    deadline = time.monotonic() + 120
+    while (_gpu_dir() and not os.path.exists(holder) and engine.is_alive()
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    server = ThreadingHTTPServer((host, port), make_handler(served))
+    server.daemon_threads = True
+    log(f"Starting vLLM server on http://{host}:{port}", where="entry.py:140", tag=tag)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                     daemon=True).start()
+    while not stop.is_set():
+        time.sleep(0.1)
+    server.shutdown()
+    shutdown([engine], grace=2.0, kill=False)
+    os._exit(0)
+
+
+def _healthy(host: str, port: int) -> bool:
+    """``_probe_endpoint``: GET /health answers 200."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=1) as resp:
+            return int(resp.status) == 200
+    except OSError:
+        return False
+
+
+def _tree(pid: int) -> List[int]:
+    """``kill_process_tree``'s list: the pid's descendants (by /proc parent links), then it."""
+    kids: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{name}/stat") as f:
+                    raw = f.read()
+                kids.setdefault(int(raw[raw.rfind(")") + 2:].split()[1]), []).append(int(name))
+    out: List[int] = []
+    todo = [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return [*out, pid]
+
+
+def dp_supervisor_main(args: argparse.Namespace, served: str) -> None:
+    """``DPSupervisor.run``: start one API server per local rank, wait until every one answers
+    /health, then serve the supervisor's own /health on ``--data-parallel-supervisor-port``.
+    SIGTERM/SIGINT: forward the signal to each rank's pid (not its group), wait up to
+    ``CHILD_EXIT_GRACE_S``, then kill the tree of any rank still alive; exit 0. SIGKILL of the
+    supervisor leaves every rank running, in its own group, holding its GPUs."""
+    tag = "DPSupervisor"
+    local, tp = args.data_parallel_size_local or 0, args.tensor_parallel_size
+    if args.data_parallel_size < 2 or local < 2:
+        print("ValueError: Error: --data-parallel-multi-port-external-lb requires "
+              "--data-parallel-size > 1" if args.data_parallel_size < 2 else
+              "ValueError: Error: --data-parallel-multi-port-external-lb requires "
+              "--data-parallel-size-local >= 2", flush=True)
+        os._exit(1)
+    vis = visible_gpus()
+    mib = args.fake_mib if args.fake_mib is not None else 4096
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    log("Launching vLLM DP Servers", where="dp_supervisor.py", tag=tag)
+    ctx = mp.get_context("spawn")
+    ranks = []
+    for rank in range(local):
+        gpus = [vis[i] for i in range(rank * tp, (rank + 1) * tp) if i < len(vis)]
+        p = ctx.Process(target=dp_server_main, name=f"APIServer_DPRank_{rank}",
+                        args=(rank, args.host, args.port + rank, gpus, mib, tp, served))
+        p.start()
+        ranks.append(p)
+    log("Waiting for vLLM DP Servers to become ready.", where="dp_supervisor.py", tag=tag)
+    deadline = time.monotonic() + 120
+    while not stop.is_set() and not all(_healthy(args.host, args.port + r) for r in range(local)):
+        if time.monotonic() > deadline or not all(p.is_alive() for p in ranks):
+            stop.set()
+            break
+        time.sleep(0.1)
+    server: Optional[ThreadingHTTPServer] = None
+    if not stop.is_set():
+        server = ThreadingHTTPServer((args.host, args.data_parallel_supervisor_port),
+                                     make_handler(served))
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                         daemon=True).start()
+        log(f"Started DPSupervisor on {args.host}:{args.data_parallel_supervisor_port}",
+            where="dp_supervisor.py", tag=tag)
+    while not stop.is_set() and all(p.is_alive() for p in ranks):
+        time.sleep(0.1)
+    log("DPSupervisor forwarding SIGTERM to DP Servers.", where="dp_supervisor.py", tag=tag)
+    for p in ranks:
+        if p.pid and p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+    end = time.monotonic() + CHILD_EXIT_GRACE_S
+    while time.monotonic() < end and any(p.is_alive() for p in ranks):
+        time.sleep(0.05)
+    for p in ranks:
+        if p.pid and p.is_alive():
+            for pid in _tree(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    if server is not None:
+        server.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 # ----------------------------------------------------------------------------- main
 def parse(argv: List[str]) -> argparse.Namespace:
     if argv and argv[0] == "serve":
@@ -397,6 +535,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enable-scale-out", action="store_true")
     p.add_argument("--tokens-only", action="store_true")
+    p.add_argument("--data-parallel-multi-port-external-lb", action="store_true")
+    p.add_argument("--data-parallel-size-local", type=int, default=None)
+    p.add_argument("--data-parallel-supervisor-port", type=int, default=None)
     p.add_argument("--fake-mib", type=int, default=None)
     p.add_argument("--fake-startup-delay", type=float, default=1.0)
     args, _unknown = p.parse_known_args(argv)
@@ -438,6 +579,8 @@ def main(argv: List[str]) -> None:
     log(f"non-default args: {{'model': {args.model!r}, 'tensor_parallel_size': {tp}, "
         f"'data_parallel_size': {dp}, 'port': {args.port}, 'host': {args.host!r}}}",
         where="utils.py:327")
+    if args.data_parallel_multi_port_external_lb:
+        dp_supervisor_main(args, served)
     vis = visible_gpus()
 
     if tp * pp > len(vis):  # the config-time check: covers TP×PP only, never DP

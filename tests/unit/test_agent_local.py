@@ -647,3 +647,17 @@ def test_two_identical_deploys_at_once_run_one_after_the_other_and_the_second_na
     assert box.run_json(first)["status"] == "stopped"
     _, status = box.agent({"op": "status"})
     assert [(run["run_id"], run["status"]) for run in status["runs"]] == [(second, "running")]
+
+
+def test_outrigs_own_variables_in_a_launched_process_never_start_with_vllm(box: Box) -> None:
+    # vLLM warns about every VLLM_* variable it does not know, and refuses to start on one
+    # with --fail-on-environ-validation: what outrig adds to a process's environment must
+    # never take that prefix (docs/playbooks.md)
+    dump = "import json, os; print(json.dumps(sorted(os.environ)), flush=True); print('up')"
+    _, result = box.deploy([{"name": "env", "argv": [PY, "-c", dump], "env": {"MINE": "1"},
+                             "ready": {"log": "^up$", "timeout": 30}}])
+    assert result["ok"] is True, result
+    keys = json.loads(box.log("env").splitlines()[0])
+    added = set(keys) - set(os.environ) - {"MINE"}
+    assert {"OUTRIG_RUN", "OUTRIG_PROCESS"} <= added
+    assert not [k for k in added if k.startswith("VLLM_")], added

@@ -12,7 +12,9 @@ GPU while its holder file names its live pid and start time.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +25,7 @@ import pytest
 
 from outrig.sandbox import nvidia_smi
 from tests.support.agent import AGENT, ESCAPE, PY, R1, Box, stat_fields, wait_until
+from tests.support.network import free_port
 from tests.support.processes import alive, marked
 
 HIDE_PROC = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
@@ -221,3 +224,67 @@ def test_cgroup_of_a_process_that_ended_by_itself_is_removed(box: Box) -> None:
     if cgroup is None:
         pytest.skip("this machine does not let the agent create a cgroup v2 folder")
     assert wait_until(lambda: not Path(cgroup).exists())
+
+
+# ------------------------------------------------- vLLM's DP supervisor: ranks in their own groups
+FAKE_VLLM = Path(__file__).resolve().parents[1] / "standins" / "fake_vllm.py"
+
+
+def session_members(sid: int) -> dict[int, tuple[int, str]]:
+    """{pid: (pgid, comm)} of the live processes in session ``sid``, but its leader."""
+    out: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != sid:
+            st = stat_fields(int(entry))
+            if st is not None and st[2] == sid and st[0] not in ("Z", "X"):
+                with contextlib.suppress(OSError):
+                    out[int(entry)] = (st[1], Path(f"/proc/{entry}/comm").read_text().strip())
+    return out
+
+
+def test_dp_supervisors_setpgrp_api_servers_are_found_and_stopped(
+        box: Box, gpu_env: dict[str, str]) -> None:
+    # vLLM --data-parallel-multi-port-external-lb: the launched process supervises one API
+    # server per local DP rank, each of which calls os.setpgrp() and renames itself (no marker
+    # left). The supervisor dies by SIGKILL; the ranks and their engines live on, outside the
+    # leader's group, holding GPUs 0 and 1. No cgroup here: what proves them the run's is
+    # the session they never left (and the record of the deploy's looks).
+    env = no_cgroups(gpu_env)
+    port, sup = free_port(), free_port()
+    _, result = box.deploy([{"name": "server", "gpus": [0, 1], "stop_grace": 3,
+                             "argv": [PY, str(FAKE_VLLM), "serve", "m",
+                                      "--data-parallel-multi-port-external-lb",
+                                      "--data-parallel-size", "2",
+                                      "--data-parallel-size-local", "2", "--port", str(port),
+                                      "--data-parallel-supervisor-port", str(sup),
+                                      "--fake-mib", "4096"],
+                             "ready": {"http": f"http://127.0.0.1:{sup}/health",
+                                       "timeout": 90}}], env=env)
+    assert result["ok"] is True, result
+    leader = box.run_json()["processes"][0]["pid"]
+    members = session_members(leader)
+    for pid in members:
+        box.track(pid)
+    servers = [p for p, (_, comm) in members.items() if comm.startswith("VLLM::APIServer")]
+    engines = [p for p, (_, comm) in members.items() if comm.startswith("VLLM::EngineCor")]
+    assert len(servers) == 2 and len(engines) == 2, members
+    assert all(members[p][0] == p for p in servers)  # each leads a group of its own
+    assert not set(servers + engines) & set(marked(R1))  # renamed: the marker is gone
+    _, status = box.agent({"op": "status", "playbook": "smoke", "env": env})
+    proofs = {n["pid"]: n["proof"] for n in status["runs"][0]["processes"][0]["tree"]}
+    assert all(proofs.get(p) == "session" for p in servers + engines), proofs
+    supervisor = next(p for p, (pgid, _) in members.items()
+                      if pgid == leader and stat_fields(p) is not None)
+    os.kill(supervisor, 9)
+    assert wait_until(lambda: not alive(leader), timeout=30)  # the wrapper ends with it
+    assert all(alive(p) for p in servers + engines)  # a group kill would not reach them
+    _, status = box.agent({"op": "status", "playbook": "smoke", "env": env})
+    proofs = {n["pid"]: n["proof"] for n in status["runs"][0]["processes"][0]["tree"]}
+    # still the session: its members started while the leader lived (its exit file says until
+    # when), and were recorded as the run's by the deploy's looks
+    assert all(proofs.get(p) == "session" for p in servers + engines), proofs
+    _, result = box.agent({"op": "cleanup", "playbook": "smoke", "env": env})
+    assert result["ok"] is True, result
+    assert wait_until(lambda: not any(alive(p) for p in servers + engines), timeout=20)
+    assert result["gpu"]["released"] is True, result["gpu"]
+    assert result["runs"][0]["processes"][0]["stragglers"] >= 4

@@ -120,6 +120,17 @@ def test_param_overrides_reach_the_plan_and_unknown_names_are_refused(
     (["nosuchtask"], "No idea what 'nosuchtask' is"),
     (["exec", "nvidia-smi"], "the command goes after --, e.g. `outrig exec --host NAME --"),
     (["tail-logs", "--since", "1h"], "No idea what '--since' is"),  # no flag that only refuses
+    # issue 40: each task ran in turn; "No idea what 'b' is"
+    (["runs", "--playbook", "job", "cleanup", "--run", "job-1"],
+     "`runs` and `cleanup` are 2 tasks on one command line"),
+    (["deploy", "--playbook", "a", "--playbook", "b"], "--playbook given twice ('a' and 'b')"),
+    (["deploy", "--playbook=a", "--playbook=b"], "--playbook given twice ('a' and 'b')"),
+    (["status", "--lines", "3", "--lines", "4"], "--lines given twice"),
+    # the box refused it, after connecting (`--host one` is local: no box at all here)
+    (["status", "--host", "one", "--lines=-1"], "--lines must be from 0 to 10000, not -1"),
+    (["status", "--host", "one", "--lines", "-1"], "--lines must be from 0 to 10000, not -1"),
+    (["status", "--host", "one", "--lines", "10001"], "--lines must be from 0 to 10000"),
+    (["tail-logs", "--host", "one", "--lines=-5"], "--lines must be from 0 to 1000000000, not -5"),
 ])
 def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], flag: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,6 +138,32 @@ def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], 
     assert code == 2, err
     assert flag in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_repeatable_flag_may_come_twice_and_a_second_task_runs_nothing(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = outrig(["plan", "--host", "one", "--host", "two", "--playbook", "job",
+                             "--json"], capsys)
+    assert code == 0, err
+    code, out, err = outrig(["init", "--json", "status"], capsys)
+    assert code == 2 and out == "" and not (project / "outrig.yaml").exists(), err
+
+
+def test_version_after_a_task_is_answered_not_ignored(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``plan -V`` planned (and said nothing of the version); -l and --help after a task
+    are answered, so -V is too."""
+    code, out, err = outrig(["plan", "--playbook", "job", "--host", "one", "-V"], capsys,
+                            version="9.9")
+    assert (code, out.strip(), err) == (0, "outrig 9.9", "")
+
+
+def test_a_host_value_too_long_for_any_name_is_exit_2_not_a_traceback(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for host in ("a" * 300, "root@" + "b" * 300 + ":22"):
+        code, _, err = outrig(["status", "--host", host], capsys)
+        assert code == 2 and "Traceback" not in err, err
+        assert f"{len(host)} characters, longer than any host file name" in err
 
 
 def test_inv_in_the_checkout_says_wrong_numbers_in_one_paragraph_with_exit_2() -> None:
@@ -378,3 +415,18 @@ def test_a_fresh_init_refuses_to_contact_its_placeholder_host_naming_the_file(
     for args in (["plan"], ["deploy", "--dry-run"]):  # these send nothing: they work
         code, _, err = outrig(args, capsys)
         assert code == 0, (args, err)
+
+
+@pytest.mark.parametrize("key", ["OUTRIG_RUN", "OUTRIG_PROCESS", "OUTRIG_CGROUP_PROCS"])
+def test_a_playbook_env_with_outrigs_own_marker_name_is_exit_2_naming_key_and_fix(
+        project: Path, capsys: pytest.CaptureFixture[str], key: str) -> None:
+    # the names outrig puts in every launched process: a playbook value would be overwritten,
+    # or make a process look like another run's to cleanup
+    (project / "playbooks" / "job.yaml").write_text(yaml.safe_dump({
+        "name": "job", "processes": {"a": {"command": "echo", "gpus": [],
+                                            "env": {key: "x", "VLLM_LOGGING_LEVEL": "DEBUG"}}}}))
+    code, _, err = outrig(["plan", "--playbook", "job", "--host", "one"], capsys)
+    assert code == 2, err
+    assert f"processes.a.env.{key}: {key} is set by outrig in every process it launches" in err
+    assert "remove it from env: (or give your variable another name)" in err
+    assert "VLLM_LOGGING_LEVEL" not in err  # vLLM's own variables are the user's to set

@@ -261,6 +261,40 @@ def get(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
+def test_vllm_dp_supervisor_ranks_leave_its_group_and_stop_on_term(
+        vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]], fake_gpu_dir: Path) -> None:
+    # vllm entrypoints/launchers/dp_supervisor.py (tests/standins/README.md): one API server
+    # per local rank, each in a process group of its own (os.setpgrp), in the same session
+    sup = free_port()
+    proc, log, port = vllm("--data-parallel-multi-port-external-lb", "--data-parallel-size", "2",
+                           "--data-parallel-size-local", "2", "--fake-mib", "1000",
+                           "--data-parallel-supervisor-port", str(sup), cvd="2,3")
+    assert wait_until(lambda: get(f"http://127.0.0.1:{sup}/health")[0] == 200, 120), \
+        log.read_text()
+    assert [get(f"http://127.0.0.1:{port + r}/health")[0] for r in (0, 1)] == [200, 200]
+    assert f"Started DPSupervisor on 127.0.0.1:{sup}" in log.read_text()
+    session = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != proc.pid:
+            try:
+                raw = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = raw[raw.rfind(")") + 2:].split()
+            if int(fields[3]) == proc.pid and fields[0] != "Z":
+                session[int(entry)] = (int(fields[2]), comm(int(entry)))
+    ranks = sorted(p for p, (_, c) in session.items() if c.startswith("VLLM::APIServer"))
+    engines = sorted(p for p, (_, c) in session.items() if c.startswith("VLLM::EngineCor"))
+    assert len(ranks) == 2 and len(engines) == 2, session
+    assert all(session[r][0] == r for r in ranks)  # a group of its own, not the supervisor's
+    assert sorted(session[e][0] for e in engines) == ranks  # each engine in its rank's group
+    assert sorted(h["gpu"] for h in nvidia_smi.live_holders(fake_gpu_dir)) == [2, 3]
+    proc.send_signal(signal.SIGTERM)  # forwarded to each rank by pid
+    assert proc.wait(60) == 0
+    assert wait_until(lambda: nvidia_smi.live_holders(fake_gpu_dir) == [], 30)
+    assert "DPSupervisor forwarding SIGTERM to DP Servers." in log.read_text()
+
+
 def test_vllm_tp_times_dp_over_visible_gpus_fails_with_the_real_assertion(
         vllm: Callable[..., tuple[subprocess.Popen[Any], Path, int]], fake_gpu_dir: Path) -> None:
     proc, log, _ = vllm("--tensor-parallel-size", "2", "--data-parallel-size", "2", cvd="0,1")

@@ -188,6 +188,7 @@ _DOCS = [
     {**_BASE, "port": 2222, "user": "root", "identity_file": "~/.ssh/k", "python": "python3.11",
      "known_hosts": "/k", "env": {"PATH": "/x:$PATH", "HF_HOME": "/data"}, "gpus": 4,
      "connect_timeout": 12, "keep_seconds": 0, "node_address": "10.0.0.2"},
+    {**_BASE, "provider": "runpod", "instance_id": "abc123xyz"},
     {**_BASE, "gpus": "auto", "connect_timeout": 2.5, "keep_seconds": 30.0, "user": None},
     {**_BASE, "workdir": "~/runs", "env": {}},
     {"hostname": "local", "workdir": "/tmp/box"},
@@ -209,6 +210,8 @@ _DOCS = [
     {**_BASE, "hostname": 12},
     {**_BASE, "python": None},
     {**_BASE, "node_address": ""},
+    {**_BASE, "provider": ""},
+    {**_BASE, "instance_id": 12},
     {**_BASE, "colour": "blue"},
     # converted by the model (lax mode): left to it
     {**_BASE, "port": "2222"},
@@ -250,7 +253,7 @@ def test_the_plain_host_file_reader_reads_only_what_the_model_takes_unchanged(do
 def test_every_plain_document_of_the_list_is_read_without_the_model() -> None:
     from outrig.inventory import plain_host_file
 
-    assert [plain_host_file(d) is not None for d in _DOCS[:5]] == [True] * 5
+    assert [plain_host_file(d) is not None for d in _DOCS[:6]] == [True] * 6
 
 
 def test_a_host_file_is_read_without_importing_pydantic(tmp_path: Path) -> None:

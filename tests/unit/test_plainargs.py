@@ -58,6 +58,13 @@ def flag_lines(spec: TaskSpec) -> list[list[str]]:
 
 @pytest.mark.parametrize("spec", TASKS, ids=[t.name for t in TASKS])
 def test_every_flag_of_every_task_is_read_as_invoke_reads_it(spec: TaskSpec) -> None:
+    positional = [name for name, p in list(inspect.signature(spec.body).parameters.items())[1:]
+                  if p.default is inspect.Parameter.empty]
+    if positional:  # ``release BOX``: a positional argument is Invoke's to read
+        words = [spec.name, *("v" for _ in positional)]
+        assert plain_call(TASKS, words, config_paths=NONE) is None
+        assert invokes_kwargs(words)[positional[0]] == "v"
+        return
     for words in flag_lines(spec):
         call = plain_call(TASKS, words, config_paths=NONE)
         assert call is not None, words

@@ -100,6 +100,21 @@ def test_process_names_must_be_file_safe(tmp_path: Path) -> None:
         load_job(path)
 
 
+@pytest.mark.parametrize("given", ["folder", "./folder", "sub/x.yaml", "x"])
+def test_a_playbook_that_is_a_folder_is_called_a_folder(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        given: str) -> None:
+    """It said "playbook file folder does not exist" of a folder that exists (issue 40)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "sub" / "x.yaml").mkdir(parents=True)
+    playbooks = tmp_path / "playbooks"
+    (playbooks / "x.yaml").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is a folder, not a playbook file") as caught:
+        find_playbook(given, playbooks)
+    assert "does not exist" not in str(caught.value)
+
+
 def test_find_playbook_lists_known_ones(tmp_path: Path) -> None:
     (tmp_path / "one.yaml").write_text("")
     with pytest.raises(ConfigError, match="Known playbooks: one"):

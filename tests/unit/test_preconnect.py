@@ -1,20 +1,17 @@
 """The early connect (outrig/connectors/preconnect.py): the banner sent ahead is written once,
-a failure is kept for the attempt that takes it, and the SSH configuration's words that can
-send a connection elsewhere keep it from starting."""
+a failure is kept for the attempt that takes it (where the SSH configuration lets it start:
+tests/unit/test_ssh_config.py)."""
 
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 
-from outrig.connectors import preconnect
 from outrig.connectors.preconnect import (
     CLIENT_BANNER,
     BannerSentSocket,
     EarlyConnect,
-    early_connect_allowed,
 )
 
 LINE = f"{CLIENT_BANNER}\r\n".encode()
@@ -72,34 +69,3 @@ def test_a_refused_early_connect_is_the_attempts_failure() -> None:
     sock, failure = early.take(10)
     assert sock is None and isinstance(failure, ConnectionRefusedError)
     assert early.take(1) == (None, None), "the failure is the first attempt's alone"
-
-
-@pytest.mark.parametrize("text,port,allowed", [
-    ("", None, True),
-    ("Host gpu\n  HostName 127.0.0.1\n  User root\n", None, True),
-    ("Host *\n  ProxyJump bastion\n", 22, False),
-    ("Host gpu\n    proxycommand ssh -W %h:%p bastion\n", 2222, False),
-    ("Host gpu\n  Port 2222\n", None, False),  # the early connect would knock on 22
-    ("Host gpu\n  Port=2222\n", None, False),
-    ("Host gpu\n  Port 2222\n", 2222, True),  # the host file names the port
-    ("# ProxyJump bastion\n#   Port 22\n", None, True),  # comments say nothing
-])
-def test_the_ssh_configuration_decides_whether_it_may_start(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, port: int | None,
-        allowed: bool) -> None:
-    config = tmp_path / "config"
-    config.write_text(text)
-    monkeypatch.setattr(preconnect, "SSH_CONFIGS", (str(config),))
-    monkeypatch.setattr(preconnect, "SSH_CONFIG_DIR", str(tmp_path / "none"))
-    assert early_connect_allowed("gpu.example", port) is allowed
-
-
-def test_a_file_of_the_configuration_folder_counts_too(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "ssh_config.d"
-    folder.mkdir()
-    (folder / "50-corp.conf").write_text("Match host *.corp\n  ProxyJump gate\n")
-    monkeypatch.setattr(preconnect, "SSH_CONFIGS", ())
-    monkeypatch.setattr(preconnect, "SSH_CONFIG_DIR", str(folder))
-    assert early_connect_allowed("gpu.example", 22) is False
-    assert early_connect_allowed("", 22) is False
