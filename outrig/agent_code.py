@@ -15,7 +15,8 @@ protocol from drifting apart. What is shared, and why:
 - ``read_stat`` (``procs``): the one ``/proc/PID/stat`` parser (the sandbox's processes);
 - ``LAUNCH_ENV_KEYS`` (``constants``): the variables the agent sets in every process it
   launches (the run's markers), which the planner refuses in a playbook's ``env:``;
-- ``parse_prompt_lines`` (``bench``): an evaluation's prompt file, read as the box reads it;
+- ``parse_prompt_lines``, ``prompts_digest`` (``bench``): an evaluation's prompt file, read
+  as the box reads it, and the prompt set's identity, computed as the box computes it;
 - ``serve``: the live agent's frames (``frame``, ``FrameBuffer``): the keeper speaks to the
   box's resident agent with the box's own framing (``outrig/connectors/live.py``);
 - ``gpu_judge``: the GPU health judge; the box's deploy refuses a ``bad`` GPU with it and the
@@ -69,6 +70,7 @@ redact = events.redact
 read_stat = procs.read_stat
 LAUNCH_ENV_KEYS = constants.LAUNCH_ENV_KEYS
 parse_prompt_lines = bench.parse_prompt_lines
+prompts_digest = bench.prompts_digest
 
 
 
@@ -79,5 +81,6 @@ def examples_dir() -> Path:
 
 
 __all__ = ["BAD_REQUEST", "LAUNCH_ENV_KEYS", "PROTOCOL_VERSION", "AgentError", "bundle",
-           "encode_request", "examples_dir", "gpu_judge", "parse_prompt_lines", "read_stat",
+           "encode_request", "examples_dir", "gpu_judge", "parse_prompt_lines",
+           "prompts_digest", "read_stat",
            "redact", "request_problems", "serve", "transfer"]

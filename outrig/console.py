@@ -267,7 +267,7 @@ def describe_event(event: dict[str, Any]) -> str | None:
         gpus = event.get("gpus") or []
         if gpus:
             mem = gpus[0].get("memory_total_mib")
-            gpu_text = f"{len(gpus)}× {gpus[0].get('name', 'GPU')}" + (
+            gpu_text = f"{len(gpus)}× {visible(str(gpus[0].get('name', 'GPU')))}" + (
                 f" ({int(mem) // 1024} GiB)" if mem else "")
         else:
             gpu_text = f"no GPUs ({event.get('gpu_error') or 'nvidia-smi found none'})"

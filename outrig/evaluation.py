@@ -16,12 +16,14 @@ of vLLM's ``vllm:spec_decode_*`` Prometheus counters, summed over ``engine`` lab
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from outrig.evaluation_section import BOX_PREFIX, EvaluateSpec
+from outrig.errors import OutrigError
+from outrig.evaluation_section import BOX_PREFIX, SMOKE, EvaluateSpec
 from outrig.journal import utc_text
 from outrig.template import UndefinedName, substitute
 from outrig.textlayout import fmt
@@ -51,7 +53,8 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 @dataclass(frozen=True)
 class Prompts:
     """Where the prompts come from: ``local`` (a workstation file, sent in the request),
-    ``box`` (a file on the box) or ``conversations`` (training files on the box)."""
+    ``smoke`` (outrig's own set, sent in the request), ``box`` (a file on the box) or
+    ``conversations`` (training files on the box)."""
 
     kind: str
     paths: tuple[str, ...]
@@ -67,7 +70,7 @@ class EvalSettings:
     save_path: str | None  # where the run's checkpoints are (dflash.save_path)
     prompts: Prompts
     requests: int
-    concurrency: int
+    levels: tuple[int, ...]  # concurrency levels, each evaluated in turn
     max_tokens: int
     temperature: float
     request_timeout: float
@@ -83,10 +86,45 @@ class EvalSettings:
     ready_timeout: float
     stop_grace: float
     scheduler: bool = True  # the trainer writes scheduler_state_dict.pt (not --scheduler-type none)
+    enable_thinking: bool | None = None  # chat_template_kwargs.enable_thinking sent, if set
+    per_request_metrics: str = "auto"  # --per-request-spec-decode-metrics: auto/summary/...
+    training_seq_length: int | None = None  # dflash.seq_length: what the drafter trained on
+    training_thinking: bool | None = None  # enable_thinking of the training server's template
+
+    @property
+    def serving_thinking(self) -> bool | None:
+        """enable_thinking as served: the requests' own, else the server's default kwargs."""
+        if self.enable_thinking is not None:
+            return self.enable_thinking
+        return thinking_of(self.extra_args)
 
     @property
     def base_url(self) -> str:
         return f"http://{SERVER_HOST}:{self.port}"
+
+
+def thinking_of(args: list[str]) -> bool | None:
+    """``enable_thinking`` of a vLLM argv's ``--default-chat-template-kwargs JSON`` (None when
+    it does not set one: the chat template's own default then)."""
+    for i, arg in enumerate(args):
+        text = None
+        if arg == "--default-chat-template-kwargs" and i + 1 < len(args):
+            text = args[i + 1]
+        elif arg.startswith("--default-chat-template-kwargs="):
+            text = arg.split("=", 1)[1]
+        if text is not None:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                return None
+            think = value.get("enable_thinking") if isinstance(value, dict) else None
+            return think if isinstance(think, bool) else None
+    return None
+
+
+def levels_of(value: int | list[int]) -> tuple[int, ...]:
+    """The concurrency levels of ``evaluate.concurrency`` (a number or a list), ascending."""
+    return tuple(sorted(value)) if isinstance(value, list) else (value,)
 
 
 def _text(value: object) -> str:
@@ -141,7 +179,7 @@ def settings_for(spec: EvaluateSpec | None, dflash: Any, params: Mapping[str, ob
     settings = EvalSettings(
         model=render(model or "", "model"), speculative=speculative, needs_checkpoint=needs,
         save_path=save_path, prompts=prompts, requests=spec.requests,
-        concurrency=spec.concurrency, max_tokens=spec.max_tokens,
+        levels=levels_of(spec.concurrency), max_tokens=spec.max_tokens,
         temperature=spec.temperature, request_timeout=spec.request_timeout,
         settle=spec.settle, baseline=spec.baseline,
         python=render(server.python or (dserver.python if dserver else "python3"),
@@ -152,7 +190,11 @@ def settings_for(spec: EvaluateSpec | None, dflash: Any, params: Mapping[str, ob
             **(dflash.env if dflash is not None else {}), **server.env}.items()},
         extra_args=[render(a, "server.extra_args") for a in server.extra_args],
         ready_timeout=server.ready_timeout, stop_grace=server.stop_grace,
-        scheduler=_scheduler(dflash))
+        scheduler=_scheduler(dflash), enable_thinking=spec.enable_thinking,
+        per_request_metrics=spec.per_request_metrics,
+        training_seq_length=dflash.seq_length if dflash is not None else None,
+        training_thinking=thinking_of([str(a) for a in dserver.extra_args])
+        if dserver is not None else None)
     return (None if problems else settings), problems
 
 
@@ -168,6 +210,8 @@ def _scheduler(dflash: Any) -> bool:
 
 
 def _prompts(spec: EvaluateSpec, dflash: Any, where: str, problems: list[str]) -> Prompts:
+    if spec.prompts == SMOKE or (spec.prompts is None and dflash is None):
+        return Prompts("smoke", ())
     if spec.prompts is not None:
         if spec.prompts.startswith(BOX_PREFIX):
             return Prompts("box", (spec.prompts[len(BOX_PREFIX):],))
@@ -194,20 +238,26 @@ def speculative_config(settings: EvalSettings, checkpoint: str | None) -> dict[s
     return config
 
 
-def server_argv(settings: EvalSettings, speculative: dict[str, Any] | None) -> list[str]:
+def server_argv(settings: EvalSettings, speculative: dict[str, Any] | None,
+                per_request: str | None = None) -> list[str]:
     """``<python> -m <entrypoint> --model M --host 127.0.0.1 --port P [--speculative-config
-    JSON] [--max-model-len N] extras``: an argv list, never a shell string."""
+    JSON [--per-request-spec-decode-metrics LEVEL]] [--max-model-len N] extras``: an argv
+    list, never a shell string. ``per_request``: ``summary`` or ``detailed`` where the box's
+    vLLM has the flag (vLLM refuses it without a speculative config)."""
     argv = [settings.python, "-m", settings.entrypoint, "--model", settings.model,
             "--host", SERVER_HOST, "--port", str(settings.port)]
     if speculative is not None:
         argv += ["--speculative-config", json.dumps(speculative, sort_keys=True)]
+        if per_request:
+            argv += ["--per-request-spec-decode-metrics", per_request]
     if settings.max_model_len is not None:
         argv += ["--max-model-len", str(settings.max_model_len)]
     return argv + list(settings.extra_args)
 
 
 def server_playbook(playbook: str, settings: EvalSettings,
-                    speculative: dict[str, Any] | None) -> dict[str, Any]:
+                    speculative: dict[str, Any] | None,
+                    per_request: str | None = None) -> dict[str, Any]:
     """The one-process playbook (as loaded YAML) the server is deployed as: filed under
     ``<playbook>.evaluate``, so deploying it stops only an earlier evaluation's server, ready
     when ``/health`` answers, ``/v1/models`` serves the model and one real completion was
@@ -217,7 +267,8 @@ def server_playbook(playbook: str, settings: EvalSettings,
     happens before the ``bench`` op's first /metrics read in any case."""
     return {"name": f"{playbook}{EVALUATE_SUFFIX}"[:64],
             "processes": {"server": {
-                "command": server_argv(settings, speculative), "env": dict(settings.env),
+                "command": server_argv(settings, speculative, per_request),
+                "env": dict(settings.env),
                 "gpus": list(settings.gpus),
                 "ready": {"http": f"{settings.base_url}/health", "model": settings.model,
                           "generate": True, "timeout": settings.ready_timeout},
@@ -225,11 +276,11 @@ def server_playbook(playbook: str, settings: EvalSettings,
 
 
 def bench_fields(settings: EvalSettings, inline: list[dict[str, Any]] | None, *,
-                 check_only: bool = False) -> dict[str, Any]:
+                 check_only: bool = False, concurrency: int | None = None) -> dict[str, Any]:
     """The ``bench`` op's request fields for these settings (``inline``: the prompts of a
-    workstation file, already read)."""
+    workstation file or the smoke set, already read; ``concurrency``: the level sent at)."""
     fields: dict[str, Any] = {"requests": settings.requests, "check_only": check_only}
-    if settings.prompts.kind == "local":
+    if settings.prompts.kind in ("local", "smoke"):
         fields["prompts"] = list(inline or [])
     elif settings.prompts.kind == "box":
         fields["prompts_path"] = settings.prompts.paths[0]
@@ -237,10 +288,13 @@ def bench_fields(settings: EvalSettings, inline: list[dict[str, Any]] | None, *,
         fields["conversations"] = list(settings.prompts.paths)
     if not check_only:
         fields.update({"base_url": settings.base_url, "model": settings.model,
-                       "concurrency": settings.concurrency, "max_tokens": settings.max_tokens,
+                       "concurrency": concurrency or settings.levels[0],
+                       "max_tokens": settings.max_tokens,
                        "temperature": settings.temperature,
                        "timeout": settings.request_timeout, "settle": settings.settle,
                        "progress_interval": 2.0})
+        if settings.enable_thinking is not None:
+            fields["chat_template_kwargs"] = {"enable_thinking": settings.enable_thinking}
     return fields
 
 
@@ -256,6 +310,8 @@ class Counters:
     accepted_tokens: float = 0.0
     per_position: dict[int, float] = field(default_factory=dict)
     seen: bool = False  # any spec_decode sample was there (a server without speculation: no)
+    vllm_samples: int = 0  # samples named vllm:* of any kind (0: not vLLM's /metrics at all)
+    not_finite: list[str] = field(default_factory=list)  # "name = NaN" of counters that lie
 
     def minus(self, other: Counters) -> Counters:
         """The counts between two reads (``other`` the earlier one)."""
@@ -284,11 +340,17 @@ def parse_counters(text: str) -> Counters:
             continue
         name, labels, value = match.group(1), _labels(match.group(3)), match.group(4)
         if not name.endswith("_total"):
+            out.vllm_samples += name.startswith("vllm:")
             continue
         base = name[: -len("_total")]
         try:
             number = float(value)
         except ValueError:
+            continue
+        if name.startswith("vllm:"):
+            out.vllm_samples += 1
+        if (base == PER_POS or base in COUNTERS) and not math.isfinite(number):
+            out.not_finite.append(f"{name} = {value}")
             continue
         if base == PER_POS and labels.get("position", "").isdigit():
             pos = int(labels["position"])
@@ -300,9 +362,54 @@ def parse_counters(text: str) -> Counters:
     return out
 
 
+class CountersUnusable(OutrigError):
+    """The server's ``/metrics`` cannot measure the evaluation window: its counters went
+    backwards between the two reads (the server restarted, or reset them), are not finite,
+    or the answer is not vLLM's metrics at all. Nothing is recorded: numbers from such a
+    window would be wrong, and a wrong acceptance length compared later misleads."""
+
+
 def measured(before: str, after: str) -> Counters:
-    """The counters' deltas over an evaluation window (two /metrics texts)."""
-    return parse_counters(after).minus(parse_counters(before))
+    """The counters' deltas over an evaluation window (two /metrics texts); raises
+    :class:`CountersUnusable` (saying why) when the two reads cannot measure it."""
+    first, last = parse_counters(before), parse_counters(after)
+    problem = counters_problem(first, last, before, after)
+    if problem is not None:
+        raise CountersUnusable(
+            f"the server's /metrics cannot measure this evaluation: {problem}. Nothing was "
+            "recorded. Run outrig evaluate again (its server log, outrig tail-logs --run "
+            "<the server run> --no-follow, says whether it restarted)")
+    return last.minus(first)
+
+
+def counters_problem(first: Counters, last: Counters, before_text: str,
+                     after_text: str) -> str | None:
+    """Why two reads of ``/metrics`` (``first`` before the requests, ``last`` after) cannot
+    be subtracted, or None: a counter that is not finite (NaN, +Inf), a counter lower in
+    the second read (a server restart between the reads resets them), an answer with no
+    ``vllm:`` sample at all (not vLLM's metrics: a proxy's page, a truncated body)."""
+    for when, counts in (("before", first), ("after", last)):
+        if counts.not_finite:
+            return (f"the read {when} the requests has counters that are not finite numbers "
+                    f"({', '.join(counts.not_finite[:3])})")
+    for when, counts, text in (("before", first, before_text), ("after", last, after_text)):
+        if not counts.vllm_samples:
+            head = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+            return (f"the read {when} the requests holds no vllm: sample, so it is not "
+                    "vLLM's metrics (" + (f"it began {head[:80]!r}" if head else "it was empty")
+                    + ")")
+    pairs = [(f"{name}_total", getattr(first, attr), getattr(last, attr))
+             for name, attr in COUNTERS.items()]
+    pairs += [(f"{PER_POS}_total{{position=\"{k}\"}}", first.per_position.get(k, 0.0),
+               last.per_position.get(k, 0.0))
+              for k in sorted(set(first.per_position) | set(last.per_position))]
+    back = [(name, a, b) for name, a, b in pairs if b < a]
+    if back:
+        name, a, b = back[0]
+        return (f"{name} went backwards, from {a:g} before the requests to {b:g} after: the "
+                "server restarted (or reset its counters) between the two reads, so the "
+                "window's counts are unknown")
+    return None
 
 
 def acceptance(counts: Counters) -> dict[str, Any]:

@@ -10,12 +10,13 @@ conversations in ``dflash.prepare.data``. docs/evaluate.md has the table.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EnvMap = dict[str, str | int | float | bool]
 BOX_PREFIX = "box:"  # prompts read on the box rather than pushed from the workstation
+SMOKE = "smoke"  # evaluate.prompts: the smoke set shipped with outrig (code, math, chat, ...)
 
 
 class _Section(BaseModel):
@@ -61,12 +62,14 @@ class EvaluateSpec(_Section):
         "model = the checkpoint, num_speculative_tokens = block_size - 1)")
     prompts: str | None = Field(
         None, min_length=1, description="a JSONL file of {\"prompt\": ...} or "
-        "{\"messages\": [...]} lines: on this workstation (relative to the project), or "
-        "box:PATH on the box (relative to the workdir); default for dflash: the last "
-        "conversations of dflash.prepare.data")
+        "{\"messages\": [...]} lines, each with an optional \"category\": on this "
+        "workstation (relative to the project), or box:PATH on the box (relative to the "
+        "workdir), or smoke (outrig's own set); default for dflash: the last "
+        "conversations of dflash.prepare.data, else smoke")
     requests: int = Field(32, ge=1, le=100_000, description="requests sent (at most the "
                           "number of prompts)")
-    concurrency: int = Field(4, ge=1, le=1024, description="requests in flight at once")
+    concurrency: int | list[int] = Field(
+        4, description="requests in flight at once; a list evaluates each level")
     max_tokens: int = Field(64, ge=1, description="max_tokens of each request")
     temperature: float = Field(0.0, ge=0, description="0: greedy, what acceptance is "
                                "usually quoted at")
@@ -75,7 +78,24 @@ class EvaluateSpec(_Section):
                           "the last answer, repeated until the counters stop moving")
     baseline: bool = Field(True, description="also serve without speculation and report "
                            "the speedup")
+    enable_thinking: bool | None = Field(
+        None, description="sent as chat_template_kwargs.enable_thinking with chat prompts "
+        "(default: the chat template's own)")
+    per_request_metrics: Literal["auto", "summary", "detailed", "off"] = Field(
+        "auto", description="--per-request-spec-decode-metrics for the speculative server: "
+        "auto turns summary on where the box's vLLM has the flag")
     server: EvalServerSpec = Field(default_factory=lambda: EvalServerSpec())
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels_ok(cls, value: int | list[int]) -> int | list[int]:
+        levels = value if isinstance(value, list) else [value]
+        if not levels or any(isinstance(v, bool) or not 1 <= v <= 1024 for v in levels):
+            raise ValueError(f"{value!r}: give a whole number from 1 to 1024, or a list of "
+                             "them, e.g. [1, 16]")
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"{value!r} lists a level twice")
+        return value
 
     @field_validator("speculative")
     @classmethod

@@ -29,6 +29,8 @@ VALUE_NAMES = {
     "project": "DIR", "host-file": "PATH", "checkpoint": "PATH",
     "force-foreign": "PID", "grep": "REGEX", "print-completion-script": "SHELL",
     "help": "TASK", "o": "FILE", "metric": "NAME",
+    "model": "PATH", "speculative": "JSON", "prompts": "FILE", "python": "PATH",
+    "baseline": "cached|fresh", "sweep-k": "K,K,...", "card": "FILE.md",
 }
 """Value names where the generic one (the flag's name in capitals) would say too little."""
 

@@ -368,6 +368,22 @@ class Journal:
         out.sort(key=lambda r: (float(r.get("at") or 0), str(r.get("eval_id"))), reverse=True)
         return out
 
+    def baseline_path(self, key: str) -> Path:
+        return self.root / "baselines" / f"{safe_name(key)}.json"
+
+    def record_baseline(self, key: str, record: dict[str, Any]) -> None:
+        """Keep one no-speculation baseline under its key (outrig.evaluations.baseline),
+        replacing an earlier one of the same key."""
+        path = self.baseline_path(key)
+        try:
+            atomic_write_json(path, record)
+        except OSError as exc:
+            raise journal_write_failed(path, exc) from None
+
+    def baseline(self, key: str) -> dict[str, Any] | None:
+        """The cached baseline of ``key``, or None."""
+        return self.load(self.baseline_path(key))
+
     def job_path(self, job_id: str) -> Path:
         return self.root / "jobs" / f"{safe_name(job_id)}.json"
 

@@ -27,6 +27,7 @@ saved, a resume, an epoch started or completed, an interrupt) become events.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -79,11 +80,12 @@ class Point:
         if not isinstance(values, dict):
             return None
         t = data.get("t")
+        if not all(type(v) is float for v in values.values()):  # the usual row: all floats
+            values = {str(k): float(v) for k, v in values.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
         return cls(process=str(data.get("p")), step=int(data["s"]),
                    t=float(t) if isinstance(t, (int, float)) else None,
-                   values={str(k): float(v) for k, v in values.items()
-                           if isinstance(v, (int, float))},
-                   source=str(data.get("src") or "log"))
+                   values=values, source=str(data.get("src") or "log"))
 
 
 @dataclass
@@ -324,15 +326,21 @@ def merged(points: Iterable[Point]) -> dict[tuple[str, int], Point]:
     mirror's over them (the mirror is the whole log), and of two from the same source the
     later one (a trainer that went back to a checkpoint trains those steps again); a
     validation record adds its values to its step's."""
-    ordered = sorted(points, key=lambda p: p.source == "log")  # stable: order kept
+    given = list(points)
+    ordered = given if all(p.source == "log" for p in given) else sorted(
+        given, key=lambda p: p.source == "log")  # stable: order kept
     out: dict[tuple[str, int], Point] = {}
+    copied: set[tuple[str, int]] = set()  # the caller's points are copied only to be changed
     for point in ordered:
         key = (point.process, point.step)
         before = out.get(key)
         if before is None:
-            out[key] = Point(point.process, point.step, point.t, dict(point.values),
-                             point.source)
+            out[key] = point
             continue
+        if key not in copied:
+            before = out[key] = Point(before.process, before.step, before.t,
+                                      dict(before.values), before.source)
+            copied.add(key)
         before.values.update(point.values)
         before.t = point.t if point.t is not None else before.t
         before.source = point.source
@@ -342,12 +350,42 @@ def merged(points: Iterable[Point]) -> dict[tuple[str, int], Point]:
 def by_step(points: Iterable[Point], metric: str) -> list[tuple[int, float | None, float]]:
     """``(step, t, value)`` of one metric, one per step, sorted by step (see
     :func:`merged`; of several processes printing it, the steps of all)."""
+    return steps_of(merged(points), metric)
+
+
+def steps_of(table: dict[tuple[str, int], Point], metric: str
+             ) -> list[tuple[int, float | None, float]]:
+    """:func:`by_step` of a table :func:`merged` already made (a run's, once:
+    :attr:`RunData.table`): merging a million points costs seconds, a lookup does not. NaN
+    and ±Inf values are left out (nothing can draw or average them)."""
     rows = {}
-    for (_, step), point in merged(points).items():
+    for (_, step), point in table.items():
         value = point.values.get(metric)
         if value is not None and math.isfinite(value):
             rows[step] = (step, point.t, value)
     return [rows[s] for s in sorted(rows)]
+
+
+# The largest magnitude a chart draws (plot's plotext, the report's uPlot): both compute a
+# range as max - min, which overflows to inf near 1e308 and then draws nothing (or raises);
+# no real metric comes near. A value beyond it is left out of the chart, with a note.
+DRAWN_LIMIT = 1e150
+
+
+def drawable(value: float) -> bool:
+    """Whether a chart can draw ``value`` (finite, within :data:`DRAWN_LIMIT`)."""
+    return -DRAWN_LIMIT <= value <= DRAWN_LIMIT
+
+
+def left_out_note(rows: Sequence[tuple[int, float]]) -> str | None:
+    """``2 value(s) beyond ±1e+150 not drawn (step 5 = 1e+308, step 9 = -1e+308)``: what a
+    chart of ``(step, value)`` rows leaves out (:func:`drawable`), or None."""
+    out = [(s, v) for s, v in rows if not drawable(v)]
+    if not out:
+        return None
+    shown = ", ".join(f"step {s} = {v:.3g}" for s, v in out[:3]) + (", ..." if len(out) > 3
+                                                                     else "")
+    return f"{len(out)} value(s) beyond ±{DRAWN_LIMIT:g} not drawn ({shown})"
 
 
 def spread(times: Sequence[float | None]) -> list[float | None]:
@@ -430,11 +468,12 @@ def sparkline(values: Sequence[float], width: int = 16) -> str:
     return "".join(SPARKS[round((v - low) / (high - low) * top)] for v in finite)
 
 
-def iter_rows(points: Iterable[Point], names: Sequence[str]
+def iter_rows(points: Iterable[Point] | dict[tuple[str, int], Point], names: Sequence[str]
               ) -> Iterator[tuple[str, int, float | None, list[float | None]]]:
     """``(process, step, t, values in the order of names)``, by process then step: the
-    rows of ``outrig metrics --csv`` (see :func:`merged`)."""
-    table = merged(points)
+    rows of ``outrig metrics --csv`` (see :func:`merged`; a table it made is used as it
+    is)."""
+    table = points if isinstance(points, dict) else merged(points)
     for key in sorted(table):
         point = table[key]
         yield point.process, point.step, point.t, [point.values.get(n) for n in names]
@@ -461,6 +500,31 @@ class RunData:
 
     def label(self) -> str:
         return f"{self.run_id} ({self.host})"
+
+    @functools.cached_property
+    def table(self) -> dict[tuple[str, int], Point]:
+        """The points :func:`merged`, made once per run (every metric's series reads it)."""
+        return merged(self.points)
+
+    @functools.cached_property
+    def columns(self) -> dict[str, dict[int, tuple[int, float | None, float]]]:
+        """metric → step → ``(step, t, value)``, the finite values of :attr:`table`, made in
+        one pass over it (a pass per metric cost a second each at a million points)."""
+        out: dict[str, dict[int, tuple[int, float | None, float]]] = {}
+        for (_, step), point in self.table.items():
+            for name, value in point.values.items():
+                if -math.inf < value < math.inf:  # NaN fails both comparisons
+                    column = out.get(name)
+                    if column is None:
+                        column = out[name] = {}
+                    column[step] = (step, point.t, value)
+        return out
+
+    def series(self, metric: str) -> list[tuple[int, float | None, float]]:
+        """``(step, t, value)`` of one metric, sorted by step (what :func:`by_step` gives,
+        from :attr:`columns`)."""
+        column = self.columns.get(metric) or {}
+        return [column[s] for s in sorted(column)]
 
 
 def chain_ids(records: dict[str, dict[str, Any]], run_id: str) -> list[str]:

@@ -194,6 +194,11 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
         if rendered is not None:
             plan.processes[name] = rendered
 
+    if not spec.processes:
+        plan.problems.append(
+            f"{job.doc.path}: the playbook has only an evaluate: section and deploys nothing; "
+            f"measure with outrig evaluate --host {host.name} --playbook {job.name}, or add "
+            "processes: to deploy")
     _check_after(job, plan)
     _check_gpus(job, plan, facts)
     _check_parallel(job, plan)

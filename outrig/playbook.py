@@ -431,11 +431,13 @@ def _recipe_shape_errors(raw: dict[str, Any]) -> list[dict[str, Any]]:
     """``processes:`` or a recipe, and a recipe with its section (pydantic-shaped errors)."""
     recipe = raw.get("recipe")
     errors: list[dict[str, Any]] = []
-    if recipe is None and not raw.get("processes"):
+    # an evaluate-only playbook (a drafter trained elsewhere, vLLM's ngram) deploys nothing
+    if recipe is None and not raw.get("processes") and raw.get("evaluate") is None:
         kind = "missing" if "processes" not in raw else "value_error"
         named = " or ".join(f"recipe: {name}" for name in recipes.names())
         errors.append({"type": kind, "loc": ("processes",),
-                       "msg": f"list at least one process, or name a recipe ({named})"})
+                       "msg": f"list at least one process, or name a recipe ({named}), or "
+                              "give only an evaluate: section (for outrig evaluate)"})
     if isinstance(recipe, str) and recipe in recipes.RECIPES and raw.get(recipe) is None:
         docs = recipes.get(recipe).docs
         errors.append({"type": "value_error", "loc": ("recipe",),
@@ -627,3 +629,17 @@ def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None,
             )
         files.append(LocalFile(remote=remote, local=local_path))
     return Job(name=name, spec=spec, doc=doc, test_mode=test, files=files)
+
+
+def flag_job(raw: dict[str, Any], root: Path) -> Job:
+    """A playbook made from a command's flags (``outrig evaluate --model M --speculative
+    JSON``), validated like a file; its messages name ``<command line>`` (under ``root``,
+    where relative paths start)."""
+    doc = YamlDoc(path=root / "<command line>", data=raw)
+    try:
+        spec = playbook_spec().model_validate(raw)
+    except ValidationError as exc:
+        lines = validation_messages(doc, list(exc.errors()))
+        raise ConfigError("the flags do not make a valid evaluation:\n"
+                          + "\n".join(f"  - {line}" for line in lines)) from None
+    return Job(name=str(raw["name"]), spec=spec, doc=doc, test_mode=False)

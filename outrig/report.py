@@ -30,7 +30,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from outrig.journal import utc_text
-from outrig.metrics import RunData, by_step, merged, metric_names, metric_order, spread, thin
+from outrig.metrics import (
+    RunData,
+    drawable,
+    left_out_note,
+    metric_names,
+    metric_order,
+    spread,
+    thin,
+)
 from outrig.redaction import redact_text
 
 POINTS_PER_SERIES = 1500  # thinned to this many per run and metric (first and last kept)
@@ -39,6 +47,8 @@ FAMILIES = (  # (pattern, chart title): metrics matching one pattern share a cha
     (re.compile(r"^val/position_\d+_acc_epoch$"),
      "val/position_k_acc_epoch: validation accuracy per position"),
     (re.compile(r"^lr/"), "lr: learning rates"),
+    # what training estimates and what vLLM accepts, on one chart (outrig/evaluations/served.py)
+    (re.compile(r"^(train/eal|served/acceptance_length)$"), "train/eal"),
     (re.compile(r"^profile/memory_mb/"), "profile/memory_mb: memory per phase (MB)"),
     (re.compile(r"^profile/\w+_ms$"), "profile/*_ms: time per phase (ms)"),
 )
@@ -111,17 +121,24 @@ def identity(run: RunData, secrets: Sequence[str]) -> dict[str, Any]:
         "gpu_totals": {str(k): v for k, v in sorted(totals.items(), key=lambda kv: str(kv[0]))},
         "processes": processes, "moved_to": record.get("moved_to"),
         "migrated_from": record.get("migrated_from"), "fenced": record.get("fenced"),
-        "mirror": run.mirror, "points": len(merged(run.points)),
+        "mirror": run.mirror, "points": len(run.table),
         "test_mode": record.get("test_mode"),
         "cost": record.get("cost") if isinstance(record.get("cost"), dict) else None,
     }
 
 
-def _series(run: RunData, metric: str, origin: float | None) -> dict[str, list[Any]]:
-    rows = thin(by_step(run.points, metric), POINTS_PER_SERIES)
-    return {"s": [r[0] for r in rows],
-            "t": [_hours(t, origin) for t in spread([r[1] for r in rows])],
-            "v": [r[2] for r in rows]}
+def _series(run: RunData, metric: str, origin: float | None) -> dict[str, Any]:
+    """One metric of one run as the page draws it: thinned, and without the values no
+    chart can draw (:func:`outrig.metrics.drawable`), which ``note`` lists instead."""
+    every = run.series(metric)
+    note = left_out_note([(s, v) for s, _, v in every])
+    rows = thin([r for r in every if drawable(r[2])] if note else every, POINTS_PER_SERIES)
+    out: dict[str, Any] = {"s": [r[0] for r in rows],
+                           "t": [_hours(t, origin) for t in spread([r[1] for r in rows])],
+                           "v": [r[2] for r in rows]}
+    if note:
+        out["note"] = note
+    return out
 
 
 def _gpu_series(run: RunData, origin: float | None) -> dict[str, dict[str, list[Any]]]:
@@ -222,6 +239,12 @@ def report_document(groups: Sequence[Sequence[RunData]], *, now: float,
         for run in run_group:
             origin = next(r["origin"] for r in runs if r["run_id"] == run.run_id)
             series[run.run_id] = {n: _series(run, n, origin) for n in names}
+    for chart in charts:  # what a chart leaves out, said under it
+        notes = [f"{run['run_id']} {metric}: {s['note']}" for run in runs
+                 for metric in chart["metrics"]
+                 if (s := series[run["run_id"]].get(metric)) and s.get("note")]
+        if notes:
+            chart["note"] = "; ".join(notes)
     events.sort(key=lambda e: e["t"])
     title = "outrig report: " + ", ".join(r["run_id"] for r in runs)
     return {"title": title, "generated": utc_text(now), "runs": runs, "charts": charts,

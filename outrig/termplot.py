@@ -13,10 +13,11 @@ as it was); it is pure Python with no dependencies of its own.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outrig.metrics import sparkline, thin
+from outrig.metrics import drawable, left_out_note, sparkline, thin
 
 TABLE_ROWS = 12  # steps shown per metric without colour
 CHART_HEIGHT = 16  # lines per chart
@@ -75,6 +76,26 @@ def table_lines(metric: str, curves: Sequence[Curve], width: int) -> list[str]:
     return out
 
 
+def envelope(rows: Sequence[tuple[int, float]], buckets: int) -> list[tuple[int, float]]:
+    """At most ``2 × buckets + 2`` rows that draw as ``rows`` do on a chart ``buckets`` dots
+    wide: the rows cut into ``buckets`` runs in step order, each run's lowest and highest
+    kept (in step order, and the first and last row), so a spike survives where an even
+    stride would skip it. plotext draws every point it is given, and a terminal shows no
+    more than two per dot."""
+    if buckets <= 0 or len(rows) <= 2 * buckets:
+        return list(rows)
+    size = len(rows) / buckets
+    out: list[tuple[int, float]] = []
+    for i in range(buckets):
+        run = rows[int(i * size):max(int(i * size) + 1, int((i + 1) * size))]
+        low = min(range(len(run)), key=lambda k: run[k][1])
+        high = max(range(len(run)), key=lambda k: run[k][1])
+        keep = {low, high} | ({0} if i == 0 else set()) | (
+            {len(run) - 1} if i == buckets - 1 else set())  # the ends stay where they are
+        out += [run[k] for k in sorted(keep)]
+    return out
+
+
 def chart_lines(metric: str, curves: Sequence[Curve], width: int,
                 height: int = CHART_HEIGHT) -> list[str]:
     """One metric as a plotext chart, in colour, ``width`` columns wide."""
@@ -85,13 +106,19 @@ def chart_lines(metric: str, curves: Sequence[Curve], width: int,
     plt.theme("pro")
     plt.title(metric)
     plt.xlabel("step")
+    notes = []
     for curve in curves:
-        if curve.rows:
-            plt.plot([s for s, _ in curve.rows], [v for _, v in curve.rows],
+        rows = envelope([(s, v) for s, v in curve.rows if drawable(v)], 2 * width)
+        note = left_out_note(curve.rows)
+        if note:
+            notes += textwrap.wrap(f"{curve.label}: {note}", max(20, width - 2),
+                                   initial_indent="  ", subsequent_indent="    ")
+        if rows:
+            plt.plot([s for s, _ in rows], [v for _, v in rows],
                      label=curve.label, marker="braille")
     text: str = plt.build()
     plt.clear_figure()
-    return text.rstrip("\n").split("\n")
+    return text.rstrip("\n").split("\n") + notes
 
 
 def plot_lines(curves_by_metric: Sequence[tuple[str, Sequence[Curve]]], width: int, *,
@@ -101,9 +128,11 @@ def plot_lines(curves_by_metric: Sequence[tuple[str, Sequence[Curve]]], width: i
     for metric, curves in curves_by_metric:
         if out:
             out.append("")
-        drawable = [c for c in curves if len(c.rows) >= 2]
-        if colour and drawable and width >= MIN_CHART_WIDTH:
-            out += chart_lines(metric, drawable, width)
+        # plotext computes a range as max - min: a value near ±1e308 overflows it (it
+        # raised OverflowError); such values are left out of the chart and named under it
+        shown = [c for c in curves if sum(drawable(v) for _, v in c.rows) >= 2]
+        if colour and shown and width >= MIN_CHART_WIDTH:
+            out += chart_lines(metric, shown, width)
         else:
             out += table_lines(metric, curves, width)
     return out

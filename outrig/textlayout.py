@@ -145,7 +145,8 @@ def gpu_summary(gpus: Sequence[dict[str, Any]], error: str | None = None) -> str
     kinds: dict[str, int] = {}
     for gpu in gpus:
         mem = gpu.get("memory_total_mib")
-        kind = str(gpu.get("name") or "GPU") + (f" {int(mem) // 1024} GiB" if mem else "")
+        kind = visible(str(gpu.get("name") or "GPU")) + (f" {int(mem) // 1024} GiB" if mem
+                                                          else "")
         kinds[kind] = kinds.get(kind, 0) + 1
     parts = [", ".join(f"{n}× {k}" for k, n in kinds.items())]
     ours: dict[str, list[int]] = {}
@@ -161,7 +162,7 @@ def gpu_summary(gpus: Sequence[dict[str, Any]], error: str | None = None) -> str
                 key = f"ours ({h.get('process')} of run {h.get('run_id')})"
                 ours.setdefault(key, []).append(index)
             else:
-                comm = f" {h.get('comm')}" if h.get("comm") else ""
+                comm = f" {visible(str(h.get('comm')))}" if h.get("comm") else ""
                 key = f"held by pid {h.get('pid')}{comm} (not ours)"
                 foreign.setdefault(key, []).append(index)
     parts += [f"{ranges(i)} {key}" for key, i in ours.items()]
@@ -201,6 +202,11 @@ def audit_gpus(audit: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _mib(value: Any) -> str:
+    """A memory figure of the table; ``?`` where nvidia-smi gave none it could believe."""
+    return "?" if value is None else str(value)
+
+
 def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
     """The full GPU table (``--gpus``): one row per GPU, its holders on lines under it;
     ``health`` is the verdict status added (``ok``, ``bad (remapped_rows.pending)``...)."""
@@ -209,10 +215,11 @@ def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
         util = gpu.get("utilization_pct")
         kinds = sorted({"ours" if h.get("ours") else "NOT OURS"
                         for h in gpu.get("holders") or []}, reverse=True)
-        rows.append([str(gpu.get("index")), str(gpu.get("name")),
-                     f"{gpu.get('memory_used_mib')}/{gpu.get('memory_total_mib')} MiB",
+        rows.append([str(gpu.get("index")), visible(str(gpu.get("name"))),
+                     f"{_mib(gpu.get('memory_used_mib'))}/{_mib(gpu.get('memory_total_mib'))}"
+                     " MiB",
                      "-" if util is None else f"{util}%", " + ".join(kinds) or "free",
-                     str((gpu.get("health") or {}).get("short") or "-")])
+                     visible(str((gpu.get("health") or {}).get("short") or "-"))])
     header, lines = columns(["gpu", "name", "memory", "util", "held by", "health"], rows)
     out = ["GPUs", header]
     for gpu, line in zip(gpus, lines, strict=False):
@@ -223,7 +230,7 @@ def gpu_table_lines(gpus: Sequence[dict[str, Any]], width: int) -> list[str]:
                 who = f"{h.get('process')} (pid {h.get('pid')}{mem}, run {h.get('run_id')})"
             else:
                 who = f"NOT OURS: pid {h.get('pid')} {h.get('comm') or ''}{mem}"
-            out += wrapped(who, width)
+            out += wrapped(visible(who), width)
     return out
 
 

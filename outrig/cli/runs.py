@@ -55,8 +55,9 @@ TAIL_LINES_MAX = 10**9
         "dry_run": "print the plan and stop; nothing is sent",
         "no_wait": "return as soon as every process is launched and recorded",
         "allow_unhealthy_gpu": "place processes on GPUs whose health is bad (uncorrectable "
-                               "ECC errors, a pending or failed row remap, a fatal Xid); "
-                               "refused by default, nothing started",
+                               "ECC errors, a pending or failed row remap, a fatal Xid) "
+                               "or cannot be read (a driver that fails or hangs); refused "
+                               "by default, nothing started",
         "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
         "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
         "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON,
@@ -71,9 +72,10 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
     """Push files, stop the previous run, launch every process and wait until it is ready.
 
     A GPU the box reports sick (uncorrectable ECC errors, a pending or failed row remap, a
-    fatal Xid in the kernel log) is not given to a process: the deploy is refused, naming
-    the GPU, the reason and the fix, before anything is stopped or started
-    (--allow-unhealthy-gpu overrides; see outrig check for each GPU's health).
+    fatal Xid in the kernel log) is not given to a process, nor is any GPU of a box whose
+    driver fails or hangs: the deploy is refused, naming the GPU, the reason and the fix,
+    before anything is stopped or started (--allow-unhealthy-gpu overrides; see outrig
+    check for each GPU's health).
 
     With several hosts (--host a,b, a group, or all) the same playbook is deployed on every
     host at once, each as a run of its own (a sweep); one row per host with its run id and

@@ -10,6 +10,7 @@ from typing import Any
 
 from outrig import gpu_health
 from outrig.console import Reporter
+from outrig.errors import RemoteError
 from outrig.journal import Journal
 from outrig.session import HostSession, Project, host_session
 
@@ -32,18 +33,37 @@ def check_on(session: HostSession) -> dict[str, Any]:
     verdicts, _ = gpu_health.look(session.journal, session.host.name,
                                   result.get("facts") or {})
     result["gpu_health"] = verdicts
+    unreadable = unreadable_gpus(session, result.get("facts") or {})
     if reporter.json_mode:
         reporter.emit_json({**result, "rtt": rtt})
     else:
         free = result.get("disk_free_bytes")
-        reporter.success(
-            f"{session.host.label()} reachable (RTT {rtt * 1000:.0f} ms), python "
-            f"{result.get('python')}, workdir {session.host.workdir} "
-            f"{'writable' if result.get('workdir_writable') else 'NOT writable'}"
-            + (f", {int(free) / 1e9:.1f} GB free" if isinstance(free, int) else "")
-            if rtt is not None else f"{session.host.label()} reachable")
+        line = (f"{session.host.label()} reachable (RTT {rtt * 1000:.0f} ms), python "
+                f"{result.get('python')}, workdir {session.host.workdir} "
+                f"{'writable' if result.get('workdir_writable') else 'NOT writable'}"
+                + (f", {int(free) / 1e9:.1f} GB free" if isinstance(free, int) else "")
+                if rtt is not None else f"{session.host.label()} reachable")
+        if unreadable is None:
+            reporter.success(line)
+        else:  # not a ✓: the box is reachable, but no GPU work can be placed there
+            reporter.info(f"• {line}")
         show_health(reporter, verdicts)
+    if unreadable is not None:
+        raise unreadable
     return result
+
+
+def unreadable_gpus(session: HostSession, facts: dict[str, Any]) -> RemoteError | None:
+    """The error of a box whose nvidia-smi is there but failed (``could not communicate
+    with the NVIDIA driver``, exit 9) or hung: its GPUs cannot be read, so a check of it is
+    no success (deploy refuses GPU work there too); None for any other box."""
+    if not facts.get("gpu_unreadable"):
+        return None
+    return RemoteError(
+        f"{session.host.label()}: the box's GPUs cannot be read ({facts.get('gpu_error')}). "
+        "Look at the driver (nvidia-smi on the box; a reboot often brings it back; on a "
+        "rented box: ask the provider for another box). Deploy refuses processes with GPUs "
+        "there unless given --allow-unhealthy-gpu.", kind="gpu_unhealthy")
 
 
 def show_health(reporter: Reporter, verdicts: list[dict[str, Any]]) -> None:

@@ -277,7 +277,13 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
     verdict = result.get("gpu") or {}
     count = sum(len(r.get("processes") or []) for r in runs)
     freed = sum((verdict.get("freed_mib") or {}).values())
-    if verdict.get("released", True):
+    if (after or before).get("unreadable"):  # no audit was made: nothing to claim
+        reporter.warn(
+            f"cleanup done in {float(result.get('seconds') or 0):.1f}s: {len(runs)} run(s), "
+            f"{count} process(es) stopped; the GPUs could not be audited "
+            f"({(after or before).get('error')}): whether a process holds one is unknown. "
+            "Look at the driver (nvidia-smi on the box).")
+    elif verdict.get("released", True):
         reporter.success(
             f"cleanup done in {float(result.get('seconds') or 0):.1f}s: {len(runs)} run(s), "
             f"{count} process(es); nothing of ours holds a GPU"

@@ -14,84 +14,113 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets as _secrets
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from outrig.agent_code import parse_prompt_lines
+from outrig.agent_code import parse_prompt_lines, prompts_digest
 from outrig.checkpoints import assess, newest_complete, order_text
 from outrig.console import Reporter
-from outrig.errors import ConfigError, OutrigError, PlanError, RemoteError
+from outrig.errors import ConfigError, PlanError, RemoteError
 from outrig.evaluation import (
     MAX_INLINE_PROMPT_BYTES,
     EvalSettings,
-    acceptance,
     bench_fields,
     compare_rows,
-    measured,
-    rate,
-    report_lines,
     server_playbook,
     settings_for,
     speculative_config,
-    speedup,
 )
+from outrig.evaluations.card import card_markdown
+from outrig.evaluations.report import full_report
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
-from outrig.ops.cleanup import cleanup_on
-from outrig.ops.deploy import deploy_on
+from outrig.ops.evaluate_document import document
+from outrig.ops.evaluate_serving import (
+    EvaluationFailed,
+    baselines,
+    box_facts,
+    per_request_level,
+    serve_and_send,
+)
 from outrig.ops.placement import held_runs
-from outrig.ops.runs import new_run_id
 from outrig.plan import builtin_params
-from outrig.playbook import Job, find_playbook, load_job, playbook_spec
+from outrig.playbook import Job, find_playbook, load_job
 from outrig.redaction import ordered, redact_tree
 from outrig.session import HostSession, Project, host_session
-from outrig.yamlfile import YamlDoc
 
 _CHECK_KINDS = ("bad_request", "not_found")
+SMOKE_FILE = Path(__file__).resolve().parent.parent / "evaluations" / "prompts" / "smoke.jsonl"
+__all__ = ["EvaluationFailed", "compare", "evaluate", "evaluate_on"]
 
 
-class EvaluationFailed(OutrigError):
-    """The server answered with errors, or counted nothing: the numbers would mislead."""
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The command's flags beyond the playbook: each None or empty leaves the playbook's."""
+
+    run_id: str | None = None
+    checkpoint: str | None = None
+    requests: int | None = None
+    baseline: bool | None = None
+    fresh: bool = False  # --baseline fresh: measure the baseline again
+    ks: tuple[int, ...] = ()  # --sweep-k 3,7,15: one speculative server per value
+    card: Path | None = None  # --card FILE.md
+    command: tuple[str, ...] = ()  # the command line, for the card's "reproduce"
 
 
-def evaluate(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
-             run_id: str | None = None, checkpoint: str | None = None,
-             requests: int | None = None, baseline: bool | None = None,
-             journal: Journal | None = None) -> dict[str, Any]:
-    """Load the playbook, open the session, :func:`evaluate_on`."""
-    job = load_job(find_playbook(playbook, project.playbooks_dir))
+def evaluate(project: Project, host_spec: str, playbook: str | Job, reporter: Reporter,
+             options: Options | None = None, *, journal: Journal | None = None
+             ) -> dict[str, Any]:
+    """Load the playbook (or take the one built from flags), open the session,
+    :func:`evaluate_on`."""
+    job = playbook if isinstance(playbook, Job) else load_job(
+        find_playbook(playbook, project.playbooks_dir))
     with host_session(project, host_spec, reporter, journal) as session:
-        return evaluate_on(session, job, run_id=run_id, checkpoint=checkpoint,
-                           requests=requests, baseline=baseline)
+        return evaluate_on(session, job, options or Options())
 
 
-def evaluate_on(session: HostSession, job: Job, *, run_id: str | None = None,
-                checkpoint: str | None = None, requests: int | None = None,
-                baseline: bool | None = None) -> dict[str, Any]:
-    """One evaluation (and its baseline) on an open session; returns the document it
-    recorded in the journal and printed."""
-    reporter = session.reporter
-    run = training_run(session, job, run_id)
-    settings = resolve(session, job, run, requests=requests, baseline=baseline)
+def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, Any]:
+    """One evaluation (each k of a sweep, and the baseline unless cached) on an open session;
+    returns the document it recorded in the journal and printed."""
+    run = training_run(session, job, options.run_id)
+    settings = resolve(session, job, run, requests=options.requests, baseline=options.baseline)
     inline = local_prompts(session.project, job, settings)
-    ckpt = find_checkpoint(session, settings, checkpoint)
-    check_prompts(session, settings, inline)
+    ckpt = find_checkpoint(session, settings, options.checkpoint)
+    digest = check_prompts(session, settings, inline)
     check_gpus(session, settings, job.name)
-    speculative = speculative_config(settings, ckpt.get("path") if ckpt else None)
+    facts = box_facts(session, settings)
+    per_request, note = per_request_level(settings, facts)
     # the servers' plans, progress and stop reports go to stderr: stdout holds the result
-    quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=reporter.gpu_table)
-    spec_side = serve_and_send(session, job, settings, speculative, inline, quiet,
-                               "with speculative decoding")
-    base_side = (serve_and_send(session, job, settings, None, inline, quiet,
-                                "baseline, without speculation")
-                 if settings.baseline else None)
-    doc = document(session, job, run, settings, speculative, ckpt, spec_side, base_side)
-    return publish(session, job, doc)
+    quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=session.reporter.gpu_table)
+    sides = []
+    for k in options.ks or (None,):
+        speculative = speculative_config(settings, ckpt.get("path") if ckpt else None)
+        if k is not None and speculative is not None:
+            speculative["num_speculative_tokens"] = k
+        sides.append(serve_and_send(session, job, settings, speculative, inline, quiet,
+                                    "with speculative decoding" + (f", k {k}" if k else ""),
+                                    per_request))
+    base, base_side = baselines(session, job, settings, inline, quiet, facts, digest,
+                                options.fresh)
+    doc = document(session, job, run, settings, ckpt, sides, base, base_side,
+                   facts={**facts, "prompts_sha256": digest, "per_request_note": note},
+                   command=list(options.command))
+    doc = publish(session, job, doc)
+    if options.card is not None:
+        write_card(options.card, doc, session.reporter)
+    return doc
+
+
+def write_card(path: Path, doc: dict[str, Any], reporter: Reporter) -> None:
+    """Write the model-card section (a local file; its folder must exist)."""
+    try:
+        path.write_text(card_markdown(doc), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--card {path}: cannot write it ({exc.strerror or exc}); give a "
+                          "path in a folder that exists") from None
+    reporter.info(f"• model-card section written to {path}")
 
 
 def publish(session: HostSession, job: Job, doc: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +135,7 @@ def publish(session: HostSession, job: Job, doc: dict[str, Any]) -> dict[str, An
     if reporter.json_mode:
         reporter.emit_json(doc)
     else:
-        reporter.lines(report_lines(doc))
+        reporter.lines(full_report(doc))
         reporter.success(f"evaluation {doc['eval_id']} recorded; compare: outrig evaluate "
                          f"--host {session.host_spec} --playbook {job.name} --compare")
     return doc
@@ -150,9 +179,13 @@ def resolve(session: HostSession, job: Job, run: dict[str, Any] | None, *,
 
 def local_prompts(project: Project, job: Job, settings: EvalSettings
                   ) -> list[dict[str, Any]] | None:
-    """A workstation prompts file, read and checked (the first ``requests`` prompts)."""
-    if settings.prompts.kind != "local":
+    """A workstation prompts file (or the smoke set shipped with outrig), read and checked
+    (the first ``requests`` prompts)."""
+    if settings.prompts.kind not in ("local", "smoke"):
         return None
+    if settings.prompts.kind == "smoke":
+        items, _ = parse_prompt_lines(SMOKE_FILE.read_text(encoding="utf-8"), str(SMOKE_FILE))
+        return items[: settings.requests]
     path = Path(settings.prompts.paths[0]).expanduser()
     if not path.is_absolute():
         path = project.root / path
@@ -227,11 +260,12 @@ def exported_checkpoint(session: HostSession, path: str) -> dict[str, Any]:
 
 
 def check_prompts(session: HostSession, settings: EvalSettings,
-                  inline: list[dict[str, Any]] | None) -> None:
+                  inline: list[dict[str, Any]] | None) -> str:
     """Prompts on the box (a file, or training conversations) read there before anything
-    starts: missing or malformed is bad input (exit 2), named with its fix."""
+    starts: missing or malformed is bad input (exit 2), named with its fix. Returns the
+    prompt set's sha256 (as sent)."""
     if inline is not None:
-        return
+        return prompts_digest(inline)
     try:
         result = session.call("bench", stream=False,
                               **bench_fields(settings, None, check_only=True))
@@ -241,6 +275,7 @@ def check_prompts(session: HostSession, settings: EvalSettings,
         raise
     session.reporter.info(f"• {result.get('prompts')} prompt(s) on the box "
                           f"({', '.join(result.get('kinds') or [])})")
+    return str(result.get("prompts_sha256") or "")
 
 
 def check_gpus(session: HostSession, settings: EvalSettings, playbook: str) -> None:
@@ -260,91 +295,6 @@ def check_gpus(session: HostSession, settings: EvalSettings, playbook: str) -> N
             f"evaluate.server.gpus {settings.gpus}: {'; '.join(clashes)} on "
             f"{session.host.name}. Stop it first (outrig cleanup --host {session.host_spec} "
             "--run RUN) or give evaluate.server.gpus other GPUs. Nothing was started.")
-
-
-def server_job(job: Job, settings: EvalSettings, speculative: dict[str, Any] | None) -> Job:
-    """The server as a one-process playbook of its own (the training playbook's secrets
-    passed on, e.g. a hub token for a gated verifier)."""
-    raw = server_playbook(job.name, settings, speculative)
-    raw["secrets"] = list(job.spec.secrets)
-    spec = playbook_spec().model_validate(raw)
-    return Job(name=raw["name"], spec=spec, doc=YamlDoc(path=job.doc.path, data=raw),
-               test_mode=False)
-
-
-def serve_and_send(session: HostSession, job: Job, settings: EvalSettings,
-                   speculative: dict[str, Any] | None, inline: list[dict[str, Any]] | None,
-                   reporter: Reporter, label: str) -> dict[str, Any]:
-    """Start the server (a recorded run), send the prompts, stop exactly that run."""
-    server = server_job(job, settings, speculative)
-    run_id = new_run_id(server.name)
-    outer = session.reporter
-    session.reporter = reporter
-    try:
-        reporter.info(f"• starting vLLM {label} (run {run_id})")
-        started = deploy_on(session, server, run_id=run_id)
-        bench = session.call("bench", handler=lambda e: progress(reporter, e),
-                             **bench_fields(settings, inline))
-    finally:
-        try:
-            cleanup_on(session, run_id=run_id, timeout=60.0, missing_ok=True)
-        finally:
-            session.reporter = outer
-    if bench.get("failed"):
-        raise EvaluationFailed(
-            f"{bench['failed']} of {bench.get('sent')} request(s) failed on the server "
-            f"{label} (run {run_id}, stopped): {(bench.get('errors') or ['?'])[0]}. See its "
-            f"log: outrig tail-logs --host {session.host_spec} --run {run_id} --no-follow")
-    return {"run_id": run_id, "start_seconds": round(started.seconds, 3), "bench": bench}
-
-
-def progress(reporter: Reporter, event: dict[str, Any]) -> None:
-    """The bench's progress as one live line; other events as the reporter shows them."""
-    if event.get("event") == "bench_progress":
-        reporter.live(f"requests: {event.get('done')}/{event.get('total')} answered, "
-                      f"{event.get('tokens')} tokens, {event.get('elapsed')}s")
-    else:
-        reporter.event(event)
-
-
-def document(session: HostSession, job: Job, run: dict[str, Any] | None,
-             settings: EvalSettings, speculative: dict[str, Any] | None,
-             ckpt: dict[str, Any] | None, spec_side: dict[str, Any],
-             base_side: dict[str, Any] | None) -> dict[str, Any]:
-    """The evaluation's one document (``--json``, the journal)."""
-    bench = spec_side["bench"]
-    counts = measured(str(bench.get("metrics_before") or ""),
-                      str(bench.get("metrics_after") or ""))
-    numbers = acceptance(counts)
-    tps = rate(int(bench.get("completion_tokens") or 0), float(bench.get("seconds") or 0))
-    base_tps = None
-    if base_side is not None:
-        base = base_side["bench"]
-        base_tps = rate(int(base.get("completion_tokens") or 0), float(base.get("seconds") or 0))
-    at = time.time()
-    doc: dict[str, Any] = {
-        "eval_id": f"{job.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(at))}-"
-                   f"{_secrets.token_hex(2)}",
-        "playbook": job.name, "host": session.host.name,
-        "run_id": run.get("run_id") if run else None, "checkpoint": ckpt,
-        "model": settings.model, "method": (speculative or {}).get("method"),
-        "num_speculative_tokens": (speculative or {}).get("num_speculative_tokens"),
-        "speculative_config": speculative, **numbers,
-        "requests": bench.get("sent"), "completion_tokens": bench.get("completion_tokens"),
-        "seconds": bench.get("seconds"), "tokens_per_s": tps,
-        "baseline_tokens_per_s": base_tps, "speedup": speedup(tps, base_tps),
-        "max_tokens": settings.max_tokens, "concurrency": settings.concurrency,
-        "temperature": settings.temperature,
-        "server_start_seconds": spec_side["start_seconds"],
-        "baseline_start_seconds": base_side["start_seconds"] if base_side else None,
-        "server_runs": [s["run_id"] for s in (spec_side, base_side) if s],
-        "counters_seen": counts.seen, "at": at}
-    if not counts.drafts:
-        session.reporter.warn(
-            "the server counted no drafts: speculative decoding was not in effect (no "
-            "vllm:spec_decode counters moved). Check the speculative config and the server log"
-            " (a runner setting can silence a drafter, vllm#49559)")
-    return doc
 
 
 def compare(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,

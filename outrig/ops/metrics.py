@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import errno
 import io
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -24,9 +25,10 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
+from outrig.evaluations.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
-from outrig.metrics import RunData, by_step, chain_ids, iter_rows, metric_names
+from outrig.metrics import RunData, chain_ids, iter_rows, metric_names
 from outrig.metricstore import MetricStore
 from outrig.ops.watch import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
@@ -78,7 +80,9 @@ def load_run(journal: Journal, run_id: str) -> tuple[RunData, int]:
         created = record.get("created")
         ref = float(created) if isinstance(created, (int, float)) else None
         lines = store.ingest_mirror(host, ref).lines
-    data = RunData(record=record, points=store.points(), events=store.events(),
+    # the run's evaluated checkpoints as the series served/acceptance_length
+    points = store.points() + served_points(journal.evaluations(run_id=run_id))
+    data = RunData(record=record, points=points, events=store.events(),
                    gpu=store.gpu_samples(), mirror=str(mirror) if mirror else None)
     return data, lines
 
@@ -125,7 +129,9 @@ def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "ta
     """``outrig metrics``: every point of the runs (and their chains), as one JSON document
     (``--json``), CSV (``--csv``: run, host, process, step, time, then one column per
     metric) or, for people, a table per run of each metric's count, first, last, min and
-    max."""
+    max. Returns the document (each run's ``points`` filled only for ``--json``). A value
+    that is not finite is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` in the
+    JSON (:data:`NOT_FINITE`), ``nan``/``inf`` in the CSV."""
     journal = journal or Journal()
     groups, parsed = load_chains(journal, run_ids)
     runs = [run for group in groups for run in group]
@@ -138,11 +144,8 @@ def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "ta
             doc["runs"].append({
                 "run_id": run.run_id, "host": run.host, "playbook": run.record.get("playbook"),
                 "chain": index, "mirror": run.mirror,
-                "points": [{"process": p, "step": s, "t": t,
-                            "values": {n: v for n, v in zip(names, values, strict=True)
-                                       if v is not None}}
-                           for p, s, t, values in iter_rows(run.points, names)
-                           if any(v is not None for v in values)]})
+                # every point only where it is printed (--json): a million rows cost seconds
+                "points": json_points(run, names) if fmt == "json" else []})
     if fmt == "json":
         reporter.out.write(_dumps(doc) + "\n")
     elif fmt == "csv":
@@ -154,10 +157,30 @@ def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "ta
     return doc
 
 
+# A value that is not a finite number, as ``metrics --json`` writes it: JSON has no NaN or
+# Infinity (jq and JSON.parse refuse Python's bare NaN), so these three strings, the names
+# JavaScript's String() gives them; every finite value stays a number.
+NOT_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def json_value(value: float) -> float | str:
+    """A metric value for JSON: itself, or ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
+    return value if math.isfinite(value) else NOT_FINITE[repr(value)]
+
+
+def json_points(run: RunData, names: Sequence[str]) -> list[dict[str, Any]]:
+    """The run's points for ``metrics --json`` (a value that is not finite as a string)."""
+    return [{"process": p, "step": s, "t": t,
+             "values": {n: json_value(v) for n, v in zip(names, values, strict=True)
+                        if v is not None}}
+            for p, s, t, values in iter_rows(run.table, names)
+            if any(v is not None for v in values)]
+
+
 def _dumps(doc: Any) -> str:
     import json
 
-    return json.dumps(doc, default=str)
+    return json.dumps(doc, default=str, allow_nan=False)
 
 
 def csv_text(runs: Sequence[RunData], names: Sequence[str]) -> str:
@@ -165,7 +188,7 @@ def csv_text(runs: Sequence[RunData], names: Sequence[str]) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["run_id", "host", "process", "step", "time_utc", "t", *names])
     for run in runs:
-        for process, step, t, values in iter_rows(run.points, names):
+        for process, step, t, values in iter_rows(run.table, names):
             if all(v is None for v in values):
                 continue
             writer.writerow([run.run_id, run.host, process, step,
@@ -190,7 +213,7 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
                    f"{len(run.points)} records, {span}")
         rows = []
         for name in names:
-            values = [v for _, _, v in by_step(run.points, name)]
+            values = [v for _, _, v in run.series(name)]
             if values:
                 rows.append([name, str(len(values)), f"{values[0]:.4g}", f"{values[-1]:.4g}",
                              f"{min(values):.4g}", f"{max(values):.4g}"])
@@ -217,8 +240,14 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
     chosen = list(metrics) or [m for m in DEFAULT_PLOT if m in names] or names[:1]
     _say_empty(reporter, runs)
     curves = [(metric, [Curve(run.label(), metric,
-                              [(s, v) for s, _, v in by_step(run.points, metric)])
+                              [(s, v) for s, _, v in run.series(metric)])
                         for run in runs]) for metric in chosen]
+    if not reporter.json_mode:  # served beside the trainer's estimate, on its chart
+        for metric, row in curves:
+            if metric == "train/eal" and SERVED not in chosen:
+                row += [Curve(f"{run.label()} served", SERVED,
+                              [(s, v) for s, _, v in run.series(SERVED)])
+                        for run in runs if any(SERVED in p.values for p in run.points)]
     if reporter.json_mode:
         reporter.emit_json({"curves": [
             {"metric": metric, "run_id": run.run_id, "host": run.host,

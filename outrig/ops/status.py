@@ -9,6 +9,7 @@ from typing import Any
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError
+from outrig.evaluations.served import served_trend
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
 from outrig.metricstore import loss_trends, remember_samples
@@ -140,11 +141,13 @@ EVALUATION_KEYS = ("eval_id", "checkpoint", "method", "acceptance_length", "per_
 
 def mark_evaluations(result: dict[str, Any], session: HostSession) -> None:
     """Each run's newest ``outrig evaluate`` of its checkpoints (from the journal), as
-    ``evaluation``: what the drafter is worth on vLLM, beside the trainer's own metrics."""
+    ``evaluation``: what the drafter is worth on vLLM, beside the trainer's own metrics;
+    and ``served``, the acceptance length per evaluated checkpoint step."""
     for run in result.get("runs") or []:
         found = session.journal.evaluations(run_id=str(run.get("run_id")))
         if found:
             run["evaluation"] = {k: found[0].get(k) for k in EVALUATION_KEYS}
+            run["served"] = [list(row) for row in served_trend(found)]
 
 
 def evaluation_lines(result: dict[str, Any]) -> list[str]:
@@ -160,6 +163,10 @@ def evaluation_lines(result: dict[str, Any]) -> list[str]:
                      f"{fmt(ev.get('acceptance_length'))}, per position "
                      f"{' '.join(fmt(p) for p in ev.get('per_position') or []) or '-'}, "
                      f"speedup {fmt(ev.get('speedup'))}× (outrig evaluate --compare)")
+        served = run.get("served") or []
+        if len(served) > 1:
+            lines.append(f"run {run.get('run_id')}: served acceptance length by checkpoint "
+                         "step: " + ", ".join(f"{s} {fmt(v)}" for s, v in served[-8:]))
     return lines
 
 

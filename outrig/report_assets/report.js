@@ -105,6 +105,7 @@
       }]}
     };
     new uPlot(opts, data, box);
+    if (spec.note) add(box, "p", spec.note, "meta");  /* values no chart can draw */
   }
 
   function sorted(xs, ys) {
@@ -195,7 +196,8 @@
       });
       chart(row, {id: c.id + "-" + kind, kind: kind, title: c.title, metrics: c.metrics,
                   xlabel: kind === "step" ? "step" : TIME_LABEL, tables: tables, labels: labels,
-                  colours: colours, dashes: dashes, markers: kind === "time" ? markers : []});
+                  colours: colours, dashes: dashes, markers: kind === "time" ? markers : [],
+                  note: kind === "step" ? c.note : null});
     });
   });
 

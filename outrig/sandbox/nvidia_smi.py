@@ -211,6 +211,23 @@ def refuse_fields(gpu_dir: Path, fields: Sequence[str]) -> None:
     write_inventory(gpu_dir, inv)
 
 
+# How a broken driver answers (set_driver_failure): "unreachable" is the real tool's answer
+# when the kernel module is not loaded or the GPU fell off the bus (exit 9, on stdout);
+# "hang" never answers (the agent gives up after its 10 s bound).
+DRIVER_FAILURES = ("unreachable", "hang")
+UNREACHABLE = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+               "Make sure that the latest NVIDIA driver is installed and running.")
+
+
+def set_driver_failure(gpu_dir: Path, failure: Optional[str]) -> None:
+    """Every call fails as :data:`DRIVER_FAILURES` says (None: the driver answers again)."""
+    if failure is not None and failure not in DRIVER_FAILURES:
+        raise ValueError(f"driver failure {failure!r}: one of {', '.join(DRIVER_FAILURES)}")
+    inv = load_inventory(gpu_dir)
+    inv["driver_failure"] = failure
+    write_inventory(gpu_dir, inv)
+
+
 def load_inventory(gpu_dir: Path) -> Dict[str, Any]:
     """Read ``inventory.json``; a missing file reads as a box without GPUs."""
     try:
@@ -321,15 +338,15 @@ def gpu_rows(gpu_dir: Path) -> List[Dict[str, Any]]:
         mine = [h for h in holders if h["gpu"] == idx]
         used = min(sum(h["mib"] for h in mine), total - reserved)
         util = max([h["util"] for h in mine] or [0])
-        health = {**HEALTHY, **(BUSY if mine else {}),
-                  **{str(k): str(v) for k, v in (g.get("health") or {}).items()}}
         rows.append({
-            **health,
+            **HEALTHY, **(BUSY if mine else {}),
             "index": idx, "uuid": str(g["uuid"]), "name": str(g["name"]),
             "memory.total": total, "memory.used": used, "memory.reserved": reserved,
             "memory.free": total - reserved - used, "utilization.gpu": util,
             "pci.bus_id": bus_id(idx), "driver_version": str(inv.get("driver") or DEFAULT_DRIVER),
             "count": len(gpus),
+            # what set_gpu_fields set wins, inventory numbers too (a driver that lies)
+            **{str(k): str(v) for k, v in (g.get("health") or {}).items()},
         })
     return rows
 
@@ -496,6 +513,12 @@ def main(argv: Optional[List[str]] = None, gpu_dir: Optional[Path] = None) -> in
     query_remap_spec: Optional[str] = None
     fmt: Optional[str] = None
     ids: Optional[List[int]] = None
+    failure = load_inventory(gdir).get("driver_failure")
+    if failure == "hang":
+        time.sleep(3600)
+    if failure == "unreachable":
+        print(UNREACHABLE, end="\n\n")
+        return 9
     i = 0
     try:
         while i < len(args):

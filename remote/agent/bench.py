@@ -7,7 +7,12 @@ workstation: no tunnel, and the timing is the server's, not the link's. One call
 ``/metrics`` again until two reads ``settle`` seconds apart agree: vLLM updates its Prometheus
 counters from the output loop, which may run just after an answer went out. It returns the
 ``vllm:spec_decode`` lines of both reads (the workstation parses them), the completion tokens
-(``usage.completion_tokens``), the wall time and the errors.
+(``usage.completion_tokens``), the wall time and the errors, and one record per request
+(``per_request``): its prompt's ``category``, its tokens, the time to the first streamed
+token, each gap between streamed chunks (what ``vllm bench serve`` calls ITL), its latency,
+and vLLM's per-request ``metrics.speculative_decoding`` when the server was started with
+``--per-request-spec-decode-metrics`` (vLLM puts it on the final usage chunk of a stream, so
+every request is streamed with ``stream_options.include_usage``).
 
 With ``check_only`` it only reads the prompts (a file on the box, or the last conversations of
 training files) and says how many there are, so a missing or malformed file is refused before
@@ -80,11 +85,26 @@ def parse_prompt_lines(text: str, where: str) -> Tuple[List[JSONDict], List[str]
         why = check_item(obj)
         if why:
             problems.append(f"{where}:{number}: {why}")
-        elif "prompt" in obj and isinstance(obj["prompt"], str):
-            items.append({"prompt": obj["prompt"]})
         else:
-            items.append({"messages": [_message(t) for t in obj["messages"]]})
+            item: JSONDict = ({"prompt": obj["prompt"]} if isinstance(obj.get("prompt"), str)
+                              else {"messages": [_message(t) for t in obj["messages"]]})
+            category = obj.get("category")
+            if isinstance(category, str) and category:
+                item["category"] = category
+            elif category is not None:
+                problems.append(f"{where}:{number}: \"category\" must be a non-empty string")
+                continue
+            items.append(item)
     return items, problems
+
+
+def prompts_digest(prompts: List[JSONDict]) -> str:
+    """sha256 of the prompts as sent (canonical JSON, category included): the prompt set's
+    identity in an evaluation's provenance and in the cached baseline's key."""
+    import hashlib
+
+    text = json.dumps(prompts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def conversation_prompt(record: Any) -> Optional[JSONDict]:
@@ -197,44 +217,128 @@ def read_metrics(base_url: str) -> str:
     return "\n".join(line for line in text.splitlines() if METRIC_PREFIX in line) + "\n"
 
 
+def _stream(url: str, body: JSONDict, timeout: float) -> Tuple[int, str, JSONDict]:
+    """POST a streaming request; (status, error text, what was measured). Measured: the
+    seconds from sending to the first chunk that carries text (``ttft``), the gaps between
+    such chunks (``itl``), the total (``latency``), and the last ``usage`` and ``metrics``
+    seen (vLLM sends both on the final chunk when ``include_usage`` is set)."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"),
+                                     headers={"Content-Type": "application/json"})
+    got: JSONDict = {"ttft": None, "itl": [], "usage": None, "metrics": None}
+    started = time.monotonic()
+    last = None
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    continue
+                if isinstance(chunk.get("error"), dict):
+                    return 500, json.dumps(chunk)[:300], got
+                if chunk.get("usage"):
+                    got["usage"] = chunk["usage"]
+                if chunk.get("metrics"):
+                    got["metrics"] = chunk["metrics"]
+                if _has_text(chunk):
+                    now = time.monotonic()
+                    if last is None:
+                        got["ttft"] = now - started
+                    else:
+                        got["itl"].append(now - last)
+                    last = now
+            got["latency"] = time.monotonic() - started
+            return response.status, "", got
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace"), got
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        # a server that died mid-answer: IncompleteRead is an HTTPException, not an OSError
+        return 0, f"{type(exc).__name__}: {exc}", got
+
+
+def _has_text(chunk: JSONDict) -> bool:
+    """A chunk that carries generated text (a completion's ``text``, a chat ``delta``)."""
+    for choice in chunk.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if choice.get("text") or (isinstance(delta, dict) and (
+                delta.get("content") or delta.get("reasoning_content")
+                or delta.get("reasoning"))):
+            return True
+    return False
+
+
+def _ms(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
 class Sender:
-    """The requests of one bench, sent by ``concurrency`` threads; counts and errors."""
+    """The requests of one bench, sent by ``concurrency`` threads; counts, errors and one
+    record per answered request."""
 
     def __init__(self, base_url: str, model: str, prompts: List[JSONDict], max_tokens: int,
-                 temperature: float, timeout: float) -> None:
+                 temperature: float, timeout: float,
+                 chat_kwargs: Optional[JSONDict] = None) -> None:
         self.base_url, self.model, self.prompts = base_url, model, prompts
         self.max_tokens, self.temperature, self.timeout = max_tokens, temperature, timeout
+        self.chat_kwargs = chat_kwargs
         self.lock = threading.Lock()
         self.next = 0
         self.done = 0
         self.tokens = 0
         self.failed = 0
         self.errors: List[str] = []
+        self.records: List[JSONDict] = []
         self.finished = 0.0  # time.monotonic() of the last answer
 
     def one(self, item: JSONDict) -> None:
         body: JSONDict = {"model": self.model, "max_tokens": self.max_tokens,
-                          "temperature": self.temperature}
+                          "temperature": self.temperature, "stream": True,
+                          "stream_options": {"include_usage": True}}
         if "prompt" in item:
             route = "/v1/completions"
             body["prompt"] = item["prompt"]
         else:
             route = "/v1/chat/completions"
             body["messages"] = item["messages"]
-        status, text = _http(self.base_url + route, body, self.timeout)
+            if self.chat_kwargs:
+                body["chat_template_kwargs"] = self.chat_kwargs
+        status, text, got = _stream(self.base_url + route, body, self.timeout)
         tokens, error = None, None
         if status == 200:
             try:
-                tokens = int(json.loads(text)["usage"]["completion_tokens"])
-            except (ValueError, KeyError, TypeError):
-                error = f"{route}: an answer without usage.completion_tokens: {text[:200]}"
+                tokens = int(got["usage"]["completion_tokens"])
+            except (KeyError, TypeError, ValueError):
+                error = f"{route}: a stream without usage.completion_tokens"
         else:
             error = f"{route} answered {status or 'nothing'}: {text[:300]}"
+        record: JSONDict = {}
+        if tokens is not None:
+            metrics = got.get("metrics")
+            if not isinstance(metrics, dict):
+                metrics = {}
+            record = {"category": item.get("category"), "tokens": tokens,
+                      "ttft_ms": _ms(got.get("ttft")), "latency_ms": _ms(got.get("latency")),
+                      "itl_ms": [_ms(g) for g in got["itl"]],
+                      "spec": metrics.get("speculative_decoding")}
         with self.lock:
             self.done += 1
             self.finished = time.monotonic()
             if tokens is not None:
                 self.tokens += tokens
+                self.records.append(record)
             else:
                 self.failed += 1
                 if len(self.errors) < MAX_ERRORS_KEPT:
@@ -292,12 +396,15 @@ def op_bench(req: Request, out: Emitter) -> JSONDict:
     prompts = load_prompts(req, count)
     kinds = sorted({"messages" if "messages" in p else "prompt" for p in prompts})
     if get_bool(raw, "check_only", "", False):
-        return {"prompts": len(prompts), "kinds": kinds}
+        return {"prompts": len(prompts), "kinds": kinds,
+                "prompts_sha256": prompts_digest(prompts)}
     base_url = get_str(raw, "base_url", "").rstrip("/")
     model = get_str(raw, "model", "")
     sender = Sender(base_url, model, prompts, int(get_num(raw, "max_tokens", "", 64, True)),
                     get_num(raw, "temperature", "", 0.0),
-                    get_num(raw, "timeout", "", 600.0, positive=True))
+                    get_num(raw, "timeout", "", 600.0, positive=True),
+                    raw.get("chat_template_kwargs") if isinstance(
+                        raw.get("chat_template_kwargs"), dict) else None)
     out.step(f"sending {len(prompts)} request(s), {int(get_num(raw, 'concurrency', '', 4))} "
              f"at a time, to {base_url}")
     before = read_metrics(base_url)
@@ -312,6 +419,7 @@ def op_bench(req: Request, out: Emitter) -> JSONDict:
     return {"prompts": len(prompts), "kinds": kinds, "sent": sender.done,
             "failed": sender.failed, "errors": sender.errors,
             "completion_tokens": sender.tokens, "seconds": round(wall, 3),
-            "metrics_before": before, "metrics_after": after, "metric_reads": reads}
+            "metrics_before": before, "metrics_after": after, "metric_reads": reads,
+            "per_request": sender.records}
 
 

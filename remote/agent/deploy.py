@@ -42,7 +42,13 @@ from .layout import (
 )
 from .lock import WorkdirLock
 from .logs import tail_lines
-from .preflight import check_gpus, check_gpus_free, check_gpus_healthy, check_ports_free
+from .preflight import (
+    check_gpus,
+    check_gpus_free,
+    check_gpus_healthy,
+    check_gpus_readable,
+    check_ports_free,
+)
 from .probes import probe_completion, probe_http, probe_port, probe_served_model
 from .procs import boot_id, read_stat, require_proc
 from .protocol import PROTOCOL_VERSION
@@ -608,8 +614,10 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     if needs_gpus:  # GPU indices and holders must be known before anything is touched
         facts_thread.join(30)
         facts: JSONDict = (facts_box[0] if facts_box
-                           else {"gpus": [], "gpu_error": "nvidia-smi hung"})
+                           else {"gpus": [], "gpu_error": "nvidia-smi hung",
+                                 "gpu_unreadable": True})
         out.emit("facts", **facts)
+        check_gpus_readable(procs, facts, args.allow_unhealthy_gpu)
         check_gpus(procs, facts["gpus"])
         check_gpus_healthy(procs, facts, args.allow_unhealthy_gpu)
     else:  # nvidia-smi can take seconds on a real box: let it run while we launch

@@ -20,7 +20,10 @@ The rules, and why each:
   slow P-state while the GPU is not idle, a PCIe link narrower (or, while busy, slower) than
   the card's maximum, ECC switched off.
 * ``unknown``: a field nvidia-smi answers ``N/A`` / ``[Not Supported]`` for, a driver that
-  does not know the field, a kernel log this user may not read. Never ``ok`` by accident.
+  does not know the field, a kernel log this user may not read, and a value that lies: one
+  that is not a finite number in the field's range (:data:`RANGES`: ``nan``, ``inf``,
+  ``1e400``, a negative error count), named with the field it came in. Never ``ok`` by
+  accident.
 
 The Xid set follows NVIDIA's Xid catalog (https://docs.nvidia.com/deploy/xid-errors/
 analyzing-xid-catalog.html, "Resolution Bucket (Immediate Action)"): the Xids whose action is
@@ -31,6 +34,7 @@ seen but do not make a GPU ``bad``: they are what a crashing program leaves, not
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -104,6 +108,20 @@ XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]+):([0-9A-Fa-f]+):([0-9A-
 STAMP_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
 
 
+# The range each numeric field's value must fall in to be believed (inclusive). A count of
+# errors is a whole number from 0; the clocks reasons are a 64-bit mask; a PCIe link is x1
+# to x32 (x64 leaves room) and gen 1 to 6 (10 leaves room).
+RANGES: Dict[str, Tuple[float, float]] = {
+    "ecc.errors.corrected.volatile.total": (0, 2.0 ** 63),
+    "ecc.errors.uncorrected.volatile.total": (0, 2.0 ** 63),
+    "clocks_throttle_reasons.active": (0, 2.0 ** 64 - 1),
+    "pcie.link.gen.current": (1, 10),
+    "pcie.link.gen.max": (1, 10),
+    "pcie.link.width.current": (1, 64),
+    "pcie.link.width.max": (1, 64),
+}
+
+
 def missing(value: Any) -> bool:
     """Whether nvidia-smi gave no value: ``N/A``, ``[N/A]``, ``[Not Supported]``, ``Unknown
     Error`` or nothing at all (an older driver, or a field this GPU does not have)."""
@@ -120,9 +138,34 @@ def number(value: Any) -> Optional[float]:
         return None
     text = str(value).strip().split()[0]
     try:
-        return float(int(text, 16)) if text.lower().startswith("0x") else float(text)
-    except ValueError:
+        found = float(int(text, 16)) if text.lower().startswith("0x") else float(text)
+    except (ValueError, OverflowError):
         return None
+    return found if math.isfinite(found) else None
+
+
+def reading(fields: JSONDict, field: str) -> Tuple[Optional[float], Optional[str]]:
+    """A numeric health field as ``(value, None)``; ``(None, None)`` when nvidia-smi gave
+    none (``N/A``); ``(None, why)`` when it gave one that lies: not a number, not finite
+    (``nan``, ``inf``, ``1e400``), not whole where it counts, or outside :data:`RANGES`."""
+    raw = fields.get(field)
+    if missing(raw):
+        return None, None
+    value = number(raw)
+    low, high = RANGES.get(field, (-math.inf, math.inf))
+    if value is not None and low <= value <= high and value == int(value):
+        return value, None
+    shown = str(raw).strip()[:40]
+    span = f"from {low:g}" + (f" to {high:g}" if high < 2 ** 53 else "")
+    return None, (f"nvidia-smi answered {shown!r} for {field}, which is not a finite whole "
+                  f"number {span}: the value cannot be believed")
+
+
+def _lie(check: str, field: str, fields: JSONDict, why: str) -> JSONDict:
+    """The ``unknown`` finding of a field whose value lies (:func:`reading`)."""
+    return finding(check, UNKNOWN, field, str(fields.get(field)).strip()[:40], why,
+                   "look at nvidia-smi -q on the box; a driver answering this needs a "
+                   "reboot or the provider's attention")
 
 
 def yes_no(value: Any) -> Optional[bool]:
@@ -194,9 +237,16 @@ def judge_gpu(gpu: JSONDict, xid: Optional[JSONDict] = None,
         found += _memory_repair(fields, index)
         found += _clocks(fields)
         found += _pcie(fields)
+    lies = gpu.get("bad_values")
+    for field, raw in sorted(lies.items()) if isinstance(lies, dict) else []:
+        found.append(finding("inventory", UNKNOWN, str(field), str(raw)[:40],
+                             f"nvidia-smi answered {str(raw)[:40]!r} for {field}, which is "
+                             "not a finite whole number from 0: the value cannot be believed",
+                             "look at nvidia-smi -q on the box; a driver answering this "
+                             "needs a reboot or the provider's attention"))
     found += _xids(gpu, xid, index, box_buses or [])
     verdict = max((f["verdict"] for f in found), key=lambda v: RANK[v], default=OK)
-    corrected = number(fields.get("ecc.errors.corrected.volatile.total"))
+    corrected = reading(fields, "ecc.errors.corrected.volatile.total")[0]
     return {"index": index, "uuid": gpu.get("uuid"), "verdict": verdict, "findings": found,
             "corrected": None if corrected is None else int(corrected)}
 
@@ -218,8 +268,10 @@ def _ecc(fields: JSONDict, index: Any, previous: Optional[JSONDict],
     out: List[JSONDict] = []
     mode = fields.get("ecc.mode.current")
     unc_field = "ecc.errors.uncorrected.volatile.total"
-    unc = number(fields.get(unc_field))
-    if unc is None:
+    unc, lie = reading(fields, unc_field)
+    if lie is not None:
+        out.append(_lie("ecc", unc_field, fields, lie))
+    elif unc is None:
         if str(mode or "").strip().lower() == "disabled":
             out.append(finding("ecc", WARN, "ecc.mode.current", mode,
                                "ECC is off: memory errors go undetected",
@@ -236,7 +288,9 @@ def _ecc(fields: JSONDict, index: Any, previous: Optional[JSONDict],
     else:
         out.append(finding("ecc", OK, unc_field, 0, "no uncorrectable ECC errors"))
     cor_field = "ecc.errors.corrected.volatile.total"
-    cor = number(fields.get(cor_field))
+    cor, lie = reading(fields, cor_field)
+    if lie is not None:
+        out.append(_lie("ecc_corrected", cor_field, fields, lie))
     before = previous.get("corrected") if previous and previous.get("uuid") in (None, uuid) \
         else None
     if cor is not None and isinstance(before, (int, float)) and cor > before:
@@ -280,7 +334,9 @@ def _memory_repair(fields: JSONDict, index: Any) -> List[JSONDict]:
 
 def _clocks(fields: JSONDict) -> List[JSONDict]:
     field = "clocks_throttle_reasons.active"
-    reasons = number(fields.get(field))
+    reasons, lie = reading(fields, field)
+    if lie is not None:
+        return [_lie("clocks", field, fields, lie)]
     if reasons is None:
         return [finding("clocks", UNKNOWN, field, fields.get(field),
                         "the driver does not report why the clocks are held down")]
@@ -308,10 +364,13 @@ def _clocks(fields: JSONDict) -> List[JSONDict]:
 
 
 def _pcie(fields: JSONDict) -> List[JSONDict]:
-    width, wmax = number(fields.get("pcie.link.width.current")), number(
-        fields.get("pcie.link.width.max"))
-    gen, gmax = number(fields.get("pcie.link.gen.current")), number(
-        fields.get("pcie.link.gen.max"))
+    read = {f: reading(fields, f) for f in ("pcie.link.width.current", "pcie.link.width.max",
+                                             "pcie.link.gen.current", "pcie.link.gen.max")}
+    lies = [_lie("pcie", f, fields, why) for f, (_, why) in read.items() if why is not None]
+    if lies:
+        return lies
+    width, wmax = read["pcie.link.width.current"][0], read["pcie.link.width.max"][0]
+    gen, gmax = read["pcie.link.gen.current"][0], read["pcie.link.gen.max"][0]
     if width is None:
         return [finding("pcie", UNKNOWN, "pcie.link.width.current",
                         fields.get("pcie.link.width.current"),
@@ -324,7 +383,7 @@ def _pcie(fields: JSONDict) -> List[JSONDict]:
                         f"PCIe link trained to x{int(width)} of the card's x{int(wmax)}: "
                         "copies between host and GPU run at a fraction of their speed",
                         "ask the provider to reseat the card, or " + ANOTHER_BOX)]
-    idle = (int(number(fields.get("clocks_throttle_reasons.active")) or 0) & IDLE_BIT) != 0
+    idle = (int(reading(fields, "clocks_throttle_reasons.active")[0] or 0) & IDLE_BIT) != 0
     if gen is not None and gmax is not None and gen < gmax and not idle:
         # an idle GPU lowers its link generation to save power: judged only while busy
         return [finding("pcie", WARN, "pcie.link.gen.current", int(gen),

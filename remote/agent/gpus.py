@@ -4,6 +4,7 @@ to be released after a stop."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import re
@@ -23,22 +24,39 @@ from .layout import Layout, list_run_ids, read_json
 from .procs import boot_id, read_stat, scan_procs
 from .stopping import Stopper, valid_record
 
+CSV_INT_MAX = 2 ** 53  # no count, MiB or pid nvidia-smi prints comes near it
+
 
 def _csv_int(text: str) -> Optional[int]:
-    """An nvidia-smi number; "[N/A]", "N/A" and the like become None."""
+    """An nvidia-smi number; "[N/A]", "N/A" and the like become None, and so does a value
+    that lies: not a number, not finite (``nan``, ``inf``, ``1e400``), negative or past
+    :data:`CSV_INT_MAX` (:func:`csv_lie` tells the two apart)."""
     text = text.strip()
     if not text or "N/A" in text or text.startswith("["):
         return None
     try:
-        return int(float(text))
+        value = float(text)
     except ValueError:
         return None
+    if not math.isfinite(value) or not 0 <= value <= CSV_INT_MAX:
+        return None
+    return int(value)
+
+
+def csv_lie(text: str) -> bool:
+    """Whether nvidia-smi gave a value (not ``N/A``) that :func:`_csv_int` cannot believe."""
+    text = text.strip()
+    return bool(text) and "N/A" not in text and not text.startswith("[") \
+        and _csv_int(text) is None
 
 
 GPU_QUERY = (
     "index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu,pci.bus_id,"
     "driver_version"
 )
+# The inventory's numbers, with where each is counted from the right of a CSV line.
+INVENTORY_NUMBERS = (("memory.total", -6), ("memory.used", -5), ("memory.free", -4),
+                     ("utilization.gpu", -3))
 HEALTH_QUERY = ",".join(HEALTH_FIELDS)  # asked in the same nvidia-smi run (query_gpus)
 APPS_QUERY = "pid,used_memory,gpu_uuid,process_name"
 
@@ -95,6 +113,9 @@ def parse_gpu_csv(text: str, health: bool = False) -> List[JSONDict]:
             "pci_bus_id": cells[-2],
             "driver": cells[-1],
         }
+        lies = {field: cells[at][:40] for field, at in INVENTORY_NUMBERS if csv_lie(cells[at])}
+        if lies:  # judged unknown, each field named (gpu_judge.judge_gpu)
+            gpu["bad_values"] = lies
         if health:
             gpu["health"] = dict(zip(HEALTH_FIELDS, raw))
         gpus.append(gpu)
@@ -168,7 +189,8 @@ def gather_facts(queried: Optional[GpuQuery] = None) -> JSONDict:
     box without GPUs has no Xids to read)."""
     xid_box: List[JSONDict] = []
     worker: Optional[threading.Thread] = None
-    if shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath)) is not None:
+    present = shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath)) is not None
+    if present:
         worker = threading.Thread(target=lambda: xid_box.append(read_xid_lines()), daemon=True)
         worker.start()
     gpus, gpu_error = queried if queried is not None else query_gpus()
@@ -181,6 +203,9 @@ def gather_facts(queried: Optional[GpuQuery] = None) -> JSONDict:
         "boot_id": boot_id(),
         "gpus": gpus,
         "gpu_error": gpu_error,
+        # the box has a driver tool that failed (exit 9, a hang): its GPUs cannot be read,
+        # which is not the same as a box without GPUs (no nvidia-smi at all)
+        "gpu_unreadable": present and gpu_error is not None,
     }
     if gpus:
         facts["xid"] = xid_box[0] if xid_box else {"lines": None,
@@ -360,7 +385,10 @@ def gpu_audit_queried(layout: Layout, stopper: Stopper) -> Tuple[JSONDict, GpuQu
         holder.update(gpu_index=None, gpu_uuid=None, used_mib=None, devices=minors,
                       source="fd", owner=owners.owner(pid))
         holders.append(holder)
-    audit = {"gpus": gpus, "holders": holders, "error": gpu_error or apps_error}
+    present = shutil.which("nvidia-smi", path=os.environ.get("PATH", os.defpath)) is not None
+    audit = {"gpus": gpus, "holders": holders, "error": gpu_error or apps_error,
+             # nvidia-smi is there but failed or hung: who holds a GPU was not seen
+             "unreadable": present and gpu_error is not None}
     return audit, (gpus, gpu_error)
 
 

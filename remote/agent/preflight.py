@@ -146,6 +146,27 @@ def check_gpus_free(audit: JSONDict, needed: Set[int], previous: Optional[str],
     )
 
 
+def check_gpus_readable(procs: List[ProcSpec], facts: JSONDict, allow: bool) -> None:
+    """``gpu_unhealthy`` when a process is given GPUs and the box's nvidia-smi is there but
+    cannot read them (``could not communicate with the NVIDIA driver``, exit 9, or a hang):
+    a driver that fails is no better than a GPU that reports errors, and the processes would
+    start on GPUs nobody could see. ``--allow-unhealthy-gpu`` places them anyway."""
+    if allow or not facts.get("gpu_unreadable"):
+        return
+    users = [p.name for p in procs if p.gpus]
+    if not users:
+        return
+    raise AgentError(
+        "gpu_unhealthy",
+        f"the box's GPUs cannot be read ({facts.get('gpu_error') or 'nvidia-smi failed'}), so "
+        f"whether GPU(s) {', '.join(str(g) for g in sorted({g for p in procs for g in p.gpus}))}"
+        f" (given to {', '.join(users)}) exist, are free and are healthy is unknown. Nothing "
+        "was stopped or started. Look at the driver (nvidia-smi on the box; a reboot often "
+        "brings it back; on a rented box: ask the provider for another box), or deploy with "
+        "--allow-unhealthy-gpu to start the processes anyway.",
+        users[0])
+
+
 def check_gpus_healthy(procs: List[ProcSpec], facts: JSONDict, allow: bool) -> None:
     """``gpu_unhealthy`` when a GPU a process is given is ``bad`` (gpu_judge.py: uncorrectable
     ECC errors, a pending or failed row remap, a fatal Xid), unless the request allows it

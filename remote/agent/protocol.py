@@ -138,7 +138,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
         "prompts_path": f("str|null"), "conversations": f("list|null"), "requests": f("int"),
         "concurrency": f("int"), "max_tokens": f("int"), "temperature": f("num"),
         "timeout": f("num"), "settle": f("num"), "check_only": f("bool"),
-        "progress_interval": f("num"),
+        "progress_interval": f("num"), "chat_template_kwargs": f("dict|null"),
     },
 }
 OPS: Tuple[str, ...] = tuple(REQUESTS)
@@ -157,8 +157,9 @@ RESULTS: Dict[str, Tuple[str, ...]] = {
     "revoke_key": ("removed",),
     "peer_keygen": ("public_key", "has_ssh"),
     "checkpoints": ("save_path", "exists", "checkpoints", "others"),  # and "now" if it exists
+    # bench with check_only: prompts, kinds, prompts_sha256
     "bench": ("prompts", "kinds", "sent", "failed", "errors", "completion_tokens", "seconds",
-              "metrics_before", "metrics_after", "metric_reads"),  # check_only: the first two
+              "metrics_before", "metrics_after", "metric_reads", "per_request"),
 }
 
 

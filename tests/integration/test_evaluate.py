@@ -114,7 +114,7 @@ def test_gpus_a_running_run_holds_are_refused_naming_it(box_project: Path,
 def test_a_generic_playbook_without_the_keys_is_refused(box_project: Path, box_host: Path) -> None:
     write(box_project, "n", {"processes": {"a": {"command": "true"}}})
     done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "n")
-    refused(done, box_host, "evaluate.model", "evaluate.speculative", "evaluate.prompts")
+    refused(done, box_host, "evaluate.model", "evaluate.speculative")
     write(box_project, "m", generic({"prompts": "box:eval.jsonl"}))
     done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "m",
                   "--checkpoint", "/ckpt/3")
@@ -136,3 +136,33 @@ def test_a_playbook_named_unlike_its_file_is_found_by_either_spelling(
     done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "nosuch")
     assert done.returncode == 2 and "nosuch" in done.stderr, done.stderr
     assert "no complete checkpoint" not in " ".join(done.stderr.split()), done.stderr
+
+
+def test_the_flags_make_an_evaluation_and_bad_ones_are_refused(box_project: Path,
+                                                              box_host: Path) -> None:
+    """Without a playbook: --model and --speculative (bad JSON, a missing prompts file) and
+    the command's own flags (--k, --baseline) are refused before anything starts."""
+    host = ["evaluate", "--host", box_host.stem]
+    ngram = '{"method": "ngram", "num_speculative_tokens": 3}'
+    for args, needle in (
+            (["--model", "/models/m", "--speculative", "{method"], "--speculative: not JSON"),
+            (["--model", "/models/m"], "--model needs --speculative JSON"),
+            (["--speculative", ngram], "go with --model M"),
+            (["--model", "/models/m", "--speculative", ngram, "--prompts", "nope.jsonl"],
+             "evaluate.prompts: prompts file"),
+            (["--model", "/models/m", "--speculative", ngram, "--sweep-k", "3,3"], "--sweep-k 3,3"),
+            (["--model", "/models/m", "--speculative", ngram, "--baseline", "stale"],
+             "--baseline stale")):
+        refused(outrig(box_project, *host, *args), box_host, needle)
+
+
+def test_an_evaluate_only_playbook_is_refused_by_deploy(box_project: Path,
+                                                        box_host: Path) -> None:
+    write(box_project, "ev", {"evaluate": {"model": "/models/m",
+                                           "speculative": {"method": "ngram"}}})
+    done = outrig(box_project, "deploy", "--host", box_host.stem, "--playbook", "ev")
+    assert done.returncode == 2, done.stderr
+    assert "has only an evaluate: section and deploys nothing" in " ".join(
+        done.stderr.split()), done.stderr
+    assert not (workdir(box_host) / "runs").is_dir() or not list(
+        (workdir(box_host) / "runs").iterdir())

@@ -162,3 +162,118 @@ def test_ctrl_c_while_the_server_starts_stops_it(box_project: Path, box_host: Pa
     while marked(run_id) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert marked(run_id) == []
+
+
+CATEGORY_PROMPTS = {"repeat": "the fox the fox the fox the fox the fox the fox",
+                    "count": "one two three one two three one two three one two"}
+
+
+def test_an_evaluate_only_playbook_gives_levels_categories_and_a_cached_baseline(
+        box_project: Path, box_host: Path, vllm_python: str, verifier: dict[str, str]
+        ) -> None:
+    """An evaluate-only playbook (no processes) with ngram, prompts in two categories, two
+    concurrency levels: each level has tokens/s, TTFT, TPOT and ITL percentiles and the
+    baseline's speedup; every figure per category; vLLM 0.32's per-request metrics (the CPU
+    build has --per-request-spec-decode-metrics) give a distribution whose sums equal the
+    counters'. A second evaluation of another k reuses the cached baseline: one server
+    starts, not two. The card is written."""
+    prompts = box_project / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": cat, "prompt": f"{i} {text}"}) + "\n"
+                               for i in range(3) for cat, text in CATEGORY_PROMPTS.items()))
+    playbook = {"name": "evonly",
+                "evaluate": {"model": verifier["model"], "prompts": "prompts.jsonl",
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 3,
+                                             "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+                             "requests": 6, "concurrency": [1, 3], "max_tokens": 24,
+                             "settle": 3, "server": server_settings(vllm_python)}}
+    (box_project / "playbooks" / "evonly.yaml").write_text(yaml.safe_dump(playbook))
+    workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])
+
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "evonly", "--json"],
+                  box_project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    check_stopped(doc, workdir)
+    assert len(doc["server_runs"]) == 2 and doc["baseline_cached"] is False
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 3]
+    for level in doc["levels"]:
+        assert level["requests"] == 6 and level["completion_tokens"] > 0
+        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+            assert set(level[key]) == {"p50", "p95", "p99"} and level[key]["p50"] > 0, key
+        assert level["baseline"]["tokens_per_s"] > 0 and level["baseline"]["cached"] is False
+        assert level["speedup"] == pytest.approx(
+            level["tokens_per_s"] / level["baseline"]["tokens_per_s"], rel=1e-3)
+        assert sorted(level["categories"]) == ["count", "repeat"]
+        assert all(c["requests"] == 3 for c in level["categories"].values())
+    # the per-request metrics against the counters of the same window
+    first = doc["levels"][0]
+    dist = first["per_request"]
+    assert dist is not None, doc.get("per_request_note")
+    assert dist["requests"] == 6 and dist["p10"] <= dist["p50"] <= dist["p90"] <= 4.0
+    assert sum(b["requests"] for b in dist["histogram"]) == 6
+    assert sum(dist["accepted_per_step"]) == first["drafts"]
+    assert sum(j * n for j, n in enumerate(dist["accepted_per_step"])) == \
+        first["accepted_tokens"]
+    assert dist["step_weighted"] == pytest.approx(first["acceptance_length"], abs=1e-3)
+    # the headline is the counters over both levels, as the server logged them
+    accepted, drafted, _ = logged(workdir, doc["server_runs"][0])
+    assert (accepted, drafted) == (doc["accepted_tokens"], doc["draft_tokens"])
+    prov = doc["provenance"]
+    assert prov["vllm"] == "0.32.0" and prov["gpu"] == "cpu"
+    assert prov["num_speculative_tokens"] == 3 and len(prov["prompts_sha256"]) == 64
+    argv = doc["commands"]["servers"][0]
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    assert "--per-request-spec-decode-metrics" not in doc["commands"]["servers"][1]
+
+    runs = workdir / "runs"
+    before = {p.name for p in runs.iterdir() if ".evaluate-" in p.name}
+    card = box_project / "card.md"
+    again = outrig(["evaluate", "--host", box_host.stem, "--playbook", "evonly", "--sweep-k", "2",
+                    "--card", str(card)], box_project)
+    assert again.returncode == 0, again.stderr[-4000:]
+    print(done.stderr, again.stdout, again.stderr, card.read_text(), sep="\n----\n")
+    listed = outrig(["evaluate", "--host", box_host.stem, "--playbook", "evonly", "--compare",
+                     "--json"], box_project)
+    second = json.loads(listed.stdout)["evaluations"][0]  # newest first
+    assert second["eval_id"] != doc["eval_id"]
+    assert second["eval_id"] in " ".join(again.stderr.split())
+    started = {p.name for p in runs.iterdir() if ".evaluate-" in p.name} - before
+    assert len(started) == 1 and started == set(second["server_runs"]), started
+    assert second["baseline_cached"] is True and second["num_speculative_tokens"] == 2
+    assert [lv["baseline"]["cached"] for lv in second["levels"]] == [True, True]
+    assert [lv["baseline"]["tokens_per_s"] for lv in second["levels"]] == [
+        lv["baseline"]["tokens_per_s"] for lv in doc["levels"]]
+    assert "baseline: reusing the cached one" in again.stderr
+    report = " ".join(again.stdout.split())
+    assert "(cached)" in report and "per request p10" in report and "per category" in report
+    text = card.read_text()
+    assert "| 1 |" in text and "| 3 |" in text and "--per-request-spec-decode-metrics" in text
+    assert f"Baseline cached from run {doc['server_runs'][1]}" in text
+    check_stopped(second, workdir)
+
+
+def test_the_smoke_set_is_sent_as_streamed_chat(box_project: Path, box_host: Path,
+                                                vllm_python: str, verifier: dict[str, str]
+                                                ) -> None:
+    """The default prompts of a generic playbook, outrig's smoke set, go to the real server's
+    /v1/chat/completions, streamed: every request answered with its latency figures, every
+    category of the first requests present (requests 6: the set's first six are code and
+    math), no baseline when turned off."""
+    playbook = {"name": "smoke",
+                "evaluate": {"model": verifier["model"],
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_max": 2, "prompt_lookup_min": 1},
+                             "requests": 6, "concurrency": 2, "max_tokens": 16,
+                             "baseline": False, "server": server_settings(vllm_python)}}
+    (box_project / "playbooks" / "smoke.yaml").write_text(yaml.safe_dump(playbook))
+    done = outrig(["evaluate", "--host", box_host.stem, "--playbook", "smoke", "--json"],
+                  box_project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    check_stopped(doc, Path(yaml.safe_load(box_host.read_text())["workdir"]))
+    assert doc["provenance"]["prompts"] == "smoke" and len(doc["server_runs"]) == 1
+    level = doc["levels"][0]
+    assert level["requests"] == 6 and level["completion_tokens"] > 0
+    assert level["ttft_ms"]["p50"] > 0 and level["baseline"] is None
+    assert sorted(level["categories"]) == ["code", "math"]
+    assert doc["per_request"] is not None and doc["per_request"]["requests"] == 6

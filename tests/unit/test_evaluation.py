@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def test_a_generic_playbook_names_every_missing_key() -> None:
     settings, problems = settings_for(EvaluateSpec(), None, {}, "p.yaml")
     assert settings is None
     assert [p.split(":")[1].strip() for p in problems] == [
-        "evaluate.model", "evaluate.speculative", "evaluate.prompts"]
+        "evaluate.model", "evaluate.speculative"]
 
 
 def test_run_dir_without_a_run_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -280,3 +281,70 @@ def test_an_evaluation_is_recorded_and_printed_without_the_playbooks_secrets(
         stored = [p.read_text() for p in journal.root.rglob("*.json")]
         assert stored and all(secret not in text for text in stored)
     assert secret in doc["checkpoint"]["path"], "the caller's document is left as it was"
+
+
+def capture(name: str) -> str:
+    return (FIXTURES / f"metrics-ngram-{name}.txt").read_text()
+
+
+def test_counters_that_went_backwards_are_refused_naming_the_counter() -> None:
+    """The reads swapped: what a server restart between them looks like (every counter
+    lower after the requests). Before: drafts -80, acceptance length 3.0, recorded."""
+    from outrig.evaluation import CountersUnusable
+
+    with pytest.raises(CountersUnusable) as refused:
+        measured(capture("after"), capture("before"))
+    text = str(refused.value)
+    assert "vllm:spec_decode_num_drafts_total went backwards" in text, text
+    assert "restarted" in text and "Nothing was recorded" in text
+    restarted = capture("after").replace("spec_decode_num_accepted_tokens_per_pos_total"
+                                         "{engine=\"0\",model_name=\"",
+                                         "spec_decode_ignored{model_name=\"")
+    with pytest.raises(CountersUnusable, match="went backwards"):
+        measured(capture("after"), restarted)  # only the per-position counters were reset
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
+def test_counters_that_are_not_finite_are_refused(value: str) -> None:
+    from outrig.evaluation import CountersUnusable
+
+    after = re.sub(r"^(vllm:spec_decode_num_drafts_total\{[^}]*\}) \S+", rf"\1 {value}",
+                   capture("after"), count=1, flags=re.M)
+    assert after != capture("after")
+    with pytest.raises(CountersUnusable) as refused:
+        measured(capture("before"), after)
+    assert f"vllm:spec_decode_num_drafts_total = {value}" in str(refused.value)
+    assert "not finite" in str(refused.value)
+
+
+def test_a_junk_metrics_page_is_refused_not_called_speculation_off(
+        tmp_path: Path) -> None:
+    """An answer with no vllm: sample at all is not vLLM's metrics: refused with what it
+    began with, never the "speculative decoding was not in effect" diagnosis."""
+    import io
+    from types import SimpleNamespace
+
+    from outrig.console import Reporter
+    from outrig.evaluation import CountersUnusable
+    from outrig.ops.evaluate_document import document
+
+    junk = "<html><body>502 Bad Gateway</body></html>\n"
+    with pytest.raises(CountersUnusable, match="not vLLM's metrics.*502 Bad Gateway"):
+        measured(capture("before"), junk)
+    with pytest.raises(CountersUnusable, match="read before the requests"):
+        measured("", capture("after"))
+    err = io.StringIO()
+    session = SimpleNamespace(host=SimpleNamespace(name="h"),
+                              reporter=Reporter(out=io.StringIO(), err=err))
+    bench = {"metrics_before": capture("before"), "metrics_after": junk,
+             "completion_tokens": 10, "seconds": 1.0, "sent": 1}
+    side = {"benches": [(1, bench)], "start_seconds": 1.0, "run_id": "r",
+            "speculative": {"method": "ngram", "num_speculative_tokens": 3}}
+    with pytest.raises(CountersUnusable):
+        document(session, SimpleNamespace(name="p"), None,  # type: ignore[arg-type]
+                 SimpleNamespace(model="m", max_tokens=8, concurrency=1,  # type: ignore[arg-type]
+                                 temperature=0.0),
+                 None, [side], {}, None, facts={}, command=[])
+    assert "not in effect" not in err.getvalue()
+    # a vLLM server without speculation is still told apart: its counters are just absent
+    assert measured("vllm:num_requests_running 0\n", "vllm:num_requests_running 0\n").drafts == 0

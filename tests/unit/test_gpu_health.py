@@ -323,3 +323,31 @@ def test_the_journal_remembers_the_last_look(tmp_path: Path) -> None:
     assert event["gpu"] == 0 and event["field"] == "remapped_rows.pending"
     assert "reset the GPU" in str(event["fix"])
     assert gpu_health.health_head(third) == "GPU health: 0 bad"
+
+
+@pytest.mark.parametrize("lie", ["nan", "-nan", "inf", "-inf", "1e400", "-3", "2.5",
+                                 "0x1ffffffffffffffff", "NaN W"])
+def test_every_numeric_field_that_lies_is_unknown_with_its_field_never_ok(lie: str) -> None:
+    """Each numeric health field answered with a value that is not a finite, in-range,
+    whole number: the GPU is ``unknown`` (never ``ok``, no exception) and the finding names
+    the field and the value. Before: ``nan``/``-3`` ECC judged ok, ``inf`` and ``1e400`` an
+    OverflowError, ``nan`` clocks a ValueError."""
+    for field in gpu_judge.RANGES:
+        health = {**capture_health(), field: lie}
+        verdict = gpu_judge.judge_gpu({"index": 0, "uuid": "GPU-x", "health": health},
+                                      {"lines": [], "error": None})
+        assert verdict["verdict"] == "unknown", (field, verdict)
+        named = [f for f in verdict["findings"] if f["field"] == field]
+        assert [f["verdict"] for f in named] == ["unknown"], (field, verdict["findings"])
+        assert repr(lie) in named[0]["why"]
+
+
+@pytest.mark.parametrize("lie", ["nan", "inf", "1e400", "-3"])
+def test_an_inventory_number_that_lies_is_none_and_named(lie: str) -> None:
+    line = f"0, GPU-x, NVIDIA H200, {lie}, 0, 143156, 0, 00000000:00:06.0, 580.159.04"
+    [gpu] = gpus.parse_gpu_csv(line)
+    assert gpu["memory_total_mib"] is None and gpu["bad_values"] == {"memory.total": lie}
+    verdict = gpu_judge.judge_gpu(gpu, {"lines": [], "error": None})
+    assert verdict["verdict"] == "unknown"
+    assert any(f["field"] == "memory.total" and f["verdict"] == "unknown"
+               for f in verdict["findings"])

@@ -188,6 +188,23 @@ def test_a_damaged_state_is_moved_aside_and_the_series_parsed_again(tmp_path: Pa
     assert any("unreadable journal record" in n for n in notes)
 
 
+def test_a_damaged_line_of_the_points_file_is_skipped_and_the_rest_read(
+        tmp_path: Path) -> None:
+    """The file is parsed in one piece (a million lines one by one cost seconds); a line
+    that is not JSON makes the read fall back to line by line, that line skipped."""
+    journal = Journal(tmp_path)
+    make_run(journal, "r1", "uk-node", H200)
+    store = MetricStore(journal, "r1")
+    store.ingest_mirror("uk-node", START)
+    whole = [(p.step, p.values[LOSS]) for p in store.points()]
+    data = store.path("points").read_bytes()
+    lines = data.splitlines(keepends=True)
+    damaged = b"".join([*lines[:5], b"{torn" + b" " * (len(lines[5]) - 6) + b"\n", *lines[6:]])
+    assert len(damaged) == len(data)  # the recorded size still covers every line
+    store.path("points").write_bytes(damaged)
+    assert [(p.step, p.values[LOSS]) for p in store.points()] == whole[:5] + whole[6:]
+
+
 def status_answer(run_id: str, text: str, gpus: list[dict[str, Any]],
                   secret_keys: list[str] | None = None) -> dict[str, Any]:
     """The raw status answer's shape (remote/agent/status.py op_status, gpus.py)."""

@@ -163,3 +163,27 @@ def test_a_report_without_metrics_still_opens(browser: Browser, tmp_path: Path) 
     assert state["done"] and state["errors"] == [] and browser.console_errors() == []
     assert state["charts"] == [] and state["events"] == 1  # its deploy
     shutil.rmtree(tmp_path / "state")
+
+
+def test_a_series_with_extreme_values_is_still_drawn(browser: Browser, tmp_path: Path) -> None:
+    """A loss holding ±1e308 (and NaN, ±Inf): uPlot drew no line at all for it (its range,
+    max - min, overflows); now the other values are drawn and the page says what it left
+    out."""
+    journal = Journal(tmp_path / "state")
+    log = make_run(journal, "wild", "uk-node", None)
+    values = ["1.5", "nan", "1.4", "inf", "1.3", "1e308", "1.2", "-inf", "-1e308", "1.1"]
+    log.write_text("".join(f"[08:31:{10 + step:02d}] INFO     train/loss={value}, "
+                           f"train/eal=1.0, global_step={step}\n"
+                           for step, value in enumerate(values)))
+    out = tmp_path / "wild.html"
+    write_report(Reporter(quiet=True), ["wild"], output=str(out), journal=journal)
+    state = open_report(browser, out)
+    assert state["done"] and state["errors"] == [] and browser.console_errors() == []
+    drawn = {c["id"]: c for c in state["charts"]}
+    loss = drawn["c0-step"]
+    assert loss["drawn"] and loss["points"] == 5, loss
+    painted = browser.evaluate(PAINTED)
+    assert min(painted) > 500
+    note = browser.evaluate("[...document.querySelectorAll('.chart p.meta')]"
+                            ".map(p => p.textContent)")
+    assert any("2 value(s) beyond ±1e+150 not drawn" in text for text in note), note

@@ -177,3 +177,110 @@ def test_an_unwritable_folder_is_refused_with_exit_2(journal: Journal, tmp_path:
     code, _out, err = outrig(["report", "--run", "old", "-o", target], capsys)
     assert code == 2, err
     assert f"-o {target}" in err and "Nothing was written" in err
+
+
+def test_evaluated_checkpoints_are_a_series_beside_train_eal(
+        journal: Journal, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Two evaluations of the old run's checkpoints (and one of a checkpoint evaluated again:
+    the newer counts): ``served/acceptance_length`` at the checkpoints' global steps in
+    metrics, on train/eal's chart in the report and the plot."""
+    from outrig.evaluations.served import SERVED
+
+    for eval_id, at, step, length in (("e1", 1.0, 2, 1.5), ("e2", 2.0, 5, 1.1),
+                                      ("e3", 3.0, 5, 1.25)):
+        journal.record_evaluation(eval_id, {"eval_id": eval_id, "run_id": "old", "at": at,
+                                            "checkpoint": {"path": f"/c/{step}",
+                                                           "global_step": step},
+                                            "acceptance_length": length,
+                                            "per_position": [length - 1]})
+    code, out, err = outrig(["metrics", "--run", "old", "--json", "--metric", SERVED], capsys)
+    assert code == 0, err
+    points = [(p["step"], p["values"][SERVED]) for run in json.loads(out)["runs"]
+              for p in run["points"] if SERVED in p["values"]]
+    assert points == [(2, 1.5), (5, 1.25)]
+    code, out, err = outrig(["report", "--run", "old"], capsys)
+    assert code == 0, err
+    html = (tmp_path / "outrig-report-old.html").read_text()
+    data = json.loads(re.search(r'id="outrig-data">(.*?)</script>', html, re.S).group(1))
+    chart = next(c for c in data["charts"] if SERVED in c["metrics"])
+    assert chart["metrics"] == ["train/eal", SERVED] and chart["title"] == "train/eal"
+    assert data["series"]["old"][SERVED]["v"] == [1.5, 1.25]
+    code, out, err = outrig(["plot", "--run", "old", "--metric", "train/eal"], capsys)
+    assert code == 0, err
+    assert "old (cpu-box) served" in out
+
+
+# a run whose loss holds what a diverging trainer prints: NaN, ±Inf, ±1e308
+WILD = [("1.5", 0), ("nan", 1), ("1.4", 2), ("inf", 3), ("1.3", 4), ("1e308", 5),
+        ("1.2", 6), ("-inf", 7), ("-1e308", 8), ("1.1", 9)]
+
+
+def wild_run(journal: Journal) -> None:
+    log = make_run(journal, "wild", "uk-node", None)
+    log.write_text("".join(f"[08:31:{10 + step:02d}] INFO     {LOSS}={value}, "
+                           f"train/eal=1.0, global_step={step}\n" for value, step in WILD))
+
+
+def strict_json(text: str) -> object:
+    def refuse(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_metrics_json_of_values_that_are_not_finite_is_valid_json(
+        journal: Journal, capsys: pytest.CaptureFixture[str]) -> None:
+    """NaN and ±Inf are the strings "NaN", "Infinity" and "-Infinity" (bare NaN, what
+    Python wrote before, is refused by jq and JSON.parse); ±1e308 stay numbers."""
+    wild_run(journal)
+    code, out, err = outrig(["metrics", "--run", "wild", "--json", "--metric", LOSS], capsys)
+    assert code == 0, err
+    doc = strict_json(out)
+    assert isinstance(doc, dict)
+    values = [p["values"][LOSS] for p in doc["runs"][0]["points"]]
+    assert values == [1.5, "NaN", 1.4, "Infinity", 1.3, 1e308, 1.2, "-Infinity", -1e308, 1.1]
+    code, out, err = outrig(["metrics", "--run", "wild"], capsys)  # the summary: finite only
+    assert code == 0 and "-1e+308" in out and "1e+308" in out, err
+
+
+def test_plot_in_colour_of_a_series_with_extreme_values_draws_the_rest_and_says_so(
+        journal: Journal, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: plotext raised (OverflowError / ValueError in _distinguishing_digit)."""
+    wild_run(journal)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, err = outrig(["plot", "--run", "wild", "--metric", LOSS], capsys)
+    assert code == 0, err
+    plain = ANSI.sub("", out)
+    assert len(re.findall("[\u2801-\u28ff]", plain)) > 5  # the finite values: a curve
+    assert "2 value(s) beyond ±1e+150 not drawn (step 5 = 1e+308, step 8 = -1e+308)" in plain
+
+
+def test_the_report_of_a_series_with_extreme_values_keeps_the_rest_and_says_so(
+        journal: Journal, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    wild_run(journal)
+    code, _out, err = outrig(["report", "--run", "wild", "--json"], capsys)
+    assert code == 0, err
+    html = (tmp_path / "outrig-report-wild.html").read_text()
+    data = strict_json(re.search(r'id="outrig-data">(.*?)</script>', html, re.S).group(1))
+    assert isinstance(data, dict)
+    loss = data["series"]["wild"][LOSS]
+    assert loss["s"] == [0, 2, 4, 6, 9] and loss["v"] == [1.5, 1.4, 1.3, 1.2, 1.1]
+    chart = next(c for c in data["charts"] if c["metrics"] == [LOSS])
+    assert "2 value(s) beyond ±1e+150 not drawn" in chart["note"]
+
+
+def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
+    """plot hands plotext at most two rows per dot of width (each bucket's lowest and
+    highest): a million points are not drawn one by one, and a spike must not be thinned
+    away."""
+    from outrig.termplot import envelope
+
+    rows = [(s, 1.0 + (s % 7) * 1e-3) for s in range(100_000)]
+    rows[54_321] = (54_321, 9.0)
+    rows[77_777] = (77_777, -3.0)
+    kept = envelope(rows, 160)
+    assert len(kept) <= 322 and kept[0] == rows[0] and kept[-1] == rows[-1]
+    assert (54_321, 9.0) in kept and (77_777, -3.0) in kept
+    assert [s for s, _ in kept] == sorted(s for s, _ in kept)
+    assert envelope(rows[:50], 160) == rows[:50]
