@@ -43,6 +43,7 @@ from typing import Any
 
 from outrig.errors import LocalWriteError
 
+RUN_ENDED = frozenset({"stopped", "finished", "exited"})  # a run state with nothing alive
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -461,6 +462,10 @@ class Journal:
             if record is None:
                 update.update({"run_id": run_id, "host": host, "playbook": item.get("playbook"),
                                "created": item.get("created") or now, "source": "box"})
+            elif (record.get("moved_to") and not record.get("fenced")
+                  and not item.get("live") and update["status"] in RUN_ENDED):
+                # a moved run the box says has ended: nothing of it to fence any more
+                update["fenced"] = {"at": now, "stopped": [], "seen": update["status"]}
             elif record.get("status") == update["status"] and record.get("ran") == update["ran"]:
                 continue
             self.record_run(run_id, update)

@@ -59,6 +59,9 @@ class MirrorStore:
         self.cursor_file = root / "cursors.json"
         self.handles: dict[str, Any] = {}
         self.dirty: set[str] = set()
+        # byte ranges of a remote log the mirror lacks (a --lines jump over more than the
+        # agent fills), per process: saved with the cursors, said wherever the mirror is shown
+        self.gaps: dict[str, list[dict[str, int]]] = {}
 
     def path(self, name: str) -> Path:
         return self.root / f"{name}.log"
@@ -67,6 +70,7 @@ class MirrorStore:
         """Durable cursors; mirror bytes past a cursor (a crash before the commit) are cut."""
         raw = read_cursors(self.cursor_file)
         procs = raw.get("processes") if isinstance(raw, dict) else None
+        self.gaps = read_gaps(raw)
         out: dict[str, Cursor] = {}
         for name, entry in (procs or {}).items():
             cursor = Cursor.from_json(entry)
@@ -150,9 +154,16 @@ class MirrorStore:
         try:
             atomic_write_json(self.cursor_file, {
                 "v": 1, "host": host, "run_id": run_id, "updated": time.time(),
-                "processes": {n: c.to_json() for n, c in sorted(cursors.items())}})
+                "processes": {n: c.to_json() for n, c in sorted(cursors.items())},
+                **({"gaps": self.gaps} if self.gaps else {})})
         except OSError as exc:
             raise mirror_write_failed(self.cursor_file, exc) from None
+
+    def note_gap(self, name: str, inode: int, start: int, end: int) -> None:
+        """The mirror of ``name`` lacks bytes ``[start, end)`` of the remote file ``inode``
+        (saved with the next commit)."""
+        if end > start:
+            self.gaps.setdefault(name, []).append({"inode": inode, "from": start, "to": end})
 
     def close(self, name: str | None = None) -> None:
         names = [name] if name is not None else list(self.handles)
@@ -163,6 +174,27 @@ class MirrorStore:
                     handle.close()
                 except OSError:  # the buffered bytes past the last commit are re-sent anyway
                     pass
+
+
+def read_gaps(raw: Any) -> dict[str, list[dict[str, int]]]:
+    """The gaps a cursors file records (see :meth:`MirrorStore.note_gap`)."""
+    gaps = raw.get("gaps") if isinstance(raw, dict) else None
+    out: dict[str, list[dict[str, int]]] = {}
+    for name, items in (gaps or {}).items() if isinstance(gaps, dict) else []:
+        kept = [{k: int(item[k]) for k in ("inode", "from", "to")} for item in items or []
+                if isinstance(item, dict) and all(isinstance(item.get(k), int)
+                                                  for k in ("inode", "from", "to"))]
+        if kept:
+            out[str(name)] = kept
+    return out
+
+
+def gap_lines(gaps: dict[str, list[dict[str, int]]]) -> list[str]:
+    """One line per process whose mirror has gaps: which bytes are missing, and why."""
+    return [f"the mirror of {name}'s log lacks bytes "
+            + ", ".join(f"{g['from']}–{g['to']}" for g in items)
+            + " of it (a tail-logs --lines N jumped over more than the 64 MiB it fills in); "
+            "what is there is shown" for name, items in sorted(gaps.items())]
 
 
 def mirror_root(journal: Journal, host: str, run_id: str) -> Path:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outrig.journal import Journal
+from outrig.journal import RUN_ENDED, Journal
 from outrig.journal import utc_text as when
 
 
@@ -47,6 +47,16 @@ def mark_moved(journal: Journal, old_host: str, old_run_id: str | None, new_host
     for run in (stopped or {}).get("runs") or []:
         if run.get("run_id") == old_run_id:
             journal.mark_fenced(old_run_id, stopped=stopped_processes(run))
+            return
+    if ended((journal.run(old_run_id) or {}).get("status")):
+        journal.mark_fenced(old_run_id, stopped=[])  # stopped before the move: nothing runs
+
+
+def ended(status: object) -> bool:
+    """Whether a run's status (the box's, as the journal follows it, or a cleanup's) says
+    none of its processes runs any more: a moved run in that state needs no fencing, and
+    no warning that it "may still be running"."""
+    return status in RUN_ENDED
 
 
 def stopped_processes(run: dict[str, Any]) -> list[dict[str, Any]]:

@@ -573,14 +573,16 @@ def override_params(raw: dict[str, Any], params: dict[str, Any], path: Path) -> 
 
 
 def load_job(path: Path, *, test: bool = False, base_dir: Path | None = None,
-             params: dict[str, Any] | None = None) -> Job:
+             params: dict[str, Any] | None = None, text: str | None = None) -> Job:
     """Load and validate a playbook file. ``test`` applies its ``test:`` overrides, then
     ``params`` (``--param key=value``) replace values of the playbook's ``params:``.
 
     ``files:`` local paths are resolved against ``base_dir`` (default: the project root, i.e.
     the parent of a ``playbooks/`` folder, else the playbook's own folder) and must exist.
+    ``text``: the playbook as it was deployed (a run's record), loaded instead of the file
+    ``path`` holds now.
     """
-    doc = load_yaml(path, what="playbook")
+    doc = load_yaml(path, what="playbook", text=text)
     raw = doc.data
     if test:
         overrides = raw.get("test")

@@ -135,12 +135,15 @@ class HostSession:
     the one that serves the host."""
 
     def __init__(self, project: Project, host_spec: str, reporter: Reporter,
-                 journal: Journal | None = None, *, transport: Transport | None = None) -> None:
+                 journal: Journal | None = None, *, transport: Transport | None = None,
+                 host: Host | None = None) -> None:
         self.project = project
         self.reporter = reporter
         self.journal = journal or Journal()
         self.host_spec = host_spec
-        self.host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+        # ``host``: the box already resolved (a box whose host file is gone, at the address
+        # its runs' move record holds: outrig.redeploy)
+        self.host = host or resolve_host(host_spec, hosts_dir=project.hosts_dir)
         self.last_events: list[dict[str, Any]] = []
         # set once the "moved" warning was given (or an op acts on the moved runs itself)
         self.moved_warned = False
@@ -222,9 +225,10 @@ class HostSession:
 
 @contextmanager
 def host_session(project: Project, host_spec: str, reporter: Reporter,
-                 journal: Journal | None = None) -> Iterator[HostSession]:
+                 journal: Journal | None = None, *,
+                 host: Host | None = None) -> Iterator[HostSession]:
     """A session for the length of one op (the host-string entry points' way in)."""
-    session = HostSession(project, host_spec, reporter, journal)
+    session = HostSession(project, host_spec, reporter, journal, host=host)
     try:
         yield session
     finally:

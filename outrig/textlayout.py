@@ -289,6 +289,7 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
         if out:
             out.append("")
         out.append(f"run {run.get('run_id')} ({run.get('playbook')}): {run_state(run)}")
+        out += wrapped(visible(redeployed_line(run)), width) if run.get("redeployed") else []
         procs = run.get("processes") or []
         rows = []
         for proc in procs:
@@ -317,6 +318,20 @@ def status_lines(result: dict[str, Any], width: int, *, gpu_table: bool = False)
     elif gpus or result.get("gpu_error"):
         out += gpu_summary_lines(gpus, width, result.get("gpu_error"))
     return out
+
+
+def redeployed_line(run: dict[str, Any]) -> str:
+    """``moved here from a (run R) with steps=3000, as deployed`` (or the differences from
+    run R as it was deployed): see :func:`outrig.ops.status.mark_redeployed`."""
+    info = run.get("redeployed") or {}
+    params = info.get("params") or {}
+    where = f" from {info.get('host')}" if info.get("how") == "moved" else ""
+    with_params = (" with " + ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+                   if params else "")
+    differences = info.get("differences") or []
+    return (f"{info.get('how')} here{where} (run {info.get('run_id')}){with_params}, "
+            + ("differences: " + "; ".join(differences) if differences
+               else "as deployed"))
 
 
 def run_state(run: dict[str, Any]) -> str:

@@ -60,6 +60,8 @@ def death_hint(record: dict[str, Any], host: str, run_id: str, why: str, skipped
             + (f": {'; '.join(skipped)}" if skipped else ": no --spare left")
             + ". Rent a box and write its host file, then ")
     if checkpointed:
-        return text + (f"run `outrig migrate --from {host} --to NEW` (the mirror holds the "
-                       "newest complete checkpoint)")
+        return text + (f"run `outrig migrate --run {run_id} --to NEW` (the mirror holds the "
+                       "newest complete checkpoint; the run's playbook, params and box "
+                       "address are in the journal, so the old box's host file is not "
+                       "needed)")
     return text + f"run `outrig deploy --host NEW --playbook {playbook}` (it starts afresh)"

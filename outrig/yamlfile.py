@@ -25,6 +25,8 @@ class YamlDoc:
     path: Path
     data: dict[str, Any]
     lines: dict[KeyPath, int] = field(default_factory=dict)
+    text: str = ""  # the mapping as it was read (what a run's record keeps of its playbook)
+    source: Path | None = None  # the file read, absolute
 
     def line_of(self, keypath: KeyPath) -> int | None:
         """The line of the deepest known prefix of ``keypath`` (errors often point inside)."""
@@ -81,14 +83,17 @@ def _record_lines(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int],
             _record_lines(item, path, lines, source, what)
 
 
-def load_yaml(path: Path, *, what: str) -> YamlDoc:
-    """Read ``path`` as a YAML mapping. ``what`` names the file's role in error messages."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+def load_yaml(path: Path, *, what: str, text: str | None = None) -> YamlDoc:
+    """Read ``path`` as a YAML mapping. ``what`` names the file's role in error messages.
+    ``text``: the file's content as it was read earlier (a run's playbook as deployed, kept
+    in the journal), parsed instead of the file, which messages still name."""
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{what} {path} does not exist") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -112,7 +117,8 @@ def load_yaml(path: Path, *, what: str) -> YamlDoc:
     lines: dict[KeyPath, int] = {}
     if node is not None:
         _record_lines(node, (), lines, _display(path), what)
-    return YamlDoc(path=_display(path), data=data, lines=lines)
+    return YamlDoc(path=_display(path), data=data, lines=lines, text=text,
+                   source=path.expanduser().absolute())
 
 
 def _display(path: Path) -> Path:

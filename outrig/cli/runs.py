@@ -166,7 +166,8 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
 @task(
     auto_shortflags=False,
     iterable=["host"],
-    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs)" + JOB_RUN,
+    help={"host": HOSTS_HELP, "run": "the run id to show (default: current runs); without "
+          "--host, on the box the journal records for it" + JOB_RUN,
           "playbook": "show the current run of this playbook",
           "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
           "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
@@ -221,7 +222,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 @task(
     auto_shortflags=False,
     iterable=["process", "host"],
-    help={"host": HOSTS_HELP, "run": "run id (default: the current run)" + JOB_RUN,
+    help={"host": HOSTS_HELP, "run": "run id (default: the current run); without --host, on "
+          "the box the journal records for it (its mirror when that box is gone)" + JOB_RUN,
           "playbook": "the current run of this playbook",
           "process": "only this process (repeat for several)",
           "lines": "start N lines before the end (default: resume from the saved cursor, or "
@@ -467,31 +469,46 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
 
 @task(
     auto_shortflags=False,
-    help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port",
-          "to": "the new box", "playbook": "playbook to run on the new box (default: the old "
-          "box's last playbook, or the member of its family that fits the new box best)",
-          "run": "the run on the old box to move (default: its newest run that really ran)",
+    iterable=["param"],
+    help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port; "
+                   "default: the box the journal files --run under (its host file may be "
+                   "gone: the address recorded with the run is used)",
+          "to": "the new box", "playbook": "playbook to run on the new box (default: the "
+          "moved run's playbook as it was deployed, or the member of its family that fits the "
+          "new box best)",
+          "run": "the run to move (default: the old box's newest run that really ran)",
+          "param": "change a param of the moved run (the run's own --param values are "
+                   "carried over without it)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
 def migrate(c: Any, from_: str | None = None, to: str | None = None,
-            playbook: str | None = None, run: str | None = None, project: str | None = None,
-            no_keep: bool = False,
-            json: bool = False) -> None:
+            playbook: str | None = None, run: str | None = None,
+            param: list[str] | None = None, project: str | None = None,
+            no_keep: bool = False, json: bool = False) -> None:
     """Move a job to a fresh box and resume it from the newest complete checkpoint.
+
+    The run is deployed on the new box as it was deployed: its playbook as it was then (not
+    a re-read of today's file), its --param values and --test; the success line names any
+    difference. Needs only the journal and the new box: with --run the old box is found in
+    the journal, and a box whose host file is gone is probed at the address recorded with
+    the run.
 
     Probes the old box several times before calling it dead; provisions and stages the new
     one; re-plans GPU placement for its hardware (old and new shown side by side); stops the
     old run if the box is alive and copies its checkpoint box to box, else uses this
     workstation's mirror; deploys with resume. See docs/migrate.md.
 
-    Example:
+    Examples:
         outrig migrate --from uk-node --to new-node
+        outrig migrate --run smoke-20250101-120000-ab12 --to new-node
     """
     from outrig.ops.migrate import migrate as run_migrate
 
-    if not from_ or not to:
-        raise ConfigError("migrate needs both boxes: --from OLD --to NEW (host file names, "
-                          "ssh aliases or user@host:port). Nothing was sent.")
+    if not to or not (from_ or run):
+        raise ConfigError("migrate needs the run to move and the new box: --run RUN (or "
+                          "--from OLD) and --to NEW (host file names, ssh aliases or "
+                          "user@host:port). Nothing was sent.")
     settings = settings_for(c, project, no_keep=no_keep)
-    run_migrate(settings.project, from_, to, make_reporter(json), playbook=playbook, run_id=run)
+    run_migrate(settings.project, from_, to, make_reporter(json), playbook=playbook,
+                run_id=run, params=parse_params(param) or None)

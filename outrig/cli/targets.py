@@ -177,6 +177,9 @@ def select(settings: Settings, reporter: Reporter, host: list[str] | None, *,
     job_id = job_id_for(run)
     if job_id is not None:
         return NodeJob(settings, reporter, [], job_id=job_id, playbook_name=name)
+    recorded = run_box(run) if not [v for v in host or [] if v] else None
+    if recorded is not None:  # --run without --host: the box the journal files the run under
+        return OneHost(settings, reporter, [recorded], playbook_name=name)
     hosts = settings.hosts(host)
     if len(hosts) == 1:
         return OneHost(settings, reporter, hosts, playbook_name=name)
@@ -258,6 +261,17 @@ def node_selection(settings: Settings, host: list[str] | None, job: Job) -> list
     if not [v for v in host or [] if v] and job.spec.node_hosts:
         return []
     return settings.hosts(host)
+
+
+def run_box(run: str | None) -> str | None:
+    """The host name the journal files run ``run`` under (None: no ``--run``, or a run the
+    journal does not know): ``--run R`` without ``--host`` means R's own box, not the
+    configured default host. Its host file may be gone since: the ops then reach the box at
+    the address recorded with the run (:func:`outrig.redeploy.record.run_host`)."""
+    if run is None:
+        return None
+    host = (Journal().run(run) or {}).get("host")
+    return host if isinstance(host, str) and host else None
 
 
 def job_id_for(run: str | None) -> str | None:

@@ -119,6 +119,8 @@ def cleanup_on(session: HostSession, *, run_id: str | None = None,
     workdir)."""
     pids = check_selection(run_id, playbook, all_runs, force_foreign, timeout)
     reporter, journal, host_spec = session.reporter, session.journal, session.host_spec
+    if all_runs and not dry_run:
+        session.moved_warned = True  # it stops them: "cleanup stops it" would be stale
     started = time.monotonic()
     result = session.call("cleanup", run_id=run_id, playbook=playbook, all=all_runs,
                           force_foreign=pids, dry_run=dry_run, gpu_timeout=timeout,
@@ -140,7 +142,7 @@ def cleanup_on(session: HostSession, *, run_id: str | None = None,
     if not dry_run and verdict and not verdict.get("released", True):
         raise CleanupIncomplete(f"cleanup on {host_spec} is incomplete: {verdict.get('message')}")
     if not dry_run:
-        fence_stopped(journal, result)
+        fence_stopped(journal, result, every=all_runs, host=session.host.name)
     return result
 
 
@@ -175,13 +177,23 @@ def fence_on(session: HostSession, notifier: Notifier | None = None, *,
     return fenced
 
 
-def fence_stopped(journal: Journal, result: dict[str, Any]) -> None:
+def fence_stopped(journal: Journal, result: dict[str, Any], *, every: bool = False,
+                  host: str | None = None) -> None:
     """Mark fenced every run a migrate moved away that this cleanup stopped (whatever the
-    selection was): its processes are confirmed stopped, so the "moved" warning ends."""
+    selection was): its processes are confirmed stopped, so the "moved" warning ends.
+    ``every`` (``cleanup --all``, which stops every outrig run on the box, by record and by
+    marker, and succeeded): every moved run of ``host`` is stopped too, listed in the
+    result or not (a run the box no longer has a record of is not running there)."""
+    listed = set()
     for run in result.get("runs") or []:
+        listed.add(str(run.get("run_id")))
         record = journal.run(str(run.get("run_id")))
         if record is not None and record.get("moved_to") and not record.get("fenced"):
             journal.mark_fenced(str(run.get("run_id")), stopped=stopped_processes(run))
+    if every and host is not None:
+        for record in moved_runs(journal, host):
+            if str(record.get("run_id")) not in listed:
+                journal.mark_fenced(str(record.get("run_id")), stopped=[])
 
 
 def unknown_run(result: dict[str, Any], run_id: str, host_spec: str) -> None:

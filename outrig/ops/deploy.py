@@ -28,6 +28,7 @@ from outrig.ops.runs import new_run_id, secret_values
 from outrig.plan import HostFacts, NodePlace, Plan, make_plan
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.recipes import EnvFacts, ModelFacts
+from outrig.redeploy.record import RECORD_KEY, move_record
 from outrig.session import HostSession, Project, host_facts, host_session
 
 
@@ -219,6 +220,7 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
                                      "playbook": plan.playbook, "created": time.time(),
                                      "test_mode": plan.test_mode, "plan": plan.to_dict(),
                                      "param_overrides": dict(params or {}),
+                                     RECORD_KEY: move_record(job, session.host, params),
                                      "status": "deploying"})
     result = _deploy_call(session, plan, request)
     seconds = time.monotonic() - started

@@ -49,10 +49,12 @@ from outrig.journal import (
 )
 from outrig.logmirror import (
     MirrorStore,
+    gap_lines,
     mirror_files,
     mirror_root,
     mirror_text,
     read_cursors,
+    read_gaps,
     recent_cursor_sets,
 )
 from outrig.logtail import (
@@ -65,6 +67,7 @@ from outrig.logtail import (
 )
 from outrig.reader import ChannelReader, take_events
 from outrig.redaction import ordered, redact_text
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, base_request
 from outrig.textlayout import visible
 from outrig.timing import fanout_deadline_for, follow_idle_limit, heartbeat_for, jittered
@@ -101,6 +104,8 @@ def show_mirror(session: HostSession, printer: LinePrinter, run_id: str, exc: Ex
         f"from the local mirror {root}, as the last tail-logs wrote them at "
         f"{utc_text(since)}; nothing later is in it.")
     result = TailResult(run_id=run_id, mirror_dir=root, mirror_since=float(since))
+    for line in gap_lines(read_gaps(raw)):
+        session.reporter.warn(line)
     printer.names(list(files))
     # the box names the run's secrets in its run event; without the box, the deploy's plan
     # in the journal does (the values come from this shell, as for lines from the box)
@@ -289,9 +294,15 @@ class LogTailer:
             self.result.opens[name] = event
             self.printer.names([name])
             stream = self._stream(name)
+            before = stream.pending
             applied = stream.on_open(int(event["inode"]), int(event["offset"]),
                                      int(event.get("display_from", event["offset"])),
                                      str(event.get("reason")))
+            if applied.reset and event.get("reason") == "lines":  # skipped, not fetched
+                assert self.store is not None
+                held = before.offset if before is not None and \
+                    before.inode == int(event["inode"]) else 0
+                self.store.note_gap(name, int(event["inode"]), held, int(event["offset"]))
             if applied.reset:
                 # A new segment starts: archive the old mirror file and make the new (empty)
                 # segment durable at once, so a reconnect resumes from where it begins.
@@ -549,7 +560,11 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     # paramiko reports every reset socket through logging's last-resort stderr handler; a
     # reconnect is expected here and is reported by us, in one line.
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    session = HostSession(project, host_spec, reporter, journal)
+    # with --run, a box whose host file is gone is the address recorded with the run (its
+    # mirror is shown when that box does not answer)
+    journal = journal or Journal()
+    host = run_host(project.hosts_dir, journal, host_spec, run_id)[0] if run_id else None
+    session = HostSession(project, host_spec, reporter, journal, host=host)
     mirror = run_id is not None and not follow
     if mirror:  # a box that is gone gives up at its fan-out deadline, not after minutes
         tuning.setdefault("first_answer_within",
@@ -581,7 +596,8 @@ def tail_on(session: HostSession, *, run_id: str | None = None, playbook: str | 
     try:
         try:
             return tailer.run()
-        except (ConnectError, AuthenticationError, RemoteError) as exc:
+        except (ConnectError, AuthenticationError, RemoteError, ConfigError) as exc:
+            # ConfigError: the box cannot even be tried (its key file went with it)
             gone = not isinstance(exc, RemoteError) or exc.kind == "not_found"
             if not (from_mirror and gone and run_id is not None and not follow
                     and tailer.result.run_id is None):

@@ -1,4 +1,5 @@
-"""``inv migrate --from OLD --to NEW``: move a job to a fresh box and resume it.
+"""``inv migrate (--run RUN | --from OLD) --to NEW``: move a job to a fresh box and resume it,
+as it was deployed (its playbook as deployed, ``--param``, ``--test``: :mod:`outrig.redeploy`).
 
 The runbook, in order (docs/migrate.md):
 1. Probe OLD several times, and several ways (SSH, then the connector's look from outside: for
@@ -14,8 +15,8 @@ The runbook, in order (docs/migrate.md):
    run (the trainer saves on SIGTERM; its last complete checkpoint is final), then copy the
    newest complete checkpoint OLD → NEW. If OLD is dead, take the newest one from the
    workstation's mirror (``inv sync-checkpoints``) while the environments install.
-7. Deploy on NEW once 4 to 6 are done; the trainer resumes from the highest complete epoch in
-   its save path.
+7. Deploy on NEW once 4 to 6 are done, the job rebuilt from the old run's move record (every
+   difference named); the trainer resumes from the highest complete epoch in its save path.
 8. Record the move in the journal. OLD's logs stay in the local mirror (``tail-logs``).
 
 ``report["timings"]`` has the seconds of each step (probe, provision, stage, checkpoint,
@@ -38,7 +39,7 @@ from rich.table import Table
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
-from outrig.inventory import resolve_host
+from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.moves import mark_moved
 from outrig.ops.cleanup import cleanup_on
@@ -50,12 +51,14 @@ from outrig.plan import Plan
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.progress import argv_int
 from outrig.recipes import ModelFacts
+from outrig.redeploy.rebuild import Redeploy, rebuild
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import MIGRATE_PROBE_PAUSE, TCP_PROBE_LIMIT, connect_timeout_for
 
 
 def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal, *,
-          attempts: int = 3, pause: float = MIGRATE_PROBE_PAUSE
+          attempts: int = 3, pause: float = MIGRATE_PROBE_PAUSE, host: Host | None = None
           ) -> tuple[HostSession | None, list[str]]:
     """Try to reach a box ``attempts`` times (with pauses) before concluding anything.
 
@@ -67,7 +70,7 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
     """
     if attempts <= 0:
         return None, ["not probed: the death was confirmed before the move"]
-    session = HostSession(project, host_spec, reporter, journal)
+    session = HostSession(project, host_spec, reporter, journal, host=host)
     # this loop does the retrying of refused connects, with its own pauses
     session.transport.retry = replace(session.transport.retry, refused=1)
     tried: list[str] = []
@@ -129,7 +132,8 @@ def rank_problem(old: int | None, plan: Plan, to_spec: str) -> str | None:
 
 def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: bool,
                     journal: Journal, ranks: int | None = None,
-                    from_host: str | None = None) -> tuple[Plan, str, list[str]]:
+                    from_host: Host | None = None,
+                    jobs: Callable[[str], Job] | None = None) -> tuple[Plan, str, list[str]]:
     """The plan for NEW: ``playbook`` if it was named explicitly, else the member of its
     family that fits NEW and uses the most GPUs (ties: the playbook itself), among those
     whose trainer keeps the ``ranks`` of the run being moved.
@@ -138,19 +142,21 @@ def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: 
     count and vocabulary are taken from what OLD's box reported for the same model path
     (``from_host``), unless NEW itself reported them. Deploy reads them on NEW again.
 
+    ``jobs``: a member (name or path) → its job (a move's: the run's playbook as deployed,
+    with its params; :mod:`outrig.redeploy`); default: today's file.
+
     Returns the plan, the chosen member as a name or path that ``find_playbook`` accepts,
     and the names of every member considered.
     """
     new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
     known: dict[str, ModelFacts] = {}
     if from_host is not None:
-        known.update(cached_models(journal, resolve_host(from_host,
-                                                         hosts_dir=project.hosts_dir)))
+        known.update(cached_models(journal, from_host))
     known.update(cached_models(journal, new_host))
+    load = jobs or (lambda member: load_job(find_playbook(member, project.playbooks_dir)))
 
     def plan_for(member: str) -> Plan:
-        job = load_job(find_playbook(member, project.playbooks_dir))
-        return plan_job(job, new_host, journal, probed=known)
+        return plan_job(load(member), new_host, journal, probed=known)
 
     if explicit:
         plan = plan_for(playbook)
@@ -158,7 +164,7 @@ def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: 
         if problem:
             raise PlanError([problem], context=f"migrate to {to_spec}")
         return plan, playbook, [plan.playbook]
-    base = load_job(find_playbook(playbook, project.playbooks_dir))
+    base = load(playbook)
     fam = family(base)
     members = [(playbook, base.name)]
     for path in sorted(project.playbooks_dir.glob("*.y*ml")):
@@ -212,17 +218,28 @@ def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
     return table
 
 
-def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, *,
+def migrate(project: Project, from_spec: str | None, to_spec: str, reporter: Reporter, *,
             playbook: str | None = None, journal: Journal | None = None,
             probe_attempts: int = 3, probe_pause: float = MIGRATE_PROBE_PAUSE,
-            run_id: str | None = None) -> dict[str, Any]:
+            run_id: str | None = None, params: dict[str, Any] | None = None,
+            from_host: Host | None = None) -> dict[str, Any]:
     """Move a job from OLD to NEW and resume it there (the runbook is this module's doc).
+
+    OLD is ``from_host`` (a box already resolved: ``watch`` holds it), else ``from_spec``, else
+    the host the journal files run ``run_id`` under; a box whose host file is gone is reached
+    (or found dead) at the address the run's move record holds (:mod:`outrig.redeploy`). The
+    run is deployed on NEW as it was deployed on OLD (its playbook as deployed, its
+    ``--param`` and ``--test``); ``params`` given here win, and the success line names every
+    difference.
 
     One session per box for the whole move: NEW's connection is opened once and every step
     (check, provision, stage, deploy) runs its core on it; OLD's session, when the probe
     reached it, serves the box-to-box copies and the stop of its run."""
     journal = journal or Journal()
-    old_host = resolve_host(from_spec, hosts_dir=project.hosts_dir)
+    old_host, note = old_box(project, journal, from_spec, run_id, from_host)
+    if note:
+        reporter.info(f"• {note}")
+    from_label = from_spec or old_host.name
     new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
     if old_host.name == new_host.name:
         raise ConfigError("--from and --to name the same host")
@@ -231,36 +248,57 @@ def migrate(project: Project, from_spec: str, to_spec: str, reporter: Reporter, 
         moving, _ = old_run(journal, old_host.name, run_id=run_id, playbook=playbook)
     if moving is not None:  # one node of a multi-node job is not moved alone
         refuse_node_run(journal, str(moving.get("run_id")), what="migrate")
-    report: dict[str, Any] = {"from": from_spec, "to": to_spec, "started": time.time(),
+    report: dict[str, Any] = {"from": from_label, "to": to_spec, "started": time.time(),
                               "timings": {step: 0.0 for step in (*STEPS, "total")}}
     if probe_attempts > 0:
-        reporter.info(f"• probing {from_spec} (up to {probe_attempts} tries)")
+        reporter.info(f"• probing {from_label} (up to {probe_attempts} tries)")
     with timed(report, reporter, "probe"):
-        old, tried = probe(project, from_spec, reporter, journal, attempts=probe_attempts,
-                           pause=probe_pause)
+        old, tried = probe(project, from_label, reporter, journal, attempts=probe_attempts,
+                           pause=probe_pause, host=old_host)
     report["old_alive"] = old is not None
     report["probes"] = tried
     for line in tried:
         reporter.info(f"    {line}")
     if old is None:
-        reporter.warn(f"{from_spec} is unreachable" + (f" after {len(tried)} checks"
+        reporter.warn(f"{from_label} is unreachable" + (f" after {len(tried)} checks"
                       if probe_attempts > 0 else "") + "; using the checkpoint mirror on "
                       "this workstation")
     new = HostSession(project, to_spec, reporter, journal)
     try:
-        return _move(new, old, report, playbook=playbook, run_id=run_id)
+        return _move(new, old, report, old_host, playbook=playbook, run_id=run_id,
+                     params=params)
     finally:
         new.close()
         if old is not None:
             old.close()
 
 
-def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
-          playbook: str | None, run_id: str | None) -> dict[str, Any]:
+def old_box(project: Project, journal: Journal, from_spec: str | None, run_id: str | None,
+            from_host: Host | None) -> tuple[Host, str | None]:
+    """OLD as a host, and a note when it comes from the journal (see :func:`migrate`)."""
+    if from_host is not None:
+        return from_host, None
+    if from_spec is None:
+        if run_id is None:
+            raise ConfigError("migrate needs the run to move or its box: --run RUN (the "
+                              "journal knows its box) or --from OLD, and --to NEW. Nothing "
+                              "was sent.")
+        record = journal.run(run_id)
+        if record is None or not record.get("host"):
+            raise ConfigError(f"the journal has no run {run_id}; see the runs it knows with "
+                              "`outrig runs`, or name the old box with --from OLD. Nothing "
+                              "was sent.")
+        return run_host(project.hosts_dir, journal, str(record["host"]), run_id)
+    return run_host(project.hosts_dir, journal, from_spec, run_id)
+
+
+def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], old_host: Host,
+          *, playbook: str | None, run_id: str | None,
+          params: dict[str, Any] | None) -> dict[str, Any]:
     """Steps 2 to 7 of the runbook on open sessions (``old`` is None when OLD is dead)."""
     project, reporter, journal = new.project, new.reporter, new.journal
     from_spec, to_spec = str(report["from"]), new.host_spec
-    old_name = resolve_host(from_spec, hosts_dir=project.hosts_dir).name
+    old_name = old_host.name
     last, why = old_run(journal, old_name, run_id=run_id, playbook=playbook)
     old_playbook = str(last["playbook"]) if last else None
     source = playbook or old_playbook
@@ -269,45 +307,91 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], *,
     reporter.info(f"• moving {why}" if last else f"• no earlier run of {source} on "
                   f"{old_name} in the journal; {source} starts afresh")
     report["old_run"] = {"run_id": last.get("run_id") if last else None, "why": why}
-    job = _prepare(new, source, report)
+    carried = _carried(project, last, playbook, params)
+    for line in carried.notes if carried else []:
+        reporter.info(f"• {line}")
+    job = _prepare(new, carried.job if carried else _load(project, source, params), report)
     old_plan = last.get("plan") if last else None
+    members: dict[str, tuple[Job, dict[str, Any]]] = {}
+
+    def member(ref: str) -> Job:
+        if carried is not None:
+            members[ref] = carried.member(ref, project.playbooks_dir)
+        else:
+            members[ref] = (_load(project, ref, params), dict(params or {}))
+        return members[ref][0]
+
     plan, new_playbook, considered = choose_playbook(
         project, to_spec, source, explicit=playbook is not None, journal=journal,
-        ranks=trainer_ranks((old_plan or {}).get("processes")), from_host=from_spec)
+        ranks=trainer_ranks((old_plan or {}).get("processes")), from_host=old_host,
+        jobs=member)
     if not reporter.json_mode:
         reporter.stdout_console.print(placement_table(old_plan, plan, old_name, new.host.name))
         if len(considered) > 1:
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
                           f"(considered: {', '.join(considered)})")
     report["playbook"] = plan.playbook
+    new_job, new_params = members[new_playbook]
+    report["params"] = new_params
+    report["differences"] = list(carried.notes) if carried else []
     refuse_unhealthy(plan, report.get("gpu_health") or [], to_spec)
-    _carry_state(new, old, report, new_playbook, old_playbook,
-                 provision=job if job.spec.environments else None)
+    _carry_state(new, old, report, new_job, carried.job if carried else old_playbook,
+                 old_playbook, provision=job if job.spec.environments else None)
     with timed(report, reporter, "deploy"):
-        deployed = deploy_on(new, load_job(find_playbook(new_playbook, project.playbooks_dir)))
+        deployed = deploy_on(new, new_job, params=new_params)
     report["run_id"] = deployed.plan.run_id
     report["seconds"] = round(time.time() - float(report["started"]), 1)
     report["timings"]["total"] = report["seconds"]
     journal.record_run(deployed.plan.run_id, {"migrated_from": {
         "host": old_name, "run_id": last.get("run_id") if last else None,
         "playbook": old_playbook, "alive": report["old_alive"], "probes": report["probes"],
-        "checkpoint": report["checkpoint"]}})
+        "checkpoint": report["checkpoint"], "differences": report["differences"]}})
     mark_moved(journal, old_name, last.get("run_id") if last else None, new.host.name,
                deployed.plan.run_id, stopped=report.get("old_cleanup"))
     if reporter.json_mode:
         reporter.emit_json(report)
     else:
-        epoch = (report["checkpoint"] or {}).get("epoch")
-        reporter.success(f"migrated {plan.playbook} from {from_spec} to {to_spec} in "
-                         f"{report['seconds']:.0f}s, resuming from checkpoint {epoch} "
-                         f"({(report['checkpoint'] or {}).get('route')}); "
-                         f"{describe_timings(report['timings'])}")
+        reporter.success(success_line(report, plan.playbook, from_spec, to_spec))
     return report
 
 
-def _prepare(new: HostSession, source: str, report: dict[str, Any]) -> Job:
+def success_line(report: dict[str, Any], playbook: str, from_spec: str, to_spec: str) -> str:
+    """``migrated P from OLD to NEW in Ns, resuming from checkpoint E (route), with steps=3000;
+    differences: ...; probe 2.1s, ...``: what was moved, with what, and what differs from
+    the run as it was deployed."""
+    checkpoint = report["checkpoint"] or {}
+    params = report.get("params") or {}
+    with_params = (", with " + ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+                   if params else "")
+    resumed = (f"resuming from checkpoint {checkpoint.get('epoch')} "
+               f"({checkpoint.get('route')})" if checkpoint else "starting afresh (no "
+               "complete checkpoint)")
+    differences = report.get("differences") or []
+    return (f"migrated {playbook} from {from_spec} to {to_spec} in {report['seconds']:.0f}s, "
+            f"{resumed}{with_params}; "
+            + (f"differences: {'; '.join(differences)}; " if differences else
+               "as deployed (same playbook, params and test mode); ")
+            + describe_timings(report["timings"]))
+
+
+def _carried(project: Project, last: dict[str, Any] | None, playbook: str | None,
+             params: dict[str, Any] | None) -> Redeploy | None:
+    """What the move deploys of the old run: its job as it was deployed, with its params and
+    test mode; with ``--playbook``, that file as it is now, with the run's params and test
+    mode (:func:`outrig.redeploy.rebuild.rebuild`). None when the journal knows no run."""
+    if last is None:
+        return None
+    return rebuild(project.playbooks_dir, last, params=params, named=playbook)
+
+
+def _load(project: Project, ref: str, params: dict[str, Any] | None) -> Job:
+    """A playbook as today's file has it, with ``params`` (a move that carries no run)."""
+    return load_job(find_playbook(ref, project.playbooks_dir), params=params or None)
+
+
+def _prepare(new: HostSession, job: Job, report: dict[str, Any]) -> Job:
     """Preflight NEW (reach, python, GPUs; counted in the probe's time) and return the
-    playbook being moved. Its environments are installed later, beside the staging
+    playbook being moved (``job``). Its environments are installed later, beside the staging
     (:func:`_carry_state`)."""
     with timed(report, new.reporter, "probe"):
         check = new.call("check", stream=False)
@@ -316,7 +400,7 @@ def _prepare(new: HostSession, source: str, report: dict[str, Any]) -> Job:
                       + (f" × {gpus[0].get('memory_total_mib')} MiB" if gpus else ""))
     verdicts, _ = gpu_health.look(new.journal, new.host.name, check.get("facts") or {})
     report["gpu_health"] = verdicts
-    return load_job(find_playbook(source, new.project.playbooks_dir))
+    return job
 
 
 def refuse_unhealthy(plan: Plan, verdicts: list[dict[str, Any]], to_spec: str) -> None:
@@ -334,7 +418,7 @@ def refuse_unhealthy(plan: Plan, verdicts: list[dict[str, Any]], to_spec: str) -
 
 
 def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, Any],
-                 new_playbook: str, old_playbook: str | None, *,
+                 new_playbook: Job, old_job: Job | str | None, old_playbook: str | None, *,
                  provision: Job | None = None) -> None:
     """Stage data on NEW and bring the newest complete checkpoint (OLD → NEW directly, or
     from the workstation's mirror), while NEW's environments install when ``provision`` names
@@ -344,9 +428,11 @@ def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, An
     state (reconnects, RTT, retries) without locks, so two threads never share one; with a
     warm connection both ride the same SSH connection. The first failure in either branch
     stops the other at its next step (nothing new starts: no stop of OLD's run, no
-    checkpoint copy, no deploy), the running step ends, and that first failure is raised."""
+    checkpoint copy, no deploy), the running step ends, and that first failure is raised.
+    ``old_job``: the old run's playbook (its job as deployed, or a name), whose paths are
+    the ones to read on OLD; ``old_playbook``: the name its runs are filed under."""
     if provision is None:
-        _stage_and_checkpoint(new, old, report, new_playbook, old_playbook, Overlap())
+        _stage_and_checkpoint(new, old, report, new_playbook, old_job, old_playbook, Overlap())
         return
     overlap = Overlap(("provision", "stage"))
     lock = threading.RLock()
@@ -365,7 +451,7 @@ def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, An
     worker.start()
     try:
         overlap.branch("stage", lambda: _stage_and_checkpoint(
-            new, old, report, new_playbook, old_playbook, overlap))
+            new, old, report, new_playbook, old_job, old_playbook, overlap))
     finally:
         worker.join()
         helper.transport.close()
@@ -386,14 +472,14 @@ def _provision(session: HostSession, job: Job, report: dict[str, Any]) -> None:
 
 
 def _stage_and_checkpoint(new: HostSession, old: HostSession | None, report: dict[str, Any],
-                          new_playbook: str, old_playbook: str | None,
-                          overlap: Overlap) -> None:
+                          new_playbook: Job, old_job: Job | str | None,
+                          old_playbook: str | None, overlap: Overlap) -> None:
     """Steps 5 and 6: data, then (once provision succeeded, when OLD is alive) OLD's stop and
     the checkpoint."""
     with timed(report, new.reporter, "stage"):
-        if _has_data(new.project, new_playbook, new.host_spec):
+        if _has_data(new_playbook, new.host):
             report["stage"] = stage_on(new, new_playbook, src=old,
-                                       source_playbook=old_playbook, parts=("data",))
+                                       source_playbook=old_job, parts=("data",))
         else:
             report["stage"] = {"items": []}
     overlap.go_on("stage")
@@ -405,7 +491,7 @@ def _stage_and_checkpoint(new: HostSession, old: HostSession | None, report: dic
     with timed(report, new.reporter, "checkpoint"):
         try:
             resumed = stage_on(new, new_playbook, src=old, resume=True,
-                               source_playbook=old_playbook, parts=("checkpoint",))
+                               source_playbook=old_job, parts=("checkpoint",))
             report["checkpoint"] = resumed.get("checkpoint")
         except NoCheckpoint as exc:
             new.reporter.warn(f"{exc} The trainer on {new.host_spec} starts from scratch.")
@@ -573,9 +659,7 @@ def old_run(journal: Journal, host: str, *, run_id: str | None,
         return None, "none"
 
 
-def _has_data(project: Project, playbook: str, host_spec: str) -> bool:
+def _has_data(job: Job, host: Host) -> bool:
     from outrig.ops.stage import stage_items
 
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
-    job = load_job(find_playbook(playbook, project.playbooks_dir))
     return any(i.kind != "checkpoints" for i in stage_items(job, host))

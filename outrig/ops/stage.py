@@ -291,19 +291,22 @@ def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
                 src.close()
 
 
-def stage_on(dest: HostSession, playbook: str, *, src: HostSession | None = None,
-             resume: bool = False, streams: int = STREAMS, source_playbook: str | None = None,
+def stage_on(dest: HostSession, playbook: str | Job, *, src: HostSession | None = None,
+             resume: bool = False, streams: int = STREAMS,
+             source_playbook: str | Job | None = None,
              parts: tuple[str, ...] = ("data", "checkpoint")) -> dict[str, Any]:
     """:func:`stage` onto an open session, copying from the ``src`` session when given.
 
     ``source_playbook`` is the playbook the old box ran (a family member for other hardware),
     whose paths are the ones to read there. ``parts`` lets ``migrate`` stage data first and the
-    checkpoint after it has stopped the old run.
+    checkpoint after it has stopped the old run. Either playbook may be a loaded job (a
+    move's, rebuilt from the run's record: :mod:`outrig.redeploy`).
     """
     reporter, journal, project = dest.reporter, dest.journal, dest.project
     stager = Stager(reporter, journal, streams)
-    report: dict[str, Any] = {"host": dest.host_spec, "playbook": playbook, "items": []}
-    job, items = _load(project, dest.host, playbook)
+    job, items = (playbook, stage_items(playbook, dest.host)) if isinstance(playbook, Job) \
+        else _load(project, dest.host, playbook)
+    report: dict[str, Any] = {"host": dest.host_spec, "playbook": job.name, "items": []}
     if not items:
         raise ConfigError(f"playbook {job.name} names nothing to stage: add a stage: section "
                           "(or use a recipe that has model and data paths)")
@@ -312,7 +315,9 @@ def stage_on(dest: HostSession, playbook: str, *, src: HostSession | None = None
     src_items: dict[str, StageItem] = {}
     src_job = job
     if src is not None:
-        if source_playbook:
+        if isinstance(source_playbook, Job):
+            src_job = source_playbook
+        elif source_playbook:
             src_job = load_job(find_playbook(source_playbook, project.playbooks_dir))
         src_items = {i.name: i for i in stage_items(src_job, src.host)}
     for item in wanted:

@@ -16,6 +16,7 @@ from outrig.history import last_known_document, last_known_lines, seen_from_stat
 from outrig.journal import Journal, utc_text
 from outrig.metricstore import loss_trends, remember_samples
 from outrig.providers.ledger import annotate_costs, rental_lines, rental_summary
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, host_session
 from outrig.textlayout import fmt
 
@@ -33,8 +34,12 @@ PROGRESS_MARKERS = ["Training epoch "]  # last line holding these is found furth
 def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
            playbook: str | None = None, log_lines: int = 5,
            journal: Journal | None = None) -> dict[str, Any]:
-    """``inv status``: one agent exec; progress is parsed here (outrig/progress.py)."""
-    with host_session(project, host_spec, reporter, journal) as session:
+    """``inv status``: one agent exec; progress is parsed here (outrig/progress.py). With
+    ``run_id``, a box whose host file is gone is reached at the address the run's record
+    holds (:func:`outrig.redeploy.record.run_host`)."""
+    journal = journal or Journal()
+    host = run_host(project.hosts_dir, journal, host_spec, run_id)[0] if run_id else None
+    with host_session(project, host_spec, reporter, journal, host=host) as session:
         try:
             return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)
         except ConnectError as exc:
@@ -67,6 +72,7 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
     mark_hangs(result, session)
     remember_progress(session.journal, result)
     mark_moved_runs(result, session)
+    mark_redeployed(result, session.journal)
     mark_evaluations(result, session)
     mark_gpu_health(result, session)
     rental = rental_summary(session.journal, session.host.name, time.time())
@@ -258,6 +264,22 @@ def mark_moved_runs(result: dict[str, Any], session: HostSession) -> None:
         run["status"] = "fenced" if record.get("fenced") else "moved"
         run["moved_to"] = record.get("moved_to")
         run["fenced"] = record.get("fenced")
+
+
+def mark_redeployed(result: dict[str, Any], journal: Journal) -> None:
+    """A run that a move (``migrate``, watch's move) or a restart (``watch --restarts``)
+    deployed again from an earlier run's record (:mod:`outrig.redeploy`): ``redeployed``
+    says from which run and host, with which params, and every difference from that run as
+    it was deployed (none: the same job)."""
+    for run in result.get("runs") or []:
+        record = journal.run(str(run.get("run_id"))) or {}
+        origin = record.get("migrated_from") or record.get("restarted_from")
+        if not isinstance(origin, dict):
+            continue
+        run["redeployed"] = {"how": "moved" if record.get("migrated_from") else "restarted",
+                             "run_id": origin.get("run_id"), "host": origin.get("host"),
+                             "params": record.get("param_overrides") or {},
+                             "differences": list(origin.get("differences") or [])}
 
 
 def redact_run(run: dict[str, Any]) -> None:

@@ -59,6 +59,7 @@ from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on
 from outrig.ops.nodes import refuse_node_run
+from outrig.ops.restart import restart_on
 from outrig.ops.status import (
     PROGRESS_BYTES,
     PROGRESS_MARKERS,
@@ -67,6 +68,7 @@ from outrig.ops.status import (
 )
 from outrig.ops.watch_lock import WatchLock
 from outrig.providers import spares as rented
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 from outrig.watchlines import crash_hint, death_hint, heartbeat_line
@@ -212,8 +214,9 @@ class Watcher:
 
     def follow(self) -> Verdict | None:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
-        self.session = HostSession(self.project, str(self.record["host"]), silent(),
-                                   self.journal)
+        spec = str(self.record["host"])  # its host file, else the run's recorded address
+        self.session = HostSession(self.project, spec, silent(), self.journal, host=run_host(
+            self.project.hosts_dir, self.journal, spec, str(self.record["run_id"]))[0])
         self.hangs = HangFollower(self.journal, self.project.playbooks_dir,
                                   str(self.record["run_id"]))
         self.hung: str | None = None  # the evidence once a process is confirmed hung
@@ -289,7 +292,9 @@ class Watcher:
         afresh on the new session."""
         with contextlib.suppress(Exception):
             session.transport.close()
-        return HostSession(self.project, session.host_spec, silent(), self.journal)
+        return HostSession(self.project, session.host_spec, silent(), self.journal,
+                           host=session.host)
+
 
     def limits(self, session: HostSession) -> Limits:
         rtt = session.transport.best_rtt if hasattr(session.transport, "best_rtt") else None
@@ -523,14 +528,9 @@ class Watcher:
         the re-deploy stops what is left of the run, and a trainer resumes from its newest
         complete checkpoint there."""
         self.send("restarting", why=f"restart {used + 1} of {allowed}")
-        from outrig.ops.deploy import deploy_on
-        from outrig.playbook import find_playbook, load_job
-
-        name = self.run_playbook()
-        with opened(HostSession(self.project, str(self.record["host"]),
-                                           self.reporter, self.journal)) as session:
-            job = load_job(find_playbook(name, self.project.playbooks_dir))
-            deployed = deploy_on(session, job)
+        with opened(HostSession(self.project, str(self.record["host"]), self.reporter,
+                                self.journal, host=self.session.host)) as session:
+            deployed = restart_on(session, str(self.record["run_id"]), self.run_playbook())
         self.record.update(run_id=deployed.plan.run_id, restarts_used=used + 1,
                            log_seen=None, progress=None)
         self.reporter.info(f"• restarted in place as {deployed.plan.run_id}")
@@ -632,7 +632,8 @@ class Watcher:
         # Should OLD answer after all, the moved run there is fenced when it does.
         try:
             return migrate(self.project, old_host, spare, self.reporter, journal=self.journal,
-                           run_id=old_run, probe_attempts=int(probe), probe_pause=0.0)
+                           run_id=old_run, probe_attempts=int(probe), probe_pause=0.0,
+                           from_host=self.session.host)
         except OutrigError as exc:
             self.reporter.warn(f"moving {old_run} to {spare} failed: {exc}")
             return None
@@ -660,8 +661,10 @@ class Watcher:
         for entry in pending:
             try:
                 session = HostSession(self.project, str(entry["host"]), Reporter(quiet=True),
-                                      self.journal)
-            except OutrigError as exc:  # e.g. its host file was removed
+                                      self.journal, host=run_host(
+                                          self.project.hosts_dir, self.journal,
+                                          str(entry["host"]), str(entry["run_id"]))[0])
+            except OutrigError as exc:  # no host file and no address recorded
                 self.reporter.warn(f"cannot look at {entry['host']} to fence it: {exc}")
                 continue
             if not all(seen.ok for seen in session.transport.probe(5.0)):

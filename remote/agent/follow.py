@@ -26,7 +26,7 @@ from .validation import Request, get_bool, get_int, get_num, get_opt_name, get_s
 
 FOLLOW_CHUNK_DEFAULT = 256 * 1024  # bytes per chunk event (before base64)
 FOLLOW_SCAN_MAX = 64 << 20  # --lines: never scan more than this backwards from the end
-FOLLOW_GAP_FILL = 1 << 20  # --lines with a cursor at most this far behind: fill the gap instead
+FOLLOW_GAP_FILL = 64 << 20  # --lines: a mirror at most this far behind is filled, not skipped
 FOLLOW_COMPRESS_MIN = 4096  # smaller chunks are not worth zlib's header and CPU
 FOLLOW_ROTATE_QUIET_S = 1.0  # a rotated-away file must be quiet this long before we switch
 FOLLOW_RESCAN_S = 1.0  # how often the run's process list is re-read (processes launched later)
@@ -291,10 +291,14 @@ class Follower:
         if self.lines_if_no_cursor and cursor is not None and reason == "cursor":
             pass  # a resume: never jump over bytes the workstation has not seen
         elif first and self.lines is not None and t.inode == st.st_ino:
+            # --lines N: show the last N lines, but send every byte the workstation's mirror
+            # lacks (from its cursor, or from byte 0 the first time) so that the mirror holds
+            # the whole log; only a head bigger than FOLLOW_GAP_FILL is skipped (a jump,
+            # which the workstation records as a gap in its mirror)
             assert t.f is not None
             tail_start, scanned = offset_of_last_lines(t.f, st.st_size, self.lines)
             display_from = tail_start
-            if reason != "cursor" or not tail_start - FOLLOW_GAP_FILL <= start:
+            if not tail_start - FOLLOW_GAP_FILL <= start:
                 start, reason = tail_start, "lines"
             else:
                 start = min(start, tail_start)

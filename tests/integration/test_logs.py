@@ -191,6 +191,41 @@ def test_lines_on_a_huge_file_seeks_from_the_end(box_host: Path, journal: Journa
     assert result.opens["big"]["scanned"] < 256 * 1024, "must read only the end of the file"
     assert result.bytes == sum(len(f"tail {i}\n") for i in range(900, 1000))
     assert elapsed < 10
+    # a head over 64 MiB is not fetched: the mirror records the gap, and says so when shown
+    cursors = json.loads((mirror_dir(journal, box_host, "job-20260101-000000-abcd")
+                          / "cursors.json").read_text())
+    opened = result.opens["big"]
+    assert opened["offset"] > 2 << 30 and opened["reason"] == "lines"
+    assert cursors["gaps"]["big"] == [{"inode": opened["inode"], "from": 0,
+                                       "to": opened["offset"]}]
+
+
+def test_a_lines_first_fetch_still_mirrors_every_line(box_host: Path, make_proxy: Any,
+                                                      journal: Journal) -> None:
+    """The first tail-logs of a run is `--lines 3` (the demo's): 3 lines are shown, but the
+    mirror gets the log from byte 0, so a later read of the mirror (tail-logs on a dead box,
+    metrics) has every line; the next tail-logs resumes after the cursor."""
+    logs = make_run(box_host, ["trainer"])
+    text = "".join(f"global_step={i} loss={1 / (i + 1):.4f}\n" for i in range(500))
+    (logs / "trainer.log").write_text(text)
+    proxy = make_proxy(yaml.safe_load(box_host.read_text())["port"], one_way_delay=0.12)
+    host = slow_host(box_host, proxy.port)
+    out = io.StringIO()
+    tail_logs(PROJECT, str(host), Reporter(json_mode=True, out=out, err=io.StringIO()),
+              lines=3, follow=False, journal=journal)
+    shown = [json.loads(x)["line"] for x in out.getvalue().splitlines()]
+    assert shown == [f"global_step={i} loss={1 / (i + 1):.4f}" for i in (497, 498, 499)]
+    run_dir = mirror_dir(journal, host, "job-20260101-000000-abcd")
+    assert (run_dir / "trainer.log").read_text() == text, "the mirror holds every line"
+    assert "gaps" not in json.loads((run_dir / "cursors.json").read_text())
+    with open(logs / "trainer.log", "a") as f:
+        f.write("global_step=500 loss=0.0020\n")
+    after = io.StringIO()
+    tail_logs(PROJECT, str(host), Reporter(json_mode=True, out=after, err=io.StringIO()),
+              follow=False, journal=journal)
+    assert [json.loads(x)["line"] for x in after.getvalue().splitlines()] == \
+        ["global_step=500 loss=0.0020"]
+    assert (run_dir / "trainer.log").read_text() == text + "global_step=500 loss=0.0020\n"
 
 
 def test_grep_and_unknown_process(box_host: Path, journal: Journal) -> None:

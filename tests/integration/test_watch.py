@@ -39,7 +39,14 @@ from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
 from tests.support.network import free_port
 from tests.support.processes import alive
-from tests.support.runs import kill_run, resumed_log, wait_checkpoints, write_playbooks
+from tests.support.runs import (
+    kill_run,
+    resumed_log,
+    trainer_tag,
+    wait_checkpoints,
+    with_tag,
+    write_playbooks,
+)
 
 # A worker thread of the watch that dies of an exception fails the test (it would otherwise be
 # only a warning at the end of the run).
@@ -115,12 +122,15 @@ def behind_proxy(box: SandboxBox, tmp_path: Path, proxy: LatencyProxy, name: str
 
 
 def start_job(box: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-              proxy: LatencyProxy, epochs: int | None = None, step_seconds: float = 0.5
-              ) -> tuple[Project, Journal, Path, DeployResult]:
+              proxy: LatencyProxy, epochs: int | None = None, step_seconds: float = 0.5,
+              tag: str | None = None) -> tuple[Project, Journal, Path, DeployResult]:
     """mig-4gpu running on ``box`` (through ``proxy``) until its first checkpoint; with
-    ``epochs``, a trainer that finishes after that many (``step_seconds`` a step)."""
+    ``epochs``, a trainer that finishes after that many (``step_seconds`` a step); with
+    ``tag``, deployed with ``--param tag=TAG`` (tests.support.runs.with_tag)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     project = write_playbooks(tmp_path / "proj", free_port())
+    if tag is not None:
+        with_tag(project)
     if epochs is not None:
         book = project.playbooks_dir / "mig-4gpu.yaml"
         data = yaml.safe_load(book.read_text())
@@ -130,7 +140,8 @@ def start_job(box: SandboxBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         book.write_text(yaml.safe_dump(data, sort_keys=False))
     journal = Journal()
     a = behind_proxy(box, tmp_path, proxy)
-    first = deploy(project, str(a), "mig-4gpu", Reporter(quiet=True), journal=journal)
+    first = deploy(project, str(a), "mig-4gpu", Reporter(quiet=True), journal=journal,
+                   params=None if tag is None else {"tag": tag})
     wait_checkpoints(box.workdir / "ckpt", 1)
     return project, journal, a, first
 
@@ -333,6 +344,68 @@ def test_a_crash_on_a_live_box_is_reported_and_restarted_in_place_not_moved(
         assert read_json(running.record_path)["status"] == "failed"
         b_workdir = Path(yaml.safe_load(host_b.read_text())["workdir"])
         assert not (b_workdir / "runs").exists(), "nothing was moved to the spare"
+    finally:
+        kill_run(box_a.workdir, first.plan.run_id)
+
+
+def test_watchs_move_carries_the_params_and_needs_no_host_file_of_the_dead_box(
+        box_a: SandboxBox, host_b: Path, tmp_path: Path,
+        make_proxy: Callable[..., LatencyProxy], monkeypatch: pytest.MonkeyPatch,
+        watches: list[Running]) -> None:
+    """Deployed with --param tag=carried; A dies and its host file is deleted (as
+    `sandbox-down` does, as a user does with a dead rented box): watch moves the run to B
+    at the address it already holds, with tag=carried."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.12)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy,
+                                           tag="carried")
+    running = Running(project, str(a), journal, WatchOptions(
+        spares=[str(host_b)], threshold=THRESHOLD, period=PERIOD))
+    watches.append(running)
+    try:
+        running.wait_record(lambda r: r.get("mirrored") is not None)
+        a.unlink()  # the dead box's host file is gone
+        box_a.stop()
+        proxy.cut_all()
+        kill_run(box_a.workdir, first.plan.run_id)
+        resumed = running.wait_event("resumed")
+        new_run = resumed["run_id"]
+        assert trainer_tag(journal, new_run) == "carried"
+        record = journal.run(new_run)
+        assert record is not None and record["param_overrides"] == {"tag": "carried"}
+        assert "Resuming training on epoch" in resumed_log(
+            Path(yaml.safe_load(host_b.read_text())["workdir"]), new_run)
+        running.end()
+        assert running.error is None
+    finally:
+        cleanup(project, str(host_b), Reporter(quiet=True), all_runs=True, journal=journal)
+
+
+def test_a_watch_restart_keeps_the_params(
+        box_a: SandboxBox, tmp_path: Path, make_proxy: Callable[..., LatencyProxy],
+        monkeypatch: pytest.MonkeyPatch, watches: list[Running]) -> None:
+    """Deployed with --param tag=carried, the trainer crashes: the restart in place
+    (--restarts 1) runs the playbook as deployed, with tag=carried, even though the file
+    was edited since."""
+    proxy = make_proxy(box_a.port, one_way_delay=0.12)
+    project, journal, a, first = start_job(box_a, tmp_path, monkeypatch, proxy,
+                                           tag="carried")
+    book = project.playbooks_dir / "mig-4gpu.yaml"
+    book.write_text(book.read_text().replace("from-the-file", "edited-since"))
+    running = Running(project, str(a), journal, WatchOptions(
+        restarts=1, threshold=THRESHOLD, period=PERIOD))
+    watches.append(running)
+    try:
+        running.wait_record(lambda r: (r.get("progress") or {}).get("state") == "running")
+        kill_process(box_a.workdir, first.plan.run_id, "trainer")
+        record = running.wait_record(lambda r: r.get("run_id") != first.plan.run_id
+                                     and r.get("restarts_used") == 1)
+        second = record["run_id"]
+        assert trainer_tag(journal, second) == "carried"
+        again = journal.run(second)
+        assert again is not None and again["param_overrides"] == {"tag": "carried"}
+        assert "Resuming training on epoch" in resumed_log(box_a.workdir, second)
+        running.end()
+        assert running.error is None
     finally:
         kill_run(box_a.workdir, first.plan.run_id)
 

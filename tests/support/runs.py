@@ -74,6 +74,24 @@ def write_playbooks(root: Path, port: int) -> Project:
     return Project(root)
 
 
+def with_tag(project: Project, default: str = "from-the-file") -> None:
+    """Both members of family "mig" take a param ``tag``, which the trainer gets as
+    ``TRAIN_TAG`` (a stand-in for lr, epochs, anything a DFlash run passes as a param)."""
+    for book in project.playbooks_dir.glob("*.yaml"):
+        data = yaml.safe_load(book.read_text())
+        data["params"]["tag"] = default
+        data["processes"]["trainer"]["env"] = {"TRAIN_TAG": "${tag}"}
+        book.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def trainer_tag(journal: Journal, run_id: str) -> str:
+    """The trainer's ``TRAIN_TAG`` as the run's plan sent it to the box."""
+    record = journal.run(run_id)
+    assert record is not None, f"no journal record of {run_id}"
+    (trainer,) = [p for p in record["plan"]["processes"] if p["name"] == "trainer"]
+    return str(trainer["env"]["TRAIN_TAG"])
+
+
 def wait_checkpoints(save: Path, count: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

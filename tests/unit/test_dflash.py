@@ -224,6 +224,7 @@ def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path)
     """A fresh box has no model yet (stage copies it after the choice), so the layer count
     the old box reported for the same path is used; without it the choice failed with
     "num_hidden_layers ... is not known"."""
+    from outrig.inventory import resolve_host
     from outrig.journal import Journal
     from outrig.ops.migrate import choose_playbook
     from outrig.session import Project
@@ -237,13 +238,14 @@ def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path)
     del doc["dflash"]["num_hidden_layers"]
     (tmp_path / "playbooks" / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     project, journal = Project(tmp_path), Journal(tmp_path / "state")
+    old = resolve_host("old", hosts_dir=project.hosts_dir)
     with pytest.raises(PlanError, match="num_hidden_layers"):  # nothing known anywhere
         choose_playbook(project, "new", "job", explicit=True, journal=journal,
-                        from_host="old")
+                        from_host=old)
     journal.remember_models("old", [{"model": MODEL, "exists": True, "num_hidden_layers": 64,
                                      "weight_bytes": 55 * 10**9, "vocab_size": 248320}])
     plan, ref, _ = choose_playbook(project, "new", "job", explicit=True, journal=journal,
-                                   from_host="old")
+                                   from_host=old)
     assert ref == "job"
     trainer = plan.processes["trainer"].argv
     start = trainer.index("--target-layer-ids") + 1
@@ -252,7 +254,7 @@ def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path)
     journal.remember_models("new", [{"model": MODEL, "exists": True, "num_hidden_layers": 48,
                                      "weight_bytes": 55 * 10**9, "vocab_size": 248320}])
     plan, _, _ = choose_playbook(project, "new", "job", explicit=True, journal=journal,
-                                 from_host="old")
+                                 from_host=old)
     trainer = plan.processes["trainer"].argv
     start = trainer.index("--target-layer-ids") + 1
     assert trainer[start:start + 3] == ["2", "24", "45"]

@@ -41,5 +41,5 @@ def test_the_hints_of_a_playbook_with_checkpoints_offer_the_resume() -> None:
     dead = death_hint(RECORD, "sandbox", "hello-1", "no answer", ["b: its workdir is not "
                                                                  "writable"], True)
     assert "newest complete one" in crash and "used 1 of 1 restart(s)" in crash
-    assert "outrig migrate --from sandbox --to NEW" in dead and "checkpoint" in dead
+    assert "outrig migrate --run hello-1 --to NEW" in dead and "checkpoint" in dead
     assert "b: its workdir is not writable" in dead
