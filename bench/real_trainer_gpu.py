@@ -65,21 +65,20 @@ def wait(pred: Any, timeout: float, what: str) -> None:
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cpu", action="store_true")
-    parser.add_argument("--loss", default="eager")
-    args = parser.parse_args()
+def trainer_project(out: Path, *, cpu: bool = False, loss: str = "eager",
+                    epochs: int = 20, extra_keys: dict[str, Any] | None = None) -> Path:
+    """A fresh project under ``out`` whose playbook ``real-trainer`` runs the recipe's trainer
+    command on GPU 0 (the hidden-state stand-in as its server, the real prepare-data): the
+    host file ``gpu-box`` (``hostname: local``), the verifier, the conversations. Returns
+    the trainer's save path. ``extra_keys``: top-level playbook keys added (``hang:``)."""
     from make_verifier import make_verifier, write_conversations
 
-    out = args.out.resolve()
     if out.exists():
         shutil.rmtree(out)
     (out / "hosts").mkdir(parents=True)
     (out / "playbooks").mkdir()
     model = make_verifier(out / "model")
-    convs = write_conversations(out / "convs.jsonl", 160 if not args.cpu else 48)
+    convs = write_conversations(out / "convs.jsonl", 160 if not cpu else 48)
     (out / "hosts" / "gpu-box.yaml").write_text(yaml.safe_dump(
         {"hostname": "local", "workdir": str(out / "box")}))
     shims = out / "shims" / "vllm" / "entrypoints" / "cli"
@@ -102,7 +101,7 @@ def main() -> int:
     trainer_env: dict[str, str] = {"COLUMNS": "300", "PYTHONUNBUFFERED": "1",
                                    "HF_HUB_OFFLINE": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "150"}
     extra: list[str] = []
-    if args.cpu:
+    if cpu:
         trainer_env["PYTHONPATH"] = str(REPO / "tests" / "rehearsal" / "cpu_shim")
         extra = ["--draft-attn-impl", "sdpa"]
     book = {"name": "real-trainer", "processes": {
@@ -121,24 +120,36 @@ def main() -> int:
                                 "--seq-length", "256", "--num-preprocessing-workers", "1"],
                     "env": {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
                     "ready": {"exit": True, "timeout": 600}, "stop": {"grace": 10}},
-        "trainer": {"after": "prepare", "gpus": [] if args.cpu else [0],
+        "trainer": {"after": "prepare", "gpus": [] if cpu else [0],
                     "command": [torchrun, "--standalone", "--nproc_per_node", "1",
                                 "-m", "speculators.train", "--speculator-type", "dflash",
                                 "--verifier-name-or-path", str(model), "--data-path", str(data),
                                 "--save-path", str(save), "--vllm-endpoint",
                                 f"http://127.0.0.1:{port}/v1", "--target-layer-ids", "1", "2",
-                                "3", "--block-size", "8", "--epochs", "20", "--lr", "6e-4",
+                                "3", "--block-size", "8", "--epochs", str(epochs), "--lr", "6e-4",
                                 "--total-seq-len", "256", "--num-workers", "1",
                                 "--checkpoint-freq", "0.25", "--loss-implementation",
-                                args.loss, *extra],
+                                loss, *extra],
                     "env": trainer_env,
                     "ready": {"log": "Starting fresh training run|Resuming training on epoch|"
                               "Resuming mid-epoch from epoch", "timeout": 600},
                     "fatal": ["Traceback \\(most recent call last\\)"],
                     "stop": {"grace": 150, "children_first": True},
                     "checkpoints": {"path": str(save)}}}}
+    book.update(extra_keys or {})
     playbook = out / "playbooks" / "real-trainer.yaml"
     playbook.write_text(yaml.safe_dump(book, sort_keys=False))
+    return save
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--loss", default="eager")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    save = trainer_project(out, cpu=args.cpu, loss=args.loss)
     project, journal = Project(out), Journal(out / "state")
     reporter = Reporter(quiet=True)
     summary: dict[str, Any] = {"gpu_before": gpu_apps()}

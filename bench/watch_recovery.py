@@ -96,7 +96,8 @@ def main() -> int:
     from outrig.notify import Notifier
     from outrig.ops.cleanup import cleanup
     from outrig.ops.deploy import deploy
-    from outrig.ops.watch import WatchOptions, watch, watch_file
+    from outrig.ops.watch import watch
+    from outrig.ops.watch_record import WatchOptions, watch_file
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
     from tests.support.network import free_port

@@ -31,7 +31,7 @@ from pydantic import (
 
 from outrig import recipes
 from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
-from outrig.errors import ConfigError
+from outrig.errors import ConfigError, OutrigError
 from outrig.evaluation_section import EvaluateSpec
 from outrig.hang.spec import HangSpec
 from outrig.recipes import Recipe
@@ -646,3 +646,14 @@ def flag_job(raw: dict[str, Any], root: Path) -> Job:
         raise ConfigError("the flags do not make a valid evaluation:\n"
                           + "\n".join(f"  - {line}" for line in lines)) from None
     return Job(name=str(raw["name"]), spec=spec, doc=doc, test_mode=False)
+
+
+def hang_settings(playbooks_dir: Path, playbook: str | None) -> dict[str, Any] | None:
+    """The ``hang:`` section (plain JSON) of the playbook ``playbook`` names, or None when it
+    cannot be read here (moved, renamed, broken: the hang judge keeps the settings it had)."""
+    if not playbook:
+        return None
+    try:
+        return load_job(find_playbook(playbook, playbooks_dir)).spec.hang.settings()
+    except (OutrigError, OSError):
+        return None

@@ -114,11 +114,12 @@ def release(c: Any, box: str, force: bool = False, project: str | None = None,
     Example:
         outrig release outrig-h100-1a2b
     """
+    from outrig.ops.cleanup import stop_all_runs
     from outrig.providers.renting import release as release_box
 
     settings = settings_for(c, project)
     reporter = make_reporter(json)
-    result = release_box(settings.project, box, force=force)
+    result = release_box(settings.project, box, force=force, stop_runs=stop_all_runs)
     if json:
         reporter.emit_json(result)
         return

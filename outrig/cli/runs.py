@@ -392,8 +392,8 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     """
     from outrig.cli.targets import playbook_identity, select_one
     from outrig.notify import Notifier
-    from outrig.ops.watch import WatchOptions
     from outrig.ops.watch import watch as run_watch
+    from outrig.ops.watch_record import WatchOptions
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)

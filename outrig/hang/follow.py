@@ -4,7 +4,6 @@ The judging is :mod:`outrig.hang.judge`'s, the state :mod:`outrig.hang.store`'s.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from outrig.hang import store
@@ -16,10 +15,11 @@ class HangFollower:
     """The followed run's hang settings (its playbook's ``hang:`` section), what the
     heartbeat asks the agent to sample, and the newest verdicts."""
 
-    def __init__(self, journal: Journal, playbooks_dir: Path, run_id: str) -> None:
+    def __init__(self, journal: Journal, run_id: str,
+                 from_playbook: store.PlaybookSettings) -> None:
         self.journal = journal
         self.run_id = run_id
-        self.settings = store.settings_for(journal, playbooks_dir, run_id)
+        self.settings = store.settings_for(journal, run_id, from_playbook)
         self.request = store.request_for(self.settings)
         self.verdicts: list[ProcessVerdict] = []
 

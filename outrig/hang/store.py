@@ -12,10 +12,10 @@ run's playbook's section where the playbook can be read here, else the defaults.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from outrig.errors import OutrigError
 from outrig.hang.judge import ProcessVerdict, defaults, judge_run, sample_request
 from outrig.journal import Journal, atomic_write_json, read_json, record_lock, safe_name
 
@@ -26,26 +26,20 @@ def hang_file(journal: Journal, run_id: str) -> Path:
     return journal.root / HANG_DIR / f"{safe_name(run_id)}.json"
 
 
-def playbook_settings(playbooks_dir: Path, playbook: str | None) -> dict[str, Any] | None:
-    """The ``hang:`` section of the playbook ``playbook`` names, or None when it cannot be
-    read here (moved, renamed, broken: the judge keeps the settings it had)."""
-    if not playbook:
-        return None
-    from outrig.playbook import find_playbook, load_job
-
-    try:
-        return load_job(find_playbook(playbook, playbooks_dir)).spec.hang.settings()
-    except (OutrigError, OSError):
-        return None
+PlaybookSettings = Callable[[str], "dict[str, Any] | None"]
+"""The ``hang:`` settings of the playbook a name means, or None when it cannot be read (the
+caller's: :func:`outrig.playbook.hang_settings` over its project's playbooks)."""
 
 
-def settings_for(journal: Journal, playbooks_dir: Path, run_id: str) -> dict[str, Any]:
-    """The run's settings, in the order of the module docstring."""
+def settings_for(journal: Journal, run_id: str,
+                 from_playbook: PlaybookSettings) -> dict[str, Any]:
+    """The run's settings, in the order of the module docstring: those saved with its state,
+    else its playbook's (``from_playbook``), else the defaults."""
     saved = read_json(hang_file(journal, run_id))
     if isinstance(saved, dict) and isinstance(saved.get("settings"), dict):
         return dict(saved["settings"])
-    record = journal.run(run_id) or {}
-    found = playbook_settings(playbooks_dir, record.get("playbook"))
+    playbook = (journal.run(run_id) or {}).get("playbook")
+    found = from_playbook(str(playbook)) if playbook else None
     return found if found is not None else defaults()
 
 

@@ -12,6 +12,7 @@ stopped yet (:mod:`outrig.moves`), each stopped by its recorded id (:func:`fence
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -308,3 +309,10 @@ def print_dry_run(reporter: Reporter, result: dict[str, Any]) -> None:
     before = result.get("gpus_before") or {}
     if before.get("gpus"):
         out.print(_gpu_table("GPUs now", before))
+
+
+def stop_all_runs(project: Project, box: str, journal: Journal) -> None:
+    """Every run of ours on ``box`` stopped, quietly (``release --force`` of a rented box:
+    :data:`outrig.providers.renting.StopRuns`)."""
+    quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
+    cleanup(project, box, quiet, all_runs=True, journal=journal)

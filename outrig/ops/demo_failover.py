@@ -25,10 +25,11 @@ from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal, read_json
 from outrig.notify import Notifier
-from outrig.ops.cleanup import cleanup
+from outrig.ops.cleanup import cleanup, stop_all_runs
 from outrig.ops.demo import DEMO_PLAYBOOK, demo_playbook, ensure_sshd
 from outrig.ops.deploy import deploy
-from outrig.ops.watch import WatchOptions, watch, watch_file
+from outrig.ops.watch import watch
+from outrig.ops.watch_record import WatchOptions, watch_file
 from outrig.providers import ledger
 from outrig.providers import sandbox as market
 from outrig.providers.reconcile import boxes_lines, reconcile
@@ -118,7 +119,8 @@ def _release_all(project: Project, journal: Journal, reporter: Reporter) -> None
     for record in ledger.live(ledger.project_rentals(journal, str(project.root))):
         name = str(record.get("name"))
         with contextlib.suppress(OutrigError):
-            done = release(project, name, force=True, journal=journal)
+            done = release(project, name, force=True, journal=journal,
+                               stop_runs=stop_all_runs)
             reporter.info(f"• released {name}: {ledger.money(float(done['cost']))}")
 
 

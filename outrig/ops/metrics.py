@@ -30,7 +30,7 @@ from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
 from outrig.metrics import RunData, chain_ids, iter_rows, metric_names
 from outrig.metricstore import MetricStore
-from outrig.ops.watch import WATCH_DIR
+from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
 from outrig.redaction import ordered
 from outrig.report import render_html, report_document

@@ -93,8 +93,18 @@ def status_on(session: HostSession, *, run_id: str | None = None, playbook: str 
 def hang_request(session: HostSession, playbook: str | None) -> dict[str, Any] | None:
     """What the agent samples for the hang judge: as the named playbook's ``hang:`` section
     asks (the metric names, the canary), else as the defaults do."""
-    settings = hang_store.playbook_settings(session.project.playbooks_dir, playbook)
+    settings = playbook_hang(session)(playbook) if playbook else None
     return hang_store.request_for(settings or defaults())
+
+
+def playbook_hang(session: HostSession) -> hang_store.PlaybookSettings:
+    """The ``hang:`` settings of a playbook of the session's project, by name. The playbook
+    module (and pydantic with it) is imported only when a playbook is read: a warm status
+    of a run whose hang state is saved never pays for it."""
+    def read(name: str) -> dict[str, Any] | None:
+        from outrig.playbook import hang_settings
+        return hang_settings(session.project.playbooks_dir, name)
+    return read
 
 
 def mark_hangs(result: dict[str, Any], session: HostSession) -> None:
@@ -104,8 +114,8 @@ def mark_hangs(result: dict[str, Any], session: HostSession) -> None:
     for run in result.get("runs") or []:
         if not isinstance(run, dict) or not isinstance(run.get("run_id"), str):
             continue
-        settings = hang_store.settings_for(session.journal, session.project.playbooks_dir,
-                                           run["run_id"])
+        settings = hang_store.settings_for(session.journal, run["run_id"],
+                                           playbook_hang(session))
         verdicts = hang_store.judge_answer(session.journal, run, result.get("facts") or {},
                                            settings)
         by_name = {v.process: v for v in verdicts}

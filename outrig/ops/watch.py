@@ -31,14 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
-import json
 import queue
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 from outrig import gpu_health
@@ -46,7 +42,6 @@ from outrig.console import Reporter, one_line
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hang.follow import HangFollower, hang_hint
 from outrig.health import (
-    DEFAULT_THRESHOLD,
     Limits,
     Observation,
     Verdict,
@@ -55,10 +50,9 @@ from outrig.health import (
     prune,
     run_state,
 )
-from outrig.journal import Journal, atomic_write_json, read_json, safe_name
+from outrig.journal import Journal
 from outrig.notify import Notifier
-from outrig.ops.cleanup import fence_on
-from outrig.ops.nodes import refuse_node_run
+from outrig.ops.cleanup import fence_on, stop_all_runs
 from outrig.ops.restart import restart_on
 from outrig.ops.status import (
     PROGRESS_BYTES,
@@ -67,83 +61,22 @@ from outrig.ops.status import (
     remember_progress,
 )
 from outrig.ops.watch_lock import WatchLock
+from outrig.ops.watch_record import (
+    WatchOptions,
+    WatchRecord,
+    open_record,
+    opened,
+    silent,
+)
+from outrig.playbook import hang_settings
 from outrig.providers import spares as rented
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
 from outrig.watchlines import crash_hint, death_hint, heartbeat_line
 
-WATCH_DIR = "watches"
-EVENTS_KEPT = 200  # newest events kept in the watch's record
 FENCE_EVERY = 5  # probe periods between two looks at a box a run was moved from
 CONFIRM_FLOOR = 7.5  # seconds: a confirming TCP connect outlasts SYN retries at 0, 1, 3, 7 s
-BEAT_EVERY = 30.0  # seconds: at most this long between two heartbeat lines on a terminal
-
-
-@dataclass
-class WatchOptions:
-    """The flags of ``watch``: spares in order, a run to follow (else the playbook's current
-    run on the host), in-place restarts allowed after a crash (None: not given, so a
-    carried-on watch keeps its own, a new one allows 0), the death threshold, a fixed probe
-    period (tests; default: from the RTT) and the heartbeat line's interval (tests)."""
-
-    spares: list[str] = field(default_factory=list)
-    run_id: str | None = None
-    restarts: int | None = None
-    threshold: float = DEFAULT_THRESHOLD
-    period: float | None = None
-    beat_every: float = BEAT_EVERY
-
-
-# ------------------------------------------------------------------------------ the record
-
-
-def watch_file(journal: Journal, origin: str, playbook: str) -> Path:
-    return journal.root / WATCH_DIR / f"{safe_name(playbook)}@{safe_name(origin)}.json"
-
-
-def find_watch(journal: Journal, host: str, playbook: str) -> tuple[Path, dict[str, Any]] | None:
-    """The unfinished watch of ``playbook`` that began on ``host`` or has moved to it."""
-    for path in sorted((journal.root / WATCH_DIR).glob("*.json")):
-        data = read_json(path)
-        if (isinstance(data, dict) and data.get("playbook") == playbook
-                and data.get("status") == "watching"
-                and host in (data.get("origin"), data.get("host"))):
-            return path, data
-    return None
-
-
-class WatchRecord:
-    """The watch's state in the journal; every change is written at once (atomically)."""
-
-    def __init__(self, path: Path, data: dict[str, Any]) -> None:
-        self.path = path
-        self.data = data
-        self._lock = threading.Lock()  # the loop, its worker and the fencing thread write
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data.get(key)
-
-    def update(self, **fields: Any) -> None:
-        with self._lock:
-            self.data.update(fields)
-            self.data["updated"] = time.time()
-            atomic_write_json(self.path, self.data)
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            copy: dict[str, Any] = json.loads(json.dumps(self.data, default=str))
-        return copy
-
-    def note(self, **fields: Any) -> None:
-        """Change fields without writing (a frequent detail, saved with the next update)."""
-        with self._lock:
-            self.data.update(fields)
-
-    def add_event(self, payload: dict[str, Any]) -> None:
-        with self._lock:
-            events = [*(self.data.get("events") or []), payload][-EVENTS_KEPT:]
-        self.update(events=events)
 
 
 # ------------------------------------------------------------------------------ probes
@@ -217,8 +150,8 @@ class Watcher:
         spec = str(self.record["host"])  # its host file, else the run's recorded address
         self.session = HostSession(self.project, spec, silent(), self.journal, host=run_host(
             self.project.hosts_dir, self.journal, spec, str(self.record["run_id"]))[0])
-        self.hangs = HangFollower(self.journal, self.project.playbooks_dir,
-                                  str(self.record["run_id"]))
+        self.hangs = HangFollower(self.journal, str(self.record["run_id"]),
+                                  partial(hang_settings, self.project.playbooks_dir))
         self.hung: str | None = None  # the evidence once a process is confirmed hung
         try:
             return self._follow()
@@ -566,7 +499,8 @@ class Watcher:
             report = self.migrate_to(old_host, old_run, spare, probe=hung)
             if report is None:
                 skipped.append(f"{spare}: the move failed")
-                rented.release_unused(self.project, self.journal, self.send, spare, old_run)
+                rented.release_unused(self.project, self.journal, self.send, spare, old_run,
+                                      stop_runs=stop_all_runs)
                 continue
             moved = [*(self.record["moved"] or []), {"host": old_host, "run_id": old_run,
                                                      "fenced": None}]
@@ -579,7 +513,7 @@ class Watcher:
                       checkpoint=checkpoint.get("epoch"), timings=report.get("timings"),
                       seconds=report.get("seconds"))  # line already there
             if rented.release_dead(self.project, self.journal, self.send, old_host,
-                                   self.run_playbook()):
+                                   self.run_playbook(), stop_runs=stop_all_runs):
                 self.record.update(moved=[rented.moved_entry_released(m)
                                           if m.get("run_id") == old_run else m
                                           for m in self.record["moved"] or []])
@@ -684,126 +618,7 @@ class Watcher:
             self.record.update(moved=moved)
 
 
-def silent() -> Reporter:
-    """The reporter of the watch's own sessions: their retry notices and "lost contact"
-    warnings are what the health signals already judge, and a hung call that ends after the
-    loop has moved on must not print into the watch's output."""
-    return Reporter(quiet=True, err=_Discard())
-
-
-class _Discard(io.StringIO):
-    """A text stream that keeps nothing."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-
-@contextlib.contextmanager
-def opened(session: HostSession) -> Iterator[HostSession]:
-    """``with`` for a session whose reporter outlives it (the watch's own): closes the
-    connection only."""
-    try:
-        yield session
-    finally:
-        with contextlib.suppress(Exception):
-            session.transport.close()
-
-
 # ------------------------------------------------------------------------------ entry point
-
-
-def open_record(project: Project, journal: Journal, host_spec: str, playbook: str,
-                options: WatchOptions, reporter: Reporter,
-                lock: WatchLock | None = None) -> WatchRecord:
-    """The watch's record, by docs/cli.md's rule ("Which run a command means").
-
-    The run to follow is ``--run``, else the playbook's current run, asked of the box the
-    saved watch follows now (it may have moved) or of ``host_spec``. A saved, unfinished
-    watch of the playbook begun on or moved to ``host_spec`` is carried on only when it
-    follows that same run (or when its box does not answer: a watch exists for a box that
-    may be dead), and it says so; flags given on this command line replace what it saved
-    (``--spare``, ``--restarts``). A saved watch of another run (one a redeploy stopped on
-    purpose) is marked ``superseded`` and a new watch follows the current run with this
-    command line's flags. ``lock`` claims the run (and the saved watch) before anything is
-    written: a second watch of it is refused (:mod:`outrig.ops.watch_lock`)."""
-    found = find_watch(journal, host_spec, playbook)
-    saved = None if found is None else found[1]
-    where = host_spec if saved is None else str(saved.get("host") or host_spec)
-    # after a move, the run on the new box may be of another member of the playbook's family
-    runs_of = playbook if saved is None else str(
-        (journal.run(str(saved.get("run_id"))) or {}).get("playbook") or playbook)
-    run_id = options.run_id
-    if run_id is None:
-        try:
-            run_id = current_run(project, journal, where, runs_of, reporter)
-        except ConfigError:
-            raise
-        except OutrigError as exc:  # the box does not answer
-            if found is None:
-                raise
-            reporter.info(f"• {where} does not answer ({str(exc).split('. ')[0]}), so it "
-                          f"cannot say which run of {playbook} is current: carrying on the "
-                          "saved watch")
-    if found is not None and (run_id is None or run_id == found[1].get("run_id")):
-        if lock is not None:
-            lock.claim(str(found[1].get("run_id")), found[0])
-        return carry_on(found[0], found[1], playbook, options, reporter)
-    assert run_id is not None
-    if lock is not None:
-        lock.claim(run_id, *([found[0]] if found else []), watch_file(journal, where, playbook))
-    if found is not None:
-        path, data = found
-        WatchRecord(path, data).update(status="superseded", superseded_by=run_id)
-        reporter.info(f"• the saved watch of {playbook} followed run {data.get('run_id')} on "
-                      f"{data.get('host')}, which is not the run to follow now ({run_id}): "
-                      "starting a new watch")
-        host_spec = where
-    refuse_node_run(journal, run_id, what="watch")
-    record = WatchRecord(watch_file(journal, host_spec, playbook), {
-        "origin": host_spec, "host": host_spec, "playbook": playbook, "run_id": run_id,
-        "spares": list(options.spares), "restarts": options.restarts or 0,
-        "restarts_used": 0, "mirrored": None, "mirror_tried": None, "moved": [],
-        "events": [], "status": "watching", "started": time.time()})
-    record.update()
-    return record
-
-
-def carry_on(path: Path, data: dict[str, Any], playbook: str, options: WatchOptions,
-             reporter: Reporter) -> WatchRecord:
-    """The saved watch, with this command line's ``--spare`` and ``--restarts`` where given
-    (they win over what it saved), announced as carried on."""
-    record = WatchRecord(path, data)
-    changes: dict[str, Any] = {}
-    if options.spares:
-        changes["spares"] = list(options.spares)
-    if options.restarts is not None:
-        changes["restarts"] = options.restarts
-    if changes:
-        record.update(**changes)
-    reporter.info(f"• carrying on the saved watch of {playbook} (begun on "
-                  f"{data.get('origin')}): it follows the current run {data.get('run_id')} on "
-                  f"{data.get('host')}; spares left "
-                  f"{', '.join(record['spares'] or []) or 'none'}, restarts used "
-                  f"{record['restarts_used'] or 0} of {record['restarts'] or 0}"
-                  + (" (as this command line says)" if changes else ""))
-    return record
-
-
-def current_run(project: Project, journal: Journal, host_spec: str, playbook: str,
-                reporter: Reporter) -> str:
-    """The playbook's current run on the box (one ``status`` call)."""
-    try:
-        with opened(HostSession(project, host_spec, reporter, journal)) as session:
-            result = session.call("status", stream=False, playbook=playbook, log_lines=0)
-    except RemoteError as exc:
-        raise ConfigError(f"no run of {playbook} to watch on {host_spec} ({exc}); deploy it "
-                          f"first (`outrig deploy --host {host_spec} --playbook "
-                          f"{playbook}`) or name one with --run") from None
-    runs = [r for r in result.get("runs") or [] if isinstance(r, dict)]
-    if not runs or not isinstance(runs[0].get("run_id"), str):
-        raise ConfigError(f"{host_spec} has no run of {playbook}; deploy it first "
-                          f"(`outrig deploy --host {host_spec} --playbook {playbook}`)")
-    return str(runs[0]["run_id"])
 
 
 def watch(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,

@@ -38,6 +38,9 @@ from outrig.providers.registry import get_provider, provider_settings
 from outrig.session import Project, host_session
 
 Send = Callable[..., None]
+StopRuns = Callable[[Project, str, Journal], None]
+"""Stops every run of ours on a box by its host file's name (the ops layer's cleanup,
+handed down by whoever calls :func:`release`: providers sit below the ops)."""
 CAPACITY_TRIES = 2  # a sold-out offer is asked again once (it may free up), then the next
 CAPACITY_PAUSE = 2.0
 SSH_DEADLINE = 900.0  # seconds a new box may take to answer SSH (providers: P: ssh_deadline)
@@ -224,10 +227,11 @@ def living_runs(journal: Journal, name: str) -> list[str]:
 
 
 def release(project: Project, box: str, *, force: bool = False, journal: Journal | None = None,
-            send: Send = _quiet_send, why: str = "released by hand") -> dict[str, Any]:
+            send: Send = _quiet_send, why: str = "released by hand",
+            stop_runs: StopRuns | None = None) -> dict[str, Any]:
     """Terminate the rented box ``box`` (its host file's name). Refused (ConfigError) while
-    a run of ours lives on it, unless ``force``: then its runs are stopped first when it
-    answers. The host file is removed; the cost is recorded."""
+    a run of ours lives on it, unless ``force``: then its runs are stopped first with
+    ``stop_runs`` when it answers. The host file is removed; the cost is recorded."""
     journal = journal or Journal()
     record = ledger.for_host(journal, box)
     if record is None:
@@ -239,12 +243,9 @@ def release(project: Project, box: str, *, force: bool = False, journal: Journal
                           f"(outrig cleanup --host {box}) or pass --force to stop them and "
                           "release the box. Nothing was released.")
     stopped: list[str] = []
-    if runs and (project.hosts_dir / f"{box}.yaml").is_file():
-        from outrig.ops.cleanup import cleanup
-
-        quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
+    if runs and stop_runs is not None and (project.hosts_dir / f"{box}.yaml").is_file():
         with contextlib.suppress(OutrigError):  # a dead box's runs died with it
-            cleanup(project, box, quiet, all_runs=True, journal=journal)
+            stop_runs(project, box, journal)
             stopped = runs
     provider = get_provider(str(record["provider"]), project.root)
     if record.get("instance_id"):

@@ -31,7 +31,7 @@ from outrig.journal import Journal, record_lock
 from outrig.providers import ledger
 from outrig.providers.base import parse_gpus
 from outrig.providers.registry import PROVIDERS, get_provider
-from outrig.providers.renting import living_runs, release, rent
+from outrig.providers.renting import StopRuns, living_runs, release, rent
 from outrig.session import Project
 
 AUTO = "auto"
@@ -143,7 +143,7 @@ class SpareTaken(OutrigError):
 
 
 def release_dead(project: Project, journal: Journal, send: Send, old_host: str,
-                 playbook: str | None = None) -> bool:
+                 playbook: str | None = None, stop_runs: StopRuns | None = None) -> bool:
     """Terminate the dead box when it was rented through outrig, ``release_dead`` is on and
     its provider reports it not running (stopped or gone). True when released."""
     spec = spare_spec(project, playbook)
@@ -159,12 +159,12 @@ def release_dead(project: Project, journal: Journal, send: Send, old_host: str,
     if instance is not None and instance.state == "running":
         return False  # it answers its provider: only the link is gone; fencing handles it
     release(project, old_host, force=True, journal=journal, send=send,
-            why="dead: released by watch")
+            why="dead: released by watch", stop_runs=stop_runs)
     return True
 
 
 def release_unused(project: Project, journal: Journal, send: Send, host: str,
-                   for_run: str) -> bool:
+                   for_run: str, stop_runs: StopRuns | None = None) -> bool:
     """The box rented for the death of ``for_run`` took no job (the move failed): release
     it rather than pay for it. True when released."""
     record = ledger.for_host(journal, host)
@@ -172,7 +172,7 @@ def release_unused(project: Project, journal: Journal, send: Send, host: str,
         return False
     with contextlib.suppress(OutrigError):
         release(project, host, force=True, journal=journal, send=send,
-                why="the move onto it failed")
+                why="the move onto it failed", stop_runs=stop_runs)
         return True
     return False
 

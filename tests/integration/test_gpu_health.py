@@ -30,7 +30,8 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.placement import placement_on, placement_summary
 from outrig.ops.status import status
-from outrig.ops.watch import WatchOptions, watch, watch_file
+from outrig.ops.watch import watch
+from outrig.ops.watch_record import WatchOptions, watch_file
 from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.dmesg import write_kernel_log, xid_line

@@ -29,7 +29,7 @@ from outrig.journal import Journal, read_json
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.status import status
-from outrig.ops.watch import WatchOptions
+from outrig.ops.watch_record import WatchOptions
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project

@@ -28,7 +28,8 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.status import print_status, status
-from outrig.ops.watch import WatchOptions, watch
+from outrig.ops.watch import watch
+from outrig.ops.watch_record import WatchOptions
 from outrig.session import Project
 from outrig.textlayout import visible
 

@@ -26,7 +26,8 @@ from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs
 from outrig.ops.metrics import metrics_export, write_report
 from outrig.ops.status import status
-from outrig.ops.watch import WatchOptions, watch
+from outrig.ops.watch import watch
+from outrig.ops.watch_record import WatchOptions
 from outrig.session import Project
 
 pytestmark = pytest.mark.integration

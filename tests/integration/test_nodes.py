@@ -431,7 +431,8 @@ def test_one_node_of_a_job_is_neither_watched_nor_migrated_alone(
     and nothing is moved or stopped."""
     from outrig.errors import ConfigError
     from outrig.ops.migrate import migrate
-    from outrig.ops.watch import WatchOptions, watch
+    from outrig.ops.watch import watch
+    from outrig.ops.watch_record import WatchOptions
 
     result = deploy_nodes(project, ["a", "b"], load_job(fake_job), Reporter(quiet=True),
                           journal=journal())

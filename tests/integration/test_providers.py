@@ -30,7 +30,7 @@ from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.history import runs_history
 from outrig.ops.status import status
-from outrig.ops.watch import WatchOptions
+from outrig.ops.watch_record import WatchOptions
 from outrig.providers import sandbox as market
 from outrig.providers.base import CreateRequest, parse_gpus
 from outrig.providers.budget import BudgetRefused

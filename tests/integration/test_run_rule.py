@@ -21,7 +21,8 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal, atomic_write_json, read_json
-from outrig.ops.watch import WatchOptions, watch, watch_file
+from outrig.ops.watch import watch
+from outrig.ops.watch_record import WatchOptions, watch_file
 from outrig.session import Project
 from tests.support.cli import deployed, outrig
 from tests.support.network import free_port

@@ -33,7 +33,8 @@ from outrig.journal import Journal, read_json
 from outrig.notify import EVENTS, Notifier
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
-from outrig.ops.watch import WatchOptions, watch, watch_file
+from outrig.ops.watch import watch
+from outrig.ops.watch_record import WatchOptions, watch_file
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project

@@ -40,7 +40,7 @@ from outrig.ops.deploy import deploy
 from outrig.ops.logs import logs
 from outrig.ops.migrate import probe
 from outrig.ops.stage import stage, sync_checkpoints
-from outrig.ops.watch import current_run
+from outrig.ops.watch_record import current_run
 from outrig.session import Project
 from outrig.transport import Transport
 from tests.support.replay import Recording, RecordingConnector

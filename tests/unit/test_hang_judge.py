@@ -124,23 +124,39 @@ def test_a_stopped_tree_is_hung_after_the_confirmations() -> None:
 
 
 def test_idle_gpus_over_the_window() -> None:
+    """Idle GPUs and a silent log, both for the window: hung after the confirmations."""
     feed = Feed(settings(log={"enabled": False}))
     idle = {"gpus": [{"index": 0, "utilization_pct": 1}, {"index": 1, "utilization_pct": 0}]}
     busy = {"gpus": [{"index": 0, "utilization_pct": 1}, {"index": 1, "utilization_pct": 80}]}
     proc = {"gpus": [0, 1]}
 
-    def at(t: float, facts: dict[str, Any]) -> Any:
-        return feed({**trainer(t, t), **proc}, facts=facts)["trainer"]
+    def at(t: float, facts: dict[str, Any], mtime: float = 0.0) -> Any:
+        return feed({**trainer(t, mtime), **proc}, facts=facts)["trainer"]
 
     assert [at(t, idle).hung for t in range(0, 7)] == [False] * 6 + [True]
-    assert not at(7, busy).evidence, "one busy GPU: not idle"
-    assert not at(8, idle).evidence, "the window starts again"
+    assert "no log line" in at(7, idle).why()
+    assert not at(8, busy).evidence, "one busy GPU: not idle"
+    assert [bool(at(t, idle).evidence) for t in range(9, 14)] == [False] * 4 + [True], \
+        "the window starts again"
+    assert [bool(at(t, idle, mtime=14).evidence) for t in range(14, 19)] == \
+        [False] * 4 + [True], "a log line starts the window again"
     server = Feed(settings(log={"enabled": False}))
     sample = {"name": "vllm", "gpus": [0, 1],
               "hang": {"t": 0, "kind": "server", "stopped": False}}
     for t in range(20):
         sample["hang"]["t"] = t
         assert not server(sample, facts=idle)["vllm"].evidence, "an idle server is no hang"
+
+
+def test_a_logging_trainer_on_idle_gpus_is_no_hang() -> None:
+    """What the real speculators trainer showed on an H200 (docs/real-gpu.md): healthy, a
+    step logged every 0.2 s, and nvidia-smi's instant utilisation 0 % at most samples. Its
+    GPUs under the floor for far longer than the window make no hang while it logs."""
+    feed = Feed(settings(log={"enabled": False}))
+    idle = {"gpus": [{"index": 0, "utilization_pct": 0}]}
+    for t in range(40):
+        verdict = feed({**trainer(t, t - 0.2), "gpus": [0]}, facts=idle)["trainer"]
+        assert not verdict.evidence, f"t={t}: {verdict.why()}"
 
 
 def vllm(t: float, steps: float, running: float, waiting: float = 0) -> dict[str, Any]:
@@ -219,8 +235,11 @@ def test_the_agent_sums_engines_and_skips_other_names() -> None:
 def test_the_store_keeps_the_settings_and_count_a_run_began_with(tmp_path: Path) -> None:
     """watch and status count the same confirmations (the journal's), with the settings the
     run was first judged with: the playbook's hang: section then, not as edited since."""
+    from functools import partial
+
     from outrig.hang.store import judge_answer, settings_for
     from outrig.journal import Journal
+    from outrig.playbook import hang_settings
 
     journal = Journal(tmp_path / "state")
     books = tmp_path / "playbooks"
@@ -230,18 +249,19 @@ def test_the_store_keeps_the_settings_and_count_a_run_began_with(tmp_path: Path)
                                                             "interval": 1},
                                     "processes": {"p": {"command": "true"}}}))
     journal.record_run("r1", {"run_id": "r1", "playbook": "job"})
-    first = settings_for(journal, books, "r1")
+    from_books = partial(hang_settings, books)
+    first = settings_for(journal, "r1", from_books)
     assert first["confirmations"] == 2
     verdicts = judge_answer(journal, run_of(trainer(0, 0, stopped=True)), {}, first)
     assert verdicts[0].evidence[0]["confirmations"] == 1 and not verdicts[0].hung
     book.write_text(yaml.safe_dump({"name": "job", "hang": {"enabled": False},
                                     "processes": {"p": {"command": "true"}}}))
-    again = settings_for(journal, books, "r1")  # another command, later: the same settings
+    again = settings_for(journal, "r1", from_books)  # another command, later: the same settings
     assert again == first
     verdicts = judge_answer(journal, run_of(trainer(1, 1, stopped=True)), {}, again)
     assert verdicts[0].hung and verdicts[0].signal == "stopped"
     journal.record_run("r2", {"run_id": "r2", "playbook": "job"})
-    assert settings_for(journal, books, "r2")["enabled"] is False, "a new run: the file now"
+    assert settings_for(journal, "r2", from_books)["enabled"] is False, "a new run: the file now"
 
 
 def test_when_two_signals_confirm_at_once_the_most_direct_is_named() -> None:

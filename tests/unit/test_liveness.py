@@ -21,7 +21,8 @@ from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.notify import Notifier
 from outrig.ops import migrate as migrate_module
-from outrig.ops.watch import Watcher, WatchOptions, WatchRecord
+from outrig.ops.watch import Watcher
+from outrig.ops.watch_record import WatchOptions, WatchRecord
 from outrig.session import Project
 from outrig.transport import AgentChannel, Registration, Transport
 from tests.support.replay import ReplayConnector

@@ -24,7 +24,7 @@ from outrig.journal import Journal
 from outrig.metricstore import remember_samples
 from outrig.notify import Notifier
 from outrig.ops.metrics import write_report
-from outrig.ops.watch import WatchRecord, watch_file
+from outrig.ops.watch_record import WatchRecord, watch_file
 from tests.support.browser import Browser, find_chromium
 from tests.unit.test_metrics import GPUS, H200, MIGRATE, START, make_run, status_answer
 
