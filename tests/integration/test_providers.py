@@ -31,6 +31,7 @@ from outrig.ops.deploy import deploy
 from outrig.ops.history import runs_history
 from outrig.ops.status import status
 from outrig.ops.watch_record import WatchOptions
+from outrig.providers import ledger
 from outrig.providers import sandbox as market
 from outrig.providers.base import CreateRequest, parse_gpus
 from outrig.providers.budget import BudgetRefused
@@ -182,12 +183,19 @@ def test_boxes_marks_gone_and_orphans_and_release_refuses_a_box_with_our_run(
     states = {b["name"]: b["state"] for b in doc["boxes"]}
     assert states == {"kept": "ready", "lost": "gone"}
     assert [o["instance_id"] for o in doc["orphans"]] == [stray.instance_id]
+    # begun when the box was rented: its share of the bill spans the rent's own wait for
+    # SSH at least (a release right after a run recorded now would round its share to 0)
+    rented_at = float((ledger.for_host(journal, "kept") or {})["created_at"])
     journal.record_run("r1", {"run_id": "r1", "host": "kept", "status": "running",
-                              "created": time.time()})
+                              "created": rented_at})
+    stopped: list[str] = []
     with pytest.raises(ConfigError, match="still has run\\(s\\) of ours: r1"):
-        release(project, "kept", journal=journal)
+        release(project, "kept", journal=journal, stop_runs=lambda p, box, j: stopped.append(box))
+    assert stopped == [], "refused: nothing stopped"
     assert [i.instance_id for i in provider.list() if i.instance_id == kept["instance_id"]]
-    done = release(project, "kept", force=True, journal=journal)
+    done = release(project, "kept", force=True, journal=journal,
+                   stop_runs=lambda p, box, j: stopped.append(box))
+    assert stopped == ["kept"] and done["stopped_runs"] == ["r1"]
     assert done["cost"] > 0 and not (project.hosts_dir / "kept.yaml").exists()
     run = journal.run("r1") or {}
     assert run["cost"]["box"] == "kept" and run["cost"]["usd"] > 0

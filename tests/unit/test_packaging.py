@@ -1,0 +1,21 @@
+"""The wheel holds every package of outrig: pyproject.toml lists its packages by hand (the
+agent's mapping to ``outrig._box`` needs that), so a new folder left off the list would
+install an ``outrig`` that fails on its first import (``No module named 'outrig.hang'``).
+The wheel tests find that too, but only in the slow tier; this finds it in a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_package_folder_is_in_the_wheels_list() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts)
+             for init in (ROOT / "outrig").rglob("__init__.py")}
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
