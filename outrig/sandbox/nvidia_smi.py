@@ -203,6 +203,25 @@ def set_gpu_fields(gpu_dir: Path, index: int, fields: Dict[str, str]) -> None:
     write_inventory(gpu_dir, inv)
 
 
+# What nvidia-smi answered for a GPU whose process hangs, read on a real H200 (driver
+# 580.159.04; docs/real-gpu.md "What a hang looks like", tests/fixtures/h200-hang/): a rank
+# stopped by SIGSTOP reads 0 % with its memory still held and its power unchanged; a rank
+# waiting in a collective (a kernel spinning on a flag, as NCCL's do) reads 100 % at 1980 MHz.
+# Memory comes from the live holders, as on the real GPU: the process keeps it either way.
+HANG_SHAPES: Dict[str, Dict[str, str]] = {
+    "stopped": {"utilization.gpu": "0", "utilization.memory": "0", "power.draw": "129.20"},
+    "collective": {"utilization.gpu": "100", "clocks.sm": "1980", "power.draw": "129.10"},
+}
+
+
+def set_gpu_hang(gpu_dir: Path, index: int, shape: Optional[str]) -> None:
+    """GPU ``index`` answers as a real one whose process hangs (:data:`HANG_SHAPES`;
+    None: as before)."""
+    if shape is not None and shape not in HANG_SHAPES:
+        raise ValueError(f"hang shape {shape!r}: one of {', '.join(HANG_SHAPES)}")
+    set_gpu_fields(gpu_dir, index, dict(HANG_SHAPES[shape]) if shape is not None else {})
+
+
 def refuse_fields(gpu_dir: Path, fields: Sequence[str]) -> None:
     """Answer like an older driver that does not know ``fields`` (exit 2, "not a valid
     field"), as a driver before remapped rows or the clocks reasons does."""

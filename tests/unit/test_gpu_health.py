@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -351,3 +352,30 @@ def test_an_inventory_number_that_lies_is_none_and_named(lie: str) -> None:
     assert verdict["verdict"] == "unknown"
     assert any(f["field"] == "memory.total" and f["verdict"] == "unknown"
                for f in verdict["findings"])
+
+
+@pytest.mark.parametrize("shape, util", [("stopped", "0"), ("collective", "100")])
+def test_the_fake_answers_a_hung_gpu_as_the_h200_captures_did(
+        tmp_path: Path, shape: str, util: str) -> None:
+    """tests/fixtures/h200-hang/: a SIGSTOPped rank read 0 %, a rank spinning in a wait
+    100 %; the memory is the holders' as before, and None gives the GPU back."""
+    samples = REPO / "tests" / "fixtures" / "h200-hang" / "samples-capture2.jsonl"
+    captured = [json.loads(line) for line in samples.read_text().splitlines()]
+    phase = {"stopped": "rank-stopped", "collective": "spinning"}[shape]
+    assert {row["util_pct"] for row in captured if row["phase"] == phase} == {util}
+    nvidia_smi.write_inventory(tmp_path, nvidia_smi.make_inventory(1, 143771, "NVIDIA H200"))
+
+    def query() -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert nvidia_smi.main(["--query-gpu=utilization.gpu,memory.total",
+                                    "--format=csv,noheader,nounits"], tmp_path) == 0
+        return out.getvalue().strip()
+
+    healthy = query()
+    nvidia_smi.set_gpu_hang(tmp_path, 0, shape)
+    assert query() == f"{util}, 143771"
+    nvidia_smi.set_gpu_hang(tmp_path, 0, None)
+    assert query() == healthy
+    with pytest.raises(ValueError, match="hang shape"):
+        nvidia_smi.set_gpu_hang(tmp_path, 0, "frozen")
