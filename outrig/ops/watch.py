@@ -70,6 +70,7 @@ from outrig.ops.watch_record import (
 )
 from outrig.playbook import hang_settings
 from outrig.providers import spares as rented
+from outrig.providers.renting import check_box
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
@@ -541,20 +542,7 @@ class Watcher:
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is
         ``bad``: a job moved there would be refused, or run on a sick card), or None."""
-        try:
-            with opened(HostSession(self.project, spare, Reporter(quiet=True),
-                                               self.journal)) as session:
-                result = session.call("check", stream=False)
-                verdicts, _ = gpu_health.look(self.journal, session.host.name,
-                                              result.get("facts") or {})
-        except OutrigError as exc:
-            return str(exc).split(". ")[0]
-        if not result.get("workdir_writable"):
-            return "its workdir is not writable"
-        bad = [v for v in verdicts if v["verdict"] == gpu_health.BAD]
-        if bad:
-            return "unhealthy GPU: " + "; ".join(gpu_health.summary(v) for v in bad)
-        return None
+        return check_box(self.project, self.journal, spare)
 
     def migrate_to(self, old_host: str, old_run: str, spare: str,
                    probe: bool = False) -> dict[str, Any] | None:
