@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ CHECKPOINT_RE = re.compile(r"(?:Interrupt c|C)heckpoint saved to '?(?P<path>[^'\
 RESUME_RE = re.compile(r"Resuming (?:mid-epoch from|training on) (?P<what>.+?)\.?$")
 INTERRUPT_RE = re.compile(r"Received SIGTERM|Training interrupted")
 SPARKS = "▁▂▃▄▅▆▇█"
+FLOAT = frozenset({float})
 
 
 @dataclass
@@ -80,7 +82,7 @@ class Point:
         if not isinstance(values, dict):
             return None
         t = data.get("t")
-        if not all(type(v) is float for v in values.values()):  # the usual row: all floats
+        if not set(map(type, values.values())) <= FLOAT:  # the usual row: all floats
             values = {str(k): float(v) for k, v in values.items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
         return cls(process=str(data.get("p")), step=int(data["s"]),
@@ -377,9 +379,21 @@ def drawable(value: float) -> bool:
     return -DRAWN_LIMIT <= value <= DRAWN_LIMIT
 
 
+def all_drawable(values: Sequence[float]) -> bool:
+    """Whether :func:`drawable` holds for every one of ``values``, in C loops (a call per
+    value cost a quarter of a second per million): the extremes within the limit and a
+    finite sum (a NaN makes it NaN; ±1e150 a million times cannot overflow)."""
+    if not values:
+        return True
+    return (min(values) >= -DRAWN_LIMIT and max(values) <= DRAWN_LIMIT
+            and math.isfinite(sum(values)))
+
+
 def left_out_note(rows: Sequence[tuple[int, float]]) -> str | None:
     """``2 value(s) beyond ±1e+150 not drawn (step 5 = 1e+308, step 9 = -1e+308)``: what a
     chart of ``(step, value)`` rows leaves out (:func:`drawable`), or None."""
+    if all_drawable([v for _, v in rows]):
+        return None
     out = [(s, v) for s, v in rows if not drawable(v)]
     if not out:
         return None
@@ -504,7 +518,64 @@ class RunData:
     @functools.cached_property
     def table(self) -> dict[tuple[str, int], Point]:
         """The points :func:`merged`, made once per run (every metric's series reads it)."""
+        if self.in_order is not None:
+            return {(p.process, p.step): p for p in self.in_order}
         return merged(self.points)
+
+    @functools.cached_property
+    def in_order(self) -> list[Point] | None:
+        """The points themselves when they are already :attr:`table`'s values in step
+        order: one process, each step once and rising (a trainer's log, the usual run), so
+        nothing merges. None otherwise. A series is then read straight from the list (no
+        table, no per-step dictionary): at a million points that is most of what drawing
+        cost above reading the store."""
+        points, steps = self.points, self._steps
+        if not points or len(set(map(PROCESS, points))) != 1:
+            return None
+        return points if all(map(int.__lt__, steps, itertools.islice(steps, 1, None))) \
+            else None
+
+    @functools.cached_property
+    def _steps(self) -> list[int]:
+        return list(map(STEP, self.points))
+
+    @functools.cached_property
+    def _times(self) -> list[float | None]:
+        return list(map(TIME, self.points))
+
+    @functools.cached_property
+    def _raw(self) -> dict[str, Sequence[float | None]]:
+        """metric → its value at each point of :attr:`in_order` (None where a point lacks
+        it). A trainer prints the same keys on every line: then the values are turned into
+        columns in one pass in C, else a pass per metric."""
+        dicts = list(map(VALUES, self.in_order or []))
+        if not dicts:
+            return {}
+        keys = list(dicts[0])
+        if all(map(keys.__eq__, map(list, dicts))):
+            return dict(zip(keys, zip(*map(dict.values, dicts), strict=True), strict=True))
+        return {n: list(map(operator.methodcaller("get", n), dicts))
+                for n in set(itertools.chain.from_iterable(dicts))}
+
+    @functools.cached_property
+    def names(self) -> list[str]:
+        """Every metric of the run, in :func:`metric_order` (the keys gathered in C)."""
+        keys = self._raw if self.in_order is not None else set(
+            itertools.chain.from_iterable(map(VALUES, self.points)))
+        return sorted(keys, key=metric_order)
+
+    def _column(self, metric: str) -> tuple[list[int], list[float | None], list[float]]:
+        """Steps, times and values of ``metric``'s finite values in step order, from
+        :attr:`in_order` (only when it is not None)."""
+        values = self._raw.get(metric)
+        if values is None:
+            return [], [], []
+        if None not in values and math.isfinite(sum(values)):  # type: ignore[arg-type]
+            return self._steps, self._times, list(values)  # type: ignore[arg-type]
+        keep = [i for i, v in enumerate(values) if v is not None and -math.inf < v < math.inf]
+        steps, times = self._steps, self._times
+        return ([steps[i] for i in keep], [times[i] for i in keep],
+                [values[i] for i in keep])  # type: ignore[misc]
 
     @functools.cached_property
     def columns(self) -> dict[str, dict[int, tuple[int, float | None, float]]]:
@@ -523,8 +594,54 @@ class RunData:
     def series(self, metric: str) -> list[tuple[int, float | None, float]]:
         """``(step, t, value)`` of one metric, sorted by step (what :func:`by_step` gives,
         from :attr:`columns`)."""
+        if self.in_order is not None:
+            return list(zip(*self._column(metric), strict=True))
         column = self.columns.get(metric) or {}
         return [column[s] for s in sorted(column)]
+
+    def pairs(self, metric: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of one metric, sorted by step (:meth:`series` without the
+        time: what a chart draws)."""
+        if self.in_order is not None:
+            steps, _, values = self._column(metric)
+            return list(zip(steps, values, strict=True))
+        return [(s, v) for s, _, v in self.series(metric)]
+
+    def values(self, metric: str) -> list[float]:
+        """The finite values of one metric, in step order (:meth:`series`' values)."""
+        if self.in_order is not None:
+            return self._column(metric)[2]
+        return [v for _, _, v in self.series(metric)]
+
+    def rows(self, names: Sequence[str]
+             ) -> Iterator[tuple[str, int, float | None, list[float | None]]]:
+        """:func:`iter_rows` of the run, from :attr:`in_order` when the points need no
+        merging."""
+        if self.in_order is None:
+            yield from iter_rows(self.table, names)
+            return
+        getters = [operator.methodcaller("get", n) for n in names]
+        for point in self.in_order:
+            values = point.values
+            yield point.process, point.step, point.t, [get(values) for get in getters]
+
+    def count(self) -> int:
+        """How many (process, step) points the run has once merged."""
+        return len(self.in_order) if self.in_order is not None else len(self.table)
+
+    def step_span(self) -> tuple[int, int] | None:
+        """The run's first and last step (None: no points)."""
+        if not self.points:
+            return None
+        if self.in_order is not None:
+            return self._steps[0], self._steps[-1]
+        return min(self._steps), max(self._steps)
+
+
+PROCESS = operator.attrgetter("process")
+STEP = operator.attrgetter("step")
+TIME = operator.attrgetter("t")
+VALUES = operator.attrgetter("values")
 
 
 def chain_ids(records: dict[str, dict[str, Any]], run_id: str) -> list[str]:

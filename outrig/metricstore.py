@@ -20,11 +20,14 @@ same time do not parse the same bytes twice.
 A mirror segment is known by its inode (a rotation renames the file; the inode stays), so a
 segment archived after the cursor was saved is finished from the cursor, then the new file
 is read from its start. A damaged state file is moved aside (the journal's rule) and the
-series is parsed again from the start of the mirror.
+series is parsed again from the start of the mirror; so it is when a file of the series is
+shorter than the state records, or a mirrored log was rewritten or cut before the cursor
+(:func:`rewritten`).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -80,13 +83,16 @@ class MetricStore:
     # -- the one way to change it
 
     @contextmanager
-    def _changing(self) -> Iterator[dict[str, Any]]:
+    def _changing(self, stale: Callable[[dict[str, Any]], bool] | None = None
+                  ) -> Iterator[dict[str, Any]]:
         """The state under its lock, the files cut back to the sizes it records; what the
-        block appends (:meth:`_append`) is fsynced, then the state written."""
+        block appends (:meth:`_append`) is fsynced, then the state written. A state that
+        is damaged, that a file of the series no longer matches, or that ``stale`` rejects
+        is started over (the files emptied, the mirror parsed again from its start)."""
         try:
             with record_lock(self.state_file):
                 state = self.journal.load(self.state_file) or {}
-                if state.get("v") != 1:
+                if state.get("v") != 1 or self._shorter(state) or (stale and stale(state)):
                     state = {"v": 1, "run_id": self.run_id, "logs": {}, "tails": {},
                              "sizes": {}, "lines_parsed": 0}
                     for name in FILES:  # a new (or unreadable) state: start over
@@ -106,6 +112,23 @@ class MetricStore:
                 atomic_write_json(self.state_file, state)
         except OSError as exc:
             raise journal_write_failed(self.state_file, exc) from None
+
+    def _shorter(self, state: dict[str, Any]) -> bool:
+        """Whether a file of the series is shorter than the state records (cut or
+        replaced behind the store's back): the cursor would skip what was lost, so the
+        series is parsed again from the start of the mirror."""
+        sizes = state.get("sizes")
+        if not isinstance(sizes, dict):
+            return False
+        for name in FILES:
+            try:
+                size = self.path(name).stat().st_size
+            except FileNotFoundError:
+                size = 0
+            recorded = sizes.get(name)
+            if isinstance(recorded, int) and size < recorded:
+                return True
+        return False
 
     def _cut(self, name: str, size: int) -> None:
         path = self.path(name)
@@ -137,11 +160,12 @@ class MetricStore:
         if not mirror.cursor_file.exists() and not any(mirror.root.glob("*.log")):
             return Ingest()
         added = Ingest()
-        with self._changing() as state:
+        every = mirror_files(mirror)
+        with self._changing(lambda state: rewritten(state, every)) as state:
             logs = state.setdefault("logs", {})
             points: list[Point] = []
             events: list[Event] = []
-            for name, files in mirror_files(mirror).items():
+            for name, files in every.items():
                 entry = logs.get(name) if isinstance(logs.get(name), dict) else {}
                 clock = Clock.from_json(entry.get("clock"), ref)
                 done = {int(i) for i in entry.get("done") or [] if isinstance(i, int)}
@@ -236,7 +260,8 @@ class MetricStore:
                 continue
 
     def points(self) -> list[Point]:
-        return [p for p in map(Point.from_json, self._rows("points")) if p is not None]
+        with _no_collection():
+            return [p for p in map(Point.from_json, self._rows("points")) if p is not None]
 
     def events(self) -> list[Event]:
         return [e for e in map(Event.from_json, self._rows("events")) if e is not None]
@@ -256,6 +281,47 @@ class MetricStore:
     def lines_parsed(self) -> int:
         state = self.journal.load(self.state_file) or {}
         return int(state.get("lines_parsed") or 0)
+
+
+def rewritten(state: dict[str, Any], every: dict[str, list[tuple[Path, int | None]]]) -> bool:
+    """Whether a process's mirror is no longer the bytes its cursor points into: the file
+    the cursor names is gone from the process's files (the mirror rewritten, not rotated:
+    a rotation keeps the inode in an archived segment) or now ends before the cursor (cut
+    in place). Parsing on would append a second copy of its points, or skip some."""
+    logs = state.get("logs")
+    if not isinstance(logs, dict):
+        return False
+    for name, files in every.items():
+        entry = logs.get(name)
+        if not isinstance(entry, dict) or not isinstance(entry.get("inode"), int):
+            continue
+        sizes = {}
+        for path, _ in files:
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue
+            sizes[info.st_ino] = info.st_size
+        if not sizes:
+            continue
+        size = sizes.get(entry["inode"])
+        if size is None or size < int(entry.get("offset") or 0):
+            return True
+    return False
+
+
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    """The cyclic garbage collector paused while a points file becomes objects: a million
+    points are millions of new dictionaries and floats, none in a cycle, and the collector
+    walked them again and again (a third of the read's time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def add_trend(state: dict[str, Any], points: list[Point]) -> None:

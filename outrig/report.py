@@ -32,9 +32,9 @@ from typing import Any
 from outrig.journal import utc_text
 from outrig.metrics import (
     RunData,
+    all_drawable,
     drawable,
     left_out_note,
-    metric_names,
     metric_order,
     spread,
     thin,
@@ -121,7 +121,7 @@ def identity(run: RunData, secrets: Sequence[str]) -> dict[str, Any]:
         "gpu_totals": {str(k): v for k, v in sorted(totals.items(), key=lambda kv: str(kv[0]))},
         "processes": processes, "moved_to": record.get("moved_to"),
         "migrated_from": record.get("migrated_from"), "fenced": record.get("fenced"),
-        "mirror": run.mirror, "points": len(run.table),
+        "mirror": run.mirror, "points": run.count(),
         "test_mode": record.get("test_mode"),
         "cost": record.get("cost") if isinstance(record.get("cost"), dict) else None,
     }
@@ -131,7 +131,9 @@ def _series(run: RunData, metric: str, origin: float | None) -> dict[str, Any]:
     """One metric of one run as the page draws it: thinned, and without the values no
     chart can draw (:func:`outrig.metrics.drawable`), which ``note`` lists instead."""
     every = run.series(metric)
-    note = left_out_note([(s, v) for s, _, v in every])
+    # the check in C loops first: a note (a pass per value) only where something is left out
+    note = None if all_drawable(run.values(metric)) else left_out_note(
+        [(s, v) for s, _, v in every])
     rows = thin([r for r in every if drawable(r[2])] if note else every, POINTS_PER_SERIES)
     out: dict[str, Any] = {"s": [r[0] for r in rows],
                            "t": [_hours(t, origin) for t in spread([r[1] for r in rows])],
@@ -222,7 +224,7 @@ def report_document(groups: Sequence[Sequence[RunData]], *, now: float,
     for index, group in enumerate(groups):
         origin = _origin(group)
         for run in group:
-            names += [n for n in metric_names(run.points) if n not in names]
+            names += [n for n in run.names if n not in names]
             runs.append({**identity(run, secrets), "group": index, "origin": origin})
             gpu[run.run_id] = _gpu_series(run, origin)
             events += run_events(run, origin, evaluations.get(run.run_id) or [],

@@ -12,6 +12,7 @@ as it was); it is pure Python with no dependencies of its own.
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 from collections.abc import Sequence
@@ -76,6 +77,11 @@ def table_lines(metric: str, curves: Sequence[Curve], width: int) -> list[str]:
     return out
 
 
+def _drawn_at_least(rows: Sequence[tuple[int, float]], count: int) -> bool:
+    """Whether ``count`` of the rows can be drawn (:func:`drawable`), looking no further."""
+    return len(list(itertools.islice((v for _, v in rows if drawable(v)), count))) >= count
+
+
 def envelope(rows: Sequence[tuple[int, float]], buckets: int) -> list[tuple[int, float]]:
     """At most ``2 × buckets + 2`` rows that draw as ``rows`` do on a chart ``buckets`` dots
     wide: the rows cut into ``buckets`` runs in step order, each run's lowest and highest
@@ -88,8 +94,8 @@ def envelope(rows: Sequence[tuple[int, float]], buckets: int) -> list[tuple[int,
     out: list[tuple[int, float]] = []
     for i in range(buckets):
         run = rows[int(i * size):max(int(i * size) + 1, int((i + 1) * size))]
-        low = min(range(len(run)), key=lambda k: run[k][1])
-        high = max(range(len(run)), key=lambda k: run[k][1])
+        values = [v for _, v in run]  # min, max and index in C: a key call per row cost
+        low, high = values.index(min(values)), values.index(max(values))  # seconds
         keep = {low, high} | ({0} if i == 0 else set()) | (
             {len(run) - 1} if i == buckets - 1 else set())  # the ends stay where they are
         out += [run[k] for k in sorted(keep)]
@@ -108,8 +114,9 @@ def chart_lines(metric: str, curves: Sequence[Curve], width: int,
     plt.xlabel("step")
     notes = []
     for curve in curves:
-        rows = envelope([(s, v) for s, v in curve.rows if drawable(v)], 2 * width)
         note = left_out_note(curve.rows)
+        rows = envelope([(s, v) for s, v in curve.rows if drawable(v)] if note else curve.rows,
+                        2 * width)
         if note:
             notes += textwrap.wrap(f"{curve.label}: {note}", max(20, width - 2),
                                    initial_indent="  ", subsequent_indent="    ")
@@ -130,7 +137,7 @@ def plot_lines(curves_by_metric: Sequence[tuple[str, Sequence[Curve]]], width: i
             out.append("")
         # plotext computes a range as max - min: a value near ±1e308 overflows it (it
         # raised OverflowError); such values are left out of the chart and named under it
-        shown = [c for c in curves if sum(drawable(v) for _, v in c.rows) >= 2]
+        shown = [c for c in curves if _drawn_at_least(c.rows, 2)]
         if colour and shown and width >= MIN_CHART_WIDTH:
             out += chart_lines(metric, shown, width)
         else:

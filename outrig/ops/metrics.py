@@ -28,7 +28,7 @@ from outrig.errors import ConfigError, LocalWriteError
 from outrig.evaluations.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
-from outrig.metrics import RunData, chain_ids, iter_rows, metric_names
+from outrig.metrics import RunData, chain_ids
 from outrig.metricstore import MetricStore
 from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
@@ -135,7 +135,7 @@ def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "ta
     journal = journal or Journal()
     groups, parsed = load_chains(journal, run_ids)
     runs = [run for group in groups for run in group]
-    names = list(dict.fromkeys(n for run in runs for n in metric_names(run.points)))
+    names = list(dict.fromkeys(n for run in runs for n in run.names))
     _check_metrics(metrics, names)
     names = list(metrics) or names
     doc: dict[str, Any] = {"metrics": names, "lines_parsed": parsed, "runs": []}
@@ -173,7 +173,7 @@ def json_points(run: RunData, names: Sequence[str]) -> list[dict[str, Any]]:
     return [{"process": p, "step": s, "t": t,
              "values": {n: json_value(v) for n, v in zip(names, values, strict=True)
                         if v is not None}}
-            for p, s, t, values in iter_rows(run.table, names)
+            for p, s, t, values in run.rows(names)
             if any(v is not None for v in values)]
 
 
@@ -188,7 +188,7 @@ def csv_text(runs: Sequence[RunData], names: Sequence[str]) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["run_id", "host", "process", "step", "time_utc", "t", *names])
     for run in runs:
-        for process, step, t, values in iter_rows(run.table, names):
+        for process, step, t, values in run.rows(names):
             if all(v is None for v in values):
                 continue
             writer.writerow([run.run_id, run.host, process, step,
@@ -207,13 +207,14 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
     for run in runs:
         if out:
             out.append("")
-        steps = sorted({p.step for p in run.points})
-        span = f"steps {steps[0]}–{steps[-1]}" if steps else "no metric records yet"
+        first_last = run.step_span()
+        span = (f"steps {first_last[0]}–{first_last[1]}" if first_last
+                else "no metric records yet")
         out.append(f"run {run.run_id} ({run.record.get('playbook')}) on {run.host}: "
                    f"{len(run.points)} records, {span}")
         rows = []
         for name in names:
-            values = [v for _, _, v in run.series(name)]
+            values = run.values(name)
             if values:
                 rows.append([name, str(len(values)), f"{values[0]:.4g}", f"{values[-1]:.4g}",
                              f"{min(values):.4g}", f"{max(values):.4g}"])
@@ -235,19 +236,17 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
     journal = journal or Journal()
     groups, _ = load_chains(journal, run_ids)
     runs = [run for group in groups for run in group]
-    names = list(dict.fromkeys(n for run in runs for n in metric_names(run.points)))
+    names = list(dict.fromkeys(n for run in runs for n in run.names))
     _check_metrics(metrics, names)
     chosen = list(metrics) or [m for m in DEFAULT_PLOT if m in names] or names[:1]
     _say_empty(reporter, runs)
-    curves = [(metric, [Curve(run.label(), metric,
-                              [(s, v) for s, _, v in run.series(metric)])
-                        for run in runs]) for metric in chosen]
+    curves = [(metric, [Curve(run.label(), metric, run.pairs(metric)) for run in runs])
+              for metric in chosen]
     if not reporter.json_mode:  # served beside the trainer's estimate, on its chart
         for metric, row in curves:
             if metric == "train/eal" and SERVED not in chosen:
-                row += [Curve(f"{run.label()} served", SERVED,
-                              [(s, v) for s, _, v in run.series(SERVED)])
-                        for run in runs if any(SERVED in p.values for p in run.points)]
+                row += [Curve(f"{run.label()} served", SERVED, run.pairs(SERVED))
+                        for run in runs if SERVED in run.names]
     if reporter.json_mode:
         reporter.emit_json({"curves": [
             {"metric": metric, "run_id": run.run_id, "host": run.host,
