@@ -211,7 +211,7 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
         span = (f"steps {first_last[0]}–{first_last[1]}" if first_last
                 else "no metric records yet")
         out.append(f"run {run.run_id} ({run.record.get('playbook')}) on {run.host}: "
-                   f"{len(run.points)} records, {span}")
+                   f"{run.count()} records, {span}")
         rows = []
         for name in names:
             values = run.values(name)
