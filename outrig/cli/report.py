@@ -7,21 +7,58 @@ workstation holds, so they work the same when the box is long gone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from outrig.cli.flags import friendly, make_reporter
+from outrig.cli.flags import PROJECT_HELP, friendly, make_reporter
 from outrig.errors import ConfigError
+from outrig.settings import settings_for
 from outrig.taskspec import task
 
+if TYPE_CHECKING:
+    from outrig.console import Reporter
+
 RUN_HELP = ("the run id (repeat for several, overlaid and aligned by step); a migrated run "
-            "brings the runs it was moved from and to")
+            "brings the runs it was moved from and to (default: the current run of --host)")
+HOST_HELP = ("the box whose current run to show when --run is not given (its newest run in "
+             "the journal; default: host: in outrig.yaml or OUTRIG_HOST); with --run, a check "
+             "that the run is this box's")
+PLAYBOOK_HELP = "without --run: the current run of this playbook on the host"
+
+
+def chosen_runs(c: Any, reporter: Reporter, run: list[str] | None, host: str | None,
+                playbook: str | None, project: str | None) -> list[str]:
+    """The ``--run`` ids, else the current run of ``--host`` (or the project's host) as
+    the journal has it (:func:`outrig.ops.metrics.current_run`), said on stderr. No box
+    is contacted."""
+    from outrig.cli.targets import playbook_identity
+    from outrig.journal import Journal
+    from outrig.ops.history import host_key
+    from outrig.ops.metrics import check_hosts, current_run
+
+    runs = [r for r in run or [] if r]
+    settings = settings_for(c, project)
+    value, _ = settings.value("host", host)
+    if value is None:
+        return runs  # neither: select_chains says what is needed
+    key = host_key(settings.project, settings.host(str(value)))
+    journal = Journal()
+    if runs:
+        if host:  # a configured host does not restrict an explicit --run
+            check_hosts(journal, runs, key)
+        return runs
+    name, _ = settings.value("playbook", playbook)
+    found = current_run(journal, key, playbook_identity(settings, name))
+    reporter.info(f"run {found}: the current run of {key} in the journal (--run picks another; "
+                  f"`outrig runs --host {key}` lists them)")
+    return [found]
 METRIC_HELP = "only this metric, e.g. train/loss (repeat for several)"
 
 
 @task(
     auto_shortflags=False,
     iterable=["run", "metric"],
-    help={"run": RUN_HELP, "metric": METRIC_HELP,
+    help={"run": RUN_HELP, "metric": METRIC_HELP, "host": HOST_HELP, "playbook": PLAYBOOK_HELP,
+          "project": PROJECT_HELP,
           "json": "print one JSON document {metrics, lines_parsed, runs: [{run_id, host, "
                   "playbook, chain, mirror, points: [{process, step, t, values}]}]}",
           "csv": "print CSV: run_id, host, process, step, time_utc, t, then one column per "
@@ -29,6 +66,7 @@ METRIC_HELP = "only this metric, e.g. train/loss (repeat for several)"
 )
 @friendly
 def metrics(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
+            host: str | None = None, playbook: str | None = None, project: str | None = None,
             json: bool = False, csv: bool = False) -> None:
     """Export a run's metric series: every metric line its trainer printed.
 
@@ -39,6 +77,7 @@ def metrics(c: Any, run: list[str] | None = None, metric: list[str] | None = Non
 
     Examples:
         outrig metrics --run dflash-qwen36-20260101-120000
+        outrig metrics --host uk-node
         outrig metrics --run R --csv > run.csv
         outrig metrics --run R --metric train/loss --json
     """
@@ -46,20 +85,22 @@ def metrics(c: Any, run: list[str] | None = None, metric: list[str] | None = Non
 
     if json and csv:
         raise ConfigError("give one of --json and --csv, not both. Nothing was read.")
-    metrics_export(make_reporter(False), list(run or []), metrics=list(metric or []),
-                   fmt="json" if json else "csv" if csv else "table")
+    reporter = make_reporter(False)
+    metrics_export(reporter, chosen_runs(c, reporter, run, host, playbook, project),
+                   metrics=list(metric or []), fmt="json" if json else "csv" if csv else "table")
 
 
 @task(
     auto_shortflags=False,
     iterable=["run", "metric"],
-    help={"run": RUN_HELP,
+    help={"run": RUN_HELP, "host": HOST_HELP, "playbook": PLAYBOOK_HELP, "project": PROJECT_HELP,
           "metric": METRIC_HELP + " (default: train/loss, train/full_acc and train/eal)",
           "json": "print the curves instead, one JSON document {curves: [{metric, run_id, "
                   "host, steps, values}]}"},
 )
 @friendly
 def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
+         host: str | None = None, playbook: str | None = None, project: str | None = None,
          json: bool = False) -> None:
     """Draw a run's curves in the terminal, over the step.
 
@@ -70,23 +111,27 @@ def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
 
     Examples:
         outrig plot --run dflash-qwen36-20260101-120000
+        outrig plot --host uk-node
         outrig plot --run A --run B --metric train/loss --metric train/eal
     """
     from outrig.ops.metrics import plot as run_plot
 
-    run_plot(make_reporter(json), list(run or []), metrics=list(metric or []))
+    reporter = make_reporter(json)
+    run_plot(reporter, chosen_runs(c, reporter, run, host, playbook, project),
+             metrics=list(metric or []))
 
 
 @task(
     auto_shortflags=False,
     iterable=["run"],
-    help={"run": RUN_HELP,
+    help={"run": RUN_HELP, "host": HOST_HELP, "playbook": PLAYBOOK_HELP, "project": PROJECT_HELP,
           "o": "the HTML file to write (default: outrig-report-RUN.html here)",
           "json": "print one JSON line {report, bytes, runs, charts, events, points, "
                   "lines_parsed}"},
 )
 @friendly
 def report(c: Any, run: list[str] | None = None, o: str | None = None,
+           host: str | None = None, playbook: str | None = None, project: str | None = None,
            json: bool = False) -> None:
     """Write one self-contained HTML report of a run: identity, curves, GPUs, timeline.
 
@@ -99,8 +144,10 @@ def report(c: Any, run: list[str] | None = None, o: str | None = None,
 
     Examples:
         outrig report --run dflash-qwen36-20260101-120000
+        outrig report --host uk-node
         outrig report --run A --run B -o compare.html
     """
     from outrig.ops.metrics import write_report
 
-    write_report(make_reporter(json), list(run or []), output=o)
+    reporter = make_reporter(json)
+    write_report(reporter, chosen_runs(c, reporter, run, host, playbook, project), output=o)

@@ -48,9 +48,10 @@ def select_chains(journal: Journal, run_ids: Sequence[str]) -> list[list[str]]:
     know is bad input."""
     wanted = [r for r in run_ids if r]
     if not wanted:
-        raise ConfigError("--run is needed: the run to show (e.g. --run dflash-qwen36-"
-                          "20260101-120000); `outrig runs` lists the runs the journal knows. "
-                          "Nothing was read.")
+        raise ConfigError("--run or --host is needed: the run to show (e.g. --run dflash-"
+                          "qwen36-20260101-120000), or the box whose current run to show "
+                          "(--host, or host: in outrig.yaml); `outrig runs` lists the runs "
+                          "the journal knows. Nothing was read.")
     records = {str(r.get("run_id")): r for r in journal.runs()}
     for run_id in wanted:
         if run_id not in records:
@@ -66,6 +67,36 @@ def select_chains(journal: Journal, run_ids: Sequence[str]) -> list[list[str]]:
         seen.update(chain)
         chains.append(chain)
     return chains
+
+
+NOT_RUN = frozenset({"not_on_box"})  # a deploy that never reached its box is no run to show
+
+
+def current_run(journal: Journal, host: str, playbook: str | None) -> str:
+    """The host's current run as this workstation knows it, without asking the box: the
+    newest run the journal files under ``host`` (of ``playbook`` when one is given or
+    configured) that reached its box. A deploy makes a new run and replaces the playbook's
+    previous one, so the newest is the one ``status`` shows as current."""
+    for record in journal.runs(host=host, playbook=playbook):
+        run_id = record.get("run_id")
+        if isinstance(run_id, str) and run_id and record.get("status") not in NOT_RUN:
+            return run_id
+    of = f" of playbook {playbook}" if playbook else ""
+    raise ConfigError(f"--host {host}: the journal ({journal.root}) has no run{of} on it; "
+                      f"`outrig runs --all` lists the runs it knows; give one with --run. "
+                      "Nothing was read.")
+
+
+def check_hosts(journal: Journal, run_ids: Sequence[str], host: str) -> None:
+    """``--run`` with ``--host``: each run must be one the journal files under that host
+    (a run id names its box already; a different one is a mistake to say, not to guess)."""
+    for run_id in run_ids:
+        record = journal.run(run_id)
+        recorded = (record or {}).get("host")
+        if record is not None and recorded != host:
+            raise ConfigError(f"--run {run_id} ran on {recorded}, not on --host {host}: give "
+                              "one of them (a run id already names its box). Nothing was "
+                              "read.")
 
 
 def load_run(journal: Journal, run_id: str) -> tuple[RunData, int]:
