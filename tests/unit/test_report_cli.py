@@ -146,7 +146,7 @@ def test_report_writes_one_self_contained_file(journal: Journal,
 
 
 @pytest.mark.parametrize("args, words", [
-    (["metrics"], "--run is needed"),
+    (["metrics"], "--run or --host is needed"),
     (["metrics", "--run", "nope"], "--run nope: the journal"),
     (["plot", "--run", "nope"], "--run nope: the journal"),
     (["report", "--run", "nope"], "--run nope: the journal"),
