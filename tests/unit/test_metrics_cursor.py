@@ -162,6 +162,8 @@ def test_the_quick_series_is_the_merged_one(shape: str) -> None:
         assert run.series(metric) == series
         assert run.pairs(metric) == [(s, v) for s, _, v in series]
         assert run.values(metric) == [v for _, _, v in series]
+        assert run.column(metric) == ([s for s, _, _ in series], [t for _, t, _ in series],
+                                      [v for _, _, v in series])
     steps = sorted({p.step for p in points})
     assert run.step_span() == ((steps[0], steps[-1]) if steps else None)
     assert (run.in_order is not None) == (shape in {
