@@ -27,7 +27,6 @@ shorter than the state records, or a mirrored log was rewritten or cut before th
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import time
@@ -47,7 +46,17 @@ from outrig.journal import (
     safe_name,
 )
 from outrig.logmirror import MirrorStore, mirror_files, mirror_root
-from outrig.metrics import LOSS, Clock, Event, Point, parse_chunk, sparkline, tail_points, thin
+from outrig.metrics import (
+    LOSS,
+    Clock,
+    Event,
+    Point,
+    no_collection,
+    parse_chunk,
+    sparkline,
+    tail_points,
+    thin,
+)
 from outrig.redaction import ordered, redact_text
 
 FILES = ("points", "events", "gpu")
@@ -260,7 +269,7 @@ class MetricStore:
                 continue
 
     def points(self) -> list[Point]:
-        with _no_collection():
+        with no_collection():
             return [p for p in map(Point.from_json, self._rows("points")) if p is not None]
 
     def events(self) -> list[Event]:
@@ -308,20 +317,6 @@ def rewritten(state: dict[str, Any], every: dict[str, list[tuple[Path, int | Non
         if size is None or size < int(entry.get("offset") or 0):
             return True
     return False
-
-
-@contextmanager
-def _no_collection() -> Iterator[None]:
-    """The cyclic garbage collector paused while a points file becomes objects: a million
-    points are millions of new dictionaries and floats, none in a cycle, and the collector
-    walked them again and again (a third of the read's time)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def add_trend(state: dict[str, Any], points: list[Point]) -> None:

@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
 import io
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
 from outrig.evaluations.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
-from outrig.metrics import RunData, chain_ids
+from outrig.metrics import RunData, chain_ids, no_collection
 from outrig.metricstore import MetricStore
 from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
@@ -36,6 +37,20 @@ from outrig.redaction import ordered
 from outrig.report import render_html, report_document
 from outrig.terminal import terminal_width
 from outrig.termplot import Curve, plot_lines
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def bulk(command: Callable[P, R]) -> Callable[P, R]:
+    """A command that holds a run's every point: run with the cyclic collector paused
+    (:func:`outrig.metrics.no_collection`; points, columns and rows hold no cycles)."""
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with no_collection():
+            return command(*args, **kwargs)
+    return wrapper
+
 
 DEFAULT_PLOT = ("train/loss", "train/full_acc", "train/eal")  # plot without --metric
 BAD_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR,
@@ -154,6 +169,7 @@ def _check_metrics(asked: Sequence[str], known: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------- metrics
 
 
+@bulk
 def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "table",
                    metrics: Sequence[str] = (), journal: Journal | None = None
                    ) -> dict[str, Any]:
@@ -259,6 +275,7 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
 # ----------------------------------------------------------------------------- plot
 
 
+@bulk
 def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] = (),
          journal: Journal | None = None, width: int | None = None,
          colour: bool | None = None) -> list[str]:
@@ -323,6 +340,7 @@ def default_output(run_ids: Sequence[str]) -> Path:
     return Path(f"outrig-report-{run_ids[0]}.html")
 
 
+@bulk
 def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | None = None,
                  journal: Journal | None = None, now: float | None = None) -> dict[str, Any]:
     """``outrig report``: the HTML file (:mod:`outrig.report`); what it holds, returned
