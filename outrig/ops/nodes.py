@@ -250,11 +250,14 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
     """Every node's plan (in parallel: a probe costs an exec per box), each against its own
     box's facts; raise one :class:`PlanError` listing every node's problems."""
     head = sessions[0].host.peer_address()
+    hosts = tuple(s.host.peer_address() for s in sessions)
+    declared = sessions[0].host.node_address is not None
     plans: dict[int, Plan] = {}
     problems: dict[int, list[str]] = {}
 
     def plan_one(session: HostSession, node: NodeRun) -> None:
-        place = NodePlace(rank=node.rank, nnodes=len(nodes), head_host=head, job_id=job_id)
+        place = NodePlace(rank=node.rank, nnodes=len(nodes), head_host=head, job_id=job_id,
+                          hosts=hosts, head_declared=declared)
         try:
             plans[node.rank] = plan_on(session, job, probe=probe, run_id=node.run_id,
                                        node=place)

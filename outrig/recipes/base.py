@@ -113,6 +113,14 @@ class RecipeContext:
     # The playbook's node count: above 1 the same processes run on every node, with
     # ${node_rank}, ${nnodes}, ${head_host} and ${rdzv_port} substituted per node.
     nodes: int = 1
+    # This node's rank, and what a recipe that gives nodes different processes (a vLLM server
+    # spanning nodes) must check: each node's address as the others reach it (empty: not
+    # known, a plan shown alone), whether node 0's was declared (``node_address:``), and the
+    # ports the job already uses.
+    node_rank: int = 0
+    node_hosts: tuple[str, ...] = ()
+    head_declared: bool = False
+    rdzv_port: int | None = None
 
 
 @dataclass
