@@ -117,6 +117,8 @@ class Plan:
     node_rank: int = 0
     nnodes: int = 1
     job_id: str = ""  # shared by the nodes of a multi-node job (the run id for one node)
+    launch_with_head: bool = False  # started with node 0, not after it (a spanning server)
+    node_group: str = ""  # nodes of one group must have the same GPU count
 
     @property
     def ok(self) -> bool:
@@ -244,6 +246,7 @@ def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Pl
     expansion = recipes.get(spec.recipe).expand(spec.recipe_section(), ctx)
     plan.problems.extend(expansion.problems)
     plan.notes.extend(expansion.notes)
+    plan.launch_with_head, plan.node_group = expansion.with_head, expansion.node_group
     aliases = {**job.aliases, **expansion.origins}
     merged: dict[str, ProcessSpec] = {}
     for name, raw in expansion.processes.items():

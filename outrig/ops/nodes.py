@@ -277,6 +277,7 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
         raise PlanError([f"{nodes[rank].label()}: {line}" for rank in sorted(problems)
                          for line in problems[rank]],
                         context=f"{job.name} on {len(nodes)} nodes")
+    check_gpu_counts(job, nodes, [plans[n.rank] for n in nodes])
     first = sessions[0].host
     if first.node_address is None:
         plans[0].notes.append(
@@ -284,6 +285,26 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
             "other nodes reach node 0 by another address (a cluster-internal one), set "
             "node_address: there")
     return [plans[n.rank] for n in nodes]
+
+
+def check_gpu_counts(job: Job, nodes: Sequence[NodeRun], plans: Sequence[Plan]) -> None:
+    """Refuse nodes of one group (``Plan.node_group``) whose known GPU counts differ: vLLM
+    gives every node of a server world ÷ nnodes ranks and torchrun starts the same ranks on
+    each node, so a mixed set is a wrong box, found here before anything starts."""
+    groups: dict[str, list[tuple[NodeRun, int]]] = {}
+    for node, plan in zip(nodes, plans, strict=True):
+        if plan.facts.gpu_count is not None:
+            groups.setdefault(plan.node_group, []).append((node, plan.facts.gpu_count))
+    for group, counts in groups.items():
+        if len({count for _, count in counts}) <= 1:
+            continue
+        which = f"the {group} nodes" if group else "the nodes"
+        held = ", ".join(f"{node.label()}: {count}" for node, count in counts)
+        raise PlanError([
+            f"{job.where(('nodes',))}: {which} have different GPU counts ({held}); each node "
+            "gets the same share of the job's ranks. Use boxes with the same GPU count (the "
+            "same offer), or leave the odd one out. Nothing was started"],
+            context=f"{job.name} on {len(nodes)} nodes")
 
 
 class _NodeDeploy:
@@ -296,6 +317,7 @@ class _NodeDeploy:
         self.node, self.session, self.plan, self.request = node, session, plan, request
         self.show = show
         self.launched = threading.Event()  # every process of its plan launched, or call over
+        self.began = threading.Event()  # its first process launched (the box's checks passed)
         self.done = threading.Event()
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
@@ -311,6 +333,7 @@ class _NodeDeploy:
             except BaseException as exc:  # the thread's outcome, read by deploy_nodes
                 self.error = exc
             finally:
+                self.began.set()
                 self.launched.set()
                 self.done.set()
                 finished(self)
@@ -344,6 +367,7 @@ class _NodeDeploy:
             return
         elif kind == "launched":
             self.count += 1
+            self.began.set()
             if self.count >= len(self.plan.order):
                 self.launched.set()
         self.show(self.node, event)
@@ -401,18 +425,24 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
                   f"({plans[0].job_id}, {len(nodes)} nodes)")
     calls[0].start(on_finished)
     started = calls[:1]
+    # Parts of a server spanning nodes start once node 0's checks passed (its first process
+    # launched): the head is ready only when they joined. The rest wait for node 0's whole plan.
+    waves = ([c for c in calls[1:] if c.plan.launch_with_head],
+             [c for c in calls[1:] if not c.plan.launch_with_head])
     try:
-        calls[0].launched.wait()
-        if calls[0].error is None:
-            reporter.info("• " + ", ".join(c.node.label() for c in calls[1:]) + ": launching")
-            for call in calls[1:]:
+        for wave, ready in zip(waves, (calls[0].began, calls[0].launched), strict=True):
+            ready.wait()
+            if calls[0].error is not None or not wave:
+                continue
+            reporter.info("• " + ", ".join(c.node.label() for c in wave) + ": launching")
+            for call in wave:
                 call.start(on_finished)
-            started = list(calls)
+            started += wave
         failed = _wait_all(started, finished, changed)
         why = _why(failed.error) if failed is not None else ""
     except KeyboardInterrupt:
         failed, why = None, "interrupted (Ctrl-C)"
-    for call in calls[len(started):]:  # node 0 failed: the others were never sent
+    for call in (c for c in calls if c not in started):  # node 0 failed: never sent
         journal.record_run(call.node.run_id, {"status": "not_on_box"})
     if why:
         _fail(started, failed, why, sessions, journal, reporter, job_id)
@@ -487,8 +517,12 @@ def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
     also = f" Then also failed: {'; '.join(others)}." if others else ""
     # Ctrl-C (no node failed) ends the command with 130, as it does every command
     error = NodesFailed if failed is not None else Interrupted
-    raise error(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
-                f"it had reached: {'; '.join(stopped)}.")
+    raised = error(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
+                   f"it had reached: {'; '.join(stopped)}.")
+    if failed is not None and getattr(failed.error, "exit_code", 1) == 2 and not any(
+            c.count for c in calls):
+        raised.exit_code = 2  # a box refused the request before anything started anywhere
+    raise raised
 
 
 # ------------------------------------------------------------------------------ status, stop

@@ -132,6 +132,11 @@ class Expansion:
     origins: dict[KeyPath, KeyPath] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Across nodes: this node must start with node 0, not after it (a part of a server that
+    # spans nodes: the head is ready only once every part joined), and the group of nodes
+    # that must have the same GPU count (vLLM and torchrun give each node an equal share).
+    with_head: bool = False
+    node_group: str = ""
 
 
 @dataclass(frozen=True)

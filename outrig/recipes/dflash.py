@@ -318,6 +318,7 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     if not span.spans(spec):
         check_nodes(spec, ctx, out)
     node = span.role(spec, ctx)
+    out.with_head, out.node_group = span.launch_group(spec, node)
     run = _Run(spec, ctx, facts, data_path, save_path, epochs, max_samples, vllm_ids,
                trainer_ids, max_model_len, batched, nodes=max(ctx.nodes, 1), node=node)
     # Each node renders its own part (span.Role): all three on one box or a server per node.

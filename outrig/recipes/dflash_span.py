@@ -74,6 +74,15 @@ def role(spec: DFlashSpec, ctx: RecipeContext) -> Role:
                 spec.trainer.nodes, servers)
 
 
+def launch_group(spec: DFlashSpec, node: Role) -> tuple[bool, str]:
+    """(start with node 0, GPU-count group): a headless part of the server starts with the
+    head, which is ready only once every part joined; trainer nodes of their own start once
+    the head is ready, and may have another GPU count than the server's nodes."""
+    if not spans(spec):
+        return False, ""
+    return node.server and not node.head, "server" if node.server else "trainer"
+
+
 def expected_nodes(spec: DFlashSpec) -> int:
     return spec.server.nodes + (spec.trainer.nodes or 0)
 
