@@ -265,7 +265,9 @@ def render_master(spec: DFlashSpec, out: Expansion) -> str | None:
                     "--metrics_port", str(moon.metrics_port), *moon.extra_args],
         "env": dict(spec.env), "gpus": [],
         "ready": {"port": moon.port, "timeout": moon.ready_timeout},
-        "fatal": [r"Failed to start|Address already in use"],
+        # A taken port: the master prints its start line and exits 1 with no line of its
+        # own (0.3.13), so the box's check before launch (port_busy) is what names it.
+        "fatal": [],
         "stop": {"grace": moon.stop_grace},
     }
     out.origins[("processes", MASTER_NAME)] = ("dflash", "mooncake")
