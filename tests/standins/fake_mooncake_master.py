@@ -61,7 +61,7 @@ def parse(argv: List[str]) -> Dict[str, str]:
 
 
 class Admin(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         if self.path == "/health":
             body = json.dumps({"status": "ok", "role": "leader", "ha_state": "serving",
                                "service_ready": True, "leader_address": None,
