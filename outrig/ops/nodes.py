@@ -288,17 +288,18 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
 
 
 def check_gpu_counts(job: Job, nodes: Sequence[NodeRun], plans: Sequence[Plan]) -> None:
-    """Refuse nodes of one group (``Plan.node_group``) whose known GPU counts differ: vLLM
-    gives every node of a server world ÷ nnodes ranks and torchrun starts the same ranks on
-    each node, so a mixed set is a wrong box, found here before anything starts."""
+    """Refuse nodes of one group (``Plan.node_group``, set by a recipe whose nodes share one
+    server) whose known GPU counts differ: vLLM gives every node of a server world ÷ nnodes
+    ranks, so a mixed set is a wrong box, found here before anything starts. Nodes of no
+    group (a playbook's own processes name their GPUs per node) are not compared."""
     groups: dict[str, list[tuple[NodeRun, int]]] = {}
     for node, plan in zip(nodes, plans, strict=True):
-        if plan.facts.gpu_count is not None:
+        if plan.node_group and plan.facts.gpu_count is not None:
             groups.setdefault(plan.node_group, []).append((node, plan.facts.gpu_count))
     for group, counts in groups.items():
         if len({count for _, count in counts}) <= 1:
             continue
-        which = f"the {group} nodes" if group else "the nodes"
+        which = f"the {group} nodes"
         held = ", ".join(f"{node.label()}: {count}" for node, count in counts)
         raise PlanError([
             f"{job.where(('nodes',))}: {which} have different GPU counts ({held}); each node "
