@@ -218,12 +218,13 @@ def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[Nod
     resume, and the job then hangs in a collective or trains from mismatched states. One
     ``checkpoints`` call per node and process that declares ``checkpoints:``; nothing is
     started when they disagree (the same newest on all, or none anywhere, passes)."""
-    for name, first in plans[0].processes.items():
-        if not first.checkpoints:
-            continue
-        newest: list[tuple[int, int, int] | None] = []
-        for session, plan in zip(sessions, plans, strict=True):
-            proc = plan.processes[name]
+    # Compared among the nodes that run the process (a dflash trainer on nodes of its own).
+    for name in dict.fromkeys(n for p in plans for n, q in p.processes.items() if q.checkpoints):
+        where = [i for i, plan in enumerate(plans) if name in plan.processes]
+        first, newest = plans[where[0]].processes[name], []
+        for i in where:
+            proc = plans[i].processes[name]
+            session = sessions[i]
             fields = {**listing_request(proc.argv),
                       "scheduler": bool((proc.checkpoints or {}).get("scheduler", True))}
             listing = session.call("checkpoints", stream=False,
@@ -232,9 +233,9 @@ def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[Nod
             newest.append(None if best is None else best.order)
         if len(set(newest)) <= 1:
             continue
-        held = "; ".join(f"{node.label()}: {order_text(o) if o else 'none'}"
-                         for node, o in zip(nodes, newest, strict=True))
-        source = max(range(len(nodes)), key=lambda i: newest[i] or (-1, 0, 0))
+        held = "; ".join(f"{nodes[i].label()}: {order_text(o) if o else 'none'}"
+                         for i, o in zip(where, newest, strict=True))
+        source = where[max(range(len(where)), key=lambda k: newest[k] or (-1, 0, 0))]
         raise PlanError([
             f"{name}: the nodes hold different newest checkpoints in "
             f"{(first.checkpoints or {}).get('path')} ({held}). Every rank resumes from its "

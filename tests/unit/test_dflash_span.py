@@ -195,3 +195,33 @@ def test_mixed_gpu_counts_in_a_group_are_refused(tmp_path: Path) -> None:
     text = str(info.value)
     assert "node 0 (n0): 8, node 1 (n1): 4" in text and "span.yaml:" in text
     assert info.value.exit_code == 2
+
+
+def test_checkpoints_are_compared_among_the_trainer_nodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With trainer nodes of their own, node 0 runs no trainer: the nodes that do must still
+    hold the same newest checkpoint (each rank resumes from its own node's copy)."""
+    from types import SimpleNamespace
+
+    from outrig.ops import nodes as nodes_module
+
+    doc = split_doc(nodes=4, dflash={"trainer": {"nodes": 2}})
+    plans = node_plans(tmp_path, doc, addresses=(*ADDRESSES, "10.0.0.4"))
+    assert all(p.ok for p in plans), [p.problems for p in plans]
+    held = {0: None, 1: None, 2: (1, 40, 0), 3: None}
+    asked: list[int] = []
+
+    def session(rank: int) -> Any:
+        def call(op: str, **fields: Any) -> dict[str, Any]:
+            asked.append(rank)
+            return {"order": held[rank]}
+        return SimpleNamespace(call=call)
+
+    monkeypatch.setattr(nodes_module, "newest_complete", lambda listing: SimpleNamespace(
+        order=listing["order"]) if listing["order"] else None)
+    monkeypatch.setattr(nodes_module, "order_text", lambda order: f"step {order[1]}")
+    runs = [NodeRun(rank, f"n{rank}", f"job-1-node{rank}") for rank in range(4)]
+    with pytest.raises(PlanError) as info:
+        nodes_module.check_checkpoints_agree([session(r) for r in range(4)], runs, plans)
+    assert "node 2 (n2): step 40; node 3 (n3): none" in str(info.value)
+    assert sorted(asked) == [2, 3]  # the server nodes were not asked
