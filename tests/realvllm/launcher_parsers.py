@@ -22,10 +22,10 @@ import vllm.platforms
 if not vllm.platforms.current_platform.device_type:
     vllm.platforms.current_platform.device_type = "cuda"
 
-from torch.distributed.run import get_args_parser  # noqa: E402
-from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: E402
-from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: E402
-from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
+from torch.distributed.run import get_args_parser
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size",
          "data_parallel_size", "nnodes", "node_rank", "data_parallel_size_local",
