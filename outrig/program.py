@@ -370,8 +370,9 @@ def _meant(word: str, context: ParserContext | None, parser: Parser) -> str:
     """`` (did you mean 'X'?)``: a flag of the task for a word that looks like a flag, else a
     task name; "" when nothing is close."""
     if word.startswith("-"):
-        flags = context.flags if context is not None else parser.initial.flags
-        inverse = context.inverse_flags if context is not None else {}
+        where = context if context is not None else parser.initial
+        flags = where.flags if where is not None else {}
+        inverse = where.inverse_flags if where is not None else {}
         known = [f for f in [*flags, *inverse] if f.startswith("--")]
         typed = word.partition("=")[0]
     else:
