@@ -56,7 +56,7 @@ from outrig.recipes.base import (
     RecipeContext,
     StageItem,
 )
-from outrig.recipes.dflash_nodes import check_nodes, join_wait, rendezvous_flags
+from outrig.recipes.dflash_nodes import join_wait, rendezvous_flags
 from outrig.recipes.dflash_section import (
     DFlashSpec,
     TrainerSpec,
@@ -314,9 +314,7 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     for key, extras, owned in OWNED_FLAGS:
         _check_extras(ctx.where, out, key, extras(spec), owned)
     _check_steps(spec, ctx.where, out)
-    span.check_span(spec, ctx, out)
-    if not span.spans(spec):
-        check_nodes(spec, ctx, out)
+    span.check_span(spec, ctx, out)  # a server per node: dflash_nodes.check_nodes
     node = span.role(spec, ctx)
     out.with_head, out.node_group = span.launch_group(spec, node)
     run = _Run(spec, ctx, facts, data_path, save_path, epochs, max_samples, vllm_ids,

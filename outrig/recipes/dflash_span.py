@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outrig.recipes.base import Expansion, RecipeContext
-from outrig.recipes.dflash_nodes import join_wait
+from outrig.recipes.dflash_nodes import check_nodes, join_wait
 from outrig.recipes.dflash_section import DFlashSpec
 
 # speculators 0.9 hs_connectors/transfer.py:454-463 (MooncakeBackend.build_kv_transfer_config)
@@ -92,8 +92,9 @@ def expected_nodes(spec: DFlashSpec) -> int:
 
 def check_span(spec: DFlashSpec, ctx: RecipeContext, out: Expansion) -> None:
     """Everything a layout across nodes can get wrong before anything starts, each problem
-    naming the key and the fix."""
+    naming the key and the fix; with a server per node, :func:`check_nodes`'s checks."""
     if not spans(spec):
+        check_nodes(spec, ctx, out)
         if spec.hidden_states_backend == "mooncake":
             out.problems.append(
                 f"{ctx.where(('dflash', 'hidden_states_backend'))}: mooncake carries hidden "
