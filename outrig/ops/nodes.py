@@ -8,7 +8,8 @@ stops it:
 
 * :func:`deploy_nodes` plans every node first (each node's GPUs checked against that node's
   facts; nothing is started when any plan has a problem), launches node 0 (the rendezvous
-  host) and, once every process of node 0 is launched, the others at once, and waits until
+  host), the parts of a server spanning nodes once node 0's first process is (``Plan.
+  launch_with_head``), the others once every process of node 0 is, and waits until
   every node is ready. When a node fails to launch or to become ready, the deploy calls still
   waiting are cancelled (their boxes stop what they launched) and every node's run is stopped
   by its recorded process groups (``cleanup``), and the error says which node failed and why.
