@@ -416,15 +416,23 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         run_watch(one.project, one.spec, name, reporter, options=options,
                   notifier=Notifier(settings.on_event(), reporter))
 
-    def on_job(job: NodeJob) -> None:  # a multi-node job: one node failing stops the others
+    def on_job(job: NodeJob) -> None:  # a multi-node job: one node failing stops the others,
+        # or, with spares, a node lost moves the whole job to them
+        from outrig.journal import Journal
+        from outrig.ops.job_move import split_hosts, watch_job
         from outrig.ops.nodes import watch_nodes
+        from outrig.providers.spares import spares_for_watch
 
-        if spare:
-            raise ConfigError(f"--spare: {job.recorded_id} is a multi-node job, which watch "
-                              "does not move (a node failing stops the others; deploy it "
-                              "again). Drop --spare. Nothing was started.")
-        watch_nodes(job.project, job.recorded_id, reporter,
-                    threshold=float(number(threshold, "threshold", 60, whole=False)))
+        limit = float(number(threshold, "threshold", 60, whole=False))
+        name = (Journal().job(job.recorded_id) or {}).get("playbook")
+        spares = spares_for_watch(job.project, split_hosts(spare),
+                                  str(name) if name else None)
+        if not spares:
+            watch_nodes(job.project, job.recorded_id, reporter, threshold=limit)
+            return
+        notifier = Notifier(settings.on_event(), reporter)
+        watch_job(job.project, job.recorded_id, spares, reporter, send=notifier.send,
+                  threshold=limit)
 
     target.run(host=on_host, job=on_job)
 
@@ -455,11 +463,22 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     """
     from outrig.cli.sweep import sync_hosts
     from outrig.cli.targets import select
+    from outrig.journal import Journal
     from outrig.ops.stage import sync_checkpoints as run_sync
 
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
-    # a --run id here is one box's run (a node's run is too): never a multi-node job
+    if run and Journal().job(run) is not None:
+        # a job's id: global rank 0 (node 0) writes the job's checkpoints
+        from outrig.ops.job_move import sync_job_checkpoints
+
+        if playbook or [h for h in host or [] if h]:
+            raise ConfigError(f"--run {run} is a multi-node job: its checkpoints are node 0's, "
+                              "read at the playbook it was deployed with; drop --host and "
+                              "--playbook. Nothing was sent.")
+        sync_job_checkpoints(settings.project, str(run), reporter)
+        return
+    # any other --run id is one box's run (a node's run is too)
     target = select(settings, reporter, host, max_parallel=max_parallel, deadline=deadline)
     target.run(
         host=lambda one: run_sync(one.project, one.spec, reporter, playbook=playbook,
@@ -503,6 +522,7 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
         outrig migrate --from uk-node --to new-node
         outrig migrate --run smoke-20250101-120000-ab12 --to new-node
     """
+    from outrig.cli.targets import job_id_for
     from outrig.ops.migrate import migrate as run_migrate
 
     if not to or not (from_ or run):
@@ -510,5 +530,19 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
                           "--from OLD) and --to NEW (host file names, ssh aliases or "
                           "user@host:port). Nothing was sent.")
     settings = settings_for(c, project, no_keep=no_keep)
+    job_id = job_id_for(run)
+    if job_id is not None:  # a multi-node job moves as a whole, to as many boxes
+        from outrig.ops.job_move import JobMoveOptions, move_job, split_hosts
+
+        if from_ or playbook:
+            raise ConfigError(f"--run {run} is a multi-node job: it moves as deployed from the "
+                              "boxes the journal records; drop --from and --playbook. Nothing "
+                              "was stopped or started.")
+        move_job(settings.project, job_id, split_hosts(to), make_reporter(json),
+                 options=JobMoveOptions(params=parse_params(param) or None))
+        return
+    if "," in to:
+        raise ConfigError(f"--to {to}: a run of one box moves to one box; several boxes are "
+                          "for a multi-node job (--run JOB). Nothing was stopped or started.")
     run_migrate(settings.project, from_, to, make_reporter(json), playbook=playbook,
                 run_id=run, params=parse_params(param) or None)
