@@ -361,7 +361,9 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
           "playbook": "the playbook whose run to follow (its current run on the host)",
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
                    "that passes check and has no bad GPU wins); 'auto' rents one through the "
-                   "provider of spares: in outrig.yaml (the default when that is set)",
+                   "provider of spares: in outrig.yaml (the default when that is set); for a "
+                   "multi-node job, one box per node (a,b: new node 0 first), or auto to rent "
+                   "them",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash or a hang on a healthy box, redeploy in place at most "
                       "N times (default 0: report and stop, or move a hung run to a spare)",
@@ -387,8 +389,13 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     gpu_unhealthy event. Events go to the on_event hook; its
     state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
-    Example:
+    A multi-node job (--run JOB): a node failing stops the others; with --spare, a node
+    that stops answering moves the whole job to the spares, one per node (node 0's
+    checkpoints are mirrored as it goes). See docs/scale-out.md.
+
+    Examples:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
+        outrig watch --run pair-20260101-120000-ab12 --spare spare-a,spare-b
     """
     from outrig.cli.targets import playbook_identity, select_one
     from outrig.notify import Notifier
@@ -442,7 +449,8 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     iterable=["host"],
     help={"host": HOSTS_HELP, "playbook": "whose checkpoints (default: the playbook of the "
           "host's newest run that really ran)",
-          "run": "take the playbook of this run id instead",
+          "run": "take the playbook of this run id instead; a multi-node job's id mirrors "
+                 "its node 0's checkpoints (global rank 0 writes them), no --host needed",
           "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
@@ -458,8 +466,9 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     logged as saved or followed by a later epoch) are pulled; ``interrupted/`` never is. Run
     it now and then: a dead box then loses at most the work since the last sync.
 
-    Example:
+    Examples:
         outrig sync-checkpoints --host uk-node
+        outrig sync-checkpoints --run pair-20260101-120000-ab12
     """
     from outrig.cli.sweep import sync_hosts
     from outrig.cli.targets import select
@@ -492,10 +501,12 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port; "
                    "default: the box the journal files --run under (its host file may be "
                    "gone: the address recorded with the run is used)",
-          "to": "the new box", "playbook": "playbook to run on the new box (default: the "
+          "to": "the new box; for a multi-node job, one new box per node, new node 0 first "
+                "(--to a,b)", "playbook": "playbook to run on the new box (default: the "
           "moved run's playbook as it was deployed, or the member of its family that fits the "
           "new box best)",
-          "run": "the run to move (default: the old box's newest run that really ran)",
+          "run": "the run to move (default: the old box's newest run that really ran), or a "
+                 "multi-node job's id: the whole job moves",
           "param": "change a param of the moved run (the run's own --param values are "
                    "carried over without it)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
@@ -518,9 +529,14 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
     old run if the box is alive and copies its checkpoint box to box, else uses this
     workstation's mirror; deploys with resume. See docs/migrate.md.
 
+    A multi-node job (--run JOB --to a,b) moves as a whole to as many new boxes: the nodes
+    that answer are fenced, node 0's newest complete checkpoint goes to every new node, and
+    the job resumes with the new node 0 as its rendezvous host. See docs/scale-out.md.
+
     Examples:
         outrig migrate --from uk-node --to new-node
         outrig migrate --run smoke-20250101-120000-ab12 --to new-node
+        outrig migrate --run pair-20250101-120000-ab12 --to spare-a,spare-b
     """
     from outrig.cli.targets import job_id_for
     from outrig.ops.migrate import migrate as run_migrate

@@ -153,7 +153,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
         _preflight(new, job, nodes)
         _probe_old(project, olds, reporter, journal, options)
         _fence(olds, reporter, job_id)
-        checkpoint = _carry_checkpoint(new, olds[0], job, reporter)
+        checkpoint = _carry_checkpoint(new, olds, job, reporter)
         origin = JobOrigin(
             job={"job_id": job_id, "hosts": [n.host for n in nodes], "at": time.time(),
                  "checkpoint": checkpoint},
@@ -230,26 +230,30 @@ def _fence(olds: Sequence[_OldNode], reporter: Reporter, job_id: str) -> None:
                 f"{old.node.label()} answers but its run {old.node.run_id} could not be "
                 f"stopped ({exc}); nothing was started on the new boxes. Stop it with "
                 f"`outrig cleanup --run {job_id}` and move the job again.") from exc
-        stopped = sum(len(r.get("processes") or []) for r in old.fenced.get("runs") or [])
+        procs = [p for r in old.fenced.get("runs") or [] for p in r.get("processes") or []]
+        stopped = sum(1 for p in procs if p.get("how") not in ("gone", "reused"))
         reporter.info(f"• fenced {old.node.label()}: run {old.node.run_id}, {stopped} "
-                      "process(es) stopped")
+                      f"process(es) stopped, {len(procs) - stopped} had ended already")
 
 
-def _carry_checkpoint(new: Sequence[HostSession], head: _OldNode, job: Job,
+def _carry_checkpoint(new: Sequence[HostSession], olds: Sequence[_OldNode], job: Job,
                       reporter: Reporter) -> dict[str, Any] | None:
-    """Rank 0's newest complete checkpoint onto every new node's save path: node 0's are
-    mirrored first when it answers (after the fence), then the mirror's newest is pushed to
-    each new node. None when the job keeps no checkpoints or none exists (it starts
-    afresh, and a warning says so)."""
+    """Rank 0's newest complete checkpoint onto every new node's save path: the old nodes
+    that answer are mirrored first (after the fence, so their last save is final), then the
+    mirror's newest is pushed to each new node. None when the job keeps no checkpoints or
+    none exists (it starts afresh, and a warning says so)."""
     if not any(i.kind == "checkpoints" for i in stage_items(job, new[0].host)):
         reporter.warn(f"{job.name} names no checkpoints to carry (a stage: item of kind "
                       "checkpoints, or the recipe's save_path): the job starts afresh")
         return None
-    if head.session is not None:
-        sync_checkpoints_on(head.session, run_id=head.node.run_id, as_deployed=job)
-    else:
-        reporter.warn(f"{head.node.label()} (global rank 0, which writes the checkpoints) is "
-                      "unreachable: resuming from what the mirror holds")
+    alive = [o for o in olds if o.session is not None]
+    for old in alive:
+        assert old.session is not None
+        sync_checkpoints_on(old.session, run_id=old.node.run_id, as_deployed=job)
+    if len(alive) < len(olds):
+        reporter.warn(", ".join(o.node.label() for o in olds if o.session is None)
+                      + " unreachable: what it last held is taken from the mirror (the last "
+                      "sync-checkpoints or watch's look)")
     carried: dict[str, Any] | None = None
     for session in new:
         try:
@@ -298,25 +302,41 @@ def success_line(report: dict[str, Any], playbook: str) -> str:
 
 def sync_job_checkpoints(project: Project, ident: str, reporter: Reporter, *,
                          journal: Journal | None = None) -> dict[str, Any]:
-    """``sync-checkpoints --run JOB``: node 0's complete checkpoints into the mirror (global
-    rank 0 writes them; the other nodes' save paths hold none of their own), read at the
-    save path of the job as it was deployed."""
+    """``sync-checkpoints --run JOB``: the job's complete checkpoints into the mirror, read
+    at the save path of the job as it was deployed. Global rank 0 writes them, on one node's
+    disk: node 0 with a static rendezvous, with c10d the node torch ranked first (not
+    necessarily node 0; docs/scale-out.md, "Checkpoints"), so every node that answers is
+    read, and the mirror's rule (only a newer state replaces one) keeps the newest. A node
+    that does not answer is named; none answering is an error."""
     journal = journal or Journal()
     job_id, nodes = recorded_job(journal, ident)
-    head = nodes[0]
-    record = journal.run(head.run_id)
+    record = journal.run(nodes[0].run_id)
     if record is None:
-        raise ConfigError(f"the journal has no record of {head.run_id}, node 0 of job {job_id}")
+        raise ConfigError(f"the journal has no record of {nodes[0].run_id}, node 0 of job "
+                          f"{job_id}; its checkpoints cannot be located")
     job = rebuild(project.playbooks_dir, record).job
-    host, note = run_host(project.hosts_dir, journal, head.host, head.run_id)
-    if note:
-        reporter.info(f"• {note}")
-    session = HostSession(project, head.host, reporter, journal, host=host)
-    try:
-        reporter.info(f"• job {job_id}: checkpoints of {head.label()} (global rank 0)")
-        return sync_checkpoints_on(session, run_id=head.run_id, as_deployed=job)
-    finally:
-        session.close()
+    pulled: list[dict[str, Any]] = []
+    missed: list[str] = []
+    for node in nodes:
+        try:
+            host, note = run_host(project.hosts_dir, journal, node.host, node.run_id)
+            if note:
+                reporter.info(f"• {note}")
+            session = HostSession(project, node.host, reporter, journal, host=host)
+            try:
+                reporter.info(f"• job {job_id}: checkpoints of {node.label()}")
+                done = sync_checkpoints_on(session, run_id=node.run_id, as_deployed=job)
+            finally:
+                session.close()
+        except OutrigError as exc:
+            missed.append(f"{node.label()}: {exc}")
+            reporter.warn(f"{node.label()}: checkpoints not read: {exc}")
+            continue
+        pulled += [{**p, "node_rank": node.rank} for p in done.get("pulled") or []]
+    if len(missed) == len(nodes):
+        raise OutrigError(f"no node of job {job_id} could be read ({'; '.join(missed)}); the "
+                          "mirror keeps what it held. Run it again once a node answers.")
+    return {"job_id": job_id, "pulled": pulled, "missed": missed}
 
 
 # ------------------------------------------------------------------------ watch --spare

@@ -235,3 +235,94 @@ def test_a_job_whose_node_1_dies_moves_to_two_spares_and_resumes_from_the_mirror
     assert not records.run(old_other.run_id).get("fenced")  # dead: fenced if it comes back
     print(out.getvalue())
     stop_nodes(project, moved["to_job"], Reporter(quiet=True), journal=journal())
+
+
+# Under the rendezvous stand-in (tests/standins/fake_torchrun.py): each rank says which
+# checkpoint of its node's save path it would resume from, then runs until stopped.
+STANDIN_WORKER = """\
+import os, sys, time
+save = sys.argv[1]
+held = sorted((int(p) for p in os.listdir(save) if p.isdigit()), reverse=True) \\
+    if os.path.isdir(save) else []
+print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "resumes from",
+      held[0] if held else "nothing", flush=True)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def write_checkpoint(save: Path, epoch: int) -> None:
+    """A complete speculators save folder ``<save>/<epoch>/`` (training_state.json last)."""
+    folder = save / str(epoch)
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "optimizer_state_dict.pt",
+                 "scheduler_state_dict.pt"):
+        (folder / name).write_text("{}")
+    (folder / "training_state.json").write_text(json.dumps(
+        {"epoch": epoch, "local_step": 0, "global_step": 10 * epoch}))
+    stamp = time.time()
+    for path in folder.iterdir():
+        os.utime(path, (stamp, stamp))
+
+
+def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
+        boxes: dict[str, Any], tmp_path: Path) -> None:
+    """Node 0 holds rank 0's checkpoints and the rendezvous store; its box dies. Nothing is
+    read from it: the watch mirrored its checkpoint while it lived, node 1 (failed once the
+    store went) is fenced, and both spares get the mirrored checkpoint."""
+    import sys
+    import threading
+
+    from tests.support.runs import standin_path
+
+    project: Project = boxes["project"]
+    script = tmp_path / "worker.py"
+    script.write_text(STANDIN_WORKER)
+    command = [sys.executable, str(standin_path("fake_torchrun")), "--nnodes", "${nnodes}",
+               "--node-rank", "${node_rank}", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               "${head_host}:${rdzv_port}", "--rdzv-id", "${job_id}", "--nproc-per-node", "1",
+               "--shutdown-timeout", "5", "-m", "work", "${workdir}/ckpt"]
+    path = tmp_path / "playbooks" / "pair.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump({
+        "name": "pair", "nodes": 2, "rdzv_port": free_port(),
+        "stage": {"ckpt": {"path": "${workdir}/ckpt", "kind": "checkpoints"}},
+        "processes": {"trainer": {
+            "command": command, "env": {"FAKE_TORCHRUN_MODULES": json.dumps({"work": str(script)})},
+            "ready": {"log": r"rank \d+ of 2 resumes from", "timeout": 60},
+            "stop": {"grace": 10, "children_first": True}}}}, sort_keys=False))
+    deployed = deploy_nodes(project, ["a", "b"], load_job(path), Reporter(quiet=True),
+                            journal=journal())
+    _, old_other = node_log_targets(journal(), deployed.job_id)
+    write_checkpoint(tmp_path / "work-a" / "ckpt", 3)  # rank 0's save, on node 0's disk
+
+    moved = threading.Event()
+    events: list[str] = []
+
+    def send(event: str, **fields: Any) -> None:
+        events.append(event)
+        if event == "job_moved":
+            moved.set()  # the test follows the moved job no further
+
+    outcome: dict[str, Any] = {}
+    watcher = threading.Thread(target=lambda: outcome.update(watch_job(
+        project, deployed.job_id, ["c", "d"], Reporter(quiet=True), send=send,
+        threshold=3.0, period=0.5, journal=journal(), stop=moved)), daemon=True)
+    watcher.start()
+    mirror = Path(os.environ["XDG_STATE_HOME"]) / "outrig" / "checkpoints" / "pair" / "3"
+    wait_for(lambda: (mirror / "training_state.json").exists(), "the watch's mirror of it")
+
+    kill_runs(tmp_path / "work-a")  # node 0's box dies, with the store and the checkpoint
+    boxes["proxies"]["a"].close()
+    boxes["box_a"].stop()
+    watcher.join(180)
+    assert not watcher.is_alive() and events == ["node_lost", "job_moved"], outcome
+    report = outcome["moved"]
+    assert [(n["rank"], n["alive"], n["fenced"]) for n in report["old_nodes"]] == [
+        (0, False, False), (1, True, True)]
+    assert report["checkpoint"]["epoch"] == 3 and report["checkpoint"]["route"] == "mirror"
+    assert marked(old_other.run_id) == []  # node 1 fenced by its record
+    for node in node_log_targets(journal(), report["to_job"]):
+        text = log_of(tmp_path, node.host, node.run_id)
+        assert f"rank {node.rank} of 2 resumes from 3" in text, text
+    stop_nodes(project, report["to_job"], Reporter(quiet=True), journal=journal())
