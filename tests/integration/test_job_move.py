@@ -273,6 +273,7 @@ def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
     import sys
     import threading
 
+    from outrig.ops.stage import mirror_held
     from tests.support.runs import standin_path
 
     project: Project = boxes["project"]
@@ -310,7 +311,7 @@ def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
         threshold=3.0, period=0.5, journal=journal(), stop=moved)), daemon=True)
     watcher.start()
     mirror = Path(os.environ["XDG_STATE_HOME"]) / "outrig" / "checkpoints" / "pair" / "3"
-    wait_for(lambda: (mirror / "training_state.json").exists(), "the watch's mirror of it")
+    wait_for(lambda: mirror_held(mirror) is not None, "the watch's mirror of it (whole)")
 
     kill_runs(tmp_path / "work-a")  # node 0's box dies, with the store and the checkpoint
     boxes["proxies"]["a"].close()
