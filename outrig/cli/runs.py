@@ -390,7 +390,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
     A multi-node job (--run JOB): a node failing stops the others; with --spare, a node
-    that stops answering moves the whole job to the spares, one per node (node 0's
+    that stops answering moves the whole job to the spares, one per node (the job's
     checkpoints are mirrored as it goes). See docs/scale-out.md.
 
     Examples:
@@ -450,7 +450,8 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     help={"host": HOSTS_HELP, "playbook": "whose checkpoints (default: the playbook of the "
           "host's newest run that really ran)",
           "run": "take the playbook of this run id instead; a multi-node job's id mirrors "
-                 "its node 0's checkpoints (global rank 0 writes them), no --host needed",
+                 "the job's checkpoints (read on every node that answers: global rank 0 "
+                 "writes them on one), no --host needed",
           "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
@@ -530,7 +531,7 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
     workstation's mirror; deploys with resume. See docs/migrate.md.
 
     A multi-node job (--run JOB --to a,b) moves as a whole to as many new boxes: the nodes
-    that answer are fenced, node 0's newest complete checkpoint goes to every new node, and
+    that answer are fenced, the newest complete checkpoint goes to every new node, and
     the job resumes with the new node 0 as its rendezvous host. See docs/scale-out.md.
 
     Examples:

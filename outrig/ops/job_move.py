@@ -15,10 +15,11 @@ one-box move is (docs/scale-out.md, "Moving a job"). In order:
 3. The old nodes are probed (a node the watch confirmed dead is not); each one that still
    answers is fenced: its run stopped by the process groups its box recorded
    (``cleanup_on`` with the node's run id), nothing else on the box.
-4. Global rank 0 writes the checkpoints, so node 0's save path is the job's: when node 0
-   answers, its complete checkpoints are pulled into the workstation's mirror (after the
-   fence: the last one is final); otherwise the mirror holds what the last sync took
-   (``watch`` syncs as it goes). Nothing is needed from a dead box.
+4. Global rank 0 writes the checkpoints, on one node's disk (node 0 with a static
+   rendezvous; with c10d the node torch ranked first): the old nodes that answer are synced
+   into the workstation's mirror (after the fence: the last save is final), and a dead one
+   contributes what the last sync took (``watch`` syncs as it goes). Nothing is needed from
+   a dead box.
 5. The newest complete checkpoint in the mirror is pushed to every new node's save path
    (the same one on each: every rank resumes from its own node's copy).
 6. The job is deployed on the new boxes, node 0 first: a new job id, the rendezvous re-made
@@ -347,8 +348,8 @@ MIRROR_EVERY = 30.0  # seconds between the watch's syncs of rank 0's checkpoints
 
 class SpareMover:
     """``watch --run JOB --spare ...``: the guard's mover (:class:`outrig.ops.nodes.
-    NodeMover`). Each look, at most every ``mirror_every`` seconds, mirrors node 0's new
-    complete checkpoints (so a dead node 0 loses at most the work since); a node lost moves
+    NodeMover`). Each look, at most every ``mirror_every`` seconds, mirrors the job's new
+    complete checkpoints (so a dead rank-0 node loses at most the work since); a node lost moves
     the job to the spares (``auto``: N boxes rented through the provider of ``spares:``)."""
 
     def __init__(self, project: Project, job_id: str, spares: list[str], reporter: Reporter,
