@@ -378,7 +378,15 @@ class SpareMover:
                                                    else ", ".join(self.spares)))
         self.send("node_lost", job_id=self.job_id, nodes=[n.to_json() for n in lost])
         _, nodes = recorded_job(self.journal, self.job_id)
-        hosts = self._rent(nodes) if self.auto() else self.spares
+        try:
+            hosts = self._rent(nodes) if self.auto() else self.spares
+        except OutrigError as exc:
+            raise OutrigError(
+                f"job {self.job_id}: {', '.join(n.label() for n in lost)} lost, and the "
+                f"{len(nodes)} spares could not be rented ({exc}); every box rented for it was "
+                "released and nothing was stopped. Move the job with `outrig migrate --run "
+                f"{self.job_id} --to A,B` or stop it with `outrig cleanup --run "
+                f"{self.job_id}`.") from exc
         try:
             self.report = move_job(self.project, self.job_id, hosts, self.reporter,
                                    journal=self.journal,

@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -265,18 +266,12 @@ def write_checkpoint(save: Path, epoch: int) -> None:
         os.utime(path, (stamp, stamp))
 
 
-def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
-        boxes: dict[str, Any], tmp_path: Path) -> None:
-    """Node 0 holds rank 0's checkpoints and the rendezvous store; its box dies. Nothing is
-    read from it: the watch mirrored its checkpoint while it lived, node 1 (failed once the
-    store went) is fenced, and both spares get the mirrored checkpoint."""
+def standin_playbook(tmp_path: Path) -> Path:
+    """``pair`` under the rendezvous stand-in, its checkpoints under ``${workdir}/ckpt``."""
     import sys
-    import threading
 
-    from outrig.ops.stage import mirror_held
     from tests.support.runs import standin_path
 
-    project: Project = boxes["project"]
     script = tmp_path / "worker.py"
     script.write_text(STANDIN_WORKER)
     command = [sys.executable, str(standin_path("fake_torchrun")), "--nnodes", "${nnodes}",
@@ -289,9 +284,22 @@ def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
         "name": "pair", "nodes": 2, "rdzv_port": free_port(),
         "stage": {"ckpt": {"path": "${workdir}/ckpt", "kind": "checkpoints"}},
         "processes": {"trainer": {
-            "command": command, "env": {"FAKE_TORCHRUN_MODULES": json.dumps({"work": str(script)})},
+            "command": command,
+            "env": {"FAKE_TORCHRUN_MODULES": json.dumps({"work": str(script)})},
             "ready": {"log": r"rank \d+ of 2 resumes from", "timeout": 60},
             "stop": {"grace": 10, "children_first": True}}}}, sort_keys=False))
+    return path
+
+
+def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
+        boxes: dict[str, Any], tmp_path: Path) -> None:
+    """Node 0 holds rank 0's checkpoints and the rendezvous store; its box dies. Nothing is
+    read from it: the watch mirrored its checkpoint while it lived, node 1 (failed once the
+    store went) is fenced, and both spares get the mirrored checkpoint."""
+    from outrig.ops.stage import mirror_held
+
+    project: Project = boxes["project"]
+    path = standin_playbook(tmp_path)
     deployed = deploy_nodes(project, ["a", "b"], load_job(path), Reporter(quiet=True),
                             journal=journal())
     _, old_other = node_log_targets(journal(), deployed.job_id)
@@ -327,3 +335,71 @@ def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
         text = log_of(tmp_path, node.host, node.run_id)
         assert f"rank {node.rank} of 2 resumes from 3" in text, text
     stop_nodes(project, report["to_job"], Reporter(quiet=True), journal=journal())
+
+
+def test_spare_auto_rents_a_box_per_node_and_a_rent_refused_moves_nothing(
+        boxes: dict[str, Any], tmp_path: Path) -> None:
+    """``watch --run JOB --spare auto``: node 1 lost, one box rented per node through the
+    provider of ``spares:`` (the sandbox provider: real sshd boxes). With a budget of one
+    box the second rent is refused: the first box is released, nothing is stopped, and the
+    error says what to do. With room for two the job moves onto the rented pair."""
+    from outrig.errors import OutrigError
+    from outrig.providers import sandbox as market
+
+    project: Project = boxes["project"]
+    market.set_market(offers=[{"id": "sb-h100-1", "gpus": 8, "gpu_name": "NVIDIA H100 80GB "
+                               "HBM3", "price": 2.1, "disk_gb": 500}])
+    settings = {"providers": {"sandbox": {"ssh_deadline": 4}},
+                "spares": {"provider": "sandbox", "gpus": "8xH100"},
+                "budget": {"max_boxes": 1}}
+    (tmp_path / "outrig.yaml").write_text(yaml.safe_dump(settings))
+    deployed = deploy_nodes(project, ["b", "a"], load_job(standin_playbook(tmp_path)),
+                            Reporter(quiet=True), journal=journal())
+    old_head, old_other = node_log_targets(journal(), deployed.job_id)
+    write_checkpoint(tmp_path / "work-b" / "ckpt", 2)
+    kill_runs(tmp_path / "work-a")  # node 1's box dies
+    boxes["proxies"]["a"].close()
+    boxes["box_a"].stop()
+    try:
+        sent: list[str] = []
+        with pytest.raises(OutrigError) as refused:
+            watch_job(project, deployed.job_id, ["auto"], Reporter(quiet=True),
+                      send=lambda event, **f: sent.append(event), threshold=3.0,
+                      period=0.5, journal=journal())
+        said = " ".join(str(refused.value).split())
+        assert "node 1 (a) lost, and the 2 spares could not be rented" in said, said
+        assert "max_boxes 1" in said and "nothing was stopped" in said
+        assert f"outrig migrate --run {deployed.job_id} --to A,B" in said
+        assert market.SandboxProvider().list() == [], "the first rented box was released"
+        assert marked(old_head.run_id) != [], "node 0 was not stopped"
+        assert journal().job(deployed.job_id).get("moved_to") is None
+
+        settings["budget"] = {"max_boxes": 2}
+        (tmp_path / "outrig.yaml").write_text(yaml.safe_dump(settings))
+        done = threading.Event()
+        sent.clear()
+
+        def send(event: str, **fields: Any) -> None:
+            sent.append(event)
+            if event == "job_moved":
+                done.set()
+
+        outcome = watch_job(project, deployed.job_id, ["auto"], Reporter(quiet=True),
+                            send=send, threshold=3.0, period=0.5, journal=journal(),
+                            stop=done)
+        report = outcome["moved"]
+        rented = {str(r["name"]): r for r in journal().rentals() if r.get("state") == "ready"}
+        assert sorted(rented) == sorted(report["to"]) and len(rented) == 2
+        assert {r["for_run"] for r in rented.values()} == {old_head.run_id, old_other.run_id}
+        assert sent.count("rented") == 2 and sent[-1] == "job_moved", sent
+        assert report["checkpoint"]["epoch"] == 2 and marked(old_head.run_id) == []
+        for node in node_log_targets(journal(), report["to_job"]):
+            workdir = Path(yaml.safe_load(
+                (project.hosts_dir / f"{node.host}.yaml").read_text())["workdir"])
+            text = (workdir / "runs" / node.run_id / "logs" / "trainer.log").read_text()
+            assert f"rank {node.rank} of 2 resumes from 2" in text, text
+        stop_nodes(project, report["to_job"], Reporter(quiet=True), journal=journal())
+    finally:
+        provider = market.SandboxProvider()
+        for instance in provider.list():
+            provider.terminate(instance.instance_id)
