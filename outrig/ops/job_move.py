@@ -69,15 +69,25 @@ def split_hosts(values: Sequence[str] | str | None) -> list[str]:
     return [part.strip() for value in given for part in value.split(",") if part.strip()]
 
 
-def recorded_job(journal: Journal, ident: str) -> tuple[str, list[NodeRun]]:
-    """The job id and nodes ``ident`` names (a job id or one node's run id)."""
+def recorded_job(journal: Journal, ident: str, *,
+                 movable: bool = False) -> tuple[str, list[NodeRun]]:
+    """The job id and nodes ``ident`` names (a job id or one node's run id). ``movable``:
+    refuse a job that was moved already (its successor is the job now; moving the old one
+    again would start a second copy of it)."""
     found = find_job(journal, ident)
     if found is None:
         raise ConfigError(f"--run {ident}: the journal has no multi-node job of that id; "
                           "`outrig runs` lists the jobs it knows. Nothing was stopped or "
                           "started.")
     record, nodes = found
-    return str(record.get("job_id")), nodes
+    job_id = str(record.get("job_id"))
+    moved = record.get("moved_to")
+    if movable and isinstance(moved, dict):
+        raise ConfigError(
+            f"--run {ident}: job {job_id} was moved to {','.join(moved.get('hosts') or [])} "
+            f"as job {moved.get('job_id')}; that job is the one to move or watch now (--run "
+            f"{moved.get('job_id')}). Nothing was stopped or started.")
+    return job_id, nodes
 
 
 def check_targets(project: Project, job_id: str, nodes: Sequence[NodeRun],
@@ -137,7 +147,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
     journal = journal or Journal()
     options = options or JobMoveOptions()
     started = time.monotonic()
-    job_id, nodes = recorded_job(journal, ident)
+    job_id, nodes = recorded_job(journal, ident, movable=True)
     hosts = check_targets(project, job_id, nodes, to, "--to")
     head = journal.run(nodes[0].run_id)
     if head is None:
@@ -435,7 +445,7 @@ def check_spares(project: Project, ident: str, spares: list[str],
     from outrig.providers.spares import AUTO
 
     journal = journal or Journal()
-    job_id, nodes = recorded_job(journal, ident)
+    job_id, nodes = recorded_job(journal, ident, movable=True)
     if AUTO in spares:
         if spares != [AUTO]:
             raise ConfigError("--spare auto rents every spare the job needs; give it alone, "

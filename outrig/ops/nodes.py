@@ -219,8 +219,8 @@ def refuse_node_run(journal: Journal, run_id: str, *, what: str) -> None:
     raise ConfigError(
         f"{run_id} is node {record.get('node_rank')} of the multi-node job {job_id}; {what} "
         f"follows one box's run, which would leave the other nodes waiting. Use `outrig watch "
-        f"--run {job_id}` (a node failing stops the others), or stop the job with `outrig "
-        f"cleanup --run {job_id}` and deploy it again on other nodes. Nothing was started.")
+        f"--run {job_id}` (a node failing stops the others), or move the whole job with "
+        f"`outrig migrate --run {job_id} --to A,B` (one box per node). Nothing was started.")
 
 
 def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],

@@ -74,3 +74,21 @@ def test_the_success_line_says_what_moved_with_what() -> None:
         "moved job J (pair, 2 nodes) from a,b to c,d as job K in 17s, resuming from "
         "checkpoint 2 (mirror), with lr=0.25; fenced node 0; as deployed (same playbook, "
         "params and test mode). Next: outrig status --run K")
+
+
+def test_a_job_moved_already_is_not_moved_again(tmp_path: Path) -> None:
+    """Its nodes are fenced or dead and its successor trains: moving it again would start a
+    second copy. Refused before any host is looked at (these have no host files)."""
+    from outrig.console import Reporter
+    from outrig.ops.job_move import check_spares, move_job
+
+    journal = Journal(tmp_path / "state")
+    _job(journal, "pair-1", ["a", "b"])
+    journal.record_job("pair-1", {"moved_to": {"job_id": "pair-2", "hosts": ["c", "d"]}})
+    for call in (lambda: move_job(Project(tmp_path), "pair-1-node1", ["e", "f"],
+                                  Reporter(quiet=True), journal=journal),
+                 lambda: check_spares(Project(tmp_path), "pair-1", ["e", "f"], journal)):
+        with pytest.raises(ConfigError) as refused:
+            call()
+        assert "job pair-1 was moved to c,d as job pair-2" in str(refused.value)
+        assert "(--run pair-2)" in str(refused.value)
