@@ -47,6 +47,7 @@ from outrig.ops.nodes import (
     STOP_TIMEOUT,
     JobOrigin,
     NodeRun,
+    NodesFailed,
     deploy_nodes,
     find_job,
     node_run_id,
@@ -173,8 +174,14 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
     finally:
         for session in [*new, *(o.session for o in olds if o.session is not None)]:
             session.close()
-    result = deploy_nodes(project, hosts, job, reporter, journal=journal,
-                          params=redeploy.params, moved=origin)
+    try:
+        result = deploy_nodes(project, hosts, job, reporter, journal=journal,
+                              params=redeploy.params, moved=origin)
+    except NodesFailed as exc:
+        raise NodesFailed(
+            f"{exc} The move of job {job_id} ended there: its old nodes are stopped and its "
+            "checkpoint is in this workstation's mirror; move it again (`outrig migrate --run "
+            f"{job_id} --to A,B`, other boxes if one of these is at fault).") from exc
     for old in olds:
         old_host = str((journal.run(old.node.run_id) or {}).get("host") or old.node.host)
         mark_moved(journal, old_host, old.node.run_id, hosts[old.node.rank],
@@ -183,8 +190,10 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
         "job_id": result.job_id, "hosts": hosts, "at": time.time()}})
     report = _report(job_id, result.job_id, nodes, hosts, olds, checkpoint, redeploy,
                      time.monotonic() - started)
-    reporter.emit_json({"event": "job_moved", **report})
-    reporter.success(success_line(report, job.name))
+    if reporter.json_mode:
+        reporter.emit_json({"event": "job_moved", **report})
+    else:
+        reporter.success(success_line(report, job.name))
     return report
 
 
