@@ -90,7 +90,7 @@ def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, A
     ckpt = find_checkpoint(session, settings, options.checkpoint)
     digest = check_prompts(session, settings, inline)
     check_gpus(session, settings, job.name)
-    facts = box_facts(session, settings)
+    facts = box_facts(session, settings, ckpt.get("path") if ckpt else None)
     per_request, note = per_request_level(settings, facts)
     # the servers' plans, progress and stop reports go to stderr: stdout holds the result
     quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=session.reporter.gpu_table)

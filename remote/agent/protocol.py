@@ -105,7 +105,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
     },
     "logs": {**_RUN, "lines": f("int"), "processes": f("list|null")},
     "check": {},
-    "model_facts": {"models": f("list"), "pythons": f("list")},
+    "model_facts": {"models": f("list"), "pythons": f("list"), "drafters": f("list")},
     "follow": {
         **_RUN, "processes": f("list|null"), "cursors": f("dict|null"), "lines": f("int|null"),
         "lines_if_no_cursor": f("bool"), "follow": f("bool"), "heartbeat": f("num"),
