@@ -139,6 +139,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
         "concurrency": f("int"), "max_tokens": f("int"), "temperature": f("num"),
         "timeout": f("num"), "settle": f("num"), "check_only": f("bool"),
         "progress_interval": f("num"), "chat_template_kwargs": f("dict|null"),
+        "dataset": f("dict|null"),
     },
 }
 OPS: Tuple[str, ...] = tuple(REQUESTS)
