@@ -8,7 +8,8 @@ versions: Spec-Bench's ``question.jsonl`` (its rows' ``turns[0]``), and for SPEE
 folder holding ``<subset>.jsonl`` as NVIDIA NeMo-Skills' ``prepare.py`` writes it from the
 Hugging Face hub (its rows' ``messages[0].content``); vLLM itself never reaches the hub for
 them. Their ``load_data`` keeps only the prompt and filters by one ``category``; so the loader
-reads the file's categories (with pandas, as vLLM does), builds vLLM's class once per
+reads the file's categories (with pandas, as vLLM does; a missing file or category is said
+before vLLM is imported), builds vLLM's class once per
 category (its own shuffle, its own seed) and labels each prompt with it. The sets are
 interleaved category by category, so the first ``requests`` prompts cover every category.
 Each prompt is sent as one user message (vLLM's ``sample`` applies the chat template to the
@@ -50,17 +51,8 @@ def version():
     return "?"
 if importlib.util.find_spec("vllm") is None:
     done(error="no_vllm", message="this interpreter has no vLLM")
-cls = None
-for name in ("vllm.benchmarks.datasets.datasets", "vllm.benchmarks.datasets"):
-    if cls is not None:
-        break
-    try:
-        cls = getattr(importlib.import_module(name), args["class"], None)
-    except ImportError as exc:
-        if "pandas" in str(exc):
-            done(error="no_pandas", version=version(), message=str(exc))
-if cls is None:
-    done(error="too_old", version=version())
+# the files first (pandas, as vLLM reads them), vLLM's class after: a wrong path or category
+# is said without the seconds of importing vLLM
 if importlib.util.find_spec("pandas") is None:
     done(error="no_pandas", version=version(), message="No module named 'pandas'")
 import pandas as pd
@@ -78,6 +70,16 @@ found = [str(c) for c in dict.fromkeys(frame["category"].tolist())]
 wanted = [args["category"]] if args.get("category") else found
 if args.get("category") and args["category"] not in found:
     done(error="no_category", version=version(), categories=found)
+cls = None
+for name in ("vllm.benchmarks.datasets.datasets", "vllm.benchmarks.datasets"):
+    if cls is not None:
+        break
+    try:
+        cls = getattr(importlib.import_module(name), args["class"], None)
+    except ImportError:
+        pass
+if cls is None:
+    done(error="too_old", version=version())
 groups = []
 try:
     for category in wanted:
