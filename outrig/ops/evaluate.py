@@ -297,7 +297,8 @@ def check_prompts(session: HostSession, settings: EvalSettings,
                               **bench_fields(settings, None, check_only=True))
     except RemoteError as exc:
         if exc.kind in _CHECK_KINDS:
-            raise ConfigError(f"evaluate.prompts: {exc}") from None
+            key = "evaluate.dataset" if settings.dataset is not None else "evaluate.prompts"
+            raise ConfigError(f"{key}: {exc}") from None
         raise
     loaded = result.get("dataset")
     if isinstance(loaded, dict) and settings.dataset is not None:

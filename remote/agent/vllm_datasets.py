@@ -51,6 +51,17 @@ def version():
     return "?"
 if importlib.util.find_spec("vllm") is None:
     done(error="no_vllm", message="this interpreter has no vLLM")
+# the class is looked for in vLLM's source first (no import): a vLLM without it is said at once
+vdir = list(importlib.util.find_spec("vllm").submodule_search_locations or ["."])[0]
+source = ""
+for rel in (("benchmarks", "datasets", "datasets.py"), ("benchmarks", "datasets.py")):
+    try:
+        with open(os.path.join(vdir, *rel), encoding="utf-8", errors="replace") as f:
+            source += f.read()
+    except OSError:
+        pass
+if ("class %s(" % args["class"]) not in source:
+    done(error="too_old", version=version())
 # the files first (pandas, as vLLM reads them), vLLM's class after: a wrong path or category
 # is said without the seconds of importing vLLM
 if importlib.util.find_spec("pandas") is None:

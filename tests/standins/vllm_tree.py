@@ -13,6 +13,11 @@ Each file holds only what the probe reads, each traced to the 0.34.0 wheel:
 - ``vllm/engine/arg_utils.py``: the ``--per-request-spec-decode-metrics`` flag (0.34 has it);
 - ``vllm-0.34.0.dist-info/METADATA``: the version ``importlib.metadata`` reads.
 
+:func:`make_vllm` makes any such tree: the dataset loader's refusals use one of an older
+vLLM without ``vllm/benchmarks/datasets`` and one whose datasets.py has the class (the
+loader finds it in the source text, vLLM 0.32-0.34 datasets.py ``class SpecBench(``) in an
+interpreter without pandas (vLLM's ``bench`` extra).
+
 The interpreter is a shell script running this machine's Python with the tree first on its
 path, so the probe's subprocess sees "vLLM 0.34.0". (The real vLLM 0.32 CPU build runs the
 same probe in tests/contract/test_launch_check.py.)"""
@@ -75,21 +80,26 @@ class Platform:
 '''
 
 
-def make_vllm_034(root: Path) -> str:
-    """Write the tree under ``root``; returns the interpreter (a script) that sees it."""
-    pkg = root / "site" / "vllm"
-    algos = pkg / "transformers_utils" / "configs" / "speculators" / "algos.py"
-    algos.parent.mkdir(parents=True)
-    algos.write_text(ALGOS)
-    (pkg / "platforms").mkdir()
-    (pkg / "platforms" / "interface.py").write_text(INTERFACE)
-    (pkg / "engine").mkdir()
-    (pkg / "engine" / "arg_utils.py").write_text('"--per-request-spec-decode-metrics"\n')
-    (pkg / "__init__.py").write_text("")
-    meta = root / "site" / "vllm-0.34.0.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
+def make_vllm(root: Path, version: str, files: dict[str, str]) -> str:
+    """A vLLM ``version`` of just these files (paths under ``vllm/``); returns the
+    interpreter (a script running this machine's Python with the tree first on its path)."""
+    for rel, text in files.items():
+        target = root / "site" / "vllm" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    (root / "site" / "vllm" / "__init__.py").write_text("")
+    meta = root / "site" / f"vllm-{version}.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
     python = root / "python"
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "site"}" exec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     return str(python)
+
+
+def make_vllm_034(root: Path) -> str:
+    """vLLM 0.34's files the pre-launch probe reads; returns the interpreter that sees them."""
+    return make_vllm(root, "0.34.0", {
+        "transformers_utils/configs/speculators/algos.py": ALGOS,
+        "platforms/interface.py": INTERFACE,
+        "engine/arg_utils.py": '"--per-request-spec-decode-metrics"\n'})
