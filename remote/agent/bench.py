@@ -398,7 +398,7 @@ def op_bench(req: Request, out: Emitter) -> JSONDict:
     raw = req.raw
     count = int(get_num(raw, "requests", "", 32, positive=True))
     dataset = raw.get("dataset")
-    loaded = load_dataset(dataset, req.workdir) if isinstance(dataset, dict) else None
+    loaded = load_dataset(dataset, req.workdir, out) if isinstance(dataset, dict) else None
     prompts = load_prompts(req, count)
     kinds = sorted({"messages" if "messages" in p else "prompt" for p in prompts})
     if get_bool(raw, "check_only", "", False):

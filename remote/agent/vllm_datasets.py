@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from typing import Optional
+import time
+from typing import Optional, Tuple
 
 from .constants import JSONDict
-from .events import AgentError, bad_request
+from .events import AgentError, Emitter, bad_request
 from .protocol import NOT_FOUND
 
 CLASSES = {"spec_bench": "SpecBench", "speed_bench": "SpeedBench"}
@@ -116,10 +117,16 @@ done(prompts=written, categories=counts, version=version(), cls=cls.__module__ +
 """
 
 
-def load_dataset(spec: JSONDict, workdir: str) -> JSONDict:
+HEARTBEAT = 10.0  # seconds between progress events while vLLM is imported (tens of seconds)
+LOADER_TIMEOUT = 900.0
+
+
+def load_dataset(spec: JSONDict, workdir: str, out: Optional[Emitter] = None) -> JSONDict:
     """Run the loader for ``spec`` (``name``, ``category``, ``path``, ``subset``, ``python``,
     ``out`` relative to the workdir); the loader's answer, or a bad request / not found that
-    says why the set cannot be had and what to do."""
+    says why the set cannot be had and what to do. ``out`` hears a ``dataset_progress`` event
+    every :data:`HEARTBEAT` seconds meanwhile: importing vLLM takes tens of seconds, longer
+    than the workstation waits in silence."""
     name = spec.get("name")
     if name not in CLASSES:
         raise bad_request(f"dataset.name: {name!r} is not one of {', '.join(CLASSES)}")
@@ -131,22 +138,44 @@ def load_dataset(spec: JSONDict, workdir: str) -> JSONDict:
     args = {"name": name, "class": CLASSES[str(name)], "path": path, "subset": subset,
             "category": spec.get("category") or None,
             "out": os.path.join(workdir, str(spec.get("out")))}
+    if out is not None:
+        out.step(f"reading {name} with {python}'s vLLM {CLASSES[str(name)]}")
+    stdout, stderr, code = _run(python, args, out)
     try:
-        proc = subprocess.run([python, "-c", LOADER_SOURCE, json.dumps(args)],
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise bad_request(f"cannot run {python} to read {name}: {exc}") from None
-    try:
-        answer = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        answer = json.loads(stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
-        err = proc.stderr.decode("utf-8", "replace").strip()[-400:]
-        raise bad_request(f"reading {name} with {python} failed (exit {proc.returncode}): "
+        err = stderr.decode("utf-8", "replace").strip()[-400:]
+        raise bad_request(f"reading {name} with {python} failed (exit {code}): "
                           f"{err}") from None
     error = answer.get("error")
     if error:
         text = _problem(answer, str(name), subset, path, python, args["category"])
         raise AgentError(NOT_FOUND, text) if error == "not_found" else bad_request(text)
     return dict(answer)
+
+
+def _run(python: str, args: JSONDict, out: Optional[Emitter]) -> Tuple[bytes, bytes, int]:
+    """The loader's (stdout, stderr, exit code), with a progress event every heartbeat."""
+    try:
+        proc = subprocess.Popen([python, "-c", LOADER_SOURCE, json.dumps(args)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise bad_request(f"cannot run {python} to read {args['name']}: {exc}") from None
+    started = time.monotonic()
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=HEARTBEAT)
+            return stdout, stderr, int(proc.returncode)
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - started
+            if elapsed > LOADER_TIMEOUT:
+                proc.kill()
+                proc.communicate()
+                raise bad_request(f"reading {args['name']} with {python} took more than "
+                                  f"{LOADER_TIMEOUT:.0f} s; stopped") from None
+            if out is not None:
+                out.emit("dataset_progress", elapsed=round(elapsed, 1))
 
 
 def _problem(answer: JSONDict, name: str, subset: str, path: str, python: str,
