@@ -11,7 +11,8 @@ import yaml
 
 from outrig.errors import PlanError
 from outrig.inventory import Host
-from outrig.ops.nodes import NodeRun, check_gpu_counts
+from outrig.ops.node_checks import check_gpu_counts
+from outrig.ops.nodes import NodeRun
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import load_job
 from tests.support.span import ADDRESSES, FACTS, colocated_doc, node_plans, split_doc
@@ -203,7 +204,7 @@ def test_checkpoints_are_compared_among_the_trainer_nodes(
     hold the same newest checkpoint (each rank resumes from its own node's copy)."""
     from types import SimpleNamespace
 
-    from outrig.ops import nodes as nodes_module
+    from outrig.ops import node_checks as nodes_module
 
     doc = split_doc(nodes=4, dflash={"trainer": {"nodes": 2}})
     plans = node_plans(tmp_path, doc, addresses=(*ADDRESSES, "10.0.0.4"))
