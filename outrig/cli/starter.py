@@ -32,11 +32,10 @@ def init(c: Any, force: bool = False, dflash: bool = False, template: str = "",
         mkdir my-runs && cd my-runs && outrig init --dflash
     """
     from outrig.console import Reporter  # at run time only: --help loads no console
+    from outrig.errors import ConfigError
     from outrig.starter import write_starter
     from outrig.terminal import wrap_width
     from outrig.textlayout import paragraph
-
-    from outrig.errors import ConfigError
 
     if dflash and template not in ("", "dflash"):
         raise ConfigError(f"--dflash and --template {template} name two starters; give one.")
