@@ -153,6 +153,36 @@ def test_init_writes_a_starter_project_and_refuses_to_overwrite(installed: Path,
     assert (empty / "hosts" / "box.yaml").read_text() == "hostname: mine\nworkdir: /srv/x\n"
 
 
+def test_init_dflash_from_the_wheel_then_plan_on_the_box(installed: Path, empty: Path,
+                                                        box_host: Path, tmp_path: Path) -> None:
+    """README's walkthrough from a wheel: `outrig init --dflash` in an empty folder writes the
+    DFlash playbook the wheel ships (no checkout anywhere), and `outrig plan` plans it on a
+    real box (the sandbox's sshd) without a problem: the three processes from the two venvs
+    its environments: name, and the box's GPUs that it leaves idle noted."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "80"}
+    done = run(installed, ["init", "--dflash"], empty, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "wrote " in done.stdout and "playbooks/dflash.yaml" in done.stdout, done.stdout
+    playbook = yaml.safe_load((empty / "playbooks" / "dflash.yaml").read_text())
+    assert set(playbook["environments"]) == {"vllm", "speculators"}
+    shutil.copyfile(box_host, empty / "hosts" / "box.yaml")
+    checked = run(installed, ["check"], empty, env=env)  # the box's GPUs, for the fit checks
+    assert checked.returncode == 0, checked.stderr
+    planned = run(installed, ["plan", "--json"], empty, env=env)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["playbook"] == "dflash" and plan["problems"] == []
+    argv = {p["name"]: p["argv"] for p in plan["processes"]}
+    assert list(argv) == ["server", "prepare", "trainer"]
+    assert argv["server"][0] == "/workspace/venvs/vllm/bin/python"
+    assert argv["trainer"][0] == "/workspace/venvs/speculators/bin/torchrun"
+    shown = run(installed, ["plan"], empty, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "stay idle" in shown.stdout.replace("\n    ", " "), shown.stdout
+    again = run(installed, ["init", "--template", "dflash"], empty, env=env)
+    assert again.returncode == 2 and "would overwrite" in again.stderr
+
+
 def test_project_is_found_upward_or_named(installed: Path, project: Path,
                                           tmp_path: Path) -> None:
     deeper = project / "notes" / "today"
