@@ -252,12 +252,15 @@ def sandbox_down(name: str, *, keep_box: bool = False) -> dict[str, Any]:
     was_up = is_up(state)
     stopped: list[int] = []
     server = state.get("server") or {}
+    sshd = state.get("sshd") or {}
+    sshd_ran = is_recorded_process(sshd)  # before the server's stop takes it down too
     if is_recorded_process(server):
         # The server stops its proxy, the sshd and the sshd's sessions on SIGTERM.
         _stop_group(server)
         stopped.append(int(server["pid"]))
-    sshd = state.get("sshd") or {}
-    if is_recorded_process(sshd):  # the server died without stopping it
+    if sshd_ran and not is_recorded_process(sshd):
+        stopped.append(int(sshd["pid"]))  # stopped with its server: both are reported
+    elif is_recorded_process(sshd):  # the server died without stopping it
         sessions = children_of(int(sshd["pid"]))
         _stop_group(sshd)
         for pid in sessions:
