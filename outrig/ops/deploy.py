@@ -77,10 +77,12 @@ def replaced_words(replaced: dict[str, Any] | None) -> str:
 
 
 def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], seconds: float,
-                     host_spec: str, replaced: dict[str, Any] | None = None) -> str:
+                     host_spec: str, replaced: dict[str, Any] | None = None,
+                     hint: bool = True) -> str:
     """The closing line: what is running now, which processes finished their work before
     they were ready (a resumed trainer with nothing left to do exits 0 at once), and the run
-    of a deploy started at the same moment that this one replaced."""
+    of a deploy started at the same moment that this one replaced. ``hint``: the commands to
+    look at the run next (not where the host is gone a moment later: the demo's)."""
     finished = [str(p.get("name")) for p in processes if p.get("outcome") == "finished"]
     were = "it was" if len(finished) == 1 else "they were"
     done = (f"{', '.join(finished)} finished (exited 0 before {were} ready: nothing left "
@@ -94,6 +96,8 @@ def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], s
         head = f"{plan.playbook} ready on {plan.host} in {seconds:.1f}s"
         head += f"; {done}" if done else ""
     head += replaced_words(replaced)
+    if not hint:
+        return f"{head} — run {plan.run_id}."
     return (f"{head} — run {plan.run_id}. Next: outrig status --host {host_spec}, "
             f"outrig tail-logs --host {host_spec}")
 
@@ -183,20 +187,21 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str],
 def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
            test: bool = False, dry_run: bool = False, wait: bool = True,
            journal: Journal | None = None, params: dict[str, Any] | None = None,
-           allow_unhealthy_gpu: bool = False) -> DeployResult:
+           allow_unhealthy_gpu: bool = False, hint: bool = True) -> DeployResult:
     """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call.
 
     ``params`` (from ``--param``) override the playbook's params and are journalled with the
-    run, so a later look at the run says what it was started with."""
+    run, so a later look at the run says what it was started with. ``hint``: see
+    :func:`deployed_message`."""
     with host_session(project, host_spec, reporter, journal) as session:
         job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
         return deploy_on(session, job, dry_run=dry_run, wait=wait, params=params,
-                         allow_unhealthy_gpu=allow_unhealthy_gpu)
+                         allow_unhealthy_gpu=allow_unhealthy_gpu, hint=hint)
 
 
 def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bool = True,
               params: dict[str, Any] | None = None, run_id: str | None = None,
-              allow_unhealthy_gpu: bool = False) -> DeployResult:
+              allow_unhealthy_gpu: bool = False, hint: bool = True) -> DeployResult:
     """:func:`deploy` of a loaded playbook on an open session. A dry run sends nothing; a
     deploy whose recipe needs facts about its models reads them first, on the same
     connection. ``run_id``: the run's id (default: a new one; a deploy on several hosts
@@ -247,7 +252,7 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
                         "status": status, "seconds": round(seconds, 3),
                         "processes": processes, "replaced": replaced})
     reporter.success(deployed_message(plan, status, processes, seconds, session.host_spec,
-                                      replaced))
+                                      replaced, hint))
     return outcome
 
 

@@ -136,6 +136,10 @@ def test_demo_runs_from_the_wheel_in_an_empty_folder(installed: Path, empty: Pat
     assert "trainer: newest complete checkpoint" in done.stdout, done.stdout
     run_id = said.split("— run ", 1)[1].split(".", 1)[0]
     assert marked(run_id) == []  # the demo's cleanup stopped every process of the run
+    # no hint names the demo's host file, which is gone when it ends; the last line says how
+    # to try the commands on a box that stays up
+    assert "outrig-demo-" not in said.split("— run ", 1)[1], said
+    assert said.rstrip().endswith("outrig sandbox-down stops it."), said
     assert list(empty.iterdir()) == []  # the demo writes nothing into the folder
 
 
