@@ -292,12 +292,25 @@ def test_forward_reaches_the_server_and_survives_a_cut_link(
     assert forwarding.stdout is not None
     event = json.loads(forwarding.stdout.readline())
     assert event["event"] == "forwarding" and "process server of run hello-" in event["what"]
+    # the server listens on this machine (the sandbox is here), so its port is taken here:
+    # the forward says it moved (it gave another URL without a word)
+    remote_port = int(event["remote"].rsplit(":", 1)[1])
+    assert event["local_port"] != remote_port
+    assert event["local_port_moved_from"] == remote_port, event
     assert _get(event["url"]) == 200
     assert proxy.cut_all() >= 1  # the SSH connection under the forward is gone
     assert _get(event["url"]) == 200  # the next connection reconnected first
     assert proxy.connections >= 1
     forwarding.send_signal(signal.SIGINT)
     assert forwarding.wait(timeout=30) == 130  # Ctrl-C, as in every task
+    plain = procs.spawn([str(installed / "outrig"), "forward", "--process", "server"],
+                        cwd=project, env={**env, "COLUMNS": "200"}, stdout=subprocess.PIPE,
+                        text=True)
+    assert plain.stdout is not None
+    said = plain.stdout.readline()
+    assert f"(port {remote_port} is taken on this machine, so the local port is " in said, said
+    plain.send_signal(signal.SIGINT)
+    assert plain.wait(timeout=30) == 130
 
 
 SLOW = """\
