@@ -4,7 +4,7 @@
    and any error (the browser test reads it). */
 (function () {
   "use strict";
-  var state = {charts: [], events: 0, errors: [], done: false};
+  var state = {charts: [], events: 0, errors: [], done: false, timed: null};
   window.outrigReport = state;
   window.addEventListener("error", function (e) { state.errors.push(String(e.message)); });
 
@@ -177,9 +177,23 @@
       "time since the first deploy of each run's chain, h:mm (a migrated run goes on in " +
       "its successor); dashed lines mark the events of the timeline below.", "meta");
   if (!doc.charts.length) add(curves, "p", "No metric lines in the log mirror yet.", "empty");
+  /* a trainer that prints no times: no "over time" panel could hold a value; half a row of
+     "no values" beside each chart said so once per metric. One line says it instead. */
+  var timed = doc.runs.some(function (run) {
+    var per = doc.series[run.run_id] || {};
+    return Object.keys(per).some(function (m) {
+      return per[m].t.some(function (x) { return x !== null && x !== undefined; });
+    });
+  });
+  if (doc.charts.length && !timed) {
+    add(curves, "p", "Over time: not drawn. No metric line of " +
+        (doc.runs.length > 1 ? "these runs" : "this run") + " carries a time (its trainer " +
+        "prints none), so each metric is drawn over the step only.", "meta");
+  }
+  state.timed = timed;
   doc.charts.forEach(function (c) {
     var row = add(curves, "div", null, "pair");
-    ["step", "time"].forEach(function (kind) {
+    (timed ? ["step", "time"] : ["step"]).forEach(function (kind) {
       var tables = [], labels = [], colours = [], dashes = [];
       doc.runs.forEach(function (run, ri) {
         c.metrics.forEach(function (metric, mi) {

@@ -187,3 +187,27 @@ def test_a_series_with_extreme_values_is_still_drawn(browser: Browser, tmp_path:
     note = browser.evaluate("[...document.querySelectorAll('.chart p.meta')]"
                             ".map(p => p.textContent)")
     assert any("2 value(s) beyond ±1e+150 not drawn" in text for text in note), note
+
+
+def test_a_run_without_times_is_drawn_over_the_step_only(browser: Browser,
+                                                         tmp_path: Path) -> None:
+    """A trainer that prints no timestamps: every "over time" panel said `no values`, half a
+    row each, and the timeline showed 2 of its 20 checkpoint and epoch lines. Now the page
+    draws each metric over the step, says once why there is no time axis, and lists every
+    event."""
+    from tests.unit.test_report_cli import UNTIMED
+
+    journal = Journal(tmp_path / "state")
+    make_run(journal, "plain", "uk-node", None).write_text(UNTIMED)
+    out = tmp_path / "plain.html"
+    write_report(Reporter(quiet=True), ["plain"], output=str(out), journal=journal)
+    state = open_report(browser, out)
+    assert state["done"] and state["errors"] == [] and browser.console_errors() == []
+    assert [c["id"] for c in state["charts"]] == ["c0-step"]
+    assert state["charts"][0]["drawn"] and state["charts"][0]["points"] == 20
+    page = browser.evaluate("document.body.innerText")
+    assert "no values" not in page
+    assert "Over time: not drawn." in page
+    assert state["events"] == state["rows"] == 21  # the deploy, 16 checkpoints, 4 epochs
+    shot = artefacts(tmp_path) / "report-untimed.png"
+    assert browser.screenshot(shot, height=900)[:8] == b"\x89PNG\r\n\x1a\n"

@@ -284,3 +284,36 @@ def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
     assert (54_321, 9.0) in kept and (77_777, -3.0) in kept
     assert [s for s, _ in kept] == sorted(s for s, _ in kept)
     assert envelope(rows[:50], 160) == rows[:50]
+
+
+UNTIMED = "".join(
+    [f"Training epoch {e}/2 started\n"
+     + "".join(f"train/loss={2.0 / (1 + 10 * e + s):.4f}, global_step={10 * e + s}\n"
+               for s in range(1, 11))
+     + "".join(f"Checkpoint saved to /ckpt/{e}/{k}\n" for k in range(8))
+     + f"Training epoch {e}/2 completed\n" for e in range(2)])
+
+
+def test_the_timeline_keeps_log_events_of_a_trainer_that_prints_no_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer that prints no timestamps: its 16 checkpoints and 4 epoch lines were left
+    out of the report's timeline (only events with a time were kept). Each is kept, in
+    the log's order, saying that no time was printed."""
+    from outrig.console import Reporter
+    from outrig.ops.metrics import write_report
+
+    journal = Journal(tmp_path / "state")
+    make_run(journal, "plain", "uk-node", None).write_text(UNTIMED)
+    out = tmp_path / "plain.html"
+    write_report(Reporter(quiet=True), ["plain"], output=str(out), journal=journal)
+    data = json.loads(re.search(r'id="outrig-data">(.*?)</script>', out.read_text(), re.S)
+                      .group(1).replace("\\u003c", "<").replace("\\u003e", ">")
+                      .replace("\\u0026", "&"))
+    kinds = [e["kind"] for e in data["events"]]
+    assert kinds.count("checkpoint") == 16 and kinds.count("epoch") == 4, kinds
+    logged = [e for e in data["events"] if e["kind"] in ("checkpoint", "epoch")]
+    assert [e["text"] for e in logged][:2] == ["epoch 0/2 started", "/ckpt/0/0"]
+    assert all(e["t"] is None and e["when"] == "no time printed" for e in logged), logged[0]
+    steps = [e["step"] for e in logged if e["step"] is not None]
+    assert steps == sorted(steps)
+    assert data["events"][0]["kind"] == "deploy"  # the timed ones first, by time
