@@ -229,8 +229,9 @@ def run_events(run: RunData, origin: float | None, evaluations: Sequence[dict[st
 def report_document(groups: Sequence[Sequence[RunData]], *, now: float,
                     evaluations: dict[str, list[dict[str, Any]]] | None = None,
                     watch_events: dict[str, list[dict[str, Any]]] | None = None,
-                    secrets: Sequence[str] = ()) -> dict[str, Any]:
-    """The report's data (what the page draws; also ``report --json``)."""
+                    secrets: Sequence[str] = (), log_scale: bool = False) -> dict[str, Any]:
+    """The report's data (what the page draws; also ``report --json``). ``log_scale``: the
+    metric charts' y axes on a log10 scale (values ≤ 0 left out, said under each chart)."""
     evaluations = evaluations or {}
     watch_events = watch_events or {}
     runs, series, gpu, events, evals = [], {}, {}, [], []
@@ -259,12 +260,18 @@ def report_document(groups: Sequence[Sequence[RunData]], *, now: float,
         notes = [f"{run['run_id']} {metric}: {s['note']}" for run in runs
                  for metric in chart["metrics"]
                  if (s := series[run["run_id"]].get(metric)) and s.get("note")]
+        if log_scale:
+            notes += [f"{run['run_id']} {metric}: {below} value(s) ≤ 0 not drawn on the log "
+                      "scale" for run in runs for metric in chart["metrics"]
+                      if (below := sum(1 for v in (series[run["run_id"]].get(metric) or {})
+                                       .get("v", []) if v <= 0))]
         if notes:
             chart["note"] = "; ".join(notes)
     events.sort(key=timeline_order)
     title = "outrig report: " + ", ".join(r["run_id"] for r in runs)
     return {"title": title, "generated": utc_text(now), "runs": runs, "charts": charts,
-            "series": series, "gpu": gpu, "events": events, "evaluations": evals}
+            "series": series, "gpu": gpu, "events": events, "evaluations": evals,
+            "log_scale": log_scale}
 
 
 def _json_for_script(data: Any) -> str:

@@ -211,3 +211,24 @@ def test_a_run_without_times_is_drawn_over_the_step_only(browser: Browser,
     assert state["events"] == state["rows"] == 21  # the deploy, 16 checkpoints, 4 epochs
     shot = artefacts(tmp_path) / "report-untimed.png"
     assert browser.screenshot(shot, height=900)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_log_draws_the_metrics_on_a_log_scale(browser: Browser, tmp_path: Path) -> None:
+    """`report --log`: every metric chart's y axis is log10 (uPlot's distr 3), the GPU charts
+    stay linear, and a value a log axis cannot place is named under its chart."""
+    journal = Journal(tmp_path / "state")
+    log = make_run(journal, "decay", "uk-node", None)
+    log.write_text("".join(f"[08:31:{10 + step:02d}] INFO     train/loss={value}, "
+                           f"global_step={step}\n"
+                           for step, value in enumerate(["10", "1", "0.1", "0.01", "0"])))
+    out = tmp_path / "decay.html"
+    write_report(Reporter(quiet=True), ["decay"], output=str(out), journal=journal, log=True)
+    state = open_report(browser, out)
+    assert state["done"] and state["errors"] == [] and browser.console_errors() == []
+    logged = browser.evaluate("JSON.stringify(window.outrigReport.charts.map(c => c.log))")
+    assert json.loads(logged) == [True, True]  # the loss over step and over time
+    drawn = {c["id"]: c for c in state["charts"]}
+    assert drawn["c0-step"]["drawn"] and drawn["c0-step"]["points"] == 4  # the 0 left out
+    page = browser.evaluate("document.body.innerText")
+    assert "train/loss (log scale)" in page
+    assert "decay train/loss: 1 value(s) ≤ 0 not drawn on the log scale" in page

@@ -317,3 +317,29 @@ def test_the_timeline_keeps_log_events_of_a_trainer_that_prints_no_time(
     steps = [e["step"] for e in logged if e["step"] is not None]
     assert steps == sorted(steps)
     assert data["events"][0]["kind"] == "deploy"  # the timed ones first, by time
+
+
+def test_plot_log_keeps_the_end_of_a_loss_falling_over_decades_readable() -> None:
+    """`plot` drew the loss on a linear scale only: a loss falling from 10 to 1e-11 lay flat
+    on the bottom line for its whole second half. With `--log` the second half still climbs
+    down the chart, the title says the scale, and the value a log axis cannot place (0) is
+    named under the chart (and the sparkline of the table follows the log too)."""
+    rows = [(s, 10.0 * 0.5 ** s) for s in range(40)] + [(40, 0.0)]
+    curve = [(LOSS, [Curve("r", LOSS, rows)])]
+
+    def rows_of_second_half(lines: list[str]) -> int:
+        plain = [ANSI.sub("", line) for line in lines]
+        body = [m.group(1) for line in plain if (m := re.match(r"^[^┤│]*[┤│](.*)│\s*$", line))]
+        return sum(1 for line in body if re.search("[\u2801-\u28ff]", line[len(line) // 2:]))
+
+    linear = plot_lines(curve, 80, colour=True)
+    log = plot_lines(curve, 80, colour=True, log=True)
+    assert rows_of_second_half(linear) <= 2
+    assert rows_of_second_half(log) >= 5
+    plain = [ANSI.sub("", line) for line in log]
+    assert any(line.strip() == f"{LOSS} (log scale)" for line in plain)
+    assert plain[-1].strip() == "r: 1 value(s) ≤ 0 not drawn on the log scale"
+    table = plot_lines(curve, 80, colour=False, log=True)
+    assert table[0] == f"{LOSS} (log scale)" and max(len(line) for line in table) <= 80
+    spark = table[1].split()[2]
+    assert len(set(spark)) >= 6  # on a linear scale it is one full block, then the floor
