@@ -21,7 +21,7 @@ from typing import Any
 
 from outrig import recipes
 from outrig.console import Reporter
-from outrig.errors import Interrupted, PlanError, RemoteError
+from outrig.errors import Interrupted, OutrigError, PlanError, RemoteError
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.runs import new_run_id, secret_values
@@ -74,6 +74,30 @@ def replaced_words(replaced: dict[str, Any] | None) -> str:
     return (f"; it replaced run {replaced.get('run_id')}, started "
             f"{float(replaced['age']):.0f} s ago by another deploy of this playbook that "
             "finished first (only this run runs now)")
+
+
+class DeploySuperseded(OutrigError):
+    """The deploy's run came up, but another deploy of the same playbook was waiting for the
+    box and replaces it the moment this one lets go."""
+
+
+def superseded(session: HostSession, plan: Plan, result: dict[str, Any]) -> None:
+    """Raise :class:`DeploySuperseded` when the box saw other deploys of the playbook
+    waiting for its lock as this one finished (``waiting`` in the result): two identical
+    deploys started at once ran one after the other, and the first said ``✓ ready`` (exit
+    0) for a run the second stopped two seconds later. Its run is marked replaced."""
+    waiting = [str(w.get("run_id")) for w in result.get("waiting") or []
+               if isinstance(w, dict) and w.get("run_id")]
+    if not waiting:
+        return
+    session.journal.record_run(plan.run_id, {"replaced_by": waiting[-1]})
+    session.reporter.emit_json({"event": "superseded", "run_id": plan.run_id,
+                                "by": waiting})
+    raise DeploySuperseded(
+        f"{plan.playbook} came up on {plan.host} as run {plan.run_id}, but another deploy "
+        f"of {plan.playbook} started meanwhile was waiting for the box and replaces that run "
+        f"now: run {', '.join(waiting)}. Only {waiting[-1]} will run, and its deploy reports "
+        f"it; outrig status --host {session.host_spec} shows it.")
 
 
 def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], seconds: float,
@@ -244,6 +268,7 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
                 f"started {float(replaced['age']):.0f} s ago by another deploy of the same "
                 "playbook that got the box first (it may have reported that run ready); only "
                 f"{plan.run_id} runs now")
+    superseded(session, plan, result)
     outcome = DeployResult(plan=plan, launched=True, processes=processes, seconds=seconds,
                            rtt=session.transport.rtt,
                            connect_seconds=session.transport.connect_seconds, status=status,
