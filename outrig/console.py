@@ -305,10 +305,11 @@ def describe_event(event: dict[str, Any]) -> str | None:
         how = {"term": "stopped on SIGTERM", "kill": "killed after the grace period",
                "gone": "was not running", "reused": "pid reused by another process: untouched"}
         text = how.get(str(event.get("how")), str(event.get("how")))
-        text = had_ended(event) or text
+        ended = had_ended(event)  # it had ended before: no stop took any time
         extra = f", {event['stragglers']} straggler(s) killed" if event.get("stragglers") else ""
-        return (f"• {event.get('process')} (run {event.get('run_id')}) {text} "
-                f"in {float(event.get('seconds') or 0):.1f}s{extra}")
+        took = "" if ended else f" in {float(event.get('seconds') or 0):.1f}s"
+        return (f"• {event.get('process')} (run {event.get('run_id')}) {ended or text}"
+                f"{took}{extra}")
     if kind == "launched":
         return (f"• launched {event.get('process')} (pid {event.get('pid')}, "
                 f"pgid {event.get('pgid')})")
