@@ -69,7 +69,8 @@ def flag_playbook(model: str, speculative: str | None, prompts: str | None,
           "python": "without --playbook: the vLLM venv's interpreter on the box (default "
                     "python3)",
           "run": "the training run whose checkpoints are evaluated (default: the "
-                 "playbook's newest run on this host)",
+                 "playbook's newest run on this host); a multi-node job's id means its "
+                 "node 0's run, on node 0's box",
           "checkpoint": "a checkpoint folder on the box (default: the run's newest complete "
                         "one); a torn one is refused",
           "requests": "how many prompts to send (default: evaluate.requests, 32)",
@@ -139,6 +140,14 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
                           "verifier)")
     ks = parse_ks(sweep_k) if sweep_k is not None else ()
     count = None if requests is None else int(number(requests, "requests", 32))
+    if run is not None:  # a multi-node job's id: its node 0's run, on node 0's box
+        from outrig.journal import Journal
+        from outrig.ops.runs import head_run_id
+
+        journal = Journal()
+        run = head_run_id(journal, run)
+        recorded = (journal.run(run) or {}).get("host")
+        host = host or (str(recorded) if recorded else None)
     host_spec = one_host(settings, reporter, host).spec
     options = Options(run_id=run, checkpoint=checkpoint, requests=count,
                       baseline=True if baseline else (False if no_baseline else None),
