@@ -755,10 +755,10 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
              f"layers) + " if facts.hidden_size else "")
     text = (f"draft: {anchors} anchors × block {spec.block_size} with {which} ≈ {need:.1f} "
             f"GiB per trainer GPU ({parts}logits {logits:.1f} GiB)")
-    if not facts.hidden_size:
-        text += "; the hidden size is not known yet, so activations are not counted"
+    unknown = ("; the hidden size is not known yet, so activations are not counted"
+               if not facts.hidden_size else "")
     if ctx.gpu_memory_mib is None:
-        out.notes.append(text + " (GPU memory not known yet)")
+        out.notes.append(text + " (GPU memory not known yet)" + unknown)
         return
     total = ctx.gpu_memory_mib / 1024
     if need > 0.8 * total:
@@ -767,10 +767,11 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
             fixes.insert(0, "set dflash.draft_vocab_size: 32000 (what upstream DFlash "
                             "examples use)")
         out.problems.append(
-            f"{at(('dflash', 'trainer'))}: {text}, more than 80% of the {total:.0f} GiB GPU: "
-            f"the trainer would run out of memory. {' or '.join(fixes).capitalize()}")
+            f"{at(('dflash', 'trainer'))}: {text}, more than 80% of the {total:.0f} GiB GPU"
+            f"{unknown}: the trainer would run out of memory. "
+            f"{' or '.join(fixes).capitalize()}")
     else:
-        out.notes.append(text + f" of {total:.0f} GiB")
+        out.notes.append(text + f" of {total:.0f} GiB" + unknown)
 
 
 def _check_extras(at: Where, out: Expansion, key: KeyPath, extras: list[str],
