@@ -52,6 +52,8 @@ def chosen_runs(c: Any, reporter: Reporter, run: list[str] | None, host: str | N
                   f"`outrig runs --host {key}` lists them)")
     return [found]
 METRIC_HELP = "only this metric, e.g. train/loss (repeat for several)"
+LOG_HELP = ("the metrics' y axis on a log scale: a loss falling over decades stays readable "
+            "at its end (values of 0 or below are left out, and said so)")
 
 
 @task(
@@ -95,13 +97,14 @@ def metrics(c: Any, run: list[str] | None = None, metric: list[str] | None = Non
     iterable=["run", "metric"],
     help={"run": RUN_HELP, "host": HOST_HELP, "playbook": PLAYBOOK_HELP, "project": PROJECT_HELP,
           "metric": METRIC_HELP + " (default: train/loss, train/full_acc and train/eal)",
+          "log": LOG_HELP,
           "json": "print the curves instead, one JSON document {curves: [{metric, run_id, "
                   "host, steps, values}]}"},
 )
 @friendly
 def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
          host: str | None = None, playbook: str | None = None, project: str | None = None,
-         json: bool = False) -> None:
+         log: bool = False, json: bool = False) -> None:
     """Draw a run's curves in the terminal, over the step.
 
     On a terminal with colour each metric is a chart as wide as the terminal (plotext), one
@@ -113,12 +116,13 @@ def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
         outrig plot --run dflash-qwen36-20260101-120000
         outrig plot --host uk-node
         outrig plot --run A --run B --metric train/loss --metric train/eal
+        outrig plot --run R --metric train/loss --log
     """
     from outrig.ops.metrics import plot as run_plot
 
     reporter = make_reporter(json)
     run_plot(reporter, chosen_runs(c, reporter, run, host, playbook, project),
-             metrics=list(metric or []))
+             metrics=list(metric or []), log=log)
 
 
 @task(
@@ -126,11 +130,12 @@ def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
     iterable=["run"],
     help={"run": RUN_HELP, "host": HOST_HELP, "playbook": PLAYBOOK_HELP, "project": PROJECT_HELP,
           "o": "the HTML file to write (default: outrig-report-RUN.html here)",
+          "log": LOG_HELP,
           "json": "print one JSON line {report, bytes, runs, charts, events, points, "
                   "lines_parsed}"},
 )
 @friendly
-def report(c: Any, run: list[str] | None = None, o: str | None = None,
+def report(c: Any, run: list[str] | None = None, o: str | None = None, log: bool = False,
            host: str | None = None, playbook: str | None = None, project: str | None = None,
            json: bool = False) -> None:
     """Write one self-contained HTML report of a run: identity, curves, GPUs, timeline.
@@ -146,8 +151,10 @@ def report(c: Any, run: list[str] | None = None, o: str | None = None,
         outrig report --run dflash-qwen36-20260101-120000
         outrig report --host uk-node
         outrig report --run A --run B -o compare.html
+        outrig report --run R --log
     """
     from outrig.ops.metrics import write_report
 
     reporter = make_reporter(json)
-    write_report(reporter, chosen_runs(c, reporter, run, host, playbook, project), output=o)
+    write_report(reporter, chosen_runs(c, reporter, run, host, playbook, project), output=o,
+                 log=log)

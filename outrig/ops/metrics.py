@@ -31,6 +31,7 @@ from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
 from outrig.metrics import RunData, chain_ids, no_collection
 from outrig.metricstore import MetricStore
+from outrig.ops.runs import head_run_id
 from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
 from outrig.redaction import ordered
@@ -61,7 +62,7 @@ def select_chains(journal: Journal, run_ids: Sequence[str]) -> list[list[str]]:
     """Each ``--run`` with its chain (the runs it was moved from and to), in the order
     given; a run already in an earlier chain is not repeated. An id the journal does not
     know is bad input."""
-    wanted = [r for r in run_ids if r]
+    wanted = [head_run_id(journal, r) for r in run_ids if r]  # a job: its node 0's run
     if not wanted:
         raise ConfigError("--run or --host is needed: the run to show (e.g. --run dflash-"
                           "qwen36-20260101-120000), or the box whose current run to show "
@@ -278,9 +279,10 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
 @bulk
 def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] = (),
          journal: Journal | None = None, width: int | None = None,
-         colour: bool | None = None) -> list[str]:
+         colour: bool | None = None, log: bool = False) -> list[str]:
     """``outrig plot``: the curves of ``metrics`` (default: loss, full_acc and eal, those
-    there are) of the runs and their chains, in the terminal (:mod:`outrig.termplot`)."""
+    there are) of the runs and their chains, in the terminal (:mod:`outrig.termplot`);
+    ``log``: on a log scale."""
     journal = journal or Journal()
     groups, _ = load_chains(journal, run_ids)
     runs = [run for group in groups for run in group]
@@ -302,7 +304,7 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
             for metric, row in curves for run, curve in zip(runs, row, strict=True)]})
         return []
     lines = plot_lines(curves, width or terminal_width(reporter.out),
-                       colour=reporter.colour if colour is None else colour)
+                       colour=reporter.colour if colour is None else colour, log=log)
     if not chosen:
         lines = ["nothing to plot yet"]
     for line in lines:
@@ -342,7 +344,8 @@ def default_output(run_ids: Sequence[str]) -> Path:
 
 @bulk
 def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | None = None,
-                 journal: Journal | None = None, now: float | None = None) -> dict[str, Any]:
+                 journal: Journal | None = None, now: float | None = None,
+                 log: bool = False) -> dict[str, Any]:
     """``outrig report``: the HTML file (:mod:`outrig.report`); what it holds, returned
     (and printed with ``--json``)."""
     journal = journal or Journal()
@@ -354,7 +357,7 @@ def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | No
     evaluations = {rid: journal.evaluations(run_id=rid) for rid in ids}
     document = report_document(groups, now=time.time() if now is None else now,
                                evaluations=evaluations, watch_events=watch_events(journal, ids),
-                               secrets=plan_secrets(runs))
+                               secrets=plan_secrets(runs), log_scale=log)
     annotate_costs(journal, [r for r in document.get("runs") or [] if not r.get("cost")],
                    time.time())  # a run on a box rented through outrig: its share so far
     html = render_html(document, uplot_js=asset("uPlot.iife.min.js"),

@@ -8,7 +8,8 @@ stops it:
 
 * :func:`deploy_nodes` plans every node first (each node's GPUs checked against that node's
   facts; nothing is started when any plan has a problem), launches node 0 (the rendezvous
-  host) and, once every process of node 0 is launched, the others at once, and waits until
+  host), the parts of a server spanning nodes once node 0's first process is (``Plan.
+  launch_with_head``), the others once every process of node 0 is, and waits until
   every node is ready. When a node fails to launch or to become ready, the deploy calls still
   waiting are cancelled (their boxes stop what they launched) and every node's run is stopped
   by its recorded process groups (``cleanup``), and the error says which node failed and why.
@@ -35,10 +36,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, Protocol
 
 from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
-from outrig.checkpoints import listing_request, newest_complete, order_text
 from outrig.console import Reporter, describe_event
 from outrig.errors import ConfigError, Interrupted, OutrigError, PlanError
 from outrig.fanout import HostOutcome, run_fanout
@@ -48,10 +48,12 @@ from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_request, deployed_status, plan_on
 from outrig.ops.logs import TailResult, tail_logs
+from outrig.ops.node_checks import check_checkpoints_agree, check_gpu_counts
 from outrig.ops.runs import new_run_id, secret_values
 from outrig.ops.status import status_on
 from outrig.plan import NodePlace, Plan
 from outrig.playbook import Job
+from outrig.redeploy.record import RECORD_KEY, move_record
 from outrig.session import HostSession, Project, remember_facts
 
 NODE_SUFFIX = "-node"
@@ -91,6 +93,15 @@ class NodesResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class JobOrigin:
+    """Where a moved job came from: the job record's ``migrated_from`` (``job``) and each
+    new node's (``runs``, by rank: the old node's run, which ``report``'s chain follows)."""
+
+    job: dict[str, Any]
+    runs: dict[int, dict[str, Any]]
+
+
 def node_run_id(job_id: str, rank: int) -> str:
     """The run id of node ``rank`` of job ``job_id`` on its box."""
     return f"{job_id}{NODE_SUFFIX}{rank}"
@@ -99,12 +110,14 @@ def node_run_id(job_id: str, rank: int) -> str:
 # ------------------------------------------------------------------------------ selection
 
 
-def select_nodes(project: Project, job: Job, selection: Sequence[str]) -> list[str]:
+def select_nodes(project: Project, job: Job, selection: Sequence[str], *,
+                 placed: bool = False) -> list[str]:
     """The hosts of the job's nodes, node 0 first, from the ``--host`` selection (already
     expanded, in order) and the playbook's ``nodes:``. Raises :class:`ConfigError` naming the
-    file, the key and the fix when they disagree, or when one box would be two nodes."""
+    file, the key and the fix when they disagree, or when one box would be two nodes.
+    ``placed``: the selection is a move's new boxes, which the playbook's list never names."""
     spec, where = job.spec, job.where(("nodes",))
-    listed = list(spec.node_hosts or [])
+    listed = [] if placed else list(spec.node_hosts or [])
     chosen = list(selection)
     if listed and chosen and sorted(listed) != sorted(chosen):
         raise ConfigError(
@@ -164,15 +177,18 @@ def _job_nodes(journal: Journal, ident: str) -> tuple[dict[str, Any], list[NodeR
 def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Reporter, *,
                  dry_run: bool = False, wait: bool = True, journal: Journal | None = None,
                  params: dict[str, Any] | None = None,
-                 allow_unhealthy_gpu: bool = False) -> NodesResult:
+                 allow_unhealthy_gpu: bool = False,
+                 moved: JobOrigin | None = None) -> NodesResult:
     """``deploy`` of a playbook with ``nodes`` > 1 on the ``--host`` selection (expanded).
 
     Plans every node first and sends nothing when any plan fails; then node 0, then the
     others; when any node fails, every node's run is stopped and :class:`NodesFailed` names
     the node. ``wait=False`` launches without waiting for readiness (node 0 first still).
-    ``allow_unhealthy_gpu``: each node's box places processes on a ``bad`` GPU too."""
+    ``allow_unhealthy_gpu``: each node's box places processes on a ``bad`` GPU too.
+    ``moved``: this deploy is a job's move (:mod:`outrig.ops.job_move`): the hosts are its new
+    boxes, and the job and node records say where it came from."""
     journal = journal or Journal()
-    names = select_nodes(project, job, hosts)
+    names = select_nodes(project, job, hosts, placed=moved is not None)
     job_id = new_run_id(job.name)
     nodes = [NodeRun(rank, host, node_run_id(job_id, rank)) for rank, host in enumerate(names)]
     sessions = [HostSession(project, n.host, reporter, journal) for n in nodes]
@@ -187,7 +203,7 @@ def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Rep
             return NodesResult(job_id, nodes, plans, launched=False)
         check_checkpoints_agree(sessions, nodes, plans)
         return _launch(sessions, nodes, plans, job, journal, reporter, wait=wait,
-                       params=params, allow_unhealthy_gpu=allow_unhealthy_gpu)
+                       params=params, allow_unhealthy_gpu=allow_unhealthy_gpu, moved=moved)
     finally:
         for session in sessions:
             session.transport.close()
@@ -204,45 +220,8 @@ def refuse_node_run(journal: Journal, run_id: str, *, what: str) -> None:
     raise ConfigError(
         f"{run_id} is node {record.get('node_rank')} of the multi-node job {job_id}; {what} "
         f"follows one box's run, which would leave the other nodes waiting. Use `outrig watch "
-        f"--run {job_id}` (a node failing stops the others), or stop the job with `outrig "
-        f"cleanup --run {job_id}` and deploy it again on other nodes. Nothing was started.")
-
-
-def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],
-                            plans: Sequence[Plan]) -> None:
-    """Refuse to start when the nodes' newest complete checkpoints differ.
-
-    Why: every rank resumes from its *own* node's ``save_path`` (speculators reads it on
-    each rank at start; docs/scale-out.md, "Checkpoints"), while only global rank 0 writes
-    one. A node without rank 0's newest checkpoint starts its ranks fresh while the others
-    resume, and the job then hangs in a collective or trains from mismatched states. One
-    ``checkpoints`` call per node and process that declares ``checkpoints:``; nothing is
-    started when they disagree (the same newest on all, or none anywhere, passes)."""
-    for name, first in plans[0].processes.items():
-        if not first.checkpoints:
-            continue
-        newest: list[tuple[int, int, int] | None] = []
-        for session, plan in zip(sessions, plans, strict=True):
-            proc = plan.processes[name]
-            fields = {**listing_request(proc.argv),
-                      "scheduler": bool((proc.checkpoints or {}).get("scheduler", True))}
-            listing = session.call("checkpoints", stream=False,
-                                   save_path=str((proc.checkpoints or {})["path"]), **fields)
-            best = newest_complete(listing)
-            newest.append(None if best is None else best.order)
-        if len(set(newest)) <= 1:
-            continue
-        held = "; ".join(f"{node.label()}: {order_text(o) if o else 'none'}"
-                         for node, o in zip(nodes, newest, strict=True))
-        source = max(range(len(nodes)), key=lambda i: newest[i] or (-1, 0, 0))
-        raise PlanError([
-            f"{name}: the nodes hold different newest checkpoints in "
-            f"{(first.checkpoints or {}).get('path')} ({held}). Every rank resumes from its "
-            "own node's copy, so they would start from different states and hang. Put the "
-            f"same one on every node (e.g. outrig stage --host OTHER --playbook "
-            f"{plans[0].playbook} --from {nodes[source].host} --resume, for a recipe that "
-            "stages checkpoints), or remove them on every node to start fresh"],
-            context=f"{plans[0].playbook} on {len(nodes)} nodes")
+        f"--run {job_id}` (a node failing stops the others), or move the whole job with "
+        f"`outrig migrate --run {job_id} --to A,B` (one box per node). Nothing was started.")
 
 
 def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRun],
@@ -250,11 +229,14 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
     """Every node's plan (in parallel: a probe costs an exec per box), each against its own
     box's facts; raise one :class:`PlanError` listing every node's problems."""
     head = sessions[0].host.peer_address()
+    hosts = tuple(s.host.peer_address() for s in sessions)
+    declared = sessions[0].host.node_address is not None
     plans: dict[int, Plan] = {}
     problems: dict[int, list[str]] = {}
 
     def plan_one(session: HostSession, node: NodeRun) -> None:
-        place = NodePlace(rank=node.rank, nnodes=len(nodes), head_host=head, job_id=job_id)
+        place = NodePlace(rank=node.rank, nnodes=len(nodes), head_host=head, job_id=job_id,
+                          hosts=hosts, head_declared=declared)
         try:
             plans[node.rank] = plan_on(session, job, probe=probe, run_id=node.run_id,
                                        node=place)
@@ -274,6 +256,7 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
         raise PlanError([f"{nodes[rank].label()}: {line}" for rank in sorted(problems)
                          for line in problems[rank]],
                         context=f"{job.name} on {len(nodes)} nodes")
+    check_gpu_counts(job, nodes, [plans[n.rank] for n in nodes])
     first = sessions[0].host
     if first.node_address is None:
         plans[0].notes.append(
@@ -293,6 +276,7 @@ class _NodeDeploy:
         self.node, self.session, self.plan, self.request = node, session, plan, request
         self.show = show
         self.launched = threading.Event()  # every process of its plan launched, or call over
+        self.began = threading.Event()  # its first process launched (the box's checks passed)
         self.done = threading.Event()
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
@@ -308,6 +292,7 @@ class _NodeDeploy:
             except BaseException as exc:  # the thread's outcome, read by deploy_nodes
                 self.error = exc
             finally:
+                self.began.set()
                 self.launched.set()
                 self.done.set()
                 finished(self)
@@ -341,6 +326,7 @@ class _NodeDeploy:
             return
         elif kind == "launched":
             self.count += 1
+            self.began.set()
             if self.count >= len(self.plan.order):
                 self.launched.set()
         self.show(self.node, event)
@@ -356,21 +342,29 @@ class _NodeDeploy:
 
 def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Sequence[Plan],
             job: Job, journal: Journal, reporter: Reporter, *, wait: bool,
-            params: dict[str, Any] | None, allow_unhealthy_gpu: bool = False) -> NodesResult:
-    """Launch node 0, then the rest; wait for all; on any failure stop every node."""
+            params: dict[str, Any] | None, allow_unhealthy_gpu: bool = False,
+            moved: JobOrigin | None = None) -> NodesResult:
+    """Launch node 0, then the rest; wait for all; on any failure stop every node.
+
+    Each node's run record keeps the move record (:mod:`outrig.redeploy.record`: the
+    playbook as deployed, ``--param``, ``--test``, the box's address), so the job can be
+    deployed again exactly on other boxes (:mod:`outrig.ops.job_move`)."""
     secrets = secret_values(plans[0].secrets)
     job_id = plans[0].job_id
     began = time.monotonic()
     journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
                                 "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
                                 "test_mode": job.test_mode, "status": "deploying",
-                                "param_overrides": dict(params or {})})
-    for node, plan in zip(nodes, plans, strict=True):
+                                "param_overrides": dict(params or {}),
+                                **({"migrated_from": moved.job} if moved else {})})
+    for node, plan, session in zip(nodes, plans, sessions, strict=True):
         journal.record_run(node.run_id, {
             "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
             "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
             "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
-            "node_rank": node.rank, "nnodes": len(nodes)})
+            "node_rank": node.rank, "nnodes": len(nodes),
+            RECORD_KEY: move_record(job, session.host, params),
+            **({"migrated_from": moved.runs.get(node.rank)} if moved else {})})
     lock = threading.Lock()
 
     def show(node: NodeRun, event: dict[str, Any]) -> None:
@@ -398,18 +392,24 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
                   f"({plans[0].job_id}, {len(nodes)} nodes)")
     calls[0].start(on_finished)
     started = calls[:1]
+    # Parts of a server spanning nodes start once node 0's checks passed (its first process
+    # launched): the head is ready only when they joined. The rest wait for node 0's whole plan.
+    waves = ([c for c in calls[1:] if c.plan.launch_with_head],
+             [c for c in calls[1:] if not c.plan.launch_with_head])
     try:
-        calls[0].launched.wait()
-        if calls[0].error is None:
-            reporter.info("• " + ", ".join(c.node.label() for c in calls[1:]) + ": launching")
-            for call in calls[1:]:
+        for wave, ready in zip(waves, (calls[0].began, calls[0].launched), strict=True):
+            ready.wait()
+            if calls[0].error is not None or not wave:
+                continue
+            reporter.info("• " + ", ".join(c.node.label() for c in wave) + ": launching")
+            for call in wave:
                 call.start(on_finished)
-            started = list(calls)
+            started += wave
         failed = _wait_all(started, finished, changed)
         why = _why(failed.error) if failed is not None else ""
     except KeyboardInterrupt:
         failed, why = None, "interrupted (Ctrl-C)"
-    for call in calls[len(started):]:  # node 0 failed: the others were never sent
+    for call in (c for c in calls if c not in started):  # node 0 failed: never sent
         journal.record_run(call.node.run_id, {"status": "not_on_box"})
     if why:
         _fail(started, failed, why, sessions, journal, reporter, job_id)
@@ -484,8 +484,12 @@ def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
     also = f" Then also failed: {'; '.join(others)}." if others else ""
     # Ctrl-C (no node failed) ends the command with 130, as it does every command
     error = NodesFailed if failed is not None else Interrupted
-    raise error(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
-                f"it had reached: {'; '.join(stopped)}.")
+    raised = error(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
+                   f"it had reached: {'; '.join(stopped)}.")
+    if failed is not None and getattr(failed.error, "exit_code", 1) == 2 and not any(
+            c.count for c in calls):
+        raised.exit_code = 2  # a box refused the request before anything started anywhere
+    raise raised
 
 
 # ------------------------------------------------------------------------------ status, stop
@@ -668,6 +672,15 @@ def tail_nodes(project: Project, ident: str, reporter: Reporter, *, lines: int |
 # ------------------------------------------------------------------------------ the guard
 
 
+class NodeMover(Protocol):
+    """What ``watch --run JOB --spare`` adds to the guard (:mod:`outrig.ops.job_move`):
+    ``look`` after every look at the nodes, ``move`` once nodes are lost."""
+
+    def look(self) -> None: ...
+
+    def move(self, lost: list[NodeRun]) -> dict[str, Any]: ...
+
+
 @dataclass
 class NodeSeen:
     """What the guard knows of one node: its last state and since when it has not answered."""
@@ -679,13 +692,20 @@ class NodeSeen:
 
 def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: float = 5.0,
                 threshold: float = DEFAULT_THRESHOLD, journal: Journal | None = None,
-                stop: threading.Event | None = None) -> dict[str, Any]:
+                stop: threading.Event | None = None, mover: NodeMover | None = None
+                ) -> dict[str, Any]:
     """``watch`` of a multi-node job: every ``period`` seconds, ask every node (at once, each
     under its own deadline) for its run's state, judged as ``watch`` judges one run
     (:func:`outrig.health.run_state`). When a node's run failed, is gone from its box, or the
     node has not answered for ``threshold`` seconds, the other nodes are stopped and
     :class:`NodesFailed` names that node and why. Returns once every node finished (or when
-    ``stop`` is set)."""
+    ``stop`` is set).
+
+    ``mover`` (``watch --spare``): after each look, ``mover.look()`` (it mirrors rank 0's new
+    checkpoints); a node lost (no answer for ``threshold``) is ``mover.move(lost)``'s, whose
+    answer this returns: the job moves to spares instead of stopping. While a node is silent
+    but not yet lost, a failed peer waits for it (a dead box takes its peers' collectives
+    down with it): the move fences them."""
     journal = journal or Journal()
     record, nodes = _job_nodes(journal, ident)
     job_id = str(record.get("job_id"))
@@ -704,8 +724,14 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
         now = time.monotonic()
         for node, outcome in zip(nodes, outcomes, strict=True):
             judge_node(seen[node.rank], node, outcome, now, threshold, reporter)
+        if mover is not None:
+            mover.look()
+            lost = [n for n in nodes if seen[n.rank].state == "lost"]
+            if lost:
+                return mover.move(lost)
         bad = [n for n in nodes if seen[n.rank].state in ("failed", "missing", "lost")]
-        if bad:
+        waiting = mover is not None and any(s.state == "silent" for s in seen.values())
+        if bad and not waiting:
             _stop_after_failure(project, job_id, bad, seen, reporter, journal)
         if all(s.state == "finished" for s in seen.values()):
             journal.record_job(job_id, {"status": "finished"})
