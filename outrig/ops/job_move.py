@@ -12,17 +12,21 @@ one-box move is (docs/scale-out.md, "Moving a job"). In order:
    box is planned (reached, its GPUs checked against the job as deployed).
 2. The job is rebuilt from node 0's move record (:mod:`outrig.redeploy`): the playbook as
    deployed, its ``--param`` values and ``--test``.
-3. The old nodes are probed (a node the watch confirmed dead is not); each one that still
-   answers is fenced: its run stopped by the process groups its box recorded
-   (``cleanup_on`` with the node's run id), nothing else on the box.
-4. Global rank 0 writes the checkpoints, on one node's disk (node 0 with a static
+3. The old nodes are probed (a node the watch confirmed dead is not).
+4. Every new node is made ready as a one-box ``migrate`` makes its new box, all at once
+   (:mod:`outrig.ops.job_prepare`): the playbook's environments installed and its data
+   staged (box to box from the old node of the same rank when it answers). The old job
+   trains on meanwhile; a box that cannot be made ready ends the move with nothing stopped.
+5. Each old node that still answers is fenced: its run stopped by the process groups its
+   box recorded (``cleanup_on`` with the node's run id), nothing else on the box.
+6. Global rank 0 writes the checkpoints, on one node's disk (node 0 with a static
    rendezvous; with c10d the node torch ranked first): the old nodes that answer are synced
    into the workstation's mirror (after the fence: the last save is final), and a dead one
    contributes what the last sync took (``watch`` syncs as it goes). Nothing is needed from
    a dead box.
-5. The newest complete checkpoint in the mirror is pushed to every new node's save path
+7. The newest complete checkpoint in the mirror is pushed to every new node's save path
    (the same one on each: every rank resumes from its own node's copy).
-6. The job is deployed on the new boxes, node 0 first: a new job id, the rendezvous re-made
+8. The job is deployed on the new boxes, node 0 first: a new job id, the rendezvous re-made
    with the new node 0 as the master address; each node's run records the run it continues
    (``migrated_from``) and each old run its successor (``moved_to``), so ``report``,
    ``metrics`` and ``plot`` draw the job's curve across the move.
@@ -42,6 +46,7 @@ from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.moves import mark_moved
 from outrig.ops.cleanup import cleanup_on
+from outrig.ops.job_prepare import needs_preparing, prepare_nodes
 from outrig.ops.migrate import probe
 from outrig.ops.nodes import (
     STOP_TIMEOUT,
@@ -164,6 +169,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
     try:
         _preflight(new, job, nodes)
         _probe_old(project, olds, reporter, journal, options)
+        prepared = _prepare(project, hosts, new[0], olds, job, reporter, journal)
         _fence(olds, reporter, job_id)
         checkpoint = _carry_checkpoint(new, olds, job, reporter)
         origin = JobOrigin(
@@ -190,6 +196,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
         "job_id": result.job_id, "hosts": hosts, "at": time.time()}})
     report = _report(job_id, result.job_id, nodes, hosts, olds, checkpoint, redeploy,
                      time.monotonic() - started)
+    report["prepared"] = prepared
     if reporter.json_mode:
         reporter.emit_json({"event": "job_moved", **report})
     else:
@@ -233,6 +240,18 @@ def _probe_old(project: Project, olds: Sequence[_OldNode], reporter: Reporter,
     for old in olds:
         state = "answers" if old.session is not None else "is unreachable"
         reporter.info(f"• {old.node.label()} {state} ({'; '.join(old.tried)})")
+
+
+def _prepare(project: Project, hosts: Sequence[str], first: HostSession,
+             olds: Sequence[_OldNode], job: Job, reporter: Reporter,
+             journal: Journal) -> list[dict[str, Any]]:
+    """Every new node given the job's environments and data (:mod:`outrig.ops.
+    job_prepare`), while the old nodes still run: a box that cannot be made ready ends the
+    move before anything old is stopped."""
+    if not any(needs_preparing(job, first)):
+        return []
+    return prepare_nodes(project, hosts, job, reporter, journal=journal,
+                         sources=[o.session for o in olds])
 
 
 def _fence(olds: Sequence[_OldNode], reporter: Reporter, job_id: str) -> None:

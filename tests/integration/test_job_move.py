@@ -245,8 +245,10 @@ import os, sys, time
 save = sys.argv[1]
 held = sorted((int(p) for p in os.listdir(save) if p.isdigit()), reverse=True) \\
     if os.path.isdir(save) else []
+data = (f"with {len(open(sys.argv[2]).readlines())} data lines" if len(sys.argv) > 2
+        else "")
 print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "resumes from",
-      held[0] if held else "nothing", flush=True)
+      held[0] if held else "nothing", data, flush=True)
 while True:
     time.sleep(0.2)
 """
@@ -403,3 +405,88 @@ def test_spare_auto_rents_a_box_per_node_and_a_rent_refused_moves_nothing(
         provider = market.SandboxProvider()
         for instance in provider.list():
             provider.terminate(instance.instance_id)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[str]:
+    """A PEP 503 index on 127.0.0.1 with outrigdemo 1.0 (the environment's one package)."""
+    from tests.support.network import serve
+    from tests.support.provisioning import make_wheel
+
+    root = tmp_path / "index"
+    page = root / "simple" / "outrigdemo"
+    page.mkdir(parents=True)
+    wheel = make_wheel(root / "files", "outrigdemo", "1.0")
+    (page / "index.html").write_text(f'<a href="/files/{wheel.name}">{wheel.name}</a>')
+    with serve(root) as port:
+        yield f"http://127.0.0.1:{port}/simple"
+
+
+def test_a_job_moved_onto_bare_boxes_gets_its_environment_and_data_on_every_node(
+        boxes: dict[str, Any], tmp_path: Path, index: str) -> None:
+    """The playbook names an environment (``~/venvs/demo``, each box its own home) and a
+    data folder staged from this workstation, which every rank reads at start. The job runs
+    on b and a (data staged there first); a dies; the move onto c and d, both bare, installs
+    the environment and stages the data on each new node (c's data box to box from b, the
+    old node of its rank; d's from the workstation: a is dead) before the job resumes."""
+    import sys
+
+    from outrig.ops.job_move import JobMoveOptions, move_job
+    from outrig.ops.stage import stage
+
+    project: Project = boxes["project"]
+    homes = {name: tmp_path / f"home-{name}" for name in "abcd"}
+    for name, home in homes.items():  # the sandbox's boxes share a disk: a home per box
+        home.mkdir()
+        host_file = project.hosts_dir / f"{name}.yaml"
+        config = yaml.safe_load(host_file.read_text())
+        config["env"]["HOME"] = str(home)
+        host_file.write_text(yaml.safe_dump(config))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"q": 1}\n' * 100)
+    path = standin_playbook(tmp_path)
+    book = yaml.safe_load(path.read_text())
+    book["stage"]["data"] = {"path": "${workdir}/data", "source": str(data), "kind": "data"}
+    book["environments"] = {"demo": {"path": "~/venvs/demo", "python": sys.executable,
+                                     "packages": ["outrigdemo==1.0"], "index_url": index,
+                                     "installer": "pip"}}
+    book["processes"]["trainer"]["command"].append("${workdir}/data/train.jsonl")
+    path.write_text(yaml.safe_dump(book, sort_keys=False))
+    for host in ("b", "a"):
+        stage(project, host, "pair", Reporter(quiet=True), journal=journal())
+    deployed = deploy_nodes(project, ["b", "a"], load_job(path), Reporter(quiet=True),
+                            journal=journal())
+    write_checkpoint(tmp_path / "work-b" / "ckpt", 2)
+    kill_runs(tmp_path / "work-a")  # node 1's box dies
+    boxes["proxies"]["a"].close()
+    boxes["box_a"].stop()
+    for name in ("c", "d"):  # bare: no environment, no data
+        assert not (homes[name] / "venvs").exists()
+        assert not (tmp_path / f"work-{name}" / "data").exists()
+
+    out = io.StringIO()
+    report = move_job(project, deployed.job_id, ["c", "d"], Reporter(out=out, err=out),
+                      journal=journal(), options=JobMoveOptions(dead=frozenset({1})))
+    said = out.getvalue()
+    prepared = {p["host"]: p for p in report["prepared"]}
+    assert sorted(prepared) == ["c", "d"], said
+    for name in ("c", "d"):
+        assert [e["name"] for e in prepared[name]["environments"]] == ["demo"], said
+        assert prepared[name]["environments"][0]["status"] == "created", said
+        installed = list((homes[name] / "venvs" / "demo").glob(
+            "lib/python*/site-packages/outrigdemo/__init__.py"))
+        assert len(installed) == 1, said
+        assert (tmp_path / f"work-{name}" / "data" / "train.jsonl").read_text().count(
+            "\n") == 100
+        recorded = journal().host_facts(name).get("environments") or {}
+        assert recorded["demo"]["versions"].get("outrigdemo") == "1.0", recorded
+    routes = {h: [i["route"] for i in p["staged"] if i["name"] == "data"]
+              for h, p in prepared.items()}
+    assert routes["c"] in (["peer"], ["relay"]) and routes["d"] == ["workstation"], routes
+    assert "node 0 (c) ready: environments demo (created); staged data" in said, said
+    for node in node_log_targets(journal(), report["to_job"]):
+        text = log_of(tmp_path, node.host, node.run_id)
+        assert f"rank {node.rank} of 2 resumes from 2 with 100 data lines" in text, text
+    print(said)
+    stop_nodes(project, report["to_job"], Reporter(quiet=True), journal=journal())
