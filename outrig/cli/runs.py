@@ -362,8 +362,9 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
                    "that passes check and has no bad GPU wins); 'auto' rents one through the "
                    "provider of spares: in outrig.yaml (the default when that is set); for a "
-                   "multi-node job, one box per node (a,b: new node 0 first), or auto to rent "
-                   "them",
+                   "multi-node job, at least one box per node (a,b: new node 0 first; each move "
+                   "takes the next N, the rest wait for the next one), or auto to rent "
+                   "them at every move",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash or a hang on a healthy box, redeploy in place at most "
                       "N times (default 0: report and stop, or move a hung run to a spare)",
@@ -391,7 +392,8 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
 
     A multi-node job (--run JOB): a node failing stops the others; with --spare, a node
     that stops answering moves the whole job to the spares, one per node (the job's
-    checkpoints are mirrored as it goes). See docs/scale-out.md.
+    checkpoints are mirrored as it goes), and the moved job is watched the same way while
+    spares last (auto rents at every move). See docs/scale-out.md.
 
     Examples:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node

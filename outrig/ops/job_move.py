@@ -97,15 +97,17 @@ def recorded_job(journal: Journal, ident: str, *,
 
 
 def check_targets(project: Project, job_id: str, nodes: Sequence[NodeRun],
-                  to: Sequence[str], flag: str) -> list[str]:
-    """The new boxes, checked before anything is sent: as many as the job has nodes, each a
-    different box, none one of the job's own boxes. A ConfigError (exit 2) names the flag."""
+                  to: Sequence[str], flag: str, *, pool: bool = False) -> list[str]:
+    """The new boxes, checked before anything is sent: as many as the job has nodes (``pool``:
+    at least as many; a watch's spares, the first N taken at each move), each a different
+    box, none one of the job's own boxes. A ConfigError (exit 2) names the flag."""
     hosts = list(to)
-    if len(hosts) != len(nodes):
+    if len(hosts) < len(nodes) or (len(hosts) > len(nodes) and not pool):
+        exactly = "at least" if pool else "exactly"
         raise ConfigError(
             f"{flag} names {len(hosts)} box(es) ({', '.join(hosts) or 'none'}), but job "
             f"{job_id} runs on {len(nodes)} nodes ({', '.join(n.host for n in nodes)}); a job "
-            f"moves as a whole, so name exactly {len(nodes)} boxes, new node 0 first "
+            f"moves as a whole, so name {exactly} {len(nodes)} boxes, new node 0 first "
             f"(e.g. {flag} {','.join(f'spare{n.rank}' for n in nodes)}). Nothing was stopped "
             "or started.")
     boxes: dict[tuple[str, int | None, str], str] = {}
@@ -411,13 +413,13 @@ class SpareMover:
 
     def move(self, lost: list[NodeRun]) -> dict[str, Any]:
         dead = frozenset(n.rank for n in lost)
+        _, nodes = recorded_job(self.journal, self.job_id)
         self.reporter.warn(", ".join(n.label() for n in lost) + " lost: moving job "
                            f"{self.job_id} to " + ("rented spares" if self.auto()
-                                                   else ", ".join(self.spares)))
+                                                   else ", ".join(self.spares[:len(nodes)])))
         self.send("node_lost", job_id=self.job_id, nodes=[n.to_json() for n in lost])
-        _, nodes = recorded_job(self.journal, self.job_id)
         try:
-            hosts = self._rent(nodes) if self.auto() else self.spares
+            hosts = self._rent(nodes) if self.auto() else self.spares[:len(nodes)]
         except OutrigError as exc:
             raise OutrigError(
                 f"job {self.job_id}: {', '.join(n.label() for n in lost)} lost, and the "
@@ -479,7 +481,7 @@ def check_spares(project: Project, ident: str, spares: list[str],
             raise ConfigError("--spare auto rents every spare the job needs; give it alone, "
                               "not beside named boxes. Nothing was started.")
         return spares
-    return check_targets(project, job_id, nodes, spares, "--spare")
+    return check_targets(project, job_id, nodes, spares, "--spare", pool=True)
 
 
 def watch_job(project: Project, ident: str, spares: list[str], reporter: Reporter, *,
@@ -488,16 +490,38 @@ def watch_job(project: Project, ident: str, spares: list[str], reporter: Reporte
               stop: threading.Event | None = None) -> dict[str, Any]:
     """``watch --run JOB --spare ...``: the job's guard (:func:`outrig.ops.nodes.
     watch_nodes`) with the mirror kept up and, when a node is lost, the job moved to the
-    spares; then the moved job is followed until it finishes (a node failing then stops
-    the others: the spares are spent)."""
+    spares; then the moved job is followed the same way, for as long as spares last:
+    ``auto`` rents N boxes at every move; a list gives each move its first N boxes not used
+    yet. Once fewer than N are left, the job is followed without spares (a node failing
+    then stops the others), and a warning says so. Returns the last job's outcome, with
+    ``moved`` (the last move's report) and ``moves`` (every one, in order)."""
     journal = journal or Journal()
-    job_id, _ = recorded_job(journal, ident)
-    mover = SpareMover(project, job_id, check_spares(project, job_id, spares, journal),
-                       reporter, journal, send)
-    outcome = watch_nodes(project, job_id, reporter, period=period, threshold=threshold,
-                          journal=journal, stop=stop, mover=mover)
-    if mover.report is None:
-        return outcome
-    moved = watch_nodes(project, str(mover.report["to_job"]), reporter, period=period,
-                        threshold=threshold, journal=journal, stop=stop)
-    return {**moved, "moved": mover.report}
+    job_id, nodes = recorded_job(journal, ident)
+    pool = check_spares(project, job_id, spares, journal)
+    moves: list[dict[str, Any]] = []
+    while True:
+        mover = (SpareMover(project, job_id, pool, reporter, journal, send)
+                 if pool else None)
+        outcome = watch_nodes(project, job_id, reporter, period=period, threshold=threshold,
+                              journal=journal, stop=stop, mover=mover)
+        if mover is None or mover.report is None:
+            return {**outcome, **({"moved": moves[-1], "moves": moves} if moves else {})}
+        moves.append(mover.report)
+        job_id = str(mover.report["to_job"])
+        pool = left_after(pool, mover.report["to"], len(nodes))
+        if not pool:
+            reporter.warn(f"the spares are spent: job {job_id} is watched without them, so a "
+                          "node failing now stops the job (give more with `outrig watch "
+                          f"--run {job_id} --spare A,B`, or --spare auto)")
+            send("spares_spent", job_id=job_id)
+
+
+def left_after(pool: Sequence[str], used: Sequence[str], nodes: int) -> list[str]:
+    """The spares a watch keeps for its next move: ``auto`` stays ``auto``; of a list, the
+    boxes the move did not take, when they are still enough for a job of ``nodes``."""
+    from outrig.providers.spares import AUTO
+
+    if list(pool) == [AUTO]:
+        return [AUTO]
+    left = [h for h in pool if h not in used]
+    return left if len(left) >= nodes else []

@@ -93,12 +93,13 @@ dist.destroy_process_group()
 @pytest.fixture
 def boxes(box_a: SandboxBox, sandbox: SandboxBox, tmp_path: Path,
           make_proxy: Callable[..., LatencyProxy]) -> Iterator[dict[str, Any]]:
-    """Hosts b (node 0), a (node 1, its own sshd: the box that dies), c and d (spares),
+    """Hosts b (node 0), a (node 1, its own sshd: the box that dies), c to f (spares),
     each through a proxy (10 ms each way); every run left on them is stopped at the end."""
     if not sandbox.is_running():
         sandbox.start()
     proxies = {}
-    for name, box in (("a", box_a), ("b", sandbox), ("c", sandbox), ("d", sandbox)):
+    for name, box in (("a", box_a), ("b", sandbox), ("c", sandbox), ("d", sandbox),
+                      ("e", sandbox), ("f", sandbox)):
         proxies[name] = make_proxy(box.port, one_way_delay=0.01)
         workdir = tmp_path / f"work-{name}"
         workdir.mkdir()
@@ -108,7 +109,7 @@ def boxes(box_a: SandboxBox, sandbox: SandboxBox, tmp_path: Path,
         write_inventory(tmp_path / f"gpu-{name}", load_inventory(box.gpu_dir))
     project = Project(tmp_path)
     yield {"project": project, "proxies": proxies, "box_a": box_a}
-    for host in ("b", "c", "d"):
+    for host in ("b", "c", "d", "e", "f"):
         stop_every_run(project, host, Path(os.environ["XDG_STATE_HOME"]) / "outrig")
     kill_runs(tmp_path / "work-a")
 
@@ -490,3 +491,68 @@ def test_a_job_moved_onto_bare_boxes_gets_its_environment_and_data_on_every_node
         assert f"rank {node.rank} of 2 resumes from 2 with 100 data lines" in text, text
     print(said)
     stop_nodes(project, report["to_job"], Reporter(quiet=True), journal=journal())
+
+
+def test_a_watch_keeps_its_unused_spares_for_the_next_move_then_says_they_are_spent(
+        boxes: dict[str, Any], tmp_path: Path) -> None:
+    """``watch --run JOB --spare c,d,e,f``: node 1 dies, the job moves to c,d; then d goes
+    silent (its door closed, its run's processes killed) and the same watch moves the job
+    again, to e,f, the spares the first move left. With none left it says the spares are
+    spent and follows the job without them."""
+    project: Project = boxes["project"]
+    deployed = deploy_nodes(project, ["b", "a"], load_job(standin_playbook(tmp_path)),
+                            Reporter(quiet=True), journal=journal())
+    write_checkpoint(tmp_path / "work-b" / "ckpt", 2)
+    events: list[tuple[str, dict[str, Any]]] = []
+    spent = threading.Event()
+
+    def send(event: str, **fields: Any) -> None:
+        events.append((event, fields))
+        if event == "spares_spent":
+            spent.set()  # the test follows the job no further
+
+    out = io.StringIO()
+    outcome: dict[str, Any] = {}
+
+    def watch() -> None:
+        try:
+            outcome.update(watch_job(project, deployed.job_id, ["c", "d", "e", "f"],
+                                     Reporter(out=out, err=out), send=send, threshold=3.0,
+                                     period=0.5, journal=journal(), stop=spent))
+        except Exception as exc:  # the test's thread: its error is the test's failure
+            outcome["error"] = exc
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    kill_runs(tmp_path / "work-a")  # node 1's box dies
+    boxes["proxies"]["a"].close()
+    boxes["box_a"].stop()
+    wait_for(lambda: [e for e, _ in events].count("job_moved") == 1
+             or not watcher.is_alive(), "the first move", 240)
+    assert "error" not in outcome, outcome
+    first = next(f for e, f in events if e == "job_moved")
+    assert first["to"] == ["c", "d"], out.getvalue()
+    second_head, second_other = node_log_targets(journal(), first["to_job"])
+    wait_for(lambda: "resumes from" in log_of(tmp_path, "d", second_other.run_id)
+             if (tmp_path / "work-d" / "runs" / second_other.run_id / "logs").exists()
+             else False, "the moved job's node 1")
+    kill_runs(tmp_path / "work-d")  # then the moved job's node 1 goes silent
+    boxes["proxies"]["d"].close()
+    watcher.join(240)
+    said = out.getvalue()
+    assert not watcher.is_alive(), said
+    assert [e for e, _ in events] == ["node_lost", "job_moved", "node_lost", "job_moved",
+                                      "spares_spent"], said
+    moves = outcome["moves"]
+    assert [m["to"] for m in moves] == [["c", "d"], ["e", "f"]], said
+    assert moves[1]["from_job"] == first["to_job"] and outcome["moved"] == moves[1]
+    assert [(n["rank"], n["alive"], n["fenced"]) for n in moves[1]["old_nodes"]] == [
+        (0, True, True), (1, False, False)], said
+    assert marked(second_head.run_id) == []  # c fenced by its record
+    for node in node_log_targets(journal(), moves[1]["to_job"]):
+        text = log_of(tmp_path, node.host, node.run_id)
+        assert f"rank {node.rank} of 2 resumes from 2" in text, text
+    assert f"the spares are spent: job {moves[1]['to_job']} is watched without them" in \
+        " ".join(said.split()), said
+    print(said)
+    stop_nodes(project, moves[1]["to_job"], Reporter(quiet=True), journal=journal())
