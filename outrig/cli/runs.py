@@ -208,7 +208,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
                     max_parallel=max_parallel, deadline=deadline)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
-        from outrig.ops.nodes import nodes_status
+        from outrig.ops.node_control import nodes_status
 
         nodes_status(job.project, job.recorded_id, reporter, log_lines=count)
 
@@ -272,7 +272,7 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
                     max_parallel=max_parallel)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node's logs, prefixed with it
-        from outrig.ops.nodes import tail_nodes
+        from outrig.ops.node_control import tail_nodes
 
         tail_nodes(job.project, job.recorded_id, reporter, lines=count, follow=not no_follow,
                    grep=grep, processes=processes)
@@ -335,7 +335,7 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
                     max_parallel=max_parallel, deadline=deadline)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: its run on every node, nothing else
-        from outrig.ops.nodes import stop_nodes
+        from outrig.ops.node_control import stop_nodes
 
         if dry_run or force_foreign:
             raise ConfigError(f"--run {run} is the multi-node job {job.recorded_id}: cleanup "
@@ -429,7 +429,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         # or, with spares, a node lost moves the whole job to them
         from outrig.journal import Journal
         from outrig.ops.job_move import split_hosts, watch_job
-        from outrig.ops.nodes import watch_nodes
+        from outrig.ops.node_guard import watch_nodes
         from outrig.providers.spares import spares_for_watch
 
         limit = float(number(threshold, "threshold", 60, whole=False))

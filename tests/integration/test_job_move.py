@@ -30,7 +30,8 @@ import yaml
 from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.job_move import sync_job_checkpoints, watch_job
-from outrig.ops.nodes import deploy_nodes, node_log_targets, stop_nodes
+from outrig.ops.node_control import node_log_targets, stop_nodes
+from outrig.ops.nodes import deploy_nodes
 from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.faults import kill_runs
