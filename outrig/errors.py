@@ -24,6 +24,7 @@ next to the code that raises them are marked with their module)::
     ├── LocalWriteError                 writing a file on this workstation failed
     ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
     ├── CleanupIncomplete               outrig.ops.cleanup: something still holds a GPU
+    ├── DeploySuperseded                outrig.ops.deploy: an identical deploy replaces the run
     ├── FanOutFailed                    outrig.fanout: some hosts of a selection failed
     ├── NoCheckpoint                    outrig.ops.stage: no complete checkpoint anywhere
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
@@ -170,7 +171,8 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 # Agent error kinds (remote/agent/protocol.py) that mean the request named something wrong:
 # a run, process or playbook the box does not have, two runs where one was meant, a field out
 # of range. Nothing was started or stopped, so they exit 2 like any bad input.
-BAD_INPUT_KINDS = frozenset({"bad_request", "not_found"})
+# port_busy: a port the playbook names is taken on the box; refused before anything started
+BAD_INPUT_KINDS = frozenset({"bad_request", "not_found", "port_busy"})
 
 
 class RemoteError(OutrigError, RuntimeError):

@@ -25,12 +25,14 @@ VALUE_NAMES = {
     "param": "KEY=VALUE",
     "lines": "N", "max-parallel": "N", "requests": "N", "restarts": "N", "streams": "N",
     "deadline": "SECONDS", "timeout": "SECONDS", "threshold": "SECONDS", "delay": "MS",
+    "every": "SECONDS", "template": "NAME",
     "local-port": "PORT", "remote-port": "PORT",
     "project": "DIR", "host-file": "PATH", "checkpoint": "PATH",
     "force-foreign": "PID", "grep": "REGEX", "print-completion-script": "SHELL",
     "help": "TASK", "o": "FILE", "metric": "NAME",
     "model": "PATH", "speculative": "JSON", "prompts": "FILE", "python": "PATH",
     "baseline": "cached|fresh", "sweep-k": "K,K,...", "card": "FILE.md",
+    "dataset": "NAME[:CATEGORY]", "dataset-path": "PATH",
 }
 """Value names where the generic one (the flag's name in capitals) would say too little."""
 

@@ -1,11 +1,17 @@
 """``outrig init``: a starter project (config, one host file, one playbook), each commented.
 
+Two starters: ``hello`` (a small server and worker, no GPU) and ``dflash`` (the real job: a
+DFlash drafter trained with vLLM and speculators, its two venvs under ``environments:``). The
+dflash playbook is a file shipped in the wheel beside the recipe (package data), so the one
+text that docs/dflash.md walks through is the one ``outrig init --dflash`` writes.
+
 The files are written only where nothing is: a user's own project must never be clobbered by a
 command meant for empty folders.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from outrig.errors import ConfigError
@@ -58,10 +64,37 @@ processes:
 STARTER = {"outrig.yaml": PROJECT_YAML, "hosts/box.yaml": HOST_YAML,
            "playbooks/hello.yaml": PLAYBOOK_YAML}
 
+# The dflash starter's host: the speculators venv's bin/ last on PATH, so that `outrig stage`
+# finds its `hf` (huggingface_hub's CLI) for the box's own hub download; first-found wins, so
+# the box's python3 is still the agent's.
+DFLASH_HOST_YAML = HOST_YAML.replace(
+    "  PATH: /root/.local/bin:$PATH\n",
+    "  PATH: /root/.local/bin:$PATH:/workspace/venvs/speculators/bin   # `hf` for outrig stage\n")
 
-def write_starter(folder: Path, *, force: bool = False) -> list[Path]:
+TEMPLATES = ("hello", "dflash")
+
+
+def dflash_playbook() -> str:
+    """The dflash starter playbook, as shipped in the wheel."""
+    return (resources.files("outrig.recipes") / "dflash-starter.yaml").read_text(
+        encoding="utf-8")
+
+
+def starter_files(template: str) -> dict[str, str]:
+    """``{relative path: text}`` of one starter; an unknown name is a ConfigError."""
+    if template == "hello":
+        return dict(STARTER)
+    if template == "dflash":
+        return {"outrig.yaml": PROJECT_YAML.replace("playbook: hello ", "playbook: dflash"),
+                "hosts/box.yaml": DFLASH_HOST_YAML, "playbooks/dflash.yaml": dflash_playbook()}
+    raise ConfigError(f"--template {template!r}: no such starter; use one of "
+                      f"{', '.join(TEMPLATES)}.")
+
+
+def write_starter(folder: Path, *, force: bool = False,
+                  template: str = "hello") -> list[Path]:
     """Write the starter files into ``folder``; refuse (nothing written) if any exists."""
-    targets = {folder / name: text for name, text in STARTER.items()}
+    targets = {folder / name: text for name, text in starter_files(template).items()}
     present = [path for path in targets if path.exists()]
     if present and not force:
         raise ConfigError(

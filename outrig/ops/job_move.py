@@ -48,7 +48,6 @@ from outrig.moves import mark_moved
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.job_prepare import needs_preparing, prepare_nodes
 from outrig.ops.migrate import probe
-from outrig.ops.node_guard import watch_nodes
 from outrig.ops.nodes import (
     STOP_TIMEOUT,
     JobOrigin,
@@ -59,6 +58,7 @@ from outrig.ops.nodes import (
     node_run_id,
     plan_nodes,
 )
+from outrig.ops.nodes_watch import watch_nodes
 from outrig.ops.stage import NoCheckpoint, stage_items, stage_on, sync_checkpoints_on
 from outrig.playbook import Job
 from outrig.redeploy.rebuild import Redeploy, rebuild
@@ -387,7 +387,7 @@ MIRROR_EVERY = 30.0  # seconds between the watch's syncs of rank 0's checkpoints
 
 
 class SpareMover:
-    """``watch --run JOB --spare ...``: the guard's mover (:class:`outrig.ops.node_guard.
+    """``watch --run JOB --spare ...``: the guard's mover (:class:`outrig.ops.nodes_watch.
     NodeMover`). Each look, at most every ``mirror_every`` seconds, mirrors the job's new
     complete checkpoints (so a dead rank-0 node loses at most the work since); a node lost moves
     the job to the spares (``auto``: N boxes rented through the provider of ``spares:``)."""
@@ -488,7 +488,7 @@ def watch_job(project: Project, ident: str, spares: list[str], reporter: Reporte
               send: Send, threshold: float, period: float = 5.0,
               journal: Journal | None = None,
               stop: threading.Event | None = None) -> dict[str, Any]:
-    """``watch --run JOB --spare ...``: the job's guard (:func:`outrig.ops.node_guard.
+    """``watch --run JOB --spare ...``: the job's guard (:func:`outrig.ops.nodes_watch.
     watch_nodes`) with the mirror kept up and, when a node is lost, the job moved to the
     spares; then the moved job is followed the same way, for as long as spares last:
     ``auto`` rents N boxes at every move; a list gives each move its first N boxes not used

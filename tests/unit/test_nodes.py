@@ -18,8 +18,8 @@ from outrig.fanout import HostOutcome
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.node_control import node_state
-from outrig.ops.node_guard import NodeSeen, judge_node
 from outrig.ops.nodes import NodeRun, deploy_nodes, find_job, node_run_id, select_nodes
+from outrig.ops.nodes_watch import NodeSeen, judge_node
 from outrig.plan import HostFacts, NodePlace, builtin_params, make_plan
 from outrig.playbook import load_job
 from outrig.session import Project
