@@ -211,7 +211,7 @@ def test_a_job_whose_node_1_dies_moves_to_two_spares_and_resumes_from_the_mirror
                         threshold=3.0, period=0.5, journal=journal())
     moved = outcome["moved"]
     assert outcome["status"] == "finished", out.getvalue()
-    assert [e for e, _ in events] == ["node_lost", "job_moved"]
+    assert [e for e, _ in events] == ["node_lost", "job_moved", "spares_spent"]
     assert moved["from"] == ["b", "a"] and moved["to"] == ["c", "d"]
     assert moved["checkpoint"]["epoch"] == 2 and moved["checkpoint"]["route"] == "mirror"
     assert moved["params"] == {"lr": "0.25"} and moved["differences"] == []
@@ -329,7 +329,7 @@ def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
     boxes["proxies"]["a"].close()
     boxes["box_a"].stop()
     watcher.join(180)
-    assert not watcher.is_alive() and events == ["node_lost", "job_moved"], outcome
+    assert not watcher.is_alive() and events == ["node_lost", "job_moved", "spares_spent"], outcome
     report = outcome["moved"]
     assert [(n["rank"], n["alive"], n["fenced"]) for n in report["old_nodes"]] == [
         (0, False, False), (1, True, True)]
