@@ -46,7 +46,7 @@ from outrig.connectors.keeper_wire import (
 )
 from outrig.connectors.link_probe import Ping, Pinger
 from outrig.connectors.live import LIVE_WINDOW, LiveAgent, Route, heartbeat_for
-from outrig.connectors.ssh import SSHTransport, _SSHChannel, exec_pipelined
+from outrig.connectors.ssh.transport import SSHTransport, _SSHChannel, exec_pipelined
 from outrig.errors import ConnectError, LinkLost
 from outrig.inventory import Host
 from outrig.timing import channel_timeout_for, keepalive_limit_for, probe_idle_after

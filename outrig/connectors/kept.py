@@ -63,7 +63,7 @@ from outrig.connectors.keeper_wire import (
     send_frame,
     socket_path,
 )
-from outrig.connectors.ssh import SSHTransport, check_identity_file
+from outrig.connectors.ssh.transport import SSHTransport, check_identity_file
 from outrig.errors import ConfigError, ConnectError, LinkLost
 from outrig.inventory import Host
 from outrig.timing import channel_timeout_for, connect_timeout_for, keepalive_limit_for

@@ -48,7 +48,7 @@ from typing import Any
 from outrig.agent_code import bundle as agent_bundle
 from outrig.agent_code import encode_request, serve
 from outrig.connectors.keeper_wire import HEADER
-from outrig.connectors.ssh import exec_pipelined
+from outrig.connectors.ssh.transport import exec_pipelined
 from outrig.timing import live_silence_limit, probe_idle_after
 
 LIVE_WINDOW = 32 << 20  # the live channel's receive window: the log stream's (ops/logs.py)

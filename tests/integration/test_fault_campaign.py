@@ -43,7 +43,7 @@ import pytest
 import yaml
 
 from outrig.connectors.kept import close_keepers, keepers, wait_gone
-from outrig.connectors.pipelined_login import PIPELINE_ENV
+from outrig.connectors.ssh.pipelined_login import PIPELINE_ENV
 from outrig.console import Reporter
 from outrig.errors import AuthRefused, LinkLost, OutrigError
 from outrig.inventory import resolve_host

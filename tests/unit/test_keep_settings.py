@@ -17,7 +17,7 @@ from outrig.connectors.kept import (
     keep_seconds_for,
     ssh_connector,
 )
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.inventory import Host

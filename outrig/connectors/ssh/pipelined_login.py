@@ -21,8 +21,8 @@ Where it falls back to paramiko's own sequence (service request, wait, login): a
 other than ``publickey``; an RSA key before the server's ``server-sig-algs`` extension
 arrived (paramiko picks the RSA signature algorithm from it, and that choice must not be
 guessed); and every connection made with pipelining switched off (``pipeline_login`` False;
-:class:`outrig.connectors.ssh.SSHTransport` switches it off after a pipelined login was cut,
-and ``OUTRIG_SSH_PIPELINE=0`` switches it off for good).
+:class:`outrig.connectors.ssh.transport.SSHTransport` switches it off after a pipelined login was
+cut, and ``OUTRIG_SSH_PIPELINE=0`` switches it off for good).
 
 The session-channel open behind the first login (``early_channel``, on by default for a
 command's connect, off with ``OUTRIG_SSH_PIPELINE=login`` or ``=0``;

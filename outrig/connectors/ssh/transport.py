@@ -11,7 +11,7 @@ SSH specifics, and why:
   named in the error when it fires.
 - RTT is measured for free from the session-channel open (exactly one round trip).
 - The public-key login is pipelined behind the ``ssh-userauth`` service request (one round
-  trip fewer per connect; :mod:`outrig.connectors.pipelined_login` says why that is sound and
+  trip fewer per connect; :mod:`outrig.connectors.ssh.pipelined_login` says why that is sound and
   when it falls back), and so is a command's session-channel open behind the login (OpenSSH
   servers only); ``OUTRIG_SSH_PIPELINE=login`` keeps the open for after the login's answer,
   ``=0`` switches both off.
@@ -39,8 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from outrig.connectors.pipelined_login import pipelined_transport_class, pipelining_wanted
-from outrig.connectors.preconnect import CLIENT_BANNER, EarlyConnect
+from outrig.connectors.ssh.pipelined_login import pipelined_transport_class, pipelining_wanted
+from outrig.connectors.ssh.preconnect import CLIENT_BANNER, EarlyConnect
 from outrig.errors import (
     AuthenticationError,
     ConfigError,
