@@ -131,7 +131,7 @@ class Settings:
         ``keep_seconds:``, else 10 minutes)."""
         if no_keep:
             return 0.0
-        from outrig.connectors.kept import env_keep_seconds
+        from outrig.connectors.keeper.connections import env_keep_seconds
 
         from_env = env_keep_seconds()
         return from_env if from_env is not None else self.keep_seconds()

@@ -88,7 +88,7 @@ class RetryPolicy:
 @dataclass(frozen=True)
 class LiveRequest:
     """An agent call as a live agent on the box runs it, without an exec
-    (``outrig/connectors/live.py``): the request line, and the bundle and Python it needs."""
+    (``outrig/connectors/keeper/live.py``): the request line, and the bundle and Python it needs."""
 
     line: bytes
     python: str
@@ -212,8 +212,8 @@ def _scheme(prefix: str) -> Callable[[Host], bool]:
 
 CONNECTORS: list[Registration] = [
     Registration("local", "outrig.connectors.local:LocalTransport", lambda h: h.is_local),
-    # SSH, through the host's warm connection unless keeping is off (connectors/kept.py)
-    Registration("ssh", "outrig.connectors.kept:ssh_connector", lambda h: True),
+    # SSH, through the host's warm connection unless keeping is off (connectors/keeper/client.py)
+    Registration("ssh", "outrig.connectors.keeper.client:ssh_connector", lambda h: True),
 ]
 
 

@@ -296,7 +296,7 @@ def connections(c: Any, close: bool = False, host: str | None = None,
         outrig connections
         outrig connections --close --host uk-node
     """
-    from outrig.connectors.kept import close_keepers, keepers, wait_closed
+    from outrig.connectors.keeper.connections import close_keepers, keepers, wait_closed
 
     if host and not close:
         raise ConfigError("--host goes with --close (outrig connections lists every host). "

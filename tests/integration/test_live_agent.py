@@ -1,4 +1,4 @@
-"""The live agent behind a kept connection (connectors/live.py, remote/agent/serve.py).
+"""The live agent behind a kept connection (connectors/keeper/live.py, remote/agent/serve.py).
 
 Each test has a sandbox box of its own whose sshd logs at DEBUG1, which writes one line per
 session-channel open and one per exec: the tests count those lines, on the box's side, to
@@ -22,7 +22,7 @@ import yaml
 
 from outrig import agent_client
 from outrig.agent_code import bundle as agent_bundle
-from outrig.connectors.kept import KeptTransport, close_keepers, keepers, wait_gone
+from outrig.connectors.keeper.client import KeptTransport, close_keepers, keepers, wait_gone
 from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.deploy import deploy

@@ -131,8 +131,8 @@ def test_the_keepers_word_on_a_lost_request_is_the_errors_cause_and_its_silence_
     import json
     import socket
 
-    from outrig.connectors.keeper_wire import send_frame
-    from outrig.connectors.kept import _KeptChannel
+    from outrig.connectors.keeper.client import _KeptChannel
+    from outrig.connectors.keeper.wire import send_frame
 
     for why, silent in (("the kept SSH link gave no answer to a keepalive within 5 s", True),
                         ("the box's live agent ended: killed, or its channel closed", False)):

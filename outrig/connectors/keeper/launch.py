@@ -1,8 +1,8 @@
 """Starting the keepers of a command with threads (a fan-out): one launcher, one hosting process.
 
-``python -m outrig.connectors.keeper_launch IDLE`` is the launcher
-(:class:`outrig.connectors.kept.KeeperLauncher` starts it, one per command): stdin is a socket
-of launch requests, one datagram each (``SOCK_SEQPACKET``): the JSON ``{"config", "env"}``
+``python -m outrig.connectors.keeper.launch IDLE`` is the launcher
+(:class:`outrig.connectors.keeper.client.KeeperLauncher` starts it, one per command): stdin is a
+socket of launch requests, one datagram each (``SOCK_SEQPACKET``): the JSON ``{"config", "env"}``
 with the write end of the keeper's report pipe attached.
 
 Why a launcher: a command with several threads must not fork itself, and a fresh ``python
@@ -15,7 +15,7 @@ copied on write after the fork); in one process those are paid once and each fur
 adds its connection's own state (bench/fanout_bench.py measures both, per host). So the
 launcher forks, on its first request, one detached **hosting** process (:func:`host`) and
 hands it each request with its report pipe; the hosting process runs each keeper on a thread
-of its own (:func:`outrig.connectors.keeper.run`), each with its own socket, record, link and
+of its own (:func:`outrig.connectors.keeper.daemon.run`), each with its own socket, record, link and
 live agent, exactly as a keeper alone. It leaves once the launcher is gone and its last keeper
 has ended; SIGTERM stops them all (``outrig connections --close`` without ``--host``), the
 keeper's ``close`` request one of them (with ``--host``). A command with one thread (one host)
@@ -34,7 +34,7 @@ import sys
 import threading
 from typing import Any
 
-from outrig.connectors.keeper import TICK, Keeper, run
+from outrig.connectors.keeper.daemon import TICK, Keeper, run
 
 LAUNCH_MAX = 1 << 20  # one launch request (configuration and environment), bytes
 
@@ -236,7 +236,7 @@ def _keep(config: dict[str, Any], report_fd: int, started: Any) -> None:
 
 
 def main() -> int:
-    """``python -m outrig.connectors.keeper_launch [IDLE]``: stdin is the request socket."""
+    """``python -m outrig.connectors.keeper.launch [IDLE]``: stdin is the request socket."""
     idle = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
     return serve_launches(socket.socket(fileno=0), idle)
 

@@ -1,6 +1,6 @@
 """The ``ssh`` connector with a warm connection: a keeper process per host holds the SSH link.
 
-The first command to a host starts a small local keeper (:mod:`outrig.connectors.keeper`):
+The first command to a host starts a small local keeper (:mod:`outrig.connectors.keeper.daemon`):
 it opens the SSH connection (the same :class:`SSHTransport`, the same host-key and retry
 rules), listens on a Unix socket, and exits after an idle time, like OpenSSH's
 ``ControlPersist``. Later commands to that host ask the keeper for one session channel over
@@ -14,7 +14,7 @@ channel's stdin, stdout, stderr and exit status itself; the wire's framing does 
 channel per socket connection, and costs only local copies.
 
 The socket's place, the framing and the client's calls (``dial``, ``request``) are the keeper's
-wire (:mod:`outrig.connectors.keeper_wire`), shared with the keeper process.
+wire (:mod:`outrig.connectors.keeper.wire`), shared with the keeper process.
 
 Safety: the socket lives in a 0700 folder of this user (``OUTRIG_RUNTIME_DIR``, else
 ``$XDG_RUNTIME_DIR/outrig``, else the state dir's ``run/``), is 0600, is checked for owner and
@@ -44,8 +44,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from outrig.connectors import keeper
-from outrig.connectors.keeper_wire import (
+from outrig.connectors.keeper import daemon as keeper
+from outrig.connectors.keeper.wire import (
     MAX_FRAME,
     RUNTIME_ENV,
     SOCKET_PATH_MAX,
@@ -405,7 +405,7 @@ class KeptTransport(SSHTransport):
     def _spawn_keeper(self, config: dict[str, Any]) -> dict[str, Any] | None:
         """Start the keeper from this command's keeper launcher (when this process has
         other threads and must not fork); without one, as ``python -m
-        outrig.connectors.keeper``."""
+        outrig.connectors.keeper.daemon``."""
         report = LAUNCHER.launch(config)
         if report is None:
             return self._spawn_alone(config)
@@ -413,10 +413,11 @@ class KeptTransport(SSHTransport):
             return self._follow_start(stream)
 
     def _spawn_alone(self, config: dict[str, Any]) -> dict[str, Any] | None:
-        """Start the keeper as a process of its own, ``python -m outrig.connectors.keeper``."""
+        """Start the keeper as a process of its own, ``python -m
+        outrig.connectors.keeper.daemon``."""
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "outrig.connectors.keeper"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "outrig.connectors.keeper.daemon"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
                 start_new_session=True, close_fds=True)
         except OSError as exc:
@@ -489,9 +490,9 @@ class KeptTransport(SSHTransport):
 
 
 class KeeperLauncher:
-    """This command's keeper launcher: one ``python -m outrig.connectors.keeper_launch``
+    """This command's keeper launcher: one ``python -m outrig.connectors.keeper.launch``
     that starts a keeper per request, all of them in one hosting process
-    (:mod:`outrig.connectors.keeper_launch`), shared by the command's threads.
+    (:mod:`outrig.connectors.keeper.launch`), shared by the command's threads.
 
     Why: a fan-out starts a keeper per host from a process with many threads, which must
     not fork; one interpreter per keeper would pay Python's start and paramiko's imports
@@ -535,7 +536,7 @@ class KeeperLauncher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "outrig.connectors.keeper_launch",
+                [sys.executable, "-m", "outrig.connectors.keeper.launch",
                  str(self.IDLE_S)], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, cwd="/", start_new_session=True, close_fds=True)
         except OSError:

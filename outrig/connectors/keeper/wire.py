@@ -1,7 +1,7 @@
 """The keeper's wire: where a warm connection's socket lives, and how both ends talk on it.
 
-The client (:mod:`outrig.connectors.kept`, in every command) and the keeper process
-(:mod:`outrig.connectors.keeper`) import this module and not each other's, so the two ends
+The client (:mod:`outrig.connectors.keeper.client`, in every command) and the keeper process
+(:mod:`outrig.connectors.keeper.daemon`) import this module and not each other's, so the two ends
 of one protocol share it from below.
 
 - **Places.** The socket of a host's keeper is ``<folder>/<digest>.sock`` with its record

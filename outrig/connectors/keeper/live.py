@@ -1,6 +1,6 @@
 """The live agent: the box's resident agent on one channel of a kept connection.
 
-The keeper (:mod:`outrig.connectors.keeper`) starts it on the first agent call it relays on
+The keeper (:mod:`outrig.connectors.keeper.daemon`) starts it on the first agent call it relays on
 the exec path, with that call's own bundle, off the clock of any command; from the moment it
 says it is ready, each agent call through the keeper is one request frame on its channel and
 its output back (``remote/agent/serve.py`` is the box's side; docs/agent-protocol.md, "Live
@@ -47,7 +47,7 @@ from typing import Any
 
 from outrig.agent_code import bundle as agent_bundle
 from outrig.agent_code import encode_request, serve
-from outrig.connectors.keeper_wire import HEADER
+from outrig.connectors.keeper.wire import HEADER
 from outrig.connectors.ssh.transport import exec_pipelined
 from outrig.timing import live_silence_limit, probe_idle_after
 

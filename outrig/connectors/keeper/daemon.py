@@ -1,13 +1,13 @@
-"""The keeper process behind a warm connection (``python -m outrig.connectors.keeper``).
+"""The keeper process behind a warm connection (``python -m outrig.connectors.keeper.daemon``).
 
-Started by :class:`outrig.connectors.kept.KeptTransport` with its configuration as JSON on
+Started by :class:`outrig.connectors.keeper.client.KeptTransport` with its configuration as JSON on
 stdin. It detaches (double fork: it is nobody's child, so no zombie waits on a command that
 has ended), connects with :class:`SSHTransport` (one attempt: the command that started it
 retries directly), listens on its Unix socket, says ``{"ready": true}`` on stdout, and then
 relays one channel per socket connection until it has been idle for ``keep_seconds``, its
 link dies, or it gets SIGTERM (``outrig connections --close``).
 
-Requests (frames of the keeper's wire, :mod:`outrig.connectors.keeper_wire`): ``exec`` (open
+Requests (frames of the keeper's wire, :mod:`outrig.connectors.keeper.wire`): ``exec`` (open
 a session channel, exec argv pipelined, then relay ``i``/``e`` in and ``o``/``r``/``x``/``L``
 out), ``info`` (host, age, idle time left, keepalives sent, how long the box has been quiet
 and after how long a quiet link is probed). Every request is refused unless the peer's uid is
@@ -38,14 +38,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from outrig.connectors.keeper_wire import (
+from outrig.connectors.keeper.link_probe import Ping, Pinger
+from outrig.connectors.keeper.live import LIVE_WINDOW, LiveAgent, Route, heartbeat_for
+from outrig.connectors.keeper.wire import (
     peer_credentials,
     recv_frame,
     send_frame,
     send_json,
 )
-from outrig.connectors.link_probe import Ping, Pinger
-from outrig.connectors.live import LIVE_WINDOW, LiveAgent, Route, heartbeat_for
 from outrig.connectors.ssh.transport import SSHTransport, _SSHChannel, exec_pipelined
 from outrig.errors import ConnectError, LinkLost
 from outrig.inventory import Host
@@ -91,7 +91,7 @@ class Keeper:
         self.pinger = Pinger(self.heard, self.link_dead)  # every keepalive, one at a time
         self.dead_why = ""  # set once the link was found dead by silence: what every
         #                     request lent on it is told (and the next command's connect)
-        self.live: LiveAgent | None = None  # the box's resident agent (connectors/live.py)
+        self.live: LiveAgent | None = None  # the box's resident agent (connectors/keeper/live.py)
         self.live_lock = threading.Lock()
         # the last agent bundle relayed, by digest: restarts a live agent that died
         self.bundle: tuple[str, str] = ("", "")
@@ -380,7 +380,7 @@ class Keeper:
     def live_for(self, header: dict[str, Any]) -> LiveAgent | None:
         """The live agent that can serve this request now, if any: it is ready, runs the
         request's own bundle and Python, and the request wants no larger window than its
-        channel has (connectors/live.py)."""
+        channel has (connectors/keeper/live.py)."""
         agent = header.get("agent")
         window = header.get("window")
         live = self.live
@@ -668,7 +668,7 @@ def run(config: dict[str, Any], report: Any, *,
         started: Callable[[Keeper], None] | None = None) -> int:
     """Connect, say ready (or the error) on ``report``, then serve until done. Alone in its
     process (``started`` is None), SIGTERM stops it; in a process hosting several keepers
-    (:mod:`outrig.connectors.keeper_launch`), ``started`` hands it to the host, whose own
+    (:mod:`outrig.connectors.keeper.launch`), ``started`` hands it to the host, whose own
     SIGTERM stops them all."""
     keeper = Keeper(config)
     keeper.report = report
@@ -699,9 +699,9 @@ def run(config: dict[str, Any], report: Any, *,
 
 
 def main() -> int:
-    """``python -m outrig.connectors.keeper``: the configuration on stdin, reports on
+    """``python -m outrig.connectors.keeper.daemon``: the configuration on stdin, reports on
     stdout (used when the starting process cannot simply fork: it has other threads, and no
-    launcher could be had; :mod:`outrig.connectors.keeper_launch` is the usual way)."""
+    launcher could be had; :mod:`outrig.connectors.keeper.launch` is the usual way)."""
     config = json.loads(sys.stdin.read())
     launch(config, os.dup(1))
     return 1
