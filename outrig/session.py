@@ -43,7 +43,7 @@ class Project:
     command's setting for warm connections.
 
     ``keep_seconds``: how long a warm connection this command leaves waits idle (0: none),
-    as :func:`outrig.settings.settings_for` resolved it (``--no-keep``,
+    as :func:`outrig.cli.settings.settings_for` resolved it (``--no-keep``,
     ``OUTRIG_KEEP_SECONDS``, ``keep_seconds:`` in outrig.yaml); ``None``: not set by the
     command (the connector's own rule: ``OUTRIG_KEEP_SECONDS``, the host file, 10 minutes).
     Carried to the connector by :class:`HostSession`, so no global is needed."""

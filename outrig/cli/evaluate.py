@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from outrig.cli.flags import HOST_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
+from outrig.cli.settings import playbook_for, settings_for
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.settings import playbook_for, settings_for
-from outrig.taskspec import task
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from outrig.cli.flags import friendly, make_reporter
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.taskspec import task
 
 RUN_HELP = ("the run id (repeat for several, overlaid and aligned by step); a migrated run "
             "brings the runs it was moved from and to")

@@ -31,9 +31,9 @@ from outrig.cli.flags import (
     make_reporter,
     number,
 )
+from outrig.cli.settings import parse_params, playbook_for, settings_for
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.settings import parse_params, playbook_for, settings_for
-from outrig.taskspec import task
 
 if TYPE_CHECKING:
     from outrig.cli.targets import NodeJob, OneHost

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from outrig.cli.settings import settings_for
 from outrig.connectors.keeper.client import (
     DEFAULT_KEEP_SECONDS,
     KEEP_ENV,
@@ -23,7 +24,6 @@ from outrig.errors import ConfigError
 from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.session import HostSession
-from outrig.settings import settings_for
 from outrig.transport import transport_for
 
 BOX = Host(name="box", hostname="10.0.0.5", workdir="/w", port=2222, user="u")

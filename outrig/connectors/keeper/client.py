@@ -93,7 +93,7 @@ def env_keep_seconds() -> float | None:
 def keep_seconds_for(host: Host, setting: float | None = None) -> float:
     """How long a keeper for ``host`` waits idle. ``setting`` is the command's own (the
     project's ``keep_seconds``: ``--no-keep``, ``OUTRIG_KEEP_SECONDS`` or ``keep_seconds:``
-    in outrig.yaml, resolved once by :func:`outrig.settings.settings_for`); without one,
+    in outrig.yaml, resolved once by :func:`outrig.cli.settings.settings_for`); without one,
     ``OUTRIG_KEEP_SECONDS`` (a library caller's), else the host file's ``keep_seconds:``,
     else 10 minutes. 0 turns keeping off."""
     if setting is not None:

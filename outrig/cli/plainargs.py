@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from outrig.settings import SETTINGS
-from outrig.taskspec import TaskSpec
+from outrig.cli.taskspec import TaskSpec
+from outrig.project_file import SETTINGS
 
 CONFIG_SUFFIXES = ("yaml", "yml", "json", "py")
 """The suffixes Invoke's config looks for (invoke/config.py, ``_file_suffixes``)."""
@@ -48,7 +48,7 @@ def config_files(prefix: str = "outrig") -> list[Path]:
 
 class PlainConfig:
     """What Invoke's merged config holds for outrig when no configuration file exists: the
-    keys of :data:`~outrig.settings.SETTINGS` from their ``OUTRIG_*`` variables (Invoke's
+    keys of :data:`~outrig.cli.settings.SETTINGS` from their ``OUTRIG_*`` variables (Invoke's
     env loader sets the keys its defaults name, as text), else None; any other key None."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -63,7 +63,7 @@ class PlainConfig:
 @dataclass(frozen=True)
 class PlainContext:
     """The context a task gets here in place of Invoke's: outrig's tasks read only its
-    ``config`` (:func:`outrig.settings.settings_for`)."""
+    ``config`` (:func:`outrig.cli.settings.settings_for`)."""
 
     config: PlainConfig
 

@@ -5,10 +5,11 @@ Precedence, highest first: the flag, an ``OUTRIG_*`` variable, the project's ``o
 its ``invoke.yaml``, then the user's configuration (docs/cli.md). Pure reading; nothing here
 reaches a box.
 
-:mod:`outrig.program` reads :data:`SETTINGS` and :func:`find_project` on every start, so the
+:mod:`outrig.cli.invoke_program` reads :data:`~outrig.project_file.SETTINGS` and
+:func:`~outrig.project_file.find_project` on every start, so the
 session layer (and through it the transports) is imported only where settings are made
 (:func:`_settings`), purely for start-up; the reporter is a type here only. The task modules
-import it too, and ``outrig --list`` imports them (:mod:`outrig.launcher`), so YAML is
+import it too, and ``outrig --list`` imports them (:mod:`outrig.cli.launcher`), so YAML is
 imported where a file or a ``--param`` value is read, also purely for start-up.
 """
 
@@ -20,62 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outrig.errors import ConfigError
+from outrig.project_file import (
+    PROJECT_FILE,
+    PROJECT_FILES,
+    find_project,
+    read_project_config,
+    read_project_file,
+)
 
 if TYPE_CHECKING:
     from outrig.console import Reporter
     from outrig.session import Project
-
-PROJECT_FILE = "outrig.yaml"
-PROJECT_FILES = (PROJECT_FILE, "invoke.yaml", "invoke.yml")  # highest first
-SETTINGS = ("host", "playbook", "project")  # config keys and OUTRIG_* variables
-
-
-def find_project(start: Path) -> Path | None:
-    """The nearest folder upward from ``start`` holding ``hosts/``, ``playbooks/`` or
-    ``outrig.yaml``: users keep their hosts and playbooks in their own repositories."""
-    here = start.resolve()
-    for folder in (here, *here.parents):
-        if ((folder / "playbooks").is_dir() or (folder / "hosts").is_dir()
-                or (folder / PROJECT_FILE).is_file()):
-            return folder
-    return None
-
-
-def read_project_file(root: Path, name: str = PROJECT_FILE) -> dict[str, Any]:
-    """One config file of the project (an empty mapping when absent); a wrong shape is a
-    ConfigError naming the file and key."""
-    import yaml
-
-    path = root / name
-    if not path.is_file():
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read it as YAML ({exc}); fix or remove the file") \
-            from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping such as 'host: my-box' (one key a line)")
-    for key in SETTINGS:
-        if key in data and data[key] is not None and not isinstance(data[key], str):
-            raise ConfigError(f"{path}: {key}: must be a name (text), not {data[key]!r}")
-    return data
-
-
-def read_project_config(root: Path) -> dict[str, tuple[str, Path]]:
-    """The project's defaults, each with the file it came from: ``outrig.yaml`` first, then
-    ``invoke.yaml`` (or ``invoke.yml``), so a project set up for ``inv`` works unchanged with
-    ``outrig``, which Invoke itself would not read it for."""
-    found: dict[str, tuple[str, Path]] = {}
-    for name in PROJECT_FILES:
-        data = read_project_file(root, name)
-        for key in SETTINGS:
-            if data.get(key) and key not in found:
-                found[key] = (str(data[key]), root / name)
-    return found
-
 
 def _invoke_setting(c: Any, key: str) -> str | None:
     """``key`` from Invoke's merged config (user/system files, collection defaults)."""

@@ -11,12 +11,12 @@ that mean something for it (``--help``, ``--list``, ``--version``, ``--complete`
 (``--list-depth``, ``--list-format``) are gone, so they are refused as unknown flags; the
 Program methods that read them (:meth:`parse_core`, :meth:`parse_cleanup`,
 :meth:`update_config`) are overridden to match. The help itself is laid out by
-:mod:`outrig.helptext`.
+:mod:`outrig.cli.helptext`.
 
 Imported by every command that is not answered before Invoke (``outrig --version``,
-``--list`` and ``--help`` are: :mod:`outrig.launcher`, which holds outrig's own options, the
+``--list`` and ``--help`` are: :mod:`outrig.cli.launcher`, which holds outrig's own options, the
 summary and the help's wording, so that both programs print the same). It imports Invoke,
-:mod:`outrig.settings` (light), the text layout and nothing of the ops;
+:mod:`outrig.cli.settings` (light), the text layout and nothing of the ops;
 :func:`value_candidates` imports the inventory only when completing, purely for start-up.
 """
 
@@ -41,10 +41,10 @@ from invoke.program import Program
 from invoke.tasks import Task
 from invoke.util import helpline
 
-from outrig.helptext import Option, task_help_lines
-from outrig.launcher import CORE_OPTIONS, end_on_closed_pipe, help_lines, keep_typed, list_lines
-from outrig.settings import SETTINGS, find_project
-from outrig.taskspec import TaskSpec
+from outrig.cli.helptext import Option, task_help_lines
+from outrig.cli.launcher import CORE_OPTIONS, end_on_closed_pipe, help_lines, keep_typed, list_lines
+from outrig.cli.taskspec import TaskSpec
+from outrig.project_file import SETTINGS, find_project
 from outrig.terminal import terminal_width, wrap_width
 from outrig.textlayout import paragraph
 
@@ -63,7 +63,7 @@ class OutrigConfig(Config):
 
 
 def core_arguments() -> list[Argument]:
-    """outrig's own options (:data:`outrig.launcher.CORE_OPTIONS`) as Invoke's arguments: a
+    """outrig's own options (:data:`outrig.cli.launcher.CORE_OPTIONS`) as Invoke's arguments: a
     switch is a bool that defaults to False, any other takes a string."""
     return [Argument(names=o.names, kind=bool, default=False, help=o.help)
             if o.kind == "bool" else
@@ -216,7 +216,7 @@ class OutrigProgram(Program):
                           f"{self.binary_names[0]} runs one task per command: run them one "
                           "after the other. Nothing was run.")
 
-    # --- the help (laid out by outrig.helptext) ----------------------------------------
+    # --- the help (laid out by outrig.cli.helptext) ----------------------------------------
     def task_summaries(self) -> list[tuple[str, str]]:
         """Each task's name and the first line of its docstring."""
         return [(name, helpline(task) or "")

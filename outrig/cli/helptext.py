@@ -1,6 +1,6 @@
 """The help as text: ``outrig --help``, ``outrig --help TASK`` and ``outrig --list``, laid
-out for a terminal of a given width (pure: :class:`outrig.program.OutrigProgram` gathers the
-flags and prints the lines).
+out for a terminal of a given width (pure: :class:`outrig.cli.invoke_program.OutrigProgram` gathers
+the flags and prints the lines).
 
 A task's help reads like a finished tool's: ``Usage: outrig deploy [options]``, the task's
 docstring as its description (prose wrapped to the width, indented blocks such as examples

@@ -1,15 +1,15 @@
 """The installed ``outrig`` command's first step: ``outrig --version``, ``outrig --list`` and
 ``outrig --help`` (and ``outrig`` alone) are answered here, before Invoke is imported; a
 plain command line (``outrig status --host box``: a task and its long flags, no Invoke
-config file; :mod:`outrig.plainargs`) runs its task here too, without Invoke; any other
-command line goes to the Invoke program (:mod:`outrig.program`).
+config file; :mod:`outrig.cli.plainargs`) runs its task here too, without Invoke; any other
+command line goes to the Invoke program (:mod:`outrig.cli.invoke_program`).
 
 Why: Invoke takes about 0.1 s to import (it imports ``unittest.mock``, and with it asyncio,
 and its YAML loader), most of a start-up that should take a blink. The answers are made from
 what the Invoke program's are made from, so they cannot go stale: the task table
-(:data:`outrig.cli.TASKS`, whose modules import no Invoke, :mod:`outrig.taskspec`), the
-options below (:func:`outrig.program.core_arguments` builds Invoke's from them) and the same
-layout (:mod:`outrig.helptext`). tests/unit/test_startup.py compares both programs' output.
+(:data:`outrig.cli.TASKS`, whose modules import no Invoke, :mod:`outrig.cli.taskspec`), the
+options below (:func:`outrig.cli.invoke_program.core_arguments` builds Invoke's from them) and the
+same layout (:mod:`outrig.cli.helptext`). tests/unit/test_startup.py compares both programs' output.
 
 It also keeps the command line as typed, for the words after ``--`` (:func:`remainder_argv`).
 """
@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from outrig import __version__
+from outrig.cli.helptext import Option, core_help_lines, task_list_lines
+from outrig.cli.plainargs import PlainCall, PlainConfig, PlainContext, plain_call
+from outrig.cli.taskspec import TaskSpec
 from outrig.errors import CLOSED_PIPE_EXIT
-from outrig.helptext import Option, core_help_lines, task_list_lines
-from outrig.plainargs import PlainCall, PlainConfig, PlainContext, plain_call
-from outrig.taskspec import TaskSpec
 from outrig.terminal import terminal_width
 
 SUMMARY = ("Drive rented GPU boxes over SSH: deploy a job's processes, watch them, read "
@@ -93,7 +93,7 @@ def end_on_closed_pipe() -> None:
 
 
 def run_plain(call: PlainCall, exit: bool = True) -> None:
-    """Call a plain command line's task (:mod:`outrig.plainargs`) the way Invoke's program
+    """Call a plain command line's task (:mod:`outrig.cli.plainargs`) the way Invoke's program
     would have: an ``Exit`` the task raises prints its message, if any, and exits with its
     code; Ctrl-C outside the task's own handling exits 1; a reader that went away early ends
     quietly (:func:`end_on_closed_pipe`)."""

@@ -2,11 +2,11 @@
 held until Invoke is needed.
 
 ``outrig --list`` and ``outrig --help`` answer from the tasks' names and docstrings before
-Invoke is imported (:mod:`outrig.launcher`; Invoke alone takes about 0.1 s to import), so the
+Invoke is imported (:mod:`outrig.cli.launcher`; Invoke alone takes about 0.1 s to import), so the
 task modules of :mod:`outrig.cli` must be importable without it; Invoke's own
 ``@task`` imports all of Invoke. ``@task`` here keeps what Invoke's would be given, and
-:func:`outrig.program.collection` makes Invoke's tasks from it when a command is parsed. The
-name is decided here, once: the collection is built with it, and the listing shows it.
+:func:`outrig.cli.invoke_program.collection` makes Invoke's tasks from it when a command is parsed.
+The name is decided here, once: the collection is built with it, and the listing shows it.
 """
 
 from __future__ import annotations
