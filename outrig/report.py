@@ -47,7 +47,7 @@ FAMILIES = (  # (pattern, chart title): metrics matching one pattern share a cha
     (re.compile(r"^val/position_\d+_acc_epoch$"),
      "val/position_k_acc_epoch: validation accuracy per position"),
     (re.compile(r"^lr/"), "lr: learning rates"),
-    # what training estimates and what vLLM accepts, on one chart (outrig/evaluations/served.py)
+    # what training estimates and what vLLM accepts, on one chart (outrig/evaluation/served.py)
     (re.compile(r"^(train/eal|served/acceptance_length)$"), "train/eal"),
     (re.compile(r"^profile/memory_mb/"), "profile/memory_mb: memory per phase (MB)"),
     (re.compile(r"^profile/\w+_ms$"), "profile/*_ms: time per phase (ms)"),

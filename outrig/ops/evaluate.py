@@ -1,7 +1,7 @@
 """``outrig evaluate``: serve a drafter with speculative decoding on the box, measure it, stop.
 
 Everything that can be refused is refused before a server starts: the settings
-(:func:`outrig.evaluation.settings_for`), a local prompts file (read and checked here), the
+(:func:`outrig.evaluation.spec.settings_for`), a local prompts file (read and checked here), the
 checkpoint (the agent's ``checkpoints`` op and its completeness rule), the prompts on the box
 (the ``bench`` op with ``check_only``), and the GPUs (a running run that holds one is named).
 Then the server is an ordinary recorded run, deployed through :func:`deploy_on` under
@@ -24,7 +24,9 @@ from outrig.agent_code import parse_prompt_lines, prompts_digest
 from outrig.checkpoints import assess, newest_complete, order_text
 from outrig.console import Reporter
 from outrig.errors import ConfigError, PlanError, RemoteError
-from outrig.evaluation import (
+from outrig.evaluation.card import card_markdown
+from outrig.evaluation.report import full_report
+from outrig.evaluation.spec import (
     MAX_INLINE_PROMPT_BYTES,
     EvalSettings,
     bench_fields,
@@ -33,8 +35,6 @@ from outrig.evaluation import (
     settings_for,
     speculative_config,
 )
-from outrig.evaluations.card import card_markdown
-from outrig.evaluations.report import full_report
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.evaluate_document import document
@@ -52,7 +52,7 @@ from outrig.redaction import ordered, redact_tree
 from outrig.session import HostSession, Project, host_session
 
 _CHECK_KINDS = ("bad_request", "not_found")
-SMOKE_FILE = Path(__file__).resolve().parent.parent / "evaluations" / "prompts" / "smoke.jsonl"
+SMOKE_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "prompts" / "smoke.jsonl"
 __all__ = ["EvaluationFailed", "compare", "evaluate", "evaluate_on"]
 
 

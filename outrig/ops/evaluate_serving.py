@@ -1,6 +1,6 @@
 """``outrig evaluate``'s servers: each an ordinary recorded run, deployed, measured at every
 concurrency level, and stopped by its run id; the baseline reused from the journal when one
-with the same key was measured before (:mod:`outrig.evaluations.baseline`).
+with the same key was measured before (:mod:`outrig.evaluation.baseline`).
 
 What the box is (vLLM, speculators and torch versions, the GPU, whether vLLM has
 ``--per-request-spec-decode-metrics``) is read once, before any server starts, with the
@@ -16,9 +16,9 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import OutrigError
-from outrig.evaluation import EvalSettings, bench_fields, server_playbook
-from outrig.evaluations.baseline import baseline_key, baseline_record
-from outrig.evaluations.document import level_figures
+from outrig.evaluation.baseline import baseline_key, baseline_record
+from outrig.evaluation.document import level_figures
+from outrig.evaluation.spec import EvalSettings, bench_fields, server_playbook
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_on
 from outrig.ops.runs import new_run_id

@@ -25,7 +25,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
-from outrig.evaluations.served import SERVED, served_points
+from outrig.evaluation.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
 from outrig.metrics import RunData, chain_ids, iter_rows, metric_names

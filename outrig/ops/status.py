@@ -9,7 +9,7 @@ from typing import Any
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError
-from outrig.evaluations.served import served_trend
+from outrig.evaluation.served import served_trend
 from outrig.hang import store as hang_store
 from outrig.hang.judge import defaults
 from outrig.history import last_known_document, last_known_lines, seen_from_status

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from outrig.evaluation import settings_for, speculative_config
+from outrig.evaluation.spec import settings_for, speculative_config
 from outrig.playbook import load_job
 
 REPO = Path(__file__).resolve().parents[2]

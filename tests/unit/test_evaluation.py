@@ -16,7 +16,8 @@ import yaml
 
 from outrig._box.agent.bench import conversation_prompt, parse_prompt_lines
 from outrig.errors import ConfigError
-from outrig.evaluation import (
+from outrig.evaluation.section import EvaluateSpec
+from outrig.evaluation.spec import (
     SERVER_FATAL,
     acceptance,
     bench_fields,
@@ -29,7 +30,6 @@ from outrig.evaluation import (
     settings_for,
     speculative_config,
 )
-from outrig.evaluation_section import EvaluateSpec
 from outrig.playbook import load_job, playbook_spec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
@@ -290,7 +290,7 @@ def capture(name: str) -> str:
 def test_counters_that_went_backwards_are_refused_naming_the_counter() -> None:
     """The reads swapped: what a server restart between them looks like (every counter
     lower after the requests). Before: drafts -80, acceptance length 3.0, recorded."""
-    from outrig.evaluation import CountersUnusable
+    from outrig.evaluation.spec import CountersUnusable
 
     with pytest.raises(CountersUnusable) as refused:
         measured(capture("after"), capture("before"))
@@ -306,7 +306,7 @@ def test_counters_that_went_backwards_are_refused_naming_the_counter() -> None:
 
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
 def test_counters_that_are_not_finite_are_refused(value: str) -> None:
-    from outrig.evaluation import CountersUnusable
+    from outrig.evaluation.spec import CountersUnusable
 
     after = re.sub(r"^(vllm:spec_decode_num_drafts_total\{[^}]*\}) \S+", rf"\1 {value}",
                    capture("after"), count=1, flags=re.M)
@@ -325,7 +325,7 @@ def test_a_junk_metrics_page_is_refused_not_called_speculation_off(
     from types import SimpleNamespace
 
     from outrig.console import Reporter
-    from outrig.evaluation import CountersUnusable
+    from outrig.evaluation.spec import CountersUnusable
     from outrig.ops.evaluate_document import document
 
     junk = "<html><body>502 Bad Gateway</body></html>\n"

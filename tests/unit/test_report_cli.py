@@ -184,7 +184,7 @@ def test_evaluated_checkpoints_are_a_series_beside_train_eal(
     """Two evaluations of the old run's checkpoints (and one of a checkpoint evaluated again:
     the newer counts): ``served/acceptance_length`` at the checkpoints' global steps in
     metrics, on train/eal's chart in the report and the plot."""
-    from outrig.evaluations.served import SERVED
+    from outrig.evaluation.served import SERVED
 
     for eval_id, at, step, length in (("e1", 1.0, 2, 1.5), ("e2", 2.0, 5, 1.1),
                                       ("e3", 3.0, 5, 1.25)):

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from outrig.evaluation import Counters, acceptance, measured, speedup
-from outrig.evaluations.figures import by_category, latency, per_request
+from outrig.evaluation.figures import by_category, latency, per_request
+from outrig.evaluation.spec import Counters, acceptance, measured, speedup
 
 
 def add(one: Counters, other: Counters) -> Counters:

@@ -1,4 +1,4 @@
-"""The human report of one evaluation beyond its headline (outrig.evaluation.report_lines):
+"""The human report of one evaluation beyond its headline (outrig.evaluation.spec.report_lines):
 the per-request distribution, a line per concurrency level, a line per category, the k
 sweep, the provenance and the flags with their causes and fixes."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from outrig.evaluation import report_lines
-from outrig.evaluations.causes import flag_lines
+from outrig.evaluation.causes import flag_lines
+from outrig.evaluation.spec import report_lines
 from outrig.textlayout import fmt
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outrig.errors import OutrigError
-from outrig.evaluation_section import BOX_PREFIX, SMOKE, EvaluateSpec
+from outrig.evaluation.section import BOX_PREFIX, SMOKE, EvaluateSpec
 from outrig.journal import utc_text
 from outrig.template import UndefinedName, substitute
 from outrig.textlayout import fmt

@@ -2,7 +2,7 @@
 
 A generic key (any playbook may have it), validated strictly like the rest of the file: an
 unknown key is an error naming its line. Every key may be left out in a ``recipe: dflash``
-playbook, whose section gives the defaults (:mod:`outrig.evaluation` derives them): the
+playbook, whose section gives the defaults (:mod:`outrig.evaluation.spec` derives them): the
 verifier is ``dflash.model``, the drafter the run's newest complete checkpoint with
 ``num_speculative_tokens`` = ``block_size - 1``, the prompts a held-out slice of the
 conversations in ``dflash.prepare.data``. docs/evaluate.md has the table.
