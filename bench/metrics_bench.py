@@ -40,7 +40,7 @@ from outrig.logmirror import mirror_root  # noqa: E402
 START = 1_764_577_800.0
 RUN = "big-run"
 READ_STORE = ("import sys, pathlib; from outrig.journal import Journal; "
-              "from outrig.metricstore import MetricStore; "
+              "from outrig.metrics.store import MetricStore; "
               "print(len(MetricStore(Journal(pathlib.Path(sys.argv[1])), sys.argv[2]).points()))")
 
 

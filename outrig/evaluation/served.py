@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from outrig.metrics import Point
+from outrig.metrics.series import Point
 
 SERVED = "served/acceptance_length"
 PROCESS = "evaluate"

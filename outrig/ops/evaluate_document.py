@@ -17,7 +17,7 @@ from typing import Any
 from outrig.evaluation.causes import fastest, flags
 from outrig.evaluation.document import level_figures, side_summary, with_baseline
 from outrig.evaluation.spec import EvalSettings
-from outrig.metricstore import MetricStore
+from outrig.metrics.store import MetricStore
 from outrig.playbook import Job
 from outrig.session import HostSession
 

@@ -14,7 +14,7 @@ from outrig.hang import store as hang_store
 from outrig.hang.judge import defaults
 from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
-from outrig.metricstore import loss_trends, remember_samples
+from outrig.metrics.store import loss_trends, remember_samples
 from outrig.providers.ledger import annotate_costs, rental_lines, rental_summary
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, host_session

@@ -354,7 +354,7 @@ def test_train_eal_at_the_checkpoint_comes_from_the_runs_metric_series(tmp_path:
     from types import SimpleNamespace
 
     from outrig.journal import Journal
-    from outrig.metricstore import MetricStore
+    from outrig.metrics.store import MetricStore
     from outrig.ops.evaluate_document import train_eal
 
     log = (Path(__file__).resolve().parents[1] / "fixtures" / "h200x2-rehearsal" / "migrate"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from outrig.journal import Journal
-from outrig.metrics import LOSS
-from outrig.termplot import Curve, plot_lines
+from outrig.metrics.series import LOSS
+from outrig.metrics.termplot import Curve, plot_lines
 from tests.support.cli import outrig
 from tests.unit.test_metrics import H200, MIGRATE, START, make_run, metric_lines
 
@@ -274,7 +274,7 @@ def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
     """plot hands plotext at most two rows per dot of width (each bucket's lowest and
     highest): a million points are not drawn one by one, and a spike must not be thinned
     away."""
-    from outrig.termplot import envelope
+    from outrig.metrics.termplot import envelope
 
     rows = [(s, 1.0 + (s % 7) * 1e-3) for s in range(100_000)]
     rows[54_321] = (54_321, 9.0)

@@ -11,7 +11,7 @@ goes on across the move.
 
 Why one file with everything inlined: a report is mailed, attached to an issue, opened on
 a laptop on a train. The charts are drawn by uPlot (MIT, 50 KB, no dependencies; vendored
-in ``outrig/report_assets/`` with its licence, docs/logs-and-status.md says why), inlined
+in ``outrig/metrics/report_assets/`` with its licence, docs/logs-and-status.md says why), inlined
 with the data as JSON; nothing is fetched when it is opened. Every text from the box or the
 journal reaches the page through ``textContent``, never as markup, and the JSON is escaped
 so that no ``</script>`` in a log line can end its element.
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outrig.journal import utc_text
-from outrig.metrics import (
+from outrig.metrics.series import (
     RunData,
     drawable,
     left_out_note,
@@ -56,7 +56,7 @@ FAMILIES = (  # (pattern, chart title): metrics matching one pattern share a cha
 
 def chart_groups(names: Sequence[str]) -> list[dict[str, Any]]:
     """The charts: one per metric, except that a family (:data:`FAMILIES`) shares one;
-    in :func:`outrig.metrics.metric_order`."""
+    in :func:`outrig.metrics.series.metric_order`."""
     charts: list[dict[str, Any]] = []
     families: dict[str, dict[str, Any]] = {}
     for name in sorted(names, key=metric_order):
@@ -129,7 +129,7 @@ def identity(run: RunData, secrets: Sequence[str]) -> dict[str, Any]:
 
 def _series(run: RunData, metric: str, origin: float | None) -> dict[str, Any]:
     """One metric of one run as the page draws it: thinned, and without the values no
-    chart can draw (:func:`outrig.metrics.drawable`), which ``note`` lists instead."""
+    chart can draw (:func:`outrig.metrics.series.drawable`), which ``note`` lists instead."""
     every = run.series(metric)
     note = left_out_note([(s, v) for s, _, v in every])
     rows = thin([r for r in every if drawable(r[2])] if note else every, POINTS_PER_SERIES)

@@ -2,7 +2,7 @@
 
 Files (0600, their folder 0700, like the rest of the journal):
 
-* ``points.jsonl``: one metric record a line (:class:`outrig.metrics.Point`), appended;
+* ``points.jsonl``: one metric record a line (:class:`outrig.metrics.series.Point`), appended;
 * ``events.jsonl``: the lines that mark a moment (a checkpoint saved, a resume, an epoch);
 * ``gpu.jsonl``: what ``status`` and ``watch`` saw of the run's GPUs (memory, utilisation);
 * ``state.json``: per mirrored log, the inode and byte offset it was parsed up to, the
@@ -44,7 +44,16 @@ from outrig.journal import (
     safe_name,
 )
 from outrig.logmirror import MirrorStore, mirror_files, mirror_root
-from outrig.metrics import LOSS, Clock, Event, Point, parse_chunk, sparkline, tail_points, thin
+from outrig.metrics.series import (
+    LOSS,
+    Clock,
+    Event,
+    Point,
+    parse_chunk,
+    sparkline,
+    tail_points,
+    thin,
+)
 from outrig.redaction import ordered, redact_text
 
 FILES = ("points", "events", "gpu")

@@ -5,7 +5,7 @@ metric record of a log becomes a point (step, time, values), so that ``outrig me
 ``plot`` and ``report`` can draw the whole run without the trainer being wired to anything.
 The bytes come from the local mirror (:mod:`outrig.logmirror`) and from the log tails
 ``status`` and ``watch`` receive; where they are kept, with the cursor that makes a later
-call parse only new lines, is :mod:`outrig.metricstore`.
+call parse only new lines, is :mod:`outrig.metrics.store`.
 
 Why the parser works on bytes and holds the last record back: a rich record is wrapped over
 several lines, so a chunk that ends at a line break may still end inside a record. Only

@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outrig.metrics import drawable, left_out_note, sparkline, thin
+from outrig.metrics.series import drawable, left_out_note, sparkline, thin
 
 TABLE_ROWS = 12  # steps shown per metric without colour
 CHART_HEIGHT = 16  # lines per chart
