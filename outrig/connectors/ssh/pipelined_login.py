@@ -126,8 +126,6 @@ def pipelined_transport_class() -> type[Any]:
     import paramiko
     from paramiko.auth_handler import AuthHandler
     from paramiko.channel import Channel
-    from paramiko.common import cMSG_CHANNEL_OPEN, cMSG_SERVICE_REQUEST
-    from paramiko.message import Message
 
     unsupported = missing_private_api({"AuthHandler": AuthHandler,
                                        "Transport": paramiko.Transport, "Channel": Channel})
@@ -137,147 +135,180 @@ def pipelined_transport_class() -> type[Any]:
     handler_base: Any = AuthHandler
     transport_base: Any = paramiko.Transport
 
-    class PipelinedAuthHandler(handler_base):  # type: ignore[misc]
+    class PipelinedAuthHandler(_PipelinedLogin, handler_base):  # type: ignore[misc]
         """paramiko's handler, sending the login right behind the service request."""
 
-        sent_login = False
-        requested_at: float | None = None  # monotonic: the service request left
-        accepted_at: float | None = None  # monotonic: SERVICE_ACCEPT arrived
+    class PipelinedTransport(_PipelinedConnection, transport_base):  # type: ignore[misc]
+        """paramiko's transport, pipelining its public-key logins (see
+        :class:`_PipelinedConnection`)."""
 
-        def _pipelinable(self) -> bool:
-            if self.auth_method != "publickey" or self.private_key is None:
-                return False
-            key_type, _ = self._get_key_type_and_bits(self.private_key)
-            # paramiko picks an RSA key's signature algorithm from that list: never guess it
-            return "rsa" not in key_type or "server-sig-algs" in self.transport.server_extensions
+        handler_class = PipelinedAuthHandler
 
-        def _request_auth(self) -> None:
-            if not self._pipelinable():
-                super()._request_auth()
-                return
-            # set first: on a fast link the real accept may be read (by paramiko's thread)
-            # before the login below is signed, and must not make paramiko send a second one
-            self.sent_login = True
-            message = Message()
-            message.add_byte(cMSG_SERVICE_REQUEST)
-            message.add_string("ssh-userauth")
-            self.requested_at = time.monotonic()
-            self.transport._send_message(message)
-            # paramiko's own login, built, signed and sent by its own code, now
-            accept = Message()
-            accept.add_string("ssh-userauth")
-            accept.rewind()
-            super()._parse_service_accept(accept)
-
-        def _parse_service_accept(self, m: Any) -> None:
-            if not self.sent_login:
-                super()._parse_service_accept(m)
-                return
-            service = m.get_text()
-            if service == "ssh-userauth" and self.accepted_at is None:
-                self.accepted_at = time.monotonic()
-
-    class PipelinedTransport(transport_base):  # type: ignore[misc]
-        """Pipelines each public-key login while ``pipeline_login`` is set, and with
-        ``early_channel`` the session-channel open right behind the first login (see
-        :func:`take_early_channel`)."""
-
-        pipeline_login = True
-        early_channel = False  # also open a session channel behind the first login
-        early_window: int | None = None  # its window (paramiko's default when None)
-        pipelined_logins = 0  # logins sent right behind their service request (for tests)
-        early_channels = 0  # channel opens sent behind a login (for tests)
-        login_rtt: float | None = None  # service request to accept: exactly one round trip
-        _early: tuple[Any, threading.Event] | None = None
-        _early_tried = False
-
-        def _open_early(self) -> None:
-            """paramiko's ``open_channel("session")`` without the wait for the answer."""
-            with self.lock:
-                window = self._sanitize_window_size(self.early_window)
-                packet = self._sanitize_packet_size(None)
-                chanid = self._next_channel()
-                message = Message()
-                message.add_byte(cMSG_CHANNEL_OPEN)
-                message.add_string("session")
-                message.add_int(chanid)
-                message.add_int(window)
-                message.add_int(packet)
-                channel: Any = Channel(chanid)
-                self._channels.put(chanid, channel)
-                self.channel_events[chanid] = answered = threading.Event()
-                self.channels_seen[chanid] = True
-                channel._set_transport(self)
-                channel._set_window(window, packet)
-            self._early = (channel, answered)
-            self.early_channels += 1
-            self._send_message(message)
-
-        def _drop_early(self) -> None:
-            """The login it followed was refused: sshd dropped the open (it answers
-            UNIMPLEMENTED before authentication), so forget the channel."""
-            with self.lock:
-                early, self._early = self._early, None
-            if early is None:
-                return
-            with self.lock:
-                chanid = early[0].get_id()
-                self._channels.delete(chanid)
-                self.channel_events.pop(chanid, None)
-
-        def take_early_channel(self, timeout: float) -> Any:
-            """The channel opened behind the login, once the server confirmed it (``None``
-            when none was opened or it was dropped); waits like paramiko's ``open_channel``
-            and fails as it does (``ChannelException`` on a refusal, ``SSHException``)."""
-            with self.lock:  # one taker only: a keeper's spare and a command may both ask
-                early, self._early = self._early, None
-            if early is None:
-                return None
-            channel, answered = early
-            deadline = time.monotonic() + timeout
-            while not answered.wait(0.1):
-                if not self.active:
-                    raise self.get_exception() or paramiko.SSHException(
-                        "Unable to open channel.")
-                if time.monotonic() > deadline:
-                    raise paramiko.SSHException("Timeout opening channel.")
-            if self._channels.get(channel.get_id()) is None:
-                raise self.get_exception() or paramiko.SSHException("Unable to open channel.")
-            return channel
-
-        def auth_publickey(self, username: str, key: Any, event: Any = None) -> Any:
-            if unsupported:
-                _note_fallback(unsupported)
-            if not self.pipeline_login or unsupported:
-                return super().auth_publickey(username, key, event)
-            # paramiko's Transport.auth_publickey, with the pipelining handler
-            if not self.active or not self.initial_kex_done:
-                raise paramiko.SSHException("No existing session")
-            done = event if event is not None else threading.Event()
-            handler = PipelinedAuthHandler(self)
-            self.auth_handler = handler
-            handler.auth_publickey(username, key, done)
-            if handler.sent_login:
-                self.pipelined_logins += 1
-                # only OpenSSH's handling of an open before the login's answer is known
-                # (processed after a success, answered UNIMPLEMENTED after a refusal);
-                # Dropbear, for one, ends the connection on it when the key is refused
-                # and never with compression: sshd turns zlib@openssh.com's decompression on
-                # once it has sent the login's success, and an open compressed before that
-                # answer was seen would not decompress (packet.c, OpenSSH 9.2 to 10.5)
-                if self.early_channel and not self._early_tried and \
-                        str(self.remote_version).startswith("SSH-2.0-OpenSSH_") and \
-                        self.local_compression in (None, "none"):
-                    self._early_tried = True
-                    self._open_early()
-            if event is not None:
-                return []
-            try:
-                return handler.wait_for_response(done)
-            finally:
-                if handler.requested_at is not None and handler.accepted_at is not None:
-                    self.login_rtt = handler.accepted_at - handler.requested_at
-                if not self.is_authenticated():
-                    self._drop_early()
-
+    PipelinedTransport.unsupported = tuple(unsupported)
     return PipelinedTransport
+
+
+# paramiko is imported lazily, so the two mixins below name no paramiko class: the factory
+# above puts each in front of paramiko's own (its methods reach paramiko's through super())
+_Mixin: Any = object
+
+
+class _PipelinedLogin(_Mixin):  # type: ignore[misc]
+    """What :func:`pipelined_transport_class` adds to paramiko's ``AuthHandler``: the
+    login sent right behind the service request."""
+
+    sent_login = False
+    requested_at: float | None = None  # monotonic: the service request left
+    accepted_at: float | None = None  # monotonic: SERVICE_ACCEPT arrived
+
+    def _pipelinable(self) -> bool:
+        if self.auth_method != "publickey" or self.private_key is None:
+            return False
+        key_type, _ = self._get_key_type_and_bits(self.private_key)
+        # paramiko picks an RSA key's signature algorithm from that list: never guess it
+        return "rsa" not in key_type or "server-sig-algs" in self.transport.server_extensions
+
+    def _request_auth(self) -> None:
+        from paramiko.common import cMSG_SERVICE_REQUEST
+        from paramiko.message import Message
+
+        if not self._pipelinable():
+            super()._request_auth()
+            return
+        # set first: on a fast link the real accept may be read (by paramiko's thread)
+        # before the login below is signed, and must not make paramiko send a second one
+        self.sent_login = True
+        message = Message()
+        message.add_byte(cMSG_SERVICE_REQUEST)
+        message.add_string("ssh-userauth")
+        self.requested_at = time.monotonic()
+        self.transport._send_message(message)
+        # paramiko's own login, built, signed and sent by its own code, now
+        accept = Message()
+        accept.add_string("ssh-userauth")
+        accept.rewind()
+        super()._parse_service_accept(accept)
+
+    def _parse_service_accept(self, m: Any) -> None:
+        if not self.sent_login:
+            super()._parse_service_accept(m)
+            return
+        service = m.get_text()
+        if service == "ssh-userauth" and self.accepted_at is None:
+            self.accepted_at = time.monotonic()
+
+
+class _PipelinedConnection(_Mixin):  # type: ignore[misc]
+    """What :func:`pipelined_transport_class` adds to paramiko's ``Transport``: it pipelines
+    each public-key login while ``pipeline_login`` is set, and with
+    ``early_channel`` the session-channel open right behind the first login (see
+    :func:`take_early_channel`)."""
+
+    pipeline_login = True
+    early_channel = False  # also open a session channel behind the first login
+    early_window: int | None = None  # its window (paramiko's default when None)
+    pipelined_logins = 0  # logins sent right behind their service request (for tests)
+    early_channels = 0  # channel opens sent behind a login (for tests)
+    login_rtt: float | None = None  # service request to accept: exactly one round trip
+    _early: tuple[Any, threading.Event] | None = None
+    _early_tried = False
+    handler_class: Any = None  # the pipelining AuthHandler (set by the factory)
+    unsupported: tuple[str, ...] = ()  # private methods the installed paramiko lacks
+
+    def _open_early(self) -> None:
+        """paramiko's ``open_channel("session")`` without the wait for the answer."""
+        from paramiko.channel import Channel
+        from paramiko.common import cMSG_CHANNEL_OPEN
+        from paramiko.message import Message
+
+        with self.lock:
+            window = self._sanitize_window_size(self.early_window)
+            packet = self._sanitize_packet_size(None)
+            chanid = self._next_channel()
+            message = Message()
+            message.add_byte(cMSG_CHANNEL_OPEN)
+            message.add_string("session")
+            message.add_int(chanid)
+            message.add_int(window)
+            message.add_int(packet)
+            channel: Any = Channel(chanid)
+            self._channels.put(chanid, channel)
+            self.channel_events[chanid] = answered = threading.Event()
+            self.channels_seen[chanid] = True
+            channel._set_transport(self)
+            channel._set_window(window, packet)
+        self._early = (channel, answered)
+        self.early_channels += 1
+        self._send_message(message)
+
+    def _drop_early(self) -> None:
+        """The login it followed was refused: sshd dropped the open (it answers
+        UNIMPLEMENTED before authentication), so forget the channel."""
+        with self.lock:
+            early, self._early = self._early, None
+        if early is None:
+            return
+        with self.lock:
+            chanid = early[0].get_id()
+            self._channels.delete(chanid)
+            self.channel_events.pop(chanid, None)
+
+    def take_early_channel(self, timeout: float) -> Any:
+        """The channel opened behind the login, once the server confirmed it (``None``
+        when none was opened or it was dropped); waits like paramiko's ``open_channel``
+        and fails as it does (``ChannelException`` on a refusal, ``SSHException``)."""
+        with self.lock:  # one taker only: a keeper's spare and a command may both ask
+            early, self._early = self._early, None
+        if early is None:
+            return None
+        import paramiko
+
+        channel, answered = early
+        deadline = time.monotonic() + timeout
+        while not answered.wait(0.1):
+            if not self.active:
+                raise self.get_exception() or paramiko.SSHException(
+                    "Unable to open channel.")
+            if time.monotonic() > deadline:
+                raise paramiko.SSHException("Timeout opening channel.")
+        if self._channels.get(channel.get_id()) is None:
+            raise self.get_exception() or paramiko.SSHException("Unable to open channel.")
+        return channel
+
+    def auth_publickey(self, username: str, key: Any, event: Any = None) -> Any:
+        import paramiko
+
+        unsupported = list(self.unsupported)
+        if unsupported:
+            _note_fallback(unsupported)
+        if not self.pipeline_login or unsupported:
+            return super().auth_publickey(username, key, event)
+        # paramiko's Transport.auth_publickey, with the pipelining handler
+        if not self.active or not self.initial_kex_done:
+            raise paramiko.SSHException("No existing session")
+        done = event if event is not None else threading.Event()
+        handler = self.handler_class(self)
+        self.auth_handler = handler
+        handler.auth_publickey(username, key, done)
+        if handler.sent_login:
+            self.pipelined_logins += 1
+            # only OpenSSH's handling of an open before the login's answer is known
+            # (processed after a success, answered UNIMPLEMENTED after a refusal);
+            # Dropbear, for one, ends the connection on it when the key is refused
+            # and never with compression: sshd turns zlib@openssh.com's decompression on
+            # once it has sent the login's success, and an open compressed before that
+            # answer was seen would not decompress (packet.c, OpenSSH 9.2 to 10.5)
+            if self.early_channel and not self._early_tried and \
+                    str(self.remote_version).startswith("SSH-2.0-OpenSSH_") and \
+                    self.local_compression in (None, "none"):
+                self._early_tried = True
+                self._open_early()
+        if event is not None:
+            return []
+        try:
+            return handler.wait_for_response(done)
+        finally:
+            if handler.requested_at is not None and handler.accepted_at is not None:
+                self.login_rtt = handler.accepted_at - handler.requested_at
+            if not self.is_authenticated():
+                self._drop_early()
