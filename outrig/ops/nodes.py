@@ -361,16 +361,7 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
     secrets = secret_values(plans[0].secrets)
     job_id = plans[0].job_id
     began = time.monotonic()
-    journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
-                                "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
-                                "test_mode": job.test_mode, "status": "deploying",
-                                "param_overrides": dict(params or {})})
-    for node, plan in zip(nodes, plans, strict=True):
-        journal.record_run(node.run_id, {
-            "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
-            "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
-            "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
-            "node_rank": node.rank, "nnodes": len(nodes)})
+    _record_deploying(nodes, plans, job, journal, params)
     lock = threading.Lock()
 
     def show(node: NodeRun, event: dict[str, Any]) -> None:
@@ -435,6 +426,22 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
                      f"({hosts}) in {seconds:.1f}s — job {job_id}. Next: outrig status "
                      f"--host {hosts} --run {job_id}")
     return result
+
+
+def _record_deploying(nodes: Sequence[NodeRun], plans: Sequence[Plan], job: Job,
+                      journal: Journal, params: dict[str, Any] | None) -> None:
+    """The job and each node's run in the journal, as deploying, before anything is sent."""
+    job_id = plans[0].job_id
+    journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
+                                "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
+                                "test_mode": job.test_mode, "status": "deploying",
+                                "param_overrides": dict(params or {})})
+    for node, plan in zip(nodes, plans, strict=True):
+        journal.record_run(node.run_id, {
+            "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
+            "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
+            "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
+            "node_rank": node.rank, "nnodes": len(nodes)})
 
 
 def _wait_all(calls: Sequence[_NodeDeploy], finished: list[_NodeDeploy],
