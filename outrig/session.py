@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent.client import AgentCall, raise_for_result
 from outrig.agent_code import BAD_REQUEST, PROTOCOL_VERSION, request_problems
 from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent.client import AgentCall, raise_for_result
+from outrig.agent.reader import ChannelReader, take_events
 from outrig.console import Reporter
 from outrig.errors import (
     AuthenticationError,
@@ -65,7 +66,6 @@ from outrig.logtail import (
     clean_display,
     decode_chunk,
 )
-from outrig.reader import ChannelReader, take_events
 from outrig.redaction import ordered, redact_text
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, base_request

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, NoReturn
 
-from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
+from outrig.agent.client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.checkpoints import listing_request, newest_complete, order_text
 from outrig.console import Reporter, describe_event
 from outrig.errors import ConfigError, Interrupted, OutrigError, PlanError

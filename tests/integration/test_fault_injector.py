@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.agent_client import AgentCall
+from outrig.agent.client import AgentCall
 from outrig.connectors.ssh.transport import SSHTransport
 from outrig.errors import LinkLost
 from outrig.inventory import resolve_host

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig import agent_client
+from outrig.agent import client as agent_client
 from outrig.agent_code import bundle as agent_bundle
 from outrig.connectors.keeper.client import KeptTransport, close_keepers, keepers, wait_gone
 from outrig.console import Reporter

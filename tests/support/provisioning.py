@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from outrig.agent_client import AgentCall
+from outrig.agent.client import AgentCall
 
 
 def make_wheel(folder: Path, name: str, version: str) -> Path:

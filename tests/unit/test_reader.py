@@ -1,4 +1,4 @@
-"""The one channel reader (outrig/reader.py): how every agent stream ends, decided once.
+"""The one channel reader (outrig/agent/reader.py): how every agent stream ends, decided once.
 
 Channels here are replayed (tests/support/replay.py): what a stream ends with is set by the
 recording, so each ending is shown without a box, a link or a wait."""
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from outrig.agent.reader import ChannelReader, take_events
 from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.ops.logs import tail_logs
-from outrig.reader import ChannelReader, take_events
 from outrig.session import Project
 from outrig.transport import AgentChannel
 from tests.support.replay import Recording, ReplayConnector, save

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from outrig import agent_client
+from outrig.agent import client as agent_client
 from outrig.agent_code import serve
 from outrig.connectors.keeper.live import serve_argv
 from tests.support.processes import alive, wait_gone

@@ -3,7 +3,7 @@
 One call = one exec: the bootstrap command with the agent bundle (the package remote/agent/ as
 one compressed zip, see remote/agent/bundle.py) and the JSON request in its command line, or,
 for requests carrying secrets, both written to stdin in a single write; then JSON-line events
-read back until the ``result`` line (outrig/reader.py).
+read back until the ``result`` line (outrig/agent/reader.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from outrig.agent.reader import ChannelReader, Event, EventHandler
 from outrig.agent_code import bundle as agent_bundle
 from outrig.agent_code import encode_request
 from outrig.console import one_line
 from outrig.errors import LinkLost, RemoteError
-from outrig.reader import ChannelReader, Event, EventHandler
 from outrig.timing import agent_idle_limit
 from outrig.transport import AgentChannel, LiveRequest, Transport
 
@@ -156,7 +156,8 @@ class AgentCall:
         return agent_idle_limit(self.transport.rtt)
 
     def reader(self, channel: AgentChannel, **options: Any) -> ChannelReader:
-        """The reader of ``channel`` under this call's idle limit (see :mod:`outrig.reader`)."""
+        """The reader of ``channel`` under this call's idle limit (see
+        :mod:`outrig.agent.reader`)."""
         return ChannelReader(channel, self.transport.host, self.idle_limit(), **options)
 
     def start(self, request: dict[str, Any], *, window_size: int | None = None) -> AgentChannel:
