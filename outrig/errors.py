@@ -20,7 +20,7 @@ next to the code that raises them are marked with their module)::
     │   ├── LinkLost                    a cut or a silence at any phase; retried (bounded)
     │   └── UnsafePlace                 connectors.keeper_wire: a keeper socket others could open
     ├── RemoteError [RuntimeError]      the agent reported a failure (``kind``); 2: bad input
-    │   └── FramingError                outrig.logtail: the agent's stream contradicts itself
+    │   └── FramingError                outrig.logs.tail: the agent's stream contradicts itself
     ├── LocalWriteError                 writing a file on this workstation failed
     ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
     ├── CleanupIncomplete               outrig.ops.cleanup: something still holds a GPU

@@ -43,7 +43,7 @@ from outrig.journal import (
     record_lock,
     safe_name,
 )
-from outrig.logmirror import MirrorStore, mirror_files, mirror_root
+from outrig.logs.mirror import MirrorStore, mirror_files, mirror_root
 from outrig.metrics.series import (
     LOSS,
     Clock,

@@ -27,7 +27,7 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
 from outrig.evaluation.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
-from outrig.logmirror import mirror_root
+from outrig.logs.mirror import mirror_root
 from outrig.metrics.report import render_html, report_document
 from outrig.metrics.series import RunData, chain_ids, iter_rows, metric_names
 from outrig.metrics.store import MetricStore

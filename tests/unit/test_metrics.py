@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from outrig.journal import Journal
-from outrig.logmirror import mirror_root
+from outrig.logs.mirror import mirror_root
 from outrig.metrics.series import (
     LOSS,
     Clock,

@@ -5,7 +5,7 @@
 ``tail-logs`` (:mod:`outrig.ops.logs`) writes it in a crash-safe order (bytes, fsync, then
 the cursors) and resumes from it; ``tail-logs --run R --no-follow`` shows it when the box is
 gone. Here are the files and their durable cursors, without any network: the pure rules of
-cursors and segments are :mod:`outrig.logtail`'s. Every local write failure (a full disk,
+cursors and segments are :mod:`outrig.logs.tail`'s. Every local write failure (a full disk,
 permissions) is a :class:`~outrig.errors.LocalWriteError`, so the tailer stops instead of
 reconnecting.
 """
@@ -27,7 +27,7 @@ from outrig.journal import (
     read_json,
     safe_name,
 )
-from outrig.logtail import MAX_PARTIAL, Cursor, partial_tail
+from outrig.logs.tail import MAX_PARTIAL, Cursor, partial_tail
 
 CURSOR_SETS = 8  # how many recent runs' cursors a request carries when the run is not given
 
