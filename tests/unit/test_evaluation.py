@@ -31,9 +31,15 @@ from outrig.evaluation.spec import (
     speculative_config,
 )
 from outrig.playbook import load_job, playbook_spec
+from outrig.recipes import eval_defaults
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
 PARAMS = {"workdir": "/w", "run_dir": "/w/runs/r1", "run_id": "r1"}
+
+
+def _defaults(job: Any) -> Any:
+    """What the playbook's recipe gives the evaluation (the op asks the same way)."""
+    return eval_defaults(job.spec.recipe, job.spec.recipe_section())
 
 
 def dflash_job(tmp_path: Path, evaluate: dict[str, Any] | None = None) -> Any:
@@ -53,7 +59,7 @@ def dflash_job(tmp_path: Path, evaluate: dict[str, Any] | None = None) -> Any:
 
 def test_dflash_defaults_come_from_the_dflash_section(tmp_path: Path) -> None:
     job = dflash_job(tmp_path)
-    settings, problems = settings_for(job.spec.evaluate, job.spec.dflash, PARAMS, "d.yaml")
+    settings, problems = settings_for(job.spec.evaluate, _defaults(job), PARAMS, "d.yaml")
     assert problems == [] and settings is not None
     assert settings.model == "/models/q"
     assert settings.speculative == {"method": "dflash", "num_speculative_tokens": 15}
@@ -80,7 +86,7 @@ def test_evaluate_keys_override_the_dflash_defaults(tmp_path: Path) -> None:
                                                 "prompt_lookup_max": 3},
                                 "server": {"gpus": [], "port": 9000, "entrypoint": "m.x",
                                            "extra_args": ["--dtype", "bfloat16"]}})
-    settings, problems = settings_for(job.spec.evaluate, job.spec.dflash, PARAMS, "d.yaml")
+    settings, problems = settings_for(job.spec.evaluate, _defaults(job), PARAMS, "d.yaml")
     assert problems == [] and settings is not None
     assert not settings.needs_checkpoint and settings.gpus == []
     assert settings.prompts.kind == "box" and settings.prompts.paths == ("eval.jsonl",)
@@ -99,7 +105,7 @@ def test_a_generic_playbook_names_every_missing_key() -> None:
 
 def test_run_dir_without_a_run_is_refused_with_the_fix(tmp_path: Path) -> None:
     job = dflash_job(tmp_path)
-    settings, problems = settings_for(job.spec.evaluate, job.spec.dflash, {"workdir": "/w"},
+    settings, problems = settings_for(job.spec.evaluate, _defaults(job), {"workdir": "/w"},
                                       "d.yaml")
     assert settings is None
     assert any("dflash.save_path" in p and "--run" in p for p in problems)
@@ -107,7 +113,7 @@ def test_run_dir_without_a_run_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 def test_the_server_playbook_is_a_valid_one_process_playbook(tmp_path: Path) -> None:
     job = dflash_job(tmp_path, {"server": {"gpus": [3]}})
-    settings, _ = settings_for(job.spec.evaluate, job.spec.dflash, PARAMS, "d.yaml")
+    settings, _ = settings_for(job.spec.evaluate, _defaults(job), PARAMS, "d.yaml")
     assert settings is not None
     raw = server_playbook("d", settings, None)
     spec = playbook_spec().model_validate(raw)
