@@ -94,6 +94,7 @@ class LiveRequest:
     python: str
     workdir: str
     digest: str
+    bundle: str | None = None  # the bundle (base64) when it rode in this call's command line
 
 
 @dataclass(frozen=True)

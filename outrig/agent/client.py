@@ -176,7 +176,8 @@ class AgentCall:
         argv = None if request.get("secrets") else argv_command(python, encoded, workdir)
         command = argv or agent_command(python, workdir)
         live = None if request.get("op") in EXEC_PATH_OPS else LiveRequest(
-            encoded + b"\n", python, workdir, agent_digest())
+            encoded + b"\n", python, workdir, agent_digest(),
+            agent_b64() if argv is not None else None)
         channel = self.transport.start_agent(command, live, window_size=window_size)
         if argv is None and not channel.live:
             try:

@@ -285,6 +285,8 @@ class KeptTransport(SSHTransport):
         if live is not None:
             header["agent"] = {"request": live.line.decode(), "python": live.python,
                                "workdir": live.workdir, "digest": live.digest}
+            if live.bundle is not None:  # the keeper starts a live agent of it
+                header["agent"]["bundle"] = live.bundle
         # the keeper may probe its link, then open a channel, before it answers
         limit = keepalive_limit_for(self.host, self.best_rtt)[0] + \
             channel_timeout_for(self.host, self.best_rtt)[0]

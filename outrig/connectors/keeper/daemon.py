@@ -437,12 +437,12 @@ class Keeper:
         then retires). One that failed to start for this bundle is not tried again: this
         keeper's calls keep the exec path, and ``connections`` says why."""
         agent = header.get("agent")
-        argv = header.get("argv") or []
-        if not isinstance(agent, dict) or len(argv) < 8:
+        if not isinstance(agent, dict):
             return
         digest, python = str(agent.get("digest")), str(agent.get("python"))
-        if argv[6] != "-" and argv[4] == digest:
-            self.bundle = (digest, str(argv[6]))  # the bundle rode in the command line
+        bundle = agent.get("bundle")
+        if isinstance(bundle, str) and bundle:
+            self.bundle = (digest, bundle)  # the request carried it (it rode in the command)
         with self.live_lock:
             old = self.live
             if old is not None and old.digest == digest and old.python == python \
