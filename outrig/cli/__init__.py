@@ -10,8 +10,8 @@ for each flag; docs/cli.md is the reference.
 
 The package:
 
-* the tasks, by what they act on: :mod:`outrig.cli.runs` (deploy, plan, status, tail-logs,
-  cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.history` (runs),
+* the tasks, by what they act on: :mod:`outrig.cli.run_tasks` (deploy, plan, status, tail-logs,
+  cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.list_runs` (runs),
   :mod:`outrig.cli.report` (metrics, plot, report),
   :mod:`outrig.cli.boxes` (check, provision,
   stage, exec, ssh, forward, connections), :mod:`outrig.cli.evaluate`,
@@ -43,13 +43,13 @@ from outrig import __version__
 from outrig.cli.boxes import check, connections, exec_, forward, provision, ssh, stage_
 from outrig.cli.evaluate import evaluate
 from outrig.cli.flags import friendly
-from outrig.cli.history import runs as runs_task  # the module outrig.cli.runs keeps its name
 from outrig.cli.launcher import Launcher
+from outrig.cli.list_runs import runs as runs_task  # named as the other tasks are (TASKS)
 from outrig.cli.rentals import boxes as boxes_task  # the module outrig.cli.boxes keeps its name
 from outrig.cli.rentals import release, rent
 from outrig.cli.report import metrics, report
 from outrig.cli.report import plot as plot_task
-from outrig.cli.runs import (
+from outrig.cli.run_tasks import (
     cleanup,
     deploy,
     migrate,

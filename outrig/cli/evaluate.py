@@ -117,7 +117,7 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
         outrig evaluate --host uk-node --playbook dflash-qwen36 --sweep-k 3,7,15
         outrig evaluate --host uk-node --playbook dflash-qwen36 --compare
     """
-    from outrig.cli.targets import one_host  # at run time only, as in outrig.cli.runs
+    from outrig.cli.targets import one_host  # at run time only, as in outrig.cli.run_tasks
     from outrig.ops.evaluate import Options
     from outrig.ops.evaluate import compare as run_compare
     from outrig.ops.evaluate import evaluate as run_evaluate

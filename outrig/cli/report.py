@@ -1,7 +1,7 @@
 """``outrig metrics``, ``outrig plot``, ``outrig report``: a run drawn from the journal and
 the log mirror (:mod:`outrig.ops.metrics`); no box is contacted.
 
-Apart from :mod:`outrig.cli.runs`, whose tasks reach a box: these read what this
+Apart from :mod:`outrig.cli.run_tasks`, whose tasks reach a box: these read what this
 workstation holds, so they work the same when the box is long gone.
 """
 

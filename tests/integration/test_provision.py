@@ -20,9 +20,9 @@ import yaml
 from outrig import session as session_module
 from outrig.console import Reporter
 from outrig.errors import RemoteError
-from outrig.hub import parse_hub_source
+from outrig.hub_source import parse_hub_source
 from outrig.journal import Journal
-from outrig.ops.hub import hub_download, hub_probe
+from outrig.ops.hub_download import hub_download, hub_probe
 from outrig.ops.provision import provision
 from outrig.session import HostSession, Project
 from tests.support.provisioning import CountingCall, make_wheel, write_playbook

@@ -6,7 +6,7 @@ One ``status`` call per host, every host at once through the fan-out executor
 (:meth:`outrig.journal.Journal.reconcile`), and the answer's progress and checkpoints are
 kept as the runs' ``last_seen`` (:func:`outrig.ops.status.remember_progress`). A host that
 does not answer holds nothing up: its runs are shown as the journal last knew them, "not
-seen since T". The document and the table are :mod:`outrig.history`.
+seen since T". The document and the table are :mod:`outrig.run_history`.
 
 Which hosts are asked: those of ``--host`` when given; else every host of a run the table
 is to show (with ``--all``: every host the journal knows). A box whose runs are all old and
@@ -23,11 +23,11 @@ from typing import Any
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
 from outrig.fanout import MAX_PARALLEL, HostOutcome, run_fanout
-from outrig.history import RECENT, HostView, chosen, history_document, history_lines
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status, remember_progress
 from outrig.providers.ledger import annotate_costs
+from outrig.run_history import RECENT, HostView, chosen, history_document, history_lines
 from outrig.session import HostSession, Project
 
 

@@ -1,6 +1,6 @@
-"""``outrig runs``: the history of runs, every box at once (:mod:`outrig.ops.history`).
+"""``outrig runs``: the history of runs, every box at once (:mod:`outrig.ops.list_runs`).
 
-Apart from :mod:`outrig.cli.runs`, whose tasks act on one run (or one run per host): this
+Apart from :mod:`outrig.cli.run_tasks`, whose tasks act on one run (or one run per host): this
 one reads the journal across every box it names, and contacts only to reconcile.
 """
 
@@ -46,7 +46,7 @@ def runs(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig runs --all --json
     """
     from outrig.cli.targets import fanout_limits, playbook_identity
-    from outrig.ops.history import runs_history
+    from outrig.ops.list_runs import runs_history
 
     settings = settings_for(c, project, no_keep=no_keep)
     hosts = settings.hosts(host) if [v for v in host or [] if v] else None
