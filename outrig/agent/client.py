@@ -24,7 +24,7 @@ from outrig.agent_code import encode_request
 from outrig.console import one_line
 from outrig.errors import LinkLost, RemoteError
 from outrig.timing import agent_idle_limit
-from outrig.transport import AgentChannel, LiveRequest, Transport
+from outrig.transport import AgentChannel, LiveRequest, Transport, needs_own_channel
 
 AGENT_DIR = Path(agent_bundle.__file__).resolve().parent  # remote/agent/ (outrig/_box/agent/)
 # The fast path: bundle and request both travel in the exec'd command line. An SSH session
@@ -36,10 +36,6 @@ AGENT_DIR = Path(agent_bundle.__file__).resolve().parent  # remote/agent/ (outri
 # visible in argv.
 ARGV_LIMIT = 130_000
 CANCEL_LINE = b"cancel\n"  # written to a deploying agent's stdin on Ctrl-C
-# Ops that keep a channel of their own even where a live agent could serve them: their files
-# stream on stdin/stdout in bulk, and the channel's one open is nothing next to the transfer,
-# while on the live agent's shared channel a large upload would queue the other calls' frames.
-EXEC_PATH_OPS = frozenset({"send_files", "recv_files"})
 
 
 @lru_cache(maxsize=1)
@@ -175,7 +171,7 @@ class AgentCall:
         encoded = json.dumps(request).encode()
         argv = None if request.get("secrets") else argv_command(python, encoded, workdir)
         command = argv or agent_command(python, workdir)
-        live = None if request.get("op") in EXEC_PATH_OPS else LiveRequest(
+        live = None if needs_own_channel(op=request.get("op")) else LiveRequest(
             encoded + b"\n", python, workdir, agent_digest(),
             agent_b64() if argv is not None else None)
         channel = self.transport.start_agent(command, live, window_size=window_size)

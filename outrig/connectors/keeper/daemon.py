@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig.connectors.keeper.link_probe import Ping, Pinger
-from outrig.connectors.keeper.live import LIVE_WINDOW, LiveAgent, Route, heartbeat_for
+from outrig.connectors.keeper.live import LiveAgent, Route, heartbeat_for
 from outrig.connectors.keeper.wire import (
     peer_credentials,
     recv_frame,
@@ -50,7 +50,7 @@ from outrig.connectors.ssh.transport import SSHTransport, _SSHChannel, exec_pipe
 from outrig.errors import ConnectError, LinkLost
 from outrig.inventory import Host
 from outrig.timing import channel_timeout_for, keepalive_limit_for, probe_idle_after
-from outrig.transport import RetryPolicy, known_hosts_path
+from outrig.transport import RetryPolicy, known_hosts_path, needs_own_channel
 
 TICK = 1.0  # seconds between the keeper's checks of its link, idle time and socket
 DRAIN_S = 3.0  # seconds a keeper whose link died waits for its requests to be told
@@ -386,7 +386,7 @@ class Keeper:
         live = self.live
         if not isinstance(agent, dict) or live is None:
             return None
-        if isinstance(window, int) and window > LIVE_WINDOW:
+        if needs_own_channel(window=window if isinstance(window, int) else None):
             return None
         if not live.usable(str(agent.get("digest")), str(agent.get("python"))):
             return None

@@ -50,8 +50,8 @@ from outrig.agent_code import encode_request, serve
 from outrig.connectors.keeper.wire import HEADER
 from outrig.connectors.ssh.transport import exec_pipelined
 from outrig.timing import live_silence_limit, probe_idle_after
+from outrig.transport import LIVE_WINDOW
 
-LIVE_WINDOW = 32 << 20  # the live channel's receive window: the log stream's (ops/logs.py)
 START_LIMIT = 60.0  # seconds for the box to start it and say ready
 SEND_LIMIT = 30.0  # a client that takes none of its output for this long is dropped
 ROUTE_BUFFER = 16 << 20  # bytes queued for one client at most; beyond, it is dropped
