@@ -47,11 +47,11 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
   connect by type and handshake phase; no key offered at all is an AuthenticationError);
 * ConnectError: transport (unresolvable name, refused session channel), ops/logs (tail-logs
   gave up), ops/forward (the box refused a forwarded port), ops/remote_exec;
-* LinkLost: transport, agent_client, transfer, ops/logs, connectors/kept (the keeper's link
+* LinkLost: transport, agent/client, transfer, ops/logs, connectors/keeper/client (the keeper's link
   died under a channel);
-* UnsafePlace: connectors/keeper_wire, for connectors/kept (the warm connection's folder or
+* UnsafePlace: connectors/keeper/wire, for connectors/keeper/client (the warm connection's folder or
   socket is not private);
-* RemoteError: agent_client (``raise_for_result``: every op's failure), transfer, ops/logs,
+* RemoteError: agent/client (``raise_for_result``: every op's failure), transfer, ops/logs,
   ops/stage;
 * LocalWriteError: ops/logs (the log mirror), journal (a record that cannot be written);
   Interrupted: ops/deploy;
@@ -61,6 +61,9 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
 """
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 # The exit status when the reader of stdout went away (``outrig plan | head``): 128 + SIGPIPE,
 # what a shell reports for a Unix tool that SIGPIPE ended; nothing is printed.
@@ -147,6 +150,21 @@ class ConnectRefused(ConnectError):
 class LocalWriteError(OutrigError):
     """Writing a file on this workstation failed (disk full, permissions). Not a link problem:
     reconnecting cannot help, so it stops the command with the path and the fix."""
+
+
+def closest(word: str, known: Iterable[str]) -> str | None:
+    """The known name ``word`` was most likely meant to be (a typo: ``statsu``, ``--hots``,
+    ``sandbx``), for an error's "did you mean"; None when nothing is close. difflib's ratio,
+    at 0.6 (its default): one or two letters swapped, dropped or added in a short name."""
+    names = [name for name in dict.fromkeys(known) if name != word]
+    found = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """`` Did you mean 'X'?`` for the closest known name, else ``""`` (to end a sentence)."""
+    name = closest(word, known)
+    return f" Did you mean {name!r}?" if name else ""
 
 
 # Agent error kinds (remote/agent/protocol.py) that mean the request named something wrong:

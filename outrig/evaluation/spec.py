@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from outrig.errors import OutrigError
+from outrig.evaluation.datasets import Dataset, box_file, parse_dataset
 from outrig.evaluation.section import BOX_PREFIX, SMOKE, EvaluateSpec
 from outrig.journal import utc_text
 from outrig.template import UndefinedName, substitute
@@ -57,8 +58,9 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 @dataclass(frozen=True)
 class Prompts:
     """Where the prompts come from: ``local`` (a workstation file, sent in the request),
-    ``smoke`` (outrig's own set, sent in the request), ``box`` (a file on the box) or
-    ``conversations`` (training files on the box)."""
+    ``smoke`` (outrig's own set, sent in the request), ``box`` (a file on the box),
+    ``conversations`` (training files on the box) or ``dataset`` (vLLM's own set, written on
+    the box to the one path by vLLM's class before the requests)."""
 
     kind: str
     paths: tuple[str, ...]
@@ -94,6 +96,7 @@ class EvalSettings:
     per_request_metrics: str = "auto"  # --per-request-spec-decode-metrics: auto/summary/...
     training_seq_length: int | None = None  # the recipe's: what the drafter trained on
     training_thinking: bool | None = None  # enable_thinking of the training server's template
+    dataset: Dataset | None = None  # vLLM's own prompt set (prompts.kind "dataset")
 
     @property
     def serving_thinking(self) -> bool | None:
@@ -179,7 +182,17 @@ def settings_for(spec: EvaluateSpec | None, defaults: EvalDefaults | None,
     if needs and d is None and speculative is not None:
         problems.append(f"{where}: evaluate.speculative: method {speculative['method']} needs "
                         "its drafter: add model: CHECKPOINT, or give --checkpoint PATH")
-    prompts = _prompts(spec, d, where, problems)
+    dataset = None
+    if spec.dataset is not None:
+        dataset, found = parse_dataset(spec.dataset, spec.dataset_path, spec.dataset_subset,
+                                       (f"{where}: evaluate.dataset",
+                                        f"{where}: evaluate.dataset_path",
+                                        f"{where}: evaluate.dataset_subset"))
+        problems += found
+        if spec.prompts is not None:
+            problems.append(f"{where}: evaluate.prompts and evaluate.dataset: give one")
+    prompts = (Prompts("dataset", (box_file(dataset),)) if dataset is not None
+               else _prompts(spec, d, where, problems))
     server = spec.server
     gpus = server.gpus if server.gpus is not None else (
         list(d.gpus) if d is not None else [])
@@ -200,7 +213,8 @@ def settings_for(spec: EvaluateSpec | None, defaults: EvalDefaults | None,
         scheduler=d.scheduler if d is not None else True,
         enable_thinking=spec.enable_thinking, per_request_metrics=spec.per_request_metrics,
         training_seq_length=d.seq_length if d is not None else None,
-        training_thinking=thinking_of(list(d.server_args)) if d is not None else None)
+        training_thinking=thinking_of(list(d.server_args)) if d is not None else None,
+        dataset=dataset)
     return (None if problems else settings), problems
 
 
@@ -278,8 +292,14 @@ def bench_fields(settings: EvalSettings, inline: list[dict[str, Any]] | None, *,
     fields: dict[str, Any] = {"requests": settings.requests, "check_only": check_only}
     if settings.prompts.kind in ("local", "smoke"):
         fields["prompts"] = list(inline or [])
-    elif settings.prompts.kind == "box":
+    elif settings.prompts.kind == "box" or (settings.prompts.kind == "dataset"
+                                            and not check_only):
         fields["prompts_path"] = settings.prompts.paths[0]
+    elif settings.prompts.kind == "dataset" and settings.dataset is not None:
+        data = settings.dataset
+        fields["dataset"] = {"name": data.name, "category": data.category, "path": data.path,
+                             "subset": data.subset, "python": settings.python,
+                             "out": settings.prompts.paths[0]}
     else:
         fields["conversations"] = list(settings.prompts.paths)
     if not check_only:
