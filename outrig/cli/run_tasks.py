@@ -427,7 +427,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         # or, with spares, a node lost moves the whole job to them
         from outrig.journal import Journal
         from outrig.ops.job_move import split_hosts, watch_job
-        from outrig.ops.nodes import watch_nodes
+        from outrig.ops.nodes_watch import watch_nodes
         from outrig.providers.spares import spares_for_watch
 
         limit = float(number(threshold, "threshold", 60, whole=False))

@@ -18,14 +18,13 @@ from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.nodes import (
     NodeRun,
-    NodeSeen,
     deploy_nodes,
     find_job,
-    judge_node,
     node_run_id,
     node_state,
     select_nodes,
 )
+from outrig.ops.nodes_watch import NodeSeen, judge_node
 from outrig.plan import HostFacts, NodePlace, builtin_params, make_plan
 from outrig.playbook import load_job
 from outrig.session import Project
