@@ -170,7 +170,8 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 # Agent error kinds (remote/agent/protocol.py) that mean the request named something wrong:
 # a run, process or playbook the box does not have, two runs where one was meant, a field out
 # of range. Nothing was started or stopped, so they exit 2 like any bad input.
-BAD_INPUT_KINDS = frozenset({"bad_request", "not_found"})
+# port_busy: a port the playbook names is taken on the box; refused before anything started
+BAD_INPUT_KINDS = frozenset({"bad_request", "not_found", "port_busy"})
 
 
 class RemoteError(OutrigError, RuntimeError):

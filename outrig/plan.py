@@ -50,6 +50,10 @@ class NodePlace:
     nnodes: int
     head_host: str
     job_id: str
+    # every node's address as the others reach it (node 0's is head_host), and whether node
+    # 0's was declared with node_address: (a loopback address then means one machine)
+    hosts: tuple[str, ...] = ()
+    head_declared: bool = False
 
 
 @dataclass
@@ -115,6 +119,8 @@ class Plan:
     node_rank: int = 0
     nnodes: int = 1
     job_id: str = ""  # shared by the nodes of a multi-node job (the run id for one node)
+    launch_with_head: bool = False  # started with node 0, not after it (a spanning server)
+    node_group: str = ""  # nodes of one group must have the same GPU count
 
     @property
     def ok(self) -> bool:
@@ -135,7 +141,8 @@ class Plan:
 
 def single_node(host: Host, run_id: str) -> NodePlace:
     """A one-node job: rank 0 of 1, its own box the head, the run id the job id."""
-    return NodePlace(rank=0, nnodes=1, head_host=host.peer_address(), job_id=run_id)
+    return NodePlace(rank=0, nnodes=1, head_host=host.peer_address(), job_id=run_id,
+                     hosts=(host.peer_address(),), head_declared=host.node_address is not None)
 
 
 def builtin_params(host: Host, job: Job, run_id: str,
@@ -144,10 +151,16 @@ def builtin_params(host: Host, job: Job, run_id: str,
     ``nnodes``, ``head_host``, ``rdzv_port``, ``job_id``, ``is_head``) are what a multi-node
     launcher needs (``torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-endpoint
     ${head_host}:${rdzv_port} --rdzv-id ${job_id} --rdzv-conf is_host=${is_head}``); a
-    one-node job gets rank 0 of 1."""
+    one-node job gets rank 0 of 1. ``node_host`` is this node's own address and
+    ``node_host_<i>`` node i's, as the other nodes reach them (a layout whose trainer starts on
+    a later node rendezvouses there; a plan shown alone names the others ``node<i>``)."""
     workdir = host.workdir.rstrip("/")
     node = node or single_node(host, run_id)
-    return {
+    count = max(job.spec.nodes, node.nnodes)
+    hosts = {f"node_host_{i}": node.hosts[i] if i < len(node.hosts) else f"node{i}"
+             for i in range(count)}
+    return {**hosts,
+        "node_host": hosts.get(f"node_host_{node.rank}", host.peer_address()),
         "run_id": run_id,
         "workdir": workdir,
         "run_dir": f"{workdir}/runs/{run_id}",
@@ -180,7 +193,7 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
             f"{job.where(('nodes',))}: the job spans {spec.nodes} nodes; planned here as node "
             f"0 alone (nnodes 1). Deploy it with --host naming {spec.nodes} hosts, node 0 "
             "first.")
-    job = _expand_recipe(job, host, facts, run_id, plan)
+    job = _expand_recipe(job, host, facts, run_id, plan, place)
     spec = job.spec
     params: dict[str, object] = dict(spec.params)
     for key, value in builtin_params(host, job, run_id, node).items():
@@ -214,7 +227,8 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
     return plan
 
 
-def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Plan) -> Job:
+def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Plan,
+                   place: NodePlace) -> Job:
     """A recipe's processes join the playbook's own, so the generic checks see them all.
 
     Returns ``job`` itself when there is no recipe, else a copy whose spec holds the merged
@@ -229,10 +243,13 @@ def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Pl
                         test_mode=job.test_mode, gpu_count=facts.gpu_count,
                         gpu_memory_mib=facts.gpu_memory_mib, gpu_source=facts.source,
                         models=facts.models, where=job.where, envs=facts.envs,
-                        nodes=int(getattr(spec, "nodes", 1) or 1))
+                        nodes=int(getattr(spec, "nodes", 1) or 1), node_rank=plan.node_rank,
+                        node_hosts=place.hosts, head_declared=place.head_declared,
+                        rdzv_port=spec.rdzv_port)
     expansion = recipes.get(spec.recipe).expand(spec.recipe_section(), ctx)
     plan.problems.extend(expansion.problems)
     plan.notes.extend(expansion.notes)
+    plan.launch_with_head, plan.node_group = expansion.with_head, expansion.node_group
     aliases = {**job.aliases, **expansion.origins}
     merged: dict[str, ProcessSpec] = {}
     for name, raw in expansion.processes.items():

@@ -113,6 +113,14 @@ class RecipeContext:
     # The playbook's node count: above 1 the same processes run on every node, with
     # ${node_rank}, ${nnodes}, ${head_host} and ${rdzv_port} substituted per node.
     nodes: int = 1
+    # This node's rank, and what a recipe that gives nodes different processes (a vLLM server
+    # spanning nodes) must check: each node's address as the others reach it (empty: not
+    # known, a plan shown alone), whether node 0's was declared (``node_address:``), and the
+    # ports the job already uses.
+    node_rank: int = 0
+    node_hosts: tuple[str, ...] = ()
+    head_declared: bool = False
+    rdzv_port: int | None = None
 
 
 @dataclass
@@ -124,6 +132,11 @@ class Expansion:
     origins: dict[KeyPath, KeyPath] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Across nodes: this node must start with node 0, not after it (a part of a server that
+    # spans nodes: the head is ready only once every part joined), and the group of nodes
+    # that must have the same GPU count (vLLM and torchrun give each node an equal share).
+    with_head: bool = False
+    node_group: str = ""
 
 
 @dataclass(frozen=True)
