@@ -24,6 +24,7 @@ next to the code that raises them are marked with their module)::
     ├── LocalWriteError                 writing a file on this workstation failed
     ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
     ├── CleanupIncomplete               outrig.ops.cleanup: something still holds a GPU
+    ├── DeploySuperseded                outrig.ops.deploy: an identical deploy replaces the run
     ├── FanOutFailed                    outrig.fanout: some hosts of a selection failed
     ├── NoCheckpoint                    outrig.ops.stage: no complete checkpoint anywhere
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed

@@ -24,6 +24,7 @@ from outrig.launchers import check_launch, read_launch
 from outrig.playbook import Job, ProcessSpec
 from outrig.recipes import EnvFacts, ModelFacts, RecipeContext
 from outrig.template import UndefinedName, substitute
+from outrig.textlayout import ranges
 from outrig.yamlfile import validation_messages
 
 
@@ -219,6 +220,7 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
     _check_parallel(job, plan)
     _check_launchers(job, plan)
     plan.order = _start_order(spec.processes)
+    _note_idle_gpus(job, plan, facts)
     if facts.gpu_count is None and plan.max_gpu_index() is not None:
         plan.notes.append(
             "GPU count unknown until the box is contacted (hosts gpus: auto); the agent checks "
@@ -431,6 +433,20 @@ def _start_order(processes: dict[str, ProcessSpec]) -> list[str]:
     return done
 
 
+def _note_idle_gpus(job: Job, plan: Plan, facts: HostFacts) -> None:
+    """A job that leaves GPUs of the box unused says so: on an 8-GPU box a playbook written
+    for 4 runs on 0-3 and the other four cost the same rent doing nothing."""
+    if not facts.gpu_count:
+        return
+    used = {gpu for proc in job.spec.processes.values() for gpu in proc.gpus}
+    idle = sorted(set(range(facts.gpu_count)) - used)
+    if used and idle:
+        plan.notes.append(
+            f"GPUs {ranges(idle)} of {plan.host}'s {facts.gpu_count} stay idle: no process "
+            "is given them (another run can take them, or give this job more: a variant "
+            "playbook for this box, e.g. more server replicas)")
+
+
 def _check_gpus(job: Job, plan: Plan, facts: HostFacts) -> None:
     owner: dict[int, str] = {}
     for name, proc in job.spec.processes.items():
@@ -468,10 +484,13 @@ def _check_parallel(job: Job, plan: Plan) -> None:
 
 def _check_launchers(job: Job, plan: Plan) -> None:
     """A pasted ``vllm serve`` or ``torchrun`` command: its own parallel flags against
-    ``gpus:``, as ``parallel:`` is checked; a shell command says that nothing was checked."""
+    ``gpus:``, as ``parallel:`` is checked; a shell command says that nothing was checked.
+    A recipe's own processes (their key path aliased into the recipe's section) are left
+    out: the recipe rendered their flags from sizes it checked itself (a spanning server's
+    ``--nnodes``/``--headless`` would read as "not checked" here)."""
     for name, proc in job.spec.processes.items():
         rendered = plan.processes.get(name)
-        if rendered is None:
+        if rendered is None or ("processes", name) in job.aliases:
             continue
         template = read_launch(proc.argv_template(), rendered.env)
         launch = read_launch(rendered.argv, rendered.env)

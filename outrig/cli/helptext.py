@@ -25,6 +25,7 @@ VALUE_NAMES = {
     "param": "KEY=VALUE",
     "lines": "N", "max-parallel": "N", "requests": "N", "restarts": "N", "streams": "N",
     "deadline": "SECONDS", "timeout": "SECONDS", "threshold": "SECONDS", "delay": "MS",
+    "every": "SECONDS", "template": "NAME",
     "local-port": "PORT", "remote-port": "PORT",
     "project": "DIR", "host-file": "PATH", "checkpoint": "PATH",
     "force-foreign": "PID", "grep": "REGEX", "print-completion-script": "SHELL",

@@ -125,6 +125,15 @@ class OutrigProgram(Program):
         keep_help(self.collection)
         return super()._make_parser()
 
+    def _tasks_parser(self) -> Parser | None:
+        """The tasks' parser before the tasks were parsed (a core flag Invoke did not know,
+        ``outrig --hots``: the closest of the tasks' flags is what was meant); None where
+        the collection is not there yet."""
+        if self.namespace is None:
+            return None
+        self.collection = self.namespace
+        return self._make_parser()
+
     def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
         """Invoke's run; a reader that goes away early (``outrig --help deploy | head``,
         ``outrig tail-logs ... | head``) ends the output quietly with status 141 (128 +
@@ -147,7 +156,8 @@ class OutrigProgram(Program):
         try:
             self.parse_core_args()
         except ParseError as exc:
-            raise refusal(parse_error_message(exc, self.binary_names[0])) from None
+            raise refusal(parse_error_message(exc, self.binary_names[0],
+                                              self._tasks_parser())) from None
         if self.args.version.value:
             self.print_version()
             raise Exit
@@ -375,6 +385,17 @@ def _meant(word: str, context: ParserContext | None, parser: Parser) -> str:
         inverse = where.inverse_flags if where is not None else {}
         known = [f for f in [*flags, *inverse] if f.startswith("--")]
         typed = word.partition("=")[0]
+        if getattr(context, "name", None) is None and not closest(typed, known):
+            # no task given: the flag may be a task's (`outrig --hots`), which goes after it
+            tasks = sorted(n for n, c in parser.contexts.items()
+                           if any(closest(typed, [f]) for f in c.flags))
+            name = closest(typed, sorted({f for n in tasks for f in parser.contexts[n].flags
+                                          if f.startswith("--")}))
+            if name:
+                users = [n for n in tasks if name in parser.contexts[n].flags]
+                task = "status" if "status" in users else users[0]
+                return (f" (did you mean {name!r}? It is a task's flag and goes after the"
+                        f" task: `outrig {task} {name} ...`)")
     else:
         known, typed = list(parser.contexts), word
     name = closest(typed, known)

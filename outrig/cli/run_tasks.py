@@ -170,6 +170,10 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
           "--host, on the box the journal records for it" + JOB_RUN,
           "playbook": "show the current run of this playbook",
           "lines": "log lines to show per process (default 5)", "gpus": GPUS_HELP,
+          "follow": "a live view: refresh in place until Ctrl-C, on one connection (plain "
+                    "lines, no cursor movement, when stdout is not a terminal; with --json "
+                    "one document per refresh)",
+          "every": "seconds between refreshes with --follow (default 2)",
           "max_parallel": MAX_PARALLEL_HELP, "deadline": DEADLINE_HELP,
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": JSON_HELP + "; with several hosts one line per host {host, ok, state, "
@@ -178,6 +182,7 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
 @friendly
 def status(c: Any, host: list[str] | None = None, run: str | None = None,
            playbook: str | None = None, lines: str | None = None, gpus: bool = False,
+           follow: bool = False, every: str | None = None,
            max_parallel: str | None = None, deadline: str | None = None,
            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """Show each process (running / exited with code / killed), readiness, GPUs, progress.
@@ -193,19 +198,39 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
     answer is one row per host (runs, GPUs free); hosts that fail or give no answer within
     their deadline are listed with the reason, and the exit status is then 1.
 
+    With --follow it is a live view of one box: the same status refreshed in place every
+    2 s (--every) on one connection, until Ctrl-C (exit 130).
+
     Examples:
         outrig status --host uk-node
         outrig status --host all
+        outrig status --host uk-node --follow
     """
     from outrig.cli.sweep import status_hosts
     from outrig.cli.targets import select
     from outrig.ops.status import status as run_status
 
     count = int(number(lines, "lines", 5, least=0, most=STATUS_LINES_MAX))
+    pause = number(every, "every", 2, whole=False, least=0.2, most=3600)
+    if every is not None and not follow:
+        raise ConfigError("--every is the pause of --follow; add --follow (or leave --every "
+                          "out). Nothing was contacted.")
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json, gpus)
     target = select(settings, reporter, host, run=run, playbook=playbook,
                     max_parallel=max_parallel, deadline=deadline)
+    if follow:
+        from outrig.ops.status_follow import follow_status
+
+        def several(_: object) -> None:
+            raise ConfigError("--follow shows one box; give one --host (for several, "
+                              "`outrig status --host a,b` once, or one --follow each). "
+                              "Nothing was contacted.")
+
+        target.run(host=lambda one: follow_status(
+            one.project, one.spec, reporter, run_id=run, playbook=one.playbook_name,
+            log_lines=count, every=pause), sweep=several, job=several)
+        return
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
         from outrig.ops.nodes import nodes_status

@@ -1,6 +1,11 @@
 """``outrig init``: a starter project (config, one host file, one playbook), each commented,
 written in the current folder. Nothing reaches a box.
 
+Two starters: ``hello`` (a small server and worker, no GPU) and ``dflash`` (the real job: a
+DFlash drafter trained with vLLM and speculators, its two venvs under ``environments:``). The
+dflash playbook is a file shipped in the wheel beside the recipe (package data), so the one
+text that docs/dflash.md walks through is the one ``outrig init --dflash`` writes.
+
 The files are written only where nothing is: a user's own project must never be clobbered by a
 command meant for empty folders.
 """
@@ -62,10 +67,39 @@ processes:
 STARTER = {"outrig.yaml": PROJECT_YAML, "hosts/box.yaml": HOST_YAML,
            "playbooks/hello.yaml": PLAYBOOK_YAML}
 
+# The dflash starter's host: the speculators venv's bin/ last on PATH, so that `outrig stage`
+# finds its `hf` (huggingface_hub's CLI) for the box's own hub download; first-found wins, so
+# the box's python3 is still the agent's.
+DFLASH_HOST_YAML = HOST_YAML.replace(
+    "  PATH: /root/.local/bin:$PATH\n",
+    "  PATH: /root/.local/bin:$PATH:/workspace/venvs/speculators/bin   # `hf` for outrig stage\n")
 
-def write_starter(folder: Path, *, force: bool = False) -> list[Path]:
+TEMPLATES = ("hello", "dflash")
+
+
+def dflash_playbook() -> str:
+    """The dflash starter playbook, as shipped in the wheel."""
+    from importlib import resources  # here: `outrig --list` imports this module
+
+    return (resources.files("outrig.recipes") / "dflash-starter.yaml").read_text(
+        encoding="utf-8")
+
+
+def starter_files(template: str) -> dict[str, str]:
+    """``{relative path: text}`` of one starter; an unknown name is a ConfigError."""
+    if template == "hello":
+        return dict(STARTER)
+    if template == "dflash":
+        return {"outrig.yaml": PROJECT_YAML.replace("playbook: hello ", "playbook: dflash"),
+                "hosts/box.yaml": DFLASH_HOST_YAML, "playbooks/dflash.yaml": dflash_playbook()}
+    raise ConfigError(f"--template {template!r}: no such starter; use one of "
+                      f"{', '.join(TEMPLATES)}.")
+
+
+def write_starter(folder: Path, *, force: bool = False,
+                  template: str = "hello") -> list[Path]:
     """Write the starter files into ``folder``; refuse (nothing written) if any exists."""
-    targets = {folder / name: text for name, text in STARTER.items()}
+    targets = {folder / name: text for name, text in starter_files(template).items()}
     present = [path for path in targets if path.exists()]
     if present and not force:
         raise ConfigError(
@@ -77,28 +111,41 @@ def write_starter(folder: Path, *, force: bool = False) -> list[Path]:
     return list(targets)
 
 
-@task(auto_shortflags=False, help={"force": "overwrite outrig's starter files if present",
-                                   "json": "print {project, wrote: [paths]} as JSON"})
+@task(auto_shortflags=False, help={
+    "force": "overwrite outrig's starter files if present",
+    "dflash": "the real job instead: playbooks/dflash.yaml, a DFlash drafter trained with vLLM "
+              "and speculators, its two venvs under environments: (the same as --template "
+              "dflash)",
+    "template": "which starter: hello (default; no GPU) or dflash",
+    "json": "print {project, wrote: [paths]} as JSON"})
 @friendly
-def init(c: Any, force: bool = False, json: bool = False) -> None:
-    """Write a starter project here: outrig.yaml, hosts/box.yaml and playbooks/hello.yaml.
+def init(c: Any, force: bool = False, dflash: bool = False, template: str = "",
+         json: bool = False) -> None:
+    """Write a starter project here: outrig.yaml, hosts/box.yaml and a playbook.
 
-    Each file is commented; edit hosts/box.yaml to point at your box, then
-    outrig check and outrig deploy. Existing files are never overwritten (without --force).
+    The playbook is playbooks/hello.yaml (a small server and worker), or with --dflash
+    playbooks/dflash.yaml (the DFlash job; docs/dflash.md walks through it). Each file is
+    commented; edit hosts/box.yaml to point at your box, then outrig check and outrig deploy.
+    Existing files are never overwritten (without --force).
 
     Example:
-        mkdir my-runs && cd my-runs && outrig init
+        mkdir my-runs && cd my-runs && outrig init --dflash
     """
     from outrig.console import Reporter  # at run time only: --help loads no console
     from outrig.terminal import wrap_width
     from outrig.textlayout import paragraph
 
-    written = write_starter(Path.cwd(), force=force)
+    if dflash and template not in ("", "dflash"):
+        raise ConfigError(f"--dflash and --template {template} name two starters; give one.")
+    chosen = "dflash" if dflash else (template or "hello")
+    written = write_starter(Path.cwd(), force=force, template=chosen)
     if json:
         Reporter(json_mode=True).emit_json({"project": str(Path.cwd()),
                                             "wrote": [str(p) for p in written]})
         return
     for path in written:
         print(f"wrote {path}")
-    print(paragraph("next: edit hosts/box.yaml (hostname, user, workdir), then `outrig check` "
-                    "and `outrig deploy`", wrap_width()))
+    then = ("`outrig plan`, `outrig provision`, `outrig stage` and `outrig deploy --test`"
+            if chosen == "dflash" else "`outrig check` and `outrig deploy`")
+    print(paragraph(f"next: edit hosts/box.yaml (hostname, user, workdir), then {then}",
+                    wrap_width()))

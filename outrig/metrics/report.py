@@ -164,6 +164,17 @@ def _event(t: Any, run: RunData, origin: float | None, kind: str, text: str,
             "run_id": run.run_id, "kind": kind, "text": text, "step": step}
 
 
+NO_TIME = "no time printed"
+
+
+def timeline_order(event: dict[str, Any]) -> tuple[int, float]:
+    """Events with a time by their time; then those whose line had none, in the order their
+    log printed them (the sort is stable), which is their step's order too."""
+    if event["t"] is not None:
+        return 0, float(event["t"])
+    return 1, 0.0
+
+
 def _fmt(value: Any) -> str:
     number = _number(value)
     return "-" if number is None else f"{number:.3g}"
@@ -192,7 +203,12 @@ def run_events(run: RunData, origin: float | None, evaluations: Sequence[dict[st
         found.append(_event(fenced.get("at"), run, origin, "fenced",
                             "its processes confirmed stopped on the old box"))
     for event in run.events:
-        found.append(_event(event.t, run, origin, event.kind, event.text, event.step))
+        # a trainer that prints no times still marks its checkpoints and epochs: kept, in
+        # the log's order, saying so (they were dropped: 21 such events, 2 shown)
+        found.append(_event(event.t, run, origin, event.kind, event.text, event.step)
+                     if event.t is not None else
+                     {"t": None, "x": None, "when": NO_TIME, "run_id": run.run_id,
+                      "kind": event.kind, "text": event.text, "step": event.step})
     for payload in watch_events:
         why = payload.get("why") or payload.get("to") or ""
         found.append(_event(payload.get("time"), run, origin, str(payload.get("event")),
@@ -213,8 +229,9 @@ def run_events(run: RunData, origin: float | None, evaluations: Sequence[dict[st
 def report_document(groups: Sequence[Sequence[RunData]], *, now: float,
                     evaluations: dict[str, list[dict[str, Any]]] | None = None,
                     watch_events: dict[str, list[dict[str, Any]]] | None = None,
-                    secrets: Sequence[str] = ()) -> dict[str, Any]:
-    """The report's data (what the page draws; also ``report --json``)."""
+                    secrets: Sequence[str] = (), log_scale: bool = False) -> dict[str, Any]:
+    """The report's data (what the page draws; also ``report --json``). ``log_scale``: the
+    metric charts' y axes on a log10 scale (values ≤ 0 left out, said under each chart)."""
     evaluations = evaluations or {}
     watch_events = watch_events or {}
     runs, series, gpu, events, evals = [], {}, {}, [], []
@@ -243,12 +260,18 @@ def report_document(groups: Sequence[Sequence[RunData]], *, now: float,
         notes = [f"{run['run_id']} {metric}: {s['note']}" for run in runs
                  for metric in chart["metrics"]
                  if (s := series[run["run_id"]].get(metric)) and s.get("note")]
+        if log_scale:
+            notes += [f"{run['run_id']} {metric}: {below} value(s) ≤ 0 not drawn on the log "
+                      "scale" for run in runs for metric in chart["metrics"]
+                      if (below := sum(1 for v in (series[run["run_id"]].get(metric) or {})
+                                       .get("v", []) if v <= 0))]
         if notes:
             chart["note"] = "; ".join(notes)
-    events.sort(key=lambda e: e["t"])
+    events.sort(key=timeline_order)
     title = "outrig report: " + ", ".join(r["run_id"] for r in runs)
     return {"title": title, "generated": utc_text(now), "runs": runs, "charts": charts,
-            "series": series, "gpu": gpu, "events": events, "evaluations": evals}
+            "series": series, "gpu": gpu, "events": events, "evaluations": evals,
+            "log_scale": log_scale}
 
 
 def _json_for_script(data: Any) -> str:

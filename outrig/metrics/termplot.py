@@ -46,11 +46,24 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def table_lines(metric: str, curves: Sequence[Curve], width: int) -> list[str]:
+def positive(rows: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The rows a log scale can draw: finite values above 0."""
+    return [(s, v) for s, v in rows if drawable(v) and v > 0]
+
+
+def log_note(rows: Sequence[tuple[int, float]]) -> str | None:
+    """What a log scale leaves out of a curve, said under it."""
+    left = sum(1 for _, v in rows if drawable(v) and v <= 0)
+    return f"{left} value(s) ≤ 0 not drawn on the log scale" if left else None
+
+
+def table_lines(metric: str, curves: Sequence[Curve], width: int,
+                log: bool = False) -> list[str]:
     """One metric without colour: a line per run (``[k]``, its label, sparkline, last
     value, steps), then a table of :data:`TABLE_ROWS` evenly spread steps with a column
-    ``[k]`` per run (run ids are long and alike: the key keeps the columns narrow)."""
-    out = [_fit(metric, width)]
+    ``[k]`` per run (run ids are long and alike: the key keeps the columns narrow).
+    ``log``: the sparkline follows log10 of the values above 0 (the table's numbers stay)."""
+    out = [_fit(metric + (" (log scale)" if log else ""), width)]
     label_width = min(max(len(c.label) for c in curves), max(8, width // 3))
     for key, curve in enumerate(curves, 1):
         head = f"  [{key}] {curve.label[:label_width]:<{label_width}}  "
@@ -59,7 +72,9 @@ def table_lines(metric: str, curves: Sequence[Curve], width: int) -> list[str]:
             continue
         spark_width = max(4, min(24, width - len(head) - 30))
         first, last = curve.rows[0], curve.rows[-1]
-        out.append(_fit(head + f"{sparkline([v for _, v in curve.rows], spark_width)}  "
+        drawn = ([math.log10(v) for _, v in positive(curve.rows)] if log
+                 else [v for _, v in curve.rows])
+        out.append(_fit(head + f"{sparkline(drawn, spark_width)}  "
                         f"last {_num(last[1])}  steps {first[0]}–{last[0]}", width))
     steps = sorted({s for c in curves for s, _ in c.rows})
     shown = thin(steps, TABLE_ROWS)
@@ -97,19 +112,24 @@ def envelope(rows: Sequence[tuple[int, float]], buckets: int) -> list[tuple[int,
 
 
 def chart_lines(metric: str, curves: Sequence[Curve], width: int,
-                height: int = CHART_HEIGHT) -> list[str]:
-    """One metric as a plotext chart, in colour, ``width`` columns wide."""
+                height: int = CHART_HEIGHT, log: bool = False) -> list[str]:
+    """One metric as a plotext chart, in colour, ``width`` columns wide; ``log``: the y axis
+    on a log10 scale (a loss falling over decades stays readable at its end)."""
     import plotext as plt  # type: ignore[import-untyped]
 
     plt.clear_figure()
     plt.plotsize(max(MIN_CHART_WIDTH, width), height)
     plt.theme("pro")
-    plt.title(metric)
+    plt.title(metric + (" (log scale)" if log else ""))
     plt.xlabel("step")
+    if log:
+        plt.yscale("log")
     notes = []
     for curve in curves:
-        rows = envelope([(s, v) for s, v in curve.rows if drawable(v)], 2 * width)
-        note = left_out_note(curve.rows)
+        kept = positive(curve.rows) if log else [(s, v) for s, v in curve.rows if drawable(v)]
+        rows = envelope(kept, 2 * width)
+        note = "; ".join(n for n in (left_out_note(curve.rows),
+                                     log_note(curve.rows) if log else None) if n)
         if note:
             notes += textwrap.wrap(f"{curve.label}: {note}", max(20, width - 2),
                                    initial_indent="  ", subsequent_indent="    ")
@@ -122,17 +142,20 @@ def chart_lines(metric: str, curves: Sequence[Curve], width: int,
 
 
 def plot_lines(curves_by_metric: Sequence[tuple[str, Sequence[Curve]]], width: int, *,
-               colour: bool) -> list[str]:
-    """Every metric asked for, a chart each (colour) or a table each (no colour)."""
+               colour: bool, log: bool = False) -> list[str]:
+    """Every metric asked for, a chart each (colour) or a table each (no colour); ``log``:
+    on a log scale."""
     out: list[str] = []
     for metric, curves in curves_by_metric:
         if out:
             out.append("")
         # plotext computes a range as max - min: a value near ±1e308 overflows it (it
         # raised OverflowError); such values are left out of the chart and named under it
-        shown = [c for c in curves if sum(drawable(v) for _, v in c.rows) >= 2]
+        shown = [c for c in curves
+                 if len(positive(c.rows) if log else [v for _, v in c.rows if drawable(v)])
+                 >= 2]
         if colour and shown and width >= MIN_CHART_WIDTH:
-            out += chart_lines(metric, shown, width)
+            out += chart_lines(metric, shown, width, log=log)
         else:
-            out += table_lines(metric, curves, width)
+            out += table_lines(metric, curves, width, log=log)
     return out

@@ -230,9 +230,10 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
 
 def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] = (),
          journal: Journal | None = None, width: int | None = None,
-         colour: bool | None = None) -> list[str]:
+         colour: bool | None = None, log: bool = False) -> list[str]:
     """``outrig plot``: the curves of ``metrics`` (default: loss, full_acc and eal, those
-    there are) of the runs and their chains, in the terminal (:mod:`outrig.metrics.termplot`)."""
+    there are) of the runs and their chains, in the terminal (:mod:`outrig.metrics.termplot`);
+    ``log``: on a log scale."""
     journal = journal or Journal()
     groups, _ = load_chains(journal, run_ids)
     runs = [run for group in groups for run in group]
@@ -256,7 +257,7 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
             for metric, row in curves for run, curve in zip(runs, row, strict=True)]})
         return []
     lines = plot_lines(curves, width or terminal_width(reporter.out),
-                       colour=reporter.colour if colour is None else colour)
+                       colour=reporter.colour if colour is None else colour, log=log)
     if not chosen:
         lines = ["nothing to plot yet"]
     for line in lines:
@@ -295,7 +296,8 @@ def default_output(run_ids: Sequence[str]) -> Path:
 
 
 def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | None = None,
-                 journal: Journal | None = None, now: float | None = None) -> dict[str, Any]:
+                 journal: Journal | None = None, now: float | None = None,
+                 log: bool = False) -> dict[str, Any]:
     """``outrig report``: the HTML file (:mod:`outrig.metrics.report`); what it holds, returned
     (and printed with ``--json``)."""
     journal = journal or Journal()
@@ -307,7 +309,7 @@ def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | No
     evaluations = {rid: journal.evaluations(run_id=rid) for rid in ids}
     document = report_document(groups, now=time.time() if now is None else now,
                                evaluations=evaluations, watch_events=watch_events(journal, ids),
-                               secrets=plan_secrets(runs))
+                               secrets=plan_secrets(runs), log_scale=log)
     annotate_costs(journal, [r for r in document.get("runs") or [] if not r.get("cost")],
                    time.time())  # a run on a box rented through outrig: its share so far
     html = render_html(document, uplot_js=asset("uPlot.iife.min.js"),

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from outrig.recipes import dflash
+from outrig.recipes import dflash_evaluate
 from outrig.recipes.base import (
     EnvFacts,
     EvalDefaults,
@@ -46,7 +46,7 @@ __all__ = ["RECIPES", "EnvFacts", "EvalDefaults", "Expansion", "KeyPath", "Model
 
 # The registry: recipe name → recipe. One line per recipe.
 RECIPES: dict[str, Recipe[Any]] = {recipe.name: recipe for recipe in (
-    dflash.RECIPE,
+    dflash_evaluate.RECIPE,  # dflash.RECIPE with its evaluation defaults
 )}
 
 # The name is a playbook key and a field of the playbook schema, so a Python identifier.

@@ -56,7 +56,6 @@ from outrig.recipes.base import (
     RecipeContext,
     StageItem,
 )
-from outrig.recipes.dflash_evaluate import DRAFTER_METHOD, eval_defaults
 from outrig.recipes.dflash_nodes import join_wait, rendezvous_flags
 from outrig.recipes.dflash_section import (
     DFlashSpec,
@@ -340,7 +339,8 @@ def _run_paths(spec: DFlashSpec, ctx: RecipeContext,
         return spec.data_path, spec.save_path, spec.epochs, spec.max_samples
     max_samples = min(spec.test_max_samples, spec.max_samples or spec.test_max_samples)
     shown = {"${run_dir}": ctx.run_dir}
-    out.notes.append(f"--test: one epoch, --max-samples {max_samples}, data prepared into "
+    out.notes.append(
+        f"--test: one epoch, --max-samples {max_samples}, data prepared into "
         f"{_shown(TEST_DATA_DIR, shown)} and checkpoints in {_shown(TEST_SAVE_DIR, shown)} "
         f"(the real {spec.data_path} and {spec.save_path} are not touched); same GPUs and "
         "flags as the real run")
@@ -755,10 +755,10 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
              f"layers) + " if facts.hidden_size else "")
     text = (f"draft: {anchors} anchors × block {spec.block_size} with {which} ≈ {need:.1f} "
             f"GiB per trainer GPU ({parts}logits {logits:.1f} GiB)")
-    if not facts.hidden_size:
-        text += "; the hidden size is not known yet, so activations are not counted"
+    unknown = ("; the hidden size is not known yet, so activations are not counted"
+               if not facts.hidden_size else "")
     if ctx.gpu_memory_mib is None:
-        out.notes.append(text + " (GPU memory not known yet)")
+        out.notes.append(text + " (GPU memory not known yet)" + unknown)
         return
     total = ctx.gpu_memory_mib / 1024
     if need > 0.8 * total:
@@ -767,10 +767,11 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
             fixes.insert(0, "set dflash.draft_vocab_size: 32000 (what upstream DFlash "
                             "examples use)")
         out.problems.append(
-            f"{at(('dflash', 'trainer'))}: {text}, more than 80% of the {total:.0f} GiB GPU: "
-            f"the trainer would run out of memory. {' or '.join(fixes).capitalize()}")
+            f"{at(('dflash', 'trainer'))}: {text}, more than 80% of the {total:.0f} GiB GPU"
+            f"{unknown}: the trainer would run out of memory. "
+            f"{' or '.join(fixes).capitalize()}")
     else:
-        out.notes.append(text + f" of {total:.0f} GiB")
+        out.notes.append(text + f" of {total:.0f} GiB" + unknown)
 
 
 def _check_extras(at: Where, out: Expansion, key: KeyPath, extras: list[str],
@@ -796,5 +797,4 @@ def _shown(text: str, names: dict[str, str]) -> str:
 
 
 RECIPE = Recipe(name="dflash", section=DFlashSpec, expand=expand, models_to_probe=models_to_probe,
-                pythons_to_probe=pythons_to_probe, stage_items=stage_items, docs="docs/dflash.md",
-                eval_defaults=eval_defaults, drafter_method=DRAFTER_METHOD)
+                pythons_to_probe=pythons_to_probe, stage_items=stage_items, docs="docs/dflash.md")

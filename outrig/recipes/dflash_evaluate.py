@@ -6,7 +6,10 @@ and the training server's interpreter, GPUs, length, environment and chat templa
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from outrig.recipes.base import EvalDefaults
+from outrig.recipes.dflash import RECIPE as PLANNED
 from outrig.recipes.dflash_section import DFlashSpec
 
 DRAFTER_METHOD = "dflash"  # vLLM's speculative method for a DFlash drafter
@@ -33,3 +36,8 @@ def _scheduler(args: list[str]) -> bool:
         if arg.startswith("--scheduler-type="):
             return str(arg).split("=", 1)[1] != "none"
     return True
+
+
+RECIPE = replace(PLANNED, eval_defaults=eval_defaults, drafter_method=DRAFTER_METHOD)
+"""The dflash recipe as the registry lists it: :mod:`outrig.recipes.dflash`'s (expand, probes,
+stage items) with what ``outrig evaluate`` takes from its section."""

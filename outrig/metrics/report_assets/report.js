@@ -4,7 +4,7 @@
    and any error (the browser test reads it). */
 (function () {
   "use strict";
-  var state = {charts: [], events: 0, errors: [], done: false};
+  var state = {charts: [], events: 0, errors: [], done: false, timed: null};
   window.outrigReport = state;
   window.addEventListener("error", function (e) { state.errors.push(String(e.message)); });
 
@@ -55,7 +55,7 @@
   function chart(parent, spec) {
     var box = add(parent, "div", null, "chart");
     var entry = {id: spec.id, kind: spec.kind, title: spec.title, metrics: spec.metrics || [],
-                 series: spec.tables.length, points: 0, drawn: false};
+                 series: spec.tables.length, points: 0, drawn: false, log: !!spec.log};
     state.charts.push(entry);
     if (!spec.tables.length) { add(box, "p", spec.title + ": no values", "empty"); return; }
     var data = uPlot.join(spec.tables);
@@ -75,8 +75,11 @@
         return splits.map(function (v) { return hm(v, span < 2); });
       };
     }
+    var scales = {x: {time: false}};
+    if (spec.log) scales.y = {distr: 3};  /* log10: outrig report --log */
     var opts = {
-      title: spec.title, width: width, height: 230, scales: {x: {time: false}},
+      title: spec.title + (spec.log ? " (log scale)" : ""), width: width, height: 230,
+      scales: scales,
       series: series, axes: [xaxis, {size: 56, values: function (u, s) { return s.map(num); }}],
       legend: {live: true},
       hooks: {draw: [function (u) {
@@ -177,9 +180,23 @@
       "time since the first deploy of each run's chain, h:mm (a migrated run goes on in " +
       "its successor); dashed lines mark the events of the timeline below.", "meta");
   if (!doc.charts.length) add(curves, "p", "No metric lines in the log mirror yet.", "empty");
+  /* a trainer that prints no times: no "over time" panel could hold a value; half a row of
+     "no values" beside each chart said so once per metric. One line says it instead. */
+  var timed = doc.runs.some(function (run) {
+    var per = doc.series[run.run_id] || {};
+    return Object.keys(per).some(function (m) {
+      return per[m].t.some(function (x) { return x !== null && x !== undefined; });
+    });
+  });
+  if (doc.charts.length && !timed) {
+    add(curves, "p", "Over time: not drawn. No metric line of " +
+        (doc.runs.length > 1 ? "these runs" : "this run") + " carries a time (its trainer " +
+        "prints none), so each metric is drawn over the step only.", "meta");
+  }
+  state.timed = timed;
   doc.charts.forEach(function (c) {
     var row = add(curves, "div", null, "pair");
-    ["step", "time"].forEach(function (kind) {
+    (timed ? ["step", "time"] : ["step"]).forEach(function (kind) {
       var tables = [], labels = [], colours = [], dashes = [];
       doc.runs.forEach(function (run, ri) {
         c.metrics.forEach(function (metric, mi) {
@@ -187,6 +204,9 @@
           if (!s || !s.v.length) return;
           var xy = kind === "step" ? [s.s, s.v] : sorted(s.t, s.v);
           if (!xy[0].length) return;
+          if (doc.log_scale) {  /* a log axis cannot place 0 or below: left out, noted */
+            xy = [xy[0], xy[1].map(function (v) { return v > 0 ? v : null; })];
+          }
           tables.push(xy);
           labels.push((doc.runs.length > 1 ? run.run_id + " " : "") + metric);
           /* one metric: a colour per run; a family: a colour per metric, a dash per run */
@@ -197,6 +217,7 @@
       chart(row, {id: c.id + "-" + kind, kind: kind, title: c.title, metrics: c.metrics,
                   xlabel: kind === "step" ? "step" : TIME_LABEL, tables: tables, labels: labels,
                   colours: colours, dashes: dashes, markers: kind === "time" ? markers : [],
+                  log: !!doc.log_scale,
                   note: kind === "step" ? c.note : null});
     });
   });
