@@ -1,7 +1,7 @@
 """``outrig metrics``, ``outrig plot``, ``outrig report``: a run drawn from the journal and
 the log mirror (:mod:`outrig.ops.metrics`); no box is contacted.
 
-Apart from :mod:`outrig.cli.runs`, whose tasks reach a box: these read what this
+Apart from :mod:`outrig.cli.run_tasks`, whose tasks reach a box: these read what this
 workstation holds, so they work the same when the box is long gone.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from outrig.cli.flags import friendly, make_reporter
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.taskspec import task
 
 RUN_HELP = ("the run id (repeat for several, overlaid and aligned by step); a migrated run "
             "brings the runs it was moved from and to")

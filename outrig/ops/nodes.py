@@ -15,7 +15,12 @@ stops it:
   by its recorded process groups (``cleanup``), and the error says which node failed and why.
 * :mod:`outrig.ops.node_control` covers every node of a job for ``status``, ``cleanup --run``
   and ``tail-logs``.
-* :mod:`outrig.ops.nodes_watch` is the workstation-side guard once the job is up (``watch``).
+* :func:`outrig.ops.nodes_watch.watch_nodes` is the workstation-side guard once the job is
+  up: it asks every node for its run's state each period and, when one node's processes fail
+  (or the node stops answering for the threshold), stops the others and says which node
+  failed and why. A peer failure does not always end the other nodes by itself: their ranks
+  may sit in a collective until the process group's timeout (tests/standins/fake_torchrun.py
+  lists torch's rules).
 
 The journal keeps one record per job (``jobs/<job_id>.json``: playbook, nodes with rank, host
 and run id) and one run record per node, whose run id is ``<job_id>-node<rank>``; each node's
@@ -32,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
+from outrig.agent.client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.console import Reporter, describe_event
 from outrig.errors import ConfigError, Interrupted, OutrigError, PlanError
 from outrig.inventory import resolve_host
@@ -342,19 +347,7 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
     secrets = secret_values(plans[0].secrets)
     job_id = plans[0].job_id
     began = time.monotonic()
-    journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
-                                "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
-                                "test_mode": job.test_mode, "status": "deploying",
-                                "param_overrides": dict(params or {}),
-                                **({"migrated_from": moved.job} if moved else {})})
-    for node, plan, session in zip(nodes, plans, sessions, strict=True):
-        journal.record_run(node.run_id, {
-            "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
-            "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
-            "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
-            "node_rank": node.rank, "nnodes": len(nodes),
-            RECORD_KEY: move_record(job, session.host, params),
-            **({"migrated_from": moved.runs.get(node.rank)} if moved else {})})
+    _record_deploying(sessions, nodes, plans, job, journal, params, moved)
     lock = threading.Lock()
 
     def show(node: NodeRun, event: dict[str, Any]) -> None:
@@ -403,16 +396,7 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
         journal.record_run(call.node.run_id, {"status": "not_on_box"})
     if why:
         _fail(started, failed, why, sessions, journal, reporter, job_id)
-    statuses = {c.node.rank: deployed_status(c.result or {}, wait) for c in calls}
-    for call in calls:
-        journal.record_run(call.node.run_id, {
-            "status": statuses[call.node.rank], "ran": statuses[call.node.rank] != "launched",
-            "processes": list((call.result or {}).get("processes") or []),
-            "run_dir": (call.result or {}).get("run_dir")})
-    status = "running" if wait else "launched"
-    if all(s == "finished" for s in statuses.values()):
-        status = "finished"
-    journal.record_job(job_id, {"status": status})
+    status = _record_deployed(calls, journal, job_id, wait)
     seconds = time.monotonic() - began
     result = NodesResult(job_id, list(nodes), list(plans), launched=True, status=status,
                          processes={c.node.rank: list((c.result or {}).get("processes") or [])
@@ -425,6 +409,42 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
                      f"({hosts}) in {seconds:.1f}s — job {job_id}. Next: outrig status "
                      f"--host {hosts} --run {job_id}")
     return result
+
+
+def _record_deployed(calls: Sequence[_NodeDeploy], journal: Journal, job_id: str,
+                     wait: bool) -> str:
+    """Each node's run and the job as the deploy left them; the job's status."""
+    statuses = {c.node.rank: deployed_status(c.result or {}, wait) for c in calls}
+    for call in calls:
+        journal.record_run(call.node.run_id, {
+            "status": statuses[call.node.rank], "ran": statuses[call.node.rank] != "launched",
+            "processes": list((call.result or {}).get("processes") or []),
+            "run_dir": (call.result or {}).get("run_dir")})
+    status = "running" if wait else "launched"
+    if all(s == "finished" for s in statuses.values()):
+        status = "finished"
+    journal.record_job(job_id, {"status": status})
+    return status
+
+
+def _record_deploying(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],
+                      plans: Sequence[Plan], job: Job, journal: Journal,
+                      params: dict[str, Any] | None, moved: JobOrigin | None) -> None:
+    """The job and each node's run in the journal, as deploying, before anything is sent."""
+    job_id = plans[0].job_id
+    journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
+                                "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
+                                "test_mode": job.test_mode, "status": "deploying",
+                                "param_overrides": dict(params or {}),
+                                **({"migrated_from": moved.job} if moved else {})})
+    for node, plan, session in zip(nodes, plans, sessions, strict=True):
+        journal.record_run(node.run_id, {
+            "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
+            "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
+            "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
+            "node_rank": node.rank, "nnodes": len(nodes),
+            RECORD_KEY: move_record(job, session.host, params),
+            **({"migrated_from": moved.runs.get(node.rank)} if moved else {})})
 
 
 def _wait_all(calls: Sequence[_NodeDeploy], finished: list[_NodeDeploy],

@@ -1,10 +1,10 @@
-"""The workstation-side guard of a multi-node job once it is up (``watch --run JOB``): it
-asks every node for its run's state each period and, when one node's processes fail (or the
-node stops answering for the threshold), stops the others and says which node failed and
-why. A peer failure does not always end the other nodes by itself: their ranks may sit in a
-collective until the process group's timeout (tests/standins/fake_torchrun.py lists torch's
-rules). With spares, a node lost is handed to a mover (:mod:`outrig.ops.job_move`) instead:
-the whole job moves.
+"""``watch --run JOB``: the workstation-side guard of a multi-node job once it is up.
+
+It asks every node's box for its run's state each period (one status call per node at once,
+through the fan-out), stops every node when one fails, and, with ``--spare``, hands the lost
+nodes to a :class:`NodeMover` (:mod:`outrig.ops.job_move`). Split from
+:mod:`outrig.ops.nodes`, which deploys a job, and :mod:`outrig.ops.node_control`, which shows
+and stops it.
 """
 
 from __future__ import annotations

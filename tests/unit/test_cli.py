@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from outrig.cli import make_collection
+from outrig.cli.settings import parse_params
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.settings import parse_params
 from tests.support.cli import outrig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -330,7 +330,7 @@ def test_every_task_says_what_it_does_in_one_whole_line() -> None:
 def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(args: list[str]) -> None:
     """``outrig --help deploy | head -1``: the pipe closes early; outrig exits 141 (128 +
     SIGPIPE) with nothing on stderr instead of a BrokenPipeError traceback. The same for the
-    answers made before Invoke is imported (``--list``, ``--help``: outrig/launcher.py)."""
+    answers made before Invoke is imported (``--list``, ``--help``: outrig/cli/launcher.py)."""
     binary = Path(sys.executable).parent / "outrig"
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first byte
