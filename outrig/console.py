@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 def _console_class() -> type[Console]:
     """rich's Console, ending quietly with :data:`~outrig.errors.CLOSED_PIPE_EXIT` when the
     reader went away (``outrig plan | head``), as every other write of outrig's does
-    (:class:`outrig.program.OutrigProgram`); rich itself would exit 1. Made once, on first
-    use, so that rich is imported only then."""
+    (:class:`outrig.cli.invoke_program.OutrigProgram`); rich itself would exit 1. Made once, on
+    first use, so that rich is imported only then."""
     from rich.console import Console
 
     class _Console(Console):

@@ -20,7 +20,7 @@ next to the code that raises them are marked with their module)::
     │   ├── LinkLost                    a cut or a silence at any phase; retried (bounded)
     │   └── UnsafePlace                 connectors.keeper_wire: a keeper socket others could open
     ├── RemoteError [RuntimeError]      the agent reported a failure (``kind``); 2: bad input
-    │   └── FramingError                outrig.logtail: the agent's stream contradicts itself
+    │   └── FramingError                outrig.logs.tail: the agent's stream contradicts itself
     ├── LocalWriteError                 writing a file on this workstation failed
     ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
     ├── CleanupIncomplete               outrig.ops.cleanup: something still holds a GPU
@@ -30,7 +30,7 @@ next to the code that raises them are marked with their module)::
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
     ├── NodesFailed                     outrig.ops.nodes: a node of a multi-node job failed
     ├── EvaluationFailed                outrig.ops.evaluate: requests failed on the server
-    ├── CountersUnusable                outrig.evaluation: /metrics went back, NaN, or junk
+    ├── CountersUnusable                outrig.evaluation.spec: /metrics went back, NaN, or junk
     ├── ProviderError                   outrig.providers.base: a provider's API failed a call
     │   ├── NoCapacity                  outrig.providers.base: the offer is taken; retried
     │   ├── NeverAnswered               outrig.providers.base: the new box never answered SSH
@@ -48,11 +48,11 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
   connect by type and handshake phase; no key offered at all is an AuthenticationError);
 * ConnectError: transport (unresolvable name, refused session channel), ops/logs (tail-logs
   gave up), ops/forward (the box refused a forwarded port), ops/remote_exec;
-* LinkLost: transport, agent_client, transfer, ops/logs, connectors/kept (the keeper's link
+* LinkLost: transport, agent/client, transfer, ops/logs, connectors/keeper/client (the keeper's link
   died under a channel);
-* UnsafePlace: connectors/keeper_wire, for connectors/kept (the warm connection's folder or
+* UnsafePlace: connectors/keeper/wire, for connectors/keeper/client (the warm connection's folder or
   socket is not private);
-* RemoteError: agent_client (``raise_for_result``: every op's failure), transfer, ops/logs,
+* RemoteError: agent/client (``raise_for_result``: every op's failure), transfer, ops/logs,
   ops/stage;
 * LocalWriteError: ops/logs (the log mirror), journal (a record that cannot be written);
   Interrupted: ops/deploy;

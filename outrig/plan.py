@@ -484,10 +484,13 @@ def _check_parallel(job: Job, plan: Plan) -> None:
 
 def _check_launchers(job: Job, plan: Plan) -> None:
     """A pasted ``vllm serve`` or ``torchrun`` command: its own parallel flags against
-    ``gpus:``, as ``parallel:`` is checked; a shell command says that nothing was checked."""
+    ``gpus:``, as ``parallel:`` is checked; a shell command says that nothing was checked.
+    A recipe's own processes (their key path aliased into the recipe's section) are left
+    out: the recipe rendered their flags from sizes it checked itself (a spanning server's
+    ``--nnodes``/``--headless`` would read as "not checked" here)."""
     for name, proc in job.spec.processes.items():
         rendered = plan.processes.get(name)
-        if rendered is None:
+        if rendered is None or ("processes", name) in job.aliases:
             continue
         template = read_launch(proc.argv_template(), rendered.env)
         launch = read_launch(rendered.argv, rendered.env)

@@ -1,7 +1,7 @@
 """``outrig metrics``, ``outrig plot``, ``outrig report``: a run drawn from the journal and
 the log mirror (:mod:`outrig.ops.metrics`); no box is contacted.
 
-Apart from :mod:`outrig.cli.runs`, whose tasks reach a box: these read what this
+Apart from :mod:`outrig.cli.run_tasks`, whose tasks reach a box: these read what this
 workstation holds, so they work the same when the box is long gone.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from outrig.cli.flags import PROJECT_HELP, friendly, make_reporter
+from outrig.cli.settings import settings_for
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.settings import settings_for
-from outrig.taskspec import task
 
 if TYPE_CHECKING:
     from outrig.console import Reporter
@@ -32,7 +32,7 @@ def chosen_runs(c: Any, reporter: Reporter, run: list[str] | None, host: str | N
     is contacted."""
     from outrig.cli.targets import playbook_identity
     from outrig.journal import Journal
-    from outrig.ops.history import host_key
+    from outrig.ops.list_runs import host_key
     from outrig.ops.metrics import check_hosts, current_run
 
     runs = [r for r in run or [] if r]

@@ -22,7 +22,7 @@ from typing import Any
 from outrig import recipes
 from outrig.console import Reporter
 from outrig.errors import Interrupted, OutrigError, PlanError, RemoteError
-from outrig.evaluations.launch_check import (
+from outrig.evaluation.launch_check import (
     RUNNER_ENV,
     launch_problems,
     server_python,
@@ -309,7 +309,7 @@ def plan_on(session: HostSession, job: Job, *, probe: bool = True, run_id: str |
 def check_speculative_servers(session: HostSession, plan: Plan) -> None:
     """Each process that starts vLLM with ``--speculative-config``: what its vLLM would refuse
     (the drafter's speculators algorithm, a Model Runner V1 setting) is refused before
-    anything is stopped or started (:mod:`outrig.evaluations.launch_check`). One more
+    anything is stopped or started (:mod:`outrig.evaluation.launch_check`). One more
     ``model_facts`` exec, only for such a process that names a drafter or sets
     ``VLLM_USE_V2_MODEL_RUNNER`` (whose interpreter the argv tells)."""
     problems: list[str] = []

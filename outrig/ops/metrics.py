@@ -2,12 +2,12 @@
 workstation already holds, without contacting any box.
 
 Each command first brings the run's series up to date with its log mirror (only the bytes
-past the cursor are parsed, :meth:`outrig.metricstore.MetricStore.ingest_mirror`), then reads
+past the cursor are parsed, :meth:`outrig.metrics.store.MetricStore.ingest_mirror`), then reads
 the series, the GPU samples ``status`` and ``watch`` kept, the journal's record of the run,
 its ``watch`` events and its ``evaluate`` results. A run that was migrated brings its chain
-along (the run it came from and the one it went to, :func:`outrig.metrics.chain_ids`), so
+along (the run it came from and the one it went to, :func:`outrig.metrics.series.chain_ids`), so
 its curve goes on across the move. The documents and drawings are pure:
-:mod:`outrig.metrics`, :mod:`outrig.termplot`, :mod:`outrig.report`.
+:mod:`outrig.metrics.series`, :mod:`outrig.metrics.termplot`, :mod:`outrig.metrics.report`.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from typing import Any, ParamSpec, TypeVar
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
-from outrig.evaluations.served import SERVED, served_points
+from outrig.evaluation.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
-from outrig.logmirror import mirror_root
-from outrig.metrics import RunData, chain_ids, no_collection
-from outrig.metricstore import MetricStore
+from outrig.logs.mirror import mirror_root
+from outrig.metrics.report import render_html, report_document
+from outrig.metrics.series import RunData, chain_ids, no_collection
+from outrig.metrics.store import MetricStore
+from outrig.metrics.termplot import Curve, plot_lines
 from outrig.ops.runs import head_run_id
 from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
 from outrig.redaction import ordered
-from outrig.report import render_html, report_document
 from outrig.terminal import terminal_width
-from outrig.termplot import Curve, plot_lines
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -281,7 +281,7 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
          journal: Journal | None = None, width: int | None = None,
          colour: bool | None = None, log: bool = False) -> list[str]:
     """``outrig plot``: the curves of ``metrics`` (default: loss, full_acc and eal, those
-    there are) of the runs and their chains, in the terminal (:mod:`outrig.termplot`);
+    there are) of the runs and their chains, in the terminal (:mod:`outrig.metrics.termplot`);
     ``log``: on a log scale."""
     journal = journal or Journal()
     groups, _ = load_chains(journal, run_ids)
@@ -317,7 +317,7 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
 
 
 def asset(name: str) -> str:
-    return (resources.files("outrig") / "report_assets" / name).read_text(encoding="utf-8")
+    return (resources.files("outrig.metrics") / "report_assets" / name).read_text(encoding="utf-8")
 
 
 def watch_events(journal: Journal, run_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
@@ -346,7 +346,7 @@ def default_output(run_ids: Sequence[str]) -> Path:
 def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | None = None,
                  journal: Journal | None = None, now: float | None = None,
                  log: bool = False) -> dict[str, Any]:
-    """``outrig report``: the HTML file (:mod:`outrig.report`); what it holds, returned
+    """``outrig report``: the HTML file (:mod:`outrig.metrics.report`); what it holds, returned
     (and printed with ``--json``)."""
     journal = journal or Journal()
     path = Path(output) if output else default_output([r for r in run_ids if r] or ["run"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import shlex
+from pathlib import Path
 from typing import Any
 
 from outrig.console import Reporter
@@ -65,6 +66,15 @@ def running_runs(project: Project, host: str, reporter: Reporter) -> list[str]:
             if any(p.get("state") == "running" for p in run.get("processes") or [])]
 
 
+def _shown(path: str) -> str:
+    """A path as a person typed it: relative to the current folder when it is under it
+    (``hosts/sandbox.yaml``), else as it is."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return path
+
+
 def down_lines(result: dict[str, Any], host: str) -> list[str]:
     """What ``sandbox-down`` says for people: what it stopped and, when it kept runs, where
     they are and how to reach and stop them."""
@@ -78,7 +88,7 @@ def down_lines(result: dict[str, Any], host: str) -> list[str]:
                 f"  look: outrig status --host {shlex.quote(host)}",
                 f"  stop them and the box: outrig sandbox-down{named}",
                 f"  serve the box over SSH again: outrig sandbox-up{named}"]
-    removed = f"; removed {result['host_file']}" if result["host_file_removed"] else ""
+    removed = f"; removed {_shown(result['host_file'])}" if result["host_file_removed"] else ""
     ended = [str(r) for r in result.get("stopped_runs") or []]
     stopped = f" and its run(s) {', '.join(ended)}" if ended else ""
     return [f"sandbox {name} stopped (pids {pids}){stopped}{removed}"]

@@ -337,22 +337,7 @@ class Stopper:
             # runs again: its group goes on, so it saves and exits within its grace instead
             # of waiting the grace out to be killed (systemd sends SIGCONT after TERM too).
             self.killpg(pid, signal.SIGCONT)
-            # Children-first left the launcher with nothing to wait for; it still gets at least
-            # the launcher part of the grace to exit by itself.
-            deadline = max(t0 + grace, time.monotonic() + CHILDREN_FIRST_LAUNCHER_S)
-            next_beat = t0 + STOP_HEARTBEAT_S
-            while self.leader_state(rec) == "alive" and time.monotonic() < deadline:
-                self.reap()
-                if time.monotonic() >= next_beat:
-                    # A trainer may take minutes to save its interrupt checkpoint; keep the
-                    # workstation informed (and its dead-link detector quiet) meanwhile.
-                    next_beat += STOP_HEARTBEAT_S
-                    self.out.emit(
-                        "stopping", process=rec["name"], run_id=run_id,
-                        elapsed=round(time.monotonic() - t0, 1), grace=grace,
-                    )
-                time.sleep(POLL_S)
-            self.reap()
+            self.wait_grace(run_id, rec, grace, t0)
             if self.leader_state(rec) == "alive":
                 how = "kill"
                 killed_leader = True
@@ -396,6 +381,25 @@ class Stopper:
             remove_cgroup(cgroup)
         ended = exit_of(rec) if how == "gone" else {}
         return self._stopped(run_id, rec["name"], how, t0, len(stragglers), **ended)
+
+    def wait_grace(self, run_id: str, rec: JSONDict, grace: float, t0: float) -> None:
+        """Wait (up to the grace) for a TERMed leader to exit by itself, saying so meanwhile."""
+        # Children-first left the launcher with nothing to wait for; it still gets at least
+        # the launcher part of the grace to exit by itself.
+        deadline = max(t0 + grace, time.monotonic() + CHILDREN_FIRST_LAUNCHER_S)
+        next_beat = t0 + STOP_HEARTBEAT_S
+        while self.leader_state(rec) == "alive" and time.monotonic() < deadline:
+            self.reap()
+            if time.monotonic() >= next_beat:
+                # A trainer may take minutes to save its interrupt checkpoint; keep the
+                # workstation informed (and its dead-link detector quiet) meanwhile.
+                next_beat += STOP_HEARTBEAT_S
+                self.out.emit(
+                    "stopping", process=rec["name"], run_id=run_id,
+                    elapsed=round(time.monotonic() - t0, 1), grace=grace,
+                )
+            time.sleep(POLL_S)
+        self.reap()
 
     def kill_cgroup(self, run_id: str, rec: JSONDict) -> None:
         """SIGKILL the record's whole cgroup at once, unless the agent itself is in it."""

@@ -97,7 +97,7 @@ def test_wheel_ships_the_agent_and_runs_from_an_empty_folder(installed: Path, em
                                                              box_host: Path,
                                                              tmp_path: Path) -> None:
     where = subprocess.run([str(installed / "python"), "-c",
-                            "import outrig.agent_client as a; print(a.AGENT_DIR)"],
+                            "import outrig.agent.client as a; print(a.AGENT_DIR)"],
                            cwd=empty, capture_output=True, text=True, check=True)
     agent = Path(where.stdout.strip())
     assert (agent / "__main__.py").is_file() and (agent / "wrap.py").is_file(), agent

@@ -769,7 +769,7 @@ def test_the_dflash_starter_plans_clean_and_names_its_environments(tmp_path: Pat
     """`outrig init --dflash` writes the playbook shipped beside the recipe: it loads, plans
     without a problem on the box it was written for, and its venvs are the interpreters the
     recipe renders (provision makes exactly what deploy runs)."""
-    from outrig.starter import dflash_playbook, starter_files
+    from outrig.cli.starter import dflash_playbook, starter_files
 
     files = starter_files("dflash")
     assert files["playbooks/dflash.yaml"] == dflash_playbook()

@@ -84,6 +84,15 @@ def test_split_layout_renders_each_node_its_part(tmp_path: Path) -> None:
     assert [p.node_group for p in (head, headless, trainer)] == ["server", "server", "trainer"]
 
 
+def test_the_recipes_own_commands_get_no_pasted_command_note(tmp_path: Path) -> None:
+    """The recipe checked the spanning server's sizes itself: the pasted-command check
+    (outrig/launchers) leaves its processes out instead of noting that it checked nothing."""
+    for doc in (split_doc(), colocated_doc()):
+        for plan in node_plans(tmp_path, doc):
+            assert not [n for n in plan.notes if "did not check" in n or "nothing was checked"
+                        in n], plan.notes
+
+
 def test_colocated_layout_runs_the_trainer_on_the_server_nodes(tmp_path: Path) -> None:
     head, other = node_plans(tmp_path, colocated_doc())
     assert head.ok and other.ok, (head.problems, other.problems)

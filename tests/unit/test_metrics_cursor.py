@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from outrig.journal import Journal
-from outrig.metrics import (
+from outrig.metrics.series import (
     LOSS,
     Point,
     RunData,
@@ -25,7 +25,7 @@ from outrig.metrics import (
     merged,
     metric_names,
 )
-from outrig.metricstore import MetricStore
+from outrig.metrics.store import MetricStore
 from tests.support.cli import outrig
 from tests.unit.test_metrics import H200, START, make_run, metric_lines
 

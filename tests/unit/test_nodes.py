@@ -10,26 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, PlanError
 from outrig.fanout import HostOutcome
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
-from outrig.ops.nodes import (
-    NodeRun,
-    NodeSeen,
-    deploy_nodes,
-    find_job,
-    judge_node,
-    node_run_id,
-    node_state,
-    select_nodes,
-)
+from outrig.ops.node_control import node_state
+from outrig.ops.nodes import NodeRun, deploy_nodes, find_job, node_run_id, select_nodes
+from outrig.ops.nodes_watch import NodeSeen, judge_node
 from outrig.plan import HostFacts, NodePlace, builtin_params, make_plan
 from outrig.playbook import load_job
 from outrig.session import Project
+from tests.support.hosts import write_host_file
 
 TORCHRUN = ("torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-backend c10d "
             "--rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} -m train")
@@ -44,9 +37,7 @@ def playbook(tmp_path: Path, head: str, gpus: list[int] | None = None) -> Path:
 
 
 def host_file(root: Path, name: str, **fields: object) -> None:
-    data = {"hostname": "127.0.0.1", "workdir": f"/w/{name}", **fields}
-    (root / "hosts").mkdir(parents=True, exist_ok=True)
-    (root / "hosts" / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    write_host_file(root, name, **{"hostname": "127.0.0.1", "workdir": f"/w/{name}", **fields})
 
 
 # ------------------------------------------------------------------------------ the key
@@ -268,7 +259,7 @@ def test_a_dry_run_plans_every_node_and_contacts_none(tmp_path: Path,
 
 
 def test_a_nodes_state_is_not_repeated_as_its_reason() -> None:
-    from outrig.ops.nodes import state_words
+    from outrig.ops.node_control import state_words
 
     assert state_words("running", "running") == "running"
     assert state_words("failed", "worker was killed by signal 15") == (

@@ -21,7 +21,7 @@ import pytest
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.metricstore import remember_samples
+from outrig.metrics.store import remember_samples
 from outrig.notify import Notifier
 from outrig.ops.metrics import write_report
 from outrig.ops.watch_record import WatchRecord, watch_file

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from outrig.journal import Journal
-from outrig.metrics import LOSS
-from outrig.termplot import Curve, plot_lines
+from outrig.metrics.series import LOSS
+from outrig.metrics.termplot import Curve, plot_lines
 from tests.support.cli import outrig
 from tests.unit.test_metrics import H200, MIGRATE, START, make_run, metric_lines
 
@@ -184,7 +184,7 @@ def test_evaluated_checkpoints_are_a_series_beside_train_eal(
     """Two evaluations of the old run's checkpoints (and one of a checkpoint evaluated again:
     the newer counts): ``served/acceptance_length`` at the checkpoints' global steps in
     metrics, on train/eal's chart in the report and the plot."""
-    from outrig.evaluations.served import SERVED
+    from outrig.evaluation.served import SERVED
 
     for eval_id, at, step, length in (("e1", 1.0, 2, 1.5), ("e2", 2.0, 5, 1.1),
                                       ("e3", 3.0, 5, 1.25)):
@@ -274,7 +274,7 @@ def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
     """plot hands plotext at most two rows per dot of width (each bucket's lowest and
     highest): a million points are not drawn one by one, and a spike must not be thinned
     away."""
-    from outrig.termplot import envelope
+    from outrig.metrics.termplot import envelope
 
     rows = [(s, 1.0 + (s % 7) * 1e-3) for s in range(100_000)]
     rows[54_321] = (54_321, 9.0)
