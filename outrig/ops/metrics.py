@@ -32,6 +32,13 @@ from outrig.logs.mirror import mirror_root
 from outrig.metrics.report import render_html, report_document
 from outrig.metrics.series import RunData, chain_ids, no_collection
 from outrig.metrics.store import MetricStore
+from outrig.metrics.summary import (
+    RunSummary,
+    cached_summary,
+    keep_summary,
+    summarize,
+    summary_key,
+)
 from outrig.metrics.termplot import Curve, plot_lines
 from outrig.ops.runs import head_run_id
 from outrig.ops.watch_record import WATCH_DIR
@@ -115,9 +122,10 @@ def check_hosts(journal: Journal, run_ids: Sequence[str], host: str) -> None:
                               "read.")
 
 
-def load_run(journal: Journal, run_id: str) -> tuple[RunData, int]:
-    """The run's data, its series first brought up to date with its mirror; and how many
-    lines of the mirror were parsed for that."""
+def _ingest(journal: Journal, run_id: str
+            ) -> tuple[dict[str, Any], MetricStore, str | None, int]:
+    """The run's record and store, its series first brought up to date with its mirror
+    (where the mirror is, and how many of its lines were parsed for that)."""
     record = journal.run(run_id) or {"run_id": run_id}
     store = MetricStore(journal, run_id)
     host = str(record.get("host") or "")
@@ -127,11 +135,33 @@ def load_run(journal: Journal, run_id: str) -> tuple[RunData, int]:
         created = record.get("created")
         ref = float(created) if isinstance(created, (int, float)) else None
         lines = store.ingest_mirror(host, ref).lines
+    return record, store, str(mirror) if mirror else None, lines
+
+
+def load_run(journal: Journal, run_id: str) -> tuple[RunData, int]:
+    """The run's data, its series first brought up to date with its mirror; and how many
+    lines of the mirror were parsed for that."""
+    record, store, mirror, lines = _ingest(journal, run_id)
     # the run's evaluated checkpoints as the series served/acceptance_length
     points = store.points() + served_points(journal.evaluations(run_id=run_id))
     data = RunData(record=record, points=points, events=store.events(),
-                   gpu=store.gpu_samples(), mirror=str(mirror) if mirror else None)
+                   gpu=store.gpu_samples(), mirror=mirror)
     return data, lines
+
+
+def load_summary(journal: Journal, run_id: str) -> tuple[RunSummary, int]:
+    """The run's summary (:mod:`outrig.metrics.summary`): the kept one when neither its
+    series nor its served evaluations changed since it was kept, else made from the
+    points and kept. With nothing new this reads no point at all."""
+    record, store, mirror, lines = _ingest(journal, run_id)
+    served = served_points(journal.evaluations(run_id=run_id))
+    key = summary_key(store, served)
+    kept = cached_summary(store, key, record, mirror)
+    if kept is not None:
+        return kept, lines
+    made = summarize(RunData(record=record, points=store.points() + served, mirror=mirror))
+    keep_summary(store, key, made)
+    return made, lines
 
 
 def load_chains(journal: Journal, run_ids: Sequence[str]
@@ -149,9 +179,9 @@ def load_chains(journal: Journal, run_ids: Sequence[str]
     return groups, parsed
 
 
-def _say_empty(reporter: Reporter, runs: Sequence[RunData]) -> None:
+def _say_empty(reporter: Reporter, runs: Sequence[RunData | RunSummary]) -> None:
     for run in runs:
-        if not run.points:
+        if not (run.points if isinstance(run, RunData) else run.count):
             reporter.info(f"• run {run.run_id} has no metric records yet: its log mirror "
                           f"({run.mirror}) has none. `outrig tail-logs --host {run.host} --run "
                           f"{run.run_id} --no-follow` fills the mirror; status and watch add "
@@ -181,6 +211,8 @@ def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "ta
     that is not finite is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` in the
     JSON (:data:`NOT_FINITE`), ``nan``/``inf`` in the CSV."""
     journal = journal or Journal()
+    if fmt == "table":
+        return _summary_table(reporter, journal, run_ids, metrics)
     groups, parsed = load_chains(journal, run_ids)
     runs = [run for group in groups for run in group]
     names = list(dict.fromkeys(n for run in runs for n in run.names))
@@ -196,11 +228,32 @@ def metrics_export(reporter: Reporter, run_ids: Sequence[str], *, fmt: str = "ta
                 "points": json_points(run, names) if fmt == "json" else []})
     if fmt == "json":
         reporter.out.write(_dumps(doc) + "\n")
-    elif fmt == "csv":
-        reporter.out.write(csv_text(runs, names))
     else:
-        _say_empty(reporter, runs)
-        reporter.lines(summary_lines(runs, names, reporter.width))
+        reporter.out.write(csv_text(runs, names))
+    reporter.out.flush()
+    return doc
+
+
+def _summary_table(reporter: Reporter, journal: Journal, run_ids: Sequence[str],
+                   metrics: Sequence[str]) -> dict[str, Any]:
+    """``outrig metrics`` for people: the summary of each run of the chains, kept ones
+    where nothing changed (:func:`load_summary`)."""
+    doc: dict[str, Any] = {"metrics": [], "lines_parsed": 0, "runs": []}
+    summaries: list[RunSummary] = []
+    for index, chain in enumerate(select_chains(journal, run_ids)):
+        for run_id in chain:
+            summary, lines = load_summary(journal, run_id)
+            doc["lines_parsed"] += lines
+            summaries.append(summary)
+            doc["runs"].append({
+                "run_id": summary.run_id, "host": summary.host,
+                "playbook": summary.record.get("playbook"), "chain": index,
+                "mirror": summary.mirror, "points": []})
+    names = list(dict.fromkeys(n for run in summaries for n in run.names))
+    _check_metrics(metrics, names)
+    doc["metrics"] = names = list(metrics) or names
+    _say_empty(reporter, summaries)
+    reporter.lines(summary_lines(summaries, names, reporter.width))
     reporter.out.flush()
     return doc
 
@@ -246,7 +299,7 @@ def csv_text(runs: Sequence[RunData], names: Sequence[str]) -> str:
     return buffer.getvalue()
 
 
-def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> list[str]:
+def summary_lines(runs: Sequence[RunSummary], names: Sequence[str], width: int) -> list[str]:
     """For people: per run its steps and one row per metric (points, first, last, min,
     max); the export itself is --json or --csv."""
     from outrig.textlayout import columns
@@ -255,17 +308,18 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
     for run in runs:
         if out:
             out.append("")
-        first_last = run.step_span()
+        first_last = run.span
         span = (f"steps {first_last[0]}–{first_last[1]}" if first_last
                 else "no metric records yet")
         out.append(f"run {run.run_id} ({run.record.get('playbook')}) on {run.host}: "
-                   f"{run.count()} records, {span}")
+                   f"{run.count} records, {span}")
         rows = []
         for name in names:
-            values = run.values(name)
-            if values:
-                rows.append([name, str(len(values)), f"{values[0]:.4g}", f"{values[-1]:.4g}",
-                             f"{min(values):.4g}", f"{max(values):.4g}"])
+            stats = run.stats.get(name)
+            if stats:
+                count, first, last, low, high = stats
+                rows.append([name, str(int(count)), f"{first:.4g}", f"{last:.4g}",
+                             f"{low:.4g}", f"{high:.4g}"])
         if rows:
             header, lines = columns(["metric", "points", "first", "last", "min", "max"], rows)
             out += ["  " + header, *("  " + line for line in lines)]
