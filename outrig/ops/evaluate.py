@@ -68,6 +68,7 @@ class Options:
     ks: tuple[int, ...] = ()  # --sweep-k 3,7,15: one speculative server per value
     card: Path | None = None  # --card FILE.md
     command: tuple[str, ...] = ()  # the command line, for the card's "reproduce"
+    gpus: tuple[int, ...] | None = None  # evaluate.during_training.gpus: the server's GPUs
 
 
 def evaluate(project: Project, host_spec: str, playbook: str | Job, reporter: Reporter,
@@ -86,6 +87,8 @@ def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, A
     returns the document it recorded in the journal and printed."""
     run = training_run(session, job, options.run_id)
     settings = resolve(session, job, run, requests=options.requests, baseline=options.baseline)
+    if options.gpus is not None:
+        settings = dataclasses.replace(settings, gpus=list(options.gpus))
     inline = local_prompts(session.project, job, settings)
     ckpt = find_checkpoint(session, settings, options.checkpoint)
     digest = check_prompts(session, settings, inline)
@@ -93,7 +96,8 @@ def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, A
     facts = box_facts(session, settings)
     per_request, note = per_request_level(settings, facts)
     # the servers' plans, progress and stop reports go to stderr: stdout holds the result
-    quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=session.reporter.gpu_table)
+    quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=session.reporter.gpu_table,
+                     quiet=session.reporter.quiet, err=session.reporter.err)
     sides = []
     for k in options.ks or (None,):
         speculative = speculative_config(settings, ckpt.get("path") if ckpt else None)
