@@ -438,6 +438,10 @@ def _check_set_aside(job: Job, plan: Plan, facts: HostFacts) -> None:
     goes on, so no process of the run may have one (the server would starve the trainer of
     memory, or be refused as holding a GPU of a running run), and each must exist."""
     during = job.spec.evaluate.during_training if job.spec.evaluate else None
+    if during is not None and during.host == plan.host:
+        plan.problems.append(
+            f"{job.where(('evaluate', 'during_training', 'host'))}: {during.host} is the box "
+            "the run trains on; name a second box, or set aside GPUs of this one (gpus: [...])")
     if during is None or not during.gpus:
         return
     where = job.where(("evaluate", "during_training", "gpus"))

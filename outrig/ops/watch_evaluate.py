@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from outrig.checkpoints import Checkpoint, assess, order_text
-from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.evaluation_section import DuringTrainingSpec
 from outrig.evaluations import schedule
@@ -292,15 +291,17 @@ class WatchSource:
 
     def _on_second_box(self, train: HostSession, job: Job, host: str, run_id: str,
                        ckpt: Checkpoint) -> dict[str, Any]:
-        """Stage the verifier, the data and the newest complete checkpoint onto the second
-        box (the same paths, as a move stages them), then evaluate it there."""
+        """Copy the checkpoint onto the second box (:mod:`outrig.ops.evaluate_copy`), then
+        evaluate that copy there. The verifier and the prompts must be on that box already
+        (``outrig stage``, or a workstation prompts file): the evaluation says so if not."""
         from outrig.ops.evaluate import Options, evaluate_on
-        from outrig.ops.stage import stage_on
+        from outrig.ops.evaluate_copy import copy_checkpoint
+        from outrig.ops.watch_record import silent
 
-        second = HostSession(self.project, host, Reporter(quiet=True), self.journal)
+        second = HostSession(self.project, host, silent(), self.journal)
         try:
-            stage_on(second, job, src=train, resume=True)
-            return evaluate_on(second, job, Options(run_id=run_id, checkpoint=ckpt.path))
+            copy = copy_checkpoint(train, second, ckpt, job.name, self.journal)
+            return evaluate_on(second, job, Options(run_id=run_id, checkpoint=copy))
         finally:
             _close(second)
 

@@ -79,6 +79,16 @@ def test_set_aside_gpus_must_exist_and_free_ones_plan_cleanly(tmp_path: Path) ->
     assert sorted(g for p in five.processes.values() for g in p.gpus) == [0, 1, 2, 3]
 
 
+def test_the_second_box_is_not_the_training_box(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, {**base(), "evaluate": {"during_training": {"host": "box"}}}))
+    plan = make_plan(job, HOST, HostFacts(gpu_count=4, source="test"), "run-1")
+    assert any("evaluate.during_training.host: box is the box the run trains on" in p
+               for p in plan.problems), plan.problems
+    other = load_job(write(tmp_path, {**base(),
+                                      "evaluate": {"during_training": {"host": "eval-box"}}}))
+    assert not make_plan(other, HOST, HostFacts(gpu_count=4, source="test"), "run-1").problems
+
+
 # ------------------------------------------------------------------------------ the schedule
 
 def test_the_newest_complete_state_not_done_is_next() -> None:
