@@ -42,7 +42,7 @@ def evaluate_during_training(playbook: Path, vllm_python: str | None) -> None:
 
 
 class Watching:
-    """A watch of one run in a thread (JSON events to a buffer, kept)."""
+    """A watch of one run in a thread; what it printed is kept (the docs quote it)."""
 
     def __init__(self, r: Rehearsal, box: str, run_id: str) -> None:
         self.r, self.box, self.run_id = r, box, run_id
@@ -56,7 +56,7 @@ class Watching:
     def _watch(self) -> None:
         try:
             self.done.append(watch(
-                self.r.project, self.box, "real", Reporter(json_mode=True, out=self.out),
+                self.r.project, self.box, "real", Reporter(out=self.out, err=self.out),
                 options=WatchOptions(run_id=self.run_id, period=2.0, threshold=600.0),
                 journal=self.r.journal, stop=self.stop))
         except BaseException as exc:  # the record says what went wrong
@@ -69,9 +69,8 @@ class Watching:
         if self.thread.is_alive():
             self.stop.set()
             self.thread.join(60)
-        lines = [json.loads(line) for line in self.out.getvalue().splitlines()
-                 if line.startswith("{")]
-        events = [e for e in lines if e.get("event") in EVENTS]
+        record = self.done[0] if self.done else {}
+        events = [e for e in record.get("events") or [] if e.get("event") in EVENTS]
         evaluations = self.r.journal.evaluations(run_id=self.run_id)
         shown = status(self.r.project, self.box, Reporter(json_mode=True, out=io.StringIO()),
                        run_id=self.run_id, journal=self.r.journal)
@@ -84,8 +83,8 @@ class Watching:
         chart = next((c for c in data.get("charts") or [] if SERVED in c.get("metrics", [])),
                      {})
         return {
-            "watch_status": (self.done[0].get("status") if self.done else None),
-            "watch_error": self.error, "events": events,
+            "watch_status": record.get("status"), "watch_error": self.error,
+            "watch_output": self.out.getvalue(), "events": events,
             "evaluations": [{k: ev.get(k) for k in (
                 "eval_id", "acceptance_length", "per_position", "drafts", "server_runs",
                 "checkpoint", "num_speculative_tokens")} for ev in evaluations],

@@ -15,13 +15,14 @@ server start costs a minute or two on two cores.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.realvllm.evaluating import check_stopped, logged, outrig, server_settings
-from tests.rehearsal.harness import RealTraining, TrainedDrafter
+from tests.rehearsal.harness import KEEP_ENV, RealTraining, TrainedDrafter
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +79,10 @@ def test_the_drafter_is_evaluated_during_training_and_shown_by_status_and_the_re
     seen = real_training.during_training
     if not seen:
         pytest.skip("evaluate.during_training runs on the CPU rehearsal only")
+    keep = os.environ.get(KEEP_ENV)
+    if keep:  # the watch's output and what status and the report showed, for a reader
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / "during-training.json").write_text(json.dumps(seen, indent=1))
     assert seen["watch_error"] == [] and seen["watch_status"] == "finished", seen
     events = seen["events"]
     assert [e["event"] for e in events if e["event"] == "evaluation_failed"] == [], events
