@@ -132,6 +132,12 @@ class Watcher:
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Follow the run (across migrations and restarts) until it ends; the record."""
+        try:
+            return self._run()
+        finally:
+            self.evaluator.abandon()  # an evaluation in flight: its server is stopped
+
+    def _run(self) -> dict[str, Any]:
         while not self.stop.is_set():
             verdict = self.follow()
             if verdict is None:

@@ -45,6 +45,7 @@ class Source(Protocol):
     def done(self) -> set[str]: ...
     def evaluate(self, ckpt: Checkpoint) -> dict[str, Any]: ...
     def where(self, spec: DuringTrainingSpec) -> str: ...
+    def stop_servers(self) -> None: ...
 
 
 class Record(Protocol):
@@ -113,6 +114,16 @@ class CheckpointEvaluator:
             self.busy.set()
             if not self._work(direct=True):
                 break
+
+    def abandon(self) -> None:
+        """The watch ends (Ctrl-C, a failed run) with an evaluation in flight: its worker
+        dies with the process, so its server is stopped here, by the playbook its runs are
+        filed under (``<playbook>.evaluate``, evaluation servers only)."""
+        self.drain()
+        if self.busy.is_set():
+            self.say("evaluation_failed", why="the watch ends during an evaluation: its "
+                     "server is stopped; the checkpoint is evaluated when a watch runs again")
+            self.source.stop_servers()
 
     def drain(self) -> None:
         while True:
@@ -272,6 +283,21 @@ class WatchSource:
             return f"{spec.host} (the second box)"
         gpus = f"GPU(s) {spec.gpus}" if spec.gpus else "no GPU"
         return f"{gpus} of {self.record['host']}, set aside"
+
+    def stop_servers(self) -> None:
+        from outrig.evaluation import EVALUATE_SUFFIX
+        from outrig.ops.cleanup import cleanup_on
+
+        spec = self.spec()
+        if spec is None:
+            return
+        session = self.session(spec.host or str(self.record["host"]))
+        try:
+            cleanup_on(session, playbook=f"{self.job().name}{EVALUATE_SUFFIX}"[:64])
+        except OutrigError:  # nothing of it running any more, or the box away: said above
+            pass
+        finally:
+            _close(session)
 
     def evaluate(self, ckpt: Checkpoint) -> dict[str, Any]:
         from outrig.ops.evaluate import Options, evaluate_on

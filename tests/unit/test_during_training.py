@@ -133,6 +133,7 @@ class FakeBox:
         self.fail: list[str] = []  # keys whose evaluation raises
         self.evaluated: list[str] = []
         self.spec_reads = 0
+        self.stopped = 0
 
     def spec(self) -> DuringTrainingSpec | None:
         self.spec_reads += 1
@@ -146,6 +147,9 @@ class FakeBox:
 
     def where(self, spec: DuringTrainingSpec) -> str:
         return f"GPU(s) {spec.gpus} of box, set aside"
+
+    def stop_servers(self) -> None:
+        self.stopped += 1
 
     def evaluate(self, c: Checkpoint) -> dict[str, Any]:
         key = schedule.checkpoint_key(c)
@@ -348,3 +352,16 @@ def test_a_listing_that_fails_is_said_and_looked_at_again() -> None:
     clock.now += 30
     ev.poll()
     assert box.evaluated == ["0:3:3"]
+
+
+def test_a_watch_that_ends_mid_evaluation_stops_its_server() -> None:
+    box, spawn = FakeBox(), Deferred()
+    ev, said = evaluator(box, spawn=spawn)
+    ev.abandon()  # nothing in flight: nothing stopped
+    assert box.stopped == 0 and said == []
+    box.listing = [ckpt(0, 3, 3)]
+    ev.poll()
+    ev.abandon()
+    assert box.stopped == 1
+    assert said == [("evaluation_failed", "the watch ends during an evaluation: its server is "
+                     "stopped; the checkpoint is evaluated when a watch runs again")]
