@@ -28,10 +28,17 @@ from typing import Any, Protocol
 
 from outrig.checkpoints import Checkpoint, assess, order_text
 from outrig.errors import OutrigError
+from outrig.evaluation import EVALUATE_SUFFIX
 from outrig.evaluation_section import DuringTrainingSpec
 from outrig.evaluations import schedule
 from outrig.journal import Journal
+from outrig.ops.cleanup import cleanup_on
+from outrig.ops.evaluate import Options, evaluate_on, resolve
+from outrig.ops.evaluate_copy import copy_checkpoint
+from outrig.ops.watch_record import silent
 from outrig.playbook import Job
+from outrig.redeploy.rebuild import redeploy_of
+from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 
 Say = Callable[..., None]  # say(event, why=..., **fields): the watch's send
@@ -236,8 +243,6 @@ class WatchSource:
     playbook: Callable[[], str]  # the followed run's playbook (a move may change it)
 
     def job(self) -> Job:
-        from outrig.redeploy.rebuild import redeploy_of
-
         return redeploy_of(self.project.playbooks_dir, self.journal,
                            str(self.record["run_id"]), self.playbook()).job
 
@@ -249,16 +254,11 @@ class WatchSource:
         return evaluate.during_training if evaluate is not None else None
 
     def session(self, spec: str) -> HostSession:
-        from outrig.ops.watch_record import silent
-        from outrig.redeploy.record import run_host
-
         host = run_host(self.project.hosts_dir, self.journal, spec,
                         str(self.record["run_id"]))[0]
         return HostSession(self.project, spec, silent(), self.journal, host=host)
 
     def checkpoints(self) -> list[Checkpoint]:
-        from outrig.ops.evaluate import resolve
-
         job = self.job()
         session = self.session(str(self.record["host"]))
         try:
@@ -285,9 +285,6 @@ class WatchSource:
         return f"{gpus} of {self.record['host']}, set aside"
 
     def stop_servers(self) -> None:
-        from outrig.evaluation import EVALUATE_SUFFIX
-        from outrig.ops.cleanup import cleanup_on
-
         spec = self.spec()
         if spec is None:
             return
@@ -300,8 +297,6 @@ class WatchSource:
             _close(session)
 
     def evaluate(self, ckpt: Checkpoint) -> dict[str, Any]:
-        from outrig.ops.evaluate import Options, evaluate_on
-
         job = self.job()
         during = job.spec.evaluate.during_training if job.spec.evaluate else None
         assert during is not None
@@ -320,10 +315,6 @@ class WatchSource:
         """Copy the checkpoint onto the second box (:mod:`outrig.ops.evaluate_copy`), then
         evaluate that copy there. The verifier and the prompts must be on that box already
         (``outrig stage``, or a workstation prompts file): the evaluation says so if not."""
-        from outrig.ops.evaluate import Options, evaluate_on
-        from outrig.ops.evaluate_copy import copy_checkpoint
-        from outrig.ops.watch_record import silent
-
         second = HostSession(self.project, host, silent(), self.journal)
         try:
             copy = copy_checkpoint(train, second, ckpt, job.name, self.journal)
