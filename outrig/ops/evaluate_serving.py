@@ -31,6 +31,11 @@ class EvaluationFailed(OutrigError):
     """The server answered with errors, or counted nothing: the numbers would mislead."""
 
 
+class CheckpointRewritten(EvaluationFailed):
+    """The trainer rewrote the checkpoint folder while it was evaluated (speculators saves
+    mid-epoch states in place): which state vLLM loaded is unknown, so nothing is recorded."""
+
+
 def box_facts(session: HostSession, settings: EvalSettings) -> dict[str, Any]:
     """The versions in the server's interpreter, the GPUs it gets, and whether its vLLM has
     ``--per-request-spec-decode-metrics`` (read from vLLM's own source on the box)."""

@@ -33,7 +33,7 @@ from outrig.evaluation_section import DuringTrainingSpec
 from outrig.evaluations import schedule
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
-from outrig.ops.evaluate import Options, evaluate_on, resolve
+from outrig.ops.evaluate import CheckpointRewritten, Options, evaluate_on, resolve
 from outrig.ops.evaluate_copy import copy_checkpoint
 from outrig.ops.watch_record import silent
 from outrig.playbook import Job
@@ -176,6 +176,12 @@ class CheckpointEvaluator:
                             "checkpoint": ckpt.path, "step": ckpt.global_step})
         try:
             doc = self.source.evaluate(ckpt)
+        except CheckpointRewritten:  # not the checkpoint's failure: its newer state is next
+            emit("evaluation_failed", {
+                "why": f"checkpoint {describe(ckpt)} was rewritten by the trainer while it "
+                "was evaluated (which state vLLM loaded is unknown): nothing recorded; the "
+                "newer state is next", "checkpoint": ckpt.path, "step": ckpt.global_step})
+            return True
         except Exception as exc:  # OutrigError or not: the watch goes on, the user is told
             failures[key] = failures.get(key, 0) + 1
             self.record.update(eval_failures=failures)

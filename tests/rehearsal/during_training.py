@@ -31,13 +31,15 @@ EVENTS = ("evaluating", "evaluated", "evaluation_failed")
 
 def evaluate_during_training(playbook: Path, vllm_python: str | None) -> None:
     """Add the ``evaluate:`` section: 4 prompts, 2 at a time, no baseline (each CPU server
-    start costs a minute or two; the cached baseline is tests/realvllm's)."""
+    start costs a minute or two; the cached baseline is tests/realvllm's), end-of-epoch
+    checkpoints (a server start here outlasts several mid-epoch saves, which rewrite their
+    folder: such a measurement is refused, tests/unit/test_during_training.py)."""
     if REAL_GPU or not vllm_python:
         return
     body = yaml.safe_load(playbook.read_text())
     body["evaluate"] = {"requests": 4, "concurrency": 2, "max_tokens": 24, "baseline": False,
                         "settle": 3, "server": server_settings(vllm_python),
-                        "during_training": {"every": "checkpoint", "gpus": SET_ASIDE}}
+                        "during_training": {"every": "epoch", "gpus": SET_ASIDE}}
     playbook.write_text(yaml.safe_dump(body, sort_keys=False))
 
 

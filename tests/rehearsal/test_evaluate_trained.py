@@ -91,6 +91,7 @@ def test_the_drafter_is_evaluated_during_training_and_shown_by_status_and_the_re
     assert kinds == ["evaluating", "evaluated"] * (len(kinds) // 2), kinds
     evaluations = seen["evaluations"]
     assert len(evaluations) >= 2, evaluations
+    assert all(ev["checkpoint"]["local_step"] == 0 for ev in evaluations), evaluations  # epoch
     steps = [ev["checkpoint"]["global_step"] for ev in evaluations]
     assert len(set(steps)) == len(steps), f"a checkpoint evaluated twice: {steps}"
     for ev in evaluations:

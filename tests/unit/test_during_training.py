@@ -17,6 +17,7 @@ from outrig.errors import ConfigError
 from outrig.evaluation_section import DuringTrainingSpec
 from outrig.evaluations import schedule
 from outrig.inventory import Host
+from outrig.ops.evaluate import CheckpointRewritten, unchanged
 from outrig.ops.watch_evaluate import CheckpointEvaluator
 from outrig.plan import HostFacts, make_plan
 from outrig.playbook import load_job
@@ -131,6 +132,7 @@ class FakeBox:
         self.listing: list[Checkpoint] = []
         self.journal: list[dict[str, Any]] = []
         self.fail: list[str] = []  # keys whose evaluation raises
+        self.rewritten: list[str] = []  # keys the trainer rewrites while they are evaluated
         self.evaluated: list[str] = []
         self.spec_reads = 0
         self.stopped = 0
@@ -156,6 +158,8 @@ class FakeBox:
         self.evaluated.append(key)
         if key in self.fail:
             raise ConfigError("the server did not come up")
+        if key in self.rewritten:
+            raise CheckpointRewritten("rewritten")
         doc = doc_of(c, 1.0 + c.global_step / 10 if c.global_step else 1.0)
         self.journal.append(doc)
         return doc
@@ -365,3 +369,59 @@ def test_a_watch_that_ends_mid_evaluation_stops_its_server() -> None:
     assert box.stopped == 1
     assert said == [("evaluation_failed", "the watch ends during an evaluation: its server is "
                      "stopped; the checkpoint is evaluated when a watch runs again")]
+
+
+def test_a_checkpoint_rewritten_while_evaluated_is_not_counted_and_the_newer_is_next() -> None:
+    box, clock = FakeBox(), Clock()
+    record = FakeRecord(run_id="r1")
+    ev, said = evaluator(box, record, clock=clock)
+    box.listing = [ckpt(1, 3, 13)]
+    box.rewritten = ["1:3:13"]
+    ev.poll()
+    ev.drain()
+    assert said[-1][0] == "evaluation_failed" and said[-1][1].endswith(
+        "nothing recorded; the newer state is next")
+    assert not record["eval_failures"] and box.journal == []
+    box.listing = [ckpt(1, 6, 16)]  # what the trainer rewrote it with
+    clock.now += 30
+    ev.poll()
+    ev.drain()
+    assert box.evaluated == ["1:3:13", "1:6:16"] and said[-1][0] == "evaluated"
+
+
+class ListingSession:
+    """A session whose ``checkpoints`` op answers the agent's listing of one folder."""
+
+    def __init__(self, state: dict[str, Any] | None, complete: bool = True) -> None:
+        self.entry = {"epoch": 1, "path": "/d/ckpt/1", "complete": complete,
+                      "why": "complete" if complete else "model.safetensors newer than "
+                      "training_state.json", "files": {}, "training_state": state}
+        self.calls: list[dict[str, Any]] = []
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        self.calls.append({"op": op, **fields})
+        return {"checkpoints": [self.entry] if self.entry["training_state"] else []}
+
+
+@pytest.mark.parametrize(("state", "complete", "now"), [
+    ({"epoch": 1, "local_step": 6, "global_step": 16}, True, "now epoch 1, step 6, global step 16"),
+    ({"epoch": 1, "local_step": 0, "global_step": 20}, True,
+     "now end of epoch 1, global step 20"),
+    ({"epoch": 1, "local_step": 3, "global_step": 13}, False, "now being written"),
+    (None, True, "now gone"),
+])
+def test_a_measurement_of_a_rewritten_checkpoint_is_refused(
+        state: dict[str, Any] | None, complete: bool, now: str) -> None:
+    chosen = {"path": "/d/ckpt/1", "epoch": 1, "local_step": 3, "global_step": 13,
+              "order_text": "epoch 1, step 3"}
+    settings = type("S", (), {"scheduler": True})()
+    session = ListingSession(state, complete)
+    with pytest.raises(CheckpointRewritten) as info:
+        unchanged(session, settings, chosen)  # type: ignore[arg-type]
+    assert f"it held epoch 1, step 3 (global step 13) when the server started, and {now}" \
+        in str(info.value)
+    assert session.calls[0]["save_path"] == "/d/ckpt"
+    same = ListingSession({"epoch": 1, "local_step": 3, "global_step": 13})
+    unchanged(same, settings, chosen)  # type: ignore[arg-type]
+    unchanged(same, settings, {"path": "/exported/drafter"})  # type: ignore[arg-type]
+    assert len(same.calls) == 1  # an exported folder is not a trainer's: nothing to compare
