@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import time
+import weakref
 from typing import IO, TYPE_CHECKING, Any
 
 from outrig.errors import CLOSED_PIPE_EXIT
@@ -122,6 +123,18 @@ def one_line(text: object) -> str:
     return re.sub("[\n\r]", lambda m: _LINE_BREAK[m.group()], str(text))
 
 
+# Reporters whose status line is drawn now (see stop_live)
+_LIVE: weakref.WeakSet[Reporter] = weakref.WeakSet()
+
+
+def stop_live() -> None:
+    """Stop every reporter's status line (its spinner erased, the cursor shown again), so
+    that what is printed next (an error, Ctrl-C's message) is not drawn over, and no spinner
+    frame is left on the terminal. ``friendly`` calls it before it prints why a task ended."""
+    for reporter in list(_LIVE):
+        reporter.close()
+
+
 class Reporter:
     """Where every op sends what the user should see."""
 
@@ -220,6 +233,7 @@ class Reporter:
             if self._status is None:
                 self._status = self.console.status(escape(text))
                 self._status.start()
+                _LIVE.add(self)
             else:
                 self._status.update(escape(text))
         elif time.monotonic() - self._last_wait_print >= 10:
@@ -230,6 +244,7 @@ class Reporter:
         if self._status is not None:
             self._status.stop()
             self._status = None
+        _LIVE.discard(self)
 
     def close(self) -> None:
         self._stop_status()

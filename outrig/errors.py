@@ -62,6 +62,9 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 # The exit status when the reader of stdout went away (``outrig plan | head``): 128 + SIGPIPE,
 # what a shell reports for a Unix tool that SIGPIPE ended; nothing is printed.
 CLOSED_PIPE_EXIT = 141
@@ -147,6 +150,21 @@ class ConnectRefused(ConnectError):
 class LocalWriteError(OutrigError):
     """Writing a file on this workstation failed (disk full, permissions). Not a link problem:
     reconnecting cannot help, so it stops the command with the path and the fix."""
+
+
+def closest(word: str, known: Iterable[str]) -> str | None:
+    """The known name ``word`` was most likely meant to be (a typo: ``statsu``, ``--hots``,
+    ``sandbx``), for an error's "did you mean"; None when nothing is close. difflib's ratio,
+    at 0.6 (its default): one or two letters swapped, dropped or added in a short name."""
+    names = [name for name in dict.fromkeys(known) if name != word]
+    found = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """`` Did you mean 'X'?`` for the closest known name, else ``""`` (to end a sentence)."""
+    name = closest(word, known)
+    return f" Did you mean {name!r}?" if name else ""
 
 
 # Agent error kinds (remote/agent/protocol.py) that mean the request named something wrong:

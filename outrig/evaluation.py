@@ -24,6 +24,7 @@ from typing import Any
 
 from outrig.errors import OutrigError
 from outrig.evaluation_section import BOX_PREFIX, SMOKE, EvaluateSpec
+from outrig.evaluations.datasets import Dataset, box_file, parse_dataset
 from outrig.journal import utc_text
 from outrig.template import UndefinedName, substitute
 from outrig.textlayout import fmt
@@ -53,8 +54,9 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 @dataclass(frozen=True)
 class Prompts:
     """Where the prompts come from: ``local`` (a workstation file, sent in the request),
-    ``smoke`` (outrig's own set, sent in the request), ``box`` (a file on the box) or
-    ``conversations`` (training files on the box)."""
+    ``smoke`` (outrig's own set, sent in the request), ``box`` (a file on the box),
+    ``conversations`` (training files on the box) or ``dataset`` (vLLM's own set, written on
+    the box to the one path by vLLM's class before the requests)."""
 
     kind: str
     paths: tuple[str, ...]
@@ -90,6 +92,7 @@ class EvalSettings:
     per_request_metrics: str = "auto"  # --per-request-spec-decode-metrics: auto/summary/...
     training_seq_length: int | None = None  # dflash.seq_length: what the drafter trained on
     training_thinking: bool | None = None  # enable_thinking of the training server's template
+    dataset: Dataset | None = None  # vLLM's own prompt set (prompts.kind "dataset")
 
     @property
     def serving_thinking(self) -> bool | None:
@@ -171,7 +174,17 @@ def settings_for(spec: EvaluateSpec | None, dflash: Any, params: Mapping[str, ob
     if needs and dflash is None:
         problems.append(f"{where}: evaluate.speculative: method dflash needs its drafter: "
                         "add model: CHECKPOINT, or give --checkpoint PATH")
-    prompts = _prompts(spec, dflash, where, problems)
+    dataset = None
+    if spec.dataset is not None:
+        dataset, found = parse_dataset(spec.dataset, spec.dataset_path, spec.dataset_subset,
+                                       (f"{where}: evaluate.dataset",
+                                        f"{where}: evaluate.dataset_path",
+                                        f"{where}: evaluate.dataset_subset"))
+        problems += found
+        if spec.prompts is not None:
+            problems.append(f"{where}: evaluate.prompts and evaluate.dataset: give one")
+    prompts = (Prompts("dataset", (box_file(dataset),)) if dataset is not None
+               else _prompts(spec, dflash, where, problems))
     server = spec.server
     dserver = dflash.server if dflash is not None else None
     gpus = server.gpus if server.gpus is not None else (
@@ -194,7 +207,7 @@ def settings_for(spec: EvaluateSpec | None, dflash: Any, params: Mapping[str, ob
         per_request_metrics=spec.per_request_metrics,
         training_seq_length=dflash.seq_length if dflash is not None else None,
         training_thinking=thinking_of([str(a) for a in dserver.extra_args])
-        if dserver is not None else None)
+        if dserver is not None else None, dataset=dataset)
     return (None if problems else settings), problems
 
 
@@ -282,8 +295,14 @@ def bench_fields(settings: EvalSettings, inline: list[dict[str, Any]] | None, *,
     fields: dict[str, Any] = {"requests": settings.requests, "check_only": check_only}
     if settings.prompts.kind in ("local", "smoke"):
         fields["prompts"] = list(inline or [])
-    elif settings.prompts.kind == "box":
+    elif settings.prompts.kind == "box" or (settings.prompts.kind == "dataset"
+                                            and not check_only):
         fields["prompts_path"] = settings.prompts.paths[0]
+    elif settings.prompts.kind == "dataset" and settings.dataset is not None:
+        data = settings.dataset
+        fields["dataset"] = {"name": data.name, "category": data.category, "path": data.path,
+                             "subset": data.subset, "python": settings.python,
+                             "out": settings.prompts.paths[0]}
     else:
         fields["conversations"] = list(settings.prompts.paths)
     if not check_only:

@@ -100,6 +100,16 @@ class EvaluateSpec(_Section):
         "workstation (relative to the project), or box:PATH on the box (relative to the "
         "workdir), or smoke (outrig's own set); default for dflash: the last "
         "conversations of dflash.prepare.data, else smoke")
+    dataset: str | None = Field(
+        None, min_length=1, description="vLLM's own prompt set instead of prompts: "
+        "spec_bench or speed_bench, optionally :CATEGORY, read on the box by vLLM's own "
+        "dataset classes (needs dataset_path)")
+    dataset_path: str | None = Field(
+        None, min_length=1, description="where the dataset is on the box (relative to the "
+        "workdir): Spec-Bench's question.jsonl, or the SPEED-Bench folder of <subset>.jsonl")
+    dataset_subset: str | None = Field(
+        None, min_length=1, description="speed_bench only: qualitative (the default), "
+        "throughput_1k, ..., throughput_32k")
     requests: int = Field(32, ge=1, le=100_000, description="requests sent (at most the "
                           "number of prompts)")
     concurrency: int | list[int] = Field(

@@ -31,6 +31,7 @@ VALUE_NAMES = {
     "help": "TASK", "o": "FILE", "metric": "NAME",
     "model": "PATH", "speculative": "JSON", "prompts": "FILE", "python": "PATH",
     "baseline": "cached|fresh", "sweep-k": "K,K,...", "card": "FILE.md",
+    "dataset": "NAME[:CATEGORY]", "dataset-path": "PATH",
 }
 """Value names where the generic one (the flag's name in capitals) would say too little."""
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from outrig.errors import ConfigError
+from outrig.errors import ConfigError, did_you_mean
 from outrig.yamlfile import YamlDoc, load_yaml, validation_messages
 
 DEFAULT_WORKDIR = "~/outrig"
@@ -291,6 +291,7 @@ def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> H
     _bad_port(spec)
     known = host_files(hosts_dir)
     hint = f" Known host files: {', '.join(known)}." if known else ""
+    hint += did_you_mean(spec, [*known, *sorted(ssh_config_hostnames())])
     raise ConfigError(
         f"unknown host {spec!r}: there is no {hosts_dir}/{spec}.yaml and no 'Host {spec}' in "
         f"~/.ssh/config.{hint} Create hosts/{spec}.yaml (see docs/hosts.md), add the alias to "

@@ -3,7 +3,8 @@
 Everything that can be known before contacting the box is decided and checked here, so a bad
 playbook fails in milliseconds on the workstation instead of minutes later on the box:
 GPU overlap, GPU indices the host lacks, tensor × data parallel ≠ GPU count (the
-``DP adjusted local rank 3 is out of bounds`` crash), ``after`` cycles and unknown names, and
+``DP adjusted local rank 3 is out of bounds`` crash; from ``parallel:`` or read from a pasted
+vLLM or torchrun command, :mod:`outrig.launchers`), ``after`` cycles and unknown names, and
 ``${names}`` nobody defined. ``inv plan`` prints the result; deploy sends it.
 """
 
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from outrig import recipes
 from outrig.agent_code import LAUNCH_ENV_KEYS
 from outrig.inventory import Host
+from outrig.launchers import check_launch, read_launch
 from outrig.playbook import Job, ProcessSpec
 from outrig.recipes import EnvFacts, ModelFacts, RecipeContext
 from outrig.template import UndefinedName, substitute
@@ -203,6 +205,7 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
     _check_gpus(job, plan, facts)
     _check_set_aside(job, plan, facts)
     _check_parallel(job, plan)
+    _check_launchers(job, plan)
     plan.order = _start_order(spec.processes)
     if facts.gpu_count is None and plan.max_gpu_index() is not None:
         plan.notes.append(
@@ -472,3 +475,20 @@ def _check_parallel(job: Job, plan: Plan) -> None:
                 f"die minutes in with 'DP adjusted local rank N is out of bounds'. Give it "
                 f"{tp * dp} GPUs or change tensor/data so that tensor × data = {len(proc.gpus)}."
             )
+
+
+def _check_launchers(job: Job, plan: Plan) -> None:
+    """A pasted ``vllm serve`` or ``torchrun`` command: its own parallel flags against
+    ``gpus:``, as ``parallel:`` is checked; a shell command says that nothing was checked."""
+    for name, proc in job.spec.processes.items():
+        rendered = plan.processes.get(name)
+        if rendered is None:
+            continue
+        template = read_launch(proc.argv_template(), rendered.env)
+        launch = read_launch(rendered.argv, rendered.env)
+        parallel = (proc.parallel.tensor, proc.parallel.data) if proc.parallel else None
+        found = check_launch(launch, name, list(proc.gpus), parallel, job.spec.nodes,
+                             nnodes_literal="${" not in template.flags.get("nnodes", ""))
+        where = job.where(("processes", name, "command"))
+        plan.problems.extend(f"{where}: {text}" for text in found.problems)
+        plan.notes.extend(f"{where}: {text}" for text in found.notes)

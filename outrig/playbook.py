@@ -31,7 +31,7 @@ from pydantic import (
 
 from outrig import recipes
 from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
-from outrig.errors import ConfigError, OutrigError
+from outrig.errors import ConfigError, OutrigError, did_you_mean
 from outrig.evaluation_section import EvaluateSpec
 from outrig.hang.spec import HangSpec
 from outrig.recipes import Recipe
@@ -551,6 +551,7 @@ def find_playbook(name_or_path: str, playbooks_dir: Path) -> Path:
     known = sorted(p.stem for p in playbooks_dir.glob("*.y*ml") if p.is_file()) \
         if playbooks_dir.is_dir() else []
     hint = f" Known playbooks: {', '.join(known)}." if known else ""
+    hint += did_you_mean(name_or_path, known)
     raise ConfigError(
         f"unknown playbook {name_or_path!r}: no {playbooks_dir}/{name_or_path}.yaml and no "
         f"playbook there says name: {name_or_path}.{hint} "

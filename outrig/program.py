@@ -41,6 +41,7 @@ from invoke.program import Program
 from invoke.tasks import Task
 from invoke.util import helpline
 
+from outrig.errors import closest, did_you_mean
 from outrig.helptext import Option, task_help_lines
 from outrig.launcher import CORE_OPTIONS, end_on_closed_pipe, help_lines, keep_typed, list_lines
 from outrig.settings import SETTINGS, find_project
@@ -172,8 +173,9 @@ class OutrigProgram(Program):
             raise Exit
         if wanted:
             if wanted not in self.parser.contexts:
-                raise refusal(f"error: no task is named {wanted!r}; see `{binary} --list` "
-                              "for the tasks. Nothing was run.")
+                hint = did_you_mean(wanted, self.parser.contexts)
+                raise refusal(f"error: no task is named {wanted!r}.{hint} See `{binary} "
+                              "--list` for the tasks. Nothing was run.")
             self.print_task_help(wanted)
             raise Exit
         if self.args.list.value:
@@ -199,14 +201,14 @@ class OutrigProgram(Program):
         parser = self._make_parser()
         missing = missing_value(self.core.unparsed, parser)
         if missing is not None:
-            raise refusal(parse_error_message(missing, self.binary_names[0]))
+            raise refusal(parse_error_message(missing, self.binary_names[0], parser))
         twice = given_twice(self.core.unparsed, parser)
         if twice is not None:
             raise refusal(twice)
         try:
             super().parse_tasks()
         except ParseError as exc:
-            raise refusal(parse_error_message(exc, self.binary_names[0])) from None
+            raise refusal(parse_error_message(exc, self.binary_names[0], parser)) from None
         except ValueError as exc:  # a typed flag given a value of the wrong type
             raise refusal(f"error: {exc}; see `outrig --help TASK` for the flag's type") \
                 from None
@@ -343,14 +345,18 @@ def value_candidates(invocation: str) -> list[str] | None:
     return sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
 
 
-def parse_error_message(exc: ParseError, binary: str) -> str:
-    """One paragraph: Invoke's complaint, which task it concerns, and how to see the flags."""
+def parse_error_message(exc: ParseError, binary: str, parser: Parser | None = None) -> str:
+    """One paragraph: Invoke's complaint, which task it concerns, the closest task or flag
+    to a word it did not know (``parser``: the tasks' parser), and how to see the flags."""
     context = getattr(exc, "context", None)
     name = getattr(context, "name", None)
     # Invoke names a flag by its repr ("<Argument: host>"); say it as typed: --host, -o
     text = re.sub(r"<Argument: ([^,()> ]+)[^>]*>",
                   lambda m: ("-" if len(m.group(1)) == 1 else "--")
                   + translate_underscores(m.group(1)), str(exc)).rstrip(".!")
+    unknown = re.match(r"No idea what '(.*)' is$", text)
+    if unknown and parser is not None:
+        text += _meant(unknown.group(1), context, parser)
     if name in ("exec", "ssh") and text.startswith("No idea what"):
         fix = f"the command goes after --, e.g. `{binary} {name} --host NAME -- nvidia-smi`"
     elif name:
@@ -358,3 +364,18 @@ def parse_error_message(exc: ParseError, binary: str) -> str:
     else:
         fix = f"see `{binary} --list` for the tasks and `{binary} --help TASK` for their flags"
     return f"error: {text}; {fix}. Nothing was run."
+
+
+def _meant(word: str, context: ParserContext | None, parser: Parser) -> str:
+    """`` (did you mean 'X'?)``: a flag of the task for a word that looks like a flag, else a
+    task name; "" when nothing is close."""
+    if word.startswith("-"):
+        where = context if context is not None else parser.initial
+        flags = where.flags if where is not None else {}
+        inverse = where.inverse_flags if where is not None else {}
+        known = [f for f in [*flags, *inverse] if f.startswith("--")]
+        typed = word.partition("=")[0]
+    else:
+        known, typed = list(parser.contexts), word
+    name = closest(typed, known)
+    return f" (did you mean {name!r}?)" if name else ""

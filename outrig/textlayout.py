@@ -41,8 +41,18 @@ def visible(text: str) -> str:
 
 
 def shown(arg: str) -> str:
-    """One argument as a shell would need it typed."""
-    return shlex.quote(arg)
+    """One argument as a shell would need it typed: in double quotes when it holds a single
+    quote and nothing a shell expands inside double quotes (``-c "print('hi')"``, as people
+    write it), else as :func:`shlex.quote` puts it (``'"'"'`` for each single quote)."""
+    quoted = shlex.quote(arg)
+    if "'" in arg and not _EXPANDS_IN_DOUBLE.search(arg):
+        return f'"{arg}"'
+    return quoted
+
+
+_EXPANDS_IN_DOUBLE = re.compile(r'[$`"\\!\n]')
+# Programs whose ``-c`` argument is a program text (shown wrapped at its spaces, under them)
+_INLINE_PROGRAM = re.compile(r"(python[0-9.]*|bash|sh|dash|zsh|ksh)$")
 
 
 def argv_lines(argv: Sequence[str]) -> list[str]:
@@ -62,6 +72,14 @@ def command_lines(argv: Sequence[str], width: int, indent: str = INDENT) -> list
     whole = " ".join(shown(a) for a in argv)
     if len(indent) + len(whole) <= width:
         return [indent + whole]
+    program = _inline_program(argv)
+    if program is not None:  # `python3 -u -c PROGRAM ...`: the program wrapped under it
+        head = indent + " ".join(shown(a) for a in argv[:program])
+        body = [line for text in shown(argv[program]).split("\n")
+                for line in wrapped(text, width, indent + "    ", indent + "     ")]
+        rest = command_lines(argv[program + 1:], width, indent + "    ") \
+            if argv[program + 1:] else []
+        return [head, *body, *rest]
     parts = argv_lines(argv)
     out = [indent + parts[0]]
     more = indent + "    "
@@ -72,6 +90,20 @@ def command_lines(argv: Sequence[str], width: int, indent: str = INDENT) -> list
             flag, _, value = part.partition(" ")
             out.extend([more + flag, more + "    " + value])
     return out
+
+
+def _inline_program(argv: Sequence[str]) -> int | None:
+    """The index of a ``-c`` program (``python3 -u -c PROGRAM``, ``bash -c SCRIPT``) that
+    holds spaces, when only short options come before it; else None."""
+    if not argv or not _INLINE_PROGRAM.match(argv[0].rsplit("/", 1)[-1]):
+        return None
+    for index, arg in enumerate(argv[1:], 1):
+        if arg == "-c":
+            found = index + 1
+            return found if found < len(argv) and " " in argv[found] else None
+        if not (arg.startswith("-") and len(arg) <= 3):
+            return None
+    return None
 
 
 def wrapped(text: str, width: int, indent: str = INDENT, later: str | None = None) -> list[str]:
@@ -87,18 +119,26 @@ def paragraph(text: str, width: int | None, first: str = "", later: str = "  ") 
     """A message (an error, a note, a ``✓`` line) wrapped at spaces to ``width`` (None: left
     as it is), so that the terminal never cuts a word: ``first`` starts it (``error: ``),
     ``later`` each continuation line. Each line of a message of several is wrapped on its
-    own; one that starts with a space (a command, a table row, a list under the text) is
-    kept as it is, and a word longer than the line (a path, a URL) is never cut."""
+    own; a bullet under the text (``  - problem``) wraps under its own first word (a hanging
+    indent); any other line that starts with a space (a command, a table row) is kept as it
+    is, and a word longer than the line (a path, a URL) is never cut."""
     if width is None:
         return first + text
     out: list[str] = []
     for number, line in enumerate(text.split("\n")):
         head = first if number == 0 else ""
-        if number and (not line.strip() or line[:1] in (" ", "\t")):
+        bullet = _BULLET.match(line) if number else None
+        if bullet:
+            out.extend(wrapped(line[bullet.end():], width, indent=bullet.group(0),
+                               later=" " * bullet.end()))
+        elif number and (not line.strip() or line[:1] in (" ", "\t")):
             out.append(line)
         else:
             out.extend(wrapped(line, width, indent=head, later=later))
     return "\n".join(out)
+
+
+_BULLET = re.compile(r" +[-•] (?=\S)")
 
 
 def labelled(label: str, value: str, width: int, indent: str = INDENT) -> list[str]:
@@ -361,9 +401,13 @@ def _tree_lines(proc: dict[str, Any], width: int) -> list[str]:
                    "cleanup stops them:")
     nodes = [n for n in tree if isinstance(n, dict)]
     for node in nodes[:TREE_LINES]:
-        text = (f"{INDENT}└ {node.get('pid')} {node.get('cmdline') or node.get('comm') or '?'}"
-                f" ({node.get('proof')})")
-        out += wrapped(visible(text[: max(20, width * 2)]), width, "", INDENT + "    ")
+        # about two lines: the command line is shortened, never the proof after it
+        head, proof = f"{INDENT}└ {node.get('pid')} ", f" ({node.get('proof')})"
+        command = visible(str(node.get("cmdline") or node.get("comm") or "?"))
+        room = max(20, width * 2 - len(head) - len(proof) - len(INDENT))
+        if len(command) > room:
+            command = command[:room - 1].rstrip() + "…"
+        out += wrapped(head + command + proof, width, "", INDENT + "    ")
     if len(nodes) > TREE_LINES:
         out.append(f"{INDENT}└ … and {len(nodes) - TREE_LINES} more (outrig status --json)")
     return out

@@ -321,10 +321,30 @@ def connections(c: Any, close: bool = False, host: str | None = None,
     if not found:
         print("no warm connections")
         return
-    print(f"{'HOST':<28} {'NAME':<16} {'PID':>8} {'AGE':>8} {'IDLE LEFT':>10}  LIVE AGENT")
-    for entry in found:
-        print(f"{entry['host']:<28} {entry['name']:<16} {entry['pid']:>8} "
-              f"{entry['age']:>7.0f}s {entry['idle_left']:>9.0f}s  {live_words(entry)}")
+    from outrig.terminal import terminal_width
+
+    print("\n".join(connection_lines(found, terminal_width())))
+
+
+def connection_lines(found: list[dict[str, Any]], width: int) -> list[str]:
+    """The table of ``outrig connections`` in ``width`` columns: name, address, keeper pid,
+    age and idle time left in a row, the live agent's state at the row's end when every row
+    has room for it, else wrapped under each row."""
+    from outrig.textlayout import columns, wrapped
+
+    rows = [[str(e["name"]), str(e["host"]), str(e["pid"]), f"{e['age']:.0f}s",
+             f"{e['idle_left']:.0f}s"] for e in found]
+    live = [live_words(e) for e in found]
+    header, lines = columns(["NAME", "HOST", "PID", "AGE", "IDLE LEFT"], rows, indent="")
+    row_width = max(len(header), *(len(line) for line in lines))
+    if all(row_width + 2 + len(words) <= width for words in [*live, "LIVE AGENT"]):
+        return [f"{header:<{row_width}}  LIVE AGENT",
+                *(f"{line:<{row_width}}  {words}" for line, words in zip(lines, live,
+                                                                           strict=True))]
+    out = [header]
+    for line, words in zip(lines, live, strict=True):
+        out += [line, *wrapped(f"live agent: {words}", width, "    ", "      ")]
+    return out
 
 
 def live_words(entry: dict[str, Any]) -> str:

@@ -69,9 +69,15 @@ def flag_playbook(model: str, speculative: str | None, prompts: str | None,
           "python": "without --playbook: the vLLM venv's interpreter on the box (default "
                     "python3)",
           "run": "the training run whose checkpoints are evaluated (default: the "
-                 "playbook's newest run on this host)",
+                 "playbook's newest run on this host); a multi-node job's id means its "
+                 "node 0's run, on node 0's box",
           "checkpoint": "a checkpoint folder on the box (default: the run's newest complete "
                         "one); a torn one is refused",
+          "dataset": "vLLM's own prompt set instead: spec_bench or speed_bench, optionally "
+                     ":CATEGORY (e.g. speed_bench:coding), read on the box by vLLM's own "
+                     "dataset classes; each prompt keeps its category",
+          "dataset_path": "where that set is on the box: Spec-Bench's question.jsonl, or "
+                          "the SPEED-Bench folder prepared from the hub",
           "requests": "how many prompts to send (default: evaluate.requests, 32)",
           "baseline": "cached (the default): serve the verifier without speculation for "
                       "the speedup, or reuse the one measured before with the same verifier, "
@@ -92,6 +98,7 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
              model: str | None = None, speculative: str | None = None,
              prompts: str | None = None, python: str | None = None,
              run: str | None = None, checkpoint: str | None = None,
+             dataset: str | None = None, dataset_path: str | None = None,
              requests: str | None = None, baseline: str | None = None,
              no_baseline: bool = False, sweep_k: str | None = None,
              card: str | None = None,
@@ -115,6 +122,8 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
         outrig evaluate --host uk-node --playbook dflash-qwen36 --card card.md
         outrig evaluate --host uk-node --model /m/q --speculative '{"method": "ngram"}'
         outrig evaluate --host uk-node --playbook dflash-qwen36 --sweep-k 3,7,15
+        outrig evaluate --host uk-node --playbook dflash-qwen36 --dataset speed_bench:coding
+            --dataset-path /data/speed-bench
         outrig evaluate --host uk-node --playbook dflash-qwen36 --compare
     """
     from outrig.cli.targets import one_host  # at run time only, as in outrig.cli.runs
@@ -139,12 +148,21 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
                           "verifier)")
     ks = parse_ks(sweep_k) if sweep_k is not None else ()
     count = None if requests is None else int(number(requests, "requests", 32))
+    if run is not None:  # a multi-node job's id: its node 0's run, on node 0's box
+        from outrig.journal import Journal
+        from outrig.ops.runs import head_run_id
+
+        journal = Journal()
+        run = head_run_id(journal, run)
+        recorded = (journal.run(run) or {}).get("host")
+        host = host or (str(recorded) if recorded else None)
     host_spec = one_host(settings, reporter, host).spec
     options = Options(run_id=run, checkpoint=checkpoint, requests=count,
                       baseline=True if baseline else (False if no_baseline else None),
                       fresh=baseline == "fresh", ks=ks,
                       card=Path(card) if card else None,
-                      command=("outrig", *sys.argv[1:]))
+                      command=("outrig", *sys.argv[1:]), dataset=dataset,
+                      dataset_path=dataset_path)
     if model:
         if compare:
             raise ConfigError("--compare lists a playbook's evaluations: give --playbook")

@@ -95,6 +95,9 @@ def friendly(func: F) -> F:
     to the terminal (:func:`outrig.textlayout.paragraph`), so no word is cut at its edge."""
 
     def say(text: str, first: str = "") -> None:
+        console = sys.modules.get("outrig.console")  # imported only if a task printed
+        if console is not None:
+            console.stop_live()
         print(paragraph(visible(text), wrap_width(sys.stderr), first=first), file=sys.stderr)
 
     @functools.wraps(func)

@@ -361,7 +361,9 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
           "playbook": "the playbook whose run to follow (its current run on the host)",
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
                    "that passes check and has no bad GPU wins); 'auto' rents one through the "
-                   "provider of spares: in outrig.yaml (the default when that is set)",
+                   "provider of spares: in outrig.yaml (the default when that is set); for a "
+                   "multi-node job, one box per node (a,b: new node 0 first), or auto to rent "
+                   "them",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash or a hang on a healthy box, redeploy in place at most "
                       "N times (default 0: report and stop, or move a hung run to a spare)",
@@ -389,8 +391,13 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     on, one at a time, and its acceptance length printed. Events go to the on_event hook; its
     state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
-    Example:
+    A multi-node job (--run JOB): a node failing stops the others; with --spare, a node
+    that stops answering moves the whole job to the spares, one per node (the job's
+    checkpoints are mirrored as it goes). See docs/scale-out.md.
+
+    Examples:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node
+        outrig watch --run pair-20260101-120000-ab12 --spare spare-a,spare-b
     """
     from outrig.cli.targets import playbook_identity, select_one
     from outrig.notify import Notifier
@@ -418,15 +425,23 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         run_watch(one.project, one.spec, name, reporter, options=options,
                   notifier=Notifier(settings.on_event(), reporter))
 
-    def on_job(job: NodeJob) -> None:  # a multi-node job: one node failing stops the others
+    def on_job(job: NodeJob) -> None:  # a multi-node job: one node failing stops the others,
+        # or, with spares, a node lost moves the whole job to them
+        from outrig.journal import Journal
+        from outrig.ops.job_move import split_hosts, watch_job
         from outrig.ops.nodes import watch_nodes
+        from outrig.providers.spares import spares_for_watch
 
-        if spare:
-            raise ConfigError(f"--spare: {job.recorded_id} is a multi-node job, which watch "
-                              "does not move (a node failing stops the others; deploy it "
-                              "again). Drop --spare. Nothing was started.")
-        watch_nodes(job.project, job.recorded_id, reporter,
-                    threshold=float(number(threshold, "threshold", 60, whole=False)))
+        limit = float(number(threshold, "threshold", 60, whole=False))
+        name = (Journal().job(job.recorded_id) or {}).get("playbook")
+        spares = spares_for_watch(job.project, split_hosts(spare),
+                                  str(name) if name else None)
+        if not spares:
+            watch_nodes(job.project, job.recorded_id, reporter, threshold=limit)
+            return
+        notifier = Notifier(settings.on_event(), reporter)
+        watch_job(job.project, job.recorded_id, spares, reporter, send=notifier.send,
+                  threshold=limit)
 
     target.run(host=on_host, job=on_job)
 
@@ -436,7 +451,9 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     iterable=["host"],
     help={"host": HOSTS_HELP, "playbook": "whose checkpoints (default: the playbook of the "
           "host's newest run that really ran)",
-          "run": "take the playbook of this run id instead",
+          "run": "take the playbook of this run id instead; a multi-node job's id mirrors "
+                 "the job's checkpoints (read on every node that answers: global rank 0 "
+                 "writes them on one), no --host needed",
           "max_parallel": MAX_PARALLEL_HELP, "deadline": LONG_DEADLINE_HELP,
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP,
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
@@ -452,16 +469,28 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     logged as saved or followed by a later epoch) are pulled; ``interrupted/`` never is. Run
     it now and then: a dead box then loses at most the work since the last sync.
 
-    Example:
+    Examples:
         outrig sync-checkpoints --host uk-node
+        outrig sync-checkpoints --run pair-20260101-120000-ab12
     """
     from outrig.cli.sweep import sync_hosts
     from outrig.cli.targets import select
+    from outrig.journal import Journal
     from outrig.ops.stage import sync_checkpoints as run_sync
 
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
-    # a --run id here is one box's run (a node's run is too): never a multi-node job
+    if run and Journal().job(run) is not None:
+        # a job's id: global rank 0 (node 0) writes the job's checkpoints
+        from outrig.ops.job_move import sync_job_checkpoints
+
+        if playbook or [h for h in host or [] if h]:
+            raise ConfigError(f"--run {run} is a multi-node job: its checkpoints are node 0's, "
+                              "read at the playbook it was deployed with; drop --host and "
+                              "--playbook. Nothing was sent.")
+        sync_job_checkpoints(settings.project, str(run), reporter)
+        return
+    # any other --run id is one box's run (a node's run is too)
     target = select(settings, reporter, host, max_parallel=max_parallel, deadline=deadline)
     target.run(
         host=lambda one: run_sync(one.project, one.spec, reporter, playbook=playbook,
@@ -475,10 +504,12 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     help={"from_": "the old box (dead or alive): host file name, ssh alias or user@host:port; "
                    "default: the box the journal files --run under (its host file may be "
                    "gone: the address recorded with the run is used)",
-          "to": "the new box", "playbook": "playbook to run on the new box (default: the "
+          "to": "the new box; for a multi-node job, one new box per node, new node 0 first "
+                "(--to a,b)", "playbook": "playbook to run on the new box (default: the "
           "moved run's playbook as it was deployed, or the member of its family that fits the "
           "new box best)",
-          "run": "the run to move (default: the old box's newest run that really ran)",
+          "run": "the run to move (default: the old box's newest run that really ran), or a "
+                 "multi-node job's id: the whole job moves",
           "param": "change a param of the moved run (the run's own --param values are "
                    "carried over without it)",
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
@@ -501,10 +532,16 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
     old run if the box is alive and copies its checkpoint box to box, else uses this
     workstation's mirror; deploys with resume. See docs/migrate.md.
 
+    A multi-node job (--run JOB --to a,b) moves as a whole to as many new boxes: the nodes
+    that answer are fenced, the newest complete checkpoint goes to every new node, and
+    the job resumes with the new node 0 as its rendezvous host. See docs/scale-out.md.
+
     Examples:
         outrig migrate --from uk-node --to new-node
         outrig migrate --run smoke-20250101-120000-ab12 --to new-node
+        outrig migrate --run pair-20250101-120000-ab12 --to spare-a,spare-b
     """
+    from outrig.cli.targets import job_id_for
     from outrig.ops.migrate import migrate as run_migrate
 
     if not to or not (from_ or run):
@@ -512,5 +549,19 @@ def migrate(c: Any, from_: str | None = None, to: str | None = None,
                           "--from OLD) and --to NEW (host file names, ssh aliases or "
                           "user@host:port). Nothing was sent.")
     settings = settings_for(c, project, no_keep=no_keep)
+    job_id = job_id_for(run)
+    if job_id is not None:  # a multi-node job moves as a whole, to as many boxes
+        from outrig.ops.job_move import JobMoveOptions, move_job, split_hosts
+
+        if from_ or playbook:
+            raise ConfigError(f"--run {run} is a multi-node job: it moves as deployed from the "
+                              "boxes the journal records; drop --from and --playbook. Nothing "
+                              "was stopped or started.")
+        move_job(settings.project, job_id, split_hosts(to), make_reporter(json),
+                 options=JobMoveOptions(params=parse_params(param) or None))
+        return
+    if "," in to:
+        raise ConfigError(f"--to {to}: a run of one box moves to one box; several boxes are "
+                          "for a multi-node job (--run JOB). Nothing was stopped or started.")
     run_migrate(settings.project, from_, to, make_reporter(json), playbook=playbook,
                 run_id=run, params=parse_params(param) or None)

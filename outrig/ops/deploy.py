@@ -22,6 +22,12 @@ from typing import Any
 from outrig import recipes
 from outrig.console import Reporter
 from outrig.errors import Interrupted, PlanError, RemoteError
+from outrig.evaluations.launch_check import (
+    RUNNER_ENV,
+    launch_problems,
+    server_python,
+    speculative_model,
+)
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.runs import new_run_id, secret_values
@@ -207,6 +213,8 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
         session.host.refuse_placeholder()
     begun = time.monotonic()
     plan = plan_on(session, job, probe=not dry_run, run_id=run_id)
+    if not dry_run:
+        check_speculative_servers(session, plan)
     reporter.plan(plan)
     if dry_run:
         reporter.emit_json({"event": "plan", "plan": plan.to_dict()})
@@ -266,6 +274,29 @@ def plan_on(session: HostSession, job: Job, *, probe: bool = True, run_id: str |
             probed, envs = probe_models(session, wanted, pythons)
     return plan_job(job, session.host, session.journal, probed=probed, envs=envs,
                     run_id=run_id, node=node)
+
+
+def check_speculative_servers(session: HostSession, plan: Plan) -> None:
+    """Each process that starts vLLM with ``--speculative-config``: what its vLLM would refuse
+    (the drafter's speculators algorithm, a Model Runner V1 setting) is refused before
+    anything is stopped or started (:mod:`outrig.evaluations.launch_check`). One more
+    ``model_facts`` exec, only for such a process that names a drafter or sets
+    ``VLLM_USE_V2_MODEL_RUNNER`` (whose interpreter the argv tells)."""
+    problems: list[str] = []
+    for name in plan.order:
+        proc = plan.processes[name]
+        speculative, drafter = speculative_model(proc.argv)
+        python = server_python(proc.argv) if speculative else None
+        if python is None or (drafter is None and RUNNER_ENV not in proc.env):
+            continue
+        result = session.call("model_facts", stream=False, models=[], pythons=[python],
+                              drafters=[drafter] if drafter else [])
+        env: dict[str, Any] = next(iter(result.get("envs") or []), {})
+        problems += launch_problems(env, proc.env, env_key=f"processes.{name}.env",
+                                    drafter_key=f"processes.{name}: --speculative-config's "
+                                    "model")
+    if problems:
+        raise PlanError(problems, context=f"{plan.playbook} on {plan.host}")
 
 
 def _deploy_call(session: HostSession, plan: Plan, request: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from outrig.errors import ConfigError, PlanError, RemoteError
 from outrig.evaluation import (
     MAX_INLINE_PROMPT_BYTES,
     EvalSettings,
+    Prompts,
     bench_fields,
     compare_rows,
     server_playbook,
@@ -34,6 +35,7 @@ from outrig.evaluation import (
     speculative_config,
 )
 from outrig.evaluations.card import card_markdown
+from outrig.evaluations.datasets import box_file, parse_dataset
 from outrig.evaluations.report import full_report
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
@@ -69,6 +71,8 @@ class Options:
     ks: tuple[int, ...] = ()  # --sweep-k 3,7,15: one speculative server per value
     card: Path | None = None  # --card FILE.md
     command: tuple[str, ...] = ()  # the command line, for the card's "reproduce"
+    dataset: str | None = None  # --dataset spec_bench|speed_bench[:CATEGORY]
+    dataset_path: str | None = None  # --dataset-path PATH (on the box)
     gpus: tuple[int, ...] | None = None  # evaluate.during_training.gpus: the server's GPUs
 
 
@@ -88,13 +92,14 @@ def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, A
     returns the document it recorded in the journal and printed."""
     run = training_run(session, job, options.run_id)
     settings = resolve(session, job, run, requests=options.requests, baseline=options.baseline)
+    settings = with_dataset(settings, options.dataset, options.dataset_path)
     if options.gpus is not None:
         settings = dataclasses.replace(settings, gpus=list(options.gpus))
     inline = local_prompts(session.project, job, settings)
     ckpt = find_checkpoint(session, settings, options.checkpoint)
     digest = check_prompts(session, settings, inline)
     check_gpus(session, settings, job.name)
-    facts = box_facts(session, settings)
+    facts = box_facts(session, settings, ckpt.get("path") if ckpt else None)
     per_request, note = per_request_level(settings, facts)
     # the servers' plans, progress and stop reports go to stderr: stdout holds the result
     quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=session.reporter.gpu_table,
@@ -181,6 +186,27 @@ def resolve(session: HostSession, job: Job, run: dict[str, Any] | None, *,
     if baseline is not None:
         changes["baseline"] = baseline
     return dataclasses.replace(settings, **changes)
+
+
+def with_dataset(settings: EvalSettings, name: str | None, path: str | None
+                 ) -> EvalSettings:
+    """``--dataset`` / ``--dataset-path`` over the playbook's ``evaluate.dataset`` (refused,
+    exit 2, when they do not make one of vLLM's sets)."""
+    if name is None and path is None:
+        return settings
+    base = settings.dataset
+    text = name or (base.text if base is not None else None)
+    if text is None:
+        raise ConfigError("--dataset-path goes with --dataset spec_bench|speed_bench (or the "
+                          "playbook's evaluate.dataset)")
+    dataset, problems = parse_dataset(
+        text, path or (base.path if base is not None else None),
+        base.subset if base is not None and base.name == "speed_bench" else None,
+        ("--dataset", "--dataset-path", "evaluate.dataset_subset"))
+    if problems or dataset is None:
+        raise PlanError(problems, context="evaluate --dataset")
+    return dataclasses.replace(settings, dataset=dataset,
+                               prompts=Prompts("dataset", (box_file(dataset),)))
 
 
 def local_prompts(project: Project, job: Job, settings: EvalSettings
@@ -305,10 +331,18 @@ def check_prompts(session: HostSession, settings: EvalSettings,
                               **bench_fields(settings, None, check_only=True))
     except RemoteError as exc:
         if exc.kind in _CHECK_KINDS:
-            raise ConfigError(f"evaluate.prompts: {exc}") from None
+            key = "evaluate.dataset" if settings.dataset is not None else "evaluate.prompts"
+            raise ConfigError(f"{key}: {exc}") from None
         raise
-    session.reporter.info(f"• {result.get('prompts')} prompt(s) on the box "
-                          f"({', '.join(result.get('kinds') or [])})")
+    loaded = result.get("dataset")
+    if isinstance(loaded, dict) and settings.dataset is not None:
+        counts = ", ".join(f"{k} {v}" for k, v in (loaded.get("categories") or {}).items())
+        session.reporter.info(f"• {settings.dataset.text}: {loaded.get('prompts')} prompt(s) "
+                              f"read by vLLM {loaded.get('version')}'s {loaded.get('cls')} "
+                              f"({counts}); sending the first {result.get('prompts')}")
+    else:
+        session.reporter.info(f"• {result.get('prompts')} prompt(s) on the box "
+                              f"({', '.join(result.get('kinds') or [])})")
     return str(result.get("prompts_sha256") or "")
 
 

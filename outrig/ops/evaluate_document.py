@@ -52,6 +52,17 @@ def _side(settings: EvalSettings, side: dict[str, Any],
             "counters_seen": counts.seen, "side": side}
 
 
+def prompts_text(settings: EvalSettings) -> str:
+    """``smoke``, ``local prompts.jsonl``, ``dataset speed_bench:coding (qualitative of
+    /data/speed)``, ..."""
+    data = settings.dataset
+    if settings.prompts.kind == "dataset" and data is not None:
+        subset = f"{data.subset} of " if data.name == "speed_bench" else ""
+        return f"dataset {data.text} ({subset}{data.path})"
+    return settings.prompts.kind + (f" {settings.prompts.paths[0]}"
+                                    if settings.prompts.paths else "")
+
+
 def provenance(settings: EvalSettings, facts: dict[str, Any], k: Any,
                ckpt: dict[str, Any] | None, eal: float | None) -> dict[str, Any]:
     return {"vllm": facts.get("vllm"), "speculators": facts.get("speculators"),
@@ -61,8 +72,7 @@ def provenance(settings: EvalSettings, facts: dict[str, Any], k: Any,
             "training_seq_length": settings.training_seq_length,
             "enable_thinking_training": settings.training_thinking,
             "enable_thinking_serving": settings.serving_thinking,
-            "prompts": settings.prompts.kind + (f" {settings.prompts.paths[0]}"
-                                                if settings.prompts.paths else ""),
+            "prompts": prompts_text(settings),
             "prompts_sha256": facts.get("prompts_sha256"),
             "checkpoint_step": (ckpt or {}).get("global_step"), "train_eal": eal}
 

@@ -15,10 +15,11 @@ import time
 from typing import Any
 
 from outrig.console import Reporter
-from outrig.errors import OutrigError
+from outrig.errors import OutrigError, PlanError
 from outrig.evaluation import EvalSettings, bench_fields, server_playbook
 from outrig.evaluations.baseline import baseline_key, baseline_record
 from outrig.evaluations.document import level_figures
+from outrig.evaluations.launch_check import launch_problems
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_on
 from outrig.ops.runs import new_run_id
@@ -36,17 +37,26 @@ class CheckpointRewritten(EvaluationFailed):
     mid-epoch states in place): which state vLLM loaded is unknown, so nothing is recorded."""
 
 
-def box_facts(session: HostSession, settings: EvalSettings) -> dict[str, Any]:
+def box_facts(session: HostSession, settings: EvalSettings,
+              drafter: str | None = None) -> dict[str, Any]:
     """The versions in the server's interpreter, the GPUs it gets, and whether its vLLM has
-    ``--per-request-spec-decode-metrics`` (read from vLLM's own source on the box)."""
+    ``--per-request-spec-decode-metrics`` (read from vLLM's own source on the box). What that
+    vLLM would refuse (the ``drafter`` checkpoint's speculators algorithm, a Model Runner V1
+    setting: :mod:`outrig.evaluations.launch_check`) is refused here, before any server
+    starts."""
     seen: dict[str, Any] = {}
 
     def keep(event: dict[str, Any]) -> None:
         if event.get("event") == "facts":
             seen.update(event)
 
-    result = session.call("model_facts", handler=keep, models=[], pythons=[settings.python])
+    result = session.call("model_facts", handler=keep, models=[], pythons=[settings.python],
+                          drafters=[drafter] if drafter else [])
     env: dict[str, Any] = next(iter(result.get("envs") or []), {})
+    problems = launch_problems(env, settings.env, env_key="evaluate.server.env (with "
+                               "dflash.env)", drafter_key="the checkpoint")
+    if problems:
+        raise PlanError(problems, context=f"evaluate on {session.host.name}")
     versions = env.get("versions") or {}
     gpus = {int(g.get("index", -1)): g for g in seen.get("gpus") or [] if isinstance(g, dict)}
     names = [str(gpus.get(i, {}).get("name") or f"GPU {i}") for i in settings.gpus]

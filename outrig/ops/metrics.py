@@ -30,6 +30,7 @@ from outrig.journal import Journal, atomic_write_text, read_json, utc_text
 from outrig.logmirror import mirror_root
 from outrig.metrics import RunData, chain_ids, iter_rows, metric_names
 from outrig.metricstore import MetricStore
+from outrig.ops.runs import head_run_id
 from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
 from outrig.redaction import ordered
@@ -46,7 +47,7 @@ def select_chains(journal: Journal, run_ids: Sequence[str]) -> list[list[str]]:
     """Each ``--run`` with its chain (the runs it was moved from and to), in the order
     given; a run already in an earlier chain is not repeated. An id the journal does not
     know is bad input."""
-    wanted = [r for r in run_ids if r]
+    wanted = [head_run_id(journal, r) for r in run_ids if r]  # a job: its node 0's run
     if not wanted:
         raise ConfigError("--run is needed: the run to show (e.g. --run dflash-qwen36-"
                           "20260101-120000); `outrig runs` lists the runs the journal knows. "

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, Protocol
 
 from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.checkpoints import listing_request, newest_complete, order_text
@@ -52,6 +52,7 @@ from outrig.ops.runs import new_run_id, secret_values
 from outrig.ops.status import status_on
 from outrig.plan import NodePlace, Plan
 from outrig.playbook import Job
+from outrig.redeploy.record import RECORD_KEY, move_record
 from outrig.session import HostSession, Project, remember_facts
 
 NODE_SUFFIX = "-node"
@@ -91,6 +92,15 @@ class NodesResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class JobOrigin:
+    """Where a moved job came from: the job record's ``migrated_from`` (``job``) and each
+    new node's (``runs``, by rank: the old node's run, which ``report``'s chain follows)."""
+
+    job: dict[str, Any]
+    runs: dict[int, dict[str, Any]]
+
+
 def node_run_id(job_id: str, rank: int) -> str:
     """The run id of node ``rank`` of job ``job_id`` on its box."""
     return f"{job_id}{NODE_SUFFIX}{rank}"
@@ -99,12 +109,14 @@ def node_run_id(job_id: str, rank: int) -> str:
 # ------------------------------------------------------------------------------ selection
 
 
-def select_nodes(project: Project, job: Job, selection: Sequence[str]) -> list[str]:
+def select_nodes(project: Project, job: Job, selection: Sequence[str], *,
+                 placed: bool = False) -> list[str]:
     """The hosts of the job's nodes, node 0 first, from the ``--host`` selection (already
     expanded, in order) and the playbook's ``nodes:``. Raises :class:`ConfigError` naming the
-    file, the key and the fix when they disagree, or when one box would be two nodes."""
+    file, the key and the fix when they disagree, or when one box would be two nodes.
+    ``placed``: the selection is a move's new boxes, which the playbook's list never names."""
     spec, where = job.spec, job.where(("nodes",))
-    listed = list(spec.node_hosts or [])
+    listed = [] if placed else list(spec.node_hosts or [])
     chosen = list(selection)
     if listed and chosen and sorted(listed) != sorted(chosen):
         raise ConfigError(
@@ -164,15 +176,18 @@ def _job_nodes(journal: Journal, ident: str) -> tuple[dict[str, Any], list[NodeR
 def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Reporter, *,
                  dry_run: bool = False, wait: bool = True, journal: Journal | None = None,
                  params: dict[str, Any] | None = None,
-                 allow_unhealthy_gpu: bool = False) -> NodesResult:
+                 allow_unhealthy_gpu: bool = False,
+                 moved: JobOrigin | None = None) -> NodesResult:
     """``deploy`` of a playbook with ``nodes`` > 1 on the ``--host`` selection (expanded).
 
     Plans every node first and sends nothing when any plan fails; then node 0, then the
     others; when any node fails, every node's run is stopped and :class:`NodesFailed` names
     the node. ``wait=False`` launches without waiting for readiness (node 0 first still).
-    ``allow_unhealthy_gpu``: each node's box places processes on a ``bad`` GPU too."""
+    ``allow_unhealthy_gpu``: each node's box places processes on a ``bad`` GPU too.
+    ``moved``: this deploy is a job's move (:mod:`outrig.ops.job_move`): the hosts are its new
+    boxes, and the job and node records say where it came from."""
     journal = journal or Journal()
-    names = select_nodes(project, job, hosts)
+    names = select_nodes(project, job, hosts, placed=moved is not None)
     job_id = new_run_id(job.name)
     nodes = [NodeRun(rank, host, node_run_id(job_id, rank)) for rank, host in enumerate(names)]
     sessions = [HostSession(project, n.host, reporter, journal) for n in nodes]
@@ -187,7 +202,7 @@ def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Rep
             return NodesResult(job_id, nodes, plans, launched=False)
         check_checkpoints_agree(sessions, nodes, plans)
         return _launch(sessions, nodes, plans, job, journal, reporter, wait=wait,
-                       params=params, allow_unhealthy_gpu=allow_unhealthy_gpu)
+                       params=params, allow_unhealthy_gpu=allow_unhealthy_gpu, moved=moved)
     finally:
         for session in sessions:
             session.transport.close()
@@ -204,8 +219,8 @@ def refuse_node_run(journal: Journal, run_id: str, *, what: str) -> None:
     raise ConfigError(
         f"{run_id} is node {record.get('node_rank')} of the multi-node job {job_id}; {what} "
         f"follows one box's run, which would leave the other nodes waiting. Use `outrig watch "
-        f"--run {job_id}` (a node failing stops the others), or stop the job with `outrig "
-        f"cleanup --run {job_id}` and deploy it again on other nodes. Nothing was started.")
+        f"--run {job_id}` (a node failing stops the others), or move the whole job with "
+        f"`outrig migrate --run {job_id} --to A,B` (one box per node). Nothing was started.")
 
 
 def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],
@@ -356,21 +371,29 @@ class _NodeDeploy:
 
 def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Sequence[Plan],
             job: Job, journal: Journal, reporter: Reporter, *, wait: bool,
-            params: dict[str, Any] | None, allow_unhealthy_gpu: bool = False) -> NodesResult:
-    """Launch node 0, then the rest; wait for all; on any failure stop every node."""
+            params: dict[str, Any] | None, allow_unhealthy_gpu: bool = False,
+            moved: JobOrigin | None = None) -> NodesResult:
+    """Launch node 0, then the rest; wait for all; on any failure stop every node.
+
+    Each node's run record keeps the move record (:mod:`outrig.redeploy.record`: the
+    playbook as deployed, ``--param``, ``--test``, the box's address), so the job can be
+    deployed again exactly on other boxes (:mod:`outrig.ops.job_move`)."""
     secrets = secret_values(plans[0].secrets)
     job_id = plans[0].job_id
     began = time.monotonic()
     journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
                                 "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
                                 "test_mode": job.test_mode, "status": "deploying",
-                                "param_overrides": dict(params or {})})
-    for node, plan in zip(nodes, plans, strict=True):
+                                "param_overrides": dict(params or {}),
+                                **({"migrated_from": moved.job} if moved else {})})
+    for node, plan, session in zip(nodes, plans, sessions, strict=True):
         journal.record_run(node.run_id, {
             "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
             "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
             "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
-            "node_rank": node.rank, "nnodes": len(nodes)})
+            "node_rank": node.rank, "nnodes": len(nodes),
+            RECORD_KEY: move_record(job, session.host, params),
+            **({"migrated_from": moved.runs.get(node.rank)} if moved else {})})
     lock = threading.Lock()
 
     def show(node: NodeRun, event: dict[str, Any]) -> None:
@@ -668,6 +691,15 @@ def tail_nodes(project: Project, ident: str, reporter: Reporter, *, lines: int |
 # ------------------------------------------------------------------------------ the guard
 
 
+class NodeMover(Protocol):
+    """What ``watch --run JOB --spare`` adds to the guard (:mod:`outrig.ops.job_move`):
+    ``look`` after every look at the nodes, ``move`` once nodes are lost."""
+
+    def look(self) -> None: ...
+
+    def move(self, lost: list[NodeRun]) -> dict[str, Any]: ...
+
+
 @dataclass
 class NodeSeen:
     """What the guard knows of one node: its last state and since when it has not answered."""
@@ -679,13 +711,20 @@ class NodeSeen:
 
 def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: float = 5.0,
                 threshold: float = DEFAULT_THRESHOLD, journal: Journal | None = None,
-                stop: threading.Event | None = None) -> dict[str, Any]:
+                stop: threading.Event | None = None, mover: NodeMover | None = None
+                ) -> dict[str, Any]:
     """``watch`` of a multi-node job: every ``period`` seconds, ask every node (at once, each
     under its own deadline) for its run's state, judged as ``watch`` judges one run
     (:func:`outrig.health.run_state`). When a node's run failed, is gone from its box, or the
     node has not answered for ``threshold`` seconds, the other nodes are stopped and
     :class:`NodesFailed` names that node and why. Returns once every node finished (or when
-    ``stop`` is set)."""
+    ``stop`` is set).
+
+    ``mover`` (``watch --spare``): after each look, ``mover.look()`` (it mirrors rank 0's new
+    checkpoints); a node lost (no answer for ``threshold``) is ``mover.move(lost)``'s, whose
+    answer this returns: the job moves to spares instead of stopping. While a node is silent
+    but not yet lost, a failed peer waits for it (a dead box takes its peers' collectives
+    down with it): the move fences them."""
     journal = journal or Journal()
     record, nodes = _job_nodes(journal, ident)
     job_id = str(record.get("job_id"))
@@ -704,8 +743,14 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
         now = time.monotonic()
         for node, outcome in zip(nodes, outcomes, strict=True):
             judge_node(seen[node.rank], node, outcome, now, threshold, reporter)
+        if mover is not None:
+            mover.look()
+            lost = [n for n in nodes if seen[n.rank].state == "lost"]
+            if lost:
+                return mover.move(lost)
         bad = [n for n in nodes if seen[n.rank].state in ("failed", "missing", "lost")]
-        if bad:
+        waiting = mover is not None and any(s.state == "silent" for s in seen.values())
+        if bad and not waiting:
             _stop_after_failure(project, job_id, bad, seen, reporter, journal)
         if all(s.state == "finished" for s in seen.values()):
             journal.record_job(job_id, {"status": "finished"})

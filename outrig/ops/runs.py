@@ -86,3 +86,13 @@ def pick_host_run(journal: Journal, host: str, *, run_id: str | None = None,
             f"{r.get('run_id')} ({r.get('status')}, {'ran' if run_ran(r) else 'never ran'})"
             for r in skipped)
     return chosen, why
+
+
+def head_run_id(journal: Journal, ident: str) -> str:
+    """``ident`` as one run's id: a multi-node job's id names its node 0's run (global rank
+    0, which prints the metrics and writes the checkpoints); any other id is itself."""
+    if journal.run(ident) is not None:
+        return ident
+    nodes = (journal.job(ident) or {}).get("nodes") or []
+    head = [n for n in nodes if isinstance(n, dict) and n.get("rank") == 0]
+    return str(head[0].get("run_id")) if head else ident

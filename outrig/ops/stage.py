@@ -467,8 +467,10 @@ def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
 
 
 def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
-                        streams: int = STREAMS, run_id: str | None = None) -> dict[str, Any]:
-    """:func:`sync_checkpoints` from an open session.
+                        streams: int = STREAMS, run_id: str | None = None,
+                        as_deployed: Job | None = None) -> dict[str, Any]:
+    """:func:`sync_checkpoints` from an open session (``as_deployed``: the run's job as it
+    was deployed, whose save path is read; default: today's file of its playbook).
 
     The mirror only moves forward: a checkpoint replaces the mirror's folder of its epoch
     only when it is newer (:func:`outrig.checkpoints.checkpoint_order`: a whole epoch after
@@ -482,7 +484,8 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
     filed = None if playbook is None else resolve_playbook(playbook, project.playbooks_dir).name
     record = _synced_run(session, filed, run_id)
     name = playbook or str((record or {}).get("playbook"))
-    job, items = _load(project, session.host, name)
+    job, items = _load(project, session.host, name) if as_deployed is None \
+        else (as_deployed, stage_items(as_deployed, session.host))
     ckpt = next((i for i in items if i.kind == "checkpoints"), None)
     if ckpt is None:
         raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "

@@ -33,6 +33,7 @@ from .constants import JSONDict
 from .events import AgentError, Emitter, bad_request
 from .protocol import EXITED, NOT_FOUND
 from .validation import Request, get_bool, get_num, get_str
+from .vllm_datasets import load_dataset
 
 METRIC_PREFIX = "vllm:spec_decode"
 MAX_ERRORS_KEPT = 5
@@ -165,6 +166,9 @@ def load_prompts(req: Request, count: int) -> List[JSONDict]:
     if isinstance(inline, list):
         return inline[:count]
     path = raw.get("prompts_path")
+    dataset = raw.get("dataset")
+    if isinstance(dataset, dict):  # vLLM's own set, which op_bench wrote to a file first
+        path = str(dataset.get("out"))
     if isinstance(path, str) and path:
         full = os.path.join(req.workdir, os.path.expanduser(path))
         try:
@@ -393,11 +397,13 @@ def op_bench(req: Request, out: Emitter) -> JSONDict:
     """See the module docstring."""
     raw = req.raw
     count = int(get_num(raw, "requests", "", 32, positive=True))
+    dataset = raw.get("dataset")
+    loaded = load_dataset(dataset, req.workdir, out) if isinstance(dataset, dict) else None
     prompts = load_prompts(req, count)
     kinds = sorted({"messages" if "messages" in p else "prompt" for p in prompts})
     if get_bool(raw, "check_only", "", False):
         return {"prompts": len(prompts), "kinds": kinds,
-                "prompts_sha256": prompts_digest(prompts)}
+                "prompts_sha256": prompts_digest(prompts), "dataset": loaded}
     base_url = get_str(raw, "base_url", "").rstrip("/")
     model = get_str(raw, "model", "")
     sender = Sender(base_url, model, prompts, int(get_num(raw, "max_tokens", "", 64, True)),

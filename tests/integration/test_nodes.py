@@ -369,8 +369,16 @@ def test_the_cli_treats_a_multi_node_playbook_as_one_job_across_the_selection(
              if "rank-ready" in str(line.get("line"))}
     assert ranks == {(0, "a"), (1, "b")}
 
+    # a job moves as a whole: spares or new boxes for every node, else nothing is touched
     code, _, err = _cli(cli.watch, root, run=job_id, spare=["a"])
-    assert code == 2 and "multi-node job" in err and "--spare" in err
+    said = " ".join(err.split())
+    assert code == 2 and "--spare names 1 box(es) (a), but job" in said, err
+    assert "runs on 2 nodes" in said and "Nothing was stopped or started" in said
+    code, _, err = _cli(cli.migrate, root, run=job_id, to="a,b,a")
+    said = " ".join(err.split())
+    assert code == 2 and "--to names 3 box(es) (a, b, a)" in said, err
+    code, _, err = _cli(cli.migrate, root, run=job_id, to="b,a")
+    assert code == 2 and "is a node of job" in " ".join(err.split()), err
 
     code, _, err = _cli(cli.cleanup, root, run=job_id, dry_run=True)
     assert code == 2 and "Nothing was stopped" in err

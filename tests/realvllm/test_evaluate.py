@@ -277,3 +277,47 @@ def test_the_smoke_set_is_sent_as_streamed_chat(box_project: Path, box_host: Pat
     assert level["ttft_ms"]["p50"] > 0 and level["baseline"] is None
     assert sorted(level["categories"]) == ["code", "math"]
     assert doc["per_request"] is not None and doc["per_request"]["requests"] == 6
+
+
+def test_vllms_spec_bench_is_read_by_its_class_and_given_per_category(
+        box_project: Path, box_host: Path, vllm_python: str, verifier: dict[str, str]
+        ) -> None:
+    """``--dataset spec_bench``: vLLM 0.32's own SpecBench reads a file in Spec-Bench's schema
+    on the box (tests/fixtures/vllm-datasets; pandas is in the venv, .ci/venvs); a category
+    the file lacks is refused before any server starts; then one server, every prompt sent
+    as chat with its category, every figure per category."""
+    question = str(REPO / "tests" / "fixtures" / "vllm-datasets" / "question.jsonl")
+    playbook = {"name": "specbench",
+                "evaluate": {"model": verifier["model"],
+                             "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_max": 2, "prompt_lookup_min": 1},
+                             "requests": 8, "concurrency": 2, "max_tokens": 16,
+                             "baseline": False, "server": server_settings(vllm_python)}}
+    (box_project / "playbooks" / "specbench.yaml").write_text(yaml.safe_dump(playbook))
+    workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])
+    args = ["evaluate", "--host", box_host.stem, "--playbook", "specbench"]
+    bad = outrig([*args, "--dataset", "spec_bench:poetry", "--dataset-path", question],
+                 box_project)
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert "has no category 'poetry'; its categories: translation, summarization, " \
+           "math_reasoning, qa" in " ".join(bad.stderr.split()), bad.stderr[-3000:]
+    runs = workdir / "runs"
+    assert not runs.is_dir() or not [p for p in runs.iterdir() if "specbench" in p.name]
+
+    done = outrig([*args, "--dataset", "spec_bench", "--dataset-path", question],
+                  box_project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    print(done.stderr, done.stdout, sep="\n----\n")
+    said = " ".join(done.stderr.split())
+    assert "spec_bench: 8 prompt(s) read by vLLM 0.32.0's " \
+           "vllm.benchmarks.datasets.datasets.SpecBench" in said, said
+    doc = json.loads(outrig([*args, "--compare", "--json"], box_project).stdout)[
+        "evaluations"][0]
+    check_stopped(doc, workdir)
+    assert len(doc["server_runs"]) == 1
+    assert doc["provenance"]["prompts"] == f"dataset spec_bench ({question})"
+    level = doc["levels"][0]
+    assert level["requests"] == 8 and level["completion_tokens"] > 0
+    assert {k: v["requests"] for k, v in level["categories"].items()} == {
+        "translation": 2, "summarization": 2, "math_reasoning": 2, "qa": 2}
+    assert doc["per_request"] is not None and doc["per_request"]["requests"] == 8

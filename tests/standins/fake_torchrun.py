@@ -12,6 +12,7 @@ Not product code. Reproduces the launcher behaviour outrig depends on, read from
 | workers get RANK, GROUP_RANK, ROLE_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID | elastic/agent/server/local_elastic_agent.py:425-437, 522 | same; RANK = GROUP_RANK × nproc + LOCAL_RANK, WORLD_SIZE = nnodes × nproc, the run id is ``--rdzv-id`` (``none`` alone) |
 | ``--node-rank`` is ignored by c10d (a warning when it is not 0, a bare line first in the log) | run.py:968-977 | same warning; the rank comes from the rendezvous |
 | c10d: the process whose endpoint host is this machine (``localhost``, a loopback or own address) hosts the TCP store; when the port is taken it falls back to a client of the store there | elastic/rendezvous/c10d_rendezvous_backend.py:137-145, 154-181; elastic/rendezvous/utils.py:117-133 | same: the first node started on the endpoint's machine hosts the store (outrig starts node 0 first, but torch's import time can reorder them: seen with real torchrun 2.14 on one machine); ``--rdzv-conf is_host=1/0`` decides it, with no fallback |
+| the store's listening socket reuses its address (SO_REUSEADDR), so a store started on the port of one killed a moment ago binds although the old connections sit in TIME_WAIT (a job moved or restarted on the same rendezvous port) | torch/csrc/distributed/c10d/socket.cpp (``SocketListenOp::tryListen``: ``enableAddressReuse``); tests/contract/test_store_rebind.py checks it against torch's ``TCPStore`` | same |
 | a client reaches the store within ``read_timeout`` (``--rdzv-conf read_timeout=S``, default 60 s), else RendezvousConnectionError | c10d_rendezvous_backend.py:148, 161, 179-181 | same: connects retrying until then, else exits 1 |
 | the rendezvous completes when ``--nnodes`` nodes joined, within ``join_timeout`` (default 600 s) | elastic/rendezvous/dynamic_rendezvous.py:143-144, 1405 | same (``--rdzv-conf join_timeout=S``); nodes of another ``--rdzv-id`` do not meet |
 | group ranks are assigned by sorting the participants (address, pid, local id), not by ``--node-rank`` | dynamic_rendezvous.py:833 | same sort (address, pid) |
@@ -176,6 +177,7 @@ def host_store(host: str, port: int, nnodes: int, is_host: Optional[str]) -> Opt
     if told is False or (told is None and not matches_this_machine(host)):
         return None
     sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

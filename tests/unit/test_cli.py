@@ -140,6 +140,31 @@ def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], 
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, said", [
+    (["statsu"], "No idea what 'statsu' is (did you mean 'status'?); see `outrig --list`"),
+    (["status", "--hots", "x"], "No idea what '--hots' is (did you mean '--host'?); see "
+     "`outrig --help status`"),
+    (["deploy", "--playbok=x"], "No idea what '--playbok' is (did you mean '--playbook'?)"),
+    (["--help", "tial-logs"], "no task is named 'tial-logs'. Did you mean 'tail-logs'? See"),
+    (["plan", "--host", "sandbx", "--playbook", "job"], "Did you mean 'sandbox'?"),
+    (["plan", "--host", "one", "--playbook", "jbo"], "Did you mean 'job'?"),
+])
+def test_a_typo_names_the_closest_task_flag_or_name(project: Path, args: list[str], said: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "hosts" / "sandbox.yaml").write_text("hostname: local\n")
+    code, out, err = outrig(args, capsys)
+    assert code == 2, err
+    assert said in err and out == ""
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_nothing_close_suggests_nothing(project: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["xyzzy"], ["status", "--zzzz"], ["plan", "--host", "qqqqqq"]):
+        code, _, err = outrig(args, capsys)
+        assert code == 2 and "did you mean" not in err.lower(), err
+
+
 def test_a_repeatable_flag_may_come_twice_and_a_second_task_runs_nothing(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = outrig(["plan", "--host", "one", "--host", "two", "--playbook", "job",

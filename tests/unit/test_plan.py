@@ -28,7 +28,7 @@ processes:
     command: torchrun --nproc_per_node 2 train.py --endpoint http://127.0.0.1:${port}/v1
     gpus: [2, 3]
   server:
-    command: [vllm, serve, m, --port, "${port}"]
+    command: [vllm, serve, m, -tp, "2", --port, "${port}"]
     gpus: [0, 1]
     parallel: {tensor: 2, data: 1}
     ready: {http: "http://127.0.0.1:${port}/health", timeout: 600}
@@ -36,7 +36,7 @@ processes:
     assert plan.ok, plan.problems
     assert plan.order == ["server", "trainer"]
     server = plan.processes["server"]
-    assert server.argv == ["vllm", "serve", "m", "--port", "8000"]
+    assert server.argv == ["vllm", "serve", "m", "-tp", "2", "--port", "8000"]
     assert server.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert server.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert server.ready is not None and server.ready.http == "http://127.0.0.1:8000/health"
@@ -76,7 +76,7 @@ def test_tp_times_dp_must_equal_gpu_count(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, """
 processes:
   server:
-    command: vllm serve m
+    command: vllm serve m -tp 2 -dp 2
     gpus: [0, 1]
     parallel: {tensor: 2, data: 2}
 """)
