@@ -79,7 +79,7 @@ def start_box(root: Path, env: dict[str, str]) -> tuple[Any, Path]:
 
 def stop_box(box: Any) -> None:
     """Stop the keeper (by its recorded pid) and the box's sshd."""
-    from outrig.connectors.kept import close_keepers, wait_gone
+    from outrig.connectors.keeper.client import close_keepers, wait_gone
 
     for entry in close_keepers():
         wait_gone(int(entry["pid"]), 10.0)

@@ -73,7 +73,7 @@ def main() -> int:
     os.environ["XDG_STATE_HOME"] = str(root / "state")
     os.environ["OUTRIG_RUNTIME_DIR"] = str(root / "run")
 
-    from outrig.connectors.kept import close_keepers, wait_gone
+    from outrig.connectors.keeper.client import close_keepers, wait_gone
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
 

@@ -10,7 +10,7 @@ box, and times ``status`` (the op core of ``outrig status --host a,b,...``, thro
 - **keep, first**: keeping on and no keeper yet: each host starts its keeper (which makes
   the connection), as the first command of a session does;
 - **warm**: keeping on, the keepers from the round before are there, each with its live
-  agent ready (connectors/live.py): each host's call is one request on the live agent's
+  agent ready (connectors/keeper/live.py): each host's call is one request on the live agent's
   channel (no channel open, no exec, no Python start on the box);
 - **Fabric ThreadingGroup, cold**: the plain alternative on the same boxes in the same run:
   one ``ThreadingGroup.run`` of a lighter look than ``status`` (``ps`` of every process, ``df``
@@ -179,7 +179,7 @@ def self_cpu() -> float:
 
 
 def keeper_pids() -> list[int]:
-    from outrig.connectors.kept import keepers
+    from outrig.connectors.keeper.client import keepers
 
     return [int(k["pid"]) for k in keepers()]
 
@@ -190,14 +190,14 @@ FABRIC_LOOK = "ps -eo pid,ppid,pgid,lstart,args >/dev/null; df -P / >/dev/null; 
 
 def live_served() -> int:
     """Calls the keepers' live agents have served so far."""
-    from outrig.connectors.kept import keepers
+    from outrig.connectors.keeper.client import keepers
 
     return sum(int((k.get("live") or {}).get("served") or 0) for k in keepers())
 
 
 def live_ready(count: int, limit: float = 120.0) -> int:
     """Wait until ``count`` keepers each have a ready live agent; the calls served so far."""
-    from outrig.connectors.kept import keepers
+    from outrig.connectors.keeper.client import keepers
 
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -229,7 +229,7 @@ def memory_of(pid: int) -> dict[str, int] | None:
 
 def kept_memory() -> dict[str, Any]:
     """Memory of every keeper and every box's live agent, total and per host."""
-    from outrig.connectors.kept import keepers
+    from outrig.connectors.keeper.client import keepers
 
     found = keepers()
     pids = {"keeper": {e.get("pid") for e in found},  # one hosting process holds many
@@ -338,7 +338,7 @@ def main() -> int:
     os.environ["OUTRIG_RUNTIME_DIR"] = str(root / "run")
     os.environ.pop("OUTRIG_KEEP_SECONDS", None)
 
-    from outrig.connectors.kept import LAUNCHER, close_keepers, wait_gone
+    from outrig.connectors.keeper.client import LAUNCHER, close_keepers, wait_gone
     from outrig.fanout import run_fanout
     from outrig.ops.status import status_on
     from outrig.sandbox.box import SandboxBox, start_sandbox
@@ -476,7 +476,7 @@ def main() -> int:
         return 0
     finally:
         with contextlib.suppress(Exception):
-            from outrig.connectors.kept import close_keepers as closing
+            from outrig.connectors.keeper.client import close_keepers as closing
 
             closing()
         proxies.close()

@@ -132,7 +132,7 @@ class Bench:
     def agent_start(self) -> float:
         """Seconds from spawning the agent (python3 + the compressed source on stdin) to its
         first event, on this machine: the box's share of the first line."""
-        from outrig.agent_client import agent_command, agent_payload
+        from outrig.agent.client import agent_command, agent_payload
 
         request = {"v": 1, "op": "follow", "workdir": str(self.workdir), "env": {},
                    "run_id": RUN_ID, "processes": ["trainer"], "lines": 1, "follow": False}

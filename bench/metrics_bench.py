@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from outrig.journal import Journal  # noqa: E402
-from outrig.logmirror import mirror_root  # noqa: E402
+from outrig.logs.mirror import mirror_root  # noqa: E402
 
 START = 1_764_577_800.0
 RUN = "big-run"
 READ_STORE = ("import sys, pathlib; from outrig.journal import Journal; "
-              "from outrig.metricstore import MetricStore; "
+              "from outrig.metrics.store import MetricStore; "
               "print(len(MetricStore(Journal(pathlib.Path(sys.argv[1])), sys.argv[2]).points()))")
 
 

@@ -178,7 +178,7 @@ def main() -> int:
     os.environ["XDG_STATE_HOME"] = str(root / "state")
     os.environ["OUTRIG_RUNTIME_DIR"] = str(root / "run")
 
-    from outrig.connectors.kept import close_keepers, keepers, wait_gone
+    from outrig.connectors.keeper.client import close_keepers, keepers, wait_gone
     from outrig.console import Reporter
     from outrig.journal import Journal
     from outrig.ops.status import status
@@ -236,7 +236,7 @@ def main() -> int:
 
     def live_ready() -> None:
         """Wait until the one keeper's live agent serves calls (it starts after the first
-        call on the exec path; connectors/live.py)."""
+        call on the exec path; connectors/keeper/live.py)."""
         deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
             listed = keepers()

@@ -18,7 +18,7 @@ protocol from drifting apart. What is shared, and why:
 - ``parse_prompt_lines``, ``prompts_digest`` (``bench``): an evaluation's prompt file, read
   as the box reads it, and the prompt set's identity, computed as the box computes it;
 - ``serve``: the live agent's frames (``frame``, ``FrameBuffer``): the keeper speaks to the
-  box's resident agent with the box's own framing (``outrig/connectors/live.py``);
+  box's resident agent with the box's own framing (``outrig/connectors/keeper/live.py``);
 - ``gpu_judge``: the GPU health judge; the box's deploy refuses a ``bad`` GPU with it and the
   workstation judges the same raw fields with it (``outrig/gpu_health.py``);
 - :func:`examples_dir`: the examples shipped beside the agent (``outrig demo``'s playbook and

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 def _console_class() -> type[Console]:
     """rich's Console, ending quietly with :data:`~outrig.errors.CLOSED_PIPE_EXIT` when the
     reader went away (``outrig plan | head``), as every other write of outrig's does
-    (:class:`outrig.program.OutrigProgram`); rich itself would exit 1. Made once, on first
-    use, so that rich is imported only then."""
+    (:class:`outrig.cli.invoke_program.OutrigProgram`); rich itself would exit 1. Made once, on
+    first use, so that rich is imported only then."""
     from rich.console import Console
 
     class _Console(Console):
@@ -273,6 +273,20 @@ class Reporter:
         self.lines(status_lines(result, self.width, gpu_table=self.gpu_table))
 
 
+def had_ended(stopped: dict[str, Any]) -> str | None:
+    """How a process that cleanup found gone had ended, when the box recorded it
+    (``exit_code`` / ``exit_signal`` of a ``stopped`` record); None otherwise. "was not
+    running" of a trainer that finished with exit 0 read as if it had died."""
+    if stopped.get("how") != "gone":
+        return None
+    if isinstance(stopped.get("exit_signal"), int):
+        return f"had been killed (signal {stopped['exit_signal']})"
+    code = stopped.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return "had finished (exit 0)" if code == 0 else f"had exited {code}"
+    return None
+
+
 def describe_event(event: dict[str, Any]) -> str | None:
     """A one-line human form of an agent event, or None for events not worth a line."""
     kind = event.get("event")
@@ -291,9 +305,11 @@ def describe_event(event: dict[str, Any]) -> str | None:
         how = {"term": "stopped on SIGTERM", "kill": "killed after the grace period",
                "gone": "was not running", "reused": "pid reused by another process: untouched"}
         text = how.get(str(event.get("how")), str(event.get("how")))
+        ended = had_ended(event)  # it had ended before: no stop took any time
         extra = f", {event['stragglers']} straggler(s) killed" if event.get("stragglers") else ""
-        return (f"• {event.get('process')} (run {event.get('run_id')}) {text} "
-                f"in {float(event.get('seconds') or 0):.1f}s{extra}")
+        took = "" if ended else f" in {float(event.get('seconds') or 0):.1f}s"
+        return (f"• {event.get('process')} (run {event.get('run_id')}) {ended or text}"
+                f"{took}{extra}")
     if kind == "launched":
         return (f"• launched {event.get('process')} (pid {event.get('pid')}, "
                 f"pgid {event.get('pgid')})")

@@ -20,17 +20,18 @@ next to the code that raises them are marked with their module)::
     │   ├── LinkLost                    a cut or a silence at any phase; retried (bounded)
     │   └── UnsafePlace                 connectors.keeper_wire: a keeper socket others could open
     ├── RemoteError [RuntimeError]      the agent reported a failure (``kind``); 2: bad input
-    │   └── FramingError                outrig.logtail: the agent's stream contradicts itself
+    │   └── FramingError                outrig.logs.tail: the agent's stream contradicts itself
     ├── LocalWriteError                 writing a file on this workstation failed
     ├── Interrupted                     exit 130: Ctrl-C; says what stopped, what runs on
     ├── CleanupIncomplete               outrig.ops.cleanup: something still holds a GPU
+    ├── DeploySuperseded                outrig.ops.deploy: an identical deploy replaces the run
     ├── FanOutFailed                    outrig.fanout: some hosts of a selection failed
     ├── NoCheckpoint                    outrig.ops.stage: no complete checkpoint anywhere
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
     ├── NodesFailed                     outrig.ops.nodes: a node of a multi-node job failed
     ├── EvaluationFailed                outrig.ops.evaluate: requests failed on the server
     │   └── CheckpointRewritten         outrig.ops.evaluate: the trainer rewrote it meanwhile
-    ├── CountersUnusable                outrig.evaluation: /metrics went back, NaN, or junk
+    ├── CountersUnusable                outrig.evaluation.spec: /metrics went back, NaN, or junk
     ├── ProviderError                   outrig.providers.base: a provider's API failed a call
     │   ├── NoCapacity                  outrig.providers.base: the offer is taken; retried
     │   ├── NeverAnswered               outrig.providers.base: the new box never answered SSH
@@ -48,11 +49,11 @@ Who raises them (tests/unit/test_errors.py keeps this drawing and the classes in
   connect by type and handshake phase; no key offered at all is an AuthenticationError);
 * ConnectError: transport (unresolvable name, refused session channel), ops/logs (tail-logs
   gave up), ops/forward (the box refused a forwarded port), ops/remote_exec;
-* LinkLost: transport, agent_client, transfer, ops/logs, connectors/kept (the keeper's link
+* LinkLost: transport, agent/client, transfer, ops/logs, connectors/keeper/client (the keeper's link
   died under a channel);
-* UnsafePlace: connectors/keeper_wire, for connectors/kept (the warm connection's folder or
+* UnsafePlace: connectors/keeper/wire, for connectors/keeper/client (the warm connection's folder or
   socket is not private);
-* RemoteError: agent_client (``raise_for_result``: every op's failure), transfer, ops/logs,
+* RemoteError: agent/client (``raise_for_result``: every op's failure), transfer, ops/logs,
   ops/stage;
 * LocalWriteError: ops/logs (the log mirror), journal (a record that cannot be written);
   Interrupted: ops/deploy;
@@ -171,7 +172,8 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 # Agent error kinds (remote/agent/protocol.py) that mean the request named something wrong:
 # a run, process or playbook the box does not have, two runs where one was meant, a field out
 # of range. Nothing was started or stopped, so they exit 2 like any bad input.
-BAD_INPUT_KINDS = frozenset({"bad_request", "not_found"})
+# port_busy: a port the playbook names is taken on the box; refused before anything started
+BAD_INPUT_KINDS = frozenset({"bad_request", "not_found", "port_busy"})
 
 
 class RemoteError(OutrigError, RuntimeError):

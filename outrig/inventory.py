@@ -8,7 +8,8 @@
 Anything else is an error that lists what was tried, before any connection is made.
 
 SSH settings left unset here (user, port, identity) are filled in by ``~/.ssh/config`` when the
-connection is built (see :mod:`outrig.connectors.ssh`), so the same alias works in ``ssh`` and here.
+connection is built (see :mod:`outrig.connectors.ssh.transport`), so the same alias works in
+``ssh`` and here.
 """
 
 from __future__ import annotations

@@ -372,7 +372,7 @@ class Journal:
         return self.root / "baselines" / f"{safe_name(key)}.json"
 
     def record_baseline(self, key: str, record: dict[str, Any]) -> None:
-        """Keep one no-speculation baseline under its key (outrig.evaluations.baseline),
+        """Keep one no-speculation baseline under its key (outrig.evaluation.baseline),
         replacing an earlier one of the same key."""
         path = self.baseline_path(key)
         try:

@@ -24,6 +24,7 @@ from outrig.launchers import check_launch, read_launch
 from outrig.playbook import Job, ProcessSpec
 from outrig.recipes import EnvFacts, ModelFacts, RecipeContext
 from outrig.template import UndefinedName, substitute
+from outrig.textlayout import ranges
 from outrig.yamlfile import validation_messages
 
 
@@ -50,6 +51,10 @@ class NodePlace:
     nnodes: int
     head_host: str
     job_id: str
+    # every node's address as the others reach it (node 0's is head_host), and whether node
+    # 0's was declared with node_address: (a loopback address then means one machine)
+    hosts: tuple[str, ...] = ()
+    head_declared: bool = False
 
 
 @dataclass
@@ -115,6 +120,8 @@ class Plan:
     node_rank: int = 0
     nnodes: int = 1
     job_id: str = ""  # shared by the nodes of a multi-node job (the run id for one node)
+    launch_with_head: bool = False  # started with node 0, not after it (a spanning server)
+    node_group: str = ""  # nodes of one group must have the same GPU count
 
     @property
     def ok(self) -> bool:
@@ -135,7 +142,8 @@ class Plan:
 
 def single_node(host: Host, run_id: str) -> NodePlace:
     """A one-node job: rank 0 of 1, its own box the head, the run id the job id."""
-    return NodePlace(rank=0, nnodes=1, head_host=host.peer_address(), job_id=run_id)
+    return NodePlace(rank=0, nnodes=1, head_host=host.peer_address(), job_id=run_id,
+                     hosts=(host.peer_address(),), head_declared=host.node_address is not None)
 
 
 def builtin_params(host: Host, job: Job, run_id: str,
@@ -144,10 +152,16 @@ def builtin_params(host: Host, job: Job, run_id: str,
     ``nnodes``, ``head_host``, ``rdzv_port``, ``job_id``, ``is_head``) are what a multi-node
     launcher needs (``torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-endpoint
     ${head_host}:${rdzv_port} --rdzv-id ${job_id} --rdzv-conf is_host=${is_head}``); a
-    one-node job gets rank 0 of 1."""
+    one-node job gets rank 0 of 1. ``node_host`` is this node's own address and
+    ``node_host_<i>`` node i's, as the other nodes reach them (a layout whose trainer starts on
+    a later node rendezvouses there; a plan shown alone names the others ``node<i>``)."""
     workdir = host.workdir.rstrip("/")
     node = node or single_node(host, run_id)
-    return {
+    count = max(job.spec.nodes, node.nnodes)
+    hosts = {f"node_host_{i}": node.hosts[i] if i < len(node.hosts) else f"node{i}"
+             for i in range(count)}
+    return {**hosts,
+        "node_host": hosts.get(f"node_host_{node.rank}", host.peer_address()),
         "run_id": run_id,
         "workdir": workdir,
         "run_dir": f"{workdir}/runs/{run_id}",
@@ -180,7 +194,7 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
             f"{job.where(('nodes',))}: the job spans {spec.nodes} nodes; planned here as node "
             f"0 alone (nnodes 1). Deploy it with --host naming {spec.nodes} hosts, node 0 "
             "first.")
-    job = _expand_recipe(job, host, facts, run_id, plan)
+    job = _expand_recipe(job, host, facts, run_id, plan, place)
     spec = job.spec
     params: dict[str, object] = dict(spec.params)
     for key, value in builtin_params(host, job, run_id, node).items():
@@ -207,6 +221,7 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
     _check_parallel(job, plan)
     _check_launchers(job, plan)
     plan.order = _start_order(spec.processes)
+    _note_idle_gpus(job, plan, facts)
     if facts.gpu_count is None and plan.max_gpu_index() is not None:
         plan.notes.append(
             "GPU count unknown until the box is contacted (hosts gpus: auto); the agent checks "
@@ -215,7 +230,8 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
     return plan
 
 
-def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Plan) -> Job:
+def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Plan,
+                   place: NodePlace) -> Job:
     """A recipe's processes join the playbook's own, so the generic checks see them all.
 
     Returns ``job`` itself when there is no recipe, else a copy whose spec holds the merged
@@ -230,10 +246,13 @@ def _expand_recipe(job: Job, host: Host, facts: HostFacts, run_id: str, plan: Pl
                         test_mode=job.test_mode, gpu_count=facts.gpu_count,
                         gpu_memory_mib=facts.gpu_memory_mib, gpu_source=facts.source,
                         models=facts.models, where=job.where, envs=facts.envs,
-                        nodes=int(getattr(spec, "nodes", 1) or 1))
+                        nodes=int(getattr(spec, "nodes", 1) or 1), node_rank=plan.node_rank,
+                        node_hosts=place.hosts, head_declared=place.head_declared,
+                        rdzv_port=spec.rdzv_port)
     expansion = recipes.get(spec.recipe).expand(spec.recipe_section(), ctx)
     plan.problems.extend(expansion.problems)
     plan.notes.extend(expansion.notes)
+    plan.launch_with_head, plan.node_group = expansion.with_head, expansion.node_group
     aliases = {**job.aliases, **expansion.origins}
     merged: dict[str, ProcessSpec] = {}
     for name, raw in expansion.processes.items():
@@ -415,6 +434,20 @@ def _start_order(processes: dict[str, ProcessSpec]) -> list[str]:
     return done
 
 
+def _note_idle_gpus(job: Job, plan: Plan, facts: HostFacts) -> None:
+    """A job that leaves GPUs of the box unused says so: on an 8-GPU box a playbook written
+    for 4 runs on 0-3 and the other four cost the same rent doing nothing."""
+    if not facts.gpu_count:
+        return
+    used = {gpu for proc in job.spec.processes.values() for gpu in proc.gpus}
+    idle = sorted(set(range(facts.gpu_count)) - used)
+    if used and idle:
+        plan.notes.append(
+            f"GPUs {ranges(idle)} of {plan.host}'s {facts.gpu_count} stay idle: no process "
+            "is given them (another run can take them, or give this job more: a variant "
+            "playbook for this box, e.g. more server replicas)")
+
+
 def _check_gpus(job: Job, plan: Plan, facts: HostFacts) -> None:
     owner: dict[int, str] = {}
     for name, proc in job.spec.processes.items():
@@ -479,10 +512,13 @@ def _check_parallel(job: Job, plan: Plan) -> None:
 
 def _check_launchers(job: Job, plan: Plan) -> None:
     """A pasted ``vllm serve`` or ``torchrun`` command: its own parallel flags against
-    ``gpus:``, as ``parallel:`` is checked; a shell command says that nothing was checked."""
+    ``gpus:``, as ``parallel:`` is checked; a shell command says that nothing was checked.
+    A recipe's own processes (their key path aliased into the recipe's section) are left
+    out: the recipe rendered their flags from sizes it checked itself (a spanning server's
+    ``--nnodes``/``--headless`` would read as "not checked" here)."""
     for name, proc in job.spec.processes.items():
         rendered = plan.processes.get(name)
-        if rendered is None:
+        if rendered is None or ("processes", name) in job.aliases:
             continue
         template = read_launch(proc.argv_template(), rendered.env)
         launch = read_launch(rendered.argv, rendered.env)

@@ -32,7 +32,7 @@ from pydantic import (
 from outrig import recipes
 from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
 from outrig.errors import ConfigError, OutrigError, did_you_mean
-from outrig.evaluation_section import EvaluateSpec
+from outrig.evaluation.section import EvaluateSpec
 from outrig.hang.spec import HangSpec
 from outrig.recipes import Recipe
 from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages

@@ -45,7 +45,7 @@ class Progress:
     total_steps: int | None = None
     total_source: str | None = None  # how total_steps is known ("--max-steps", ...)
     eta_s: float | None = None
-    loss_trend: str | None = None  # a sparkline of the run's loss (outrig.metricstore)
+    loss_trend: str | None = None  # a sparkline of the run's loss (outrig.metrics.store)
 
     @property
     def loss(self) -> float | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent.client import AgentCall, raise_for_result
 from outrig.agent_code import BAD_REQUEST, PROTOCOL_VERSION, request_problems
 from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError
@@ -43,7 +43,7 @@ class Project:
     command's setting for warm connections.
 
     ``keep_seconds``: how long a warm connection this command leaves waits idle (0: none),
-    as :func:`outrig.settings.settings_for` resolved it (``--no-keep``,
+    as :func:`outrig.cli.settings.settings_for` resolved it (``--no-keep``,
     ``OUTRIG_KEEP_SECONDS``, ``keep_seconds:`` in outrig.yaml); ``None``: not set by the
     command (the connector's own rule: ``OUTRIG_KEEP_SECONDS``, the host file, 10 minutes).
     Carried to the connector by :class:`HostSession`, so no global is needed."""

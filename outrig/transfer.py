@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent.client import AgentCall, raise_for_result
 from outrig.agent_code import AgentError as BoxError
 from outrig.agent_code import transfer as box_transfer
 from outrig.errors import LinkLost, RemoteError

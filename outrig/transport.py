@@ -85,15 +85,30 @@ class RetryPolicy:
     silent: int = SILENT_ATTEMPTS
 
 
+LIVE_WINDOW = 32 << 20  # the live channel's receive window: the log stream's (ops/logs.py)
+# Ops that keep a channel of their own even where a live agent could serve them: their files
+# stream on stdin/stdout in bulk, and the channel's one open is nothing next to the transfer,
+# while on the live agent's shared channel a large upload would queue the other calls' frames.
+OWN_CHANNEL_OPS = frozenset({"send_files", "recv_files"})
+
+
+def needs_own_channel(*, op: str | None = None, window: int | None = None) -> bool:
+    """The one rule for an agent call that a live agent does not serve, asked by each side
+    with what it knows: the command of its op (a bulk transfer), the keeper of the window
+    the call asks for (larger than the live channel's)."""
+    return op in OWN_CHANNEL_OPS or (window is not None and window > LIVE_WINDOW)
+
+
 @dataclass(frozen=True)
 class LiveRequest:
     """An agent call as a live agent on the box runs it, without an exec
-    (``outrig/connectors/live.py``): the request line, and the bundle and Python it needs."""
+    (``outrig/connectors/keeper/live.py``): the request line, and the bundle and Python it needs."""
 
     line: bytes
     python: str
     workdir: str
     digest: str
+    bundle: str | None = None  # the bundle (base64) when it rode in this call's command line
 
 
 @dataclass(frozen=True)
@@ -212,8 +227,8 @@ def _scheme(prefix: str) -> Callable[[Host], bool]:
 
 CONNECTORS: list[Registration] = [
     Registration("local", "outrig.connectors.local:LocalTransport", lambda h: h.is_local),
-    # SSH, through the host's warm connection unless keeping is off (connectors/kept.py)
-    Registration("ssh", "outrig.connectors.kept:ssh_connector", lambda h: True),
+    # SSH, through the host's warm connection unless keeping is off (connectors/keeper/client.py)
+    Registration("ssh", "outrig.connectors.keeper.client:ssh_connector", lambda h: True),
 ]
 
 

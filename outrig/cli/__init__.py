@@ -10,8 +10,8 @@ for each flag; docs/cli.md is the reference.
 
 The package:
 
-* the tasks, by what they act on: :mod:`outrig.cli.runs` (deploy, plan, status, tail-logs,
-  cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.history` (runs),
+* the tasks, by what they act on: :mod:`outrig.cli.run_tasks` (deploy, plan, status, tail-logs,
+  cleanup, watch, sync-checkpoints, migrate), :mod:`outrig.cli.list_runs` (runs),
   :mod:`outrig.cli.report` (metrics, plot, report),
   :mod:`outrig.cli.boxes` (check, provision,
   stage, exec, ssh, forward, connections), :mod:`outrig.cli.evaluate`,
@@ -23,12 +23,12 @@ The package:
 * a task's work on a sweep, and its rows: :mod:`outrig.cli.sweep`, :mod:`outrig.cli.rows`;
 * what the tasks share (help texts, :func:`friendly`): :mod:`outrig.cli.flags`.
 
-Where values come from is :mod:`outrig.settings`; the program itself (parse errors,
-completion) is :mod:`outrig.program`.
+Where values come from is :mod:`outrig.cli.settings`; the program itself (parse errors,
+completion) is :mod:`outrig.cli.invoke_program`.
 
-Start-up: :data:`program` is the launcher (:mod:`outrig.launcher`), which answers
+Start-up: :data:`program` is the launcher (:mod:`outrig.cli.launcher`), which answers
 ``outrig --version``, ``--list`` and ``--help`` from :data:`TASKS` before Invoke is
-imported; the task modules declare their tasks with :func:`outrig.taskspec.task`, so that
+imported; the task modules declare their tasks with :func:`outrig.cli.taskspec.task`, so that
 importing them imports no Invoke. Invoke's collection and program are made (and Invoke
 imported, inside :func:`make_collection` and :func:`make_program`) only for a command that
 is parsed, purely for start-up.
@@ -43,12 +43,13 @@ from outrig import __version__
 from outrig.cli.boxes import check, connections, exec_, forward, provision, ssh, stage_
 from outrig.cli.evaluate import evaluate
 from outrig.cli.flags import friendly
-from outrig.cli.history import runs as runs_task  # the module outrig.cli.runs keeps its name
+from outrig.cli.launcher import Launcher
+from outrig.cli.list_runs import runs as runs_task  # named as the other tasks are (TASKS)
 from outrig.cli.rentals import boxes as boxes_task  # the module outrig.cli.boxes keeps its name
 from outrig.cli.rentals import release, rent
 from outrig.cli.report import metrics, report
 from outrig.cli.report import plot as plot_task
-from outrig.cli.runs import (
+from outrig.cli.run_tasks import (
     cleanup,
     deploy,
     migrate,
@@ -60,12 +61,11 @@ from outrig.cli.runs import (
 )
 from outrig.cli.sandbox import demo, sandbox_down, sandbox_hang, sandbox_up
 from outrig.cli.starter import init
-from outrig.launcher import Launcher
 
 if TYPE_CHECKING:
     from invoke.collection import Collection
 
-    from outrig.program import OutrigProgram
+    from outrig.cli.invoke_program import OutrigProgram
 
 __all__ = ["TASKS", "friendly", "make_collection", "make_program", "program"]
 
@@ -78,14 +78,14 @@ TASKS = (deploy, plan, status, runs_task, tail_logs, metrics, plot_task, report,
 def make_collection(default_project: Path | None = None) -> Collection:
     """Invoke's collection of :data:`TASKS`; ``default_project`` is the project used when none
     is found upward from the current folder (``tasks.py`` passes its checkout)."""
-    from outrig.program import collection
+    from outrig.cli.invoke_program import collection
 
     return collection(TASKS, default_project)
 
 
 def make_program() -> OutrigProgram:
     """The Invoke program that parses and runs a command (what :data:`program` hands to)."""
-    from outrig.program import OutrigConfig, OutrigProgram
+    from outrig.cli.invoke_program import OutrigConfig, OutrigProgram
 
     return OutrigProgram(name="outrig", binary="outrig", binary_names=["outrig"],
                          namespace=make_collection(), version=__version__,

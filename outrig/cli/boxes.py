@@ -29,13 +29,13 @@ from outrig.cli.flags import (
     make_reporter,
     number,
 )
+from outrig.cli.launcher import remainder_argv
+from outrig.cli.settings import playbook_for, settings_for
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.launcher import remainder_argv
-from outrig.settings import playbook_for, settings_for
-from outrig.taskspec import task
 
 if TYPE_CHECKING:
-    from outrig.settings import Settings
+    from outrig.cli.settings import Settings
 
 
 @task(auto_shortflags=False, iterable=["host"],
@@ -296,7 +296,7 @@ def connections(c: Any, close: bool = False, host: str | None = None,
         outrig connections
         outrig connections --close --host uk-node
     """
-    from outrig.connectors.kept import close_keepers, keepers, wait_closed
+    from outrig.connectors.keeper.connections import close_keepers, keepers, wait_closed
 
     if host and not close:
         raise ConfigError("--host goes with --close (outrig connections lists every host). "

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from outrig.cli.flags import HOST_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
+from outrig.cli.settings import playbook_for, settings_for
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.settings import playbook_for, settings_for
-from outrig.taskspec import task
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -126,7 +126,7 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
             --dataset-path /data/speed-bench
         outrig evaluate --host uk-node --playbook dflash-qwen36 --compare
     """
-    from outrig.cli.targets import one_host  # at run time only, as in outrig.cli.runs
+    from outrig.cli.targets import one_host  # at run time only, as in outrig.cli.run_tasks
     from outrig.ops.evaluate import Options
     from outrig.ops.evaluate import compare as run_compare
     from outrig.ops.evaluate import evaluate as run_evaluate
@@ -134,18 +134,8 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
 
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
-    if baseline not in (None, "cached", "fresh"):
-        raise ConfigError(f"--baseline {baseline}: give --baseline cached (reuse a matching "
-                          "one), --baseline fresh (measure again) or --no-baseline")
-    if baseline and no_baseline:
-        raise ConfigError("give --baseline or --no-baseline, not both")
-    if playbook and (model or speculative or prompts or python):
-        raise ConfigError("--model, --speculative, --prompts and --python make a playbook of "
-                          "their own; leave them out with --playbook (its evaluate: key says "
-                          "them)")
-    if (speculative or prompts or python) and not model:
-        raise ConfigError("--speculative, --prompts and --python go with --model M (the "
-                          "verifier)")
+    _check_flags(playbook, model, bool(speculative or prompts or python), baseline,
+                 no_baseline)
     ks = parse_ks(sweep_k) if sweep_k is not None else ()
     count = None if requests is None else int(number(requests, "requests", 32))
     if run is not None:  # a multi-node job's id: its node 0's run, on node 0's box
@@ -175,3 +165,22 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
         run_compare(settings.project, host_spec, name, reporter)
         return
     run_evaluate(settings.project, host_spec, name, reporter, options)
+
+
+def _check_flags(playbook: str | None, model: str | None, model_flags: bool,
+                 baseline: str | None, no_baseline: bool) -> None:
+    """The flags that contradict each other, refused before anything is read or sent
+    (``model_flags``: --speculative, --prompts or --python given)."""
+    if baseline not in (None, "cached", "fresh"):
+        raise ConfigError(f"--baseline {baseline}: give --baseline cached (reuse a matching "
+                          "one), --baseline fresh (measure again) or --no-baseline")
+    if baseline and no_baseline:
+        raise ConfigError("give --baseline or --no-baseline, not both")
+    if playbook and (model or model_flags):
+        raise ConfigError("--model, --speculative, --prompts and --python make a playbook of "
+                          "their own; leave them out with --playbook (its evaluate: key says "
+                          "them)")
+    if model_flags and not model:
+        raise ConfigError("--speculative, --prompts and --python go with --model M (the "
+                          "verifier)")
+

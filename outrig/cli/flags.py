@@ -2,7 +2,7 @@
 into clear errors, the reporter, and :func:`friendly` (an error as one paragraph and its exit
 status, no traceback). A module of its own so that the task modules import it without
 importing each other. Every task module imports it at start-up (``outrig --list`` imports
-them without Invoke, :mod:`outrig.launcher`), so the console (rich) is imported only when a
+them without Invoke, :mod:`outrig.cli.launcher`), so the console (rich) is imported only when a
 reporter is made (:func:`make_reporter`) and Invoke's ``Exit`` only when a task ends with a
 status (:func:`exit_with`, where Invoke, which runs the task, is loaded already), purely for
 start-up.

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from outrig.cli.flags import JSON_HELP, PROJECT_HELP, friendly, make_reporter, number
-from outrig.settings import settings_for
-from outrig.taskspec import task
+from outrig.cli.settings import settings_for
+from outrig.cli.taskspec import task
 
 
 @task(

@@ -1,7 +1,7 @@
 """``outrig metrics``, ``outrig plot``, ``outrig report``: a run drawn from the journal and
 the log mirror (:mod:`outrig.ops.metrics`); no box is contacted.
 
-Apart from :mod:`outrig.cli.runs`, whose tasks reach a box: these read what this
+Apart from :mod:`outrig.cli.run_tasks`, whose tasks reach a box: these read what this
 workstation holds, so they work the same when the box is long gone.
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from outrig.cli.flags import friendly, make_reporter
+from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
-from outrig.taskspec import task
 
 RUN_HELP = ("the run id (repeat for several, overlaid and aligned by step); a migrated run "
             "brings the runs it was moved from and to")
 METRIC_HELP = "only this metric, e.g. train/loss (repeat for several)"
+LOG_HELP = ("the metrics' y axis on a log scale: a loss falling over decades stays readable "
+            "at its end (values of 0 or below are left out, and said so)")
 
 
 @task(
@@ -55,12 +57,13 @@ def metrics(c: Any, run: list[str] | None = None, metric: list[str] | None = Non
     iterable=["run", "metric"],
     help={"run": RUN_HELP,
           "metric": METRIC_HELP + " (default: train/loss, train/full_acc and train/eal)",
+          "log": LOG_HELP,
           "json": "print the curves instead, one JSON document {curves: [{metric, run_id, "
                   "host, steps, values}]}"},
 )
 @friendly
 def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
-         json: bool = False) -> None:
+         log: bool = False, json: bool = False) -> None:
     """Draw a run's curves in the terminal, over the step.
 
     On a terminal with colour each metric is a chart as wide as the terminal (plotext), one
@@ -71,10 +74,11 @@ def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
     Examples:
         outrig plot --run dflash-qwen36-20260101-120000
         outrig plot --run A --run B --metric train/loss --metric train/eal
+        outrig plot --run R --metric train/loss --log
     """
     from outrig.ops.metrics import plot as run_plot
 
-    run_plot(make_reporter(json), list(run or []), metrics=list(metric or []))
+    run_plot(make_reporter(json), list(run or []), metrics=list(metric or []), log=log)
 
 
 @task(
@@ -82,11 +86,12 @@ def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
     iterable=["run"],
     help={"run": RUN_HELP,
           "o": "the HTML file to write (default: outrig-report-RUN.html here)",
+          "log": LOG_HELP,
           "json": "print one JSON line {report, bytes, runs, charts, events, points, "
                   "lines_parsed}"},
 )
 @friendly
-def report(c: Any, run: list[str] | None = None, o: str | None = None,
+def report(c: Any, run: list[str] | None = None, o: str | None = None, log: bool = False,
            json: bool = False) -> None:
     """Write one self-contained HTML report of a run: identity, curves, GPUs, timeline.
 
@@ -100,7 +105,8 @@ def report(c: Any, run: list[str] | None = None, o: str | None = None,
     Examples:
         outrig report --run dflash-qwen36-20260101-120000
         outrig report --run A --run B -o compare.html
+        outrig report --run R --log
     """
     from outrig.ops.metrics import write_report
 
-    write_report(make_reporter(json), list(run or []), output=o)
+    write_report(make_reporter(json), list(run or []), output=o, log=log)

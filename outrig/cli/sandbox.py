@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from outrig.cli.flags import JSON_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
-from outrig.settings import Settings, settings_for
-from outrig.taskspec import task
+from outrig.cli.settings import Settings, settings_for
+from outrig.cli.taskspec import task
 
 
 @task(

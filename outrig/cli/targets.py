@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from outrig.cli.flags import number
+from outrig.cli.settings import Settings, playbook_for
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.fanout import MAX_PARALLEL
 from outrig.journal import Journal
 from outrig.session import Project
-from outrig.settings import Settings, playbook_for
 
 if TYPE_CHECKING:
     from outrig.playbook import Job
@@ -228,7 +228,7 @@ def select_deploy(settings: Settings, reporter: Reporter, host: list[str] | None
     is loaded first: with ``nodes:`` > 1 the selection is the job's nodes, not a sweep. On
     several hosts the playbook is the named one (``sweep_needs_playbook``: deploy asks for
     one; plan without one shows each host's runs and GPUs); on one host it may also be the
-    playbook of the host's current run (:func:`outrig.settings.playbook_for`)."""
+    playbook of the host's current run (:func:`outrig.cli.settings.playbook_for`)."""
     name, _ = settings.value("playbook", playbook)
     job = None if name is None else _load(settings, str(name), test=test, params=params)
     if job is not None and job.spec.nodes > 1:

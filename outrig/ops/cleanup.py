@@ -20,7 +20,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from outrig.console import Reporter
+from outrig.console import Reporter, had_ended
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
 from outrig.journal import utc_text as when
@@ -250,7 +250,7 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
             table.add_column(col)
         for proc in run.get("processes") or []:
             table.add_row(escape(str(proc.get("process"))),
-                          HOW.get(str(proc.get("how")), str(proc.get("how"))),
+                          had_ended(proc) or HOW.get(str(proc.get("how")), str(proc.get("how"))),
                           f"{float(proc.get('seconds') or 0):.1f}",
                           str(proc.get("stragglers") or 0))
         out.print(table)

@@ -106,7 +106,8 @@ def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
         host_file = box.write_host_file(root / "sandbox.yaml", port=port)
         reporter.info(f"• sandbox sshd on 127.0.0.1:{box.port}, host file {host_file}")
         playbook = demo_playbook(root / "job")
-        _loop(project, str(host_file), playbook, reporter, journal, steps_wait)
+        # no "Next: outrig status --host <its host file>": that file goes with the box below
+        _loop(project, str(host_file), playbook, reporter, journal, steps_wait, hint=False)
         cleanup(project, str(host_file), reporter, playbook=DEMO_PLAYBOOK, journal=journal)
     finally:
         if proxy is not None:
@@ -114,15 +115,21 @@ def run_demo(project: Project, reporter: Reporter, *, keep: bool = False,
         if box is not None:
             box.stop()
         shutil.rmtree(root, ignore_errors=True)
+    reporter.info(CLOSING)
+
+
+CLOSING = ("demo done: its run is stopped and its sandbox box removed. To try the commands "
+           "yourself on a box that stays up: outrig demo --keep (or outrig sandbox-up), then "
+           "outrig status --host sandbox; outrig sandbox-down stops it.")
 
 
 def _loop(project: Project, host: str, playbook: Path, reporter: Reporter, journal: Journal,
-          steps_wait: float) -> None:
+          steps_wait: float, hint: bool = True) -> None:
     from outrig.sandbox.box import free_port
 
     # a port free now, not the playbook's 8765: another server of this machine may hold that
     deploy(project, host, str(playbook), reporter, journal=journal,
-           params={"port": free_port()})
+           params={"port": free_port()}, hint=hint)
     time.sleep(steps_wait)  # let the trainer print a few metric lines and save an epoch
     status(project, host, reporter, playbook=DEMO_PLAYBOOK, journal=journal)
     logs(project, host, reporter, playbook=DEMO_PLAYBOOK, lines=8, journal=journal)

@@ -21,8 +21,8 @@ from typing import Any
 
 from outrig import recipes
 from outrig.console import Reporter
-from outrig.errors import Interrupted, PlanError, RemoteError
-from outrig.evaluations.launch_check import (
+from outrig.errors import Interrupted, OutrigError, PlanError, RemoteError
+from outrig.evaluation.launch_check import (
     RUNNER_ENV,
     launch_problems,
     server_python,
@@ -82,11 +82,37 @@ def replaced_words(replaced: dict[str, Any] | None) -> str:
             "finished first (only this run runs now)")
 
 
+class DeploySuperseded(OutrigError):
+    """The deploy's run came up, but another deploy of the same playbook was waiting for the
+    box and replaces it the moment this one lets go."""
+
+
+def superseded(session: HostSession, plan: Plan, result: dict[str, Any]) -> None:
+    """Raise :class:`DeploySuperseded` when the box saw other deploys of the playbook
+    waiting for its lock as this one finished (``waiting`` in the result): two identical
+    deploys started at once ran one after the other, and the first said ``✓ ready`` (exit
+    0) for a run the second stopped two seconds later. Its run is marked replaced."""
+    waiting = [str(w.get("run_id")) for w in result.get("waiting") or []
+               if isinstance(w, dict) and w.get("run_id")]
+    if not waiting:
+        return
+    session.journal.record_run(plan.run_id, {"replaced_by": waiting[-1]})
+    session.reporter.emit_json({"event": "superseded", "run_id": plan.run_id,
+                                "by": waiting})
+    raise DeploySuperseded(
+        f"{plan.playbook} came up on {plan.host} as run {plan.run_id}, but another deploy "
+        f"of {plan.playbook} started meanwhile was waiting for the box and replaces that run "
+        f"now: run {', '.join(waiting)}. Only {waiting[-1]} will run, and its deploy reports "
+        f"it; outrig status --host {session.host_spec} shows it.")
+
+
 def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], seconds: float,
-                     host_spec: str, replaced: dict[str, Any] | None = None) -> str:
+                     host_spec: str, replaced: dict[str, Any] | None = None,
+                     hint: bool = True) -> str:
     """The closing line: what is running now, which processes finished their work before
     they were ready (a resumed trainer with nothing left to do exits 0 at once), and the run
-    of a deploy started at the same moment that this one replaced."""
+    of a deploy started at the same moment that this one replaced. ``hint``: the commands to
+    look at the run next (not where the host is gone a moment later: the demo's)."""
     finished = [str(p.get("name")) for p in processes if p.get("outcome") == "finished"]
     were = "it was" if len(finished) == 1 else "they were"
     done = (f"{', '.join(finished)} finished (exited 0 before {were} ready: nothing left "
@@ -100,6 +126,8 @@ def deployed_message(plan: Plan, status: str, processes: list[dict[str, Any]], s
         head = f"{plan.playbook} ready on {plan.host} in {seconds:.1f}s"
         head += f"; {done}" if done else ""
     head += replaced_words(replaced)
+    if not hint:
+        return f"{head} — run {plan.run_id}."
     return (f"{head} — run {plan.run_id}. Next: outrig status --host {host_spec}, "
             f"outrig tail-logs --host {host_spec}")
 
@@ -189,20 +217,21 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str],
 def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
            test: bool = False, dry_run: bool = False, wait: bool = True,
            journal: Journal | None = None, params: dict[str, Any] | None = None,
-           allow_unhealthy_gpu: bool = False) -> DeployResult:
+           allow_unhealthy_gpu: bool = False, hint: bool = True) -> DeployResult:
     """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call.
 
     ``params`` (from ``--param``) override the playbook's params and are journalled with the
-    run, so a later look at the run says what it was started with."""
+    run, so a later look at the run says what it was started with. ``hint``: see
+    :func:`deployed_message`."""
     with host_session(project, host_spec, reporter, journal) as session:
         job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
         return deploy_on(session, job, dry_run=dry_run, wait=wait, params=params,
-                         allow_unhealthy_gpu=allow_unhealthy_gpu)
+                         allow_unhealthy_gpu=allow_unhealthy_gpu, hint=hint)
 
 
 def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bool = True,
               params: dict[str, Any] | None = None, run_id: str | None = None,
-              allow_unhealthy_gpu: bool = False) -> DeployResult:
+              allow_unhealthy_gpu: bool = False, hint: bool = True) -> DeployResult:
     """:func:`deploy` of a loaded playbook on an open session. A dry run sends nothing; a
     deploy whose recipe needs facts about its models reads them first, on the same
     connection. ``run_id``: the run's id (default: a new one; a deploy on several hosts
@@ -247,6 +276,7 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
                 f"started {float(replaced['age']):.0f} s ago by another deploy of the same "
                 "playbook that got the box first (it may have reported that run ready); only "
                 f"{plan.run_id} runs now")
+    superseded(session, plan, result)
     outcome = DeployResult(plan=plan, launched=True, processes=processes, seconds=seconds,
                            rtt=session.transport.rtt,
                            connect_seconds=session.transport.connect_seconds, status=status,
@@ -255,7 +285,7 @@ def deploy_on(session: HostSession, job: Job, *, dry_run: bool = False, wait: bo
                         "status": status, "seconds": round(seconds, 3),
                         "processes": processes, "replaced": replaced})
     reporter.success(deployed_message(plan, status, processes, seconds, session.host_spec,
-                                      replaced))
+                                      replaced, hint))
     return outcome
 
 
@@ -279,7 +309,7 @@ def plan_on(session: HostSession, job: Job, *, probe: bool = True, run_id: str |
 def check_speculative_servers(session: HostSession, plan: Plan) -> None:
     """Each process that starts vLLM with ``--speculative-config``: what its vLLM would refuse
     (the drafter's speculators algorithm, a Model Runner V1 setting) is refused before
-    anything is stopped or started (:mod:`outrig.evaluations.launch_check`). One more
+    anything is stopped or started (:mod:`outrig.evaluation.launch_check`). One more
     ``model_facts`` exec, only for such a process that names a drafter or sets
     ``VLLM_USE_V2_MODEL_RUNNER`` (whose interpreter the argv tells)."""
     problems: list[str] = []

@@ -1,7 +1,7 @@
 """``outrig evaluate``: serve a drafter with speculative decoding on the box, measure it, stop.
 
 Everything that can be refused is refused before a server starts: the settings
-(:func:`outrig.evaluation.settings_for`), a local prompts file (read and checked here), the
+(:func:`outrig.evaluation.spec.settings_for`), a local prompts file (read and checked here), the
 checkpoint (the agent's ``checkpoints`` op and its completeness rule), the prompts on the box
 (the ``bench`` op with ``check_only``), and the GPUs (a running run that holds one is named).
 Then the server is an ordinary recorded run, deployed through :func:`deploy_on` under
@@ -24,7 +24,10 @@ from outrig.agent_code import parse_prompt_lines, prompts_digest
 from outrig.checkpoints import assess, newest_complete, order_text
 from outrig.console import Reporter
 from outrig.errors import ConfigError, PlanError, RemoteError
-from outrig.evaluation import (
+from outrig.evaluation.card import card_markdown
+from outrig.evaluation.datasets import box_file, parse_dataset
+from outrig.evaluation.report import full_report
+from outrig.evaluation.spec import (
     MAX_INLINE_PROMPT_BYTES,
     EvalSettings,
     Prompts,
@@ -34,9 +37,6 @@ from outrig.evaluation import (
     settings_for,
     speculative_config,
 )
-from outrig.evaluations.card import card_markdown
-from outrig.evaluations.datasets import box_file, parse_dataset
-from outrig.evaluations.report import full_report
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.evaluate_document import document
@@ -51,11 +51,12 @@ from outrig.ops.evaluate_serving import (
 from outrig.ops.placement import held_runs
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job
+from outrig.recipes import drafter_methods, eval_defaults
 from outrig.redaction import ordered, redact_tree
 from outrig.session import HostSession, Project, host_session
 
 _CHECK_KINDS = ("bad_request", "not_found")
-SMOKE_FILE = Path(__file__).resolve().parent.parent / "evaluations" / "prompts" / "smoke.jsonl"
+SMOKE_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "prompts" / "smoke.jsonl"
 __all__ = ["CheckpointRewritten", "EvaluationFailed", "compare", "evaluate", "evaluate_on"]
 
 
@@ -174,8 +175,8 @@ def resolve(session: HostSession, job: Job, run: dict[str, Any] | None, *,
     else:
         params.update({k: v for k, v in builtin_params(session.host, job, "none").items()
                        if k not in ("run_id", "run_dir", "job_id")})
-    dflash = getattr(job.spec, "dflash", None) if job.spec.recipe == "dflash" else None
-    settings, problems = settings_for(job.spec.evaluate, dflash, params, str(job.doc.path))
+    defaults = eval_defaults(job.spec.recipe, job.spec.recipe_section())
+    settings, problems = settings_for(job.spec.evaluate, defaults, params, str(job.doc.path))
     if requests is not None and requests < 1:
         problems.append(f"--requests {requests}: give at least 1")
     if problems or settings is None:
@@ -245,10 +246,11 @@ def find_checkpoint(session: HostSession, settings: EvalSettings,
     """The checkpoint evaluated: ``--checkpoint`` (refused when torn), else the newest
     complete one under the save path; None for a method without one (ngram)."""
     speculative = settings.speculative or {}
+    loading = (*drafter_methods(), "eagle3")  # vLLM's methods whose drafter is a checkpoint
     if path is not None and not (settings.needs_checkpoint or "model" in speculative):
         raise ConfigError(f"--checkpoint {path}: method {speculative.get('method')} drafts "
                           "without a checkpoint; leave --checkpoint out, or give "
-                          "evaluate.speculative a method that loads one (dflash, eagle3)")
+                          f"evaluate.speculative a method that loads one ({', '.join(loading)})")
     if path is None and not settings.needs_checkpoint:
         model = (settings.speculative or {}).get("model")
         return {"path": str(model)} if model else None

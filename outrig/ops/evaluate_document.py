@@ -14,10 +14,10 @@ import secrets as _secrets
 import time
 from typing import Any
 
-from outrig.evaluation import EvalSettings
-from outrig.evaluations.causes import fastest, flags
-from outrig.evaluations.document import level_figures, side_summary, with_baseline
-from outrig.metricstore import MetricStore
+from outrig.evaluation.causes import fastest, flags
+from outrig.evaluation.document import level_figures, side_summary, with_baseline
+from outrig.evaluation.spec import EvalSettings
+from outrig.metrics.store import MetricStore
 from outrig.playbook import Job
 from outrig.session import HostSession
 

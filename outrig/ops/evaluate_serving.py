@@ -1,6 +1,6 @@
 """``outrig evaluate``'s servers: each an ordinary recorded run, deployed, measured at every
 concurrency level, and stopped by its run id; the baseline reused from the journal when one
-with the same key was measured before (:mod:`outrig.evaluations.baseline`).
+with the same key was measured before (:mod:`outrig.evaluation.baseline`).
 
 What the box is (vLLM, speculators and torch versions, the GPU, whether vLLM has
 ``--per-request-spec-decode-metrics``) is read once, before any server starts, with the
@@ -16,10 +16,10 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import OutrigError, PlanError
-from outrig.evaluation import EvalSettings, bench_fields, server_playbook
-from outrig.evaluations.baseline import baseline_key, baseline_record
-from outrig.evaluations.document import level_figures
-from outrig.evaluations.launch_check import launch_problems
+from outrig.evaluation.baseline import baseline_key, baseline_record
+from outrig.evaluation.document import level_figures
+from outrig.evaluation.launch_check import launch_problems
+from outrig.evaluation.spec import EvalSettings, bench_fields, server_playbook
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_on
 from outrig.ops.runs import new_run_id
@@ -42,7 +42,7 @@ def box_facts(session: HostSession, settings: EvalSettings,
     """The versions in the server's interpreter, the GPUs it gets, and whether its vLLM has
     ``--per-request-spec-decode-metrics`` (read from vLLM's own source on the box). What that
     vLLM would refuse (the ``drafter`` checkpoint's speculators algorithm, a Model Runner V1
-    setting: :mod:`outrig.evaluations.launch_check`) is refused here, before any server
+    setting: :mod:`outrig.evaluation.launch_check`) is refused here, before any server
     starts."""
     seen: dict[str, Any] = {}
 

@@ -185,12 +185,18 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
     listener = listen(port if local_port is None and _free(port) else (local_port or 0))
     mine = listener.getsockname()[1]
     url = f"http://127.0.0.1:{mine}/"
+    # the same number was wanted and is taken here: say so, a URL with another port that
+    # nobody mentioned reads like a mistake (or is missed, and the old port is tried)
+    moved = local_port is None and mine != port
+    why = (f" (port {port} is taken on this machine, so the local port is {mine}; "
+           "--local-port N picks another)") if moved else ""
     try:  # from the first word printed: a Ctrl-C the moment the URL shows is this one too
         reporter.emit_json({"event": "forwarding", "url": url, "local_port": mine,
-                            "remote": f"{address}:{port}", "what": what})
+                            "remote": f"{address}:{port}", "what": what,
+                            "local_port_moved_from": port if moved else None})
         if not reporter.json_mode:
-            print(paragraph(f"{url} → {address}:{port} on {host.label()} ({what}); Ctrl-C "
-                            "stops", wrap_width(sys.stdout)), flush=True)
+            print(paragraph(f"{url} → {address}:{port} on {host.label()} ({what}){why}; "
+                            "Ctrl-C stops", wrap_width(sys.stdout)), flush=True)
         Forwarder(transport, (address, port), listener, reporter).serve_forever()
     except KeyboardInterrupt:
         raise Interrupted(f"forward stopped (Ctrl-C): {url} no longer reaches {what}; "

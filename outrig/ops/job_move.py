@@ -52,8 +52,8 @@ from outrig.ops.nodes import (
     find_job,
     node_run_id,
     plan_nodes,
-    watch_nodes,
 )
+from outrig.ops.nodes_watch import watch_nodes
 from outrig.ops.stage import NoCheckpoint, stage_items, stage_on, sync_checkpoints_on
 from outrig.playbook import Job
 from outrig.redeploy.rebuild import Redeploy, rebuild

@@ -1,11 +1,11 @@
 """``inv tail-logs``: every log of a run over one SSH channel, exactly once, into a local mirror.
 
 The agent's ``follow`` op streams framed chunks (process, inode, offset, bytes); the pure rules
-live in :mod:`outrig.logtail`. This module does the I/O, in an order that makes a crash or a
+live in :mod:`outrig.logs.tail`. This module does the I/O, in an order that makes a crash or a
 dropped link harmless:
 
 1. append the new bytes to the mirror ``<state>/logs/<host>/<run>/<process>.log``
-   (:mod:`outrig.logmirror`);
+   (:mod:`outrig.logs.mirror`);
 2. fsync the mirror;
 3. write the cursors (``cursors.json`` beside the mirrors) atomically;
 4. only then print the lines.
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outrig.agent_client import AgentCall, raise_for_result
+from outrig.agent.client import AgentCall, raise_for_result
+from outrig.agent.reader import ChannelReader, take_events
 from outrig.console import Reporter
 from outrig.errors import (
     AuthenticationError,
@@ -47,7 +48,7 @@ from outrig.journal import (
     Journal,
     utc_text,
 )
-from outrig.logmirror import (
+from outrig.logs.mirror import (
     MirrorStore,
     gap_lines,
     mirror_files,
@@ -57,7 +58,7 @@ from outrig.logmirror import (
     read_gaps,
     recent_cursor_sets,
 )
-from outrig.logtail import (
+from outrig.logs.tail import (
     Applied,
     Cursor,
     FramingError,
@@ -65,7 +66,6 @@ from outrig.logtail import (
     clean_display,
     decode_chunk,
 )
-from outrig.reader import ChannelReader, take_events
 from outrig.redaction import ordered, redact_text
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, base_request

@@ -2,12 +2,12 @@
 workstation already holds, without contacting any box.
 
 Each command first brings the run's series up to date with its log mirror (only the bytes
-past the cursor are parsed, :meth:`outrig.metricstore.MetricStore.ingest_mirror`), then reads
+past the cursor are parsed, :meth:`outrig.metrics.store.MetricStore.ingest_mirror`), then reads
 the series, the GPU samples ``status`` and ``watch`` kept, the journal's record of the run,
 its ``watch`` events and its ``evaluate`` results. A run that was migrated brings its chain
-along (the run it came from and the one it went to, :func:`outrig.metrics.chain_ids`), so
+along (the run it came from and the one it went to, :func:`outrig.metrics.series.chain_ids`), so
 its curve goes on across the move. The documents and drawings are pure:
-:mod:`outrig.metrics`, :mod:`outrig.termplot`, :mod:`outrig.report`.
+:mod:`outrig.metrics.series`, :mod:`outrig.metrics.termplot`, :mod:`outrig.metrics.report`.
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, LocalWriteError
-from outrig.evaluations.served import SERVED, served_points
+from outrig.evaluation.served import SERVED, served_points
 from outrig.journal import Journal, atomic_write_text, read_json, utc_text
-from outrig.logmirror import mirror_root
-from outrig.metrics import RunData, chain_ids, iter_rows, metric_names
-from outrig.metricstore import MetricStore
+from outrig.logs.mirror import mirror_root
+from outrig.metrics.report import render_html, report_document
+from outrig.metrics.series import RunData, chain_ids, iter_rows, metric_names
+from outrig.metrics.store import MetricStore
+from outrig.metrics.termplot import Curve, plot_lines
 from outrig.ops.runs import head_run_id
 from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
 from outrig.redaction import ordered
-from outrig.report import render_html, report_document
 from outrig.terminal import terminal_width
-from outrig.termplot import Curve, plot_lines
 
 DEFAULT_PLOT = ("train/loss", "train/full_acc", "train/eal")  # plot without --metric
 BAD_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR,
@@ -230,9 +230,10 @@ def summary_lines(runs: Sequence[RunData], names: Sequence[str], width: int) -> 
 
 def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] = (),
          journal: Journal | None = None, width: int | None = None,
-         colour: bool | None = None) -> list[str]:
+         colour: bool | None = None, log: bool = False) -> list[str]:
     """``outrig plot``: the curves of ``metrics`` (default: loss, full_acc and eal, those
-    there are) of the runs and their chains, in the terminal (:mod:`outrig.termplot`)."""
+    there are) of the runs and their chains, in the terminal (:mod:`outrig.metrics.termplot`);
+    ``log``: on a log scale."""
     journal = journal or Journal()
     groups, _ = load_chains(journal, run_ids)
     runs = [run for group in groups for run in group]
@@ -256,7 +257,7 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
             for metric, row in curves for run, curve in zip(runs, row, strict=True)]})
         return []
     lines = plot_lines(curves, width or terminal_width(reporter.out),
-                       colour=reporter.colour if colour is None else colour)
+                       colour=reporter.colour if colour is None else colour, log=log)
     if not chosen:
         lines = ["nothing to plot yet"]
     for line in lines:
@@ -269,7 +270,7 @@ def plot(reporter: Reporter, run_ids: Sequence[str], *, metrics: Sequence[str] =
 
 
 def asset(name: str) -> str:
-    return (resources.files("outrig") / "report_assets" / name).read_text(encoding="utf-8")
+    return (resources.files("outrig.metrics") / "report_assets" / name).read_text(encoding="utf-8")
 
 
 def watch_events(journal: Journal, run_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
@@ -295,8 +296,9 @@ def default_output(run_ids: Sequence[str]) -> Path:
 
 
 def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | None = None,
-                 journal: Journal | None = None, now: float | None = None) -> dict[str, Any]:
-    """``outrig report``: the HTML file (:mod:`outrig.report`); what it holds, returned
+                 journal: Journal | None = None, now: float | None = None,
+                 log: bool = False) -> dict[str, Any]:
+    """``outrig report``: the HTML file (:mod:`outrig.metrics.report`); what it holds, returned
     (and printed with ``--json``)."""
     journal = journal or Journal()
     path = Path(output) if output else default_output([r for r in run_ids if r] or ["run"])
@@ -307,7 +309,7 @@ def write_report(reporter: Reporter, run_ids: Sequence[str], *, output: str | No
     evaluations = {rid: journal.evaluations(run_id=rid) for rid in ids}
     document = report_document(groups, now=time.time() if now is None else now,
                                evaluations=evaluations, watch_events=watch_events(journal, ids),
-                               secrets=plan_secrets(runs))
+                               secrets=plan_secrets(runs), log_scale=log)
     annotate_costs(journal, [r for r in document.get("runs") or [] if not r.get("cost")],
                    time.time())  # a run on a box rented through outrig: its share so far
     html = render_html(document, uplot_js=asset("uPlot.iife.min.js"),

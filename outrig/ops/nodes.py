@@ -8,17 +8,19 @@ stops it:
 
 * :func:`deploy_nodes` plans every node first (each node's GPUs checked against that node's
   facts; nothing is started when any plan has a problem), launches node 0 (the rendezvous
-  host) and, once every process of node 0 is launched, the others at once, and waits until
+  host), the parts of a server spanning nodes once node 0's first process is (``Plan.
+  launch_with_head``), the others once every process of node 0 is, and waits until
   every node is ready. When a node fails to launch or to become ready, the deploy calls still
   waiting are cancelled (their boxes stop what they launched) and every node's run is stopped
   by its recorded process groups (``cleanup``), and the error says which node failed and why.
 * :func:`nodes_status`, :func:`stop_nodes` and :func:`node_log_targets` cover every node of a
   job for ``status``, ``cleanup --run`` and ``tail-logs``.
-* :func:`watch_nodes` is the workstation-side guard once the job is up: it asks every node
-  for its run's state each period and, when one node's processes fail (or the node stops
-  answering for the threshold), stops the others and says which node failed and why. A peer
-  failure does not always end the other nodes by itself: their ranks may sit in a collective
-  until the process group's timeout (tests/standins/fake_torchrun.py lists torch's rules).
+* :func:`outrig.ops.nodes_watch.watch_nodes` is the workstation-side guard once the job is
+  up: it asks every node for its run's state each period and, when one node's processes fail
+  (or the node stops answering for the threshold), stops the others and says which node
+  failed and why. A peer failure does not always end the other nodes by itself: their ranks
+  may sit in a collective until the process group's timeout (tests/standins/fake_torchrun.py
+  lists torch's rules).
 
 The journal keeps one record per job (``jobs/<job_id>.json``: playbook, nodes with rank, host
 and run id) and one run record per node, whose run id is ``<job_id>-node<rank>``; each node's
@@ -35,19 +37,19 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, NoReturn, Protocol
+from typing import IO, Any, NoReturn
 
-from outrig.agent_client import CANCEL_LINE, AgentCall, raise_for_result
-from outrig.checkpoints import listing_request, newest_complete, order_text
+from outrig.agent.client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.console import Reporter, describe_event
 from outrig.errors import ConfigError, Interrupted, OutrigError, PlanError
 from outrig.fanout import HostOutcome, run_fanout
-from outrig.health import DEFAULT_THRESHOLD, run_state
+from outrig.health import run_state
 from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_request, deployed_status, plan_on
 from outrig.ops.logs import TailResult, tail_logs
+from outrig.ops.node_checks import check_checkpoints_agree, check_gpu_counts
 from outrig.ops.runs import new_run_id, secret_values
 from outrig.ops.status import status_on
 from outrig.plan import NodePlace, Plan
@@ -223,53 +225,19 @@ def refuse_node_run(journal: Journal, run_id: str, *, what: str) -> None:
         f"`outrig migrate --run {job_id} --to A,B` (one box per node). Nothing was started.")
 
 
-def check_checkpoints_agree(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],
-                            plans: Sequence[Plan]) -> None:
-    """Refuse to start when the nodes' newest complete checkpoints differ.
-
-    Why: every rank resumes from its *own* node's ``save_path`` (speculators reads it on
-    each rank at start; docs/scale-out.md, "Checkpoints"), while only global rank 0 writes
-    one. A node without rank 0's newest checkpoint starts its ranks fresh while the others
-    resume, and the job then hangs in a collective or trains from mismatched states. One
-    ``checkpoints`` call per node and process that declares ``checkpoints:``; nothing is
-    started when they disagree (the same newest on all, or none anywhere, passes)."""
-    for name, first in plans[0].processes.items():
-        if not first.checkpoints:
-            continue
-        newest: list[tuple[int, int, int] | None] = []
-        for session, plan in zip(sessions, plans, strict=True):
-            proc = plan.processes[name]
-            fields = {**listing_request(proc.argv),
-                      "scheduler": bool((proc.checkpoints or {}).get("scheduler", True))}
-            listing = session.call("checkpoints", stream=False,
-                                   save_path=str((proc.checkpoints or {})["path"]), **fields)
-            best = newest_complete(listing)
-            newest.append(None if best is None else best.order)
-        if len(set(newest)) <= 1:
-            continue
-        held = "; ".join(f"{node.label()}: {order_text(o) if o else 'none'}"
-                         for node, o in zip(nodes, newest, strict=True))
-        source = max(range(len(nodes)), key=lambda i: newest[i] or (-1, 0, 0))
-        raise PlanError([
-            f"{name}: the nodes hold different newest checkpoints in "
-            f"{(first.checkpoints or {}).get('path')} ({held}). Every rank resumes from its "
-            "own node's copy, so they would start from different states and hang. Put the "
-            f"same one on every node (e.g. outrig stage --host OTHER --playbook "
-            f"{plans[0].playbook} --from {nodes[source].host} --resume, for a recipe that "
-            "stages checkpoints), or remove them on every node to start fresh"],
-            context=f"{plans[0].playbook} on {len(nodes)} nodes")
-
-
 def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRun],
                job_id: str, *, probe: bool = True) -> list[Plan]:
     """Every node's plan (in parallel: a probe costs an exec per box), each against its own
     box's facts; raise one :class:`PlanError` listing every node's problems."""
     head = sessions[0].host.peer_address()
+    hosts = tuple(s.host.peer_address() for s in sessions)
+    declared = sessions[0].host.node_address is not None
     plans: dict[int, Plan] = {}
     problems: dict[int, list[str]] = {}
 
     def plan_one(session: HostSession, node: NodeRun) -> None:
-        place = NodePlace(rank=node.rank, nnodes=len(nodes), head_host=head, job_id=job_id)
+        place = NodePlace(rank=node.rank, nnodes=len(nodes), head_host=head, job_id=job_id,
+                          hosts=hosts, head_declared=declared)
         try:
             plans[node.rank] = plan_on(session, job, probe=probe, run_id=node.run_id,
                                        node=place)
@@ -289,6 +257,7 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
         raise PlanError([f"{nodes[rank].label()}: {line}" for rank in sorted(problems)
                          for line in problems[rank]],
                         context=f"{job.name} on {len(nodes)} nodes")
+    check_gpu_counts(job, nodes, [plans[n.rank] for n in nodes])
     first = sessions[0].host
     if first.node_address is None:
         plans[0].notes.append(
@@ -308,6 +277,7 @@ class _NodeDeploy:
         self.node, self.session, self.plan, self.request = node, session, plan, request
         self.show = show
         self.launched = threading.Event()  # every process of its plan launched, or call over
+        self.began = threading.Event()  # its first process launched (the box's checks passed)
         self.done = threading.Event()
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
@@ -323,6 +293,7 @@ class _NodeDeploy:
             except BaseException as exc:  # the thread's outcome, read by deploy_nodes
                 self.error = exc
             finally:
+                self.began.set()
                 self.launched.set()
                 self.done.set()
                 finished(self)
@@ -356,6 +327,7 @@ class _NodeDeploy:
             return
         elif kind == "launched":
             self.count += 1
+            self.began.set()
             if self.count >= len(self.plan.order):
                 self.launched.set()
         self.show(self.node, event)
@@ -381,19 +353,7 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
     secrets = secret_values(plans[0].secrets)
     job_id = plans[0].job_id
     began = time.monotonic()
-    journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
-                                "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
-                                "test_mode": job.test_mode, "status": "deploying",
-                                "param_overrides": dict(params or {}),
-                                **({"migrated_from": moved.job} if moved else {})})
-    for node, plan, session in zip(nodes, plans, sessions, strict=True):
-        journal.record_run(node.run_id, {
-            "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
-            "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
-            "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
-            "node_rank": node.rank, "nnodes": len(nodes),
-            RECORD_KEY: move_record(job, session.host, params),
-            **({"migrated_from": moved.runs.get(node.rank)} if moved else {})})
+    _record_deploying(sessions, nodes, plans, job, journal, params, moved)
     lock = threading.Lock()
 
     def show(node: NodeRun, event: dict[str, Any]) -> None:
@@ -421,31 +381,28 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
                   f"({plans[0].job_id}, {len(nodes)} nodes)")
     calls[0].start(on_finished)
     started = calls[:1]
+    # Parts of a server spanning nodes start once node 0's checks passed (its first process
+    # launched): the head is ready only when they joined. The rest wait for node 0's whole plan.
+    waves = ([c for c in calls[1:] if c.plan.launch_with_head],
+             [c for c in calls[1:] if not c.plan.launch_with_head])
     try:
-        calls[0].launched.wait()
-        if calls[0].error is None:
-            reporter.info("• " + ", ".join(c.node.label() for c in calls[1:]) + ": launching")
-            for call in calls[1:]:
+        for wave, ready in zip(waves, (calls[0].began, calls[0].launched), strict=True):
+            ready.wait()
+            if calls[0].error is not None or not wave:
+                continue
+            reporter.info("• " + ", ".join(c.node.label() for c in wave) + ": launching")
+            for call in wave:
                 call.start(on_finished)
-            started = list(calls)
+            started += wave
         failed = _wait_all(started, finished, changed)
         why = _why(failed.error) if failed is not None else ""
     except KeyboardInterrupt:
         failed, why = None, "interrupted (Ctrl-C)"
-    for call in calls[len(started):]:  # node 0 failed: the others were never sent
+    for call in (c for c in calls if c not in started):  # node 0 failed: never sent
         journal.record_run(call.node.run_id, {"status": "not_on_box"})
     if why:
         _fail(started, failed, why, sessions, journal, reporter, job_id)
-    statuses = {c.node.rank: deployed_status(c.result or {}, wait) for c in calls}
-    for call in calls:
-        journal.record_run(call.node.run_id, {
-            "status": statuses[call.node.rank], "ran": statuses[call.node.rank] != "launched",
-            "processes": list((call.result or {}).get("processes") or []),
-            "run_dir": (call.result or {}).get("run_dir")})
-    status = "running" if wait else "launched"
-    if all(s == "finished" for s in statuses.values()):
-        status = "finished"
-    journal.record_job(job_id, {"status": status})
+    status = _record_deployed(calls, journal, job_id, wait)
     seconds = time.monotonic() - began
     result = NodesResult(job_id, list(nodes), list(plans), launched=True, status=status,
                          processes={c.node.rank: list((c.result or {}).get("processes") or [])
@@ -458,6 +415,42 @@ def _launch(sessions: Sequence[HostSession], nodes: Sequence[NodeRun], plans: Se
                      f"({hosts}) in {seconds:.1f}s — job {job_id}. Next: outrig status "
                      f"--host {hosts} --run {job_id}")
     return result
+
+
+def _record_deployed(calls: Sequence[_NodeDeploy], journal: Journal, job_id: str,
+                     wait: bool) -> str:
+    """Each node's run and the job as the deploy left them; the job's status."""
+    statuses = {c.node.rank: deployed_status(c.result or {}, wait) for c in calls}
+    for call in calls:
+        journal.record_run(call.node.run_id, {
+            "status": statuses[call.node.rank], "ran": statuses[call.node.rank] != "launched",
+            "processes": list((call.result or {}).get("processes") or []),
+            "run_dir": (call.result or {}).get("run_dir")})
+    status = "running" if wait else "launched"
+    if all(s == "finished" for s in statuses.values()):
+        status = "finished"
+    journal.record_job(job_id, {"status": status})
+    return status
+
+
+def _record_deploying(sessions: Sequence[HostSession], nodes: Sequence[NodeRun],
+                      plans: Sequence[Plan], job: Job, journal: Journal,
+                      params: dict[str, Any] | None, moved: JobOrigin | None) -> None:
+    """The job and each node's run in the journal, as deploying, before anything is sent."""
+    job_id = plans[0].job_id
+    journal.record_job(job_id, {"job_id": job_id, "playbook": job.name, "created": time.time(),
+                                "nnodes": len(nodes), "nodes": [n.to_json() for n in nodes],
+                                "test_mode": job.test_mode, "status": "deploying",
+                                "param_overrides": dict(params or {}),
+                                **({"migrated_from": moved.job} if moved else {})})
+    for node, plan, session in zip(nodes, plans, sessions, strict=True):
+        journal.record_run(node.run_id, {
+            "run_id": node.run_id, "host": plan.host, "playbook": plan.playbook,
+            "created": time.time(), "test_mode": plan.test_mode, "plan": plan.to_dict(),
+            "param_overrides": dict(params or {}), "status": "deploying", "job_id": job_id,
+            "node_rank": node.rank, "nnodes": len(nodes),
+            RECORD_KEY: move_record(job, session.host, params),
+            **({"migrated_from": moved.runs.get(node.rank)} if moved else {})})
 
 
 def _wait_all(calls: Sequence[_NodeDeploy], finished: list[_NodeDeploy],
@@ -507,8 +500,12 @@ def _fail(calls: Sequence[_NodeDeploy], failed: _NodeDeploy | None, why: str,
     also = f" Then also failed: {'; '.join(others)}." if others else ""
     # Ctrl-C (no node failed) ends the command with 130, as it does every command
     error = NodesFailed if failed is not None else Interrupted
-    raise error(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
-                f"it had reached: {'; '.join(stopped)}.")
+    raised = error(f"{who} failed: {why}.{also} The job {job_id} was stopped on every node "
+                   f"it had reached: {'; '.join(stopped)}.")
+    if failed is not None and getattr(failed.error, "exit_code", 1) == 2 and not any(
+            c.count for c in calls):
+        raised.exit_code = 2  # a box refused the request before anything started anywhere
+    raise raised
 
 
 # ------------------------------------------------------------------------------ status, stop
@@ -689,111 +686,3 @@ def tail_nodes(project: Project, ident: str, reporter: Reporter, *, lines: int |
 
 
 # ------------------------------------------------------------------------------ the guard
-
-
-class NodeMover(Protocol):
-    """What ``watch --run JOB --spare`` adds to the guard (:mod:`outrig.ops.job_move`):
-    ``look`` after every look at the nodes, ``move`` once nodes are lost."""
-
-    def look(self) -> None: ...
-
-    def move(self, lost: list[NodeRun]) -> dict[str, Any]: ...
-
-
-@dataclass
-class NodeSeen:
-    """What the guard knows of one node: its last state and since when it has not answered."""
-
-    state: str = "starting"
-    why: str = ""
-    silent_since: float | None = None
-
-
-def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: float = 5.0,
-                threshold: float = DEFAULT_THRESHOLD, journal: Journal | None = None,
-                stop: threading.Event | None = None, mover: NodeMover | None = None
-                ) -> dict[str, Any]:
-    """``watch`` of a multi-node job: every ``period`` seconds, ask every node (at once, each
-    under its own deadline) for its run's state, judged as ``watch`` judges one run
-    (:func:`outrig.health.run_state`). When a node's run failed, is gone from its box, or the
-    node has not answered for ``threshold`` seconds, the other nodes are stopped and
-    :class:`NodesFailed` names that node and why. Returns once every node finished (or when
-    ``stop`` is set).
-
-    ``mover`` (``watch --spare``): after each look, ``mover.look()`` (it mirrors rank 0's new
-    checkpoints); a node lost (no answer for ``threshold``) is ``mover.move(lost)``'s, whose
-    answer this returns: the job moves to spares instead of stopping. While a node is silent
-    but not yet lost, a failed peer waits for it (a dead box takes its peers' collectives
-    down with it): the move fences them."""
-    journal = journal or Journal()
-    record, nodes = _job_nodes(journal, ident)
-    job_id = str(record.get("job_id"))
-    seen = {n.rank: NodeSeen() for n in nodes}
-    stop = stop or threading.Event()
-    reporter.info(f"• watching job {job_id} on {len(nodes)} nodes: "
-                  + ", ".join(n.label() for n in nodes))
-
-    def one(session: HostSession, node: NodeRun) -> dict[str, Any]:
-        return session.call("status", stream=False, log_lines=0, run_id=node.run_id,
-                            playbook=None)
-
-    while not stop.is_set():
-        outcomes = run_fanout(project, [n.host for n in nodes], _node_core(nodes, one),
-                              journal=journal)
-        now = time.monotonic()
-        for node, outcome in zip(nodes, outcomes, strict=True):
-            judge_node(seen[node.rank], node, outcome, now, threshold, reporter)
-        if mover is not None:
-            mover.look()
-            lost = [n for n in nodes if seen[n.rank].state == "lost"]
-            if lost:
-                return mover.move(lost)
-        bad = [n for n in nodes if seen[n.rank].state in ("failed", "missing", "lost")]
-        waiting = mover is not None and any(s.state == "silent" for s in seen.values())
-        if bad and not waiting:
-            _stop_after_failure(project, job_id, bad, seen, reporter, journal)
-        if all(s.state == "finished" for s in seen.values()):
-            journal.record_job(job_id, {"status": "finished"})
-            reporter.success(f"job {job_id} finished on every node")
-            return {"job_id": job_id, "status": "finished"}
-        stop.wait(period)
-    return {"job_id": job_id, "status": "watching"}
-
-
-def judge_node(seen: NodeSeen, node: NodeRun, outcome: HostOutcome, now: float,
-                threshold: float, reporter: Reporter) -> None:
-    """Update ``seen`` from one status answer; say so when the node's state changes."""
-    before = seen.state
-    if outcome.ok:
-        seen.silent_since = None
-        seen.state, seen.why = node_state(outcome.result, node.run_id)
-    else:
-        seen.silent_since = seen.silent_since if seen.silent_since is not None else now
-        silent = now - seen.silent_since
-        seen.state = "lost" if silent >= threshold else "silent"
-        seen.why = f"no answer for {silent:.0f} s: {outcome.error}"
-    if seen.state != before:
-        reporter.emit_json({"event": "node", "node_rank": node.rank, "host": node.host,
-                            "state": seen.state, "why": seen.why})
-        if not reporter.json_mode:
-            reporter.info(f"{node.label()}: {state_words(seen.state, seen.why)}")
-
-
-def _stop_after_failure(project: Project, job_id: str, bad: Sequence[NodeRun],
-                        seen: dict[int, NodeSeen], reporter: Reporter,
-                        journal: Journal) -> NoReturn:
-    """Stop every other node of the job (and the failed ones' leftovers), then raise.
-
-    Every node found failed in the same look is named: one look cannot tell which failed
-    first (a node hosting torch's rendezvous store takes the others down with it)."""
-    why = "; ".join(f"{n.label()} failed: {seen[n.rank].why}" for n in bad)
-    reporter.warn(f"{why}. Stopping the job on every node.")
-    journal.record_job(job_id, {"status": "failed", "failed_node": bad[0].rank,
-                                "failed_nodes": [n.rank for n in bad], "error": why})
-    try:
-        stop_nodes(project, job_id, reporter, journal=journal)
-        stopped = "every node was stopped"
-    except NodesFailed as exc:
-        stopped = str(exc)
-    journal.record_job(job_id, {"status": "failed"})
-    raise NodesFailed(f"job {job_id}: {why}; {stopped}.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import shlex
+from pathlib import Path
 from typing import Any
 
 from outrig.console import Reporter
@@ -29,10 +30,12 @@ def sandbox_down(project: Project, name: str, reporter: Reporter, *,
     """Stop sandbox ``name``: its runs first (as ``cleanup --all``), unless ``keep_runs``;
     then exactly the processes ``sandbox-up`` recorded. With ``keep_runs`` and runs still
     running, the box stays reachable for them (module docstring). Returns the service's
-    report plus ``kept_runs`` (the run ids left running)."""
+    report plus ``kept_runs`` (the run ids left running) and ``stopped_runs`` (those its
+    cleanup stopped)."""
     state = service.read_state(name)
     reachable = state is not None and (service.is_up(state) or service.is_kept(state))
     live: list[str] = []
+    stopped_runs: list[str] = []
     if state is not None and reachable:
         host = str(state["host_file"])
         quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
@@ -40,7 +43,9 @@ def sandbox_down(project: Project, name: str, reporter: Reporter, *,
             if keep_runs:
                 live = running_runs(project, host, quiet)
             else:
-                cleanup(project, host, quiet, all_runs=True)
+                done = cleanup(project, host, quiet, all_runs=True)
+                stopped_runs = [str(run.get("run_id")) for run in done.get("runs") or []
+                                if run.get("run_id")]
         except OutrigError as exc:
             if keep_runs:  # unknown: keep the box rather than delete what may still run
                 reporter.warn(f"could not ask sandbox {name} which runs are running ({exc}); "
@@ -50,7 +55,7 @@ def sandbox_down(project: Project, name: str, reporter: Reporter, *,
                 reporter.warn(f"could not stop the runs on sandbox {name} ({exc}); stopping "
                               "the box anyway, their processes may keep running")
     result = service.sandbox_down(name, keep_box=bool(live))
-    return {**result, "kept_runs": live}
+    return {**result, "kept_runs": live, "stopped_runs": stopped_runs}
 
 
 def running_runs(project: Project, host: str, reporter: Reporter) -> list[str]:
@@ -59,6 +64,15 @@ def running_runs(project: Project, host: str, reporter: Reporter) -> list[str]:
         result = session.call("status", stream=False, log_lines=0)
     return [str(run.get("run_id")) for run in result.get("runs") or []
             if any(p.get("state") == "running" for p in run.get("processes") or [])]
+
+
+def _shown(path: str) -> str:
+    """A path as a person typed it: relative to the current folder when it is under it
+    (``hosts/sandbox.yaml``), else as it is."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return path
 
 
 def down_lines(result: dict[str, Any], host: str) -> list[str]:
@@ -74,5 +88,7 @@ def down_lines(result: dict[str, Any], host: str) -> list[str]:
                 f"  look: outrig status --host {shlex.quote(host)}",
                 f"  stop them and the box: outrig sandbox-down{named}",
                 f"  serve the box over SSH again: outrig sandbox-up{named}"]
-    removed = f"; removed {result['host_file']}" if result["host_file_removed"] else ""
-    return [f"sandbox {name} stopped (pids {pids}){removed}"]
+    removed = f"; removed {_shown(result['host_file'])}" if result["host_file_removed"] else ""
+    ended = [str(r) for r in result.get("stopped_runs") or []]
+    stopped = f" and its run(s) {', '.join(ended)}" if ended else ""
+    return [f"sandbox {name} stopped (pids {pids}){stopped}{removed}"]

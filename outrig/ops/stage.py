@@ -41,7 +41,7 @@ from outrig.checkpoints import (
 )
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
-from outrig.hub import parse_hub_source
+from outrig.hub_source import parse_hub_source
 from outrig.inventory import Host
 from outrig.journal import Journal, read_json, state_dir
 from outrig.ops.runs import pick_host_run
@@ -361,7 +361,7 @@ def _stage_item(stager: Stager, item: StageItem, dest: HostSession, listing: dic
     hub = parse_hub_source(item.source, where=f"stage item {item.name}") if item.source else None
     tried: list[str] = []
     if hub is not None:
-        from outrig.ops.hub import hub_download, hub_probe
+        from outrig.ops.hub_download import hub_download, hub_probe
 
         probe = hub_probe(dest)
         if probe.get("hub_reachable") and probe.get("client"):

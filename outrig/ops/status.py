@@ -9,14 +9,14 @@ from typing import Any
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError
-from outrig.evaluations.served import served_trend
+from outrig.evaluation.served import served_trend
 from outrig.hang import store as hang_store
 from outrig.hang.judge import defaults
-from outrig.history import last_known_document, last_known_lines, seen_from_status
 from outrig.journal import Journal, utc_text
-from outrig.metricstore import loss_trends, remember_samples
+from outrig.metrics.store import loss_trends, remember_samples
 from outrig.providers.ledger import annotate_costs, rental_lines, rental_summary
 from outrig.redeploy.record import run_host
+from outrig.run_history import last_known_document, last_known_lines, seen_from_status
 from outrig.session import HostSession, Project, host_session
 from outrig.textlayout import fmt
 

@@ -5,7 +5,7 @@ Started by the watch, one evaluation at a time, in a thread of its own so that t
 heartbeat and its verdicts never wait on a vLLM start: every probe period :meth:`poll` reports
 an evaluation that ended and, when none is in flight, starts a worker that lists the run's
 checkpoints on its box (the agent's completeness rule), picks the next one
-(:func:`outrig.evaluations.schedule.choose`) and evaluates it through the same code as
+(:func:`outrig.evaluation.schedule.choose`) and evaluates it through the same code as
 ``outrig evaluate --checkpoint PATH`` (:func:`outrig.ops.evaluate.evaluate_on`: a recorded
 server run under ``<playbook>.evaluate`` on the GPUs set aside, or on the second box, stopped
 by its run id; the baseline cached in the journal). What is done is the journal's: an
@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 from outrig.checkpoints import Checkpoint, assess, order_text
 from outrig.errors import OutrigError
-from outrig.evaluation import EVALUATE_SUFFIX
-from outrig.evaluation_section import DuringTrainingSpec
-from outrig.evaluations import schedule
+from outrig.evaluation import schedule
+from outrig.evaluation.section import DuringTrainingSpec
+from outrig.evaluation.spec import EVALUATE_SUFFIX
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.evaluate import CheckpointRewritten, Options, evaluate_on, resolve

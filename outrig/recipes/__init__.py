@@ -27,9 +27,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from outrig.recipes import dflash
+from outrig.recipes import dflash_evaluate
 from outrig.recipes.base import (
     EnvFacts,
+    EvalDefaults,
     Expansion,
     KeyPath,
     ModelFacts,
@@ -38,13 +39,14 @@ from outrig.recipes.base import (
     StageItem,
 )
 
-__all__ = ["RECIPES", "EnvFacts", "Expansion", "KeyPath", "ModelFacts", "Recipe",
-           "RecipeContext", "StageItem", "get", "models_to_probe", "names",
-           "pythons_to_probe", "register", "stage_items", "unregister"]
+__all__ = ["RECIPES", "EnvFacts", "EvalDefaults", "Expansion", "KeyPath", "ModelFacts",
+           "Recipe", "RecipeContext", "StageItem", "drafter_methods", "eval_defaults", "get",
+           "models_to_probe", "names", "pythons_to_probe", "register", "stage_items",
+           "unregister"]
 
 # The registry: recipe name → recipe. One line per recipe.
 RECIPES: dict[str, Recipe[Any]] = {recipe.name: recipe for recipe in (
-    dflash.RECIPE,
+    dflash_evaluate.RECIPE,  # dflash.RECIPE with its evaluation defaults
 )}
 
 # The name is a playbook key and a field of the playbook schema, so a Python identifier.
@@ -106,3 +108,15 @@ def stage_items(recipe: str | None, section: Any) -> list[StageItem]:
     if recipe is None or section is None:
         return []
     return get(recipe).stage_items(section)
+
+
+def eval_defaults(recipe: str | None, section: Any) -> EvalDefaults | None:
+    """What the playbook's recipe gives ``outrig evaluate`` (None without a recipe)."""
+    if recipe is None or section is None:
+        return None
+    return get(recipe).eval_defaults(section)
+
+
+def drafter_methods() -> tuple[str, ...]:
+    """The vLLM speculative methods whose drafter is a recipe's checkpoint, by recipe."""
+    return tuple(r.drafter_method for r in RECIPES.values() if r.drafter_method is not None)

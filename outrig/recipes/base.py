@@ -113,6 +113,14 @@ class RecipeContext:
     # The playbook's node count: above 1 the same processes run on every node, with
     # ${node_rank}, ${nnodes}, ${head_host} and ${rdzv_port} substituted per node.
     nodes: int = 1
+    # This node's rank, and what a recipe that gives nodes different processes (a vLLM server
+    # spanning nodes) must check: each node's address as the others reach it (empty: not
+    # known, a plan shown alone), whether node 0's was declared (``node_address:``), and the
+    # ports the job already uses.
+    node_rank: int = 0
+    node_hosts: tuple[str, ...] = ()
+    head_declared: bool = False
+    rdzv_port: int | None = None
 
 
 @dataclass
@@ -124,6 +132,11 @@ class Expansion:
     origins: dict[KeyPath, KeyPath] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Across nodes: this node must start with node 0, not after it (a part of a server that
+    # spans nodes: the head is ready only once every part joined), and the group of nodes
+    # that must have the same GPU count (vLLM and torchrun give each node an equal share).
+    with_head: bool = False
+    node_group: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,34 @@ class StageItem:
     source: str | None
     kind: str
     optional_because: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalDefaults:
+    """What a recipe's section gives ``outrig evaluate`` for each key its ``evaluate:`` leaves
+    out (docs/evaluate.md): the verifier, vLLM's speculative config (without the drafter, which
+    is the run's newest checkpoint under ``save_path``), the prompts' training data and the
+    server. ``key`` is the section's key and ``prompt_data_key`` the data's, named in messages.
+    """
+
+    key: str
+    model: str
+    speculative: dict[str, Any]
+    save_path: str
+    prompt_data: tuple[str, ...]
+    prompt_data_key: str
+    python: str
+    gpus: tuple[int, ...]
+    max_model_len: int | None
+    env: dict[str, Any]
+    server_args: tuple[str, ...]  # the training server's own vLLM args (its chat template)
+    scheduler: bool  # the trainer writes a scheduler state (not --scheduler-type none)
+    seq_length: int | None  # what the drafter trained on
+
+
+def _no_eval_defaults(section: Any) -> EvalDefaults | None:
+    """Default: the recipe gives ``outrig evaluate`` nothing; its ``evaluate:`` says it all."""
+    return None
 
 
 def _no_models(section: Any, known: Mapping[str, ModelFacts]) -> list[str]:
@@ -167,7 +208,9 @@ class Recipe(Generic[Section]):
     * ``expand``: the processes (ProcessSpec-shaped mappings), problems and notes;
     * ``models_to_probe`` / ``pythons_to_probe``: what deploy reads on the box before planning
       (model facts, an interpreter's packages), in the same agent exec;
-    * ``stage_items``: the folders ``inv stage`` puts on the box for it.
+    * ``stage_items``: the folders ``inv stage`` puts on the box for it;
+    * ``eval_defaults``: what ``outrig evaluate`` takes from the section, and
+      ``drafter_method`` the vLLM speculative method whose drafter is the run's checkpoint.
     """
 
     name: str
@@ -176,4 +219,6 @@ class Recipe(Generic[Section]):
     models_to_probe: Callable[[Section, Mapping[str, ModelFacts]], list[str]] = _no_models
     pythons_to_probe: Callable[[Section], list[str]] = _no_pythons
     stage_items: Callable[[Section], list[StageItem]] = _no_items
+    eval_defaults: Callable[[Section], EvalDefaults | None] = _no_eval_defaults
+    drafter_method: str | None = None
     docs: str | None = None  # where a user reads about the section, named in messages

@@ -22,11 +22,10 @@ Rendered processes (argv lists; no shell anywhere):
 * ``trainer``: ``torchrun --standalone --nproc_per_node N -m speculators.train ...``; with
   ``nodes: N`` > 1 in the playbook, ``torchrun --nnodes ${nnodes} --node-rank ${node_rank}
   --rdzv-backend static --rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} ...``
-  instead (``trainer.rendezvous: c10d`` for torch's c10d backend, pinned to node 0), the names
-  substituted per node by the planner. Every node runs all three processes:
-  its own server on its own GPUs serves that node's trainer ranks on 127.0.0.1, the hidden
-  states stay on its local disk, and torch's rendezvous joins the ranks
-  (docs/scale-out.md has the evidence).
+  instead (``trainer.rendezvous: c10d`` for torch's c10d backend, pinned to node 0). Every
+  node runs all three, its server serving its own ranks on 127.0.0.1 from local disk; or,
+  with ``server.nodes`` > 1 or ``trainer.nodes``, each node its part of one server spanning
+  nodes (:mod:`outrig.recipes.dflash_span`; docs/scale-out.md has the evidence).
 
 :func:`expand` runs named steps: the run's paths (``--test``), the model and its layer ids, the
 token budgets, the memory fits, the flags the recipe owns, then one renderer per process. The
@@ -39,7 +38,6 @@ Pure: no I/O. Model facts come in through :class:`~outrig.recipes.RecipeContext`
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,6 +46,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from outrig.progress import argv_option
+from outrig.recipes import dflash_span as span
 from outrig.recipes.base import (
     EnvFacts,
     Expansion,
@@ -57,7 +56,7 @@ from outrig.recipes.base import (
     RecipeContext,
     StageItem,
 )
-from outrig.recipes.dflash_nodes import check_nodes, join_wait, rendezvous_flags
+from outrig.recipes.dflash_nodes import join_wait, rendezvous_flags
 from outrig.recipes.dflash_section import (
     DFlashSpec,
     TrainerSpec,
@@ -207,6 +206,8 @@ SERVER_OWNED_FLAGS = {
     "parallelism (vLLM PR #53015); use tensor and data",
     "-pp": "extract_hidden_states does not support pipeline parallelism",
     "--enable-scale-out": "always rendered: prepare-data needs the render route",
+    **dict.fromkeys(("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+                     "--data-parallel-backend"), "set dflash.server.nodes (and master_port)"),
 }
 TRAINER_OWNED_FLAGS = {
     "--verifier-name-or-path": "it is always dflash.model (what vLLM serves)",
@@ -221,6 +222,8 @@ TRAINER_OWNED_FLAGS = {
     "--checkpoint-freq": "set dflash.checkpoint_freq",
     "--draft-vocab-size": "set dflash.draft_vocab_size",
     "--loss-implementation": "set dflash.loss_implementation",
+    "--hidden-states-backend": "set dflash.hidden_states_backend",
+    "--mooncake-master": "set dflash.mooncake.port (the master runs on node 0)",
 }
 PREPARE_OWNED_FLAGS = {
     "--model": "it is always dflash.model", "--output": "set dflash.data_path",
@@ -278,6 +281,7 @@ class _Run:
     max_model_len: int
     batched: int
     nodes: int = 1
+    node: span.Role | None = None
 
     @property
     def served(self) -> str:
@@ -290,7 +294,7 @@ class _Run:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.spec.server.port}"
+        return span.endpoint(self.spec)
 
     @property
     def offline(self) -> dict[str, str]:
@@ -310,13 +314,19 @@ def expand(spec: DFlashSpec, ctx: RecipeContext) -> Expansion:
     for key, extras, owned in OWNED_FLAGS:
         _check_extras(ctx.where, out, key, extras(spec), owned)
     _check_steps(spec, ctx.where, out)
-    check_nodes(spec, ctx, out)
+    span.check_span(spec, ctx, out)  # a server per node: dflash_nodes.check_nodes
+    node = span.role(spec, ctx)
+    out.with_head, out.node_group = span.launch_group(spec, node)
     run = _Run(spec, ctx, facts, data_path, save_path, epochs, max_samples, vllm_ids,
-               trainer_ids, max_model_len, batched, nodes=max(ctx.nodes, 1))
-    _render_server(run, out)
-    after = _render_regenerate(run, out, after="server")
-    after = _render_prepare(run, out, after=after)
-    _render_trainer(run, out, after=after)
+               trainer_ids, max_model_len, batched, nodes=max(ctx.nodes, 1), node=node)
+    # Each node renders its own part (span.Role): all three on one box or a server per node.
+    master = span.render_master(spec, out) if node.head else None
+    if node.server:
+        _render_server(run, out, after=master)
+    if node.trainer:
+        after = _render_regenerate(run, out, after="server" if node.server else None)
+        after = _render_prepare(run, out, after=after)
+        _render_trainer(run, out, after=after)
     _closing_notes(run, out)
     return out
 
@@ -404,27 +414,30 @@ def _check_steps(spec: DFlashSpec, at: Where, out: Expansion) -> None:
             "holds prepared *.arrow files")
 
 
-def _render_server(run: _Run, out: Expansion) -> None:
+def _render_server(run: _Run, out: Expansion, *, after: str | None) -> None:
     """vLLM with the hidden-state extraction and its KV connector (what speculators'
-    scripts/launch_vllm.py would exec)."""
-    spec, server = run.spec, run.spec.server
+    scripts/launch_vllm.py would exec); across nodes, this node's part of it."""
+    spec, server, node = run.spec, run.spec.server, run.node or span.role(run.spec, run.ctx)
     speculative = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                    "draft_model_config": {"hf_config": {
                        "eagle_aux_hidden_state_layer_ids": run.vllm_ids}}}
-    kv_transfer = {"kv_connector": HIDDEN_STATES_CONNECTOR, "kv_role": "kv_producer",
-                   "kv_connector_extra_config": {"shared_storage_path": spec.hidden_states_path}}
+    kv_transfer = span.kv_transfer(spec, {
+        "kv_connector": HIDDEN_STATES_CONNECTOR, "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": spec.hidden_states_path}})
     argv = [
         server.python, "-m", *SERVER_ENTRYPOINTS[server.entrypoint], spec.model,
-        "--speculative_config", _json(speculative),
-        "--kv_transfer_config", _json(kv_transfer),
+        "--speculative_config", span.dumps(speculative),
+        "--kv_transfer_config", span.dumps(kv_transfer),
         "--tensor-parallel-size", str(server.tensor),
         "--data-parallel-size", str(server.data),
+        *span.server_flags(spec, node, run.ctx.node_rank),
         "--max-num-batched-tokens", str(run.batched),
         "--max-model-len", str(run.max_model_len),
         "--gpu-memory-utilization", f"{server.gpu_memory_utilization:g}",
         *_optional(server, SERVER_OPTIONAL_FLAGS),
         "--enable-chunked-prefill" if server.chunked_prefill else "--no-enable-chunked-prefill",
-        "--port", str(server.port), "--host", SERVER_HOST,
+        "--port", str(server.port),
+        "--host", span.SPAN_LISTEN if span.spans(spec) else SERVER_HOST,
         *SERVER_FIXED_FLAGS,
         *server.extra_args,
     ]
@@ -432,22 +445,27 @@ def _render_server(run: _Run, out: Expansion) -> None:
         "command": argv,
         "env": {**spec.env, **run.offline, **server.env},
         "gpus": list(server.gpus),
-        "parallel": {"tensor": server.tensor, "data": server.data},
+        # across nodes the tensor × data ranks are checked against every node's GPUs (span)
+        **({"parallel": {"tensor": server.tensor, "data": server.data}}
+           if server.nodes == 1 else {}),
         # generate: one answered request, not /health alone (an engine can die at the first)
-        "ready": {"http": f"{run.endpoint}/health", "model": run.served, "generate": True,
-                  "timeout": server.ready_timeout},
+        "ready": span.server_ready(spec, node, {
+            "http": f"http://{SERVER_HOST}:{server.port}/health", "model": run.served,
+            "generate": True, "timeout": server.ready_timeout}),
         "fatal": list(SERVER_FATAL),
         "stop": {"grace": server.stop_grace},
         # The trainer deletes each hidden-state file after reading it (--on-generate delete);
         # files of requests in flight when something died stay behind, ~0.5 GB each.
-        "scratch": [spec.hidden_states_path],
+        "scratch": [spec.hidden_states_path] if spec.hidden_states_backend == "file"
+        and node.head else [],
+        **({"after": after} if after else {}),
     }
     out.origins[("processes", "server")] = ("dflash", "server")
     out.origins[("processes", "server", "parallel")] = ("dflash", "server", "tensor")
     out.origins[("processes", "server", "command")] = ("dflash", "model")
 
 
-def _render_regenerate(run: _Run, out: Expansion, *, after: str) -> str:
+def _render_regenerate(run: _Run, out: Expansion, *, after: str | None) -> str | None:
     """The optional on-policy step; returns what the next step waits for."""
     spec, regen = run.spec, run.spec.regenerate
     if not regen.enabled:
@@ -466,7 +484,7 @@ def _render_regenerate(run: _Run, out: Expansion, *, after: str) -> str:
         "command": argv,
         "env": {**spec.env, **(run.offline if not is_hub_input(regen.dataset) else {}),
                 "PYTHONUNBUFFERED": "1", **regen.env},
-        "gpus": [], "after": after,
+        "gpus": [], "after": after or [],
         "ready": {"exit": True, "timeout": regen.timeout},
         "fatal": list(PREPARE_FATAL), "stop": {"grace": ONE_SHOT_GRACE},
     }
@@ -479,7 +497,7 @@ def _render_regenerate(run: _Run, out: Expansion, *, after: str) -> str:
     return "regenerate"
 
 
-def _render_prepare(run: _Run, out: Expansion, *, after: str) -> str:
+def _render_prepare(run: _Run, out: Expansion, *, after: str | None) -> str | None:
     """``speculators prepare-data`` (a one-shot step); returns what the trainer waits for."""
     spec, prep = run.spec, run.spec.prepare
     if not prep.enabled:
@@ -506,7 +524,7 @@ def _render_prepare(run: _Run, out: Expansion, *, after: str) -> str:
         "env": {**spec.env, **(run.offline if not hub_inputs else {}),
                 "PYTHONUNBUFFERED": "1", **prep.env},
         "gpus": [],
-        "after": after,
+        "after": after or [],
         "ready": {"exit": True, "timeout": prep.timeout},
         "fatal": list(PREPARE_FATAL),
         "stop": {"grace": ONE_SHOT_GRACE},
@@ -516,12 +534,16 @@ def _render_prepare(run: _Run, out: Expansion, *, after: str) -> str:
     return "prepare"
 
 
-def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
+def _render_trainer(run: _Run, out: Expansion, *, after: str | None) -> None:
     """``torchrun -m speculators.train`` with the flags the trainer's torch allows."""
     spec, trainer = run.spec, run.spec.trainer
     env_facts = run.ctx.envs.get(trainer.python)
     loss = _loss_implementation(spec, env_facts, out)
     launcher = _shutdown_timeout(trainer, env_facts, out)
+    node = run.node or span.role(spec, run.ctx)
+    rendezvous = (span.rendezvous(spec, node) if spec.trainer.nodes is not None
+                  else rendezvous_flags(spec, run.nodes))
+    backend_args, backend_env = span.trainer_backend(spec)
     if spec.checkpoint_freq >= 1 and run.epochs <= spec.checkpoint_freq:
         out.notes.append(
             f"checkpoint_freq {spec.checkpoint_freq:g} with {run.epochs} epoch(s): the first "
@@ -529,7 +551,7 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
             "nothing to resume from. Use a fraction (0.1 saves ten times an epoch)")
     argv = [
         trainer.torchrun or _sibling(trainer.python, "torchrun"),
-        *rendezvous_flags(run.spec, run.nodes), "--nproc_per_node", str(len(trainer.gpus)),
+        *rendezvous, "--nproc_per_node", str(len(trainer.gpus)),
         *launcher,
         "-m", "speculators.train",
         "--speculator-type", "dflash",
@@ -547,6 +569,7 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
         "--checkpoint-freq", f"{spec.checkpoint_freq:g}",
         *(["--draft-vocab-size", str(spec.draft_vocab_size)] if spec.draft_vocab_size else []),
         *(["--loss-implementation", loss] if loss else []),
+        *backend_args,
         *trainer.extra_args,
     ]
     out.processes["trainer"] = {
@@ -558,9 +581,9 @@ def _render_trainer(run: _Run, out: Expansion, *, after: str) -> None:
                 # torchrun's agent then logs its rendezvous result (group_rank, global_ranks):
                 # the line that tells which node holds global rank 0, the checkpoint writer.
                 **({"LOGLEVEL": "INFO"} if run.nodes > 1 else {}),
-                **trainer.env},
+                **backend_env, **trainer.env},
         "gpus": list(trainer.gpus),
-        "after": after,
+        "after": after or [],
         "ready": _trainer_ready(run),
         "fatal": list(TRAINER_FATAL),
         # SIGTERM to the ranks themselves, not to torchrun: see _shutdown_timeout.
@@ -732,10 +755,10 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
              f"layers) + " if facts.hidden_size else "")
     text = (f"draft: {anchors} anchors × block {spec.block_size} with {which} ≈ {need:.1f} "
             f"GiB per trainer GPU ({parts}logits {logits:.1f} GiB)")
-    if not facts.hidden_size:
-        text += "; the hidden size is not known yet, so activations are not counted"
+    unknown = ("; the hidden size is not known yet, so activations are not counted"
+               if not facts.hidden_size else "")
     if ctx.gpu_memory_mib is None:
-        out.notes.append(text + " (GPU memory not known yet)")
+        out.notes.append(text + " (GPU memory not known yet)" + unknown)
         return
     total = ctx.gpu_memory_mib / 1024
     if need > 0.8 * total:
@@ -744,10 +767,11 @@ def _check_draft_fit(spec: DFlashSpec, facts: ModelFacts, ctx: RecipeContext, at
             fixes.insert(0, "set dflash.draft_vocab_size: 32000 (what upstream DFlash "
                             "examples use)")
         out.problems.append(
-            f"{at(('dflash', 'trainer'))}: {text}, more than 80% of the {total:.0f} GiB GPU: "
-            f"the trainer would run out of memory. {' or '.join(fixes).capitalize()}")
+            f"{at(('dflash', 'trainer'))}: {text}, more than 80% of the {total:.0f} GiB GPU"
+            f"{unknown}: the trainer would run out of memory. "
+            f"{' or '.join(fixes).capitalize()}")
     else:
-        out.notes.append(text + f" of {total:.0f} GiB")
+        out.notes.append(text + f" of {total:.0f} GiB" + unknown)
 
 
 def _check_extras(at: Where, out: Expansion, key: KeyPath, extras: list[str],
@@ -770,10 +794,6 @@ def _shown(text: str, names: dict[str, str]) -> str:
     for name, value in names.items():
         text = text.replace(name, value)
     return text
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 RECIPE = Recipe(name="dflash", section=DFlashSpec, expand=expand, models_to_probe=models_to_probe,

@@ -24,7 +24,15 @@ class ServerSpec(_Section):
 
     gpus: list[int] = Field(min_length=1, description="physical GPU indices for vLLM")
     tensor: int = Field(1, ge=1, description="--tensor-parallel-size")
-    data: int = Field(1, ge=1, description="--data-parallel-size (tensor × data = len(gpus))")
+    data: int = Field(1, ge=1, description="--data-parallel-size (tensor × data = len(gpus) "
+                      "× nodes)")
+    pipeline: int = Field(1, ge=1, description="--pipeline-parallel-size; only 1: vLLM refuses "
+                          "pipeline parallelism with hidden-state extraction")
+    nodes: int = Field(1, ge=1, description="nodes one vLLM server spans (vLLM's --nnodes, "
+                       "without Ray; node 0 is the head, the others start --headless). 1: "
+                       "every node runs a server of its own (docs/scale-out.md)")
+    master_port: int = Field(29501, ge=1, le=65535, description="--master-port of a server "
+                             "spanning nodes: torch.distributed's store on the head")
     port: int = Field(8000, ge=1, le=65535, description="--port, on 127.0.0.1 only")
     gpu_memory_utilization: float = Field(
         0.85, gt=0, le=1, description="--gpu-memory-utilization (fraction of each GPU)")
@@ -70,6 +78,10 @@ class TrainerSpec(_Section):
                                  "start (fresh or resuming)")
     stop_grace: float = Field(150.0, ge=0, description="SIGTERM → SIGKILL seconds (≥ 130: "
                               "speculators saves interrupted/ within 120 s)")
+    nodes: int | None = Field(
+        None, ge=1, description="with server.nodes > 1: trainer nodes of their own, after the "
+        "server's (a split extractor: the playbook's nodes = server.nodes + this); unset: the "
+        "trainer runs on the server's nodes, on its own GPUs there")
     rendezvous: Literal["c10d", "static"] = Field(
         "static", description="torchrun --rdzv-backend when the playbook has nodes > 1. "
         "static (default): --node-rank is honoured, so global rank 0, the only checkpoint "
@@ -107,6 +119,21 @@ class RegenerateSpec(_Section):
     timeout: float = Field(86400.0, gt=0, description="seconds for the one-shot step")
 
 
+class MooncakeSpec(_Section):
+    """The Mooncake master that carries hidden states between nodes (``hidden_states_backend:
+    mooncake``): started by outrig on node 0 as a process of the job."""
+
+    command: str = Field("mooncake_master", min_length=1, description="the master's "
+                         "executable (mooncake-transfer-engine's console script)")
+    port: int = Field(50051, ge=1, le=65535, description="--rpc_port; the trainer and vLLM "
+                      "reach it at ${head_host}:port")
+    metrics_port: int = Field(9003, ge=1, le=65535, description="--metrics_port (its HTTP "
+                              "metrics server; the master's default, rendered to be checked)")
+    extra_args: list[str] = Field(default_factory=list, description="more master flags")
+    ready_timeout: float = Field(120.0, gt=0, description="seconds for the port to open")
+    stop_grace: float = Field(10.0, ge=0, description="SIGTERM → SIGKILL seconds")
+
+
 class DFlashSpec(_Section):
     """The ``dflash:`` section of a playbook with ``recipe: dflash``."""
 
@@ -118,6 +145,12 @@ class DFlashSpec(_Section):
     save_path: str = Field(min_length=1, description="trainer --save-path (checkpoints)")
     hidden_states_path: str = Field("${run_dir}/hidden_states", description="vLLM's "
                                     "shared_storage_path for extracted hidden states")
+    hidden_states_backend: Literal["file", "mooncake"] = Field(
+        "file", description="how hidden states reach the trainer (speculators "
+        "--hidden-states-backend): file = hidden_states_path, which must be one filesystem "
+        "for the server and the trainer; mooncake = a Mooncake store whose master outrig "
+        "starts on node 0")
+    mooncake: MooncakeSpec = Field(default_factory=lambda: MooncakeSpec())
     seq_length: int = Field(8192, ge=16, description="prepare --seq-length = --total-seq-len")
     max_samples: int | None = Field(None, ge=1, description="prepare --max-samples")
     test_max_samples: int = Field(64, ge=1, description="--max-samples under --test")

@@ -18,19 +18,23 @@ records only, never by looking processes up by name:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from outrig.agent_code import read_stat
 from outrig.errors import ConfigError
 from outrig.journal import atomic_write_json
 from outrig.sandbox.box import children_of
-from outrig.sandbox.service import STATE_FILE, is_recorded_process, is_up, read_state, sandbox_root
+from outrig.sandbox.service import (
+    STATE_FILE,
+    is_recorded_process,
+    is_up,
+    read_state,
+    run_processes,
+    sandbox_root,
+)
 
 
 def _up_state(name: str, what: str) -> dict[str, Any]:
@@ -40,34 +44,6 @@ def _up_state(name: str, what: str) -> dict[str, Any]:
         raise ConfigError(f"sandbox {name} is not up, so there is nothing to {what}; start "
                           f"it with `outrig sandbox-up{named}` and deploy a run on it first")
     return state
-
-
-def run_processes(workdir: Path) -> Iterator[tuple[str, int, bool]]:
-    """(run id, pid or pgid, is a group) of every live process the box's run records name:
-    each recorded group whose leader is still the recorded process (same start time), and
-    each process recorded as the run's (``descendants.json``: pid and start time)."""
-    for record in sorted((workdir / "runs").glob("*/run.json")):
-        try:
-            run = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
-        run_id = str(run.get("run_id") or record.parent.name)
-        for proc in run.get("processes") or []:
-            pid, pgid = proc.get("pid"), proc.get("pgid")
-            st = read_stat(pid) if isinstance(pid, int) and pid > 1 else None
-            if (st is not None and st.live() and st.start_ticks == proc.get("start_ticks")
-                    and isinstance(pgid, int) and pgid > 1):
-                yield run_id, pgid, True
-        try:
-            seen = json.loads((record.parent / "descendants.json").read_text())
-            items = seen.get("processes") or []
-        except (OSError, ValueError, AttributeError):
-            items = []
-        for item in items:
-            pid = item.get("pid") if isinstance(item, dict) else None
-            st = read_stat(pid) if isinstance(pid, int) and pid > 1 else None
-            if st is not None and st.live() and st.start_ticks == item.get("start_ticks"):
-                yield run_id, st.pid, False
 
 
 def _signal(target: int, group: bool, signum: int) -> bool:

@@ -20,7 +20,7 @@ packets of the key exchange up to the client's NEWKEYS; after that it counts the
 *flights* (client bytes sent after the server last spoke). With OpenSSH and plain paramiko,
 flight 1 is the ``ssh-userauth`` service request, 2 the public-key login, 3 the
 session-channel open and 4 the (pipelined) exec; with outrig's pipelined login
-(:mod:`outrig.connectors.pipelined_login`) flight 1 carries the service request and the login,
+(:mod:`outrig.connectors.ssh.pipelined_login`) flight 1 carries the service request and the login,
 and by default the channel open too, and flight 2 is the exec; with the open kept for after
 the login's answer (``OUTRIG_SSH_PIPELINE=login``) 2 is the channel open and 3 the exec. The
 tracker tells a pipelined login from a lone service request by flight 1's size: a service
@@ -60,7 +60,7 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
-from outrig.connectors.pipelined_login import pipelining_wanted
+from outrig.connectors.ssh.pipelined_login import pipelining_wanted
 
 _POLL = 0.1  # how often blocked threads look at their stop flag
 _PAUSE_WAIT = 10.0  # blackhole_all(drop_new): the most it waits for the accept thread to pause

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,11 @@ def sandbox_up(name: str, host_file: Path, *, one_way_delay: float = 0.0, gpus: 
         return {**state, "already_up": True}
     kept = state is not None and bool(state.get("kept"))
     if state is not None and not kept:
-        sandbox_down(name)  # a dead server's leftovers (e.g. after a reboot)
+        # A dead server's leftovers (e.g. after a reboot, or a crash). Processes of its runs
+        # that still live keep their box: wiping the workdir under them would leave
+        # processes no record names; it is served again, as a kept box is.
+        kept = live_runs(sandbox_root(name) / "box" / "workdir") != []
+        sandbox_down(name, keep_box=kept)
     if host_file.exists() and not generated_by_us(host_file):
         raise ConfigError(
             f"{host_file} exists and was not written by outrig's sandbox: it is left alone. "
@@ -225,6 +230,40 @@ def _a_playbook(host_file: Any) -> str:
 # ------------------------------------------------------------------------------------ down
 
 
+def run_processes(workdir: Path) -> Iterator[tuple[str, int, bool]]:
+    """(run id, pid or pgid, is a group) of every live process the box's run records name:
+    each recorded group whose leader is still the recorded process (same start time), and
+    each process recorded as the run's (``descendants.json``: pid and start time)."""
+    for record in sorted((workdir / "runs").glob("*/run.json")):
+        try:
+            run = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        run_id = str(run.get("run_id") or record.parent.name)
+        for proc in run.get("processes") or []:
+            pid, pgid = proc.get("pid"), proc.get("pgid")
+            st = read_stat(pid) if isinstance(pid, int) and pid > 1 else None
+            if (st is not None and st.live() and st.start_ticks == proc.get("start_ticks")
+                    and isinstance(pgid, int) and pgid > 1):
+                yield run_id, pgid, True
+        try:
+            seen = json.loads((record.parent / "descendants.json").read_text())
+            items = seen.get("processes") or []
+        except (OSError, ValueError, AttributeError):
+            items = []
+        for item in items:
+            pid = item.get("pid") if isinstance(item, dict) else None
+            st = read_stat(pid) if isinstance(pid, int) and pid > 1 else None
+            if st is not None and st.live() and st.start_ticks == item.get("start_ticks"):
+                yield run_id, st.pid, False
+
+
+def live_runs(workdir: Path) -> list[str]:
+    """The ids of the runs recorded under ``workdir`` with a process still alive."""
+    return sorted({run_id for run_id, _target, _group in run_processes(workdir)})
+
+
+
 def is_kept(state: dict[str, Any]) -> bool:
     """True for a sandbox whose sshd is down but whose box (workdir, runs) was kept because
     runs of it were still running (``sandbox_down(keep_box=True)``)."""
@@ -252,12 +291,15 @@ def sandbox_down(name: str, *, keep_box: bool = False) -> dict[str, Any]:
     was_up = is_up(state)
     stopped: list[int] = []
     server = state.get("server") or {}
+    sshd = state.get("sshd") or {}
+    sshd_ran = is_recorded_process(sshd)  # before the server's stop takes it down too
     if is_recorded_process(server):
         # The server stops its proxy, the sshd and the sshd's sessions on SIGTERM.
         _stop_group(server)
         stopped.append(int(server["pid"]))
-    sshd = state.get("sshd") or {}
-    if is_recorded_process(sshd):  # the server died without stopping it
+    if sshd_ran and not is_recorded_process(sshd):
+        stopped.append(int(sshd["pid"]))  # stopped with its server: both are reported
+    elif is_recorded_process(sshd):  # the server died without stopping it
         sessions = children_of(int(sshd["pid"]))
         _stop_group(sshd)
         for pid in sessions:

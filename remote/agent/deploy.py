@@ -64,6 +64,7 @@ from .validation import (
     get_str_dict,
     topo_order,
 )
+from .waiting import Waiting, waiting_others
 from .watch import CANCEL_MESSAGE, CancelWatch, Watch
 
 
@@ -623,7 +624,10 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
     else:  # nvidia-smi can take seconds on a real box: let it run while we launch
         facts = {"gpus": []}  # no GPU is named: nothing to check
 
-    with WorkdirLock(layout, "deploy", args.lock_timeout):
+    # announced while it waits for the lock: the deploy holding it sees this one coming
+    with Waiting(layout, playbook, run_id) as waiting, \
+            WorkdirLock(layout, "deploy", args.lock_timeout):
+        waiting.leave()
         previous = read_pointer(layout, playbook)
         replaced = replaced_run(layout, previous)
         check_ports_free(layout, procs, previous, Stopper(out), args.host_label)
@@ -656,9 +660,10 @@ def op_deploy(req: Request, out: Emitter) -> JSONDict:
         run["status"] = "finished" if deployment.all_finished() else "running"
         run["ready_at"] = round(time.time(), 3)  # the deploy succeeded: this run really ran
         deployment.save()
+        next_ones = waiting_others(layout, playbook, run_id)  # they replace this run next
     if not needs_gpus:
         facts_thread.join(15)
         if facts_box:
             out.emit("facts", **facts_box[0])
     return {"run_id": run_id, "run_dir": run_dir, "processes": records,
-            "status": run["status"], "replaced": with_age(replaced)}
+            "status": run["status"], "replaced": with_age(replaced), "waiting": next_ones}

@@ -24,6 +24,7 @@ from .constants import (
 )
 from .events import Emitter
 from .layout import Layout, clear_pointers, read_json, write_json_atomic
+from .probes import read_exit_file
 from .procs import (
     ProcStat,
     boot_id,
@@ -336,22 +337,7 @@ class Stopper:
             # runs again: its group goes on, so it saves and exits within its grace instead
             # of waiting the grace out to be killed (systemd sends SIGCONT after TERM too).
             self.killpg(pid, signal.SIGCONT)
-            # Children-first left the launcher with nothing to wait for; it still gets at least
-            # the launcher part of the grace to exit by itself.
-            deadline = max(t0 + grace, time.monotonic() + CHILDREN_FIRST_LAUNCHER_S)
-            next_beat = t0 + STOP_HEARTBEAT_S
-            while self.leader_state(rec) == "alive" and time.monotonic() < deadline:
-                self.reap()
-                if time.monotonic() >= next_beat:
-                    # A trainer may take minutes to save its interrupt checkpoint; keep the
-                    # workstation informed (and its dead-link detector quiet) meanwhile.
-                    next_beat += STOP_HEARTBEAT_S
-                    self.out.emit(
-                        "stopping", process=rec["name"], run_id=run_id,
-                        elapsed=round(time.monotonic() - t0, 1), grace=grace,
-                    )
-                time.sleep(POLL_S)
-            self.reap()
+            self.wait_grace(run_id, rec, grace, t0)
             if self.leader_state(rec) == "alive":
                 how = "kill"
                 killed_leader = True
@@ -393,7 +379,27 @@ class Stopper:
         cgroup = record_cgroup(run_id, rec)
         if cgroup is not None and not cgroup_pids(cgroup):
             remove_cgroup(cgroup)
-        return self._stopped(run_id, rec["name"], how, t0, len(stragglers))
+        ended = exit_of(rec) if how == "gone" else {}
+        return self._stopped(run_id, rec["name"], how, t0, len(stragglers), **ended)
+
+    def wait_grace(self, run_id: str, rec: JSONDict, grace: float, t0: float) -> None:
+        """Wait (up to the grace) for a TERMed leader to exit by itself, saying so meanwhile."""
+        # Children-first left the launcher with nothing to wait for; it still gets at least
+        # the launcher part of the grace to exit by itself.
+        deadline = max(t0 + grace, time.monotonic() + CHILDREN_FIRST_LAUNCHER_S)
+        next_beat = t0 + STOP_HEARTBEAT_S
+        while self.leader_state(rec) == "alive" and time.monotonic() < deadline:
+            self.reap()
+            if time.monotonic() >= next_beat:
+                # A trainer may take minutes to save its interrupt checkpoint; keep the
+                # workstation informed (and its dead-link detector quiet) meanwhile.
+                next_beat += STOP_HEARTBEAT_S
+                self.out.emit(
+                    "stopping", process=rec["name"], run_id=run_id,
+                    elapsed=round(time.monotonic() - t0, 1), grace=grace,
+                )
+            time.sleep(POLL_S)
+        self.reap()
 
     def kill_cgroup(self, run_id: str, rec: JSONDict) -> None:
         """SIGKILL the record's whole cgroup at once, unless the agent itself is in it."""
@@ -468,13 +474,17 @@ class Stopper:
             except OSError as exc:
                 self.unrecorded.append(f"the exit file {path} ({exc.strerror or exc})")
 
-    def _stopped(self, run_id: str, name: str, how: str, t0: float, stragglers: int) -> JSONDict:
-        """Emit ``stopped`` and return the per-process cleanup record."""
+    def _stopped(self, run_id: str, name: str, how: str, t0: float, stragglers: int,
+                 **ended: Optional[int]) -> JSONDict:
+        """Emit ``stopped`` and return the per-process cleanup record; ``ended``: how a
+        process that was no longer running had ended (``exit_code`` or ``exit_signal``)."""
         seconds = round(time.monotonic() - t0, 2)
         self.out.emit(
-            "stopped", process=name, run_id=run_id, how=how, seconds=seconds, stragglers=stragglers
+            "stopped", process=name, run_id=run_id, how=how, seconds=seconds,
+            stragglers=stragglers, **ended
         )
-        return {"process": name, "how": how, "seconds": seconds, "stragglers": stragglers}
+        return {"process": name, "how": how, "seconds": seconds, "stragglers": stragglers,
+                **ended}
 
     def sweep(self, run_id: str, grace: float) -> Optional[JSONDict]:
         """Stop whatever still carries the run's marker or was seen as the run's (TERM, grace,
@@ -548,6 +558,19 @@ class Stopper:
         if not killed:
             return None
         return self._stopped(run_id, CGROUP_SWEEP_NAME, "kill", t0, len(killed))
+
+
+def exit_of(rec: JSONDict) -> Dict[str, Optional[int]]:
+    """How a process that was gone before cleanup ended, from its wrapper's exit file:
+    ``{"exit_code": N}`` or ``{"exit_signal": S}``; empty when nothing was recorded (the box
+    rebooted, the wrapper was killed). Without it cleanup could only say "was not running" of
+    a trainer that finished with exit 0."""
+    path = rec.get("exit_file")
+    status = read_exit_file(path) if isinstance(path, str) else None
+    if status is None:
+        return {}
+    code, sig = status
+    return {"exit_signal": sig} if sig is not None else {"exit_code": code}
 
 
 def valid_record(rec: Any) -> bool:

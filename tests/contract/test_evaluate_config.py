@@ -27,8 +27,9 @@ from typing import Any
 
 import pytest
 
-from outrig.evaluation import settings_for, speculative_config
+from outrig.evaluation.spec import settings_for, speculative_config
 from outrig.playbook import load_job
+from outrig.recipes import eval_defaults
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "playbooks" / "dflash-qwen36.yaml"
@@ -43,11 +44,16 @@ print(json.dumps({"method": config.method, "model": config.model,
 """
 
 
+def _defaults(job: Any) -> Any:
+    """What the playbook's recipe gives the evaluation (the op asks the same way)."""
+    return eval_defaults(job.spec.recipe, job.spec.recipe_section())
+
+
 def rendered() -> dict[str, Any]:
     """The config the playbook's evaluation serves its checkpoint 3 with."""
     job = load_job(PLAYBOOK)
     params = {"workdir": "/workspace/dflash", "run_dir": "/workspace/dflash/runs/r1"}
-    settings, problems = settings_for(job.spec.evaluate, job.spec.dflash, params, "p")
+    settings, problems = settings_for(job.spec.evaluate, _defaults(job), params, "p")
     assert settings is not None, problems
     config = speculative_config(settings, "/workspace/dflash/checkpoints/3")
     assert config is not None and config["method"] == "dflash"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from outrig.evaluations.launch_check import launch_problems
+from outrig.evaluation.launch_check import launch_problems
 from remote.agent.model_facts import env_report
 
 CONFIGS = {

@@ -6,7 +6,7 @@ reads the flag vLLM's own argument parser has.
   (``observe``) and its ``to_dict`` validated by the response model
   ``SpeculativeDecodingMetrics`` (vllm/entrypoints/generate/base/protocol.py): that payload,
   as the response's ``metrics.speculative_decoding``, goes through
-  :func:`outrig.evaluations.figures.per_request`, whose step-weighted figure must equal the
+  :func:`outrig.evaluation.figures.per_request`, whose step-weighted figure must equal the
   counter arithmetic on the same steps, and whose per-request length must be vLLM's own
   ``mean_acceptance_length``;
 - ``--per-request-spec-decode-metrics`` is a flag of vLLM's ``EngineArgs`` parser with
@@ -28,7 +28,7 @@ import sys
 import pytest
 
 from outrig._box.agent.model_facts import env_report
-from outrig.evaluations.figures import per_request
+from outrig.evaluation.figures import per_request
 
 STEPS = [[(3, 3), (3, 0), (3, 2)], [(3, 1)], [(3, 3), (3, 3)]]  # per request: (drafted, accepted)
 PROBE = """

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from outrig.connectors.kept import close_keepers, wait_gone
+from outrig.connectors.keeper.client import close_keepers, wait_gone
 from outrig.sandbox.box import SandboxBox, start_sandbox
 from outrig.sandbox.nvidia_smi import make_inventory, write_inventory
 from outrig.session import Project

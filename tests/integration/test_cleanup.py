@@ -235,6 +235,32 @@ def test_cleanup_with_no_runs_and_twice(box_host: Path, tmp_path: Path) -> None:
                for e in events(buffer))
 
 
+def test_a_process_that_finished_is_said_to_have_finished(box_host: Path,
+                                                          tmp_path: Path) -> None:
+    """cleanup's table said `was not running` of a one-shot step that had finished with exit
+    0, as of one that had died. The box's exit record now says how each had ended."""
+    journal = Journal(tmp_path / "state")
+    playbook = write_playbook(tmp_path, {"processes": {
+        "once": {"command": [sys.executable, "-c", "print('done')"], "ready": {"exit": True}},
+        "failing": {"command": [sys.executable, "-c", "import time, sys; time.sleep(4); "
+                                "sys.exit(3)"], "after": "once"},
+        "long": {"command": [sys.executable, "-c", "import time; time.sleep(600)"],
+                 "after": "once", "stop": {"grace": 2}}}}, "oneshot")
+    deploy(PROJECT, str(box_host), str(playbook), Reporter(quiet=True), journal=journal)
+    workdir = Path(yaml.safe_load(box_host.read_text())["workdir"])
+    assert wait_for(lambda: list(workdir.rglob("exit/failing.json")) != [])  # its wrapper's
+    out = io.StringIO()
+    result = cleanup(PROJECT, str(box_host), Reporter(out=out, err=io.StringIO()),
+                     playbook="oneshot", journal=journal)
+    procs = {p["process"]: p for p in result["runs"][0]["processes"]}
+    assert procs["once"]["how"] == "gone" and procs["once"]["exit_code"] == 0, procs
+    assert procs["failing"]["how"] == "gone" and procs["failing"]["exit_code"] == 3, procs
+    assert procs["long"]["how"] == "term" and "exit_code" not in procs["long"], procs
+    table = out.getvalue()
+    assert "had finished (exit 0)" in table and "had exited 3" in table, table
+    assert "was not running" not in table, table
+
+
 @pytest.mark.parametrize("how", ["reboot", "pid-reuse"])
 def test_recorded_pids_now_belonging_to_others_are_not_touched(
         box_host: Path, tmp_path: Path, procs: Any, how: str) -> None:

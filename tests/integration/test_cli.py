@@ -97,7 +97,7 @@ def test_wheel_ships_the_agent_and_runs_from_an_empty_folder(installed: Path, em
                                                              box_host: Path,
                                                              tmp_path: Path) -> None:
     where = subprocess.run([str(installed / "python"), "-c",
-                            "import outrig.agent_client as a; print(a.AGENT_DIR)"],
+                            "import outrig.agent.client as a; print(a.AGENT_DIR)"],
                            cwd=empty, capture_output=True, text=True, check=True)
     agent = Path(where.stdout.strip())
     assert (agent / "__main__.py").is_file() and (agent / "wrap.py").is_file(), agent
@@ -136,6 +136,10 @@ def test_demo_runs_from_the_wheel_in_an_empty_folder(installed: Path, empty: Pat
     assert "trainer: newest complete checkpoint" in done.stdout, done.stdout
     run_id = said.split("— run ", 1)[1].split(".", 1)[0]
     assert marked(run_id) == []  # the demo's cleanup stopped every process of the run
+    # no hint names the demo's host file, which is gone when it ends; the last line says how
+    # to try the commands on a box that stays up
+    assert "outrig-demo-" not in said.split("— run ", 1)[1], said
+    assert said.rstrip().endswith("outrig sandbox-down stops it."), said
     assert list(empty.iterdir()) == []  # the demo writes nothing into the folder
 
 
@@ -151,6 +155,36 @@ def test_init_writes_a_starter_project_and_refuses_to_overwrite(installed: Path,
     assert again.returncode == 2
     assert "would overwrite" in again.stderr and "Traceback" not in again.stderr
     assert (empty / "hosts" / "box.yaml").read_text() == "hostname: mine\nworkdir: /srv/x\n"
+
+
+def test_init_dflash_from_the_wheel_then_plan_on_the_box(installed: Path, empty: Path,
+                                                        box_host: Path, tmp_path: Path) -> None:
+    """README's walkthrough from a wheel: `outrig init --dflash` in an empty folder writes the
+    DFlash playbook the wheel ships (no checkout anywhere), and `outrig plan` plans it on a
+    real box (the sandbox's sshd) without a problem: the three processes from the two venvs
+    its environments: name, and the box's GPUs that it leaves idle noted."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "80"}
+    done = run(installed, ["init", "--dflash"], empty, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "wrote " in done.stdout and "playbooks/dflash.yaml" in done.stdout, done.stdout
+    playbook = yaml.safe_load((empty / "playbooks" / "dflash.yaml").read_text())
+    assert set(playbook["environments"]) == {"vllm", "speculators"}
+    shutil.copyfile(box_host, empty / "hosts" / "box.yaml")
+    checked = run(installed, ["check"], empty, env=env)  # the box's GPUs, for the fit checks
+    assert checked.returncode == 0, checked.stderr
+    planned = run(installed, ["plan", "--json"], empty, env=env)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["playbook"] == "dflash" and plan["problems"] == []
+    argv = {p["name"]: p["argv"] for p in plan["processes"]}
+    assert list(argv) == ["server", "prepare", "trainer"]
+    assert argv["server"][0] == "/workspace/venvs/vllm/bin/python"
+    assert argv["trainer"][0] == "/workspace/venvs/speculators/bin/torchrun"
+    shown = run(installed, ["plan"], empty, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "stay idle" in shown.stdout.replace("\n    ", " "), shown.stdout
+    again = run(installed, ["init", "--template", "dflash"], empty, env=env)
+    assert again.returncode == 2 and "would overwrite" in again.stderr
 
 
 def test_project_is_found_upward_or_named(installed: Path, project: Path,
@@ -258,12 +292,25 @@ def test_forward_reaches_the_server_and_survives_a_cut_link(
     assert forwarding.stdout is not None
     event = json.loads(forwarding.stdout.readline())
     assert event["event"] == "forwarding" and "process server of run hello-" in event["what"]
+    # the server listens on this machine (the sandbox is here), so its port is taken here:
+    # the forward says it moved (it gave another URL without a word)
+    remote_port = int(event["remote"].rsplit(":", 1)[1])
+    assert event["local_port"] != remote_port
+    assert event["local_port_moved_from"] == remote_port, event
     assert _get(event["url"]) == 200
     assert proxy.cut_all() >= 1  # the SSH connection under the forward is gone
     assert _get(event["url"]) == 200  # the next connection reconnected first
     assert proxy.connections >= 1
     forwarding.send_signal(signal.SIGINT)
     assert forwarding.wait(timeout=30) == 130  # Ctrl-C, as in every task
+    plain = procs.spawn([str(installed / "outrig"), "forward", "--process", "server"],
+                        cwd=project, env={**env, "COLUMNS": "200"}, stdout=subprocess.PIPE,
+                        text=True)
+    assert plain.stdout is not None
+    said = plain.stdout.readline()
+    assert f"(port {remote_port} is taken on this machine, so the local port is " in said, said
+    plain.send_signal(signal.SIGINT)
+    assert plain.wait(timeout=30) == 130
 
 
 SLOW = """\

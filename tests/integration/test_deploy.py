@@ -447,41 +447,70 @@ def test_port_taken_by_a_stale_server_is_refused(box_host: Path, tmp_path: Path,
 
 def test_two_identical_deploys_at_once_never_report_two_live_runs(
         box_host: Path, tmp_path: Path, teardown_runs: None) -> None:
-    """Two ``deploy``s of one playbook started at the same moment both succeed, one after
-    the other (the box's workdir lock); the second says that it replaced the run the first
-    just reported ready, and afterwards the box and the journal have one live run."""
+    """Two ``deploy``s of one playbook started at the same moment run one after the other
+    (the box's workdir lock). The first said ``✓ ready`` (exit 0) for a run the second
+    replaced two seconds later. Now the first sees the second waiting for the box and fails,
+    naming the run that replaces its own; the second says which run it replaced; afterwards
+    the box and the journal have one live run.
+
+    Its server is ready only once the test says so (a file), after the second deploy has
+    announced itself on the box: the order comes from events, not from timing."""
     import io
 
+    from outrig.ops.deploy import DeploySuperseded
+
+    go = tmp_path / "go"
     playbook = write_playbook(tmp_path, {"processes": {"server": {
-        "command": [sys.executable, "-c", "import time; print('up', flush=True); "
-                    "time.sleep(600)"], "ready": {"log": "^up$", "timeout": 60}}}})
+        "command": [sys.executable, "-c", "import os, time\n"
+                    f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+                    "print('up', flush=True); time.sleep(600)"],
+        "ready": {"log": "^up$", "timeout": 120}}}})
     state = tmp_path / "state"
-    go = threading.Barrier(2)
+    start = threading.Barrier(2)
     done: list[tuple[Any, str]] = []
 
     def one() -> None:
         err = io.StringIO()
-        go.wait()
-        result = deploy(PROJECT, str(box_host), str(playbook), Reporter(err=err),
-                        journal=Journal(state))
+        start.wait()
+        try:
+            result: Any = deploy(PROJECT, str(box_host), str(playbook), Reporter(err=err),
+                                 journal=Journal(state))
+        except DeploySuperseded as exc:
+            result = exc
         done.append((result, err.getvalue()))
 
     threads = [threading.Thread(target=one) for _ in range(2)]
     for thread in threads:
         thread.start()
+    waiting = box_workdir(box_host) / ".outrig" / "waiting" / "job"
+    runs = box_workdir(box_host) / "runs"
+
+    def behind() -> list[str]:
+        """The deploy waiting behind the one that holds the lock and has made its run."""
+        made = {d.name for d in runs.iterdir()} if runs.is_dir() else set()
+        return [p.stem for p in waiting.glob("*.json") if p.stem not in made] if made else []
+
+    deadline = time.monotonic() + 120
+    while not behind() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (announced,) = behind()
+    go.write_text("")
     for thread in threads:
-        thread.join(120)
-    assert len(done) == 2, "both deploys succeed"
-    said = [(r, text) for r, text in done if (r.replaced or {}).get("concurrent")]
-    assert len(said) == 1, [text for _, text in done]
-    second, text = said[0]
-    (first,) = [r for r, _ in done if r is not second]
-    assert second.replaced["run_id"] == first.plan.run_id
-    assert f"this deploy replaced run {first.plan.run_id} of job, started" in text, text
-    assert f"only {second.plan.run_id} runs now" in text
-    assert f"it replaced run {first.plan.run_id}" in text, "the closing line says it too"
+        thread.join(180)
+    assert len(done) == 2
+    failed = [r for r, _ in done if isinstance(r, DeploySuperseded)]
+    assert len(failed) == 1, [text for _, text in done]
+    (second, text) = next((r, text) for r, text in done if not isinstance(r, DeploySuperseded))
+    assert second.plan.run_id == announced
+    first_run = second.replaced["run_id"]
+    assert second.replaced["concurrent"], second.replaced
+    assert f"replaces that run now: run {announced}" in str(failed[0]), failed[0]
+    assert f"as run {first_run}" in str(failed[0]) and failed[0].exit_code == 1
+    assert f"this deploy replaced run {first_run} of job, started" in text, text
+    assert f"only {announced} runs now" in text
+    assert Journal(state).run(first_run)["replaced_by"] == announced
+    assert list(waiting.glob("*.json")) == []  # each deploy took its note away
     shown = status(PROJECT, str(box_host), Reporter(quiet=True), journal=Journal(state))
-    assert [(r["run_id"], r["status"]) for r in shown["runs"]] == [
-        (second.plan.run_id, "running")]
+    assert [(r["run_id"], r["status"]) for r in shown["runs"]] == [(announced, "running")]
     live = [r["run_id"] for r in Journal(state).runs() if r.get("status") == "running"]
-    assert live == [second.plan.run_id]
+    assert live == [announced]

@@ -11,7 +11,7 @@ more cuts inside transfers) runs with ``OUTRIG_FAULT_CAMPAIGN=long``; ``OUTRIG_F
 picks its seed (default 11).
 
 The deploy, status, cleanup and tail-logs campaigns run twice: on the direct path (no warm
-connection) and on the warm path, through a keeper (connectors/kept.py). On the warm path
+connection) and on the warm path, through a keeper (connectors/keeper/client.py). On the warm path
 each command finds no live keeper and starts one, so the fault strikes the keeper's own
 connection: its handshake (which the keeper retries as a direct connect does) or its first
 channel, exec and answer (the command then connects directly); and an established kept
@@ -42,8 +42,8 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.connectors.kept import close_keepers, keepers, wait_gone
-from outrig.connectors.pipelined_login import PIPELINE_ENV
+from outrig.connectors.keeper.client import close_keepers, keepers, wait_gone
+from outrig.connectors.ssh.pipelined_login import PIPELINE_ENV
 from outrig.console import Reporter
 from outrig.errors import AuthRefused, LinkLost, OutrigError
 from outrig.inventory import resolve_host

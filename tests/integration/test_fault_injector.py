@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.agent_client import AgentCall
-from outrig.connectors.ssh import SSHTransport
+from outrig.agent.client import AgentCall
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.errors import LinkLost
 from outrig.inventory import resolve_host
 from outrig.sandbox.proxy import Fault, LatencyProxy, PhaseTracker

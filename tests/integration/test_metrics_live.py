@@ -19,8 +19,8 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.metrics import LOSS, SPARKS, by_step
-from outrig.metricstore import MetricStore
+from outrig.metrics.series import LOSS, SPARKS, by_step
+from outrig.metrics.store import MetricStore
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import tail_logs

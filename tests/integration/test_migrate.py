@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.inventory import resolve_host
 from outrig.journal import Journal

@@ -28,8 +28,8 @@ from outrig.ops.nodes import (
     node_log_targets,
     nodes_status,
     stop_nodes,
-    watch_nodes,
 )
+from outrig.ops.nodes_watch import watch_nodes
 from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.nvidia_smi import load_inventory, write_inventory

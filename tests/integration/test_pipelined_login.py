@@ -1,4 +1,4 @@
-"""The pipelined login (outrig/connectors/pipelined_login.py) against the real sshd, counted by
+"""The pipelined login (outrig/connectors/ssh/pipelined_login.py) against the real sshd, counted by
 the latency proxy: one client turn fewer before the exec, the same refusal for a wrong key,
 nothing sent under the session keys for a changed host key, and paramiko's own sequence again
 after a pipelined login was cut."""
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.connectors.preconnect import CLIENT_BANNER
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh.preconnect import CLIENT_BANNER
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.errors import AuthRefused, HostKeyError, LinkLost
 from outrig.inventory import resolve_host
 from outrig.sandbox.proxy import SERVICE_REQUEST_MAX, Fault, LatencyProxy, PhaseTracker
@@ -384,7 +384,7 @@ def test_a_paramiko_without_the_private_parts_logs_in_its_own_way_with_a_note(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A paramiko release that renamed a private method the pipelined login relies on costs a
     round trip, never the login: paramiko's own sequence, and one note that says why."""
-    import outrig.connectors.pipelined_login as pipelined_login
+    import outrig.connectors.ssh.pipelined_login as pipelined_login
 
     api = dict(pipelined_login.PRIVATE_API)
     api["Transport"] = (*api["Transport"], "_renamed_in_a_later_release")

@@ -28,7 +28,7 @@ from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
-from outrig.ops.history import runs_history
+from outrig.ops.list_runs import runs_history
 from outrig.ops.status import status
 from outrig.ops.watch_record import WatchOptions
 from outrig.providers import ledger

@@ -20,12 +20,12 @@ import yaml
 from outrig import session as session_module
 from outrig.console import Reporter
 from outrig.errors import RemoteError
-from outrig.hub import parse_hub_source
+from outrig.hub_source import parse_hub_source
 from outrig.journal import Journal
-from outrig.ops.hub import hub_download, hub_probe
+from outrig.ops.hub_download import hub_download, hub_probe
 from outrig.ops.provision import provision
 from outrig.session import HostSession, Project
-from tests.support.provisioning import CountingCall, make_wheel, write_playbook
+from tests.support.provisioning import CountingCall, envs_playbook, make_wheel
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_provision_creates_then_skips_then_updates(
         monkeypatch: pytest.MonkeyPatch) -> None:
     venv = tmp_path / "venvs" / "demo"
     requires = {"python": ">=3.8", "driver": ">=580", "disk_gb": 0.001}
-    playbook = write_playbook(tmp_path, demo_env(venv, wheels), requires)
+    playbook = envs_playbook(tmp_path, demo_env(venv, wheels), requires)
     reporter = Reporter(quiet=True)
 
     first = provision(PROJECT, str(box_host), reporter, playbook=str(playbook), journal=journal)
@@ -88,7 +88,7 @@ def test_provision_creates_then_skips_then_updates(
                 or "install " in str(e.get("msg", ""))]
 
     # A dry run with a changed pin says what it would do and changes nothing.
-    playbook = write_playbook(tmp_path, demo_env(venv, wheels, pin="2.0"), requires)
+    playbook = envs_playbook(tmp_path, demo_env(venv, wheels, pin="2.0"), requires)
     dry = provision(PROJECT, str(box_host), reporter, playbook=str(playbook), dry_run=True,
                     journal=journal)
     assert dry.environments[0]["status"] == "would_update"
@@ -113,7 +113,7 @@ def test_pip_errors_name_the_package_and_the_network(
     missing["demo"]["packages"] = ["nosuchpkg==1.0"]
     with pytest.raises(RemoteError) as info:
         provision(PROJECT, str(box_host), reporter,
-                  playbook=str(write_playbook(tmp_path, missing)), journal=journal)
+                  playbook=str(envs_playbook(tmp_path, missing)), journal=journal)
     assert info.value.kind == "pip"
     assert "nosuchpkg==1.0" in str(info.value) and "find_links" in str(info.value)
     assert journal.host_facts(box_host.stem)["environments"]["demo"]["status"] == "failed"
@@ -124,7 +124,7 @@ def test_pip_errors_name_the_package_and_the_network(
                         "pip_args": ["--timeout", "2", "--retries", "0"]}}
     with pytest.raises(RemoteError) as info:
         provision(PROJECT, str(box_host), reporter,
-                  playbook=str(write_playbook(tmp_path, offline)), journal=journal)
+                  playbook=str(envs_playbook(tmp_path, offline)), journal=journal)
     assert info.value.kind == "no_internet"
     assert "cannot reach the package index" in str(info.value)
 
@@ -138,7 +138,7 @@ def test_box_checks_fail_before_anything_is_installed(
         box_host: Path, tmp_path: Path, wheels: Path, journal: Journal,
         requires: dict[str, Any], kind: str, words: str) -> None:
     venv = tmp_path / "venvs" / "never"
-    playbook = write_playbook(tmp_path, demo_env(venv, wheels), requires)
+    playbook = envs_playbook(tmp_path, demo_env(venv, wheels), requires)
     with pytest.raises(RemoteError) as info:
         provision(PROJECT, str(box_host), Reporter(quiet=True), playbook=str(playbook),
                   journal=journal)

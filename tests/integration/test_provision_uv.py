@@ -29,7 +29,7 @@ from outrig.journal import Journal
 from outrig.ops.provision import ProvisionResult, provision
 from outrig.session import Project
 from tests.support.network import serve
-from tests.support.provisioning import CountingCall, make_wheel, write_playbook
+from tests.support.provisioning import CountingCall, envs_playbook, make_wheel
 
 PROJECT = Project(Path(__file__).resolve().parents[2])
 
@@ -109,7 +109,7 @@ def env_entry(venv: Path, wheels: Path, pin: str = "1.0", **extra: Any) -> dict[
 
 def run(host: Path, tmp_path: Path, journal: Journal, envs: dict[str, Any]) -> ProvisionResult:
     return provision(PROJECT, str(host), Reporter(quiet=True),
-                     playbook=str(write_playbook(tmp_path, envs)), journal=journal)
+                     playbook=str(envs_playbook(tmp_path, envs)), journal=journal)
 
 
 def installer_events(result: ProvisionResult) -> list[dict[str, Any]]:

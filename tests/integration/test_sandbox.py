@@ -328,7 +328,8 @@ def test_sandbox_up_outlives_the_command_and_down_stops_exactly_it(
 
     down = outrig_cli(["sandbox-down"], sandbox_project)
     assert down.returncode == 0, down.stderr
-    assert f"pids {server}" in down.stderr and "removed" in down.stderr
+    # both processes it stops (it named only the server, whose stop takes the sshd along)
+    assert f"pids {server}, {sshd}" in down.stderr and "removed" in down.stderr
     assert wait_gone([server, sshd]) == []
     assert not host_file.exists()
     twice = outrig_cli(["sandbox-down"], sandbox_project)
@@ -385,6 +386,7 @@ def test_sandbox_down_keep_runs_leaves_the_runs_findable(sandbox_project: Path,
     down = outrig_cli(["sandbox-down"], sandbox_project)
     assert down.returncode == 0, down.stderr
     assert wait_gone(pids) == [] and marked(run_id) == []
+    assert f"and its run(s) {run_id}" in " ".join(down.stderr.split()), down.stderr
     assert not host_file.exists()
 
 

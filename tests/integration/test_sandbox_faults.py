@@ -155,3 +155,35 @@ def test_a_stopped_run_ends_on_sigterm_within_its_grace_not_killed_after_it(
     assert hows["sleeper"] == "term", ended  # the ticker's orphaned child is killed after
     assert all(e["seconds"] < 30 for e in ended), ended
     assert wait_gone(pids) == []
+
+
+def test_sandbox_up_after_its_server_died_keeps_the_runs_that_still_live(
+        project: Path) -> None:
+    """`sandbox-up` after the sandbox's server and sshd died (killed, not stopped) wiped the
+    box's workdir, run records included, under the runs' processes, which went on with
+    nothing that named them. Live runs now keep their box: it is served again, and the runs
+    are found and stopped as before."""
+    import os
+    import signal
+
+    up = outrig_cli(["sandbox-up", "--json"], project)
+    assert up.returncode == 0, up.stderr
+    state = json.loads(up.stdout)
+    run_id, pids = deploy_tick(project)
+    for entry in (state["server"], state["sshd"]):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(entry["pgid"], signal.SIGKILL)
+    assert wait_gone([state["server"]["pid"], state["sshd"]["pid"]]) == []
+    assert all(alive(pid) for pid in pids)
+
+    again = outrig_cli(["sandbox-up", "--json"], project)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["server"]["pid"] != state["server"]["pid"]
+    found = outrig_cli(["status", "--host", "sandbox", "--json"], project)
+    assert found.returncode == 0, found.stderr
+    (run,) = json.loads(found.stdout)["runs"]
+    assert run["run_id"] == run_id
+    assert {p["state"] for p in run["processes"]} == {"running"}
+    down = outrig_cli(["sandbox-down"], project)
+    assert down.returncode == 0, down.stderr
+    assert wait_gone(pids) == [] and marked(run_id) == []

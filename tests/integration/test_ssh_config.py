@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.inventory import resolve_host
 from tests.support.cli import outrig
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal

@@ -1,6 +1,6 @@
 """The warm connection: a keeper process per host holds the SSH link, later commands open
-their channels through it (connectors/kept.py, connectors/keeper.py). Keeping is off in the
-suite by default (conftest); every test here turns it on."""
+their channels through it (connectors/keeper/client.py, connectors/keeper/daemon.py). Keeping is
+off in the suite by default (conftest); every test here turns it on."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.connectors import kept
-from outrig.connectors.keeper_wire import recv_frame, runtime_dir, send_json
-from outrig.connectors.kept import KeptTransport, close_keepers, keepers, wait_gone
+from outrig.connectors.keeper import client as kept
+from outrig.connectors.keeper.client import KeptTransport, close_keepers, keepers, wait_gone
+from outrig.connectors.keeper.wire import recv_frame, runtime_dir, send_json
 from outrig.console import Reporter
 from outrig.errors import AuthenticationError
 from outrig.fanout import run_fanout
@@ -419,7 +419,7 @@ def counting_keeper_processes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]
     real_popen = kept.subprocess.Popen
 
     def popen(argv: list[str], *args: Any, **kwargs: Any) -> Any:
-        if {"outrig.connectors.keeper", "outrig.connectors.keeper_launch"} & set(argv):
+        if {"outrig.connectors.keeper.daemon", "outrig.connectors.keeper.launch"} & set(argv):
             started.append(list(argv))
         return real_popen(argv, *args, **kwargs)
 
@@ -455,7 +455,7 @@ def test_fanout_starts_every_keeper_from_one_launcher(
     outcomes = run_fanout(project, names, lambda s: s.call("status", stream=False),
                           journal=journal)
     assert [(o.host, o.state) for o in outcomes] == [(n, "ok") for n in names], outcomes
-    assert len(started) == 1 and "outrig.connectors.keeper_launch" in started[0], started
+    assert len(started) == 1 and "outrig.connectors.keeper.launch" in started[0], started
     assert kept.LAUNCHER.started == 1
     listed = keepers()
     assert sorted(e["name"] for e in listed) == names

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.connectors.kept import keepers
+from outrig.connectors.keeper.client import keepers
 from outrig.sandbox.proxy import LatencyProxy
 
 pytestmark = pytest.mark.integration
@@ -70,7 +70,7 @@ def test_a_command_through_a_live_keeper_imports_no_ssh_stack(
     warm, _ = run_fresh(tmp_path, task, "--host", str(host), *rest)
     assert proxy.accepted == 1, "the warm command opened no TCP connection of its own"
     assert ssh_stack(warm) == []
-    assert "outrig.connectors.kept" in warm
+    assert "outrig.connectors.keeper.client" in warm
     assert not warm & {"outrig.plan", "outrig.recipes"}, "nothing was planned"
 
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 import outrig.ops.migrate as migrate_module
-from outrig.connectors.ssh import probe_port
+from outrig.connectors.ssh.transport import probe_port
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.health import limits_for

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from outrig.console import Reporter
-from outrig.evaluations.served import SERVED
+from outrig.evaluation.served import SERVED
 from outrig.ops.metrics import write_report
 from outrig.ops.status import evaluation_lines, status
 from outrig.ops.watch import watch

@@ -14,8 +14,8 @@ import re
 import time
 from pathlib import Path
 
-from outrig.metrics import LOSS, by_step
-from outrig.metricstore import MetricStore
+from outrig.metrics.series import LOSS, by_step
+from outrig.metrics.store import MetricStore
 from outrig.ops.logs import tail_logs
 from outrig.ops.metrics import write_report
 from outrig.ops.migrate import migrate

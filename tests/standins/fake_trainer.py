@@ -433,10 +433,20 @@ def main(argv: List[str]) -> int:
         rank_main(args.fake_rank, int(args.fake_gpu or 0), args.fake_mib)
         return 0
     launched_rank = os.environ.get("RANK")
+    if launched_rank is not None:
+        # Every rank logs this once init_process_group returned, past the rank-0 filter
+        # (speculators 0.9 train/distributed.py:163-167, override_rank0_filter); the ranks of
+        # a node without global rank 0 print nothing else.
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+        print(f"Started distributed with local_rank={os.environ.get('LOCAL_RANK', '0')}, "
+              f"dp_size={world}, sp_size=1", flush=True)
     if launched_rank not in (None, "0"):  # a further rank under (fake) torchrun
         cvd = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
         rank = int(launched_rank)
-        physical = int(cvd[rank]) if rank < len(cvd) else 0
+        # each rank takes its node's LOCAL_RANK-th GPU (speculators: device_id=local_rank,
+        # train/distributed.py:156); the global rank indexes nothing on a node > 0
+        local = int(os.environ.get("LOCAL_RANK") or rank)
+        physical = int(cvd[local]) if local < len(cvd) else 0
         if os.environ.get(GPU_DIR_ENV):
             rank_main(rank, physical, args.fake_mib)
         signal.signal(signal.SIGTERM, lambda s, f: os._exit(0))

@@ -16,7 +16,13 @@ tests/standins/README.md traces each behaviour):
 - the engine loop and ``/metrics``: the step counters and request gauges outrig's hang judge
   reads, and a wedged engine that publishes nothing more (:class:`Engine`);
 - stale GPU memory: ``Free memory on device cuda:X ... is less than desired GPU memory
-  utilization`` when live holders leave too little.
+  utilization`` when live holders leave too little;
+- one server across nodes without Ray (``--nnodes N --node-rank R --master-addr A
+  --master-port P``; :func:`span_head_wait`, :func:`headless_main`): ``--nnodes`` > 1 needs
+  ``--data-parallel-backend mp`` and a world that divides evenly over the nodes
+  (engine/arg_utils.py), each node holds world ÷ N GPUs; ranks > 0 start ``--headless``: no
+  API server, they join the head at A:P (serve.py ``run_headless``); the head starts its API
+  only once every node joined.
 
 Test knobs: ``--fake-mib``, ``--fake-startup-delay``; env ``FAKE_VLLM_SETSID_CHILD=1`` (an extra
 child that calls setsid and holds GPU memory; the parent has lost track of it),
@@ -37,6 +43,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -622,6 +629,76 @@ def dp_supervisor_main(args: argparse.Namespace, served: str) -> None:
     os._exit(0)
 
 
+# ----------------------------------------------------------------------------- nodes
+def span_share(args: argparse.Namespace) -> tuple:
+    """This node's (tp, dp, pp) share of a server across ``--nnodes``: vLLM's checks first
+    (vllm 0.32 engine/arg_utils.py:2349-2380), then world ÷ nnodes ranks held here as one
+    engine."""
+    world = args.tensor_parallel_size * args.data_parallel_size * args.pipeline_parallel_size
+    frames = ["/vllm/engine/arg_utils.py\", line 2349, in create_engine_config"]
+    if args.data_parallel_backend != "mp":
+        fail([], frames, f"ValueError: Invalid data-parallel launch options: `--nnodes "
+             f"{args.nnodes}` requires `--data-parallel-backend mp`; got "
+             f"`--data-parallel-backend {args.data_parallel_backend}`.")
+    if world % args.nnodes:
+        fail([], frames, f"ValueError: Invalid data-parallel launch options: `--nnodes "
+             f"{args.nnodes}` must evenly divide the total world size ({world}).")
+    if not 0 <= args.node_rank < args.nnodes:
+        fail([], frames, "ValueError: Invalid data-parallel launch options: `--node-rank` "
+             f"must be between 0 and {args.nnodes - 1}; got `--node-rank {args.node_rank}`.")
+    return world // args.nnodes, 1, 1
+
+
+def span_head_wait(args: argparse.Namespace, stop: threading.Event) -> None:
+    """The head: torch.distributed's store at --master-addr:--master-port (bound on every
+    interface, as TCPStore's server is); the engines, hence the API, wait until each other
+    node joined. The joined sockets stay open: a node that drops out is logged."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", args.master_port))
+    server.listen(16)
+    server.settimeout(0.2)
+    log(f"Waiting for {args.nnodes - 1} headless node(s) at {args.master_addr}:"
+        f"{args.master_port}", where="multiproc_executor.py:120")
+    joined: List[socket.socket] = []
+    while len(joined) < args.nnodes - 1 and not stop.is_set():
+        with contextlib.suppress(socket.timeout):
+            conn, _ = server.accept()
+            rank = conn.recv(16).decode().strip()
+            joined.append(conn)
+            log(f"node rank {rank} joined ({len(joined)}/{args.nnodes - 1})",
+                where="multiproc_executor.py:135")
+    _SPAN_SOCKETS.extend([server, *joined])
+
+
+_SPAN_SOCKETS: List[socket.socket] = []
+
+
+def headless_main(args: argparse.Namespace, procs: List[Any], stop: threading.Event) -> None:
+    """A rank > 0: no API server (vllm 0.32 entrypoints/cli/serve.py:69-76 sets
+    api_server_count 0; run_headless :181-240), its workers join the head's process group at
+    --master-addr:--master-port and run until SIGTERM."""
+    log(f"Launching vLLM (v0.27.1) headless multiproc executor, with head node address "
+        f"{args.master_addr}:{args.master_port} for torch.distributed process group.",
+        where="serve.py:224")
+    link: Optional[socket.socket] = None
+    while link is None and not stop.is_set():
+        try:
+            link = socket.create_connection((args.master_addr, args.master_port), timeout=2)
+            link.sendall(f"{args.node_rank}\n".encode())
+        except OSError:
+            link = None
+            time.sleep(0.2)
+    while not stop.is_set():
+        time.sleep(0.1)
+    log("Shutting down headless executor.", where="multiproc_executor.py:400")
+    if link is not None:
+        link.close()
+    shutdown(procs, grace=2.0, kill=False)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 # ----------------------------------------------------------------------------- main
 def parse(argv: List[str]) -> argparse.Namespace:
     if argv and argv[0] == "serve":
@@ -640,6 +717,12 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--data-parallel-multi-port-external-lb", action="store_true")
     p.add_argument("--data-parallel-size-local", type=int, default=None)
     p.add_argument("--data-parallel-supervisor-port", type=int, default=None)
+    p.add_argument("--nnodes", "-n", type=int, default=1)
+    p.add_argument("--node-rank", "-r", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--data-parallel-backend", default="mp")
     p.add_argument("--fake-mib", type=int, default=None)
     p.add_argument("--fake-startup-delay", type=float, default=1.0)
     args, _unknown = p.parse_known_args(argv)
@@ -683,6 +766,8 @@ def main(argv: List[str]) -> None:
         where="utils.py:327")
     if args.data_parallel_multi_port_external_lb:
         dp_supervisor_main(args, served)
+    if args.nnodes > 1:
+        tp, dp, pp = span_share(args)
     vis = visible_gpus()
 
     if tp * pp > len(vis):  # the config-time check: covers TP×PP only, never DP
@@ -761,6 +846,10 @@ def main(argv: List[str]) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    if args.nnodes > 1:
+        if args.headless:
+            headless_main(args, procs, stop)
+        span_head_wait(args, stop)
 
     deadline = time.monotonic() + args.fake_startup_delay
     while time.monotonic() < deadline and not stop.is_set():

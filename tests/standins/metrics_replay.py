@@ -3,7 +3,7 @@ build, tests/fixtures/vllm-0.32-cpu) with the ``vllm:spec_decode_*_total`` value
 constructed counts, every other line (HELP, TYPE, ``_created`` samples, labels, the rest of
 the exposition) exactly as the real server printed it.
 
-The constructed cases of the flags (outrig/evaluations/causes.py) are built from it: the
+The constructed cases of the flags (outrig/evaluation/causes.py) are built from it: the
 counts a broken serving path, a position cliff or a good drafter would make the real server
 print. Stdlib only; it never imports outrig."""
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig._box.agent.procs import read_stat
-from outrig.agent_client import AGENT_DIR, agent_command, agent_payload, argv_command
+from outrig.agent.client import AGENT_DIR, agent_command, agent_payload, argv_command
 
 # Run ids unique to this test session: the agent's marker sweep is box-wide, so two test
 # sessions on one machine must never share a run id (real run ids carry a timestamp and

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from outrig.cli import make_collection
-from outrig.program import OutrigConfig, OutrigProgram
+from outrig.cli.invoke_program import OutrigConfig, OutrigProgram
 
 
 def outrig(args: list[str], capsys: pytest.CaptureFixture[str],

@@ -9,9 +9,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from outrig.agent_client import AgentCall
+from outrig.agent.client import AgentCall
+from tests.support.runs import write_playbook
 
 
 def make_wheel(folder: Path, name: str, version: str) -> Path:
@@ -48,12 +47,11 @@ class CountingCall(AgentCall):
         return super().run(request, on_event, **options)
 
 
-def write_playbook(tmp_path: Path, environments: dict[str, Any],
-                   requires: dict[str, Any] | None = None) -> Path:
-    body: dict[str, Any] = {"name": "envs", "processes": {"noop": {"command": "true"}},
+def envs_playbook(tmp_path: Path, environments: dict[str, Any],
+                  requires: dict[str, Any] | None = None) -> Path:
+    """``envs.yaml``: one no-op process and these ``environments:`` (and ``requires:``)."""
+    body: dict[str, Any] = {"processes": {"noop": {"command": "true"}},
                             "environments": environments}
     if requires is not None:
         body["requires"] = requires
-    path = tmp_path / "envs.yaml"
-    path.write_text(yaml.safe_dump(body, sort_keys=False))
-    return path
+    return write_playbook(tmp_path, body, name="envs")

@@ -33,13 +33,23 @@ class Recording:
     exit_status: int | None = 0
 
     def to_json(self) -> dict[str, object]:
-        return {"stdout_b64": base64.b64encode(bytes(self.stdout)).decode("ascii"),
-                "stderr": self.stderr, "exit_status": self.exit_status}
+        """The recording as JSON a reader can follow: stdout as its lines (the agent's JSON
+        events, one a line; the last entry is what follows the last newline), or as base64
+        when it is not UTF-8."""
+        try:
+            out: dict[str, object] = {"stdout_lines": bytes(self.stdout).decode("utf-8")
+                                      .split("\n")}
+        except UnicodeDecodeError:
+            out = {"stdout_b64": base64.b64encode(bytes(self.stdout)).decode("ascii")}
+        return {**out, "stderr": self.stderr, "exit_status": self.exit_status}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Recording:
         status = data.get("exit_status")
-        return cls(bytearray(base64.b64decode(str(data["stdout_b64"]))), str(data["stderr"]),
+        lines = data.get("stdout_lines")
+        stdout = ("\n".join(str(line) for line in lines).encode("utf-8")
+                  if isinstance(lines, list) else base64.b64decode(str(data["stdout_b64"])))
+        return cls(bytearray(stdout), str(data["stderr"]),
                    status if isinstance(status, int) else None)
 
     def events(self) -> list[dict[str, object]]:

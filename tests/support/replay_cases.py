@@ -43,6 +43,7 @@ from outrig.ops.stage import stage, sync_checkpoints
 from outrig.ops.watch_record import current_run
 from outrig.session import Project
 from outrig.transport import Transport
+from tests.support.hosts import write_host_file
 from tests.support.replay import Recording, RecordingConnector
 
 CASES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
@@ -67,13 +68,10 @@ class Case:
 
 def host_file(root: Path, name: str, hostname: str) -> Path:
     """A host file for this machine's agent (``local``) or for a recording (``replay:…``)."""
-    path = root / "hosts" / f"{name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
     workdir = root / "box"
     workdir.mkdir(exist_ok=True)
-    path.write_text(yaml.safe_dump({"hostname": hostname, "workdir": str(workdir),
-                                    "python": sys.executable}))
-    return path
+    return write_host_file(root, name, hostname=hostname, workdir=str(workdir),
+                           python=sys.executable)
 
 
 def write_book(root: Path, name: str, body: dict[str, Any]) -> None:

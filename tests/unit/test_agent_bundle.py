@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from outrig._box.agent import bundle
-from outrig.agent_client import agent_bundle_bytes, agent_digest
+from outrig.agent.client import agent_bundle_bytes, agent_digest
 from outrig.sandbox.fulldisk import fill, is_full
 from tests.support.agent import PY, R1, Box, agent_command_for, sleeper, wait_until
 from tests.support.processes import alive
@@ -170,8 +170,7 @@ def test_stripping_keeps_every_line_and_statement() -> None:
 
 def test_the_workstation_keeps_the_built_bundle_and_never_sends_a_damaged_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from outrig import agent_client
-
+    from outrig.agent import client as agent_client
     monkeypatch.setattr(agent_client, "BUNDLE_CACHE", tmp_path)
     agent_client.agent_bundle_bytes.cache_clear()
     try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from outrig.agent_client import agent_command, agent_payload
+from outrig.agent.client import agent_command, agent_payload
 from outrig.sandbox.fulldisk import fill, is_full
 from tests.support.agent import PY, R1, R2, Box, error_of, names, sleeper, stat_fields, wait_until
 from tests.support.network import free_port

@@ -14,7 +14,7 @@ import pytest
 
 from outrig._box.agent import protocol
 from outrig._box.agent.__main__ import OPS, op_function
-from outrig.agent_client import AGENT_DIR
+from outrig.agent.client import AGENT_DIR
 from outrig.errors import RemoteError
 from outrig.inventory import Host
 from outrig.session import base_request

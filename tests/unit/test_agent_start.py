@@ -1,4 +1,4 @@
-"""One way to start the agent (``AgentCall.start``, outrig/agent_client.py) for every op and
+"""One way to start the agent (``AgentCall.start``, outrig/agent/client.py) for every op and
 for tail-logs' follow stream: the same command (the cached bundle in the workdir, whichever
 path the request takes), the same stdin, and a write that fails tagged as the request not
 having reached the box. Channels are replayed (tests/support/replay.py): no box, no link."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outrig import agent_client
-from outrig.agent_client import AgentCall, agent_command, agent_payload, argv_command
+from outrig.agent import client as agent_client
+from outrig.agent.client import AgentCall, agent_command, agent_payload, argv_command
 from outrig.console import Reporter
 from outrig.errors import LinkLost
 from outrig.inventory import Host, resolve_host

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from outrig.cli import make_collection
+from outrig.cli.settings import parse_params
 from outrig.errors import ConfigError
 from outrig.journal import Journal
-from outrig.settings import parse_params
 from tests.support.cli import outrig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,6 +144,9 @@ def test_parse_errors_exit_2_with_one_paragraph(project: Path, args: list[str], 
     (["statsu"], "No idea what 'statsu' is (did you mean 'status'?); see `outrig --list`"),
     (["status", "--hots", "x"], "No idea what '--hots' is (did you mean '--host'?); see "
      "`outrig --help status`"),
+    (["--hots", "x"], "(did you mean '--host'? It is a task's flag and goes after the task: "
+     "`outrig status --host ...`)"),
+    (["--lsit"], "No idea what '--lsit' is (did you mean '--list'?)"),
     (["deploy", "--playbok=x"], "No idea what '--playbok' is (did you mean '--playbook'?)"),
     (["--help", "tial-logs"], "no task is named 'tial-logs'. Did you mean 'tail-logs'? See"),
     (["plan", "--host", "sandbx", "--playbook", "job"], "Did you mean 'sandbox'?"),
@@ -160,7 +163,7 @@ def test_a_typo_names_the_closest_task_flag_or_name(project: Path, args: list[st
 
 def test_nothing_close_suggests_nothing(project: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    for args in (["xyzzy"], ["status", "--zzzz"], ["plan", "--host", "qqqqqq"]):
+    for args in (["xyzzy"], ["--zzzz"], ["status", "--zzzz"], ["plan", "--host", "qqqqqq"]):
         code, _, err = outrig(args, capsys)
         assert code == 2 and "did you mean" not in err.lower(), err
 
@@ -327,7 +330,7 @@ def test_every_task_says_what_it_does_in_one_whole_line() -> None:
 def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(args: list[str]) -> None:
     """``outrig --help deploy | head -1``: the pipe closes early; outrig exits 141 (128 +
     SIGPIPE) with nothing on stderr instead of a BrokenPipeError traceback. The same for the
-    answers made before Invoke is imported (``--list``, ``--help``: outrig/launcher.py)."""
+    answers made before Invoke is imported (``--list``, ``--help``: outrig/cli/launcher.py)."""
     binary = Path(sys.executable).parent / "outrig"
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first byte

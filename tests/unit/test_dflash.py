@@ -742,3 +742,48 @@ def test_two_nodes_refuse_regenerate() -> None:
     assert problem.startswith("dflash.regenerate.enabled:")
     assert "one-node job" in problem and "enabled: false" in problem
     assert not recipe_output(1, regenerate={"enabled": True}).problems
+
+
+def test_draft_note_without_the_hidden_size_reads_as_a_sentence(tmp_path: Path) -> None:
+    """It said "activations are not counted of 48 GiB": the GPU's size was appended after the
+    hidden-size clause. The size now follows the estimate, the clause comes last."""
+    facts = HostFacts(gpu_count=8, gpu_memory_mib=49_152, source="test")
+    plan = plan_for(tmp_path, base(draft_vocab_size=32000), facts)
+    note = next(n for n in plan.notes if n.startswith("draft:"))
+    assert "not counted of" not in note, note
+    assert "(logits 1.0 GiB) of 48 GiB; the hidden size is not known yet, so activations " \
+        "are not counted" in note, note
+
+
+def test_gpus_the_job_leaves_idle_are_noted(tmp_path: Path) -> None:
+    """A 4-GPU DFlash playbook on an 8-GPU box: GPUs 4-7 cost rent and do nothing."""
+    eight = HostFacts(gpu_count=8, gpu_memory_mib=143_771, source="test")
+    idle = [n for n in plan_for(tmp_path, base(), eight).notes if "stay idle" in n]
+    assert idle == [idle[0]] and idle[0].startswith("GPUs 4-7 of box's 8 stay idle"), idle
+    assert not [n for n in plan_for(tmp_path, base(), H200).notes if "stay idle" in n]
+    unknown = HostFacts(gpu_count=None, gpu_memory_mib=None, source="test")
+    assert not [n for n in plan_for(tmp_path, base(), unknown).notes if "stay idle" in n]
+
+
+def test_the_dflash_starter_plans_clean_and_names_its_environments(tmp_path: Path) -> None:
+    """`outrig init --dflash` writes the playbook shipped beside the recipe: it loads, plans
+    without a problem on the box it was written for, and its venvs are the interpreters the
+    recipe renders (provision makes exactly what deploy runs)."""
+    from outrig.cli.starter import dflash_playbook, starter_files
+
+    files = starter_files("dflash")
+    assert files["playbooks/dflash.yaml"] == dflash_playbook()
+    assert "playbook: dflash" in files["outrig.yaml"]
+    assert "/workspace/venvs/speculators/bin" in files["hosts/box.yaml"]  # stage finds `hf`
+    path = tmp_path / "dflash.yaml"
+    path.write_text(dflash_playbook())
+    job = load_job(path)
+    plan = make_plan(job, HOST, H200, "run-1")
+    assert plan.problems == []
+    envs = {name: env.path for name, env in job.spec.environments.items()}
+    argv = {name: proc.argv for name, proc in plan.processes.items()}
+    assert argv["server"][0] == f"{envs['vllm']}/bin/python"
+    assert argv["trainer"][0] == f"{envs['speculators']}/bin/torchrun"
+    assert flag(argv["trainer"], "--lr") == "0.0006"
+    with pytest.raises(ConfigError, match="--template 'nope'"):
+        starter_files("nope")

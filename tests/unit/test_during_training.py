@@ -14,8 +14,8 @@ import yaml
 
 from outrig.checkpoints import Checkpoint
 from outrig.errors import ConfigError
-from outrig.evaluation_section import DuringTrainingSpec
-from outrig.evaluations import schedule
+from outrig.evaluation import schedule
+from outrig.evaluation.section import DuringTrainingSpec
 from outrig.inventory import Host
 from outrig.ops.evaluate import CheckpointRewritten, unchanged
 from outrig.ops.watch_evaluate import CheckpointEvaluator

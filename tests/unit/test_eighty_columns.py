@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outrig.starter import PLAYBOOK_YAML
+from outrig.cli.starter import PLAYBOOK_YAML
 from outrig.textlayout import command_lines, status_lines
 from tests.support.cli import outrig
 
@@ -78,7 +78,7 @@ def keeper(name: str, live: dict[str, Any] | None) -> dict[str, Any]:
 
 def test_connections_fit_80_columns(project: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    import outrig.connectors.kept as kept
+    import outrig.connectors.keeper.connections as kept
 
     found = [keeper("uk-node-h200", {"state": "ready", "pid": 31337, "served": 12}),
              keeper("b", {"state": "failed", "why": "the box refused it a session channel "
@@ -102,7 +102,7 @@ def test_connections_fit_80_columns(project: Path, monkeypatch: pytest.MonkeyPat
 def test_connections_keep_one_row_each_when_there_is_room(
         project: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import outrig.connectors.kept as kept
+    import outrig.connectors.keeper.connections as kept
 
     monkeypatch.setattr(kept, "keepers", lambda: [
         {"host": "root@10.0.0.2:22", "name": "a", "pid": 7, "age": 3.0, "idle_left": 597.0,

@@ -16,7 +16,8 @@ import yaml
 
 from outrig._box.agent.bench import conversation_prompt, parse_prompt_lines
 from outrig.errors import ConfigError
-from outrig.evaluation import (
+from outrig.evaluation.section import EvaluateSpec
+from outrig.evaluation.spec import (
     SERVER_FATAL,
     acceptance,
     bench_fields,
@@ -29,11 +30,16 @@ from outrig.evaluation import (
     settings_for,
     speculative_config,
 )
-from outrig.evaluation_section import EvaluateSpec
 from outrig.playbook import load_job, playbook_spec
+from outrig.recipes import eval_defaults
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
 PARAMS = {"workdir": "/w", "run_dir": "/w/runs/r1", "run_id": "r1"}
+
+
+def _defaults(job: Any) -> Any:
+    """What the playbook's recipe gives the evaluation (the op asks the same way)."""
+    return eval_defaults(job.spec.recipe, job.spec.recipe_section())
 
 
 def dflash_job(tmp_path: Path, evaluate: dict[str, Any] | None = None) -> Any:
@@ -53,7 +59,7 @@ def dflash_job(tmp_path: Path, evaluate: dict[str, Any] | None = None) -> Any:
 
 def test_dflash_defaults_come_from_the_dflash_section(tmp_path: Path) -> None:
     job = dflash_job(tmp_path)
-    settings, problems = settings_for(job.spec.evaluate, job.spec.dflash, PARAMS, "d.yaml")
+    settings, problems = settings_for(job.spec.evaluate, _defaults(job), PARAMS, "d.yaml")
     assert problems == [] and settings is not None
     assert settings.model == "/models/q"
     assert settings.speculative == {"method": "dflash", "num_speculative_tokens": 15}
@@ -80,7 +86,7 @@ def test_evaluate_keys_override_the_dflash_defaults(tmp_path: Path) -> None:
                                                 "prompt_lookup_max": 3},
                                 "server": {"gpus": [], "port": 9000, "entrypoint": "m.x",
                                            "extra_args": ["--dtype", "bfloat16"]}})
-    settings, problems = settings_for(job.spec.evaluate, job.spec.dflash, PARAMS, "d.yaml")
+    settings, problems = settings_for(job.spec.evaluate, _defaults(job), PARAMS, "d.yaml")
     assert problems == [] and settings is not None
     assert not settings.needs_checkpoint and settings.gpus == []
     assert settings.prompts.kind == "box" and settings.prompts.paths == ("eval.jsonl",)
@@ -99,7 +105,7 @@ def test_a_generic_playbook_names_every_missing_key() -> None:
 
 def test_run_dir_without_a_run_is_refused_with_the_fix(tmp_path: Path) -> None:
     job = dflash_job(tmp_path)
-    settings, problems = settings_for(job.spec.evaluate, job.spec.dflash, {"workdir": "/w"},
+    settings, problems = settings_for(job.spec.evaluate, _defaults(job), {"workdir": "/w"},
                                       "d.yaml")
     assert settings is None
     assert any("dflash.save_path" in p and "--run" in p for p in problems)
@@ -107,7 +113,7 @@ def test_run_dir_without_a_run_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 def test_the_server_playbook_is_a_valid_one_process_playbook(tmp_path: Path) -> None:
     job = dflash_job(tmp_path, {"server": {"gpus": [3]}})
-    settings, _ = settings_for(job.spec.evaluate, job.spec.dflash, PARAMS, "d.yaml")
+    settings, _ = settings_for(job.spec.evaluate, _defaults(job), PARAMS, "d.yaml")
     assert settings is not None
     raw = server_playbook("d", settings, None)
     spec = playbook_spec().model_validate(raw)
@@ -290,7 +296,7 @@ def capture(name: str) -> str:
 def test_counters_that_went_backwards_are_refused_naming_the_counter() -> None:
     """The reads swapped: what a server restart between them looks like (every counter
     lower after the requests). Before: drafts -80, acceptance length 3.0, recorded."""
-    from outrig.evaluation import CountersUnusable
+    from outrig.evaluation.spec import CountersUnusable
 
     with pytest.raises(CountersUnusable) as refused:
         measured(capture("after"), capture("before"))
@@ -306,7 +312,7 @@ def test_counters_that_went_backwards_are_refused_naming_the_counter() -> None:
 
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
 def test_counters_that_are_not_finite_are_refused(value: str) -> None:
-    from outrig.evaluation import CountersUnusable
+    from outrig.evaluation.spec import CountersUnusable
 
     after = re.sub(r"^(vllm:spec_decode_num_drafts_total\{[^}]*\}) \S+", rf"\1 {value}",
                    capture("after"), count=1, flags=re.M)
@@ -325,7 +331,7 @@ def test_a_junk_metrics_page_is_refused_not_called_speculation_off(
     from types import SimpleNamespace
 
     from outrig.console import Reporter
-    from outrig.evaluation import CountersUnusable
+    from outrig.evaluation.spec import CountersUnusable
     from outrig.ops.evaluate_document import document
 
     junk = "<html><body>502 Bad Gateway</body></html>\n"

@@ -4,9 +4,9 @@ interpreter and the file to write; the sends read that file)."""
 
 from __future__ import annotations
 
-from outrig.evaluation import bench_fields, settings_for
-from outrig.evaluation_section import EvaluateSpec
-from outrig.evaluations.datasets import Dataset, box_file, parse_dataset
+from outrig.evaluation.datasets import Dataset, box_file, parse_dataset
+from outrig.evaluation.section import EvaluateSpec
+from outrig.evaluation.spec import bench_fields, settings_for
 
 KEYS = ("--dataset", "--dataset-path", "evaluate.dataset_subset")
 

@@ -1,4 +1,4 @@
-"""``outrig evaluate``'s figures beyond the counters (outrig/evaluations/): percentiles,
+"""``outrig evaluate``'s figures beyond the counters (outrig/evaluation/): percentiles,
 latency, the per-request distribution, categories, the cached baseline's key, the flags on
 constructed cases (counters replayed from a real vLLM capture), the report and the card; the
 flags of the command; the smoke prompt set."""
@@ -14,18 +14,18 @@ import pytest
 from outrig._box.agent.bench import parse_prompt_lines, prompts_digest
 from outrig.cli.evaluate import flag_playbook, parse_ks
 from outrig.errors import ConfigError
-from outrig.evaluation import measured, settings_for, thinking_of
-from outrig.evaluation_section import EvaluateSpec
-from outrig.evaluations.baseline import baseline_key
-from outrig.evaluations.card import card_markdown
-from outrig.evaluations.causes import cliff_position, fastest, flags
-from outrig.evaluations.document import level_figures, side_summary, with_baseline
-from outrig.evaluations.figures import by_category, histogram, latency, per_request, percentile
-from outrig.evaluations.report import full_report
+from outrig.evaluation.baseline import baseline_key
+from outrig.evaluation.card import card_markdown
+from outrig.evaluation.causes import cliff_position, fastest, flags
+from outrig.evaluation.document import level_figures, side_summary, with_baseline
+from outrig.evaluation.figures import by_category, histogram, latency, per_request, percentile
+from outrig.evaluation.report import full_report
+from outrig.evaluation.section import EvaluateSpec
+from outrig.evaluation.spec import measured, settings_for, thinking_of
 from outrig.playbook import flag_job, load_job
 from tests.standins.metrics_replay import replay, zero
 
-SMOKE = Path(__file__).resolve().parents[2] / "outrig" / "evaluations" / "prompts" / "smoke.jsonl"
+SMOKE = Path(__file__).resolve().parents[2] / "outrig" / "evaluation" / "prompts" / "smoke.jsonl"
 
 
 def spec(accepted_hist: list[int], drafted: int) -> dict[str, Any]:
@@ -133,7 +133,7 @@ def test_the_baseline_key_is_the_same_for_another_checkpoint_only() -> None:
 
 def doc_from(before: str, after: str, **extra: Any) -> dict[str, Any]:
     """An evaluation document whose counters come from two replayed /metrics texts."""
-    from outrig.evaluation import acceptance
+    from outrig.evaluation.spec import acceptance
 
     return {**acceptance(measured(before, after)), "provenance": {}, **extra}
 
@@ -354,7 +354,7 @@ def test_train_eal_at_the_checkpoint_comes_from_the_runs_metric_series(tmp_path:
     from types import SimpleNamespace
 
     from outrig.journal import Journal
-    from outrig.metricstore import MetricStore
+    from outrig.metrics.store import MetricStore
     from outrig.ops.evaluate_document import train_eal
 
     log = (Path(__file__).resolve().parents[1] / "fixtures" / "h200x2-rehearsal" / "migrate"

@@ -316,7 +316,7 @@ def test_box_values_in_a_crash_verdict_cannot_start_a_line() -> None:
 
 
 def test_an_agent_error_cannot_start_a_line_of_its_own() -> None:
-    from outrig.agent_client import raise_for_result
+    from outrig.agent.client import raise_for_result
     from outrig.errors import RemoteError
 
     with pytest.raises(RemoteError) as caught:

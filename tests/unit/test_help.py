@@ -12,9 +12,9 @@ import pytest
 
 from outrig.cli import make_collection
 from outrig.cli.flags import friendly
+from outrig.cli.helptext import Option, description_lines, option_lines, value_name
 from outrig.console import Reporter
 from outrig.errors import ConfigError
-from outrig.helptext import Option, description_lines, option_lines, value_name
 from tests.support.cli import outrig
 
 TASKS = sorted(make_collection().task_names)

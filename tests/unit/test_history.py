@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from outrig.history import (
+from outrig.journal import Journal
+from outrig.run_history import (
     RECENT,
     HostView,
     chosen,
@@ -18,7 +19,6 @@ from outrig.history import (
     run_row,
     seen_from_status,
 )
-from outrig.journal import Journal
 
 NOW = 1_800_000_000.0
 WIDTH = 80

@@ -93,9 +93,9 @@ def test_a_malformed_groups_file_says_where_and_how(tmp_path: Path, doc: object,
 
 
 def test_one_host_commands_refuse_a_selection(tmp_path: Path) -> None:
+    from outrig.cli.settings import Settings
     from outrig.hostgroups import names_several
     from outrig.session import Project
-    from outrig.settings import Settings
 
     hosts = _hosts(tmp_path, ["a", "b"], {"groups": {"pair": ["a", "b"]}})
     assert [names_several(v, hosts) for v in ("a", "a,b", "pair", "all")] == [

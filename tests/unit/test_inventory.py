@@ -88,8 +88,8 @@ def test_the_starter_host_file_is_refused_before_any_connection_naming_the_file(
     """`outrig init` writes hostname: 203.0.113.10 (an address reserved for documentation):
     resolving and planning against it work, contacting it is refused with the file to edit,
     before a connection (or a keeper for one) is attempted."""
-    from outrig.connectors.kept import keepers
-    from outrig.starter import write_starter
+    from outrig.cli.starter import write_starter
+    from outrig.connectors.keeper.client import keepers
     from outrig.transport import transport_for
 
     write_starter(tmp_path)

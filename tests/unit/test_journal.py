@@ -16,8 +16,8 @@ import pytest
 
 from outrig.errors import LocalWriteError
 from outrig.journal import Journal, journal_write_failed, private_state_dir
-from outrig.logmirror import MirrorStore
-from outrig.logtail import Cursor
+from outrig.logs.mirror import MirrorStore
+from outrig.logs.tail import Cursor
 
 
 def mode(path: Path) -> int:

@@ -1,5 +1,5 @@
 """Where the warm connection's idle time comes from, and which connector the ``ssh`` row
-builds (connectors/kept.py); no box needed."""
+builds (connectors/keeper/client.py); no box needed."""
 
 from __future__ import annotations
 
@@ -9,21 +9,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outrig.connectors.keeper_wire import UnsafePlace, key_of, private_dir
-from outrig.connectors.kept import (
+from outrig.cli.settings import settings_for
+from outrig.connectors.keeper.client import (
     DEFAULT_KEEP_SECONDS,
     KEEP_ENV,
     KeptTransport,
     keep_seconds_for,
     ssh_connector,
 )
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.keeper.wire import UnsafePlace, key_of, private_dir
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.session import HostSession
-from outrig.settings import settings_for
 from outrig.transport import transport_for
 
 BOX = Host(name="box", hostname="10.0.0.5", workdir="/w", port=2222, user="u")

@@ -1,4 +1,4 @@
-"""The keepers' hosting process (outrig/connectors/keeper_launch.py ``host``) ends on SIGTERM
+"""The keepers' hosting process (outrig/connectors/keeper/launch.py ``host``) ends on SIGTERM
 while its launcher is still there, also on a burst of them: the handler only sets an event
 (a handler that took the keepers' lock could run again, on the same thread, while the first
 one held it, and sleep on it for good)."""
@@ -13,7 +13,7 @@ import sys
 import time
 
 HOST = ("import socket, sys\n"
-        "from outrig.connectors.keeper_launch import host\n"
+        "from outrig.connectors.keeper.launch import host\n"
         "sys.exit(host(socket.socket(fileno=0)))\n")
 
 

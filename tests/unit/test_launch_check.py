@@ -1,11 +1,11 @@
-"""The pre-launch rules (outrig/evaluations/launch_check.py) on constructed probe reports:
+"""The pre-launch rules (outrig/evaluation/launch_check.py) on constructed probe reports:
 which refusal is raised, with which key and fix, and how a server's argv is read."""
 
 from __future__ import annotations
 
 import json
 
-from outrig.evaluations.launch_check import launch_problems, server_python, speculative_model
+from outrig.evaluation.launch_check import launch_problems, server_python, speculative_model
 
 
 def env(version: str = "0.34.0", removed: bool | None = True,

@@ -10,7 +10,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from outrig.connectors.ssh import auth_refused, handshake_phase
+from outrig.connectors.ssh.transport import auth_refused, handshake_phase
 from outrig.errors import ConnectError, LinkLost
 from outrig.session import RERUN_SAFE_OPS, link_retry_allowed
 from outrig.timing import retry_pause

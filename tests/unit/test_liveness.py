@@ -13,7 +13,7 @@ import pytest
 
 from outrig import transport as transport_module
 from outrig.connectors.local import LocalTransport
-from outrig.connectors.ssh import SSHTransport
+from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectRefused
 from outrig.health import Limits, Observation

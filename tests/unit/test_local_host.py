@@ -62,7 +62,7 @@ OLD_PYTHON = Path("/root/.pyenv/versions/3.7.16/bin/python")
 def test_too_old_python_on_the_box_is_named_with_the_fix(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from outrig.agent_client import AgentCall
+    from outrig.agent.client import AgentCall
     from outrig.connectors.local import LocalTransport
     from outrig.errors import RemoteError
     from outrig.inventory import resolve_host

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from outrig._box.agent import follow as box_follow
-from outrig.logmirror import MirrorStore
-from outrig.logtail import (
+from outrig.logs.mirror import MirrorStore
+from outrig.logs.tail import (
     Chunk,
     Cursor,
     FramingError,

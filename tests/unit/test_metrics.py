@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from outrig.journal import Journal
-from outrig.logmirror import mirror_root
-from outrig.metrics import (
+from outrig.logs.mirror import mirror_root
+from outrig.metrics.series import (
     LOSS,
     Clock,
     Point,
@@ -28,7 +28,7 @@ from outrig.metrics import (
     tail_points,
     thin,
 )
-from outrig.metricstore import MetricStore, loss_trends, remember_samples
+from outrig.metrics.store import MetricStore, loss_trends, remember_samples
 from outrig.progress import Progress, summary
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -311,7 +311,7 @@ def test_the_trend_stays_small_for_a_long_run(tmp_path: Path) -> None:
     journal = Journal(tmp_path)
     make_run(journal, "r1", "uk-node", None)
     store = MetricStore(journal, "r1")
-    from outrig.metricstore import TREND_KEEP, add_trend
+    from outrig.metrics.store import TREND_KEEP, add_trend
 
     state: dict[str, Any] = {}
     for chunk in range(20):

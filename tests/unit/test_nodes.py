@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, PlanError
@@ -19,17 +18,17 @@ from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
 from outrig.ops.nodes import (
     NodeRun,
-    NodeSeen,
     deploy_nodes,
     find_job,
-    judge_node,
     node_run_id,
     node_state,
     select_nodes,
 )
+from outrig.ops.nodes_watch import NodeSeen, judge_node
 from outrig.plan import HostFacts, NodePlace, builtin_params, make_plan
 from outrig.playbook import load_job
 from outrig.session import Project
+from tests.support.hosts import write_host_file
 
 TORCHRUN = ("torchrun --nnodes ${nnodes} --node-rank ${node_rank} --rdzv-backend c10d "
             "--rdzv-endpoint ${head_host}:${rdzv_port} --rdzv-id ${job_id} -m train")
@@ -44,9 +43,7 @@ def playbook(tmp_path: Path, head: str, gpus: list[int] | None = None) -> Path:
 
 
 def host_file(root: Path, name: str, **fields: object) -> None:
-    data = {"hostname": "127.0.0.1", "workdir": f"/w/{name}", **fields}
-    (root / "hosts").mkdir(parents=True, exist_ok=True)
-    (root / "hosts" / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    write_host_file(root, name, **{"hostname": "127.0.0.1", "workdir": f"/w/{name}", **fields})
 
 
 # ------------------------------------------------------------------------------ the key

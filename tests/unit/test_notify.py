@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from outrig.cli.settings import Settings
 from outrig.errors import ConfigError
 from outrig.notify import Notifier, hook_argv
 from outrig.session import Project
-from outrig.settings import Settings
 from tests.support.processes import wait_gone
 
 

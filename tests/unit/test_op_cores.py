@@ -120,6 +120,7 @@ def test_deploy_records_a_recorded_placement_refusal_as_failed(tmp_path: Path) -
         finally:
             session.close()
     assert live.value.kind == "port_busy"
+    assert live.value.exit_code == 2  # refused before anything started: bad input
     assert [e.get("event") for e in recorder.calls[0].events()][-1] == "result"
 
     other = Journal(tmp_path / "other")

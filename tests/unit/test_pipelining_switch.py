@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from outrig.connectors.pipelined_login import PIPELINE_ENV, pipelining_wanted
+from outrig.connectors.ssh.pipelined_login import PIPELINE_ENV, pipelining_wanted
 from outrig.errors import ConfigError
 
 
@@ -40,7 +40,7 @@ def test_the_installed_paramiko_has_every_private_part_the_pipelined_login_uses(
     from paramiko.auth_handler import AuthHandler
     from paramiko.channel import Channel
 
-    from outrig.connectors.pipelined_login import missing_private_api
+    from outrig.connectors.ssh.pipelined_login import missing_private_api
     assert missing_private_api({"AuthHandler": AuthHandler, "Transport": paramiko.Transport,
                                 "Channel": Channel}) == []
 

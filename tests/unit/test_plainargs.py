@@ -1,4 +1,4 @@
-"""Plain command lines (outrig/plainargs.py) are read exactly as Invoke reads them: for every
+"""Plain command lines (outrig/cli/plainargs.py) are read exactly as Invoke reads them: for every
 task, each of its flags in each form, the keyword arguments the task is called with are the
 ones Invoke's parser gives; anything else is left to Invoke (None); the config a plain call
 gets holds what Invoke's would; and a plain command imports no Invoke."""
@@ -15,9 +15,9 @@ import pytest
 from invoke.parser.context import to_flag
 
 from outrig.cli import TASKS, make_collection
-from outrig.plainargs import PlainConfig, config_files, plain_call
-from outrig.settings import SETTINGS
-from outrig.taskspec import TaskSpec
+from outrig.cli.plainargs import PlainConfig, config_files, plain_call
+from outrig.cli.taskspec import TaskSpec
+from outrig.project_file import SETTINGS
 
 NONE: list[Path] = []  # no Invoke config file
 
@@ -111,7 +111,7 @@ def test_the_config_files_are_the_ones_invoke_loads(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Each path config_files names, written with a value, is read by Invoke's config (the
     user's ones: /etc is not ours to write)."""
-    from outrig.program import OutrigConfig
+    from outrig.cli.invoke_program import OutrigConfig
 
     monkeypatch.setenv("HOME", str(tmp_path))
     user = [p for p in config_files() if str(p).startswith(str(tmp_path))]
@@ -132,7 +132,7 @@ def test_the_config_files_are_the_ones_invoke_loads(tmp_path: Path,
 def test_the_plain_config_holds_what_invokes_would(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With no config file, Invoke's config for outrig's keys is the OUTRIG_* variables."""
-    from outrig.program import OutrigConfig
+    from outrig.cli.invoke_program import OutrigConfig
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert not any(p.exists() for p in config_files()), "this machine has an Invoke config"

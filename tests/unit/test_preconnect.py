@@ -1,4 +1,4 @@
-"""The early connect (outrig/connectors/preconnect.py): the banner sent ahead is written once,
+"""The early connect (outrig/connectors/ssh/preconnect.py): the banner sent ahead is written once,
 a failure is kept for the attempt that takes it (where the SSH configuration lets it start:
 tests/unit/test_ssh_config.py)."""
 
@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from outrig.connectors.preconnect import (
+from outrig.connectors.ssh.preconnect import (
     CLIENT_BANNER,
     BannerSentSocket,
     EarlyConnect,

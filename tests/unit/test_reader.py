@@ -1,4 +1,4 @@
-"""The one channel reader (outrig/reader.py): how every agent stream ends, decided once.
+"""The one channel reader (outrig/agent/reader.py): how every agent stream ends, decided once.
 
 Channels here are replayed (tests/support/replay.py): what a stream ends with is set by the
 recording, so each ending is shown without a box, a link or a wait."""
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from outrig.agent.reader import ChannelReader, take_events
 from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError
 from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.ops.logs import tail_logs
-from outrig.reader import ChannelReader, take_events
 from outrig.session import Project
 from outrig.transport import AgentChannel
 from tests.support.replay import Recording, ReplayConnector, save
@@ -131,8 +131,8 @@ def test_the_keepers_word_on_a_lost_request_is_the_errors_cause_and_its_silence_
     import json
     import socket
 
-    from outrig.connectors.keeper_wire import send_frame
-    from outrig.connectors.kept import _KeptChannel
+    from outrig.connectors.keeper.client import _KeptChannel
+    from outrig.connectors.keeper.wire import send_frame
 
     for why, silent in (("the kept SSH link gave no answer to a keepalive within 5 s", True),
                         ("the box's live agent ended: killed, or its channel closed", False)):

@@ -127,3 +127,43 @@ def test_a_recipe_named_like_a_playbook_key_is_refused_when_the_schema_is_built(
     finally:
         recipes.unregister(clash.name)
     assert load_job(write(tmp_path, {"processes": {"a": {"command": "true"}}})).spec.processes
+
+
+def test_evaluate_takes_its_defaults_through_the_recipe_hook(tmp_path: Path) -> None:
+    """The evaluation names no recipe: a registered recipe's ``eval_defaults`` and
+    ``drafter_method`` give the verifier, the drafter's method and the server, and a method
+    whose drafter is its checkpoint waits for one."""
+    import dataclasses
+
+    from outrig.evaluation.spec import settings_for
+
+    def defaults(section: example_recipe.EchoSpec) -> recipes.EvalDefaults:
+        return recipes.EvalDefaults(
+            key="echo", model=f"/models/{section.message}",
+            speculative={"method": "echo-draft", "num_speculative_tokens": 3},
+            save_path="${run_dir}/ckpt", prompt_data=("${workdir}/chats.jsonl",),
+            prompt_data_key="echo.data", python=section.python, gpus=(2, 3),
+            max_model_len=4096, env={"A": 1}, server_args=(), scheduler=False, seq_length=512)
+
+    recipe = recipes.register(dataclasses.replace(example_recipe.RECIPE, eval_defaults=defaults,
+                                                  drafter_method="echo-draft"))
+    try:
+        assert "echo-draft" in recipes.drafter_methods()
+        job = load_job(write(tmp_path, {"name": "echo", "recipe": "echo",
+                                        "echo": {"message": "m", "python": "/venv/bin/python"}}))
+        given = recipes.eval_defaults(job.spec.recipe, job.spec.recipe_section())
+        settings, problems = settings_for(job.spec.evaluate, given,
+                                          {"run_dir": "/w/runs/r1", "workdir": "/w"}, "e.yaml")
+    finally:
+        recipes.unregister(recipe.name)
+    assert problems == [] and settings is not None
+    assert settings.model == "/models/m"
+    assert settings.speculative == {"method": "echo-draft", "num_speculative_tokens": 3}
+    assert settings.needs_checkpoint and settings.save_path == "/w/runs/r1/ckpt"
+    assert (settings.python, settings.gpus, settings.max_model_len) == ("/venv/bin/python",
+                                                                        [2, 3], 4096)
+    assert settings.env == {"A": "1"} and settings.scheduler is False
+    assert settings.prompts.kind == "conversations"
+    assert settings.prompts.paths == ("${workdir}/chats.jsonl",)
+    assert settings.training_seq_length == 512
+    assert "echo-draft" not in recipes.drafter_methods(), "unregistered: its method is gone"

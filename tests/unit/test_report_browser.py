@@ -21,7 +21,7 @@ import pytest
 
 from outrig.console import Reporter
 from outrig.journal import Journal
-from outrig.metricstore import remember_samples
+from outrig.metrics.store import remember_samples
 from outrig.notify import Notifier
 from outrig.ops.metrics import write_report
 from outrig.ops.watch_record import WatchRecord, watch_file
@@ -187,3 +187,48 @@ def test_a_series_with_extreme_values_is_still_drawn(browser: Browser, tmp_path:
     note = browser.evaluate("[...document.querySelectorAll('.chart p.meta')]"
                             ".map(p => p.textContent)")
     assert any("2 value(s) beyond ±1e+150 not drawn" in text for text in note), note
+
+
+def test_a_run_without_times_is_drawn_over_the_step_only(browser: Browser,
+                                                         tmp_path: Path) -> None:
+    """A trainer that prints no timestamps: every "over time" panel said `no values`, half a
+    row each, and the timeline showed 2 of its 20 checkpoint and epoch lines. Now the page
+    draws each metric over the step, says once why there is no time axis, and lists every
+    event."""
+    from tests.unit.test_report_cli import UNTIMED
+
+    journal = Journal(tmp_path / "state")
+    make_run(journal, "plain", "uk-node", None).write_text(UNTIMED)
+    out = tmp_path / "plain.html"
+    write_report(Reporter(quiet=True), ["plain"], output=str(out), journal=journal)
+    state = open_report(browser, out)
+    assert state["done"] and state["errors"] == [] and browser.console_errors() == []
+    assert [c["id"] for c in state["charts"]] == ["c0-step"]
+    assert state["charts"][0]["drawn"] and state["charts"][0]["points"] == 20
+    page = browser.evaluate("document.body.innerText")
+    assert "no values" not in page
+    assert "Over time: not drawn." in page
+    assert state["events"] == state["rows"] == 21  # the deploy, 16 checkpoints, 4 epochs
+    shot = artefacts(tmp_path) / "report-untimed.png"
+    assert browser.screenshot(shot, height=900)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_log_draws_the_metrics_on_a_log_scale(browser: Browser, tmp_path: Path) -> None:
+    """`report --log`: every metric chart's y axis is log10 (uPlot's distr 3), the GPU charts
+    stay linear, and a value a log axis cannot place is named under its chart."""
+    journal = Journal(tmp_path / "state")
+    log = make_run(journal, "decay", "uk-node", None)
+    log.write_text("".join(f"[08:31:{10 + step:02d}] INFO     train/loss={value}, "
+                           f"global_step={step}\n"
+                           for step, value in enumerate(["10", "1", "0.1", "0.01", "0"])))
+    out = tmp_path / "decay.html"
+    write_report(Reporter(quiet=True), ["decay"], output=str(out), journal=journal, log=True)
+    state = open_report(browser, out)
+    assert state["done"] and state["errors"] == [] and browser.console_errors() == []
+    logged = browser.evaluate("JSON.stringify(window.outrigReport.charts.map(c => c.log))")
+    assert json.loads(logged) == [True, True]  # the loss over step and over time
+    drawn = {c["id"]: c for c in state["charts"]}
+    assert drawn["c0-step"]["drawn"] and drawn["c0-step"]["points"] == 4  # the 0 left out
+    page = browser.evaluate("document.body.innerText")
+    assert "train/loss (log scale)" in page
+    assert "decay train/loss: 1 value(s) ≤ 0 not drawn on the log scale" in page

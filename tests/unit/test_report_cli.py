@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from outrig.journal import Journal
-from outrig.metrics import LOSS
-from outrig.termplot import Curve, plot_lines
+from outrig.metrics.series import LOSS
+from outrig.metrics.termplot import Curve, plot_lines
 from tests.support.cli import outrig
 from tests.unit.test_metrics import H200, MIGRATE, START, make_run, metric_lines
 
@@ -184,7 +184,7 @@ def test_evaluated_checkpoints_are_a_series_beside_train_eal(
     """Two evaluations of the old run's checkpoints (and one of a checkpoint evaluated again:
     the newer counts): ``served/acceptance_length`` at the checkpoints' global steps in
     metrics, on train/eal's chart in the report and the plot."""
-    from outrig.evaluations.served import SERVED
+    from outrig.evaluation.served import SERVED
 
     for eval_id, at, step, length in (("e1", 1.0, 2, 1.5), ("e2", 2.0, 5, 1.1),
                                       ("e3", 3.0, 5, 1.25)):
@@ -274,7 +274,7 @@ def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
     """plot hands plotext at most two rows per dot of width (each bucket's lowest and
     highest): a million points are not drawn one by one, and a spike must not be thinned
     away."""
-    from outrig.termplot import envelope
+    from outrig.metrics.termplot import envelope
 
     rows = [(s, 1.0 + (s % 7) * 1e-3) for s in range(100_000)]
     rows[54_321] = (54_321, 9.0)
@@ -284,3 +284,62 @@ def test_a_chart_of_many_points_keeps_each_spike_and_the_ends() -> None:
     assert (54_321, 9.0) in kept and (77_777, -3.0) in kept
     assert [s for s, _ in kept] == sorted(s for s, _ in kept)
     assert envelope(rows[:50], 160) == rows[:50]
+
+
+UNTIMED = "".join(
+    [f"Training epoch {e}/2 started\n"
+     + "".join(f"train/loss={2.0 / (1 + 10 * e + s):.4f}, global_step={10 * e + s}\n"
+               for s in range(1, 11))
+     + "".join(f"Checkpoint saved to /ckpt/{e}/{k}\n" for k in range(8))
+     + f"Training epoch {e}/2 completed\n" for e in range(2)])
+
+
+def test_the_timeline_keeps_log_events_of_a_trainer_that_prints_no_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer that prints no timestamps: its 16 checkpoints and 4 epoch lines were left
+    out of the report's timeline (only events with a time were kept). Each is kept, in
+    the log's order, saying that no time was printed."""
+    from outrig.console import Reporter
+    from outrig.ops.metrics import write_report
+
+    journal = Journal(tmp_path / "state")
+    make_run(journal, "plain", "uk-node", None).write_text(UNTIMED)
+    out = tmp_path / "plain.html"
+    write_report(Reporter(quiet=True), ["plain"], output=str(out), journal=journal)
+    data = json.loads(re.search(r'id="outrig-data">(.*?)</script>', out.read_text(), re.S)
+                      .group(1).replace("\\u003c", "<").replace("\\u003e", ">")
+                      .replace("\\u0026", "&"))
+    kinds = [e["kind"] for e in data["events"]]
+    assert kinds.count("checkpoint") == 16 and kinds.count("epoch") == 4, kinds
+    logged = [e for e in data["events"] if e["kind"] in ("checkpoint", "epoch")]
+    assert [e["text"] for e in logged][:2] == ["epoch 0/2 started", "/ckpt/0/0"]
+    assert all(e["t"] is None and e["when"] == "no time printed" for e in logged), logged[0]
+    steps = [e["step"] for e in logged if e["step"] is not None]
+    assert steps == sorted(steps)
+    assert data["events"][0]["kind"] == "deploy"  # the timed ones first, by time
+
+
+def test_plot_log_keeps_the_end_of_a_loss_falling_over_decades_readable() -> None:
+    """`plot` drew the loss on a linear scale only: a loss falling from 10 to 1e-11 lay flat
+    on the bottom line for its whole second half. With `--log` the second half still climbs
+    down the chart, the title says the scale, and the value a log axis cannot place (0) is
+    named under the chart (and the sparkline of the table follows the log too)."""
+    rows = [(s, 10.0 * 0.5 ** s) for s in range(40)] + [(40, 0.0)]
+    curve = [(LOSS, [Curve("r", LOSS, rows)])]
+
+    def rows_of_second_half(lines: list[str]) -> int:
+        plain = [ANSI.sub("", line) for line in lines]
+        body = [m.group(1) for line in plain if (m := re.match(r"^[^┤│]*[┤│](.*)│\s*$", line))]
+        return sum(1 for line in body if re.search("[\u2801-\u28ff]", line[len(line) // 2:]))
+
+    linear = plot_lines(curve, 80, colour=True)
+    log = plot_lines(curve, 80, colour=True, log=True)
+    assert rows_of_second_half(linear) <= 2
+    assert rows_of_second_half(log) >= 5
+    plain = [ANSI.sub("", line) for line in log]
+    assert any(line.strip() == f"{LOSS} (log scale)" for line in plain)
+    assert plain[-1].strip() == "r: 1 value(s) ≤ 0 not drawn on the log scale"
+    table = plot_lines(curve, 80, colour=False, log=True)
+    assert table[0] == f"{LOSS} (log scale)" and max(len(line) for line in table) <= 80
+    spark = table[1].split()[2]
+    assert len(set(spark)) >= 6  # on a linear scale it is one full block, then the floor

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from outrig import agent_client
+from outrig.agent import client as agent_client
 from outrig.agent_code import serve
-from outrig.connectors.live import serve_argv
+from outrig.connectors.keeper.live import serve_argv
 from tests.support.processes import alive, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]

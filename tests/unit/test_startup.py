@@ -1,5 +1,5 @@
 """Start-up: ``outrig --version``, ``--help``, ``--list`` (and ``outrig`` alone) are answered
-before Invoke is imported (outrig/launcher.py), from the same task table, options and layout
+before Invoke is imported (outrig/cli/launcher.py), from the same task table, options and layout
 as the Invoke program's answers; a command that is parsed imports Invoke and the task table,
 and the console (rich), the playbook models (pydantic), SSH (paramiko), the planner and the
 recipes only when a task runs. Asserted on the modules a fresh interpreter holds (which, and
@@ -20,7 +20,7 @@ from tests.support.cli import outrig
 
 HEAVY = ("rich", "pydantic", "paramiko", "fabric", "outrig.plan", "outrig.recipes",
          "outrig.console", "outrig.playbook", "outrig.session", "outrig.ops")
-BEFORE_INVOKE = ("invoke", "yaml", "outrig.program")  # what the launcher answers without
+BEFORE_INVOKE = ("invoke", "yaml", "outrig.cli.invoke_program")  # what the launcher answers without
 
 PROBE = """
 import json, sys
@@ -93,7 +93,7 @@ def test_a_task_that_runs_does_import_them() -> None:
 def test_the_launchers_answer_is_the_invoke_programs(
         args: list[str], capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the launcher prints is what Invoke's program (outrig/program.py, parsing the
+    """What the launcher prints is what Invoke's program (outrig/cli/invoke_program.py, parsing the
     same command line) prints: the same tasks, summaries, options and layout."""
     monkeypatch.setenv("COLUMNS", "80")
     code, out, err = outrig(args, capsys, version=program.version)

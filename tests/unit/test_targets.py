@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from outrig import playbook as playbooks
+from outrig.cli.settings import Settings
 from outrig.cli.targets import (
     NodeJob,
     OneHost,
@@ -25,7 +26,6 @@ from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.journal import Journal
 from outrig.session import Project
-from outrig.settings import Settings
 
 
 @pytest.fixture
