@@ -30,6 +30,7 @@ next to the code that raises them are marked with their module)::
     ├── MoveStopped                     outrig.ops.migrate: the move's other branch failed
     ├── NodesFailed                     outrig.ops.nodes: a node of a multi-node job failed
     ├── EvaluationFailed                outrig.ops.evaluate: requests failed on the server
+    │   └── CheckpointRewritten         outrig.ops.evaluate: the trainer rewrote it meanwhile
     ├── CountersUnusable                outrig.evaluation.spec: /metrics went back, NaN, or junk
     ├── ProviderError                   outrig.providers.base: a provider's API failed a call
     │   ├── NoCapacity                  outrig.providers.base: the offer is taken; retried

@@ -217,6 +217,7 @@ def make_plan(job: Job, host: Host, facts: HostFacts, run_id: str,
             "processes: to deploy")
     _check_after(job, plan)
     _check_gpus(job, plan, facts)
+    _check_set_aside(job, plan, facts)
     _check_parallel(job, plan)
     _check_launchers(job, plan)
     plan.order = _start_order(spec.processes)
@@ -466,6 +467,33 @@ def _check_gpus(job: Job, plan: Plan, facts: HostFacts) -> None:
                     f"{plan.host}, which has {facts.gpu_count} GPU(s) ({have}; {facts.source}). "
                     "Use an index that exists or another host."
                 )
+
+
+def _check_set_aside(job: Job, plan: Plan, facts: HostFacts) -> None:
+    """``evaluate.during_training.gpus``: set aside for the evaluation server while training
+    goes on, so no process of the run may have one (the server would starve the trainer of
+    memory, or be refused as holding a GPU of a running run), and each must exist."""
+    during = job.spec.evaluate.during_training if job.spec.evaluate else None
+    if during is not None and during.host == plan.host:
+        plan.problems.append(
+            f"{job.where(('evaluate', 'during_training', 'host'))}: {during.host} is the box "
+            "the run trains on; name a second box, or set aside GPUs of this one (gpus: [...])")
+    if during is None or not during.gpus:
+        return
+    where = job.where(("evaluate", "during_training", "gpus"))
+    for name, proc in job.spec.processes.items():
+        shared = sorted(set(proc.gpus) & set(during.gpus))
+        if shared:
+            plan.problems.append(
+                f"{where}: GPU(s) {shared} are set aside for evaluating checkpoints but "
+                f"{name} runs on them too; set aside GPUs no process of the run uses, or "
+                "evaluate on a second box (host: H)")
+    if facts.gpu_count is not None:
+        missing = [g for g in during.gpus if g >= facts.gpu_count]
+        if missing:
+            plan.problems.append(
+                f"{where}: GPU(s) {missing} do not exist on {plan.host}, which has "
+                f"{facts.gpu_count} GPU(s) ({facts.source}); set aside GPUs it has")
 
 
 def _check_parallel(job: Job, plan: Plan) -> None:

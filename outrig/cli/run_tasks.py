@@ -412,7 +412,9 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
     vLLM's counters frozen with requests queued, a stopped process), confirmed as the
     playbook's hang: section says, is a hung event, then a restart, else a move. A GPU
     turning bad during the run (uncorrectable ECC errors, a row remap, a fatal Xid) is a
-    gpu_unhealthy event. Events go to the on_event hook; its
+    gpu_unhealthy event. With the playbook's evaluate.during_training, each new complete
+    checkpoint is evaluated on vLLM (on GPUs set aside, or a second box) while training goes
+    on, one at a time, and its acceptance length printed. Events go to the on_event hook; its
     state lives in the journal, so a restarted watch carries on. See docs/watch.md.
 
     A multi-node job (--run JOB): a node failing stops the others; with --spare, a node

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 EnvMap = dict[str, str | int | float | bool]
 BOX_PREFIX = "box:"  # prompts read on the box rather than pushed from the workstation
@@ -50,6 +50,40 @@ class EvalServerSpec(_Section):
             if len(set(value)) != len(value):
                 raise ValueError(f"{value} lists a GPU twice")
         return value
+
+
+class DuringTrainingSpec(_Section):
+    """``evaluate.during_training``: each new complete checkpoint evaluated while training goes
+    on, driven by ``outrig watch`` (docs/evaluate.md "During training"). The evaluation needs
+    hardware of its own: GPUs of the training box that no process of the run uses (the
+    planner checks), or a second box."""
+
+    every: Literal["checkpoint", "epoch"] = Field(
+        "checkpoint", description="checkpoint: each new complete save (mid-epoch ones too); "
+        "epoch: only the end-of-epoch saves")
+    gpus: list[int] | None = Field(None, description="GPUs of the training box set aside for "
+                                   "the evaluation server ([] on a CPU-only vLLM build)")
+    host: str | None = Field(None, min_length=1, description="a second box (its host file "
+                             "name) that serves the evaluation; the verifier and each "
+                             "checkpoint are staged there from the training box")
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_ok(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if any(g < 0 for g in value):
+                raise ValueError("GPU indices are 0 or more")
+            if len(set(value)) != len(value):
+                raise ValueError(f"{value} lists a GPU twice")
+        return value
+
+    @model_validator(mode="after")
+    def _where(self) -> DuringTrainingSpec:
+        if (self.gpus is None) == (self.host is None):
+            raise ValueError("say where the evaluation runs: gpus: [GPUs of the training box "
+                             "no process of the run uses] or host: A_SECOND_BOX, not both "
+                             "and not neither")
+        return self
 
 
 class EvaluateSpec(_Section):
@@ -95,6 +129,9 @@ class EvaluateSpec(_Section):
         "auto", description="--per-request-spec-decode-metrics for the speculative server: "
         "auto turns summary on where the box's vLLM has the flag")
     server: EvalServerSpec = Field(default_factory=lambda: EvalServerSpec())
+    during_training: DuringTrainingSpec | None = Field(
+        None, description="evaluate each new complete checkpoint while training goes on "
+        "(outrig watch drives it)")
 
     @field_validator("concurrency")
     @classmethod

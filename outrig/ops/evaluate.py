@@ -41,6 +41,7 @@ from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.evaluate_document import document
 from outrig.ops.evaluate_serving import (
+    CheckpointRewritten,
     EvaluationFailed,
     baselines,
     box_facts,
@@ -56,7 +57,7 @@ from outrig.session import HostSession, Project, host_session
 
 _CHECK_KINDS = ("bad_request", "not_found")
 SMOKE_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "prompts" / "smoke.jsonl"
-__all__ = ["EvaluationFailed", "compare", "evaluate", "evaluate_on"]
+__all__ = ["CheckpointRewritten", "EvaluationFailed", "compare", "evaluate", "evaluate_on"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Options:
     command: tuple[str, ...] = ()  # the command line, for the card's "reproduce"
     dataset: str | None = None  # --dataset spec_bench|speed_bench[:CATEGORY]
     dataset_path: str | None = None  # --dataset-path PATH (on the box)
+    gpus: tuple[int, ...] | None = None  # evaluate.during_training.gpus: the server's GPUs
 
 
 def evaluate(project: Project, host_spec: str, playbook: str | Job, reporter: Reporter,
@@ -92,6 +94,8 @@ def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, A
     run = training_run(session, job, options.run_id)
     settings = resolve(session, job, run, requests=options.requests, baseline=options.baseline)
     settings = with_dataset(settings, options.dataset, options.dataset_path)
+    if options.gpus is not None:
+        settings = dataclasses.replace(settings, gpus=list(options.gpus))
     inline = local_prompts(session.project, job, settings)
     ckpt = find_checkpoint(session, settings, options.checkpoint)
     digest = check_prompts(session, settings, inline)
@@ -99,7 +103,8 @@ def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, A
     facts = box_facts(session, settings, ckpt.get("path") if ckpt else None)
     per_request, note = per_request_level(settings, facts)
     # the servers' plans, progress and stop reports go to stderr: stdout holds the result
-    quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=session.reporter.gpu_table)
+    quiet = Reporter(json_mode=False, out=sys.stderr, gpu_table=session.reporter.gpu_table,
+                     quiet=session.reporter.quiet, err=session.reporter.err)
     sides = []
     for k in options.ks or (None,):
         speculative = speculative_config(settings, ckpt.get("path") if ckpt else None)
@@ -110,6 +115,7 @@ def evaluate_on(session: HostSession, job: Job, options: Options) -> dict[str, A
                                     per_request))
     base, base_side = baselines(session, job, settings, inline, quiet, facts, digest,
                                 options.fresh)
+    unchanged(session, settings, ckpt)
     doc = document(session, job, run, settings, ckpt, sides, base, base_side,
                    facts={**facts, "prompts_sha256": digest, "per_request_note": note},
                    command=list(options.command))
@@ -275,6 +281,34 @@ def find_checkpoint(session: HostSession, settings: EvalSettings,
         chosen = newest
     return {"path": chosen.path, "epoch": chosen.epoch, "local_step": chosen.local_step,
             "global_step": chosen.global_step, "order_text": order_text(chosen.order)}
+
+
+def unchanged(session: HostSession, settings: EvalSettings,
+              ckpt: dict[str, Any] | None) -> None:
+    """A numbered checkpoint still holds the state it held when it was chosen: speculators
+    rewrites ``<save>/<epoch>/`` in place at each mid-epoch save, and vLLM reads the folder
+    while it starts, so a save in between leaves unknown which state was measured. States
+    only advance, so the same state after the measurement as before it proves the one
+    loaded. Raises :class:`CheckpointRewritten` (nothing is recorded) when it moved on."""
+    if not ckpt or not isinstance(ckpt.get("epoch"), int):
+        return
+    path = str(ckpt["path"]).rstrip("/")
+    listing = session.call("checkpoints", stream=False, save_path=path.rpartition("/")[0] or "/",
+                           scheduler=settings.scheduler)
+    now = next((c for c in assess(listing) if c.path.rstrip("/") == path), None)
+    before = (ckpt["epoch"], ckpt.get("local_step"), ckpt.get("global_step"))
+    if now is not None and now.complete and (now.epoch, now.local_step,
+                                             now.global_step) == before:
+        return
+    later = "gone" if now is None else (order_text(now.order) + (
+        f", global step {now.global_step}" if now.global_step is not None else "")
+        if now.complete else f"being written ({now.why})")
+    raise CheckpointRewritten(
+        f"checkpoint {path} was rewritten by the trainer while it was evaluated: it held "
+        f"{ckpt.get('order_text')} (global step {ckpt.get('global_step')}) when the server "
+        f"started, and now {later}; which of them vLLM loaded is unknown, so nothing was "
+        "recorded. Evaluate it again, or evaluate end-of-epoch checkpoints, which are never "
+        "rewritten (evaluate.during_training.every: epoch)")
 
 
 def exported_checkpoint(session: HostSession, path: str) -> dict[str, Any]:

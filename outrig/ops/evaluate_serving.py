@@ -32,6 +32,11 @@ class EvaluationFailed(OutrigError):
     """The server answered with errors, or counted nothing: the numbers would mislead."""
 
 
+class CheckpointRewritten(EvaluationFailed):
+    """The trainer rewrote the checkpoint folder while it was evaluated (speculators saves
+    mid-epoch states in place): which state vLLM loaded is unknown, so nothing is recorded."""
+
+
 def box_facts(session: HostSession, settings: EvalSettings,
               drafter: str | None = None) -> dict[str, Any]:
     """The versions in the server's interpreter, the GPUs it gets, and whether its vLLM has

@@ -60,6 +60,7 @@ from outrig.ops.status import (
     read_answer,
     remember_progress,
 )
+from outrig.ops.watch_evaluate import CheckpointEvaluator, WatchSource
 from outrig.ops.watch_lock import WatchLock
 from outrig.ops.watch_record import (
     WatchOptions,
@@ -107,6 +108,9 @@ class Watcher:
         self.last_answer: float | None = None  # monotonic time of the box's last answer
         self.latest: dict[str, Any] = {}  # the newest progress shown (state, step, loss, ...)
         self._beat_at = time.monotonic()
+        self.evaluator = CheckpointEvaluator(
+            WatchSource(project, journal, record, self.run_playbook), record, self.send,
+            look_every=options.period or 30.0)
 
     # --- events --------------------------------------------------------------------------
     def send(self, event: str, **fields: Any) -> None:
@@ -120,7 +124,7 @@ class Watcher:
             f": {why}" if why else "")
         if self.reporter.json_mode:
             self.reporter.emit_json(payload)
-        elif event in ("failed", "dead", "hung", "gpu_unhealthy"):
+        elif event in ("failed", "dead", "hung", "gpu_unhealthy", "evaluation_failed"):
             self.reporter.warn(line)
         else:
             self.reporter.info(f"• {line}")
@@ -128,12 +132,19 @@ class Watcher:
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Follow the run (across migrations and restarts) until it ends; the record."""
+        try:
+            return self._run()
+        finally:
+            self.evaluator.abandon()  # an evaluation in flight: its server is stopped
+
+    def _run(self) -> dict[str, Any]:
         while not self.stop.is_set():
             verdict = self.follow()
             if verdict is None:
                 break
             if verdict.state == "finished":
                 self.send("finished", why=verdict.why)
+                self.evaluator.finish()  # the one in flight, then the final checkpoint
                 self.record.update(status="finished")
                 rented.release_finished(self.project, self.journal, self.send,
                                         str(self.record["host"]), str(self.record["run_id"]))
@@ -213,6 +224,8 @@ class Watcher:
                 suspect = False
                 self.send("recovered", why="answering again")
             self.beat(now)
+            if verdict.state == "alive":
+                self.evaluator.poll()  # evaluate.during_training: one at a time, in a thread
             ticks += 1
             if ticks % FENCE_EVERY == 1:
                 self.fence_moved()

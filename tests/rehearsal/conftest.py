@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from outrig.journal import Journal
+from tests.rehearsal.during_training import evaluate_during_training, watch_in_thread
 from tests.rehearsal.harness import (
     GPU_ENV,
     HERE,
@@ -130,6 +131,7 @@ def _logs(r: Rehearsal, box: str, run_id: str) -> dict[str, str]:
 def _train_for_real(r: Rehearsal) -> RealTraining:
     box = "cpu-box"
     playbook = r.playbook("real", real_vllm=True, epochs=REAL_EPOCHS)
+    evaluate_during_training(playbook, r.vllm_python)
     first = r.deploy(box, playbook)
     run_id = first.plan.run_id
     # the probe first (the server is up once deploy returns), so the stop below comes soon
@@ -156,6 +158,9 @@ def _train_for_real(r: Rehearsal) -> RealTraining:
     resume_from = r.training_state(resume_folder) or {}
     second = r.deploy(box, playbook)
     second_id = second.plan.run_id
+    # outrig watch follows the resumed run and evaluates its checkpoints as they come (on
+    # GPU 2, set aside: the CPU build ignores it), then the final one once the trainer ends
+    watching = watch_in_thread(r, box, second_id)
     # Either resume line: which one the trainer logs, and that it matches the checkpoint
     # read above, is test_rehearsal_cpu's to check (with the log in its message), not a wait
     # that times out. The second start (a real vLLM and trainer again) is slow on a loaded
@@ -163,6 +168,7 @@ def _train_for_real(r: Rehearsal) -> RealTraining:
     r.wait_log(box, second_id, "trainer", RESUMED, timeout=WAIT_S * 3)
     second_exit = r.wait_exit(box, second_id, "trainer", timeout=WAIT_S * 3)
     second_logs = _logs(r, box, second_id)
+    during = watching.evidence()  # the watch's events, the evaluations, status, the report
     r.cleanup(box, playbook=str(playbook))  # the server too: nothing of it outlives the fixture
     return RealTraining(
         box=box, model=str(r.verifier.model), conversations=str(r.verifier.conversations),
@@ -172,7 +178,8 @@ def _train_for_real(r: Rehearsal) -> RealTraining:
         trainer_before_stop=before_stop, resume_folder=resume_folder, resume_from=resume_from,
         first_stop=json.loads(json.dumps(stop, default=str)), first_logs=first_logs,
         first_trainer_exit=first_exit, second_logs=second_logs,
-        second_trainer_exit=second_exit, checkpoint=str(r.save_path / str(REAL_EPOCHS - 1)))
+        second_trainer_exit=second_exit, checkpoint=str(r.save_path / str(REAL_EPOCHS - 1)),
+        during_training=during)
 
 
 def _train_once(rehearsal_python: str, vllm_python: str, verifier: Verifier,
@@ -182,7 +189,7 @@ def _train_once(rehearsal_python: str, vllm_python: str, verifier: Verifier,
     r = Rehearsal(root=root / "project", python=rehearsal_python, verifier=verifier,
                   journal=Journal(root / "state"), vllm_python=vllm_python)
     r.root.mkdir()
-    r.add_box("cpu-box")
+    r.add_box("cpu-box", gpus=3)  # GPU 2 set aside for the evaluation during training
     try:
         return _train_for_real(r)
     finally:

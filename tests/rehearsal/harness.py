@@ -331,6 +331,9 @@ class RealTraining:
     second_logs: dict[str, str]  # after the trainer ended by itself
     second_trainer_exit: int
     checkpoint: str  # the last epoch's folder, written by the finished run
+    # evaluate.during_training while the resumed run trained: the watch's evaluation events,
+    # the recorded evaluations, status's served line and points, the report's chart
+    during_training: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

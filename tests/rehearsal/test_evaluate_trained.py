@@ -15,13 +15,14 @@ server start costs a minute or two on two cores.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.realvllm.evaluating import check_stopped, logged, outrig, server_settings
-from tests.rehearsal.harness import RealTraining, TrainedDrafter
+from tests.rehearsal.harness import KEEP_ENV, RealTraining, TrainedDrafter
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +68,46 @@ def test_the_trained_drafter_is_measured_by_vllms_own_counters(
     found = json.loads(listed.stdout)["evaluations"]
     assert [(e["eval_id"], e["checkpoint"]["path"]) for e in found] == [
         (doc["eval_id"], str(trained_drafter.checkpoint))]
+
+
+def test_the_drafter_is_evaluated_during_training_and_shown_by_status_and_the_report(
+        real_training: RealTraining) -> None:
+    """evaluate.during_training in the shared training: ``outrig watch`` followed the resumed
+    run and evaluated its checkpoints on the real CPU vLLM while the trainer trained (GPU 2
+    set aside), one at a time, each state once, then the final checkpoint; the points are in
+    ``status`` and on the report's ``train/eal`` chart."""
+    seen = real_training.during_training
+    if not seen:
+        pytest.skip("evaluate.during_training runs on the CPU rehearsal only")
+    keep = os.environ.get(KEEP_ENV)
+    if keep:  # the watch's output and what status and the report showed, for a reader
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / "during-training.json").write_text(json.dumps(seen, indent=1))
+    assert seen["watch_error"] == [] and seen["watch_status"] == "finished", seen
+    events = seen["events"]
+    assert [e["event"] for e in events if e["event"] == "evaluation_failed"] == [], events
+    kinds = [e["event"] for e in events]
+    # one at a time: each evaluating is followed by its evaluated before the next starts
+    assert kinds == ["evaluating", "evaluated"] * (len(kinds) // 2), kinds
+    evaluations = seen["evaluations"]
+    assert len(evaluations) >= 2, evaluations
+    assert all(ev["checkpoint"]["local_step"] == 0 for ev in evaluations), evaluations  # epoch
+    steps = [ev["checkpoint"]["global_step"] for ev in evaluations]
+    assert len(set(steps)) == len(steps), f"a checkpoint evaluated twice: {steps}"
+    for ev in evaluations:
+        assert ev["drafts"] > 0 and 1.0 <= ev["acceptance_length"] <= ev[
+            "num_speculative_tokens"] + 1, ev
+        assert len(ev["server_runs"]) == 1  # no baseline: one server per checkpoint
+    assert {e["eval_id"] for e in events if e["event"] == "evaluated"} == {
+        ev["eval_id"] for ev in evaluations}
+    # the final checkpoint (the trainer's last save) is among them
+    final = max(steps)
+    assert evaluations[0]["checkpoint"]["global_step"] == final  # newest first
+    served = sorted((ev["checkpoint"]["global_step"], round(ev["acceptance_length"], 2))
+                    for ev in evaluations)
+    assert seen["status_served"] == [[[s, pytest.approx(v, abs=0.01)] for s, v in served]]
+    line = next(t for t in seen["status_lines"] if "served acceptance length by" in t)
+    assert line.endswith(", ".join(f"{s} {v:.2f}" for s, v in served)), line
+    assert seen["report_chart"] == ["train/eal", "served/acceptance_length"]
+    assert seen["report_served"]["s"] == [s for s, _ in served]
+    assert seen["report_served"]["v"] == pytest.approx([v for _, v in served], abs=0.01)
