@@ -169,3 +169,49 @@ def test_the_quick_series_is_the_merged_one(shape: str) -> None:
     assert (run.in_order is not None) == (shape in {
         "the usual log", "keys missing, not finite, huge", "keys in another order",
         "one point without a time", "one point"})
+
+
+def test_nothing_new_reads_no_point_and_prints_the_same_table(
+        journal: Journal, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept summary (outrig/metrics/summary.py): with the series and the served
+    evaluations as they were, ``metrics`` prints its table without reading a point; a new
+    record or a new served evaluation makes it read them again."""
+    code, first, err = outrig(["metrics", "--run", "r1"], capsys)
+    assert code == 0 and "34 records" in first, err
+    assert (journal.root / "metrics" / "r1" / "summary.json").exists()
+    real_points = MetricStore.points
+    reads: list[str] = []
+
+    def counted(self: MetricStore) -> list[Point]:
+        reads.append("points")
+        return real_points(self)
+
+    monkeypatch.setattr(MetricStore, "points", counted)
+    code, again, err = outrig(["metrics", "--run", "r1"], capsys)
+    assert code == 0 and again == first and reads == [], err
+    log = journal.root / "logs" / "uk-node" / "r1" / "trainer.log"
+    with open(log, "ab") as handle:
+        handle.write(RECORD)
+    code, grown, err = outrig(["metrics", "--run", "r1"], capsys)
+    assert code == 0 and reads == ["points"] and "35 records" in grown and "–999" in grown, err
+    journal.record_evaluation("e1", {"eval_id": "e1", "run_id": "r1", "at": 1.0,
+                                     "checkpoint": {"path": "/c/999", "global_step": 999},
+                                     "acceptance_length": 2.5, "per_position": [0.9]})
+    code, served, err = outrig(["metrics", "--run", "r1"], capsys)
+    assert code == 0 and reads == ["points", "points"] and "served/acceptance_length" in served
+    code, still, err = outrig(["metrics", "--run", "r1"], capsys)
+    assert code == 0 and still == served and reads == ["points", "points"], err
+
+
+def test_a_damaged_kept_summary_is_made_again(journal: Journal,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, first, err = outrig(["metrics", "--run", "r1"], capsys)
+    assert code == 0, err
+    kept = journal.root / "metrics" / "r1" / "summary.json"
+    doc = json.loads(kept.read_text())
+    doc["stats"] = {"train/loss": ["x"]}
+    kept.write_text(json.dumps(doc))
+    code, again, err = outrig(["metrics", "--run", "r1"], capsys)
+    assert code == 0 and again == first, err
+    assert json.loads(kept.read_text())["stats"] != {"train/loss": ["x"]}
