@@ -18,8 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from outrig.agent_code import parse_prompt_lines, prompts_digest
 from outrig.checkpoints import assess, newest_complete, order_text
 from outrig.console import Reporter
@@ -346,10 +344,7 @@ def compare(project: Project, host_spec: str, playbook: str, reporter: Reporter,
         reporter.info(f"no evaluation of {name} on {host.name} recorded yet; run outrig "
                       f"evaluate --host {host_spec} --playbook {playbook}")
         return records
-    table = Table(title=f"evaluations of {name} on {host.name}", title_justify="left")
-    for col in ("checkpoint", "accept len", "per position", "tokens/s", "speedup", "when"):
-        table.add_column(col, overflow="fold")
-    for row in compare_rows(records):
-        table.add_row(*row)
-    reporter.stdout_console.print(table)
+    reporter.table(f"evaluations of {name} on {host.name}",
+                   ["checkpoint", "accept len", "per position", "tokens/s", "speedup", "when"],
+                   compare_rows(records), fold=True)
     return records

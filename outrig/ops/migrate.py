@@ -33,9 +33,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
@@ -195,12 +192,8 @@ def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: 
     return chosen, ref, [name for _, name in members]
 
 
-def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
-                    new_host: str) -> Table:
-    table = Table(title="placement: old → new", title_justify="left")
-    table.add_column("process")
-    table.add_column(escape(f"{old_host} ({(old or {}).get('playbook', '?')})"))
-    table.add_column(escape(f"{new_host} ({new.playbook})"))
+def placement_rows(old: dict[str, Any] | None, new: Plan) -> list[list[str]]:
+    """Each process's GPUs on the old box and on the new one (``—``: not on that box)."""
     old_procs = {p["name"]: p for p in ((old or {}).get("processes") or [])}
 
     def cell(gpus: list[int], parallel: Any) -> str:
@@ -209,13 +202,13 @@ def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
             text += f" (TP{parallel[0]}×DP{parallel[1]})"
         return text
 
+    rows = []
     for name in dict.fromkeys([*old_procs, *new.order]):
         before = old_procs.get(name)
         after = new.processes.get(name)
-        table.add_row(name,
-                      cell(before["gpus"], before.get("parallel")) if before else "—",
-                      cell(after.gpus, after.parallel) if after else "—")
-    return table
+        rows.append([name, cell(before["gpus"], before.get("parallel")) if before else "—",
+                     cell(after.gpus, after.parallel) if after else "—"])
+    return rows
 
 
 def migrate(project: Project, from_spec: str | None, to_spec: str, reporter: Reporter, *,
@@ -326,7 +319,10 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], old
         ranks=trainer_ranks((old_plan or {}).get("processes")), from_host=old_host,
         jobs=member)
     if not reporter.json_mode:
-        reporter.stdout_console.print(placement_table(old_plan, plan, old_name, new.host.name))
+        reporter.table("placement: old → new",
+                       ["process", f"{old_name} ({(old_plan or {}).get('playbook', '?')})",
+                        f"{new.host.name} ({plan.playbook})"],
+                       placement_rows(old_plan, plan))
         if len(considered) > 1:
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
                           f"(considered: {', '.join(considered)})")
