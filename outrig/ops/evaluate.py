@@ -35,7 +35,7 @@ from outrig.evaluation.spec import (
     settings_for,
     speculative_config,
 )
-from outrig.inventory import resolve_host
+from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.ops.evaluate_document import document
 from outrig.ops.evaluate_serving import (
@@ -331,11 +331,11 @@ def check_gpus(session: HostSession, settings: EvalSettings, playbook: str) -> N
             "--run RUN) or give evaluate.server.gpus other GPUs. Nothing was started.")
 
 
-def compare(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
-            journal: Journal | None = None) -> list[dict[str, Any]]:
-    """``evaluate --compare``: the recorded evaluations of the playbook (nothing is sent)."""
+def compare(project: Project, host: Host, host_spec: str, playbook: str, reporter: Reporter,
+            *, journal: Journal | None = None) -> list[dict[str, Any]]:
+    """``evaluate --compare``: the recorded evaluations of the playbook on ``host`` (nothing
+    is sent); ``host_spec``, the host as typed, goes into the command it suggests."""
     name = load_job(find_playbook(playbook, project.playbooks_dir)).name
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
     records = (journal or Journal()).evaluations(playbook=name, host=host.name)
     if reporter.json_mode:
         reporter.emit_json({"playbook": name, "evaluations": records})
