@@ -20,6 +20,7 @@ from outrig.recipes import EnvFacts, ModelFacts, RecipeContext, dflash, models_t
 from outrig.recipes.base import Expansion
 from outrig.recipes.dflash import expand as dflash_expand
 from outrig.recipes.dflash_section import DFlashSpec
+from tests.support.hosts import write_host_file
 
 HOST = Host(name="box", hostname="127.0.0.1", workdir="/workspace/dflash")
 REPO = Path(__file__).resolve().parents[2]
@@ -232,8 +233,8 @@ def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path)
     (tmp_path / "hosts").mkdir()
     (tmp_path / "playbooks").mkdir()
     for name in ("old", "new"):
-        (tmp_path / "hosts" / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"hostname": "127.0.0.1", "workdir": "/workspace/dflash", "gpus": 4}))
+        write_host_file(tmp_path, name, hostname="127.0.0.1", workdir="/workspace/dflash",
+                        gpus=4)
     doc = base()
     del doc["dflash"]["num_hidden_layers"]
     (tmp_path / "playbooks" / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
