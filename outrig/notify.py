@@ -35,7 +35,8 @@ from outrig.errors import ConfigError
 
 EVENTS = ("suspect", "dead", "migrating", "resumed", "fenced", "failed", "finished",
           "restarting", "recovered", "gpu_unhealthy", "hung",
-          "rent_started", "rented", "released")  # the last three: outrig.providers
+          "rent_started", "rented", "released",  # these three: outrig.providers
+          "node_lost", "job_moved", "spares_spent")  # these three: a job's watch (job_move)
 HOOK_TIMEOUT_S = 30.0
 PIPE_GRACE_S = 2.0  # after the kill: how long the pipes may take to close before we let go
 _STOP = object()

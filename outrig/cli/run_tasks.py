@@ -234,7 +234,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
         return
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
-        from outrig.ops.nodes import nodes_status
+        from outrig.ops.node_control import nodes_status
 
         nodes_status(job.project, job.recorded_id, reporter, log_lines=count)
 
@@ -298,7 +298,7 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
                     max_parallel=max_parallel)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node's logs, prefixed with it
-        from outrig.ops.nodes import tail_nodes
+        from outrig.ops.node_control import tail_nodes
 
         tail_nodes(job.project, job.recorded_id, reporter, lines=count, follow=not no_follow,
                    grep=grep, processes=processes)
@@ -361,7 +361,7 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
                     max_parallel=max_parallel, deadline=deadline)
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: its run on every node, nothing else
-        from outrig.ops.nodes import stop_nodes
+        from outrig.ops.node_control import stop_nodes
 
         if dry_run or force_foreign:
             raise ConfigError(f"--run {run} is the multi-node job {job.recorded_id}: cleanup "
@@ -388,8 +388,9 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
           "spare": "a box to move the job to if the host dies (repeat for several; the first "
                    "that passes check and has no bad GPU wins); 'auto' rents one through the "
                    "provider of spares: in outrig.yaml (the default when that is set); for a "
-                   "multi-node job, one box per node (a,b: new node 0 first), or auto to rent "
-                   "them",
+                   "multi-node job, at least one box per node (a,b: new node 0 first; each move "
+                   "takes the next N, the rest wait for the next one), or auto to rent "
+                   "them at every move",
           "run": "the run to follow (default: the playbook's current run on the host)" + JOB_RUN,
           "restarts": "after a crash or a hang on a healthy box, redeploy in place at most "
                       "N times (default 0: report and stop, or move a hung run to a spare)",
@@ -417,7 +418,8 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
 
     A multi-node job (--run JOB): a node failing stops the others; with --spare, a node
     that stops answering moves the whole job to the spares, one per node (the job's
-    checkpoints are mirrored as it goes). See docs/scale-out.md.
+    checkpoints are mirrored as it goes), and the moved job is watched the same way while
+    spares last (auto rents at every move). See docs/scale-out.md.
 
     Examples:
         outrig watch --host uk-node --playbook dflash-qwen36 --spare new-node

@@ -12,17 +12,21 @@ one-box move is (docs/scale-out.md, "Moving a job"). In order:
    box is planned (reached, its GPUs checked against the job as deployed).
 2. The job is rebuilt from node 0's move record (:mod:`outrig.redeploy`): the playbook as
    deployed, its ``--param`` values and ``--test``.
-3. The old nodes are probed (a node the watch confirmed dead is not); each one that still
-   answers is fenced: its run stopped by the process groups its box recorded
-   (``cleanup_on`` with the node's run id), nothing else on the box.
-4. Global rank 0 writes the checkpoints, on one node's disk (node 0 with a static
+3. The old nodes are probed (a node the watch confirmed dead is not).
+4. Every new node is made ready as a one-box ``migrate`` makes its new box, all at once
+   (:mod:`outrig.ops.job_prepare`): the playbook's environments installed and its data
+   staged (box to box from the old node of the same rank when it answers). The old job
+   trains on meanwhile; a box that cannot be made ready ends the move with nothing stopped.
+5. Each old node that still answers is fenced: its run stopped by the process groups its
+   box recorded (``cleanup_on`` with the node's run id), nothing else on the box.
+6. Global rank 0 writes the checkpoints, on one node's disk (node 0 with a static
    rendezvous; with c10d the node torch ranked first): the old nodes that answer are synced
    into the workstation's mirror (after the fence: the last save is final), and a dead one
    contributes what the last sync took (``watch`` syncs as it goes). Nothing is needed from
    a dead box.
-5. The newest complete checkpoint in the mirror is pushed to every new node's save path
+7. The newest complete checkpoint in the mirror is pushed to every new node's save path
    (the same one on each: every rank resumes from its own node's copy).
-6. The job is deployed on the new boxes, node 0 first: a new job id, the rendezvous re-made
+8. The job is deployed on the new boxes, node 0 first: a new job id, the rendezvous re-made
    with the new node 0 as the master address; each node's run records the run it continues
    (``migrated_from``) and each old run its successor (``moved_to``), so ``report``,
    ``metrics`` and ``plot`` draw the job's curve across the move.
@@ -42,6 +46,7 @@ from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.moves import mark_moved
 from outrig.ops.cleanup import cleanup_on
+from outrig.ops.job_prepare import needs_preparing, prepare_nodes
 from outrig.ops.migrate import probe
 from outrig.ops.nodes import (
     STOP_TIMEOUT,
@@ -92,17 +97,20 @@ def recorded_job(journal: Journal, ident: str, *,
 
 
 def check_targets(project: Project, job_id: str, nodes: Sequence[NodeRun],
-                  to: Sequence[str], flag: str, book: HostBook | None = None) -> list[str]:
-    """The new boxes, checked before anything is sent: as many as the job has nodes, each a
-    different box, none one of the job's own boxes. A ConfigError (exit 2) names the flag.
+                  to: Sequence[str], flag: str, *, pool: bool = False,
+                  book: HostBook | None = None) -> list[str]:
+    """The new boxes, checked before anything is sent: as many as the job has nodes (``pool``:
+    at least as many; a watch's spares, the first N taken at each move), each a different
+    box, none one of the job's own boxes. A ConfigError (exit 2) names the flag.
     ``book``: the command's hosts, each resolved once."""
     book = book or HostBook(project.hosts_dir)
     hosts = list(to)
-    if len(hosts) != len(nodes):
+    if len(hosts) < len(nodes) or (len(hosts) > len(nodes) and not pool):
+        exactly = "at least" if pool else "exactly"
         raise ConfigError(
             f"{flag} names {len(hosts)} box(es) ({', '.join(hosts) or 'none'}), but job "
             f"{job_id} runs on {len(nodes)} nodes ({', '.join(n.host for n in nodes)}); a job "
-            f"moves as a whole, so name exactly {len(nodes)} boxes, new node 0 first "
+            f"moves as a whole, so name {exactly} {len(nodes)} boxes, new node 0 first "
             f"(e.g. {flag} {','.join(f'spare{n.rank}' for n in nodes)}). Nothing was stopped "
             "or started.")
     boxes: dict[tuple[str, int | None, str], str] = {}
@@ -152,7 +160,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
     started = time.monotonic()
     job_id, nodes = recorded_job(journal, ident, movable=True)
     book = HostBook(project.hosts_dir)
-    hosts = check_targets(project, job_id, nodes, to, "--to", book)
+    hosts = check_targets(project, job_id, nodes, to, "--to", book=book)
     head = journal.run(nodes[0].run_id)
     if head is None:
         raise ConfigError(f"the journal has no record of {nodes[0].run_id}, node 0 of job "
@@ -167,6 +175,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
     try:
         _preflight(new, job, nodes)
         _probe_old(project, olds, reporter, journal, options)
+        prepared = _prepare(project, hosts, new[0], olds, job, reporter, journal)
         _fence(olds, reporter, job_id)
         checkpoint = _carry_checkpoint(new, olds, job, reporter)
         origin = JobOrigin(
@@ -193,6 +202,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
         "job_id": result.job_id, "hosts": hosts, "at": time.time()}})
     report = _report(job_id, result.job_id, nodes, hosts, olds, checkpoint, redeploy,
                      time.monotonic() - started)
+    report["prepared"] = prepared
     if reporter.json_mode:
         reporter.emit_json({"event": "job_moved", **report})
     else:
@@ -236,6 +246,18 @@ def _probe_old(project: Project, olds: Sequence[_OldNode], reporter: Reporter,
     for old in olds:
         state = "answers" if old.session is not None else "is unreachable"
         reporter.info(f"• {old.node.label()} {state} ({'; '.join(old.tried)})")
+
+
+def _prepare(project: Project, hosts: Sequence[str], first: HostSession,
+             olds: Sequence[_OldNode], job: Job, reporter: Reporter,
+             journal: Journal) -> list[dict[str, Any]]:
+    """Every new node given the job's environments and data (:mod:`outrig.ops.
+    job_prepare`), while the old nodes still run: a box that cannot be made ready ends the
+    move before anything old is stopped."""
+    if not any(needs_preparing(job, first)):
+        return []
+    return prepare_nodes(project, hosts, job, reporter, journal=journal,
+                         sources=[o.session for o in olds])
 
 
 def _fence(olds: Sequence[_OldNode], reporter: Reporter, job_id: str) -> None:
@@ -369,7 +391,7 @@ MIRROR_EVERY = 30.0  # seconds between the watch's syncs of rank 0's checkpoints
 
 
 class SpareMover:
-    """``watch --run JOB --spare ...``: the guard's mover (:class:`outrig.ops.nodes.
+    """``watch --run JOB --spare ...``: the guard's mover (:class:`outrig.ops.nodes_watch.
     NodeMover`). Each look, at most every ``mirror_every`` seconds, mirrors the job's new
     complete checkpoints (so a dead rank-0 node loses at most the work since); a node lost moves
     the job to the spares (``auto``: N boxes rented through the provider of ``spares:``)."""
@@ -395,13 +417,13 @@ class SpareMover:
 
     def move(self, lost: list[NodeRun]) -> dict[str, Any]:
         dead = frozenset(n.rank for n in lost)
+        _, nodes = recorded_job(self.journal, self.job_id)
         self.reporter.warn(", ".join(n.label() for n in lost) + " lost: moving job "
                            f"{self.job_id} to " + ("rented spares" if self.auto()
-                                                   else ", ".join(self.spares)))
+                                                   else ", ".join(self.spares[:len(nodes)])))
         self.send("node_lost", job_id=self.job_id, nodes=[n.to_json() for n in lost])
-        _, nodes = recorded_job(self.journal, self.job_id)
         try:
-            hosts = self._rent(nodes) if self.auto() else self.spares
+            hosts = self._rent(nodes) if self.auto() else self.spares[:len(nodes)]
         except OutrigError as exc:
             raise OutrigError(
                 f"job {self.job_id}: {', '.join(n.label() for n in lost)} lost, and the "
@@ -463,25 +485,47 @@ def check_spares(project: Project, ident: str, spares: list[str],
             raise ConfigError("--spare auto rents every spare the job needs; give it alone, "
                               "not beside named boxes. Nothing was started.")
         return spares
-    return check_targets(project, job_id, nodes, spares, "--spare")
+    return check_targets(project, job_id, nodes, spares, "--spare", pool=True)
 
 
 def watch_job(project: Project, ident: str, spares: list[str], reporter: Reporter, *,
               send: Send, threshold: float, period: float = 5.0,
               journal: Journal | None = None,
               stop: threading.Event | None = None) -> dict[str, Any]:
-    """``watch --run JOB --spare ...``: the job's guard (:func:`outrig.ops.nodes.
+    """``watch --run JOB --spare ...``: the job's guard (:func:`outrig.ops.nodes_watch.
     watch_nodes`) with the mirror kept up and, when a node is lost, the job moved to the
-    spares; then the moved job is followed until it finishes (a node failing then stops
-    the others: the spares are spent)."""
+    spares; then the moved job is followed the same way, for as long as spares last:
+    ``auto`` rents N boxes at every move; a list gives each move its first N boxes not used
+    yet. Once fewer than N are left, the job is followed without spares (a node failing
+    then stops the others), and a warning says so. Returns the last job's outcome, with
+    ``moved`` (the last move's report) and ``moves`` (every one, in order)."""
     journal = journal or Journal()
-    job_id, _ = recorded_job(journal, ident)
-    mover = SpareMover(project, job_id, check_spares(project, job_id, spares, journal),
-                       reporter, journal, send)
-    outcome = watch_nodes(project, job_id, reporter, period=period, threshold=threshold,
-                          journal=journal, stop=stop, mover=mover)
-    if mover.report is None:
-        return outcome
-    moved = watch_nodes(project, str(mover.report["to_job"]), reporter, period=period,
-                        threshold=threshold, journal=journal, stop=stop)
-    return {**moved, "moved": mover.report}
+    job_id, nodes = recorded_job(journal, ident)
+    pool = check_spares(project, job_id, spares, journal)
+    moves: list[dict[str, Any]] = []
+    while True:
+        mover = (SpareMover(project, job_id, pool, reporter, journal, send)
+                 if pool else None)
+        outcome = watch_nodes(project, job_id, reporter, period=period, threshold=threshold,
+                              journal=journal, stop=stop, mover=mover)
+        if mover is None or mover.report is None:
+            return {**outcome, **({"moved": moves[-1], "moves": moves} if moves else {})}
+        moves.append(mover.report)
+        job_id = str(mover.report["to_job"])
+        pool = left_after(pool, mover.report["to"], len(nodes))
+        if not pool:
+            reporter.warn(f"the spares are spent: job {job_id} is watched without them, so a "
+                          "node failing now stops the job (give more with `outrig watch "
+                          f"--run {job_id} --spare A,B`, or --spare auto)")
+            send("spares_spent", job_id=job_id)
+
+
+def left_after(pool: Sequence[str], used: Sequence[str], nodes: int) -> list[str]:
+    """The spares a watch keeps for its next move: ``auto`` stays ``auto``; of a list, the
+    boxes the move did not take, when they are still enough for a job of ``nodes``."""
+    from outrig.providers.spares import AUTO
+
+    if list(pool) == [AUTO]:
+        return [AUTO]
+    left = [h for h in pool if h not in used]
+    return left if len(left) >= nodes else []

@@ -3,7 +3,8 @@
 It asks every node's box for its run's state each period (one status call per node at once,
 through the fan-out), stops every node when one fails, and, with ``--spare``, hands the lost
 nodes to a :class:`NodeMover` (:mod:`outrig.ops.job_move`). Split from
-:mod:`outrig.ops.nodes`, which deploys, shows and stops a job.
+:mod:`outrig.ops.nodes`, which deploys a job, and :mod:`outrig.ops.node_control`, which shows
+and stops it.
 """
 
 from __future__ import annotations
@@ -18,15 +19,8 @@ from outrig.console import Reporter
 from outrig.fanout import HostOutcome, run_fanout
 from outrig.health import DEFAULT_THRESHOLD
 from outrig.journal import Journal
-from outrig.ops.nodes import (
-    NodeRun,
-    NodesFailed,
-    _job_nodes,
-    _node_core,
-    node_state,
-    state_words,
-    stop_nodes,
-)
+from outrig.ops.node_control import node_core, node_state, state_words, stop_nodes
+from outrig.ops.nodes import NodeRun, NodesFailed, job_nodes
 from outrig.session import HostSession, Project
 
 
@@ -65,7 +59,7 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
     but not yet lost, a failed peer waits for it (a dead box takes its peers' collectives
     down with it): the move fences them."""
     journal = journal or Journal()
-    record, nodes = _job_nodes(journal, ident)
+    record, nodes = job_nodes(journal, ident)
     job_id = str(record.get("job_id"))
     seen = {n.rank: NodeSeen() for n in nodes}
     stop = stop or threading.Event()
@@ -77,7 +71,7 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
                             playbook=None)
 
     while not stop.is_set():
-        outcomes = run_fanout(project, [n.host for n in nodes], _node_core(nodes, one),
+        outcomes = run_fanout(project, [n.host for n in nodes], node_core(nodes, one),
                               journal=journal)
         now = time.monotonic()
         for node, outcome in zip(nodes, outcomes, strict=True):

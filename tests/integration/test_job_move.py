@@ -30,7 +30,8 @@ import yaml
 from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.job_move import sync_job_checkpoints, watch_job
-from outrig.ops.nodes import deploy_nodes, node_log_targets, stop_nodes
+from outrig.ops.node_control import node_log_targets, stop_nodes
+from outrig.ops.nodes import deploy_nodes
 from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.faults import kill_runs
@@ -93,12 +94,13 @@ dist.destroy_process_group()
 @pytest.fixture
 def boxes(box_a: SandboxBox, sandbox: SandboxBox, tmp_path: Path,
           make_proxy: Callable[..., LatencyProxy]) -> Iterator[dict[str, Any]]:
-    """Hosts b (node 0), a (node 1, its own sshd: the box that dies), c and d (spares),
+    """Hosts b (node 0), a (node 1, its own sshd: the box that dies), c to f (spares),
     each through a proxy (10 ms each way); every run left on them is stopped at the end."""
     if not sandbox.is_running():
         sandbox.start()
     proxies = {}
-    for name, box in (("a", box_a), ("b", sandbox), ("c", sandbox), ("d", sandbox)):
+    for name, box in (("a", box_a), ("b", sandbox), ("c", sandbox), ("d", sandbox),
+                      ("e", sandbox), ("f", sandbox)):
         proxies[name] = make_proxy(box.port, one_way_delay=0.01)
         workdir = tmp_path / f"work-{name}"
         workdir.mkdir()
@@ -108,7 +110,7 @@ def boxes(box_a: SandboxBox, sandbox: SandboxBox, tmp_path: Path,
         write_inventory(tmp_path / f"gpu-{name}", load_inventory(box.gpu_dir))
     project = Project(tmp_path)
     yield {"project": project, "proxies": proxies, "box_a": box_a}
-    for host in ("b", "c", "d"):
+    for host in ("b", "c", "d", "e", "f"):
         stop_every_run(project, host, Path(os.environ["XDG_STATE_HOME"]) / "outrig")
     kill_runs(tmp_path / "work-a")
 
@@ -209,7 +211,7 @@ def test_a_job_whose_node_1_dies_moves_to_two_spares_and_resumes_from_the_mirror
                         threshold=3.0, period=0.5, journal=journal())
     moved = outcome["moved"]
     assert outcome["status"] == "finished", out.getvalue()
-    assert [e for e, _ in events] == ["node_lost", "job_moved"]
+    assert [e for e, _ in events] == ["node_lost", "job_moved", "spares_spent"]
     assert moved["from"] == ["b", "a"] and moved["to"] == ["c", "d"]
     assert moved["checkpoint"]["epoch"] == 2 and moved["checkpoint"]["route"] == "mirror"
     assert moved["params"] == {"lr": "0.25"} and moved["differences"] == []
@@ -245,8 +247,10 @@ import os, sys, time
 save = sys.argv[1]
 held = sorted((int(p) for p in os.listdir(save) if p.isdigit()), reverse=True) \\
     if os.path.isdir(save) else []
+data = (f"with {len(open(sys.argv[2]).readlines())} data lines" if len(sys.argv) > 2
+        else "")
 print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "resumes from",
-      held[0] if held else "nothing", flush=True)
+      held[0] if held else "nothing", data, flush=True)
 while True:
     time.sleep(0.2)
 """
@@ -325,7 +329,7 @@ def test_a_job_whose_node_0_dies_resumes_from_what_the_watch_mirrored(
     boxes["proxies"]["a"].close()
     boxes["box_a"].stop()
     watcher.join(180)
-    assert not watcher.is_alive() and events == ["node_lost", "job_moved"], outcome
+    assert not watcher.is_alive() and events == ["node_lost", "job_moved", "spares_spent"], outcome
     report = outcome["moved"]
     assert [(n["rank"], n["alive"], n["fenced"]) for n in report["old_nodes"]] == [
         (0, False, False), (1, True, True)]
@@ -403,3 +407,157 @@ def test_spare_auto_rents_a_box_per_node_and_a_rent_refused_moves_nothing(
         provider = market.SandboxProvider()
         for instance in provider.list():
             provider.terminate(instance.instance_id)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[str]:
+    """A PEP 503 index on 127.0.0.1 with outrigdemo 1.0 (the environment's one package)."""
+    from tests.support.network import serve
+    from tests.support.provisioning import make_wheel
+
+    root = tmp_path / "index"
+    page = root / "simple" / "outrigdemo"
+    page.mkdir(parents=True)
+    wheel = make_wheel(root / "files", "outrigdemo", "1.0")
+    (page / "index.html").write_text(f'<a href="/files/{wheel.name}">{wheel.name}</a>')
+    with serve(root) as port:
+        yield f"http://127.0.0.1:{port}/simple"
+
+
+def test_a_job_moved_onto_bare_boxes_gets_its_environment_and_data_on_every_node(
+        boxes: dict[str, Any], tmp_path: Path, index: str) -> None:
+    """The playbook names an environment (``~/venvs/demo``, each box its own home) and a
+    data folder staged from this workstation, which every rank reads at start. The job runs
+    on b and a (data staged there first); a dies; the move onto c and d, both bare, installs
+    the environment and stages the data on each new node (c's data box to box from b, the
+    old node of its rank; d's from the workstation: a is dead) before the job resumes."""
+    import sys
+
+    from outrig.ops.job_move import JobMoveOptions, move_job
+    from outrig.ops.stage import stage
+
+    project: Project = boxes["project"]
+    homes = {name: tmp_path / f"home-{name}" for name in "abcd"}
+    for name, home in homes.items():  # the sandbox's boxes share a disk: a home per box
+        home.mkdir()
+        host_file = project.hosts_dir / f"{name}.yaml"
+        config = yaml.safe_load(host_file.read_text())
+        config["env"]["HOME"] = str(home)
+        host_file.write_text(yaml.safe_dump(config))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"q": 1}\n' * 100)
+    path = standin_playbook(tmp_path)
+    book = yaml.safe_load(path.read_text())
+    book["stage"]["data"] = {"path": "${workdir}/data", "source": str(data), "kind": "data"}
+    book["environments"] = {"demo": {"path": "~/venvs/demo", "python": sys.executable,
+                                     "packages": ["outrigdemo==1.0"], "index_url": index,
+                                     "installer": "pip"}}
+    book["processes"]["trainer"]["command"].append("${workdir}/data/train.jsonl")
+    path.write_text(yaml.safe_dump(book, sort_keys=False))
+    for host in ("b", "a"):
+        stage(project, host, "pair", Reporter(quiet=True), journal=journal())
+    deployed = deploy_nodes(project, ["b", "a"], load_job(path), Reporter(quiet=True),
+                            journal=journal())
+    write_checkpoint(tmp_path / "work-b" / "ckpt", 2)
+    kill_runs(tmp_path / "work-a")  # node 1's box dies
+    boxes["proxies"]["a"].close()
+    boxes["box_a"].stop()
+    for name in ("c", "d"):  # bare: no environment, no data
+        assert not (homes[name] / "venvs").exists()
+        assert not (tmp_path / f"work-{name}" / "data").exists()
+
+    out = io.StringIO()
+    report = move_job(project, deployed.job_id, ["c", "d"], Reporter(out=out, err=out),
+                      journal=journal(), options=JobMoveOptions(dead=frozenset({1})))
+    said = out.getvalue()
+    prepared = {p["host"]: p for p in report["prepared"]}
+    assert sorted(prepared) == ["c", "d"], said
+    for name in ("c", "d"):
+        assert [e["name"] for e in prepared[name]["environments"]] == ["demo"], said
+        assert prepared[name]["environments"][0]["status"] == "created", said
+        installed = list((homes[name] / "venvs" / "demo").glob(
+            "lib/python*/site-packages/outrigdemo/__init__.py"))
+        assert len(installed) == 1, said
+        assert (tmp_path / f"work-{name}" / "data" / "train.jsonl").read_text().count(
+            "\n") == 100
+        recorded = journal().host_facts(name).get("environments") or {}
+        assert recorded["demo"]["versions"].get("outrigdemo") == "1.0", recorded
+    routes = {h: [i["route"] for i in p["staged"] if i["name"] == "data"]
+              for h, p in prepared.items()}
+    assert routes["c"] in (["peer"], ["relay"]) and routes["d"] == ["workstation"], routes
+    assert "node 0 (c) ready: environments demo (created); staged data" in said, said
+    for node in node_log_targets(journal(), report["to_job"]):
+        text = log_of(tmp_path, node.host, node.run_id)
+        assert f"rank {node.rank} of 2 resumes from 2 with 100 data lines" in text, text
+    print(said)
+    stop_nodes(project, report["to_job"], Reporter(quiet=True), journal=journal())
+
+
+def test_a_watch_keeps_its_unused_spares_for_the_next_move_then_says_they_are_spent(
+        boxes: dict[str, Any], tmp_path: Path) -> None:
+    """``watch --run JOB --spare c,d,e,f``: node 1 dies, the job moves to c,d; then d goes
+    silent (its door closed, its run's processes killed) and the same watch moves the job
+    again, to e,f, the spares the first move left. With none left it says the spares are
+    spent and follows the job without them."""
+    project: Project = boxes["project"]
+    deployed = deploy_nodes(project, ["b", "a"], load_job(standin_playbook(tmp_path)),
+                            Reporter(quiet=True), journal=journal())
+    write_checkpoint(tmp_path / "work-b" / "ckpt", 2)
+    from outrig.notify import Notifier
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    spent = threading.Event()
+    notifier = Notifier()  # what the CLI sends through: it refuses an event it does not know
+
+    def send(event: str, **fields: Any) -> None:
+        notifier.send(event, **fields)
+        events.append((event, fields))
+        if event == "spares_spent":
+            spent.set()  # the test follows the job no further
+
+    out = io.StringIO()
+    outcome: dict[str, Any] = {}
+
+    def watch() -> None:
+        try:
+            outcome.update(watch_job(project, deployed.job_id, ["c", "d", "e", "f"],
+                                     Reporter(out=out, err=out), send=send, threshold=3.0,
+                                     period=0.5, journal=journal(), stop=spent))
+        except Exception as exc:  # the test's thread: its error is the test's failure
+            outcome["error"] = exc
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    kill_runs(tmp_path / "work-a")  # node 1's box dies
+    boxes["proxies"]["a"].close()
+    boxes["box_a"].stop()
+    wait_for(lambda: [e for e, _ in events].count("job_moved") == 1
+             or not watcher.is_alive(), "the first move", 240)
+    assert "error" not in outcome, outcome
+    first = next(f for e, f in events if e == "job_moved")
+    assert first["to"] == ["c", "d"], out.getvalue()
+    second_head, second_other = node_log_targets(journal(), first["to_job"])
+    wait_for(lambda: "resumes from" in log_of(tmp_path, "d", second_other.run_id)
+             if (tmp_path / "work-d" / "runs" / second_other.run_id / "logs").exists()
+             else False, "the moved job's node 1")
+    kill_runs(tmp_path / "work-d")  # then the moved job's node 1 goes silent
+    boxes["proxies"]["d"].close()
+    watcher.join(240)
+    said = out.getvalue()
+    assert not watcher.is_alive(), said
+    assert [e for e, _ in events] == ["node_lost", "job_moved", "node_lost", "job_moved",
+                                      "spares_spent"], said
+    moves = outcome["moves"]
+    assert [m["to"] for m in moves] == [["c", "d"], ["e", "f"]], said
+    assert moves[1]["from_job"] == first["to_job"] and outcome["moved"] == moves[1]
+    assert [(n["rank"], n["alive"], n["fenced"]) for n in moves[1]["old_nodes"]] == [
+        (0, True, True), (1, False, False)], said
+    assert marked(second_head.run_id) == []  # c fenced by its record
+    for node in node_log_targets(journal(), moves[1]["to_job"]):
+        text = log_of(tmp_path, node.host, node.run_id)
+        assert f"rank {node.rank} of 2 resumes from 2" in text, text
+    assert f"the spares are spent: job {moves[1]['to_job']} is watched without them" in \
+        " ".join(said.split()), said
+    print(said)
+    stop_nodes(project, moves[1]["to_job"], Reporter(quiet=True), journal=journal())

@@ -22,13 +22,8 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import Interrupted, PlanError
 from outrig.journal import Journal
-from outrig.ops.nodes import (
-    NodesFailed,
-    deploy_nodes,
-    node_log_targets,
-    nodes_status,
-    stop_nodes,
-)
+from outrig.ops.node_control import node_log_targets, nodes_status, stop_nodes
+from outrig.ops.nodes import NodesFailed, deploy_nodes
 from outrig.ops.nodes_watch import watch_nodes
 from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox

@@ -20,7 +20,8 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import PlanError
 from outrig.journal import Journal
-from outrig.ops.nodes import NodesFailed, deploy_nodes, node_log_targets, stop_nodes
+from outrig.ops.node_control import node_log_targets, stop_nodes
+from outrig.ops.nodes import NodesFailed, deploy_nodes
 from outrig.playbook import load_job
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.nvidia_smi import load_inventory, write_inventory

@@ -92,3 +92,27 @@ def test_a_job_moved_already_is_not_moved_again(tmp_path: Path) -> None:
             call()
         assert "job pair-1 was moved to c,d as job pair-2" in str(refused.value)
         assert "(--run pair-2)" in str(refused.value)
+
+
+def test_a_watch_takes_a_pool_of_spares_and_keeps_the_unused_ones(tmp_path: Path) -> None:
+    """``--spare`` may name more boxes than the job has nodes: each move takes the first N
+    not used yet; fewer than N left is none (the job is then watched without spares);
+    ``auto`` rents again at every move. ``--to`` stays exact."""
+    from outrig.ops.job_move import left_after
+
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    for name in ("a", "b", "c", "d", "e", "f", "g"):
+        (hosts / f"{name}.yaml").write_text(f"hostname: 127.0.0.1\nport: 22\n"
+                                            f"workdir: /w/{name}\n")
+    project = Project(tmp_path)
+    nodes = [NodeRun(0, "a", "J-node0"), NodeRun(1, "b", "J-node1")]
+    pool = check_targets(project, "J", nodes, ["c", "d", "e", "f", "g"], "--spare", pool=True)
+    assert pool == ["c", "d", "e", "f", "g"]
+    with pytest.raises(ConfigError, match="name at least 2 boxes"):
+        check_targets(project, "J", nodes, ["c"], "--spare", pool=True)
+    with pytest.raises(ConfigError, match="name exactly 2 boxes"):
+        check_targets(project, "J", nodes, ["c", "d", "e"], "--to")
+    assert left_after(pool, ["c", "d"], 2) == ["e", "f", "g"]
+    assert left_after(["e", "f", "g"], ["e", "f"], 2) == []  # one box cannot hold 2 nodes
+    assert left_after(["auto"], ["rented-1", "rented-2"], 2) == ["auto"]

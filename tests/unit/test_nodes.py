@@ -16,14 +16,8 @@ from outrig.errors import ConfigError, PlanError
 from outrig.fanout import HostOutcome
 from outrig.inventory import Host, resolve_host
 from outrig.journal import Journal
-from outrig.ops.nodes import (
-    NodeRun,
-    deploy_nodes,
-    find_job,
-    node_run_id,
-    node_state,
-    select_nodes,
-)
+from outrig.ops.node_control import node_state
+from outrig.ops.nodes import NodeRun, deploy_nodes, find_job, node_run_id, select_nodes
 from outrig.ops.nodes_watch import NodeSeen, judge_node
 from outrig.plan import HostFacts, NodePlace, builtin_params, make_plan
 from outrig.playbook import load_job
@@ -265,7 +259,7 @@ def test_a_dry_run_plans_every_node_and_contacts_none(tmp_path: Path,
 
 
 def test_a_nodes_state_is_not_repeated_as_its_reason() -> None:
-    from outrig.ops.nodes import state_words
+    from outrig.ops.node_control import state_words
 
     assert state_words("running", "running") == "running"
     assert state_words("failed", "worker was killed by signal 15") == (
