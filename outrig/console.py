@@ -17,6 +17,7 @@ import re
 import sys
 import time
 import weakref
+from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from outrig.errors import CLOSED_PIPE_EXIT
@@ -260,6 +261,38 @@ class Reporter:
         self._stop_status()
         for line in lines:
             self.stdout_console.print(escape(line), soft_wrap=True, highlight=False)
+
+    def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *,
+              fold: bool = False) -> None:
+        """A titled table of plain-text rows on stdout (cleanup's stopped runs and GPUs,
+        migrate's placement, evaluate's comparison). The reporter owns the markup: title,
+        headers and cells are text, escaped here, so an op hands over rows, never rich's
+        objects. ``fold``: a cell too wide for its column folds onto more lines."""
+        from rich.table import Table
+
+        drawn = Table(title=escape(title), title_justify="left")
+        for column in columns:
+            if fold:
+                drawn.add_column(escape(column), overflow="fold")
+            else:
+                drawn.add_column(escape(column))
+        for row in rows:
+            drawn.add_row(*(escape(cell) for cell in row))
+        self.stdout_console.print(drawn)
+
+    @classmethod
+    def capturing(cls, buffer: IO[str], *, width: int, colour: bool,
+                  gpu_table: bool = False) -> Reporter:
+        """A reporter that writes everything (stdout's tables and stderr's notes) into
+        ``buffer``, laid out for ``width`` columns (``status --follow`` redraws what
+        ``status`` would print)."""
+        from rich.console import Console
+
+        shown = cls(out=buffer, err=buffer, gpu_table=gpu_table)
+        shown.stdout_console = shown.console = Console(
+            file=buffer, width=width, force_terminal=colour, no_color=not colour,
+            highlight=False, soft_wrap=True)
+        return shown
 
     def plan(self, plan: Plan, *, full: bool = False) -> None:
         if self.json_mode or self.quiet:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from outrig.errors import ConfigError, did_you_mean
+from outrig.errors import ConfigError, OutrigError, did_you_mean
 from outrig.yamlfile import YamlDoc, load_yaml, validation_messages
 
 DEFAULT_WORKDIR = "~/outrig"
@@ -257,6 +257,41 @@ def _refuse_overlong(spec: str) -> None:
                           "file name, ssh alias or host name can be (a name of at most "
                           f"{NAME_MAX}); pass a name from hosts/, an ssh alias or "
                           "user@host:port. Nothing was sent.")
+
+
+class HostBook:
+    """The hosts one command names, each resolved once (:func:`resolve_host`, no network) and
+    then looked up by its spelling as typed, which messages and fix commands repeat. A
+    command's target makes one (:class:`outrig.cli.targets.Target`) and hands it to the ops,
+    which then never resolve a ``--host`` value themselves; an op called without one (a test,
+    another op) gets a book of its own. One command's book: a host file written or edited
+    later is read by the next command's."""
+
+    def __init__(self, hosts_dir: Path) -> None:
+        self.hosts_dir = hosts_dir
+        self._hosts: dict[str, Host] = {}
+
+    def __call__(self, spec: str) -> Host:
+        """``spec`` as a :class:`Host` (a ConfigError, exit 2, when it names none)."""
+        if spec not in self._hosts:
+            self._hosts[spec] = resolve_host(spec, hosts_dir=self.hosts_dir)
+        return self._hosts[spec]
+
+    def filed_under(self, spec: str) -> str:
+        """The name a host's runs are filed under in the journal (what the user typed; a
+        host file's path becomes its name; ``spec`` itself when it names no host now)."""
+        try:
+            return self(spec).name
+        except OutrigError:
+            return spec
+
+    def knows(self, spec: str) -> bool:
+        """Whether ``spec`` still names a host (its host file may have been removed)."""
+        try:
+            self(spec)
+        except ConfigError:
+            return False
+        return True
 
 
 def resolve_host(spec: str, *, hosts_dir: Path, workdir: str | None = None) -> Host:

@@ -35,7 +35,7 @@ from outrig.cli.taskspec import task
 from outrig.errors import ConfigError
 
 if TYPE_CHECKING:
-    from outrig.cli.settings import Settings
+    from outrig.inventory import Host
 
 
 @task(auto_shortflags=False, iterable=["host"],
@@ -181,14 +181,15 @@ def exec_(c: Any, host: str | None = None, project: str | None = None, no_keep: 
 
     command = remainder_argv()
     settings = settings_for(c, project, no_keep=no_keep)
-    host_spec = one_host(settings, make_reporter(json), host).spec
+    one = one_host(settings, make_reporter(json), host)
+    host_spec = one.spec
     if not json:
-        code = run_exec(settings.project, host_spec, command)
+        code = run_exec(settings.project, one.host, command)
     else:
         import io
 
         out, err = io.BytesIO(), io.BytesIO()
-        code = run_exec(settings.project, host_spec, command, out=out, err=err)
+        code = run_exec(settings.project, one.host, command, out=out, err=err)
         Reporter(json_mode=True).emit_json({
             "host": host_spec, "command": command, "exit_code": code,
             "stdout": out.getvalue().decode("utf-8", "replace"),
@@ -231,7 +232,7 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     one = one_host(settings, reporter, host, playbook)
-    run_forward(settings.project, one.spec, reporter, process=process, run_id=run,
+    run_forward(settings.project, one.host, reporter, process=process, run_id=run,
                 playbook=one.playbook_name, remote_port=remote, local_port=local)
 
 
@@ -258,23 +259,21 @@ def ssh(c: Any, host: str | None = None, project: str | None = None,
     from outrig.ops.shell import open_ssh
 
     settings = settings_for(c, project)
-    host_spec = one_host(settings, make_reporter(json), host).spec
+    one = one_host(settings, make_reporter(json), host)
     if json:
-        _print_ssh_argv(settings, host_spec, remainder_argv())
+        _print_ssh_argv(one.spec, one.host, remainder_argv())
         return
-    open_ssh(settings.project, host_spec, remainder_argv())
+    open_ssh(one.host, remainder_argv())
 
 
-def _print_ssh_argv(settings: Settings, host_spec: str, command: list[str]) -> None:
+def _print_ssh_argv(host_spec: str, resolved: Host, command: list[str]) -> None:
     """``ssh --json``: what ``ssh`` would run (for scripts, or to see the key and port used);
     the terminal flag is left out, as there is no terminal to give the box then."""
     import shutil
 
     from outrig.console import Reporter
-    from outrig.inventory import resolve_host
     from outrig.ops.shell import ssh_argv
 
-    resolved = resolve_host(host_spec, hosts_dir=settings.project.hosts_dir)
     Reporter(json_mode=True).emit_json({
         "host": host_spec, "client": shutil.which("ssh"),
         "argv": ssh_argv(resolved, command, tty=False)})

@@ -146,7 +146,8 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
         run = head_run_id(journal, run)
         recorded = (journal.run(run) or {}).get("host")
         host = host or (str(recorded) if recorded else None)
-    host_spec = one_host(settings, reporter, host).spec
+    one = one_host(settings, reporter, host)
+    host_spec = one.spec
     options = Options(run_id=run, checkpoint=checkpoint, requests=count,
                       baseline=True if baseline else (False if no_baseline else None),
                       fresh=baseline == "fresh", ks=ks,
@@ -162,7 +163,7 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
         return
     name = playbook_for(settings, playbook, host_spec, reporter, what="evaluate")
     if compare:
-        run_compare(settings.project, host_spec, name, reporter)
+        run_compare(settings.project, one.host, host_spec, name, reporter)
         return
     run_evaluate(settings.project, host_spec, name, reporter, options)
 

@@ -107,8 +107,9 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
         """Node 0 first, every node ready, or every node stopped and the failing node named."""
         from outrig.ops.nodes import deploy_nodes
 
-        deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=dry_run,
-                     wait=not no_wait, params=params, allow_unhealthy_gpu=allow_unhealthy_gpu)
+        deploy_nodes(job.project, job.hosts, job.playbook, reporter, book=job.book,
+                     dry_run=dry_run, wait=not no_wait, params=params,
+                     allow_unhealthy_gpu=allow_unhealthy_gpu)
 
     target.run(host=on_host, job=on_job,
                sweep=lambda sweep: deploy_hosts(sweep, dry_run=dry_run, wait=not no_wait,
@@ -156,10 +157,10 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
         """Every node's plan, each against its own box; nothing is started."""
         from outrig.ops.nodes import deploy_nodes
 
-        deploy_nodes(job.project, job.hosts, job.playbook, reporter, dry_run=True,
-                     wait=False, params=params)
+        deploy_nodes(job.project, job.hosts, job.playbook, reporter, book=job.book,
+                     dry_run=True, wait=False, params=params)
 
-    target.run(host=lambda one: show_plan(one.project, one.spec, one.playbook, reporter),
+    target.run(host=lambda one: show_plan(one.host, one.playbook, reporter),
                sweep=place_hosts, job=on_job)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from outrig.cli.flags import number
@@ -36,6 +36,7 @@ from outrig.cli.settings import Settings, playbook_for
 from outrig.console import Reporter
 from outrig.errors import ConfigError
 from outrig.fanout import MAX_PARALLEL
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.session import Project
 
@@ -81,10 +82,25 @@ class Target(ABC):
     hosts: list[str]
     job: Job | None = None
     playbook_name: str | None = None
+    # each host spec resolved once for the command (resolve); the ops take the Host, or
+    # the book itself where they check several hosts against each other
+    _book: HostBook | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def project(self) -> Project:
         return self.settings.project
+
+    @property
+    def book(self) -> HostBook:
+        """The command's hosts, each resolved once (:class:`~outrig.inventory.HostBook`)."""
+        if self._book is None:
+            self._book = HostBook(self.project.hosts_dir)
+        return self._book
+
+    def resolve(self, spec: str) -> Host:
+        """``spec`` (a host file, an alias, user@host:port) as a :class:`Host`, resolved once
+        for this command (no network); messages keep repeating ``spec`` as typed."""
+        return self.book(spec)
 
     @property
     def playbook(self) -> Job:
@@ -110,6 +126,11 @@ class OneHost(Target):
     def spec(self) -> str:
         """The host as ``--host`` named it (a host file, an alias, user@host:port)."""
         return self.hosts[0]
+
+    @property
+    def host(self) -> Host:
+        """The one host, resolved (:meth:`Target.resolve`)."""
+        return self.resolve(self.spec)
 
     def run(self, *, host: Callable[[OneHost], object],
             sweep: Callable[[Sweep], object] | None = None,

@@ -17,9 +17,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from outrig.console import Reporter, had_ended
 from outrig.errors import ConfigError, OutrigError
 from outrig.journal import Journal
@@ -211,14 +208,13 @@ def unknown_run(result: dict[str, Any], run_id: str, host_spec: str) -> None:
             f"`outrig status --host {host_spec}`.")
 
 
-def _gpu_table(title: str, audit: dict[str, Any], after: dict[str, Any] | None = None) -> Table:
-    table = Table(title=escape(title), title_justify="left")
+def _gpu_table(reporter: Reporter, title: str, audit: dict[str, Any],
+               after: dict[str, Any] | None = None) -> None:
     cols = ["GPU", "used MiB" if after is None else "used before → after MiB", "total MiB",
             "holders"]
-    for col in cols:
-        table.add_column(col, overflow="fold")
     after_used = {g["index"]: g.get("memory_used_mib") for g in (after or {}).get("gpus") or []}
     holders = (after if after is not None else audit).get("holders") or []
+    rows = []
     for gpu in audit.get("gpus") or []:
         index = gpu["index"]
         used = str(gpu.get("memory_used_mib"))
@@ -226,8 +222,8 @@ def _gpu_table(title: str, audit: dict[str, Any], after: dict[str, Any] | None =
             used += f" → {after_used.get(index)}"
         on_gpu = [h for h in holders if h.get("gpu_index") == index]
         names = ", ".join(_holder(h) for h in on_gpu) or "-"
-        table.add_row(str(index), used, str(gpu.get("memory_total_mib")), escape(names))
-    return table
+        rows.append([str(index), used, str(gpu.get("memory_total_mib")), names])
+    reporter.table(title, cols, rows, fold=True)
 
 
 def _holder(h: dict[str, Any]) -> str:
@@ -242,26 +238,23 @@ def _foreign(audit: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
-    out = reporter.stdout_console
     runs = result.get("runs") or []
     for run in runs:
-        table = Table(title=escape(f"stopped run {run.get('run_id')}"), title_justify="left")
-        for col in ("process", "how it ended", "seconds", "stragglers killed"):
-            table.add_column(col)
-        for proc in run.get("processes") or []:
-            table.add_row(escape(str(proc.get("process"))),
-                          had_ended(proc) or HOW.get(str(proc.get("how")), str(proc.get("how"))),
-                          f"{float(proc.get('seconds') or 0):.1f}",
-                          str(proc.get("stragglers") or 0))
-        out.print(table)
-    for forced in result.get("forced") or []:
-        out.print(f"force-foreign pid {forced.get('pid')} "
-                  f"({escape(visible(str(forced.get('cmdline'))))}):"
-                  f" {HOW.get(str(forced.get('how')), forced.get('how'))}")
+        reporter.table(
+            f"stopped run {run.get('run_id')}",
+            ["process", "how it ended", "seconds", "stragglers killed"],
+            [[str(proc.get("process")),
+              had_ended(proc) or HOW.get(str(proc.get("how")), str(proc.get("how"))),
+              f"{float(proc.get('seconds') or 0):.1f}", str(proc.get("stragglers") or 0)]
+             for proc in run.get("processes") or []])
+    reporter.lines([f"force-foreign pid {forced.get('pid')} "
+                    f"({visible(str(forced.get('cmdline')))}):"
+                    f" {HOW.get(str(forced.get('how')), forced.get('how'))}"
+                    for forced in result.get("forced") or []])
     before = result.get("gpus_before") or {}
     after = result.get("gpus_after") or {}
     if before.get("gpus") and reporter.gpu_table:
-        out.print(_gpu_table("GPUs", before, after))
+        _gpu_table(reporter, "GPUs", before, after)
     elif before.get("gpus"):
         reporter.lines(gpu_summary_lines(audit_gpus(after or before), reporter.width))
     elif before.get("error"):
@@ -269,12 +262,12 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
     foreign = _foreign(after or before)
     if foreign:
         reporter.warn("processes outrig did not start hold GPUs (left alone):")
-        for h in foreign:
-            out.print(f"  pid {h['pid']} user {h.get('user')} GPU {h.get('gpu_index')} "
-                      f"{h.get('used_mib')} MiB: "
-                      f"{escape(visible(str(h.get('cmdline') or h.get('comm'))))}")
+        reporter.lines([f"  pid {h['pid']} user {h.get('user')} GPU {h.get('gpu_index')} "
+                        f"{h.get('used_mib')} MiB: "
+                        f"{visible(str(h.get('cmdline') or h.get('comm')))}" for h in foreign])
         pids = " ".join(str(h["pid"]) for h in foreign)
-        out.print(f"  to kill them anyway: outrig cleanup --host HOST --force-foreign {pids}")
+        reporter.lines([f"  to kill them anyway: outrig cleanup --host HOST --force-foreign "
+                        f"{pids}"])
     verdict = result.get("gpu") or {}
     count = sum(len(r.get("processes") or []) for r in runs)
     freed = sum((verdict.get("freed_mib") or {}).values())
@@ -292,23 +285,23 @@ def print_report(reporter: Reporter, result: dict[str, Any]) -> None:
 
 
 def print_dry_run(reporter: Reporter, result: dict[str, Any]) -> None:
-    out = reporter.stdout_console
-    out.print("dry run: nothing was signalled")
+    lines = ["dry run: nothing was signalled"]
     for run in result.get("runs") or []:
-        out.print(f"run {escape(str(run.get('run_id')))}:")
+        lines.append(f"run {run.get('run_id')}:")
         for proc in run.get("processes") or []:
             members = proc.get("members") or []
-            out.print(f"  {escape(str(proc.get('process')))}: leader pid {proc.get('pid')} "
-                      f"({proc.get('leader')}), {len(members)} other process(es) in its "
-                      f"group/session/marker {members if members else ''}")
+            lines.append(f"  {proc.get('process')}: leader pid {proc.get('pid')} "
+                         f"({proc.get('leader')}), {len(members)} other process(es) in its "
+                         f"group/session/marker {members if members else ''}")
         if run.get("marked"):
-            out.print(f"  carrying the run marker: {run.get('marked')}")
+            lines.append(f"  carrying the run marker: {run.get('marked')}")
     for info in result.get("force_foreign") or []:
-        out.print(f"would force-kill pid {info.get('pid')}: user {info.get('user')}, "
-                  f"{escape(str(info.get('cmdline') or info.get('comm')))}")
+        lines.append(f"would force-kill pid {info.get('pid')}: user {info.get('user')}, "
+                     f"{info.get('cmdline') or info.get('comm')}")
+    reporter.lines(lines)
     before = result.get("gpus_before") or {}
     if before.get("gpus"):
-        out.print(_gpu_table("GPUs now", before))
+        _gpu_table(reporter, "GPUs now", before)
 
 
 def stop_all_runs(project: Project, box: str, journal: Journal) -> None:

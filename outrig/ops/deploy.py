@@ -28,7 +28,7 @@ from outrig.evaluation.launch_check import (
     server_python,
     speculative_model,
 )
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.ops.runs import new_run_id, secret_values
 from outrig.plan import HostFacts, NodePlace, Plan, make_plan
@@ -363,10 +363,11 @@ def launched_names(events: list[dict[str, Any]]) -> str:
                      if e.get("event") == "launched")
 
 
-def show_plan(project: Project, host_spec: str, job: Job, reporter: Reporter) -> Plan:
-    """``outrig plan`` of a loaded playbook: print the full plan (with what the journal knows
-    of the host); nothing is sent. Raises :class:`PlanError` listing every problem."""
-    plan = plan_job(job, resolve_host(host_spec, hosts_dir=project.hosts_dir), Journal())
+def show_plan(host: Host, job: Job, reporter: Reporter) -> Plan:
+    """``outrig plan`` of a loaded playbook on ``host``: print the full plan (with what the
+    journal knows of the host); nothing is sent. Raises :class:`PlanError` listing every
+    problem."""
+    plan = plan_job(job, host, Journal())
     reporter.plan(plan, full=True)
     reporter.emit_json(plan.to_dict())
     return plan

@@ -18,8 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from outrig.agent_code import parse_prompt_lines, prompts_digest
 from outrig.checkpoints import assess, newest_complete, order_text
 from outrig.console import Reporter
@@ -37,7 +35,7 @@ from outrig.evaluation.spec import (
     settings_for,
     speculative_config,
 )
-from outrig.inventory import resolve_host
+from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.ops.evaluate_document import document
 from outrig.ops.evaluate_serving import (
@@ -367,11 +365,11 @@ def check_gpus(session: HostSession, settings: EvalSettings, playbook: str) -> N
             "--run RUN) or give evaluate.server.gpus other GPUs. Nothing was started.")
 
 
-def compare(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
-            journal: Journal | None = None) -> list[dict[str, Any]]:
-    """``evaluate --compare``: the recorded evaluations of the playbook (nothing is sent)."""
+def compare(project: Project, host: Host, host_spec: str, playbook: str, reporter: Reporter,
+            *, journal: Journal | None = None) -> list[dict[str, Any]]:
+    """``evaluate --compare``: the recorded evaluations of the playbook on ``host`` (nothing
+    is sent); ``host_spec``, the host as typed, goes into the command it suggests."""
     name = load_job(find_playbook(playbook, project.playbooks_dir)).name
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
     records = (journal or Journal()).evaluations(playbook=name, host=host.name)
     if reporter.json_mode:
         reporter.emit_json({"playbook": name, "evaluations": records})
@@ -380,10 +378,7 @@ def compare(project: Project, host_spec: str, playbook: str, reporter: Reporter,
         reporter.info(f"no evaluation of {name} on {host.name} recorded yet; run outrig "
                       f"evaluate --host {host_spec} --playbook {playbook}")
         return records
-    table = Table(title=f"evaluations of {name} on {host.name}", title_justify="left")
-    for col in ("checkpoint", "accept len", "per position", "tokens/s", "speedup", "when"):
-        table.add_column(col, overflow="fold")
-    for row in compare_rows(records):
-        table.add_row(*row)
-    reporter.stdout_console.print(table)
+    reporter.table(f"evaluations of {name} on {host.name}",
+                   ["checkpoint", "accept len", "per position", "tokens/s", "speedup", "when"],
+                   compare_rows(records), fold=True)
     return records

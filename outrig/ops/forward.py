@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, Interrupted
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host
 from outrig.journal import Journal, private_state_dir
 from outrig.session import Project
 from outrig.terminal import wrap_width
@@ -156,7 +156,7 @@ def listen(port: int) -> socket.socket:
     return sock
 
 
-def forward(project: Project, host_spec: str, reporter: Reporter, *,
+def forward(project: Project, host: Host, reporter: Reporter, *,
             process: str | None = None, run_id: str | None = None,
             playbook: str | None = None, remote_port: int | None = None,
             local_port: int | None = None, journal: Journal | None = None) -> None:
@@ -166,7 +166,6 @@ def forward(project: Project, host_spec: str, reporter: Reporter, *,
         checked_port(remote_port, "--remote-port")
     if local_port is not None:
         checked_port(local_port, "--local-port", any_free=True)
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
     if host.is_local:
         raise ConfigError(f"{host.name} is 'local' (this machine): its ports are here "
                           "already; nothing to forward")

@@ -42,7 +42,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
-from outrig.inventory import resolve_host
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.moves import mark_moved
 from outrig.ops.cleanup import cleanup_on
@@ -97,10 +97,13 @@ def recorded_job(journal: Journal, ident: str, *,
 
 
 def check_targets(project: Project, job_id: str, nodes: Sequence[NodeRun],
-                  to: Sequence[str], flag: str, *, pool: bool = False) -> list[str]:
+                  to: Sequence[str], flag: str, *, pool: bool = False,
+                  book: HostBook | None = None) -> list[str]:
     """The new boxes, checked before anything is sent: as many as the job has nodes (``pool``:
     at least as many; a watch's spares, the first N taken at each move), each a different
-    box, none one of the job's own boxes. A ConfigError (exit 2) names the flag."""
+    box, none one of the job's own boxes. A ConfigError (exit 2) names the flag.
+    ``book``: the command's hosts, each resolved once."""
+    book = book or HostBook(project.hosts_dir)
     hosts = list(to)
     if len(hosts) < len(nodes) or (len(hosts) > len(nodes) and not pool):
         exactly = "at least" if pool else "exactly"
@@ -112,7 +115,7 @@ def check_targets(project: Project, job_id: str, nodes: Sequence[NodeRun],
             "or started.")
     boxes: dict[tuple[str, int | None, str], str] = {}
     for spec in hosts:
-        host = resolve_host(spec, hosts_dir=project.hosts_dir)
+        host = book(spec)
         key = (host.hostname, host.port, host.workdir)
         if key in boxes:
             raise ConfigError(f"{flag}: {boxes[key]} and {spec} are the same box "
@@ -156,7 +159,8 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
     options = options or JobMoveOptions()
     started = time.monotonic()
     job_id, nodes = recorded_job(journal, ident, movable=True)
-    hosts = check_targets(project, job_id, nodes, to, "--to")
+    book = HostBook(project.hosts_dir)
+    hosts = check_targets(project, job_id, nodes, to, "--to", book=book)
     head = journal.run(nodes[0].run_id)
     if head is None:
         raise ConfigError(f"the journal has no record of {nodes[0].run_id}, node 0 of job "
@@ -166,7 +170,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
     job = redeploy.job
     reporter.info(f"• moving job {job_id} ({job.name}, {len(nodes)} nodes) to "
                   f"{', '.join(hosts)}")
-    new = [HostSession(project, h, reporter, journal) for h in hosts]
+    new = [HostSession(project, h, reporter, journal, host=book(h)) for h in hosts]
     olds = [_OldNode(n) for n in nodes]
     try:
         _preflight(new, job, nodes)
@@ -184,7 +188,7 @@ def move_job(project: Project, ident: str, to: Sequence[str], reporter: Reporter
             session.close()
     try:
         result = deploy_nodes(project, hosts, job, reporter, journal=journal,
-                              params=redeploy.params, moved=origin)
+                              params=redeploy.params, moved=origin, book=book)
     except NodesFailed as exc:
         raise NodesFailed(
             f"{exc} The move of job {job_id} ended there: its old nodes are stopped and its "

@@ -21,23 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from outrig.console import Reporter
-from outrig.errors import ConfigError, OutrigError
 from outrig.fanout import MAX_PARALLEL, HostOutcome, run_fanout
-from outrig.inventory import resolve_host
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.status import PROGRESS_BYTES, PROGRESS_MARKERS, enrich_status, remember_progress
 from outrig.providers.ledger import annotate_costs
 from outrig.run_history import RECENT, HostView, chosen, history_document, history_lines
 from outrig.session import HostSession, Project
-
-
-def host_key(project: Project, spec: str) -> str:
-    """The name a host's runs are filed under in the journal (what the user typed; a host
-    file's path becomes its name)."""
-    try:
-        return resolve_host(spec, hosts_dir=project.hosts_dir).name
-    except OutrigError:
-        return spec
 
 
 def journal_runs(journal: Journal, hosts: Sequence[str] | None,
@@ -58,35 +48,29 @@ def _ask(session: HostSession) -> dict[str, Any]:
     return {"runs": [r.get("run_id") for r in result.get("runs") or []]}
 
 
-def _reachable_spec(project: Project, spec: str) -> bool:
-    """Whether ``spec`` still names a host (its host file may have been removed)."""
-    try:
-        resolve_host(spec, hosts_dir=project.hosts_dir)
-    except ConfigError:
-        return False
-    return True
-
-
 def runs_history(project: Project, reporter: Reporter, *, hosts: Sequence[str] | None = None,
                  playbook: str | None = None, show_all: bool = False,
                  max_parallel: int = MAX_PARALLEL, deadline: float | None = None,
-                 journal: Journal | None = None, recent: int = RECENT) -> dict[str, Any]:
+                 journal: Journal | None = None, recent: int = RECENT,
+                 book: HostBook | None = None) -> dict[str, Any]:
     """``outrig runs``: shown as a table (or one JSON document) and returned. ``playbook`` is
-    the name runs are filed under (the command resolved ``--playbook`` to it)."""
+    the name runs are filed under (the command resolved ``--playbook`` to it); ``book``: the
+    command's hosts, resolved once."""
     journal = journal or Journal()
-    keys = None if hosts is None else list(dict.fromkeys(host_key(project, h) for h in hosts))
+    book = book or HostBook(project.hosts_dir)
+    keys = None if hosts is None else list(dict.fromkeys(book.filed_under(h) for h in hosts))
     before, _ = chosen(journal_runs(journal, keys, playbook), show_all=show_all, recent=recent)
     # the journal's hosts that still have a way in: a released box's host file is gone, and
     # its runs are shown as last seen
     specs = list(hosts) if hosts is not None else \
         [h for h in dict.fromkeys(str(r.get("host")) for r in before if r.get("host"))
-         if _reachable_spec(project, h)]
+         if book.knows(h)]
     outcomes: list[HostOutcome] = []
     if specs:
         outcomes = run_fanout(project, specs, _ask, max_parallel=max_parallel,
                               deadline=deadline, journal=journal)
     now = time.time()
-    answered = {host_key(project, o.host): o for o in outcomes}
+    answered = {book.filed_under(o.host): o for o in outcomes}
     records = journal_runs(journal, keys, playbook)
     names = list(dict.fromkeys([*answered, *(str(r.get("host")) for r in records)]))
     views = []

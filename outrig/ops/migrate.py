@@ -33,13 +33,10 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.moves import mark_moved
 from outrig.ops.cleanup import cleanup_on
@@ -130,8 +127,8 @@ def rank_problem(old: int | None, plan: Plan, to_spec: str) -> str | None:
             "start a fresh run there (a new save_path) instead of resuming")
 
 
-def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: bool,
-                    journal: Journal, ranks: int | None = None,
+def choose_playbook(project: Project, to_spec: str, playbook: str, *, to_host: Host,
+                    explicit: bool, journal: Journal, ranks: int | None = None,
                     from_host: Host | None = None,
                     jobs: Callable[[str], Job] | None = None) -> tuple[Plan, str, list[str]]:
     """The plan for NEW: ``playbook`` if it was named explicitly, else the member of its
@@ -148,15 +145,14 @@ def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: 
     Returns the plan, the chosen member as a name or path that ``find_playbook`` accepts,
     and the names of every member considered.
     """
-    new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
     known: dict[str, ModelFacts] = {}
     if from_host is not None:
         known.update(cached_models(journal, from_host))
-    known.update(cached_models(journal, new_host))
+    known.update(cached_models(journal, to_host))
     load = jobs or (lambda member: load_job(find_playbook(member, project.playbooks_dir)))
 
     def plan_for(member: str) -> Plan:
-        return plan_job(load(member), new_host, journal, probed=known)
+        return plan_job(load(member), to_host, journal, probed=known)
 
     if explicit:
         plan = plan_for(playbook)
@@ -195,12 +191,8 @@ def choose_playbook(project: Project, to_spec: str, playbook: str, *, explicit: 
     return chosen, ref, [name for _, name in members]
 
 
-def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
-                    new_host: str) -> Table:
-    table = Table(title="placement: old → new", title_justify="left")
-    table.add_column("process")
-    table.add_column(escape(f"{old_host} ({(old or {}).get('playbook', '?')})"))
-    table.add_column(escape(f"{new_host} ({new.playbook})"))
+def placement_rows(old: dict[str, Any] | None, new: Plan) -> list[list[str]]:
+    """Each process's GPUs on the old box and on the new one (``—``: not on that box)."""
     old_procs = {p["name"]: p for p in ((old or {}).get("processes") or [])}
 
     def cell(gpus: list[int], parallel: Any) -> str:
@@ -209,20 +201,20 @@ def placement_table(old: dict[str, Any] | None, new: Plan, old_host: str,
             text += f" (TP{parallel[0]}×DP{parallel[1]})"
         return text
 
+    rows = []
     for name in dict.fromkeys([*old_procs, *new.order]):
         before = old_procs.get(name)
         after = new.processes.get(name)
-        table.add_row(name,
-                      cell(before["gpus"], before.get("parallel")) if before else "—",
-                      cell(after.gpus, after.parallel) if after else "—")
-    return table
+        rows.append([name, cell(before["gpus"], before.get("parallel")) if before else "—",
+                     cell(after.gpus, after.parallel) if after else "—"])
+    return rows
 
 
 def migrate(project: Project, from_spec: str | None, to_spec: str, reporter: Reporter, *,
             playbook: str | None = None, journal: Journal | None = None,
             probe_attempts: int = 3, probe_pause: float = MIGRATE_PROBE_PAUSE,
             run_id: str | None = None, params: dict[str, Any] | None = None,
-            from_host: Host | None = None) -> dict[str, Any]:
+            from_host: Host | None = None, book: HostBook | None = None) -> dict[str, Any]:
     """Move a job from OLD to NEW and resume it there (the runbook is this module's doc).
 
     OLD is ``from_host`` (a box already resolved: ``watch`` holds it), else ``from_spec``, else
@@ -234,13 +226,14 @@ def migrate(project: Project, from_spec: str | None, to_spec: str, reporter: Rep
 
     One session per box for the whole move: NEW's connection is opened once and every step
     (check, provision, stage, deploy) runs its core on it; OLD's session, when the probe
-    reached it, serves the box-to-box copies and the stop of its run."""
+    reached it, serves the box-to-box copies and the stop of its run. ``book``: the
+    command's hosts, each resolved once (NEW is resolved there)."""
     journal = journal or Journal()
     old_host, note = old_box(project, journal, from_spec, run_id, from_host)
     if note:
         reporter.info(f"• {note}")
     from_label = from_spec or old_host.name
-    new_host = resolve_host(to_spec, hosts_dir=project.hosts_dir)
+    new_host = (book or HostBook(project.hosts_dir))(to_spec)
     if old_host.name == new_host.name:
         raise ConfigError("--from and --to name the same host")
     moving: dict[str, Any] | None = None
@@ -263,7 +256,7 @@ def migrate(project: Project, from_spec: str | None, to_spec: str, reporter: Rep
         reporter.warn(f"{from_label} is unreachable" + (f" after {len(tried)} checks"
                       if probe_attempts > 0 else "") + "; using the checkpoint mirror on "
                       "this workstation")
-    new = HostSession(project, to_spec, reporter, journal)
+    new = HostSession(project, to_spec, reporter, journal, host=new_host)
     try:
         return _move(new, old, report, old_host, playbook=playbook, run_id=run_id,
                      params=params)
@@ -322,11 +315,15 @@ def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], old
         return members[ref][0]
 
     plan, new_playbook, considered = choose_playbook(
-        project, to_spec, source, explicit=playbook is not None, journal=journal,
+        project, to_spec, source, to_host=new.host, explicit=playbook is not None,
+        journal=journal,
         ranks=trainer_ranks((old_plan or {}).get("processes")), from_host=old_host,
         jobs=member)
     if not reporter.json_mode:
-        reporter.stdout_console.print(placement_table(old_plan, plan, old_name, new.host.name))
+        reporter.table("placement: old → new",
+                       ["process", f"{old_name} ({(old_plan or {}).get('playbook', '?')})",
+                        f"{new.host.name} ({plan.playbook})"],
+                       placement_rows(old_plan, plan))
         if len(considered) > 1:
             reporter.info(f"• chose {plan.playbook} of family {family(job)} for {to_spec} "
                           f"(considered: {', '.join(considered)})")

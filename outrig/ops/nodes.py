@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 from outrig.agent.client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.console import Reporter, describe_event
 from outrig.errors import ConfigError, Interrupted, OutrigError, PlanError
-from outrig.inventory import resolve_host
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_request, deployed_status, plan_on
@@ -106,11 +106,13 @@ def node_run_id(job_id: str, rank: int) -> str:
 
 
 def select_nodes(project: Project, job: Job, selection: Sequence[str], *,
-                 placed: bool = False) -> list[str]:
+                 placed: bool = False, book: HostBook | None = None) -> list[str]:
     """The hosts of the job's nodes, node 0 first, from the ``--host`` selection (already
     expanded, in order) and the playbook's ``nodes:``. Raises :class:`ConfigError` naming the
     file, the key and the fix when they disagree, or when one box would be two nodes.
-    ``placed``: the selection is a move's new boxes, which the playbook's list never names."""
+    ``placed``: the selection is a move's new boxes, which the playbook's list never names.
+    ``book``: the command's hosts, each resolved once."""
+    book = book or HostBook(project.hosts_dir)
     spec, where = job.spec, job.where(("nodes",))
     listed = [] if placed else list(spec.node_hosts or [])
     chosen = list(selection)
@@ -131,7 +133,7 @@ def select_nodes(project: Project, job: Job, selection: Sequence[str], *,
                           "must be a different host. Nothing was sent.")
     boxes: dict[tuple[str, int | None, str], str] = {}
     for spec_text in hosts:
-        host = resolve_host(spec_text, hosts_dir=project.hosts_dir)
+        host = book(spec_text)
         key = (host.hostname, host.port, host.workdir)
         if key in boxes:
             raise ConfigError(
@@ -173,7 +175,8 @@ def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Rep
                  dry_run: bool = False, wait: bool = True, journal: Journal | None = None,
                  params: dict[str, Any] | None = None,
                  allow_unhealthy_gpu: bool = False,
-                 moved: JobOrigin | None = None) -> NodesResult:
+                 moved: JobOrigin | None = None,
+                 book: HostBook | None = None) -> NodesResult:
     """``deploy`` of a playbook with ``nodes`` > 1 on the ``--host`` selection (expanded).
 
     Plans every node first and sends nothing when any plan fails; then node 0, then the
@@ -181,12 +184,15 @@ def deploy_nodes(project: Project, hosts: Sequence[str], job: Job, reporter: Rep
     the node. ``wait=False`` launches without waiting for readiness (node 0 first still).
     ``allow_unhealthy_gpu``: each node's box places processes on a ``bad`` GPU too.
     ``moved``: this deploy is a job's move (:mod:`outrig.ops.job_move`): the hosts are its new
-    boxes, and the job and node records say where it came from."""
+    boxes, and the job and node records say where it came from. ``book``: the command's
+    hosts, each resolved once (the sessions take them from it)."""
     journal = journal or Journal()
-    names = select_nodes(project, job, hosts, placed=moved is not None)
+    book = book or HostBook(project.hosts_dir)
+    names = select_nodes(project, job, hosts, placed=moved is not None, book=book)
     job_id = new_run_id(job.name)
     nodes = [NodeRun(rank, host, node_run_id(job_id, rank)) for rank, host in enumerate(names)]
-    sessions = [HostSession(project, n.host, reporter, journal) for n in nodes]
+    sessions = [HostSession(project, n.host, reporter, journal, host=book(n.host))
+                for n in nodes]
     try:
         plans = plan_nodes(sessions, job, nodes, job_id, probe=not dry_run)
         for plan in plans:

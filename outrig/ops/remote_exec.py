@@ -13,7 +13,7 @@ import sys
 from typing import IO
 
 from outrig.errors import ConfigError, ConnectError
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host
 from outrig.journal import private_state_dir
 from outrig.session import Project
 from outrig.transport import AgentChannel, transport_for
@@ -69,10 +69,10 @@ def _pump(channel: AgentChannel, out: IO[bytes], err: IO[bytes]) -> None:
         err.flush()
 
 
-def run_exec(project: Project, host_spec: str, command: list[str], *,
+def run_exec(project: Project, host: Host, command: list[str], *,
              out: IO[bytes] | None = None, err: IO[bytes] | None = None) -> int:
-    """Run ``command`` on the box; return its exit status (255 when the box gave none)."""
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
+    """Run ``command`` on ``host`` (resolved by the caller: :meth:`outrig.cli.targets.Target.
+    resolve`); return its exit status (255 when the box gave none)."""
     argv = exec_argv(host, command)
     out = out or sys.stdout.buffer
     err = err or sys.stderr.buffer

@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 from outrig.errors import ConfigError, OutrigError
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host
 from outrig.ops.remote_exec import exec_argv
-from outrig.session import Project
 from outrig.transport import known_hosts_path
 
 INTERACTIVE = ["sh", "-c", 'exec "${SHELL:-/bin/sh}" -i']
@@ -46,9 +45,8 @@ def ssh_argv(host: Host, command: list[str], *, tty: bool) -> list[str]:
     return [*argv, "--", host.hostname, shlex.join(remote)]
 
 
-def open_ssh(project: Project, host_spec: str, command: list[str]) -> None:
+def open_ssh(host: Host, command: list[str]) -> None:
     """Replace this process with ``ssh`` (its exit status is then the command's)."""
-    host = resolve_host(host_spec, hosts_dir=project.hosts_dir)
     host.refuse_placeholder()
     argv = ssh_argv(host, command, tty=sys.stdin.isatty() and sys.stdout.isatty())
     client = shutil.which("ssh")

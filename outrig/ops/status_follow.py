@@ -85,13 +85,9 @@ def captured(session: HostSession, draw: Callable[[], object], *, colour: bool,
              width: int) -> list[str]:
     """What ``draw`` shows through the session's reporter, as lines (its tables, notes and
     warnings in the order it printed them), laid out for ``width`` columns."""
-    from rich.console import Console
-
     buffer = io.StringIO()
-    shown = Reporter(out=buffer, err=buffer, gpu_table=session.reporter.gpu_table)
-    shown.stdout_console = shown.console = Console(
-        file=buffer, width=width, force_terminal=colour, no_color=not colour,
-        highlight=False, soft_wrap=True)
+    shown = Reporter.capturing(buffer, width=width, colour=colour,
+                               gpu_table=session.reporter.gpu_table)
     real, session.reporter = session.reporter, shown
     try:
         draw()

@@ -13,6 +13,7 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.errors import AuthenticationError, ConfigError, ConnectError
+from outrig.inventory import resolve_host
 from outrig.journal import Journal
 from outrig.ops.remote_exec import run_exec
 from outrig.ops.status import status
@@ -39,7 +40,8 @@ def test_exec_with_a_refused_key_says_authentication_failed_not_link_broke(
     box"); a refused key happens before anything runs and must keep its own message."""
     host = wrong_key_host(box_host, tmp_path)
     with pytest.raises(AuthenticationError) as info:
-        run_exec(PROJECT, str(host), ["true"], out=io.BytesIO(), err=io.BytesIO())
+        run_exec(PROJECT, resolve_host(str(host), hosts_dir=PROJECT.hosts_dir), ["true"],
+                 out=io.BytesIO(), err=io.BytesIO())
     assert not isinstance(info.value, ConnectError)
     text = str(info.value)
     assert "authentication failed" in text and "wrong_key" in text

@@ -28,6 +28,7 @@ import yaml
 
 from outrig.journal import Journal
 from outrig.session import Project
+from tests.support.hosts import write_host_file
 from tests.support.network import free_port
 from tests.support.processes import alive, wait_gone
 from tests.support.runs import stop_every_run
@@ -257,7 +258,7 @@ def test_cleanup_of_an_unknown_run_fails_and_stops_nothing(installed: Path,
 def test_ssh_uses_the_resolved_host_port_user_and_key(installed: Path, project: Path) -> None:
     host = yaml.safe_load((project / "hosts" / "box.yaml").read_text())
     host["env"]["GREETING"] = "hello from $USER"
-    (project / "hosts" / "box.yaml").write_text(yaml.safe_dump(host))
+    write_host_file(project, "box", **host)
     done = run(installed, ["ssh", "--", "sh", "-c", 'echo "$GREETING"; pwd', "x"], project,
                env={"XDG_STATE_HOME": str(project / "state")})
     assert done.returncode == 0, done.stderr
@@ -282,7 +283,7 @@ def test_forward_reaches_the_server_and_survives_a_cut_link(
     host = yaml.safe_load((project / "hosts" / "box.yaml").read_text())
     proxy = make_proxy(sandbox.port, one_way_delay=0.0)
     host["port"] = proxy.port
-    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(host))
+    write_host_file(project, "far", **host)
     env = {"XDG_STATE_HOME": str(project / "state"), "OUTRIG_HOST": "far"}
     done = run(installed, ["deploy", "--param", f"port={free_port()}"], project, env=env)
     assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ import yaml
 from outrig.connectors.ssh.transport import SSHTransport
 from outrig.inventory import resolve_host
 from tests.support.cli import outrig
+from tests.support.hosts import write_host_file
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,7 @@ def through_relay(box_project: Path, box_host: Path, make_proxy: Any, tmp_path: 
         f"Host X\n  ProxyCommand {sys.executable} {relay} {count} %h %p\n")
     config["hostname"] = "X"
     del config["port"]
-    (box_project / "hosts" / "X.yaml").write_text(yaml.safe_dump(config))
+    write_host_file(box_project, "X", **config)
     monkeypatch.chdir(box_project)
     monkeypatch.delenv("OUTRIG_PROJECT", raising=False)
     return count, proxy

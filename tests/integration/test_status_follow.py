@@ -24,6 +24,7 @@ from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.ops.deploy import deploy
 from outrig.session import Project
+from tests.support.hosts import write_host_file
 from tests.support.runs import write_playbook
 
 pytestmark = pytest.mark.integration
@@ -41,7 +42,7 @@ def far(box_host: Path, sandbox: Any, make_proxy: Any, tmp_path: Path,
     host = yaml.safe_load(box_host.read_text())
     proxy = make_proxy(sandbox.port, one_way_delay=0.0)
     host["port"] = proxy.port
-    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(host))
+    write_host_file(project, "far", **host)
     trainer = ("import time\nstep = 0\nwhile True:\n    step += 1\n"
                "    print(f'train/loss={1 / step:.4f}, global_step={step}', flush=True)\n"
                "    time.sleep(0.2)\n")

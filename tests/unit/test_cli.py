@@ -18,6 +18,7 @@ from outrig.cli.settings import parse_params
 from outrig.errors import ConfigError
 from outrig.journal import Journal
 from tests.support.cli import outrig
+from tests.support.hosts import write_host_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -250,8 +251,8 @@ def test_exec_json_is_one_object_with_the_output_and_the_exit_status(
         project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
-    (project / "hosts" / "here.yaml").write_text(yaml.safe_dump(
-        {"hostname": "local", "workdir": str(workdir), "env": {"GREETING": "hi"}}))
+    write_host_file(project, "here", hostname="local", workdir=str(workdir),
+                    env={"GREETING": "hi"})
     code, out, err = outrig(["exec", "--host", "here", "--json", "--", "sh", "-c",
                              'echo "$GREETING $(pwd)"; echo oops >&2; exit 3'], capsys)
     assert code == 3, err
@@ -263,9 +264,8 @@ def test_exec_json_is_one_object_with_the_output_and_the_exit_status(
 
 def test_ssh_json_prints_the_resolved_ssh_command_and_runs_nothing(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
-        {"hostname": "127.0.0.1", "port": 2222, "user": "ubuntu", "workdir": "/w",
-         "identity_file": "/keys/id_far"}))
+    write_host_file(project, "far", hostname="127.0.0.1", port=2222, user="ubuntu",
+                    workdir="/w", identity_file="/keys/id_far")
     code, out, err = outrig(["ssh", "--host", "far", "--json", "--", "htop"], capsys)
     assert code == 0, err
     doc = json.loads(out)
@@ -363,8 +363,7 @@ def test_every_flag_given_without_its_value_is_refused(project: Path, task: str,
 def test_deploy_host_without_its_value_deploys_nothing_to_the_configured_host(
         project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     workdir = tmp_path / "here-box"
-    (project / "hosts" / "here.yaml").write_text(yaml.safe_dump(
-        {"hostname": "local", "workdir": str(workdir)}))
+    write_host_file(project, "here", hostname="local", workdir=str(workdir))
     (project / "outrig.yaml").write_text("host: here\nplaybook: job\n")
     for args in (["deploy", "--host"], ["deploy", "--param", "--host", "here"],
                  ["deploy", "--host", "--param", "n=2"]):
@@ -398,8 +397,7 @@ def test_ssh_quiets_the_client_only_when_it_runs_a_command(
     from outrig.inventory import resolve_host
     from outrig.ops.shell import ssh_argv
 
-    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
-        {"hostname": "127.0.0.1", "port": 2222, "workdir": "/w"}))
+    write_host_file(project, "far", hostname="127.0.0.1", port=2222, workdir="/w")
     host = resolve_host("far", hosts_dir=project / "hosts")
     for tty in (True, False):
         with_command = ssh_argv(host, ["htop"], tty=tty)
@@ -417,8 +415,7 @@ def test_a_failure_to_connect_names_the_host_as_typed(
     from tests.support.network import free_port
 
     port = free_port()  # nothing listens there
-    (project / "hosts" / "far.yaml").write_text(yaml.safe_dump(
-        {"hostname": "127.0.0.1", "port": port, "user": "me", "workdir": "/w"}))
+    write_host_file(project, "far", hostname="127.0.0.1", port=port, user="me", workdir="/w")
     code, _, err = outrig(["status", "--host", "far"], capsys)
     assert code == 1, err
     assert f"connection refused by far (me@127.0.0.1:{port})" in err, err

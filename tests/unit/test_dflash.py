@@ -20,6 +20,7 @@ from outrig.recipes import EnvFacts, ModelFacts, RecipeContext, dflash, models_t
 from outrig.recipes.base import Expansion
 from outrig.recipes.dflash import expand as dflash_expand
 from outrig.recipes.dflash_section import DFlashSpec
+from tests.support.hosts import write_host_file
 
 HOST = Host(name="box", hostname="127.0.0.1", workdir="/workspace/dflash")
 REPO = Path(__file__).resolve().parents[2]
@@ -232,20 +233,21 @@ def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path)
     (tmp_path / "hosts").mkdir()
     (tmp_path / "playbooks").mkdir()
     for name in ("old", "new"):
-        (tmp_path / "hosts" / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"hostname": "127.0.0.1", "workdir": "/workspace/dflash", "gpus": 4}))
+        write_host_file(tmp_path, name, hostname="127.0.0.1", workdir="/workspace/dflash",
+                        gpus=4)
     doc = base()
     del doc["dflash"]["num_hidden_layers"]
     (tmp_path / "playbooks" / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     project, journal = Project(tmp_path), Journal(tmp_path / "state")
     old = resolve_host("old", hosts_dir=project.hosts_dir)
+    new_host = resolve_host("new", hosts_dir=project.hosts_dir)
     with pytest.raises(PlanError, match="num_hidden_layers"):  # nothing known anywhere
-        choose_playbook(project, "new", "job", explicit=True, journal=journal,
-                        from_host=old)
+        choose_playbook(project, "new", "job", to_host=new_host, explicit=True,
+                        journal=journal, from_host=old)
     journal.remember_models("old", [{"model": MODEL, "exists": True, "num_hidden_layers": 64,
                                      "weight_bytes": 55 * 10**9, "vocab_size": 248320}])
-    plan, ref, _ = choose_playbook(project, "new", "job", explicit=True, journal=journal,
-                                   from_host=old)
+    plan, ref, _ = choose_playbook(project, "new", "job", to_host=new_host, explicit=True,
+                                   journal=journal, from_host=old)
     assert ref == "job"
     trainer = plan.processes["trainer"].argv
     start = trainer.index("--target-layer-ids") + 1
@@ -253,8 +255,8 @@ def test_migrate_plans_a_fresh_box_with_the_old_boxs_model_facts(tmp_path: Path)
     # the new box's own report wins over the old box's
     journal.remember_models("new", [{"model": MODEL, "exists": True, "num_hidden_layers": 48,
                                      "weight_bytes": 55 * 10**9, "vocab_size": 248320}])
-    plan, _, _ = choose_playbook(project, "new", "job", explicit=True, journal=journal,
-                                 from_host=old)
+    plan, _, _ = choose_playbook(project, "new", "job", to_host=new_host, explicit=True,
+                                 journal=journal, from_host=old)
     trainer = plan.processes["trainer"].argv
     start = trainer.index("--target-layer-ids") + 1
     assert trainer[start:start + 3] == ["2", "24", "45"]

@@ -18,6 +18,7 @@ import yaml
 from outrig.cli.starter import PLAYBOOK_YAML
 from outrig.textlayout import command_lines, status_lines
 from tests.support.cli import outrig
+from tests.support.hosts import write_host_file
 
 WIDTH = 80
 
@@ -32,8 +33,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A project with a local host; the current folder; COLUMNS=80."""
     root = tmp_path / "proj"
     (root / "hosts").mkdir(parents=True)
-    (root / "hosts" / "one.yaml").write_text(yaml.safe_dump(
-        {"hostname": "local", "workdir": str(tmp_path / "w"), "gpus": 8}))
+    write_host_file(root, "one", hostname="local", workdir=str(tmp_path / "w"), gpus=8)
     (root / "playbooks").mkdir()
     monkeypatch.chdir(root)
     monkeypatch.setenv("COLUMNS", str(WIDTH))

@@ -58,7 +58,9 @@ def test_a_port_out_of_range_is_refused_before_the_box_is_contacted(
     ports = {"remote_port": 8000, flag: value}
     with pytest.raises(ConfigError, match=f"--{flag.replace('_', '-')} {value} is not a TCP "
                                           "port.*Nothing was sent") as caught:
-        forward(Project(tmp_path), f"root@127.0.0.1:{box.port}", Reporter(quiet=True),
+        forward(Project(tmp_path), resolve_host(f"root@127.0.0.1:{box.port}",
+                                                hosts_dir=tmp_path / "hosts"),
+                Reporter(quiet=True),
                 journal=Journal(tmp_path / "state"), **ports)
     assert caught.value.exit_code == 2
     assert box.accepted == 0

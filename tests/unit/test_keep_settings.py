@@ -25,6 +25,7 @@ from outrig.inventory import Host
 from outrig.journal import Journal
 from outrig.session import HostSession
 from outrig.transport import transport_for
+from tests.support.hosts import write_host_file
 
 BOX = Host(name="box", hostname="10.0.0.5", workdir="/w", port=2222, user="u")
 
@@ -91,8 +92,7 @@ def test_the_setting_reaches_the_connector_through_the_project_not_the_environme
     """Each command's session builds its connector from its project's setting; nothing is
     written to os.environ, so two commands in one process do not leak into each other."""
     (tmp_path / "hosts").mkdir()
-    (tmp_path / "hosts" / "box.yaml").write_text(yaml.safe_dump(
-        {"hostname": "10.0.0.5", "port": 2222, "user": "u", "workdir": "/w"}))
+    write_host_file(tmp_path, "box", hostname="10.0.0.5", port=2222, user="u", workdir="/w")
     (tmp_path / "outrig.yaml").write_text(yaml.safe_dump({"keep_seconds": 90}))
     monkeypatch.delenv(KEEP_ENV)
     before = dict(os.environ)

@@ -17,6 +17,7 @@ from outrig.journal import Journal
 from outrig.playbook import find_playbook, load_job
 from outrig.redeploy.rebuild import rebuild, redeploy_of
 from outrig.redeploy.record import RECORD_KEY, move_record, recorded_host, run_host
+from tests.support.hosts import write_host_file
 
 BOOK = {"name": "job", "params": {"steps": 400, "tag": "file"},
         "secrets": ["HF_TOKEN"],
@@ -30,9 +31,8 @@ def project(tmp_path: Path) -> Path:
     (tmp_path / "playbooks").mkdir()
     (tmp_path / "hosts").mkdir()
     (tmp_path / "playbooks" / "job.yaml").write_text(yaml.safe_dump(BOOK, sort_keys=False))
-    (tmp_path / "hosts" / "a.yaml").write_text(yaml.safe_dump({
-        "hostname": "127.0.0.1", "port": 2222, "user": "root", "workdir": "/w",
-        "identity_file": "~/.ssh/id_a", "env": {"PATH": "/opt/bin:$PATH", "HF_TOKEN": "x"}}))
+    write_host_file(tmp_path, "a", hostname="127.0.0.1", port=2222, user="root", workdir="/w",
+                    identity_file="~/.ssh/id_a", env={"PATH": "/opt/bin:$PATH", "HF_TOKEN": "x"})
     return tmp_path
 
 
