@@ -31,8 +31,8 @@ def chosen_runs(c: Any, reporter: Reporter, run: list[str] | None, host: str | N
     the journal has it (:func:`outrig.ops.metrics.current_run`), said on stderr. No box
     is contacted."""
     from outrig.cli.targets import playbook_identity
+    from outrig.inventory import HostBook
     from outrig.journal import Journal
-    from outrig.ops.list_runs import host_key
     from outrig.ops.metrics import check_hosts, current_run
 
     runs = [r for r in run or [] if r]
@@ -40,7 +40,7 @@ def chosen_runs(c: Any, reporter: Reporter, run: list[str] | None, host: str | N
     value, _ = settings.value("host", host)
     if value is None:
         return runs  # neither: select_chains says what is needed
-    key = host_key(settings.project, settings.host(str(value)))
+    key = HostBook(settings.project.hosts_dir).filed_under(settings.host(str(value)))
     journal = Journal()
     if runs:
         if host:  # a configured host does not restrict an explicit --run
