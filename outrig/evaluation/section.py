@@ -19,6 +19,15 @@ BOX_PREFIX = "box:"  # prompts read on the box rather than pushed from the works
 SMOKE = "smoke"  # evaluate.prompts: the smoke set shipped with outrig (code, math, chat, ...)
 
 
+def gpu_list(value: list[int] | None) -> list[int] | None:
+    """A ``gpus:`` list of an evaluation server: indices 0 or more, each once."""
+    if value is not None:
+        if any(g < 0 for g in value):
+            raise ValueError("GPU indices are 0 or more")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} lists a GPU twice")
+    return value
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,12 +53,7 @@ class EvalServerSpec(_Section):
     @field_validator("gpus")
     @classmethod
     def _gpus_ok(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None:
-            if any(g < 0 for g in value):
-                raise ValueError("GPU indices are 0 or more")
-            if len(set(value)) != len(value):
-                raise ValueError(f"{value} lists a GPU twice")
-        return value
+        return gpu_list(value)
 
 
 class DuringTrainingSpec(_Section):
@@ -70,12 +74,7 @@ class DuringTrainingSpec(_Section):
     @field_validator("gpus")
     @classmethod
     def _gpus_ok(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None:
-            if any(g < 0 for g in value):
-                raise ValueError("GPU indices are 0 or more")
-            if len(set(value)) != len(value):
-                raise ValueError(f"{value} lists a GPU twice")
-        return value
+        return gpu_list(value)
 
     @model_validator(mode="after")
     def _where(self) -> DuringTrainingSpec:

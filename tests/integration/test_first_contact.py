@@ -5,10 +5,7 @@ the command's output and nothing of OpenSSH's own."""
 from __future__ import annotations
 
 import json
-import os
-import pty
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import yaml
 from outrig.sandbox.box import SandboxBox
 from tests.support.cli import outrig
 from tests.support.network import free_port
+from tests.support.terminal import on_a_terminal as run_on_a_terminal
 
 pytestmark = pytest.mark.integration
 OUTRIG = Path(sys.executable).parent / "outrig"
@@ -52,29 +50,10 @@ def test_check_json_is_one_document_with_the_facts(
     assert len(doc["facts"]["gpus"]) == 8 and doc["facts"]["hostname"]
 
 
-def on_a_terminal(argv: list[str], cwd: Path, timeout: float = 60) -> tuple[int, str]:
-    """Run ``argv`` with a pseudo-terminal as its stdin, stdout and stderr: its exit status
-    and everything it wrote there."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: never returns into the test
-        try:
-            os.chdir(cwd)
-            os.execv(argv[0], argv)
-        finally:
-            os._exit(127)
-    output = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not chunk:
-            break
-        output += chunk
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    return os.waitstatus_to_exitcode(status), output.decode("utf-8", "replace")
+def on_a_terminal(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """``argv`` on a pseudo-terminal: its exit status and everything it wrote, as text."""
+    code, output = run_on_a_terminal(argv, cwd=cwd)
+    return code, output.decode("utf-8", "replace")
 
 
 def test_ssh_with_a_command_on_a_terminal_prints_only_the_commands_output(

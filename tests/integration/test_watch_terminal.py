@@ -4,19 +4,16 @@ message, and draws nothing after it (issue 41: the frame was left over the messa
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pty
-import select
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.cli import deployed
+from tests.support.terminal import on_a_terminal
 
 pytestmark = pytest.mark.integration
 OUTRIG = Path(sys.executable).parent / "outrig"
@@ -40,40 +37,18 @@ def project(box_project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_ctrl_c_in_watch_erases_the_spinner_before_the_message(
         project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_id = deployed("loop", capsys)["run_id"]
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: never returns into the test
-        try:
-            os.chdir(project)
-            os.environ["COLUMNS"] = "80"
-            os.execv(str(OUTRIG), [str(OUTRIG), "watch", "--host", "sandbox",
-                                   "--playbook", "loop"])
-        finally:
-            os._exit(127)
-    output, sent = b"", False
-    deadline = time.monotonic() + BEAT_WAIT_S
-    try:
-        while time.monotonic() < deadline:
-            if not sent and SPINNER in output:
-                os.kill(pid, signal.SIGINT)  # what Ctrl-C sends
-                sent = True
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            output += chunk
-        _, status = os.waitpid(pid, 0)
-    finally:
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        os.close(fd)
+    sent: list[int] = []
+
+    def ctrl_c_at_the_spinner(pid: int, output: bytes) -> None:
+        if not sent and SPINNER in output:
+            os.kill(pid, signal.SIGINT)  # what Ctrl-C sends
+            sent.append(pid)
+
+    code, output = on_a_terminal(
+        [str(OUTRIG), "watch", "--host", "sandbox", "--playbook", "loop"], cwd=project,
+        env={"COLUMNS": "80"}, timeout=BEAT_WAIT_S, react=ctrl_c_at_the_spinner)
     assert sent, output
-    assert os.waitstatus_to_exitcode(status) == 130, output
+    assert code == 130, output
     said = output.index(b"interrupted: anything already launched keeps running")
     before, after = output[:said], output[said:]
     assert f"{run_id}: running".encode() in before, output  # the heartbeat was drawn

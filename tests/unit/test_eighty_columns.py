@@ -4,11 +4,8 @@ a spinner is drawn. Each was wider than 80, cut a word or left something drawn (
 
 from __future__ import annotations
 
-import os
-import pty
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ from outrig.cli.starter import PLAYBOOK_YAML
 from outrig.textlayout import command_lines, status_lines
 from tests.support.cli import outrig
 from tests.support.hosts import write_host_file
+from tests.support.terminal import on_a_terminal as run_on_a_terminal
 
 WIDTH = 80
 
@@ -171,26 +169,7 @@ except BaseException as exc:  # invoke's Exit
 
 def on_a_terminal(code: str) -> tuple[int, bytes]:
     """``python -c code`` with a pseudo-terminal of 80 columns: its status and output."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: never returns into the test
-        try:
-            os.environ["COLUMNS"] = str(WIDTH)
-            os.execv(sys.executable, [sys.executable, "-c", code])
-        finally:
-            os._exit(127)
-    output = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not chunk:
-            break
-        output += chunk
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    return os.waitstatus_to_exitcode(status), output
+    return run_on_a_terminal([sys.executable, "-c", code], env={"COLUMNS": str(WIDTH)})
 
 
 def test_ctrl_c_erases_the_spinner_before_its_message() -> None:
