@@ -34,7 +34,7 @@ from typing import IO, Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
-from outrig.inventory import resolve_host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.session import HostSession, Project
 from outrig.textlayout import visible
@@ -114,7 +114,8 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
                deadline: float | None = None, journal: Journal | None = None,
                on_outcome: Shown | None = None,
                reporter_for: Callable[[str], HostReporter] = HostReporter,
-               on_interrupt: Callable[[], None] | None = None) -> list[HostOutcome]:
+               on_interrupt: Callable[[], None] | None = None,
+               book: Callable[[str], Host] | None = None) -> list[HostOutcome]:
     """Run ``core`` on every host of ``specs`` (at most ``max_parallel`` in progress at
     once); return one outcome per host, in the order given.
 
@@ -126,9 +127,11 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
     it). ``deadline`` may be ``math.inf`` (``tail-logs --follow`` runs until stopped).
     ``on_interrupt``: on a first Ctrl-C, call it (it asks the running hosts to stop), give
     the hosts not started yet up, and collect the running ones' outcomes; a second Ctrl-C,
-    or any Ctrl-C without it, is raised."""
+    or any Ctrl-C without it, is raised. ``book``: the command's hosts, each resolved once
+    (its target's :class:`~outrig.inventory.HostBook`; a book of its own without one)."""
     if max_parallel < 1:
         raise ConfigError(f"--max-parallel must be at least 1, not {max_parallel}")
+    resolve = book or HostBook(project.hosts_dir)
     done: queue.Queue[HostOutcome] = queue.Queue()
     pending = list(dict.fromkeys(specs))
     running: dict[str, _Running] = {}
@@ -137,11 +140,12 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
     while pending or running:
         while pending and len(running) < max_parallel:
             spec = pending.pop(0)
-            limit = deadline if deadline is not None else _deadline(project, spec, work,
+            limit = deadline if deadline is not None else _deadline(resolve(spec), work,
                                                                     journal)
             running[spec] = _Running(time.monotonic(), limit, [], reporter_for(spec))
             threading.Thread(target=_work, name=f"outrig-fanout {spec}", daemon=True,
-                             args=(project, spec, core, journal, running[spec], done)).start()
+                             args=(project, spec, resolve, core, journal, running[spec],
+                                   done)).start()
         soonest = min(r.start + r.limit for r in running.values())
         try:
             outcome = done.get(timeout=None if soonest == math.inf else
@@ -172,19 +176,19 @@ def run_fanout(project: Project, specs: Sequence[str], core: Core, *,
     return [outcomes[spec] for spec in dict.fromkeys(specs)]
 
 
-def _deadline(project: Project, spec: str, work: float, journal: Journal | None) -> float:
-    host = resolve_host(spec, hosts_dir=project.hosts_dir)
+def _deadline(host: Host, work: float, journal: Journal | None) -> float:
     rtt = (journal or Journal()).host_facts(host.name).get("rtt")
     return fanout_deadline_for(host, rtt if isinstance(rtt, float) else None, work)[0]
 
 
-def _work(project: Project, spec: str, core: Core, journal: Journal | None,
+def _work(project: Project, spec: str, resolve: Callable[[str], Host], core: Core,
+          journal: Journal | None,
           slot: _Running, done: queue.Queue[HostOutcome]) -> None:
     """One host's thread: open its session, run the core, put the outcome (never raises:
     a failure on one host is that host's result, not the command's)."""
     reporter = slot.reporter
     try:
-        session = HostSession(project, spec, reporter, journal)
+        session = HostSession(project, spec, reporter, journal, host=resolve(spec))
         slot.session.append(session)
         try:
             result = core(session)

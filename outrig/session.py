@@ -27,7 +27,7 @@ from outrig.agent.client import AgentCall, raise_for_result
 from outrig.agent_code import BAD_REQUEST, PROTOCOL_VERSION, request_problems
 from outrig.console import Reporter
 from outrig.errors import LinkLost, RemoteError
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.moves import moved_line, moved_runs
 from outrig.timing import retry_pause
@@ -135,15 +135,16 @@ class HostSession:
     the one that serves the host."""
 
     def __init__(self, project: Project, host_spec: str, reporter: Reporter,
-                 journal: Journal | None = None, *, transport: Transport | None = None,
-                 host: Host | None = None) -> None:
+                 journal: Journal | None = None, *, host: Host,
+                 transport: Transport | None = None) -> None:
         self.project = project
         self.reporter = reporter
         self.journal = journal or Journal()
+        # ``host_spec``: the box as the user typed it, which messages and fix commands repeat
         self.host_spec = host_spec
-        # ``host``: the box already resolved (a box whose host file is gone, at the address
-        # its runs' move record holds: outrig.redeploy)
-        self.host = host or resolve_host(host_spec, hosts_dir=project.hosts_dir)
+        # ``host``: the box as the command's target resolved it once (a HostBook), or a box
+        # whose host file is gone, at the address its runs' move record holds (redeploy)
+        self.host = host
         self.last_events: list[dict[str, Any]] = []
         # set once the "moved" warning was given (or an op acts on the moved runs itself)
         self.moved_warned = False
@@ -227,8 +228,11 @@ class HostSession:
 def host_session(project: Project, host_spec: str, reporter: Reporter,
                  journal: Journal | None = None, *,
                  host: Host | None = None) -> Iterator[HostSession]:
-    """A session for the length of one op (the host-string entry points' way in)."""
-    session = HostSession(project, host_spec, reporter, journal, host=host)
+    """A session for the length of one op (the host-string entry points' way in): ``host``
+    as the caller's book resolved it, else resolved here, once (an op called without a
+    target: a test, another op)."""
+    session = HostSession(project, host_spec, reporter, journal,
+                          host=host or HostBook(project.hosts_dir)(host_spec))
     try:
         yield session
     finally:

@@ -11,7 +11,7 @@ never needs them, and ``outrig --list`` stays quick.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outrig.cli.rows import (
@@ -28,7 +28,7 @@ from outrig.cli.rows import (
 from outrig.cli.targets import Sweep
 from outrig.errors import ConfigError, Interrupted, OutrigError
 from outrig.fanout import Core, FanOutFailed, run_fanout
-from outrig.inventory import resolve_host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.ops.runs import new_run_id
 from outrig.session import HostSession, Project
@@ -48,7 +48,7 @@ def fan_out(sweep: Sweep, core: Core, *, summarize: Summary, what: str,
     rows = Rows(sweep.reporter, sweep.hosts, summarize, what=what)
     rows.start()
     outcomes = run_fanout(sweep.project, sweep.hosts, core, max_parallel=bound, work=work,
-                          deadline=limit, on_outcome=rows.show)
+                          deadline=limit, on_outcome=rows.show, book=sweep.book)
     rows.finish(outcomes)
 
 
@@ -94,23 +94,26 @@ def deploy_hosts(sweep: Sweep, *, dry_run: bool, wait: bool, params: dict[str, A
                 "status": result.status, "seconds": round(result.seconds, 3),
                 "processes": result.processes or [{"process": p} for p in result.plan.order]}
 
-    ready = deploy_work(sweep.project, job, sweep.hosts) if wait and not dry_run else 0.0
+    ready = deploy_work(sweep.project, job, sweep.hosts, book=sweep.book) \
+        if wait and not dry_run else 0.0
     fan_out(sweep, core, summarize=deploy_summary, what="deploy",
             work=0.0 if dry_run else DEPLOY_WORK + ready)
 
 
-def deploy_work(project: Project, job: Job, hosts: Sequence[str]) -> float:
+def deploy_work(project: Project, job: Job, hosts: Sequence[str], *,
+                book: Callable[[str], Host] | None = None) -> float:
     """Seconds a deploy waits on the box for its processes to be ready (the sum of their
     ready timeouts, as they start one after another), the largest over the hosts' plans;
     added to each host's deadline. A plan that cannot be made here (facts not known yet)
-    counts the playbook's own processes."""
+    counts the playbook's own processes. ``book``: the sweep's hosts, resolved once."""
     from outrig.ops.deploy import plan_job
 
+    resolve = book or HostBook(project.hosts_dir)
     journal = Journal()
     most = sum(p.ready.timeout for p in job.spec.processes.values() if p.ready is not None)
     for spec in hosts:
         try:
-            plan = plan_job(job, resolve_host(spec, hosts_dir=project.hosts_dir), journal)
+            plan = plan_job(job, resolve(spec), journal)
         except OutrigError:
             continue
         most = max(most, sum(p.ready.timeout for p in plan.processes.values()
@@ -206,8 +209,8 @@ def stage_hosts(sweep: Sweep, playbook: str, *, from_: str | None, resume: bool,
     from outrig.ops.stage import stage_on
 
     def core(session: HostSession) -> dict[str, Any]:
-        src = HostSession(sweep.project, from_, session.reporter, session.journal) \
-            if from_ else None
+        src = HostSession(sweep.project, from_, session.reporter, session.journal,
+                          host=sweep.book(from_)) if from_ else None
         try:
             return stage_on(session, playbook, src=src, resume=resume, streams=streams)
         finally:

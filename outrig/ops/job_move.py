@@ -229,7 +229,8 @@ def _probe_old(project: Project, olds: Sequence[_OldNode], reporter: Reporter,
             old.tried = ["not probed: the watch confirmed it dead"]
             return
         try:
-            host, _ = run_host(project.hosts_dir, journal, old.node.host, old.node.run_id)
+            host, _ = run_host(HostBook(project.hosts_dir), journal, old.node.host,
+                               old.node.run_id)
         except ConfigError as exc:
             old.tried = [f"no address for it: {exc}"]
             return
@@ -364,7 +365,8 @@ def sync_job_checkpoints(project: Project, ident: str, reporter: Reporter, *,
     missed: list[str] = []
     for node in nodes:
         try:
-            host, note = run_host(project.hosts_dir, journal, node.host, node.run_id)
+            host, note = run_host(HostBook(project.hosts_dir), journal, node.host,
+                                  node.run_id)
             if note:
                 reporter.info(f"• {note}")
             session = HostSession(project, node.host, reporter, journal, host=host)

@@ -44,6 +44,7 @@ from outrig.errors import (
     LocalWriteError,
     RemoteError,
 )
+from outrig.inventory import HostBook
 from outrig.journal import (
     Journal,
     utc_text,
@@ -563,7 +564,8 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     # with --run, a box whose host file is gone is the address recorded with the run (its
     # mirror is shown when that box does not answer)
     journal = journal or Journal()
-    host = run_host(project.hosts_dir, journal, host_spec, run_id)[0] if run_id else None
+    book = HostBook(project.hosts_dir)
+    host = run_host(book, journal, host_spec, run_id)[0] if run_id else book(host_spec)
     session = HostSession(project, host_spec, reporter, journal, host=host)
     mirror = run_id is not None and not follow
     if mirror:  # a box that is gone gives up at its fan-out deadline, not after minutes

@@ -67,7 +67,8 @@ def probe(project: Project, host_spec: str, reporter: Reporter, journal: Journal
     """
     if attempts <= 0:
         return None, ["not probed: the death was confirmed before the move"]
-    session = HostSession(project, host_spec, reporter, journal, host=host)
+    session = HostSession(project, host_spec, reporter, journal,
+                          host=host or HostBook(project.hosts_dir)(host_spec))
     # this loop does the retrying of refused connects, with its own pauses
     session.transport.retry = replace(session.transport.retry, refused=1)
     tried: list[str] = []
@@ -281,8 +282,8 @@ def old_box(project: Project, journal: Journal, from_spec: str | None, run_id: s
             raise ConfigError(f"the journal has no run {run_id}; see the runs it knows with "
                               "`outrig runs`, or name the old box with --from OLD. Nothing "
                               "was sent.")
-        return run_host(project.hosts_dir, journal, str(record["host"]), run_id)
-    return run_host(project.hosts_dir, journal, from_spec, run_id)
+        return run_host(HostBook(project.hosts_dir), journal, str(record["host"]), run_id)
+    return run_host(HostBook(project.hosts_dir), journal, from_spec, run_id)
 
 
 def _move(new: HostSession, old: HostSession | None, report: dict[str, Any], old_host: Host,
@@ -440,7 +441,8 @@ def _carry_state(new: HostSession, old: HostSession | None, report: dict[str, An
     if old is not None:
         old.reporter = StepReporter(main_reporter, "stage", lock)
     helper = HostSession(new.project, new.host_spec, StepReporter(main_reporter, "provision",
-                                                                  lock), journal)
+                                                                  lock), journal,
+                         host=new.host)
     # A daemon: after Ctrl-C the move waits for provision's running install, and a second
     # Ctrl-C ends the command without it (the box finishes that install; a re-run resumes).
     worker = threading.Thread(target=overlap.branch, name="migrate-provision", daemon=True,

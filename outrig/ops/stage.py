@@ -42,7 +42,7 @@ from outrig.checkpoints import (
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hub_source import parse_hub_source
-from outrig.inventory import Host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal, read_json, state_dir
 from outrig.ops.runs import pick_host_run
 from outrig.plan import builtin_params
@@ -282,7 +282,8 @@ def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *
     """Put every item of the playbook on ``host_spec``; with ``resume`` also the newest complete
     checkpoint (from ``from_host`` when given, else the local mirror). See :func:`stage_on`."""
     with host_session(project, host_spec, reporter, journal) as dest:
-        src = HostSession(project, from_host, reporter, dest.journal) if from_host else None
+        src = HostSession(project, from_host, reporter, dest.journal,
+                          host=HostBook(project.hosts_dir)(from_host)) if from_host else None
         try:
             return stage_on(dest, playbook, src=src, resume=resume, streams=streams,
                             source_playbook=source_playbook, parts=parts)

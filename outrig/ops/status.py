@@ -12,6 +12,7 @@ from outrig.errors import ConfigError, ConnectError
 from outrig.evaluation.served import served_trend
 from outrig.hang import store as hang_store
 from outrig.hang.judge import defaults
+from outrig.inventory import HostBook
 from outrig.journal import Journal, utc_text
 from outrig.metrics.store import loss_trends, remember_samples
 from outrig.providers.ledger import annotate_costs, rental_lines, rental_summary
@@ -38,7 +39,7 @@ def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str 
     ``run_id``, a box whose host file is gone is reached at the address the run's record
     holds (:func:`outrig.redeploy.record.run_host`)."""
     journal = journal or Journal()
-    host = run_host(project.hosts_dir, journal, host_spec, run_id)[0] if run_id else None
+    host = run_host(HostBook(project.hosts_dir), journal, host_spec, run_id)[0] if run_id else None
     with host_session(project, host_spec, reporter, journal, host=host) as session:
         try:
             return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)

@@ -24,6 +24,7 @@ from typing import IO
 
 from outrig.console import Reporter
 from outrig.errors import Interrupted
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.status import status_on
 from outrig.redeploy.record import run_host
@@ -103,7 +104,7 @@ def follow_status(project: Project, host_spec: str, reporter: Reporter, *,
     """Refresh ``status`` every ``every`` seconds on one session until Ctrl-C (then
     :class:`Interrupted`, exit 130), or ``refreshes`` times; returns the refreshes made."""
     journal = journal or Journal()
-    host = run_host(project.hosts_dir, journal, host_spec, run_id)[0] if run_id else None
+    host = run_host(HostBook(project.hosts_dir), journal, host_spec, run_id)[0] if run_id else None
     screen = screen_for(reporter.out)
     made = 0
     with host_session(project, host_spec, reporter, journal, host=host) as session:

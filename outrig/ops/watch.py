@@ -50,6 +50,7 @@ from outrig.health import (
     prune,
     run_state,
 )
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on, stop_all_runs
@@ -161,7 +162,7 @@ class Watcher:
         """Watch the record's box and run until the verdict is final (or ``stop``)."""
         spec = str(self.record["host"])  # its host file, else the run's recorded address
         self.session = HostSession(self.project, spec, silent(), self.journal, host=run_host(
-            self.project.hosts_dir, self.journal, spec, str(self.record["run_id"]))[0])
+            HostBook(self.project.hosts_dir), self.journal, spec, str(self.record["run_id"]))[0])
         self.hangs = HangFollower(self.journal, str(self.record["run_id"]),
                                   partial(hang_settings, self.project.playbooks_dir))
         self.hung: str | None = None  # the evidence once a process is confirmed hung
@@ -597,7 +598,7 @@ class Watcher:
             try:
                 session = HostSession(self.project, str(entry["host"]), Reporter(quiet=True),
                                       self.journal, host=run_host(
-                                          self.project.hosts_dir, self.journal,
+                                          HostBook(self.project.hosts_dir), self.journal,
                                           str(entry["host"]), str(entry["run_id"]))[0])
             except OutrigError as exc:  # no host file and no address recorded
                 self.reporter.warn(f"cannot look at {entry['host']} to fence it: {exc}")

@@ -31,6 +31,7 @@ from outrig.errors import OutrigError
 from outrig.evaluation import schedule
 from outrig.evaluation.section import DuringTrainingSpec
 from outrig.evaluation.spec import EVALUATE_SUFFIX
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.evaluate import CheckpointRewritten, Options, evaluate_on, resolve
@@ -260,7 +261,7 @@ class WatchSource:
         return evaluate.during_training if evaluate is not None else None
 
     def session(self, spec: str) -> HostSession:
-        host = run_host(self.project.hosts_dir, self.journal, spec,
+        host = run_host(HostBook(self.project.hosts_dir), self.journal, spec,
                         str(self.record["run_id"]))[0]
         return HostSession(self.project, spec, silent(), self.journal, host=host)
 
@@ -321,7 +322,8 @@ class WatchSource:
         """Copy the checkpoint onto the second box (:mod:`outrig.ops.evaluate_copy`), then
         evaluate that copy there. The verifier and the prompts must be on that box already
         (``outrig stage``, or a workstation prompts file): the evaluation says so if not."""
-        second = HostSession(self.project, host, silent(), self.journal)
+        second = HostSession(self.project, host, silent(), self.journal,
+                             host=HostBook(self.project.hosts_dir)(host))
         try:
             copy = copy_checkpoint(train, second, ckpt, job.name, self.journal)
             return evaluate_on(second, job, Options(run_id=run_id, checkpoint=copy))

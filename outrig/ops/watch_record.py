@@ -20,6 +20,7 @@ from typing import Any
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.health import DEFAULT_THRESHOLD
+from outrig.inventory import HostBook
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.ops.nodes import refuse_node_run
 from outrig.ops.watch_lock import WatchLock
@@ -202,7 +203,8 @@ def current_run(project: Project, journal: Journal, host_spec: str, playbook: st
                 reporter: Reporter) -> str:
     """The playbook's current run on the box (one ``status`` call)."""
     try:
-        with opened(HostSession(project, host_spec, reporter, journal)) as session:
+        with opened(HostSession(project, host_spec, reporter, journal,
+                                host=HostBook(project.hosts_dir)(host_spec))) as session:
             result = session.call("status", stream=False, playbook=playbook, log_lines=0)
     except RemoteError as exc:
         raise ConfigError(f"no run of {playbook} to watch on {host_spec} ({exc}); deploy it "

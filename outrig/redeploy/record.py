@@ -20,11 +20,12 @@ not written here; a host ``env`` entry named like one of them is left out too.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outrig.errors import ConfigError
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host
 from outrig.journal import Journal
 
 if TYPE_CHECKING:  # the playbook models (pydantic, the recipes) only where a job is loaded
@@ -105,14 +106,15 @@ def _number(value: Any) -> float | None:
         else None
 
 
-def run_host(project_hosts: Path, journal: Journal, name: str,
+def run_host(book: Callable[[str], Host], journal: Journal, name: str,
              run_id: str | None = None) -> tuple[Host, str | None]:
     """The box named ``name`` (a run's host, as the journal files it): its host file (or
     alias, or address) when it still resolves, else the address the move record of
     ``run_id`` (or of the host's newest run that has one) holds, with a note saying so.
-    A ConfigError when neither exists."""
+    A ConfigError when neither exists. ``book`` resolves a host spec
+    (:class:`~outrig.inventory.HostBook`, the command's or one of the caller's own)."""
     try:
-        return resolve_host(name, hosts_dir=project_hosts), None
+        return book(name), None
     except ConfigError as missing:
         records = [journal.run(run_id)] if run_id else []
         records += journal.runs(host=name)

@@ -15,6 +15,7 @@ import pytest
 
 from outrig.checkpoints import assess
 from outrig.console import Reporter
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.evaluate_copy import copy_checkpoint, copy_folder
 from outrig.sandbox.box import SandboxBox
@@ -50,8 +51,10 @@ def test_a_checkpoint_is_copied_to_the_second_box_complete_and_kept_current(
     project, journal = Project(tmp_path), Journal(tmp_path / "state")
     trained = box_a.workdir / "ckpt"
     save(trained / "1", 1, 3, "weights at step 3")
-    src = HostSession(project, str(a), Reporter(quiet=True), journal)
-    dest = HostSession(project, str(host_b), Reporter(quiet=True), journal)
+    src = HostSession(project, str(a), Reporter(quiet=True), journal,
+                      host=HostBook(project.hosts_dir)(str(a)))
+    dest = HostSession(project, str(host_b), Reporter(quiet=True), journal,
+                       host=HostBook(project.hosts_dir)(str(host_b)))
     try:
         [ckpt] = assess(src.call("checkpoints", stream=False, save_path=str(trained),
                                  scheduler=True))

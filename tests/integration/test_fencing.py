@@ -25,6 +25,7 @@ import yaml
 from outrig._box.agent.transfer import staged_record
 from outrig.console import Reporter
 from outrig.errors import ConfigError
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.moves import moved_runs
 from outrig.notify import Notifier
@@ -166,7 +167,8 @@ def test_the_old_box_coming_back_is_warned_shown_moved_kept_out_of_the_mirror_an
     events = tmp_path / "events.jsonl"
     code = f"import sys; open({str(events)!r}, 'a').write(sys.stdin.read())"
     notifier = Notifier([sys.executable, "-c", code])
-    session = HostSession(m.project, str(m.a), Reporter(quiet=True), m.journal)
+    session = HostSession(m.project, str(m.a), Reporter(quiet=True), m.journal,
+                          host=HostBook(m.project.hosts_dir)(str(m.a)))
     try:
         assert fence_on(session, notifier) == [m.old_run]
     finally:
@@ -191,7 +193,8 @@ def test_the_old_box_coming_back_is_warned_shown_moved_kept_out_of_the_mirror_an
     assert "was moved" not in said.getvalue()
     run = next(r for r in shown["runs"] if r["run_id"] == m.old_run)
     assert run["status"] == "fenced" and run["box_status"] == "stopped"
-    session = HostSession(m.project, str(m.a), Reporter(quiet=True), m.journal)
+    session = HostSession(m.project, str(m.a), Reporter(quiet=True), m.journal,
+                          host=HostBook(m.project.hosts_dir)(str(m.a)))
     try:
         assert fence_on(session) == []
     finally:

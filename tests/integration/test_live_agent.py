@@ -24,6 +24,7 @@ from outrig.agent import client as agent_client
 from outrig.agent_code import bundle as agent_bundle
 from outrig.connectors.keeper.client import KeptTransport, close_keepers, keepers, wait_gone
 from outrig.console import Reporter
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.deploy import deploy
 from outrig.ops.logs import LOG_WINDOW
@@ -72,7 +73,8 @@ def sshd_counts(box: SandboxBox) -> tuple[int, int]:
 
 
 def status_once(host: Path, journal: Journal) -> tuple[dict[str, Any], KeptTransport]:
-    session = HostSession(PROJECT, str(host), Reporter(quiet=True), journal)
+    session = HostSession(PROJECT, str(host), Reporter(quiet=True), journal,
+                          host=HostBook(PROJECT.hosts_dir)(str(host)))
     try:
         result = session.call("status", stream=False)
     finally:
@@ -211,7 +213,8 @@ def test_a_follow_stream_runs_on_the_live_agent_and_its_child_ends_when_the_clie
     """tail-logs' stream is a long call with output over time; the client closing it ends
     the request's child on the box, as closing an exec channel ends the agent."""
     host, journal, _proxy = warm
-    session = HostSession(PROJECT, str(host), Reporter(quiet=True), journal)
+    session = HostSession(PROJECT, str(host), Reporter(quiet=True), journal,
+                          host=HostBook(PROJECT.hosts_dir)(str(host)))
     call = agent_client.AgentCall(session.transport)
     request = session.request("follow", follow=True, heartbeat=0.2, lines=0)
     opens, execs = sshd_counts(box)

@@ -21,6 +21,7 @@ from outrig import session as session_module
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.hub_source import parse_hub_source
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.hub_download import hub_download, hub_probe
 from outrig.ops.provision import provision
@@ -190,7 +191,8 @@ def hub_host(box_host: Path, tmp_path: Path, *, path_dirs: list[Path],
 
 
 def session_for(host: Path, journal: Journal) -> HostSession:
-    return HostSession(PROJECT, str(host), Reporter(quiet=True), journal)
+    return HostSession(PROJECT, str(host), Reporter(quiet=True), journal,
+                       host=HostBook(PROJECT.hosts_dir)(str(host)))
 
 
 def test_hub_download_passes_the_token_only_to_the_child(

@@ -16,6 +16,7 @@ import yaml
 from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import OutrigError
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.stage import mirror_root, stage, sync_checkpoints
 from outrig.sandbox.box import SandboxBox
@@ -163,8 +164,10 @@ def stage_from(old: Path, new: Path, old_path: Path, new_path: Path,
     from outrig.session import HostSession
 
     reporter = Reporter(quiet=True)
-    src = HostSession(PROJECT, str(old), reporter, journal)
-    dest = HostSession(PROJECT, str(new), reporter, journal)
+    src = HostSession(PROJECT, str(old), reporter, journal,
+                      host=HostBook(PROJECT.hosts_dir)(str(old)))
+    dest = HostSession(PROJECT, str(new), reporter, journal,
+                       host=HostBook(PROJECT.hosts_dir)(str(new)))
     try:
         stager = Stager(reporter, journal)
         src_listing = box_manifest(src, [("d", str(old_path))], verify=True)["d"]

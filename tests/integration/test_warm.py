@@ -24,6 +24,7 @@ from outrig.connectors.keeper.wire import recv_frame, runtime_dir, send_json
 from outrig.console import Reporter
 from outrig.errors import AuthenticationError
 from outrig.fanout import run_fanout
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.sandbox.proxy import Fault, LatencyProxy
 from outrig.session import HostSession, Project
@@ -52,7 +53,8 @@ def status_once(host: Path, journal: Journal,
     reporter = Reporter(quiet=True)
     if notices is not None:
         reporter.info = notices.append  # type: ignore[method-assign]
-    session = HostSession(PROJECT, str(host), reporter, journal)
+    session = HostSession(PROJECT, str(host), reporter, journal,
+                          host=HostBook(PROJECT.hosts_dir)(str(host)))
     try:
         result = session.call("status", stream=False)
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from outrig.console import Reporter
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.logs import LogTailer, TailResult
 from outrig.session import HostSession, Project
@@ -58,7 +59,8 @@ class Follow:
         self.error: BaseException | None = None
         self.result: TailResult | None = None
         reporter = Reporter(json_mode=True, out=self.out, err=io.StringIO())
-        self.session = HostSession(PROJECT, str(host), reporter, journal)
+        self.session = HostSession(PROJECT, str(host), reporter, journal,
+                                   host=HostBook(PROJECT.hosts_dir)(str(host)))
         self.tailer = LogTailer(self.session, stop=self.stop, **kw)
 
         def target() -> None:

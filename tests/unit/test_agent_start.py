@@ -16,7 +16,7 @@ from outrig.agent import client as agent_client
 from outrig.agent.client import AgentCall, agent_command, agent_payload, argv_command
 from outrig.console import Reporter
 from outrig.errors import LinkLost
-from outrig.inventory import Host, resolve_host
+from outrig.inventory import Host, HostBook, resolve_host
 from outrig.journal import Journal
 from outrig.ops.logs import LOG_WINDOW, LogTailer
 from outrig.session import HostSession, Project, base_request
@@ -70,7 +70,8 @@ def session_on(tmp_path: Path, *, cut_writes: bool = False) -> tuple[HostSession
     replay = Kept(host, calls=[Recording(bytearray(RESULT))], cut_writes=cut_writes)
     session = HostSession(Project(tmp_path), str(host_file),
                           Reporter(out=io.StringIO(), err=io.StringIO()),
-                          Journal(tmp_path / "state"), transport=replay)
+                          Journal(tmp_path / "state"), transport=replay,
+                          host=HostBook(tmp_path / "hosts")(str(host_file)))
     return session, replay
 
 

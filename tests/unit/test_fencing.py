@@ -12,6 +12,7 @@ import pytest
 
 from outrig.checkpoints import checkpoint_order, state_order
 from outrig.console import Reporter
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.moves import mark_moved, moved_runs
 from outrig.ops.cleanup import fence_stopped
@@ -141,7 +142,9 @@ def session_for(tmp_path: Path, journal: Journal, err: io.StringIO) -> HostSessi
     hosts.mkdir(parents=True, exist_ok=True)
     (hosts / "a.yaml").write_text("hostname: 127.0.0.1\nport: 2222\nuser: root\n"
                                   "workdir: /workspace/a\n")
-    return HostSession(Project(tmp_path / "proj"), "a", Reporter(err=err), journal,
+    project = Project(tmp_path / "proj")
+    return HostSession(project, "a", Reporter(err=err), journal,
+                       host=HostBook(project.hosts_dir)("a"),
                        transport=NoLink())  # type: ignore[arg-type]
 
 

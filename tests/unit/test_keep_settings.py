@@ -21,7 +21,7 @@ from outrig.connectors.keeper.wire import UnsafePlace, key_of, private_dir
 from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import ConfigError
-from outrig.inventory import Host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.session import HostSession
 from outrig.transport import transport_for
@@ -99,8 +99,10 @@ def test_the_setting_reaches_the_connector_through_the_project_not_the_environme
     journal = Journal(tmp_path / "state")
     off = settings_for(None, str(tmp_path), no_keep=True)
     on = settings_for(None, str(tmp_path), no_keep=False)
-    plain = HostSession(off.project, "box", Reporter(quiet=True), journal)
-    kept = HostSession(on.project, "box", Reporter(quiet=True), journal)
+    plain = HostSession(off.project, "box", Reporter(quiet=True), journal,
+                        host=HostBook(off.project.hosts_dir)("box"))
+    kept = HostSession(on.project, "box", Reporter(quiet=True), journal,
+                       host=HostBook(on.project.hosts_dir)("box"))
     assert type(plain.transport) is SSHTransport
     assert isinstance(kept.transport, KeptTransport) and kept.transport.keep_seconds == 90
     assert dict(os.environ) == before

@@ -19,7 +19,7 @@ import yaml
 
 from outrig.console import Reporter
 from outrig.errors import RemoteError
-from outrig.inventory import resolve_host
+from outrig.inventory import HostBook, resolve_host
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup, cleanup_on
 from outrig.ops.deploy import deploy, deploy_on
@@ -46,7 +46,8 @@ def recording(project: Project, host: Path, reporter: Reporter,
     """A session on the local agent whose every call is recorded."""
     box = resolve_host(str(host), hosts_dir=project.hosts_dir)
     recorder = RecordingConnector(transport_for(box))
-    return HostSession(project, str(host), reporter, journal, transport=recorder), recorder
+    return HostSession(project, str(host), reporter, journal, transport=recorder,
+                       host=HostBook(project.hosts_dir)(str(host))), recorder
 
 
 def replay_host(tmp_path: Path, calls: list[Recording]) -> Path:

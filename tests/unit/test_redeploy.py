@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from outrig.errors import ConfigError
-from outrig.inventory import resolve_host
+from outrig.inventory import HostBook, resolve_host
 from outrig.journal import Journal
 from outrig.playbook import find_playbook, load_job
 from outrig.redeploy.rebuild import rebuild, redeploy_of
@@ -97,8 +97,8 @@ def test_a_boxs_address_outlives_its_host_file(project: Path, tmp_path: Path) ->
     journal = Journal(tmp_path / "state")
     journal.record_run("job-1", deployed(project, {}))
     (project / "hosts" / "a.yaml").unlink()
-    host, note = run_host(project / "hosts", journal, "a", "job-1")
+    host, note = run_host(HostBook(project / "hosts"), journal, "a", "job-1")
     assert host.port == 2222 and note is not None and "no host file any more" in note
     with pytest.raises(ConfigError, match="unknown host 'b'"):
-        run_host(project / "hosts", journal, "b", "job-1")
+        run_host(HostBook(project / "hosts"), journal, "b", "job-1")
     assert redeploy_of(project / "playbooks", journal, "job-1", "job").job.name == "job"
