@@ -13,14 +13,14 @@ contacted, so a misspelt member stops the command with nothing sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from outrig.errors import ConfigError
-from outrig.inventory import GROUPS_FILE, host_files, resolve_host
+from outrig.inventory import GROUPS_FILE, Host, HostBook, host_files
 
 ALL = "all"
 
@@ -75,9 +75,11 @@ def names_several(value: str, hosts_dir: Path) -> bool:
     return names[0] == ALL or names[0] in read_groups(hosts_dir)
 
 
-def expand_hosts(values: Iterable[str], hosts_dir: Path) -> list[str]:
+def expand_hosts(values: Iterable[str], hosts_dir: Path, *,
+                 book: Callable[[str], Host] | None = None) -> list[str]:
     """The host specs a ``--host`` selection names, in order, each once; every one checked
-    with :func:`resolve_host` (no network).
+    through ``book`` (the command's :class:`~outrig.inventory.HostBook`, which keeps each
+    host resolved for the rest of the command; one of its own without it; no network).
 
     Raises ConfigError for an empty selection, an empty group, a group that contains itself
     (through any chain), ``all`` with no host files, or a name that is neither a group nor a
@@ -95,8 +97,9 @@ def expand_hosts(values: Iterable[str], hosts_dir: Path) -> list[str]:
         for spec in _expand(name, groups, hosts_dir, path, ()):
             if spec not in specs:
                 specs.append(spec)
+    resolve = book or HostBook(hosts_dir)
     for spec in specs:
-        _check_host(spec, groups, hosts_dir)
+        _check_host(spec, groups, hosts_dir, resolve)
     return specs
 
 
@@ -125,11 +128,12 @@ def _expand(name: str, groups: dict[str, list[str]], hosts_dir: Path, path: Path
     return out
 
 
-def _check_host(spec: str, groups: dict[str, list[str]], hosts_dir: Path) -> None:
+def _check_host(spec: str, groups: dict[str, list[str]], hosts_dir: Path,
+                resolve: Callable[[str], Host]) -> None:
     """Resolve ``spec`` as one host now, so a bad name fails before anything is sent; the
     error also names the groups, which a misspelt group name was meant to be."""
     try:
-        resolve_host(spec, hosts_dir=hosts_dir)
+        resolve(spec)
     except ConfigError as exc:
         known = ", ".join(sorted(groups)) or f"none (no {hosts_dir / GROUPS_FILE})"
         where = [g for g, members in groups.items() if spec in members]

@@ -161,7 +161,8 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
                        settings.project.root)
         run_evaluate(settings.project, host_spec, job, reporter, options)
         return
-    name = playbook_for(settings, playbook, host_spec, reporter, what="evaluate")
+    name = playbook_for(settings, playbook, host_spec, reporter, what="evaluate",
+                        book=one.book)
     if compare:
         run_compare(settings.project, one.host, host_spec, name, reporter)
         return

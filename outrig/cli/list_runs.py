@@ -46,11 +46,13 @@ def runs(c: Any, host: list[str] | None = None, playbook: str | None = None,
         outrig runs --all --json
     """
     from outrig.cli.targets import fanout_limits, playbook_identity
+    from outrig.inventory import HostBook
     from outrig.ops.list_runs import runs_history
 
     settings = settings_for(c, project, no_keep=no_keep)
-    hosts = settings.hosts(host) if [v for v in host or [] if v] else None
+    book = HostBook(settings.project.hosts_dir)
+    hosts = settings.hosts(host, book=book) if [v for v in host or [] if v] else None
     bound, limit = fanout_limits(max_parallel, deadline)
     runs_history(settings.project, make_reporter(json), hosts=hosts,
                  playbook=playbook_identity(settings, playbook),
-                 show_all=all, max_parallel=bound, deadline=limit)
+                 show_all=all, max_parallel=bound, deadline=limit, book=book)

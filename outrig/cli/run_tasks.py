@@ -440,7 +440,8 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         # the name the playbook's runs are filed under (docs/cli.md, "Which run a command
         # means"); the playbook of the host's current run when none is given or configured
         name = playbook_identity(settings, playbook_for(settings, playbook, one.spec,
-                                                        reporter, what="watch"))
+                                                        reporter, what="watch",
+                                                        book=one.book))
         assert name is not None
         from outrig.providers.spares import spares_for_watch
 

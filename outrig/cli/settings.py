@@ -16,6 +16,7 @@ imported where a file or a ``--param`` value is read, also purely for start-up.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from outrig.project_file import (
 
 if TYPE_CHECKING:
     from outrig.console import Reporter
+    from outrig.inventory import Host
     from outrig.session import Project
 
 def _invoke_setting(c: Any, key: str) -> str | None:
@@ -129,16 +131,18 @@ class Settings:
                 "Nothing was sent.")
         return value
 
-    def hosts(self, flags: list[str] | str | None) -> list[str]:
+    def hosts(self, flags: list[str] | str | None, *,
+              book: Callable[[str], Host] | None = None) -> list[str]:
         """The hosts a command that runs on several at once acts on: every ``--host`` value
         (repeated, comma-separated, groups, ``all``; see :mod:`outrig.hostgroups`), else the
-        configured host (which may be a group too). Checked before anything is sent."""
+        configured host (which may be a group too). Checked before anything is sent, each
+        host through ``book`` (the command's target's, which then has it resolved)."""
         from outrig.hostgroups import expand_hosts
 
         values = [flags] if isinstance(flags, str) else [v for v in flags or [] if v]
         if not values:
             values = [self.host_value()]
-        return expand_hosts(values, self.project.hosts_dir)
+        return expand_hosts(values, self.project.hosts_dir, book=book)
 
     def host_value(self) -> str:
         """The configured ``--host`` value as given (a host, a list or a group)."""
@@ -201,10 +205,11 @@ def _settings(c: Any, root: Path, source: str) -> Settings:
 
 
 def playbook_for(settings: Settings, flag: str | None, host: str | None,
-                 reporter: Reporter, *, what: str) -> str:
+                 reporter: Reporter, *, what: str,
+                 book: Callable[[str], Host] | None = None) -> str:
     """The playbook to plan or deploy: flag > env > config > the host's current run's
     playbook. Never a built-in default: deploying something the user did not name is worse
-    than asking."""
+    than asking. ``book``: the command's hosts, resolved once (its target's)."""
     value, source = settings.value("playbook", flag)
     if value is not None:
         if source != "--playbook":
@@ -212,10 +217,10 @@ def playbook_for(settings: Settings, flag: str | None, host: str | None,
         return value
     running: list[dict[str, Any]] = []
     if host is not None:
-        from outrig.inventory import resolve_host
+        from outrig.inventory import HostBook
         from outrig.journal import Journal
 
-        name = resolve_host(host, hosts_dir=settings.project.hosts_dir).name
+        name = (book or HostBook(settings.project.hosts_dir))(host).name
         running = [r for r in Journal().runs(host=name) if r.get("status") == "running"]
     playbooks = sorted({str(r.get("playbook")) for r in running})
     if len(playbooks) == 1:

@@ -83,8 +83,9 @@ class Target(ABC):
     job: Job | None = None
     playbook_name: str | None = None
     # each host spec resolved once for the command (resolve); the ops take the Host, or
-    # the book itself where they check several hosts against each other
-    _book: HostBook | None = field(default=None, init=False, repr=False, compare=False)
+    # the book itself where they check several hosts against each other. Given when the
+    # selection was checked through it (a group or a list: :func:`select`)
+    _book: HostBook | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     @property
     def project(self) -> Project:
@@ -201,11 +202,12 @@ def select(settings: Settings, reporter: Reporter, host: list[str] | None, *,
     recorded = run_box(run) if not [v for v in host or [] if v] else None
     if recorded is not None:  # --run without --host: the box the journal files the run under
         return OneHost(settings, reporter, [recorded], playbook_name=name)
-    hosts = settings.hosts(host)
+    book = HostBook(settings.project.hosts_dir)
+    hosts = settings.hosts(host, book=book)
     if len(hosts) == 1:
-        return OneHost(settings, reporter, hosts, playbook_name=name)
+        return OneHost(settings, reporter, hosts, playbook_name=name, _book=book)
     return Sweep(settings, reporter, hosts, playbook_name=name, max_parallel=max_parallel,
-                 deadline=deadline)
+                 deadline=deadline, _book=book)
 
 
 def select_one(settings: Settings, reporter: Reporter, host: str | None,
@@ -252,20 +254,21 @@ def select_deploy(settings: Settings, reporter: Reporter, host: list[str] | None
     playbook of the host's current run (:func:`outrig.cli.settings.playbook_for`)."""
     name, _ = settings.value("playbook", playbook)
     job = None if name is None else _load(settings, str(name), test=test, params=params)
+    book = HostBook(settings.project.hosts_dir)
     if job is not None and job.spec.nodes > 1:
-        return NodeJob(settings, reporter, node_selection(settings, host, job), job=job,
-                       playbook_name=job.name)
-    hosts = settings.hosts(host)
+        return NodeJob(settings, reporter, node_selection(settings, host, job, book), job=job,
+                       playbook_name=job.name, _book=book)
+    hosts = settings.hosts(host, book=book)
     if len(hosts) > 1:
         if sweep_needs_playbook:  # says where the name came from, or asks for one
             playbook_for(settings, playbook, None, reporter, what=what)
         return Sweep(settings, reporter, hosts, job=job,
                      playbook_name=None if job is None else job.name,
-                     max_parallel=max_parallel, deadline=deadline)
-    name = playbook_for(settings, playbook, hosts[0], reporter, what=what)
+                     max_parallel=max_parallel, deadline=deadline, _book=book)
+    name = playbook_for(settings, playbook, hosts[0], reporter, what=what, book=book)
     if job is None:  # the playbook of the host's current run
         job = _load(settings, name, test=test, params=params)
-    return OneHost(settings, reporter, hosts, job=job, playbook_name=job.name)
+    return OneHost(settings, reporter, hosts, job=job, playbook_name=job.name, _book=book)
 
 
 def _load(settings: Settings, name: str, *, test: bool, params: dict[str, Any]) -> Job:
@@ -275,13 +278,14 @@ def _load(settings: Settings, name: str, *, test: bool, params: dict[str, Any]) 
                     params=params)
 
 
-def node_selection(settings: Settings, host: list[str] | None, job: Job) -> list[str]:
+def node_selection(settings: Settings, host: list[str] | None, job: Job,
+                   book: HostBook | None = None) -> list[str]:
     """The ``--host`` selection for a job's nodes: as given (expanded, in order), or empty
     when none is given and the playbook lists its nodes (:func:`outrig.ops.nodes.
     select_nodes` then takes the playbook's list and checks the count either way)."""
     if not [v for v in host or [] if v] and job.spec.node_hosts:
         return []
-    return settings.hosts(host)
+    return settings.hosts(host, book=book)
 
 
 def run_box(run: str | None) -> str | None:

@@ -68,7 +68,7 @@ def runs_history(project: Project, reporter: Reporter, *, hosts: Sequence[str] |
     outcomes: list[HostOutcome] = []
     if specs:
         outcomes = run_fanout(project, specs, _ask, max_parallel=max_parallel,
-                              deadline=deadline, journal=journal)
+                              deadline=deadline, journal=journal, book=book)
     now = time.time()
     answered = {book.filed_under(o.host): o for o in outcomes}
     records = journal_runs(journal, keys, playbook)

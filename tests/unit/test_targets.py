@@ -149,3 +149,31 @@ def test_sweep_limits_are_read_only_when_the_sweep_runs(
     # a single host ignores them, as before
     assert kinds(select(settings, quiet(), ["a"], max_parallel=max_parallel,
                         deadline=deadline)) == ["host"]
+
+
+def test_a_selection_is_resolved_once_each_host(settings: Settings,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expanding ``--host`` checks each host through the target's book, so the target (and
+    the sessions it opens) reuse that resolution instead of reading the host file again."""
+    from outrig import hostgroups, inventory
+
+    (settings.project.hosts_dir / "groups.yaml").write_text(
+        yaml.safe_dump({"groups": {"solo": ["a"], "both": ["a", "b"]}}))
+    resolved: list[str] = []
+    real = inventory.resolve_host
+
+    def counting(spec: str, **kw: Any) -> Any:
+        resolved.append(spec)
+        return real(spec, **kw)
+
+    monkeypatch.setattr(inventory, "resolve_host", counting)
+    monkeypatch.setattr(hostgroups, "resolve_host", counting, raising=False)
+    one = select(settings, quiet(), ["solo"])
+    assert isinstance(one, OneHost) and one.host.hostname == f"10.0.0.{ord('a')}"
+    assert one.resolve("a") is one.host
+    assert resolved == ["a"]
+    resolved.clear()
+    sweep = select(settings, quiet(), ["both"])
+    assert isinstance(sweep, Sweep)
+    assert [sweep.resolve(h).name for h in sweep.hosts] == ["a", "b"]
+    assert resolved == ["a", "b"]
