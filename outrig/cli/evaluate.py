@@ -60,7 +60,7 @@ def flag_playbook(model: str, speculative: str | None, prompts: str | None,
 
 @task(
     auto_shortflags=False,
-    help={"host": HOST_HELP, "playbook": "the playbook whose evaluate: key (or dflash: "
+    help={"host": HOST_HELP, "playbook": "the playbook whose evaluate: key (or its recipe's "
           "section) says what to serve and send",
           "model": "without --playbook: the verifier to serve (with --speculative)",
           "speculative": "without --playbook: vLLM's --speculative-config as JSON",

@@ -1,11 +1,11 @@
 """The ``evaluate:`` key of a playbook: what ``outrig evaluate`` serves and sends.
 
 A generic key (any playbook may have it), validated strictly like the rest of the file: an
-unknown key is an error naming its line. Every key may be left out in a ``recipe: dflash``
-playbook, whose section gives the defaults (:mod:`outrig.evaluation.spec` derives them): the
-verifier is ``dflash.model``, the drafter the run's newest complete checkpoint with
-``num_speculative_tokens`` = ``block_size - 1``, the prompts a held-out slice of the
-conversations in ``dflash.prepare.data``. docs/evaluate.md has the table.
+unknown key is an error naming its line. Every key may be left out in a playbook whose
+recipe gives evaluation defaults (``Recipe.eval_defaults``: the verifier, the drafter as the
+run's newest complete checkpoint, held-out prompts, the training server's interpreter, GPUs
+and length; :mod:`outrig.evaluation.spec` fills them in). The defaults are the recipe's, so
+this key names none of them; docs/evaluate.md has each recipe's table.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ class EvalServerSpec(_Section):
     """The vLLM server the evaluation starts (and stops) on the box."""
 
     python: str | None = Field(None, min_length=1, description="the vLLM venv's interpreter "
-                               "(default: dflash.server.python, else python3)")
+                               "(default: the recipe's training server's, else python3)")
     entrypoint: str = Field("vllm.entrypoints.openai.api_server", min_length=1,
                             description="the module run with -m (the CPU build has no "
                             "working `vllm` command)")
     port: int = Field(8100, ge=1, le=65535, description="--port, on 127.0.0.1 only")
     gpus: list[int] | None = Field(None, description="physical GPU indices (default: "
-                                   "dflash.server.gpus, else none)")
+                                   "the recipe's training server's, else none)")
     max_model_len: int | None = Field(None, ge=2, description="--max-model-len (default: "
-                                      "vLLM's, or dflash.server.max_model_len)")
+                                      "the recipe's training server's, else vLLM's)")
     env: EnvMap = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list, description="more vLLM args, appended")
     ready_timeout: float = Field(1800.0, gt=0, description="seconds for /health to answer")
@@ -89,16 +89,16 @@ class EvaluateSpec(_Section):
     """The ``evaluate:`` key."""
 
     model: str | None = Field(None, min_length=1, description="the verifier vLLM serves "
-                              "(default: dflash.model)")
+                              "(default: the recipe's model)")
     speculative: dict[str, Any] | None = Field(
-        None, description="vLLM's --speculative-config (default for dflash: method dflash, "
-        "model = the checkpoint, num_speculative_tokens = block_size - 1)")
+        None, description="vLLM's --speculative-config (default: the recipe's "
+        "drafter method, model = the run's checkpoint, and its num_speculative_tokens)")
     prompts: str | None = Field(
         None, min_length=1, description="a JSONL file of {\"prompt\": ...} or "
         "{\"messages\": [...]} lines, each with an optional \"category\": on this "
         "workstation (relative to the project), or box:PATH on the box (relative to the "
-        "workdir), or smoke (outrig's own set); default for dflash: the last "
-        "conversations of dflash.prepare.data, else smoke")
+        "workdir), or smoke (outrig's own set); default: the last conversations of the "
+        "recipe's training data, else smoke")
     dataset: str | None = Field(
         None, min_length=1, description="vLLM's own prompt set instead of prompts: "
         "spec_bench or speed_bench, optionally :CATEGORY, read on the box by vLLM's own "
