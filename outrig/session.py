@@ -226,13 +226,14 @@ class HostSession:
 
 @contextmanager
 def host_session(project: Project, host_spec: str, reporter: Reporter,
-                 journal: Journal | None = None, *,
-                 host: Host | None = None) -> Iterator[HostSession]:
+                 journal: Journal | None = None, *, host: Host | None = None,
+                 book: HostBook | None = None) -> Iterator[HostSession]:
     """A session for the length of one op (the host-string entry points' way in): ``host``
-    as the caller's book resolved it, else resolved here, once (an op called without a
-    target: a test, another op)."""
+    as given, else ``host_spec`` looked up in ``book`` (the command's target's, which
+    resolved it once), else resolved here (an op called without a target: a test, another
+    op)."""
     session = HostSession(project, host_spec, reporter, journal,
-                          host=host or HostBook(project.hosts_dir)(host_spec))
+                          host=host or (book or HostBook(project.hosts_dir))(host_spec))
     try:
         yield session
     finally:

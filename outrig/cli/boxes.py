@@ -65,7 +65,8 @@ def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None
     settings = settings_for(c, project, no_keep=no_keep)
     reporter = make_reporter(json)
     target = select(settings, reporter, host, max_parallel=max_parallel, deadline=deadline)
-    target.run(host=lambda one: run_check(one.project, one.spec, reporter), sweep=check_hosts)
+    target.run(host=lambda one: run_check(one.project, one.spec, reporter, book=one.book),
+               sweep=check_hosts)
 
 
 @task(
@@ -105,7 +106,7 @@ def provision(c: Any, host: list[str] | None = None, playbook: str | None = None
     name = settings.value("playbook", playbook)[0]
     target.run(
         host=lambda one: run_provision(one.project, one.spec, reporter, playbook=name,
-                                       dry_run=dry_run),
+                                       dry_run=dry_run, book=one.book),
         sweep=lambda sweep: provision_hosts(sweep, name, dry_run=dry_run))
 
 
@@ -152,7 +153,7 @@ def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
     name = playbook_for(settings, playbook, None, reporter, what="stage")
     target.run(
         host=lambda one: stage(one.project, one.spec, name, reporter, from_host=from_,
-                               resume=resume, streams=count),
+                               resume=resume, streams=count, book=one.book),
         sweep=lambda sweep: stage_hosts(sweep, name, from_=from_, resume=resume,
                                         streams=count))
 

@@ -159,14 +159,14 @@ def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
             raise ConfigError("--compare lists a playbook's evaluations: give --playbook")
         job = flag_job(flag_playbook(model, speculative, prompts, python),
                        settings.project.root)
-        run_evaluate(settings.project, host_spec, job, reporter, options)
+        run_evaluate(settings.project, host_spec, job, reporter, options, book=one.book)
         return
     name = playbook_for(settings, playbook, host_spec, reporter, what="evaluate",
                         book=one.book)
     if compare:
         run_compare(settings.project, one.host, host_spec, name, reporter)
         return
-    run_evaluate(settings.project, host_spec, name, reporter, options)
+    run_evaluate(settings.project, host_spec, name, reporter, options, book=one.book)
 
 
 def _check_flags(playbook: str | None, model: str | None, model_flags: bool,

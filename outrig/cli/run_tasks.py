@@ -99,7 +99,7 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
                            max_parallel=max_parallel, deadline=deadline)
 
     def on_host(one: OneHost) -> None:
-        with host_session(one.project, one.spec, reporter) as session:
+        with host_session(one.project, one.spec, reporter, book=one.book) as session:
             deploy_on(session, one.playbook, dry_run=dry_run, wait=not no_wait, params=params,
                       allow_unhealthy_gpu=allow_unhealthy_gpu)
 
@@ -230,7 +230,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 
         target.run(host=lambda one: follow_status(
             one.project, one.spec, reporter, run_id=run, playbook=one.playbook_name,
-            log_lines=count, every=pause), sweep=several, job=several)
+            log_lines=count, every=pause, book=one.book), sweep=several, job=several)
         return
 
     def on_job(job: NodeJob) -> None:  # a multi-node job: every node of it, whatever --host says
@@ -240,7 +240,8 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
 
     target.run(
         host=lambda one: run_status(one.project, one.spec, reporter, run_id=run,
-                                    playbook=one.playbook_name, log_lines=count),
+                                    playbook=one.playbook_name, log_lines=count,
+                                    book=one.book),
         sweep=lambda sweep: status_hosts(sweep, run=run, log_lines=count),
         job=on_job)
 
@@ -306,7 +307,8 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
     target.run(
         host=lambda one: run_tail(one.project, one.spec, reporter, run_id=run,
                                   playbook=one.playbook_name, processes=processes,
-                                  lines=count, follow=not no_follow, grep=grep),
+                                  lines=count, follow=not no_follow, grep=grep,
+                                  book=one.book),
         sweep=lambda sweep: tail_logs_hosts(sweep, run=run, processes=processes, lines=count,
                                             follow=not no_follow, grep=grep),
         job=on_job)
@@ -373,7 +375,8 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
     target.run(
         host=lambda one: run_cleanup(one.project, one.spec, reporter, run_id=run,
                                      playbook=one.playbook_name, all_runs=all,
-                                     force_foreign=foreign, dry_run=dry_run, timeout=seconds),
+                                     force_foreign=foreign, dry_run=dry_run, timeout=seconds,
+                                     book=one.book),
         sweep=lambda sweep: cleanup_hosts(sweep, all_runs=all, run=run,
                                           force_foreign=foreign, dry_run=dry_run,
                                           timeout=seconds),
@@ -523,7 +526,7 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
     target = select(settings, reporter, host, max_parallel=max_parallel, deadline=deadline)
     target.run(
         host=lambda one: run_sync(one.project, one.spec, reporter, playbook=playbook,
-                                  run_id=run),
+                                  run_id=run, book=one.book),
         sweep=lambda sweep: sync_hosts(sweep, playbook, run=run))
 
 

@@ -11,14 +11,16 @@ from typing import Any
 from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import RemoteError
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.session import HostSession, Project, host_session
 
 
 def check(project: Project, host_spec: str, reporter: Reporter,
-          journal: Journal | None = None) -> dict[str, Any]:
-    """Preflight: reach, python, GPUs, workdir, disk. Raises when the box is not usable."""
-    with host_session(project, host_spec, reporter, journal) as session:
+          journal: Journal | None = None, *, book: HostBook | None = None) -> dict[str, Any]:
+    """Preflight: reach, python, GPUs, workdir, disk. Raises when the box is not usable.
+    ``book``: the command's hosts, resolved once."""
+    with host_session(project, host_spec, reporter, journal, book=book) as session:
         return check_on(session)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from outrig.console import Reporter, had_ended
 from outrig.errors import ConfigError, OutrigError
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.journal import utc_text as when
 from outrig.moves import moved_runs, stopped_processes
@@ -37,7 +38,8 @@ class CleanupIncomplete(OutrigError):
 def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
             playbook: str | None = None, all_runs: bool = False,
             force_foreign: Sequence[int | str] = (), dry_run: bool = False,
-            timeout: float = 60.0, journal: Journal | None = None) -> dict[str, Any]:
+            timeout: float = 60.0, journal: Journal | None = None,
+            book: HostBook | None = None) -> dict[str, Any]:
     """Stop the selected run(s) (and any ``force_foreign`` pids); raise when GPUs stay held.
 
     With no selection at all, the runs a migrate moved away from this box and that are not
@@ -45,21 +47,22 @@ def cleanup(project: Project, host_spec: str, reporter: Reporter, *, run_id: str
     recorded id, and marked fenced. With none of those either, it is the usual error."""
     if not (run_id or playbook or all_runs or force_foreign):
         return cleanup_moved(project, host_spec, reporter, dry_run=dry_run, timeout=timeout,
-                             journal=journal)
+                             journal=journal, book=book)
     check_selection(run_id, playbook, all_runs, force_foreign, timeout)
-    with host_session(project, host_spec, reporter, journal) as session:
+    with host_session(project, host_spec, reporter, journal, book=book) as session:
         return cleanup_on(session, run_id=run_id, playbook=playbook, all_runs=all_runs,
                           force_foreign=force_foreign, dry_run=dry_run, timeout=timeout)
 
 
 def cleanup_moved(project: Project, host_spec: str, reporter: Reporter, *, dry_run: bool,
-                  timeout: float, journal: Journal | None = None) -> dict[str, Any]:
+                  timeout: float, journal: Journal | None = None,
+                  book: HostBook | None = None) -> dict[str, Any]:
     """``cleanup --host OLD`` with no selection: stop (fence) the runs moved away from OLD.
 
     Why this is the default there: after a migrate, the old box's run is a second trainer
     that costs money and writes checkpoints of its own; the warning every command to that box
     prints names exactly this command."""
-    with host_session(project, host_spec, reporter, journal) as session:
+    with host_session(project, host_spec, reporter, journal, book=book) as session:
         pending = moved_runs(session.journal, session.host.name)
         if not pending:
             raise ConfigError(

@@ -28,7 +28,7 @@ from outrig.evaluation.launch_check import (
     server_python,
     speculative_model,
 )
-from outrig.inventory import Host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.ops.runs import new_run_id, secret_values
 from outrig.plan import HostFacts, NodePlace, Plan, make_plan
@@ -217,13 +217,14 @@ def deploy_request(plan: Plan, *, wait: bool, secrets: dict[str, str],
 def deploy(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
            test: bool = False, dry_run: bool = False, wait: bool = True,
            journal: Journal | None = None, params: dict[str, Any] | None = None,
-           allow_unhealthy_gpu: bool = False, hint: bool = True) -> DeployResult:
+           allow_unhealthy_gpu: bool = False, hint: bool = True,
+           book: HostBook | None = None) -> DeployResult:
     """Plan, show the plan, and (unless ``dry_run``) deploy in one agent call.
 
     ``params`` (from ``--param``) override the playbook's params and are journalled with the
     run, so a later look at the run says what it was started with. ``hint``: see
-    :func:`deployed_message`."""
-    with host_session(project, host_spec, reporter, journal) as session:
+    :func:`deployed_message`. ``book``: the command's hosts, resolved once."""
+    with host_session(project, host_spec, reporter, journal, book=book) as session:
         job = load_job(find_playbook(playbook, project.playbooks_dir), test=test, params=params)
         return deploy_on(session, job, dry_run=dry_run, wait=wait, params=params,
                          allow_unhealthy_gpu=allow_unhealthy_gpu, hint=hint)

@@ -35,7 +35,7 @@ from outrig.evaluation.spec import (
     settings_for,
     speculative_config,
 )
-from outrig.inventory import Host
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.ops.evaluate_document import document
 from outrig.ops.evaluate_serving import (
@@ -76,13 +76,13 @@ class Options:
 
 
 def evaluate(project: Project, host_spec: str, playbook: str | Job, reporter: Reporter,
-             options: Options | None = None, *, journal: Journal | None = None
-             ) -> dict[str, Any]:
+             options: Options | None = None, *, journal: Journal | None = None,
+             book: HostBook | None = None) -> dict[str, Any]:
     """Load the playbook (or take the one built from flags), open the session,
     :func:`evaluate_on`."""
     job = playbook if isinstance(playbook, Job) else load_job(
         find_playbook(playbook, project.playbooks_dir))
-    with host_session(project, host_spec, reporter, journal) as session:
+    with host_session(project, host_spec, reporter, journal, book=book) as session:
         return evaluate_on(session, job, options or Options())
 
 

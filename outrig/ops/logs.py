@@ -554,7 +554,8 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
               playbook: str | None = None, processes: list[str] | None = None,
               lines: int | None = None, follow: bool = True, grep: str | None = None,
               journal: Journal | None = None,
-              stop: threading.Event | None = None, **tuning: Any) -> TailResult:
+              stop: threading.Event | None = None, book: HostBook | None = None,
+              **tuning: Any) -> TailResult:
     """``inv tail-logs``. ``tuning`` passes LogTailer knobs (heartbeat, idle_limit, ...)."""
     if run_id is not None and playbook is not None:
         raise ConfigError("give at most one of --run and --playbook")
@@ -564,7 +565,7 @@ def tail_logs(project: Project, host_spec: str, reporter: Reporter, *, run_id: s
     # with --run, a box whose host file is gone is the address recorded with the run (its
     # mirror is shown when that box does not answer)
     journal = journal or Journal()
-    book = HostBook(project.hosts_dir)
+    book = book or HostBook(project.hosts_dir)
     host = run_host(book, journal, host_spec, run_id)[0] if run_id else book(host_spec)
     session = HostSession(project, host_spec, reporter, journal, host=host)
     mirror = run_id is not None and not follow

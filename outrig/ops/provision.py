@@ -18,6 +18,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError
+from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.playbook import Job, find_playbook, load_job
 from outrig.session import HostSession, Project, host_session
@@ -160,10 +161,10 @@ def describe_checks(checks: dict[str, Any]) -> str:
 
 def provision(project: Project, host_spec: str, reporter: Reporter, *,
               playbook: str | None = None, dry_run: bool = False,
-              journal: Journal | None = None) -> ProvisionResult:
+              journal: Journal | None = None, book: HostBook | None = None) -> ProvisionResult:
     """Check the box and make every environment of the playbook right (one agent exec)."""
     job = pick_playbook(project, playbook)
-    with host_session(project, host_spec, reporter, journal) as session:
+    with host_session(project, host_spec, reporter, journal, book=book) as session:
         return provision_on(session, job, dry_run=dry_run)
 
 

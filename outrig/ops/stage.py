@@ -278,12 +278,14 @@ def _load(project: Project, host: Host, playbook: str) -> tuple[Job, list[StageI
 def stage(project: Project, host_spec: str, playbook: str, reporter: Reporter, *,
           from_host: str | None = None, resume: bool = False, journal: Journal | None = None,
           streams: int = STREAMS, source_playbook: str | None = None,
-          parts: tuple[str, ...] = ("data", "checkpoint")) -> dict[str, Any]:
+          parts: tuple[str, ...] = ("data", "checkpoint"),
+          book: HostBook | None = None) -> dict[str, Any]:
     """Put every item of the playbook on ``host_spec``; with ``resume`` also the newest complete
     checkpoint (from ``from_host`` when given, else the local mirror). See :func:`stage_on`."""
-    with host_session(project, host_spec, reporter, journal) as dest:
+    book = book or HostBook(project.hosts_dir)
+    with host_session(project, host_spec, reporter, journal, book=book) as dest:
         src = HostSession(project, from_host, reporter, dest.journal,
-                          host=HostBook(project.hosts_dir)(from_host)) if from_host else None
+                          host=book(from_host)) if from_host else None
         try:
             return stage_on(dest, playbook, src=src, resume=resume, streams=streams,
                             source_playbook=source_playbook, parts=parts)
@@ -461,9 +463,10 @@ def _stage_checkpoint(stager: Stager, job: Job, item: StageItem, dest: HostSessi
 
 def sync_checkpoints(project: Project, host_spec: str, reporter: Reporter, *,
                      playbook: str | None = None, journal: Journal | None = None,
-                     streams: int = STREAMS, run_id: str | None = None) -> dict[str, Any]:
+                     streams: int = STREAMS, run_id: str | None = None,
+                     book: HostBook | None = None) -> dict[str, Any]:
     """Pull every complete checkpoint the workstation's mirror lacks (incremental)."""
-    with host_session(project, host_spec, reporter, journal) as session:
+    with host_session(project, host_spec, reporter, journal, book=book) as session:
         return sync_checkpoints_on(session, playbook=playbook, streams=streams, run_id=run_id)
 
 

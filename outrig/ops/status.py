@@ -34,13 +34,15 @@ PROGRESS_MARKERS = ["Training epoch "]  # last line holding these is found furth
 
 def status(project: Project, host_spec: str, reporter: Reporter, *, run_id: str | None = None,
            playbook: str | None = None, log_lines: int = 5,
-           journal: Journal | None = None) -> dict[str, Any]:
+           journal: Journal | None = None, book: HostBook | None = None) -> dict[str, Any]:
     """``inv status``: one agent exec; progress is parsed here (outrig/progress.py). With
     ``run_id``, a box whose host file is gone is reached at the address the run's record
     holds (:func:`outrig.redeploy.record.run_host`)."""
     journal = journal or Journal()
-    host = run_host(HostBook(project.hosts_dir), journal, host_spec, run_id)[0] if run_id else None
-    with host_session(project, host_spec, reporter, journal, host=host) as session:
+    book = book or HostBook(project.hosts_dir)
+    host = run_host(book, journal, host_spec, run_id)[0] if run_id else None
+    with host_session(project, host_spec, reporter, journal, host=host,
+                      book=book) as session:
         try:
             return status_on(session, run_id=run_id, playbook=playbook, log_lines=log_lines)
         except ConnectError as exc:

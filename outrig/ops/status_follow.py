@@ -100,14 +100,16 @@ def captured(session: HostSession, draw: Callable[[], object], *, colour: bool,
 def follow_status(project: Project, host_spec: str, reporter: Reporter, *,
                   run_id: str | None = None, playbook: str | None = None, log_lines: int = 5,
                   every: float = DEFAULT_EVERY, journal: Journal | None = None,
-                  refreshes: int | None = None) -> int:
+                  refreshes: int | None = None, book: HostBook | None = None) -> int:
     """Refresh ``status`` every ``every`` seconds on one session until Ctrl-C (then
     :class:`Interrupted`, exit 130), or ``refreshes`` times; returns the refreshes made."""
     journal = journal or Journal()
-    host = run_host(HostBook(project.hosts_dir), journal, host_spec, run_id)[0] if run_id else None
+    book = book or HostBook(project.hosts_dir)
+    host = run_host(book, journal, host_spec, run_id)[0] if run_id else None
     screen = screen_for(reporter.out)
     made = 0
-    with host_session(project, host_spec, reporter, journal, host=host) as session:
+    with host_session(project, host_spec, reporter, journal, host=host,
+                      book=book) as session:
         try:
             while refreshes is None or made < refreshes:
                 if made:
