@@ -97,6 +97,8 @@ class EvalSettings:
     training_seq_length: int | None = None  # the recipe's: what the drafter trained on
     training_thinking: bool | None = None  # enable_thinking of the training server's template
     dataset: Dataset | None = None  # vLLM's own prompt set (prompts.kind "dataset")
+    # where env comes from, as a refusal names it: the recipe's section's env too, if any
+    env_key: str = "evaluate.server.env"
 
     @property
     def serving_thinking(self) -> bool | None:
@@ -214,7 +216,8 @@ def settings_for(spec: EvaluateSpec | None, defaults: EvalDefaults | None,
         enable_thinking=spec.enable_thinking, per_request_metrics=spec.per_request_metrics,
         training_seq_length=d.seq_length if d is not None else None,
         training_thinking=thinking_of(list(d.server_args)) if d is not None else None,
-        dataset=dataset)
+        dataset=dataset,
+        env_key="evaluate.server.env" + (f" (with {d.key}.env)" if d is not None else ""))
     return (None if problems else settings), problems
 
 

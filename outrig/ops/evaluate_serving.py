@@ -53,8 +53,8 @@ def box_facts(session: HostSession, settings: EvalSettings,
     result = session.call("model_facts", handler=keep, models=[], pythons=[settings.python],
                           drafters=[drafter] if drafter else [])
     env: dict[str, Any] = next(iter(result.get("envs") or []), {})
-    problems = launch_problems(env, settings.env, env_key="evaluate.server.env (with "
-                               "dflash.env)", drafter_key="the checkpoint")
+    problems = launch_problems(env, settings.env, env_key=settings.env_key,
+                               drafter_key="the checkpoint")
     if problems:
         raise PlanError(problems, context=f"evaluate on {session.host.name}")
     versions = env.get("versions") or {}

@@ -54,7 +54,8 @@ def test_evaluate_refuses_the_v1_runner_on_vllm_034(box_project: Path, box_host:
     write(box_project, "v1", evaluate_playbook(python, drafter(tmp_path, "e3", EAGLE3),
                                                {"VLLM_USE_V2_MODEL_RUNNER": "0"}))
     done = outrig(box_project, "evaluate", "--host", box_host.stem, "--playbook", "v1")
-    refused(done, box_host, "- evaluate.server.env (with dflash.env): VLLM_USE_V2_MODEL_RUNNER=0: "
+    # a playbook without a recipe: the refusal names its own key only (no recipe's env)
+    refused(done, box_host, "- evaluate.server.env: VLLM_USE_V2_MODEL_RUNNER=0: "
             "vLLM 0.34.0 on the box has removed "
             "Model Runner V1", "remove VLLM_USE_V2_MODEL_RUNNER from evaluate.server.env")
     assert "peagle" not in done.stderr  # the eagle3 drafter itself loads

@@ -96,6 +96,19 @@ def test_evaluate_keys_override_the_dflash_defaults(tmp_path: Path) -> None:
     assert server_argv(settings, None).count("--speculative-config") == 0  # the baseline
 
 
+def test_a_refusal_names_the_recipe_env_only_when_a_recipe_gives_it(tmp_path: Path) -> None:
+    """A launch refusal names where the server's env came from: the recipe's section's env
+    too for a recipe playbook, evaluate.server.env alone for any other (no recipe key)."""
+    job = dflash_job(tmp_path)
+    settings, _ = settings_for(job.spec.evaluate, _defaults(job), PARAMS, "d.yaml")
+    assert settings is not None
+    assert settings.env_key == "evaluate.server.env (with dflash.env)"
+    plain, problems = settings_for(EvaluateSpec(model="/m/q", speculative={"method": "ngram"}),
+                                   None, {}, "p.yaml")
+    assert problems == [] and plain is not None
+    assert plain.env_key == "evaluate.server.env"
+
+
 def test_a_generic_playbook_names_every_missing_key() -> None:
     settings, problems = settings_for(EvaluateSpec(), None, {}, "p.yaml")
     assert settings is None
