@@ -173,7 +173,7 @@ def _cli(task: Any, root: Path, **flags: Any) -> tuple[int, str, str]:
                     "OUTRIG_REHEARSAL_PYTHON) to a Python with torch to run real torchrun")
 def test_a_job_whose_node_1_dies_moves_to_two_spares_and_resumes_from_the_mirror(
         boxes: dict[str, Any], tmp_path: Path) -> None:
-    from outrig import cli
+    from outrig.cli import run_tasks
 
     project: Project = boxes["project"]
     assert TORCH is not None
@@ -192,7 +192,7 @@ def test_a_job_whose_node_1_dies_moves_to_two_spares_and_resumes_from_the_mirror
     assert [p["epoch"] for p in synced["pulled"]] == [1, 2]
 
     # bad input: --to with a count other than the job's nodes; nothing stopped or started
-    code, _, err = _cli(cli.runs.migrate, tmp_path, run=deployed.job_id, to="c")
+    code, _, err = _cli(run_tasks.migrate, tmp_path, run=deployed.job_id, to="c")
     assert code == 2 and "names 1 box(es) (c), but job" in err and "runs on 2 nodes" in err
     assert "Nothing was stopped or started" in " ".join(err.split())
     assert marked(old_head.run_id) != [] and marked(old_other.run_id) != []
