@@ -510,16 +510,11 @@ def iter_rows(points: Iterable[Point] | dict[tuple[str, int], Point], names: Seq
         yield point.process, point.step, point.t, [point.values.get(n) for n in names]
 
 
-@dataclass
-class RunData:
-    """Everything drawn of one run: its journal record, its series, its log events, its
-    GPU samples (``{t, gpus: [{i, used, total, util}]}``), and where its mirror is."""
+class RunRecord:
+    """A run's id and host, read from its journal ``record`` (what :class:`RunData` and the
+    kept summary, :class:`outrig.metrics.summary.RunSummary`, both carry)."""
 
     record: dict[str, Any]
-    points: list[Point] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    gpu: list[dict[str, Any]] = field(default_factory=list)
-    mirror: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -528,6 +523,18 @@ class RunData:
     @property
     def host(self) -> str:
         return str(self.record.get("host"))
+
+
+@dataclass
+class RunData(RunRecord):
+    """Everything drawn of one run: its journal record, its series, its log events, its
+    GPU samples (``{t, gpus: [{i, used, total, util}]}``), and where its mirror is."""
+
+    record: dict[str, Any]
+    points: list[Point] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    gpu: list[dict[str, Any]] = field(default_factory=list)
+    mirror: str | None = None
 
     def label(self) -> str:
         return f"{self.run_id} ({self.host})"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outrig.journal import atomic_write_json, read_json
-from outrig.metrics.series import Point, RunData
+from outrig.metrics.series import Point, RunData, RunRecord
 from outrig.metrics.store import MetricStore
 
 SUMMARY_FILE = "summary.json"
@@ -25,7 +25,7 @@ VERSION = 1
 
 
 @dataclass
-class RunSummary:
+class RunSummary(RunRecord):
     """What the summary table shows of one run."""
 
     record: dict[str, Any]
@@ -34,14 +34,6 @@ class RunSummary:
     span: tuple[int, int] | None = None
     stats: dict[str, list[float]] = field(default_factory=dict)  # n, first, last, min, max
     mirror: str | None = None
-
-    @property
-    def run_id(self) -> str:
-        return str(self.record.get("run_id"))
-
-    @property
-    def host(self) -> str:
-        return str(self.record.get("host"))
 
 
 def summarize(run: RunData) -> RunSummary:
