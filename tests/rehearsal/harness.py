@@ -53,6 +53,9 @@ VLLM_PYTHON_ENV = "OUTRIG_VLLM_PYTHON"
 # unless a test sets it).
 GPU_ENV = "OUTRIG_REHEARSAL_GPU"
 REAL_GPU = os.environ.get(GPU_ENV) == "1"
+# cpu_shim's knob: each rank waits for its stop after its first mid-epoch save (a test then
+# knows which checkpoint is the newest complete one when it stops the run)
+HOLD_ENV = "REHEARSAL_HOLD_AFTER_SAVE"
 # Where to keep each test's logs and checkpoint listing (for fixtures); unset: nothing kept.
 KEEP_ENV = "OUTRIG_REHEARSAL_KEEP"
 # Generous: a 2-core machine imports torch + transformers in every process (~10 s each).

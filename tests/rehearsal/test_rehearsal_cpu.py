@@ -45,6 +45,7 @@ from outrig.ops.migrate import migrate
 from tests.rehearsal.harness import (
     FIXTURES,
     FRESH,
+    HOLD_ENV,
     REAL_EPOCHS,
     RESUMED,
     STANDIN,
@@ -227,38 +228,43 @@ def test_migrate_between_two_boxes_resumes_from_the_newest_complete_checkpoint(
     trainer on the new box resumes mid-epoch from it."""
     r = rehearsal
     old, new = "cpu-box", r.add_box("new-box")
-    # Saves every half epoch: migrate stops the old trainer some seconds after the first
-    # save, and a stop inside the next in-place rewrite of 0/ leaves no complete checkpoint
-    # to copy (outrig refuses the torn folder, as it should); half an epoch of steps between
-    # saves keeps the stop clear of it on a loaded machine.
+    # The next save is seconds of steps away here (many minutes on a GPU box), and a loaded
+    # machine once put migrate's stop inside it: the in-place rewrite of 0/ left no complete
+    # checkpoint to copy (outrig refuses the torn folder, as it should). cpu_shim's hold knob
+    # makes the first mid-epoch save the last one before the stop: after it each rank waits
+    # for its signal, so the stop lands in the wait however slow the machine is.
     playbook = r.playbook("movable", data_path="${workdir}/data/tokenized",
-                          save_path="${workdir}/data/checkpoints", checkpoint_freq=0.5)
+                          save_path="${workdir}/data/checkpoints",
+                          trainer_env={HOLD_ENV: "1"})
     old_save = r.workdir(old) / "data" / "checkpoints"
     new_save = r.workdir(new) / "data" / "checkpoints"
-    r.deploy(old, playbook)
+    first = r.deploy(old, playbook)
     link = r.wait_checkpoint(mid_epoch_link, "mid-epoch checkpoint link", save=old_save)
-    assert r.training_state(os.readlink(link), old_save) is not None
+    saved = r.training_state(os.readlink(link), old_save)
+    assert saved is not None and saved["epoch"] == 0 and saved["local_step"] > 0, saved
+    r.wait_log(old, first.plan.run_id, "trainer", f"{HOLD_ENV}: holding after the save")
 
     report = migrate(r.project, old, new, r.reporter, playbook=str(playbook),
                      journal=r.journal, probe_attempts=1)
     assert report["old_alive"] is True
+    # the old rank was stopped in its wait, before any later save, and saved interrupted/
+    trainer = r.log(old, first.plan.run_id, "trainer")
+    assert trainer.count(f"Saving checkpoint to {old_save}/0") == 1, trainer[-3000:]
+    assert f"Interrupt checkpoint saved to '{old_save}/interrupted'" in trainer, \
+        trainer[-3000:]
     checkpoint = report["checkpoint"]
     assert checkpoint is not None and checkpoint["epoch"] == 0, report
-    copied = r.training_state("0", new_save)
-    assert copied is not None, report
-    # the newest complete one: what the old box held once its run had stopped
-    assert copied == r.training_state("0", old_save)
-    if copied["local_step"] > 0:
-        resumed = r.wait_log(new, report["run_id"], "trainer",
-                             "Resuming mid-epoch from epoch=0")
-        assert f"local_step={copied['local_step']} " in resumed, resumed[-3000:]
-    else:
-        # The trainer finished epoch 0 (and rewrote ``0/`` as the end-of-epoch save) before
-        # migrate stopped it: a slower workstation loses that race on a loaded machine. The
-        # newest complete checkpoint is then the whole epoch, and the resume starts epoch 1.
-        resumed = r.wait_log(new, report["run_id"], "trainer", "Resuming training on epoch 1")
+    # the newest complete one, the save the test saw, is what the new box got
+    assert r.training_state("0", old_save) == saved
+    assert r.training_state("0", new_save) == saved, report
+    resumed = r.wait_log(new, report["run_id"], "trainer", "Resuming mid-epoch from epoch=0")
     assert f"Found checkpoint at {new_save}/0" in resumed, resumed[-3000:]
-    r.wait_log(new, report["run_id"], "trainer", f"Saving checkpoint to {new_save}/")
+    assert f"local_step={saved['local_step']} " in resumed, resumed[-3000:]
+    # and trains on from there: its own next save is further into epoch 0
+    r.wait_log(new, report["run_id"], "trainer", f"{HOLD_ENV}: holding after the save")
+    later = r.training_state("0", new_save)
+    assert later is not None and later["epoch"] == 0, later
+    assert later["local_step"] > saved["local_step"], (later, saved)
 
 
 def test_prepare_fails_with_the_403_when_scale_out_is_off(rehearsal: Rehearsal) -> None:

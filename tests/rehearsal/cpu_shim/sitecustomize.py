@@ -31,11 +31,22 @@ utils/util.py:15-17, used by    get_current_device() returns 'cuda:0' without an
 train/checkpointer.py:306,      returns 'cpu' (in utils.util and in train.checkpointer, which
 :323 on resume                  imported it by name at :23)
 
-Rehearsal knob (not a patch of a CUDA assumption): ``REHEARSAL_SAVE_DELAY_S=<seconds>`` makes
-every checkpoint save pause between ``model.safetensors`` and ``optimizer_state_dict.pt``, so
-a test can stop the trainer while a save is in progress, as happens on a GPU box where the
-draft checkpoint takes seconds to write. It acts with or without an accelerator (the GPU
-rehearsal uses it too: the tiny draft saves in milliseconds there as well).
+Rehearsal knobs (not patches of a CUDA assumption; each acts with or without an accelerator,
+and only when a test sets it):
+
+* ``REHEARSAL_SAVE_DELAY_S=<seconds>`` makes every checkpoint save pause between
+  ``model.safetensors`` and ``optimizer_state_dict.pt``, so a test can stop the trainer while
+  a save is in progress, as happens on a GPU box where the draft checkpoint takes seconds to
+  write (the GPU rehearsal uses it too: the tiny draft saves in milliseconds there as well).
+* ``REHEARSAL_HOLD_AFTER_SAVE=1`` makes each rank wait, after its first complete mid-epoch
+  save (``training_state.json`` and the ``epoch<E>_step<K>`` link written: the real
+  ``Trainer.maybe_save_checkpoint`` has returned), until it is signalled, instead of training
+  on. On a GPU box the next save is many minutes of steps away; here it is a few seconds, so
+  a stop that comes "some time after a save" can land in the next save's in-place rewrite of
+  the same folder on a loaded machine. With the hold the newest complete checkpoint at the
+  stop is always the one the test saw. The wait is ``time.sleep``, which a signal interrupts:
+  speculators' own SIGTERM handler raises out of it as out of any step, and the rank saves
+  ``interrupted/`` and exits as it would mid-step.
 
 Also needed on CPU, as trainer flags rather than patches: ``--loss-implementation eager``
 (the default ``fused`` loss is a Triton kernel, losses/fused.py) and ``--draft-attn-impl
@@ -58,6 +69,8 @@ _NOTICE = "cpu_shim: "
 # config.json, before optimizer_state_dict.pt: train/checkpointer.py:350-359) so a test can
 # stop the trainer *during* a save.
 SAVE_DELAY_ENV = "REHEARSAL_SAVE_DELAY_S"
+# Rehearsal knob: after its first complete mid-epoch save the rank waits to be stopped.
+HOLD_ENV = "REHEARSAL_HOLD_AFTER_SAVE"
 
 
 def _no_accelerator() -> bool:
@@ -114,6 +127,10 @@ def _patch_distributed(mod: ModuleType) -> None:
 def _patch_trainer(mod: ModuleType) -> None:
     import torch
 
+    if os.environ.get(HOLD_ENV) == "1":
+        _hold_after_save(mod.Trainer)
+    if not _no_accelerator():
+        return
     mod.get_local_rank = lambda: torch.device("cpu")
     trainer_cls = mod.Trainer
     real_init = trainer_cls.__init__
@@ -124,6 +141,27 @@ def _patch_trainer(mod: ModuleType) -> None:
 
     trainer_cls.__init__ = __init__
     _say("train/trainer.py:221,228 -> .to(cpu), autocast('cpu')")
+
+
+def _hold_after_save(trainer_cls: Any) -> None:
+    """The ``REHEARSAL_HOLD_AFTER_SAVE`` knob (module docstring): the real save runs whole,
+    then the rank sleeps until a signal's handler raises out of the sleep. Only a mid-epoch
+    save of an epoch (``local_step`` > 0, the call at train/trainer.py:614) holds; the end-of-epoch
+    and ``interrupted`` saves return as they are."""
+    real_save = trainer_cls.maybe_save_checkpoint
+
+    def maybe_save_checkpoint(self: Any, epoch: Any, local_step: int = 0) -> None:
+        real_save(self, epoch, local_step=local_step)
+        if not isinstance(epoch, int) or local_step <= 0:
+            return
+        _say(f"{HOLD_ENV}: holding after the save of epoch {epoch} step {local_step} "
+             "until stopped")
+        while True:
+            time.sleep(1)
+
+    trainer_cls.maybe_save_checkpoint = maybe_save_checkpoint
+    _say(f"{HOLD_ENV}=1: the first mid-epoch save is the last; the rank then waits for its "
+         "stop")
 
 
 def _patch_util(mod: ModuleType) -> None:
@@ -147,9 +185,9 @@ def _patch_checkpointer(mod: ModuleType) -> None:
              "model.safetensors and optimizer_state_dict.pt")
 
 
-# Applied on a GPU box too: the checkpointer patch holds the save-delay knob (its CUDA part
-# checks for an accelerator itself).
-ALWAYS = (_patch_checkpointer,)
+# Applied on a GPU box too: the checkpointer patch holds the save-delay knob, the trainer
+# patch the hold knob (the CUDA part of each checks for an accelerator itself).
+ALWAYS = (_patch_checkpointer, _patch_trainer)
 
 PATCHES: Dict[str, Callable[[ModuleType], None]] = {
     "speculators.train.distributed": _patch_distributed,
