@@ -296,7 +296,12 @@ def connections(c: Any, close: bool = False, host: str | None = None,
         outrig connections
         outrig connections --close --host uk-node
     """
-    from outrig.connectors.keeper.connections import close_keepers, keepers, wait_closed
+    from outrig.connectors.keeper.connections import (
+        close_keepers,
+        keepers,
+        older_keepers,
+        wait_closed,
+    )
 
     if host and not close:
         raise ConfigError("--host goes with --close (outrig connections lists every host). "
@@ -314,16 +319,23 @@ def connections(c: Any, close: bool = False, host: str | None = None,
         if not closed:
             print("no warm connection" + (f" to {host}" if host else "") + " was open")
         return
-    found = keepers()
+    found, older = keepers(), older_keepers()
     if json:
-        reporter.emit_json({"connections": found})
-        return
-    if not found:
-        print("no warm connections")
+        reporter.emit_json({"connections": found, **({"older": older} if older else {})})
         return
     from outrig.terminal import terminal_width
+    from outrig.textlayout import wrapped
 
-    print("\n".join(connection_lines(found, terminal_width())))
+    width = terminal_width()
+    if found:
+        print("\n".join(connection_lines(found, width)))
+    elif not older:
+        print("no warm connections")
+    for entry in older:
+        print("\n".join(wrapped(
+            f"an older outrig's warm connection to {entry['host']} ({entry['name']}), pid "
+            f"{entry['pid']}: left alone (it closes itself when idle; `outrig connections "
+            "--close` stops it)", width, "", "  ")))
 
 
 def connection_lines(found: list[dict[str, Any]], width: int) -> list[str]:
