@@ -118,8 +118,8 @@ def test_an_older_outrigs_keeper_is_left_alone_listed_and_closed_by_pid(
                             str(heard)], stdout=subprocess.PIPE, text=True)
     try:
         assert old.stdout is not None and old.stdout.readline().strip() == "ready"
-        session = HostSession(PROJECT, str(host_file), Reporter(quiet=True), Journal(tmp_path / "state"),
-                              host=host)
+        session = HostSession(PROJECT, str(host_file), Reporter(quiet=True),
+                              Journal(tmp_path / "state"), host=host)
         try:
             assert session.call("status", stream=False)["ok"]
         finally:
