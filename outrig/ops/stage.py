@@ -493,7 +493,7 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
     ckpt = next((i for i in items if i.kind == "checkpoints"), None)
     if ckpt is None:
         raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
-                          "kind: checkpoints, or the dflash recipe's save_path)")
+                          "kind: checkpoints, or a recipe section's checkpoint folder)")
     listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
                            **_listing_fields(journal, session.host.name, job.name))
     mirror = mirror_root(family(job))

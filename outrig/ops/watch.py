@@ -556,7 +556,12 @@ class Watcher:
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is
         ``bad``: a job moved there would be refused, or run on a sick card), or None."""
-        return check_box(self.project, self.journal, spare)
+        # a fresh book: a spare's host file may have been written (rented) since watch began
+        try:
+            host = HostBook(self.project.hosts_dir)(spare)
+        except OutrigError as exc:  # its host file is gone or broken: a reason, as a
+            return str(exc).split(". ")[0]  # failed check is
+        return check_box(self.project, self.journal, spare, host)
 
     def migrate_to(self, old_host: str, old_run: str, spare: str,
                    probe: bool = False) -> dict[str, Any] | None:
