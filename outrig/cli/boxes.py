@@ -323,8 +323,8 @@ def connections(c: TaskContext, close: bool = False, host: str | None = None,
     if json:
         reporter.emit_json({"connections": found, **({"older": older} if older else {})})
         return
-    from outrig.terminal import terminal_width
-    from outrig.textlayout import wrapped
+    from outrig.text.layout import wrapped
+    from outrig.text.terminal import terminal_width
 
     width = terminal_width()
     if found:
@@ -342,7 +342,7 @@ def connection_lines(found: list[dict[str, Any]], width: int) -> list[str]:
     """The table of ``outrig connections`` in ``width`` columns: name, address, keeper pid,
     age and idle time left in a row, the live agent's state at the row's end when every row
     has room for it, else wrapped under each row."""
-    from outrig.textlayout import columns, wrapped
+    from outrig.text.layout import columns, wrapped
 
     rows = [[str(e["name"]), str(e["host"]), str(e["pid"]), f"{e['age']:.0f}s",
              f"{e['idle_left']:.0f}s"] for e in found]

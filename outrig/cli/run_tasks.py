@@ -431,9 +431,9 @@ def watch(c: TaskContext, host: str | None = None, playbook: str | None = None,
         outrig watch --run pair-20260101-120000-ab12 --spare spare-a,spare-b
     """
     from outrig.cli.targets import playbook_identity, select_one
-    from outrig.notify import Notifier
     from outrig.ops.watch import watch as run_watch
     from outrig.ops.watch_record import WatchOptions
+    from outrig.watching.notify import Notifier
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)

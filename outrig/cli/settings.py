@@ -5,8 +5,8 @@ Precedence, highest first: the flag, an ``OUTRIG_*`` variable, the project's ``o
 its ``invoke.yaml``, then the user's configuration (docs/cli.md). Pure reading; nothing here
 reaches a box.
 
-:mod:`outrig.cli.invoke_program` reads :data:`~outrig.project_file.SETTINGS` and
-:func:`~outrig.project_file.find_project` on every start, so the
+:mod:`outrig.cli.invoke_program` reads :data:`~outrig.formats.project_file.SETTINGS` and
+:func:`~outrig.formats.project_file.find_project` on every start, so the
 session layer (and through it the transports) is imported only where settings are made
 (:func:`_settings`), purely for start-up; the reporter is a type here only. The task modules
 import it too, and ``outrig --list`` imports them (:mod:`outrig.cli.launcher`), so YAML is
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outrig.errors import ConfigError
-from outrig.project_file import (
+from outrig.formats.project_file import (
     PROJECT_FILE,
     PROJECT_FILES,
     find_project,
@@ -99,7 +99,7 @@ class Settings:
         """The ``on_event`` hook's argv (docs/watch.md#notifications): ``OUTRIG_ON_EVENT``,
         else ``on_event:`` in the project's files, else the user configuration; ``None`` when
         set nowhere (then nothing is sent anywhere)."""
-        from outrig.notify import hook_argv
+        from outrig.watching.notify import hook_argv
 
         if os.environ.get("OUTRIG_ON_EVENT"):
             return hook_argv(os.environ["OUTRIG_ON_EVENT"], "OUTRIG_ON_EVENT")

@@ -131,8 +131,8 @@ def init(c: TaskContext, force: bool = False, dflash: bool = False, template: st
         mkdir my-runs && cd my-runs && outrig init --dflash
     """
     from outrig.console import Reporter  # at run time only: --help loads no console
-    from outrig.terminal import wrap_width
-    from outrig.textlayout import paragraph
+    from outrig.text.layout import paragraph
+    from outrig.text.terminal import wrap_width
 
     if dflash and template not in ("", "dflash"):
         raise ConfigError(f"--dflash and --template {template} name two starters; give one.")

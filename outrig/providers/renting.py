@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
+from outrig.hosts import gpu_health
 from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.providers import ledger
