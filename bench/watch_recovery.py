@@ -91,15 +91,15 @@ def main() -> int:
     import yaml
 
     from outrig.console import Reporter
-    from outrig.health import limits_for
     from outrig.journal import Journal, read_json
-    from outrig.notify import Notifier
     from outrig.ops.cleanup import cleanup
     from outrig.ops.deploy import deploy
     from outrig.ops.watch import watch
     from outrig.ops.watch_record import WatchOptions, watch_file
     from outrig.sandbox.box import start_sandbox
     from outrig.sandbox.proxy import LatencyProxy
+    from outrig.watching.health import limits_for
+    from outrig.watching.notify import Notifier
     from tests.support.network import free_port
     from tests.support.runs import kill_run, write_playbooks
 

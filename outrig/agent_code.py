@@ -20,7 +20,7 @@ protocol from drifting apart. What is shared, and why:
 - ``serve``: the live agent's frames (``frame``, ``FrameBuffer``): the keeper speaks to the
   box's resident agent with the box's own framing (``outrig/connectors/keeper/live.py``);
 - ``gpu_judge``: the GPU health judge; the box's deploy refuses a ``bad`` GPU with it and the
-  workstation judges the same raw fields with it (``outrig/gpu_health.py``);
+  workstation judges the same raw fields with it (``outrig/hosts/gpu_health.py``);
 - :func:`examples_dir`: the examples shipped beside the agent (``outrig demo``'s playbook and
   trainer), found from the agent's own files so a wheel and a checkout both have them.
 

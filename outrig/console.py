@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from outrig.errors import CLOSED_PIPE_EXIT
-from outrig.terminal import wrap_width
-from outrig.textlayout import paragraph, plan_lines, status_lines, visible
+from outrig.text.layout import paragraph, plan_lines, status_lines, visible
+from outrig.text.terminal import wrap_width
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -158,7 +158,7 @@ class Reporter:
     # --- plain messages -------------------------------------------------------------------
     # Notes, warnings and ✓ lines are prose: wrapped at spaces to the terminal (the
     # continuation two columns in), so that no word is cut at its edge; left whole on one
-    # line when stderr is not a terminal (outrig.terminal.wrap_width). Output of a process
+    # line when stderr is not a terminal (outrig.text.terminal.wrap_width). Output of a process
     # (the "output" event) is printed as it came.
     def _message(self, message: str, mark: str = "", markup: str = "") -> None:
         text = paragraph(visible(message), wrap_width(self.console.file), first=mark)
@@ -250,7 +250,7 @@ class Reporter:
     def close(self) -> None:
         self._stop_status()
 
-    # --- layouts (outrig/textlayout.py) --------------------------------------------------
+    # --- layouts (outrig/text/layout.py) --------------------------------------------------
     @property
     def width(self) -> int:
         """Columns to lay out for: the terminal's (or COLUMNS), 80 when not a terminal."""
@@ -300,7 +300,7 @@ class Reporter:
         self.lines(plan_lines(plan, self.width, full=full))
 
     def status(self, result: dict[str, Any]) -> None:
-        """``outrig status`` for people (see :func:`outrig.textlayout.status_lines`)."""
+        """``outrig status`` for people (see :func:`outrig.text.layout.status_lines`)."""
         if not result.get("runs"):
             self.info("no outrig runs on this box")
         self.lines(status_lines(result, self.width, gpu_table=self.gpu_table))

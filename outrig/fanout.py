@@ -37,7 +37,7 @@ from outrig.errors import ConfigError, OutrigError
 from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.session import HostSession, Project
-from outrig.textlayout import visible
+from outrig.text.layout import visible
 from outrig.timing import fanout_deadline_for
 
 MAX_PARALLEL = 32  # hosts in progress at once unless --max-parallel says otherwise

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from outrig.errors import ConfigError, OutrigError, did_you_mean
-from outrig.yamlfile import YamlDoc, load_yaml, validation_messages
+from outrig.formats.yamlfile import YamlDoc, load_yaml, validation_messages
 
 DEFAULT_WORKDIR = "~/outrig"
 # Addresses reserved for documentation (RFC 5737, RFC 3849): no box has one, so a host with
@@ -111,10 +111,10 @@ def is_placeholder_address(hostname: str) -> bool:
 
 def ssh_config_hostnames(path: Path | None = None) -> set[str]:
     """Concrete ``Host`` names (no wildcards) in the user's SSH configuration, its ``Include``
-    files followed (:func:`outrig.ssh_config.config_host_names`): an alias defined only in an
+    files followed (:func:`outrig.hosts.ssh_config.config_host_names`): an alias defined only in an
     included file is an alias as it is for ``ssh``. Imported here: a host file (the usual
     ``--host``) needs none of it."""
-    from outrig.ssh_config import config_host_names
+    from outrig.hosts.ssh_config import config_host_names
 
     return config_host_names(str(path) if path else None)
 
@@ -136,7 +136,7 @@ def _plain_number(value: object) -> float | None:
 
 def plain_host_file(data: object) -> dict[str, Any] | None:
     """A host file's values, read without pydantic, when every key and value is one that
-    :class:`~outrig.hostfile_model.HostFile` takes unchanged; None for anything else (an
+    :class:`~outrig.hosts.file_model.HostFile` takes unchanged; None for anything else (an
     unknown key, a port written as a string, a relative workdir...), which the model then
     judges and names. Only the plain case is read here, so nothing is accepted here that the
     model refuses or would convert (tests/unit/test_inventory.py compares the two)."""
@@ -192,7 +192,7 @@ def _validated_host_file(doc: YamlDoc) -> dict[str, Any]:
     that names each key and line."""
     from pydantic import ValidationError
 
-    from outrig.hostfile_model import HostFile
+    from outrig.hosts.file_model import HostFile
 
     try:
         return HostFile.model_validate(doc.data).model_dump()

@@ -19,13 +19,13 @@ from pydantic import ValidationError
 
 from outrig import recipes
 from outrig.agent_code import LAUNCH_ENV_KEYS
+from outrig.formats.template import UndefinedName, substitute
+from outrig.formats.yamlfile import validation_messages
 from outrig.inventory import Host
 from outrig.launchers import check_launch, read_launch
 from outrig.playbook import Job, ProcessSpec
 from outrig.recipes import EnvFacts, ModelFacts, RecipeContext
-from outrig.template import UndefinedName, substitute
-from outrig.textlayout import ranges
-from outrig.yamlfile import validation_messages
+from outrig.text.layout import ranges
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from pydantic import (
 )
 
 from outrig import recipes
-from outrig.environments import EnvironmentSpec, RequiresSpec, check_environment_names
 from outrig.errors import ConfigError, OutrigError, did_you_mean
 from outrig.evaluation.section import EvaluateSpec
+from outrig.formats.environments import EnvironmentSpec, RequiresSpec, check_environment_names
+from outrig.formats.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
 from outrig.hang.spec import HangSpec
 from outrig.recipes import Recipe
-from outrig.yamlfile import KeyPath, YamlDoc, load_yaml, validation_messages
 
 _PROCESS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
 # The playbook name is a file name on the box (.outrig/current/<name>) and starts run ids.

@@ -24,7 +24,7 @@ from typing import Any
 from outrig.journal import utc_text
 from outrig.progress import format_duration
 from outrig.providers.ledger import money
-from outrig.textlayout import INDENT, columns, labelled, visible, wrapped
+from outrig.text.layout import INDENT, columns, labelled, visible, wrapped
 
 RECENT = 20  # runs shown without --all (and every older run that may still hold a box)
 HOLDING = ("running", "deploying", "launching", "unknown")  # states that may still hold GPUs

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from outrig.errors import ConfigError
-from outrig.health import Observation
 from outrig.inventory import Host
+from outrig.watching.health import Observation
 
 LINK_ATTEMPTS = 4  # handshakes per command when the link drops abruptly (reset, EOF)
 SILENT_ATTEMPTS = 2  # of which at most this many may end in silence (each costs a timeout)
@@ -166,8 +166,8 @@ class Transport(ABC):
 
     def probe(self, timeout: float) -> list[Observation]:
         """A fresh look at the box from outside, without logging in and never over the open
-        connection, within ``timeout``: one :class:`~outrig.health.Observation` per signal the
-        connector can see (``tcp``: the box's door accepted a connection; ``banner``: the
+        connection, within ``timeout``: one :class:`~outrig.watching.health.Observation` per
+        signal the connector can see (``tcp``: the box's door accepted a connection; ``banner``: the
         server behind it spoke). ``watch`` takes one every probe period, ``migrate`` one after
         its logins failed, and fencing one before it logs in to a box a run left.
 
@@ -177,7 +177,7 @@ class Transport(ABC):
                           "a box from outside, which watch and migrate need; use an SSH host")
 
     def confirm_alive(self, timeout: float) -> Observation:
-        """The ``confirm`` observation a death needs (:func:`outrig.health.judge`): a fresh
+        """The ``confirm`` observation a death needs (:func:`outrig.watching.health.judge`): a fresh
         connection and login made only for this, never the warm one; ``ok`` when the box
         answered. ``timeout`` bounds the look at the door before the login (which has its
         own limits). Refused here, as :meth:`probe` is."""

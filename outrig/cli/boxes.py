@@ -31,7 +31,7 @@ from outrig.cli.flags import (
 )
 from outrig.cli.launcher import remainder_argv
 from outrig.cli.settings import playbook_for, settings_for
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 from outrig.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
             "json": JSON_HELP + "; with several hosts one line per host {host, ok, state, "
                     "seconds, error, result}"})
 @friendly
-def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None,
+def check(c: TaskContext, host: list[str] | None = None, max_parallel: str | None = None,
           deadline: str | None = None, project: str | None = None, no_keep: bool = False,
           json: bool = False) -> None:
     """Preflight: reach the box, measure RTT, check python3, GPUs, workdir and disk.
@@ -82,7 +82,7 @@ def check(c: Any, host: list[str] | None = None, max_parallel: str | None = None
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def provision(c: Any, host: list[str] | None = None, playbook: str | None = None,
+def provision(c: TaskContext, host: list[str] | None = None, playbook: str | None = None,
               dry_run: bool = False, max_parallel: str | None = None,
               deadline: str | None = None, project: str | None = None,
               no_keep: bool = False, json: bool = False) -> None:
@@ -127,7 +127,7 @@ def provision(c: Any, host: list[str] | None = None, playbook: str | None = None
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
+def stage_(c: TaskContext, host: list[str] | None = None, playbook: str | None = None,
            from_: str | None = None, resume: bool = False, streams: str | None = None,
            max_parallel: str | None = None, deadline: str | None = None,
            project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
@@ -164,8 +164,8 @@ def stage_(c: Any, host: list[str] | None = None, playbook: str | None = None,
                     "stdout, stderr} when the command ends (the exit status stays the "
                     "command's)"})
 @friendly
-def exec_(c: Any, host: str | None = None, project: str | None = None, no_keep: bool = False,
-          json: bool = False) -> None:
+def exec_(c: TaskContext, host: str | None = None, project: str | None = None,
+          no_keep: bool = False, json: bool = False) -> None:
     """Run one command on the box, in the host's workdir with its env; output streams here.
 
     Everything after -- is the command, passed as words (no shell on the box parses it;
@@ -211,7 +211,7 @@ def exec_(c: Any, host: str | None = None, project: str | None = None, no_keep: 
           "json": "print a JSON line {event: forwarding, url, ...} instead of text"},
 )
 @friendly
-def forward(c: Any, host: str | None = None, process: str | None = None,
+def forward(c: TaskContext, host: str | None = None, process: str | None = None,
             run: str | None = None, playbook: str | None = None,
             remote_port: str | None = None, local_port: str | None = None,
             project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
@@ -242,7 +242,7 @@ def forward(c: Any, host: str | None = None, process: str | None = None,
             "json": "print the resolved ssh command as JSON {host, client, argv} and run "
                     "nothing"})
 @friendly
-def ssh(c: Any, host: str | None = None, project: str | None = None,
+def ssh(c: TaskContext, host: str | None = None, project: str | None = None,
         json: bool = False) -> None:
     """Open a shell on the box (OpenSSH), in the host's workdir with its env.
 
@@ -285,7 +285,7 @@ def _print_ssh_argv(host_spec: str, resolved: Host, command: list[str]) -> None:
             "host": "with --close: only this host's (its host-file name or address)",
             "json": "print the list as JSON {connections: [...]}"})
 @friendly
-def connections(c: Any, close: bool = False, host: str | None = None,
+def connections(c: TaskContext, close: bool = False, host: str | None = None,
                 json: bool = False) -> None:
     """List the warm connections this user's commands left open, or close them.
 
@@ -296,7 +296,12 @@ def connections(c: Any, close: bool = False, host: str | None = None,
         outrig connections
         outrig connections --close --host uk-node
     """
-    from outrig.connectors.keeper.connections import close_keepers, keepers, wait_closed
+    from outrig.connectors.keeper.connections import (
+        close_keepers,
+        keepers,
+        older_keepers,
+        wait_closed,
+    )
 
     if host and not close:
         raise ConfigError("--host goes with --close (outrig connections lists every host). "
@@ -314,23 +319,30 @@ def connections(c: Any, close: bool = False, host: str | None = None,
         if not closed:
             print("no warm connection" + (f" to {host}" if host else "") + " was open")
         return
-    found = keepers()
+    found, older = keepers(), older_keepers()
     if json:
-        reporter.emit_json({"connections": found})
+        reporter.emit_json({"connections": found, **({"older": older} if older else {})})
         return
-    if not found:
-        print("no warm connections")
-        return
-    from outrig.terminal import terminal_width
+    from outrig.text.layout import wrapped
+    from outrig.text.terminal import terminal_width
 
-    print("\n".join(connection_lines(found, terminal_width())))
+    width = terminal_width()
+    if found:
+        print("\n".join(connection_lines(found, width)))
+    elif not older:
+        print("no warm connections")
+    for entry in older:
+        print("\n".join(wrapped(
+            f"an older outrig's warm connection to {entry['host']} ({entry['name']}), pid "
+            f"{entry['pid']}: left alone (it closes itself when idle; `outrig connections "
+            "--close` stops it)", width, "", "  ")))
 
 
 def connection_lines(found: list[dict[str, Any]], width: int) -> list[str]:
     """The table of ``outrig connections`` in ``width`` columns: name, address, keeper pid,
     age and idle time left in a row, the live agent's state at the row's end when every row
     has room for it, else wrapped under each row."""
-    from outrig.textlayout import columns, wrapped
+    from outrig.text.layout import columns, wrapped
 
     rows = [[str(e["name"]), str(e["host"]), str(e["pid"]), f"{e['age']:.0f}s",
              f"{e['idle_left']:.0f}s"] for e in found]

@@ -16,7 +16,7 @@ from typing import Any
 
 from outrig.cli.flags import HOST_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 from outrig.cli.settings import playbook_for, settings_for
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 from outrig.errors import ConfigError
 
 
@@ -94,7 +94,7 @@ def flag_playbook(model: str, speculative: str | None, prompts: str | None,
                   "categories), provenance, flags, checkpoint (progress goes to stderr)"},
 )
 @friendly
-def evaluate(c: Any, host: str | None = None, playbook: str | None = None,
+def evaluate(c: TaskContext, host: str | None = None, playbook: str | None = None,
              model: str | None = None, speculative: str | None = None,
              prompts: str | None = None, python: str | None = None,
              run: str | None = None, checkpoint: str | None = None,

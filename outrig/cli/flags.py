@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from outrig.errors import ConfigError, Interrupted, OutrigError
-from outrig.terminal import wrap_width
-from outrig.textlayout import paragraph, visible
+from outrig.text.layout import paragraph, visible
+from outrig.text.terminal import wrap_width
 
 if TYPE_CHECKING:
     from invoke.exceptions import Exit
@@ -92,7 +92,7 @@ def exit_with(code: int) -> Exit:
 def friendly(func: F) -> F:
     """Print an OutrigError's message (no traceback) and exit with its status; Ctrl-C
     exits 130 (docs/cli.md, "Exit status"). The message is one paragraph wrapped at spaces
-    to the terminal (:func:`outrig.textlayout.paragraph`), so no word is cut at its edge."""
+    to the terminal (:func:`outrig.text.layout.paragraph`), so no word is cut at its edge."""
 
     def say(text: str, first: str = "") -> None:
         console = sys.modules.get("outrig.console")  # imported only if a task printed

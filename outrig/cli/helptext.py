@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outrig.textlayout import wrapped
+from outrig.text.layout import wrapped
 
 VALUE_NAMES = {
     "host": "HOST", "from": "HOST", "to": "HOST", "spare": "HOST",

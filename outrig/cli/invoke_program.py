@@ -45,9 +45,9 @@ from outrig.cli.helptext import Option, task_help_lines
 from outrig.cli.launcher import CORE_OPTIONS, end_on_closed_pipe, help_lines, keep_typed, list_lines
 from outrig.cli.taskspec import TaskSpec
 from outrig.errors import closest, did_you_mean
-from outrig.project_file import SETTINGS, find_project
-from outrig.terminal import terminal_width, wrap_width
-from outrig.textlayout import paragraph
+from outrig.formats.project_file import SETTINGS, find_project
+from outrig.text.layout import paragraph
+from outrig.text.terminal import terminal_width, wrap_width
 
 
 class OutrigConfig(Config):

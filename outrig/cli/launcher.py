@@ -26,7 +26,7 @@ from outrig.cli.helptext import Option, core_help_lines, task_list_lines
 from outrig.cli.plainargs import PlainCall, PlainConfig, PlainContext, plain_call
 from outrig.cli.taskspec import TaskSpec
 from outrig.errors import CLOSED_PIPE_EXIT
-from outrig.terminal import terminal_width
+from outrig.text.terminal import terminal_width
 
 SUMMARY = ("Drive rented GPU boxes over SSH: deploy a job's processes, watch them, read "
            "their logs, move them to another box and clean up exactly what was started.")

@@ -6,11 +6,9 @@ one reads the journal across every box it names, and contacts only to reconcile.
 
 from __future__ import annotations
 
-from typing import Any
-
 from outrig.cli.flags import NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter
 from outrig.cli.settings import settings_for
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 
 
 @task(
@@ -29,7 +27,7 @@ from outrig.cli.taskspec import task
           "json": "print one JSON document {runs, hosts, hidden, all, at}"},
 )
 @friendly
-def runs(c: Any, host: list[str] | None = None, playbook: str | None = None,
+def runs(c: TaskContext, host: list[str] | None = None, playbook: str | None = None,
          all: bool = False, max_parallel: str | None = None, deadline: str | None = None,
          project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """List every run the journal knows, newest first, checked against the boxes.

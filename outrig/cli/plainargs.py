@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig.cli.taskspec import TaskSpec
-from outrig.project_file import SETTINGS
+from outrig.formats.project_file import SETTINGS
 
 CONFIG_SUFFIXES = ("yaml", "yml", "json", "py")
 """The suffixes Invoke's config looks for (invoke/config.py, ``_file_suffixes``)."""

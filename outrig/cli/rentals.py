@@ -7,11 +7,9 @@ provision, stage, exec...): these create and end boxes, and cost money.
 
 from __future__ import annotations
 
-from typing import Any
-
 from outrig.cli.flags import JSON_HELP, PROJECT_HELP, friendly, make_reporter, number
 from outrig.cli.settings import settings_for
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 
 
 @task(
@@ -29,7 +27,7 @@ from outrig.cli.taskspec import task
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def rent(c: Any, provider: str | None = None, gpus: str | None = None,
+def rent(c: TaskContext, provider: str | None = None, gpus: str | None = None,
          max_price: str | None = None, disk: str | None = None, image: str | None = None,
          name: str | None = None, project: str | None = None, json: bool = False) -> None:
     """Rent a GPU box from a provider and write its host file (the box answers SSH).
@@ -74,7 +72,7 @@ def rent(c: Any, provider: str | None = None, gpus: str | None = None,
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def boxes(c: Any, all: bool = False, provider: str | None = None,
+def boxes(c: TaskContext, all: bool = False, provider: str | None = None,
           project: str | None = None, json: bool = False) -> None:
     """List the boxes rented through outrig: uptime, price, cost so far and their runs.
 
@@ -105,7 +103,7 @@ def boxes(c: Any, all: bool = False, provider: str | None = None,
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def release(c: Any, box: str, force: bool = False, project: str | None = None,
+def release(c: TaskContext, box: str, force: bool = False, project: str | None = None,
             json: bool = False) -> None:
     """Terminate a box rented through outrig and remove its host file; print what it cost.
 

@@ -7,11 +7,11 @@ workstation holds, so they work the same when the box is long gone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from outrig.cli.flags import PROJECT_HELP, friendly, make_reporter
 from outrig.cli.settings import settings_for
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 from outrig.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ HOST_HELP = ("the box whose current run to show when --run is not given (its new
 PLAYBOOK_HELP = "without --run: the current run of this playbook on the host"
 
 
-def chosen_runs(c: Any, reporter: Reporter, run: list[str] | None, host: str | None,
+def chosen_runs(c: TaskContext, reporter: Reporter, run: list[str] | None, host: str | None,
                 playbook: str | None, project: str | None) -> list[str]:
     """The ``--run`` ids, else the current run of ``--host`` (or the project's host) as
     the journal has it (:func:`outrig.ops.metrics.current_run`), said on stderr. No box
@@ -67,7 +67,7 @@ LOG_HELP = ("the metrics' y axis on a log scale: a loss falling over decades sta
                  "metric"},
 )
 @friendly
-def metrics(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
+def metrics(c: TaskContext, run: list[str] | None = None, metric: list[str] | None = None,
             host: str | None = None, playbook: str | None = None, project: str | None = None,
             json: bool = False, csv: bool = False) -> None:
     """Export a run's metric series: every metric line its trainer printed.
@@ -102,7 +102,7 @@ def metrics(c: Any, run: list[str] | None = None, metric: list[str] | None = Non
                   "host, steps, values}]}"},
 )
 @friendly
-def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
+def plot(c: TaskContext, run: list[str] | None = None, metric: list[str] | None = None,
          host: str | None = None, playbook: str | None = None, project: str | None = None,
          log: bool = False, json: bool = False) -> None:
     """Draw a run's curves in the terminal, over the step.
@@ -135,7 +135,7 @@ def plot(c: Any, run: list[str] | None = None, metric: list[str] | None = None,
                   "lines_parsed}"},
 )
 @friendly
-def report(c: Any, run: list[str] | None = None, o: str | None = None, log: bool = False,
+def report(c: TaskContext, run: list[str] | None = None, o: str | None = None, log: bool = False,
            host: str | None = None, playbook: str | None = None, project: str | None = None,
            json: bool = False) -> None:
     """Write one self-contained HTML report of a run: identity, curves, GPUs, timeline.

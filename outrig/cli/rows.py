@@ -3,7 +3,7 @@ finishes, then the failed hosts with their reasons; and each command's one-line 
 host's result (``status_summary``, ``cleanup_summary``, ...), the text of its row.
 
 The fan-out itself (threads, deadlines, :class:`~outrig.fanout.HostOutcome`) is
-:mod:`outrig.fanout`; the layout of a row for the terminal's width is :mod:`outrig.textlayout`.
+:mod:`outrig.fanout`; the layout of a row for the terminal's width is :mod:`outrig.text.layout`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.fanout import FanOutFailed, HostOutcome
-from outrig.textlayout import audit_gpus, fanout_failures, fanout_header, fanout_row
+from outrig.text.layout import audit_gpus, fanout_failures, fanout_header, fanout_row
 from outrig.transfer import human_bytes
 
 Summary = Callable[[dict[str, Any]], str]
@@ -60,7 +60,7 @@ def cleanup_summary(result: dict[str, Any]) -> str:
 def check_summary(result: dict[str, Any]) -> str:
     """``python 3.12.3 · 8 GPUs · RTT 240 ms · 12.3 GB free`` (one host's check), with
     ``GPU health: 0-6 ok, 7 bad`` when a GPU is not ok."""
-    from outrig.gpu_health import OK, health_head
+    from outrig.hosts.gpu_health import OK, health_head
 
     facts = result.get("facts") or {}
     gpus = facts.get("gpus")

@@ -12,7 +12,7 @@ start-up: ``outrig --version``, ``--list`` and ``--help`` load none of them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from outrig.cli.flags import (
     DEADLINE_HELP,
@@ -32,7 +32,7 @@ from outrig.cli.flags import (
     number,
 )
 from outrig.cli.settings import parse_params, playbook_for, settings_for
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 from outrig.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ TAIL_LINES_MAX = 10**9
     },
 )
 @friendly
-def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
+def deploy(c: TaskContext, host: list[str] | None = None, playbook: str | None = None,
            param: list[str] | None = None, test: bool = False, dry_run: bool = False,
            no_wait: bool = False, allow_unhealthy_gpu: bool = False,
            max_parallel: str | None = None, deadline: str | None = None,
@@ -128,7 +128,7 @@ def deploy(c: Any, host: list[str] | None = None, playbook: str | None = None,
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
+def plan(c: TaskContext, host: list[str] | None = None, playbook: str | None = None,
          param: list[str] | None = None, test: bool = False, max_parallel: str | None = None,
          deadline: str | None = None, project: str | None = None, no_keep: bool = False,
          json: bool = False) -> None:
@@ -181,7 +181,7 @@ def plan(c: Any, host: list[str] | None = None, playbook: str | None = None,
                   "seconds, error, result}"},
 )
 @friendly
-def status(c: Any, host: list[str] | None = None, run: str | None = None,
+def status(c: TaskContext, host: list[str] | None = None, run: str | None = None,
            playbook: str | None = None, lines: str | None = None, gpus: bool = False,
            follow: bool = False, every: str | None = None,
            max_parallel: str | None = None, deadline: str | None = None,
@@ -264,7 +264,7 @@ def status(c: Any, host: list[str] | None = None, run: str | None = None,
                   "{host, process, line}, then one line per host {host, ok, state, ...})"},
 )
 @friendly
-def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
+def tail_logs(c: TaskContext, host: list[str] | None = None, run: str | None = None,
               playbook: str | None = None, process: list[str] | None = None,
               lines: str | None = None, no_follow: bool = False, grep: str | None = None,
               max_parallel: str | None = None, project: str | None = None,
@@ -330,7 +330,7 @@ def tail_logs(c: Any, host: list[str] | None = None, run: str | None = None,
                   "seconds, error, result}"},
 )
 @friendly
-def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
+def cleanup(c: TaskContext, host: list[str] | None = None, run: str | None = None,
             playbook: str | None = None, all: bool = False,
             force_foreign: list[str] | None = None, dry_run: bool = False,
             timeout: str | None = None, gpus: bool = False,
@@ -402,7 +402,7 @@ def cleanup(c: Any, host: list[str] | None = None, run: str | None = None,
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def watch(c: Any, host: str | None = None, playbook: str | None = None,
+def watch(c: TaskContext, host: str | None = None, playbook: str | None = None,
           spare: list[str] | None = None, run: str | None = None, restarts: str | None = None,
           threshold: str | None = None, project: str | None = None, no_keep: bool = False,
           json: bool = False) -> None:
@@ -431,9 +431,9 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
         outrig watch --run pair-20260101-120000-ab12 --spare spare-a,spare-b
     """
     from outrig.cli.targets import playbook_identity, select_one
-    from outrig.notify import Notifier
     from outrig.ops.watch import watch as run_watch
     from outrig.ops.watch_record import WatchOptions
+    from outrig.watching.notify import Notifier
 
     reporter = make_reporter(json)
     settings = settings_for(c, project, no_keep=no_keep)
@@ -491,7 +491,7 @@ def watch(c: Any, host: str | None = None, playbook: str | None = None,
           "json": JSON_HELP + "; with several hosts one line per host " + FANOUT_JSON},
 )
 @friendly
-def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None = None,
+def sync_checkpoints(c: TaskContext, host: list[str] | None = None, playbook: str | None = None,
                      run: str | None = None, max_parallel: str | None = None,
                      deadline: str | None = None, project: str | None = None,
                      no_keep: bool = False, json: bool = False) -> None:
@@ -547,7 +547,7 @@ def sync_checkpoints(c: Any, host: list[str] | None = None, playbook: str | None
           "no_keep": NO_KEEP_HELP, "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def migrate(c: Any, from_: str | None = None, to: str | None = None,
+def migrate(c: TaskContext, from_: str | None = None, to: str | None = None,
             playbook: str | None = None, run: str | None = None,
             param: list[str] | None = None, project: str | None = None,
             no_keep: bool = False, json: bool = False) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from outrig.cli.flags import JSON_HELP, NO_KEEP_HELP, PROJECT_HELP, friendly, make_reporter, number
 from outrig.cli.settings import Settings, settings_for
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 
 
 @task(
@@ -26,7 +26,7 @@ from outrig.cli.taskspec import task
                   "cleanup report) as JSON lines; progress notes go to stderr"},
 )
 @friendly
-def demo(c: Any, keep: bool = False, delay: str | None = None, failover: bool = False,
+def demo(c: TaskContext, keep: bool = False, delay: str | None = None, failover: bool = False,
          project: str | None = None, no_keep: bool = False, json: bool = False) -> None:
     """The whole loop against a local sandbox box: deploy smoke, status, logs, cleanup.
 
@@ -76,7 +76,7 @@ def _down_command(name: str) -> str:
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
+def sandbox_up(c: TaskContext, name: str = "sandbox", delay: str | None = None,
                host_file: str | None = None, project: str | None = None,
                json: bool = False) -> None:
     """Start a sandbox box here that stays up after this command; sandbox-down stops it.
@@ -119,8 +119,8 @@ def sandbox_up(c: Any, name: str = "sandbox", delay: str | None = None,
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def sandbox_down(c: Any, name: str = "sandbox", keep_runs: bool = False, crash: bool = False,
-                 project: str | None = None, json: bool = False) -> None:
+def sandbox_down(c: TaskContext, name: str = "sandbox", keep_runs: bool = False,
+                 crash: bool = False, project: str | None = None, json: bool = False) -> None:
     """Stop the sandbox that sandbox-up (or demo --keep) started and remove its host file.
 
     First stops every outrig run on it (as cleanup --all would), then signals exactly the
@@ -184,7 +184,7 @@ def _crash(settings: Settings, name: str, reporter: Any, *, keep_runs: bool,
           "project": PROJECT_HELP, "json": JSON_HELP},
 )
 @friendly
-def sandbox_hang(c: Any, name: str = "sandbox", resume: bool = False,
+def sandbox_hang(c: TaskContext, name: str = "sandbox", resume: bool = False,
                  project: str | None = None, json: bool = False) -> None:
     """Hang the runs on a sandbox box: SIGSTOP every process of its outrig runs.
 

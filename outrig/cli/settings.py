@@ -5,8 +5,8 @@ Precedence, highest first: the flag, an ``OUTRIG_*`` variable, the project's ``o
 its ``invoke.yaml``, then the user's configuration (docs/cli.md). Pure reading; nothing here
 reaches a box.
 
-:mod:`outrig.cli.invoke_program` reads :data:`~outrig.project_file.SETTINGS` and
-:func:`~outrig.project_file.find_project` on every start, so the
+:mod:`outrig.cli.invoke_program` reads :data:`~outrig.formats.project_file.SETTINGS` and
+:func:`~outrig.formats.project_file.find_project` on every start, so the
 session layer (and through it the transports) is imported only where settings are made
 (:func:`_settings`), purely for start-up; the reporter is a type here only. The task modules
 import it too, and ``outrig --list`` imports them (:mod:`outrig.cli.launcher`), so YAML is
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outrig.errors import ConfigError
-from outrig.project_file import (
+from outrig.formats.project_file import (
     PROJECT_FILE,
     PROJECT_FILES,
     find_project,
@@ -31,15 +31,16 @@ from outrig.project_file import (
 )
 
 if TYPE_CHECKING:
+    from outrig.cli.taskspec import TaskContext
     from outrig.console import Reporter
     from outrig.inventory import Host
     from outrig.session import Project
 
-def _invoke_setting(c: Any, key: str) -> str | None:
+def _invoke_setting(c: TaskContext | None, key: str) -> str | None:
     """``key`` from Invoke's merged config (user/system files, collection defaults)."""
-    config = getattr(c, "config", None)
-    if config is None:
+    if c is None:  # called without Invoke (the sandbox, a test)
         return None
+    config = c.config
     try:
         value = config.get(key)
     except (AttributeError, KeyError):
@@ -54,7 +55,7 @@ class Settings:
     project: Project
     project_source: str
     file: dict[str, tuple[str, Path]] = field(default_factory=dict)
-    context: Any = None
+    context: TaskContext | None = None
 
     def value(self, key: str, flag: str | None) -> tuple[str | None, str]:
         """``key``'s value and where it came from: flag > env > project files > Invoke
@@ -98,7 +99,7 @@ class Settings:
         """The ``on_event`` hook's argv (docs/watch.md#notifications): ``OUTRIG_ON_EVENT``,
         else ``on_event:`` in the project's files, else the user configuration; ``None`` when
         set nowhere (then nothing is sent anywhere)."""
-        from outrig.notify import hook_argv
+        from outrig.watching.notify import hook_argv
 
         if os.environ.get("OUTRIG_ON_EVENT"):
             return hook_argv(os.environ["OUTRIG_ON_EVENT"], "OUTRIG_ON_EVENT")
@@ -164,7 +165,7 @@ def _seconds(value: Any, where: str) -> float:
     return seconds
 
 
-def settings_for(c: Any, project_flag: str | None, *,
+def settings_for(c: TaskContext | None, project_flag: str | None, *,
                  no_keep: bool | None = None) -> Settings:
     """The project: --project, OUTRIG_PROJECT, found upward from here, the configured
     ``project``, else this folder (host aliases and paths still work there).
@@ -179,7 +180,7 @@ def settings_for(c: Any, project_flag: str | None, *,
     return settings
 
 
-def _find_settings(c: Any, project_flag: str | None) -> Settings:
+def _find_settings(c: TaskContext | None, project_flag: str | None) -> Settings:
     """The project's folder, where it was found, and its config files."""
     explicit = project_flag or os.environ.get("OUTRIG_PROJECT")
     source = "--project" if project_flag else "OUTRIG_PROJECT"
@@ -198,7 +199,7 @@ def _find_settings(c: Any, project_flag: str | None) -> Settings:
     return _settings(c, Path.cwd().resolve(), "the current folder (no project found)")
 
 
-def _settings(c: Any, root: Path, source: str) -> Settings:
+def _settings(c: TaskContext | None, root: Path, source: str) -> Settings:
     from outrig.session import Project
 
     return Settings(Project(root), source, read_project_config(root), c)

@@ -13,10 +13,9 @@ command meant for empty folders.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from outrig.cli.flags import friendly
-from outrig.cli.taskspec import task
+from outrig.cli.taskspec import TaskContext, task
 from outrig.errors import ConfigError
 
 PROJECT_YAML = """\
@@ -119,7 +118,7 @@ def write_starter(folder: Path, *, force: bool = False,
     "template": "which starter: hello (default; no GPU) or dflash",
     "json": "print {project, wrote: [paths]} as JSON"})
 @friendly
-def init(c: Any, force: bool = False, dflash: bool = False, template: str = "",
+def init(c: TaskContext, force: bool = False, dflash: bool = False, template: str = "",
          json: bool = False) -> None:
     """Write a starter project here: outrig.yaml, hosts/box.yaml and a playbook.
 
@@ -132,8 +131,8 @@ def init(c: Any, force: bool = False, dflash: bool = False, template: str = "",
         mkdir my-runs && cd my-runs && outrig init --dflash
     """
     from outrig.console import Reporter  # at run time only: --help loads no console
-    from outrig.terminal import wrap_width
-    from outrig.textlayout import paragraph
+    from outrig.text.layout import paragraph
+    from outrig.text.terminal import wrap_width
 
     if dflash and template not in ("", "dflash"):
         raise ConfigError(f"--dflash and --template {template} name two starters; give one.")

@@ -13,7 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+
+class InvokeConfig(Protocol):
+    """Invoke's merged configuration as outrig reads it: a value by its key, or the default."""
+
+    def get(self, key: str, default: Any = None, /) -> Any: ...
+
+
+class TaskContext(Protocol):
+    """What a task takes from the context Invoke passes it first: the merged configuration
+    (the user's and the system's invoke.yaml, the collection's defaults), where outrig looks
+    for a setting no flag, variable or project file gave (:mod:`outrig.cli.settings`).
+    Nothing else of Invoke's ``Context`` (``run``, ``sudo``, ``cd``) is used: a task reaches
+    a box only through outrig's sessions, never through a local shell, and tests call tasks
+    with any object that has a ``config``."""
+
+    @property
+    def config(self) -> InvokeConfig: ...
 
 
 @dataclass(frozen=True)

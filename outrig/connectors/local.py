@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 
 from outrig.errors import OutrigError
-from outrig.health import Observation
 from outrig.inventory import Host
 from outrig.transport import AgentChannel, Transport
+from outrig.watching.health import Observation
 
 
 class _LocalChannel(AgentChannel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from outrig.textlayout import fmt
+from outrig.text.layout import fmt
 
 
 def _row(cells: list[str]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from outrig.evaluation.causes import flag_lines
 from outrig.evaluation.spec import report_lines
-from outrig.textlayout import fmt
+from outrig.text.layout import fmt
 
 
 def _pcts(block: dict[str, Any] | None, keys: tuple[str, ...] = ("p50", "p95", "p99"),

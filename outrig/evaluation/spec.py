@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from outrig.errors import OutrigError
 from outrig.evaluation.datasets import Dataset, box_file, parse_dataset
 from outrig.evaluation.section import BOX_PREFIX, SMOKE, EvaluateSpec
+from outrig.formats.template import UndefinedName, substitute
 from outrig.journal import utc_text
-from outrig.template import UndefinedName, substitute
-from outrig.textlayout import fmt
+from outrig.text.layout import fmt
 
 if TYPE_CHECKING:
     from outrig.recipes.base import EvalDefaults

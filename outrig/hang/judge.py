@@ -2,7 +2,7 @@
 
 A box that answers can still hold a job that does nothing: vLLM's ``/health`` answers 200
 while a wedged engine serves no request (only a crashed engine gives 503), and a trainer
-stuck in a collective prints nothing while its process lives. :mod:`outrig.health` judges
+stuck in a collective prints nothing while its process lives. :mod:`outrig.watching.health` judges
 the box and its link; this module judges each live process of a run, from samples the agent
 took on the box (``status`` with ``hang: true``, remote/agent/hangs.py), one per answer:
 
@@ -25,7 +25,7 @@ hold, and a process is ``hung`` once one signal reached ``confirmations`` in a r
 (hysteresis: one odd sample calls nothing). Every time here is the box's own clock and every
 fact the box's, so a slow, stalled or cut link cannot make a hang: it delays or drops
 samples, and a missing sample confirms nothing (the link's own liveness is
-:mod:`outrig.health`'s).
+:mod:`outrig.watching.health`'s).
 
 The state between samples is plain JSON (:func:`judge_run` takes and returns it), kept in
 the journal by :mod:`outrig.hang.store` so ``watch`` and ``status`` count the same

@@ -1,7 +1,7 @@
 """A run's metrics as time series: the trainer's metric lines, parsed incrementally (pure).
 
-:mod:`outrig.progress` reads the *latest* metric line of a log tail for ``status``; here every
-metric record of a log becomes a point (step, time, values), so that ``outrig metrics``,
+:mod:`outrig.progress` reads the *latest* metric line of a log tail for ``status``;
+here every metric record of a log becomes a point (step, time, values), so that ``outrig metrics``,
 ``plot`` and ``report`` can draw the whole run without the trainer being wired to anything.
 The bytes come from the local mirror (:mod:`outrig.logs.mirror`) and from the log tails
 ``status`` and ``watch`` receive; where they are kept, with the cursor that makes a later

@@ -1,6 +1,6 @@
 """``inv check``: the preflight of a box (reach, python, GPUs and their health, workdir,
 disk), one agent call. GPU health is judged here from the facts the box sent
-(:mod:`outrig.gpu_health`): a ``bad`` GPU is shown with its field and fix, not raised: the
+(:mod:`outrig.hosts.gpu_health`): a ``bad`` GPU is shown with its field and fix, not raised: the
 box's other GPUs may still serve, and deploy refuses the bad one itself."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import RemoteError
+from outrig.hosts import gpu_health
 from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.session import HostSession, Project, host_session

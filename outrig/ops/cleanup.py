@@ -23,9 +23,9 @@ from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.journal import utc_text as when
 from outrig.moves import moved_runs, stopped_processes
-from outrig.notify import Notifier
 from outrig.session import HostSession, Project, host_session
-from outrig.textlayout import audit_gpus, gpu_summary_lines, visible
+from outrig.text.layout import audit_gpus, gpu_summary_lines, visible
+from outrig.watching.notify import Notifier
 
 HOW = {"term": "exited on SIGTERM", "kill": "killed (SIGKILL)", "gone": "was not running",
        "reused": "pid reused by another process: untouched", "refused": "refused"}

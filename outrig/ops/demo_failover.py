@@ -24,7 +24,6 @@ import yaml
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.journal import Journal, read_json
-from outrig.notify import Notifier
 from outrig.ops.cleanup import cleanup, stop_all_runs
 from outrig.ops.demo import DEMO_PLAYBOOK, demo_playbook, ensure_sshd
 from outrig.ops.deploy import deploy
@@ -35,6 +34,7 @@ from outrig.providers import sandbox as market
 from outrig.providers.reconcile import boxes_lines, reconcile
 from outrig.providers.renting import release, rent
 from outrig.session import Project
+from outrig.watching.notify import Notifier
 
 BOX = "failover-a"
 LIMIT = 300.0  # seconds each stage may take before the demo gives up and says so

@@ -20,12 +20,12 @@ from outrig.evaluation.baseline import baseline_key, baseline_record
 from outrig.evaluation.document import level_figures
 from outrig.evaluation.launch_check import launch_problems
 from outrig.evaluation.spec import EvalSettings, bench_fields, server_playbook
+from outrig.formats.yamlfile import YamlDoc
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.deploy import deploy_on
 from outrig.ops.runs import new_run_id
 from outrig.playbook import Job, playbook_spec
 from outrig.session import HostSession
-from outrig.yamlfile import YamlDoc
 
 
 class EvaluationFailed(OutrigError):

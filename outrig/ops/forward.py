@@ -22,8 +22,8 @@ from outrig.errors import ConfigError, Interrupted
 from outrig.inventory import Host
 from outrig.journal import Journal, private_state_dir
 from outrig.session import Project
-from outrig.terminal import wrap_width
-from outrig.textlayout import paragraph
+from outrig.text.layout import paragraph
+from outrig.text.terminal import wrap_width
 from outrig.timing import FORWARD_OPEN_TIMEOUT
 from outrig.transport import Transport, transport_for
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from outrig.hub_source import HubSource
+from outrig.formats.hub_source import HubSource
 from outrig.session import HostSession
 
 TOKEN_ENV = "HF_TOKEN"

@@ -70,7 +70,7 @@ from outrig.logs.tail import (
 from outrig.redaction import ordered, redact_text
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, base_request
-from outrig.textlayout import visible
+from outrig.text.layout import visible
 from outrig.timing import fanout_deadline_for, follow_idle_limit, heartbeat_for, jittered
 
 LOG_WINDOW = 32 << 20  # SSH receive window for the log channel (paramiko's default is 2 MiB)

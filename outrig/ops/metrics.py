@@ -44,7 +44,7 @@ from outrig.ops.runs import head_run_id
 from outrig.ops.watch_record import WATCH_DIR
 from outrig.providers.ledger import annotate_costs
 from outrig.redaction import ordered
-from outrig.terminal import terminal_width
+from outrig.text.terminal import terminal_width
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -302,7 +302,7 @@ def csv_text(runs: Sequence[RunData], names: Sequence[str]) -> str:
 def summary_lines(runs: Sequence[RunSummary], names: Sequence[str], width: int) -> list[str]:
     """For people: per run its steps and one row per metric (points, first, last, min,
     max); the export itself is --json or --csv."""
-    from outrig.textlayout import columns
+    from outrig.text.layout import columns
 
     out: list[str] = []
     for run in runs:

@@ -33,9 +33,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, PlanError
+from outrig.hosts import gpu_health
 from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.moves import mark_moved

@@ -17,13 +17,13 @@ from typing import IO, Any
 from outrig.console import Reporter
 from outrig.errors import OutrigError
 from outrig.fanout import HostOutcome, run_fanout
-from outrig.health import run_state
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.logs import TailResult, tail_logs
 from outrig.ops.nodes import STOP_TIMEOUT, NodeRun, NodesFailed, job_nodes
 from outrig.ops.status import status_on
 from outrig.session import HostSession, Project
+from outrig.watching.health import run_state
 
 
 def node_core(nodes: Sequence[NodeRun],

@@ -17,11 +17,11 @@ from typing import Any, NoReturn, Protocol
 
 from outrig.console import Reporter
 from outrig.fanout import HostOutcome, run_fanout
-from outrig.health import DEFAULT_THRESHOLD
 from outrig.journal import Journal
 from outrig.ops.node_control import node_core, node_state, state_words, stop_nodes
 from outrig.ops.nodes import NodeRun, NodesFailed, job_nodes
 from outrig.session import HostSession, Project
+from outrig.watching.health import DEFAULT_THRESHOLD
 
 
 class NodeMover(Protocol):
@@ -48,8 +48,8 @@ def watch_nodes(project: Project, ident: str, reporter: Reporter, *, period: flo
                 ) -> dict[str, Any]:
     """``watch`` of a multi-node job: every ``period`` seconds, ask every node (at once, each
     under its own deadline) for its run's state, judged as ``watch`` judges one run
-    (:func:`outrig.health.run_state`). When a node's run failed, is gone from its box, or the
-    node has not answered for ``threshold`` seconds, the other nodes are stopped and
+    (:func:`outrig.watching.health.run_state`). When a node's run failed, is gone from its
+    box, or the node has not answered for ``threshold`` seconds, the other nodes are stopped and
     :class:`NodesFailed` names that node and why. Returns once every node finished (or when
     ``stop`` is set).
 

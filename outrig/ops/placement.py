@@ -9,7 +9,7 @@ A GPU is taken when a process holds memory on it (nvidia-smi's holders, ours or 
 a running process of an outrig run was given it (a process may not have touched its GPU
 yet). For the fit, a GPU taken only by a run of the same playbook counts as free: deploy
 stops the playbook's previous run before it launches. A GPU whose health is ``bad``
-(:mod:`outrig.gpu_health`) is never free, and a plan that needs one does not fit: deploy
+(:mod:`outrig.hosts.gpu_health`) is never free, and a plan that needs one does not fit: deploy
 would refuse it.
 """
 
@@ -22,7 +22,7 @@ from outrig.ops.runs import new_run_id
 from outrig.plan import HostFacts, make_plan
 from outrig.playbook import Job
 from outrig.session import HostSession, host_facts
-from outrig.textlayout import ranges
+from outrig.text.layout import ranges
 
 
 def held_runs(status: dict[str, Any]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import OutrigError
+from outrig.inventory import HostBook
 from outrig.ops.cleanup import cleanup
 from outrig.sandbox import service
 from outrig.session import Project, host_session
@@ -39,11 +40,12 @@ def sandbox_down(project: Project, name: str, reporter: Reporter, *,
     if state is not None and reachable:
         host = str(state["host_file"])
         quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
+        book = HostBook(project.hosts_dir)  # the file sandbox-up wrote, read once here
         try:
             if keep_runs:
-                live = running_runs(project, host, quiet)
+                live = running_runs(project, host, quiet, book)
             else:
-                done = cleanup(project, host, quiet, all_runs=True)
+                done = cleanup(project, host, quiet, all_runs=True, book=book)
                 stopped_runs = [str(run.get("run_id")) for run in done.get("runs") or []
                                 if run.get("run_id")]
         except OutrigError as exc:
@@ -58,9 +60,10 @@ def sandbox_down(project: Project, name: str, reporter: Reporter, *,
     return {**result, "kept_runs": live, "stopped_runs": stopped_runs}
 
 
-def running_runs(project: Project, host: str, reporter: Reporter) -> list[str]:
+def running_runs(project: Project, host: str, reporter: Reporter,
+                 book: HostBook) -> list[str]:
     """The ids of the box's current runs with a process still running (one agent call)."""
-    with host_session(project, host, reporter) as session:
+    with host_session(project, host, reporter, book=book) as session:
         result = session.call("status", stream=False, log_lines=0)
     return [str(run.get("run_id")) for run in result.get("runs") or []
             if any(p.get("state") == "running" for p in run.get("processes") or [])]

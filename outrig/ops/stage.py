@@ -41,14 +41,14 @@ from outrig.checkpoints import (
 )
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
-from outrig.hub_source import parse_hub_source
+from outrig.formats.hub_source import parse_hub_source
+from outrig.formats.template import UndefinedName, substitute
 from outrig.inventory import Host, HostBook
 from outrig.journal import Journal, read_json, state_dir
 from outrig.ops.runs import pick_host_run
 from outrig.plan import builtin_params
 from outrig.playbook import Job, find_playbook, load_job, resolve_playbook
 from outrig.session import HostSession, Project, host_session
-from outrig.template import UndefinedName, substitute
 from outrig.transfer import (
     STREAMS,
     Events,
@@ -493,7 +493,7 @@ def sync_checkpoints_on(session: HostSession, *, playbook: str | None = None,
     ckpt = next((i for i in items if i.kind == "checkpoints"), None)
     if ckpt is None:
         raise ConfigError(f"playbook {job.name} has no checkpoints item (stage: with "
-                          "kind: checkpoints, or the dflash recipe's save_path)")
+                          "kind: checkpoints, or a recipe section's checkpoint folder)")
     listing = session.call("checkpoints", stream=False, save_path=ckpt.path,
                            **_listing_fields(journal, session.host.name, job.name))
     mirror = mirror_root(family(job))

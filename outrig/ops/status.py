@@ -6,12 +6,12 @@ import os
 import time
 from typing import Any
 
-from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectError
 from outrig.evaluation.served import served_trend
 from outrig.hang import store as hang_store
 from outrig.hang.judge import defaults
+from outrig.hosts import gpu_health
 from outrig.inventory import HostBook
 from outrig.journal import Journal, utc_text
 from outrig.metrics.store import loss_trends, remember_samples
@@ -19,7 +19,7 @@ from outrig.providers.ledger import annotate_costs, rental_lines, rental_summary
 from outrig.redeploy.record import run_host
 from outrig.run_history import last_known_document, last_known_lines, seen_from_status
 from outrig.session import HostSession, Project, host_session
-from outrig.textlayout import fmt
+from outrig.text.layout import fmt
 
 
 def _selector(run_id: str | None, playbook: str | None, all_runs: bool = False) -> dict[str, Any]:
@@ -320,5 +320,5 @@ def redact_run(run: dict[str, Any]) -> None:
 
 
 def print_status(reporter: Reporter, result: dict[str, Any]) -> None:
-    """For humans, laid out for the terminal's width (outrig/textlayout.py)."""
+    """For humans, laid out for the terminal's width (outrig/text/layout.py)."""
     reporter.status(result)

@@ -29,7 +29,7 @@ from outrig.journal import Journal
 from outrig.ops.status import status_on
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project, host_session
-from outrig.terminal import terminal_width
+from outrig.text.terminal import terminal_width
 
 DEFAULT_EVERY = 2.0  # seconds between refreshes
 CLEAR_BELOW = "\x1b[J"

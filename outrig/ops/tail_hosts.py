@@ -18,7 +18,7 @@ from outrig.console import Reporter
 from outrig.fanout import MAX_PARALLEL, FanOutFailed, HostOutcome, HostReporter, run_fanout
 from outrig.ops.logs import tail_on
 from outrig.session import HostSession, Project
-from outrig.textlayout import fanout_failures, visible
+from outrig.text.layout import fanout_failures, visible
 from outrig.timing import fanout_deadline_for
 
 

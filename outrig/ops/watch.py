@@ -1,11 +1,12 @@
 """``outrig watch --host A --playbook P [--spare B ...]``: follow one run until it finishes.
 
-What it does, each probe period (from the measured RTT, see :func:`outrig.health.limits_for`):
+What it does, each probe period (from the measured RTT, see
+:func:`outrig.watching.health.limits_for`):
 
 * looks at the box afresh through its connector (SSH: a TCP connect and the banner, see
   :meth:`outrig.transport.Transport.probe`) from this thread, and asks the agent
   for the run's ``status`` over the open session from a worker thread, so a silent link never
-  holds the loop up; each answer becomes observations for :func:`outrig.health.judge`;
+  holds the loop up; each answer becomes observations for :func:`outrig.watching.health.judge`;
 * shows progress (run state, the trainer's step and epoch, the newest complete checkpoint)
   and mirrors each new complete checkpoint to this workstation (``sync-checkpoints`` on the
   same session);
@@ -37,22 +38,12 @@ import time
 from functools import partial
 from typing import Any
 
-from outrig import gpu_health
 from outrig.console import Reporter, one_line
 from outrig.errors import ConfigError, OutrigError, RemoteError
 from outrig.hang.follow import HangFollower, hang_hint
-from outrig.health import (
-    Limits,
-    Observation,
-    Verdict,
-    judge,
-    limits_for,
-    prune,
-    run_state,
-)
+from outrig.hosts import gpu_health
 from outrig.inventory import HostBook
 from outrig.journal import Journal
-from outrig.notify import Notifier
 from outrig.ops.cleanup import fence_on, stop_all_runs
 from outrig.ops.restart import restart_on
 from outrig.ops.status import (
@@ -76,7 +67,17 @@ from outrig.providers.renting import check_box
 from outrig.redeploy.record import run_host
 from outrig.session import HostSession, Project
 from outrig.timing import connect_timeout_for
-from outrig.watchlines import crash_hint, death_hint, heartbeat_line
+from outrig.watching.health import (
+    Limits,
+    Observation,
+    Verdict,
+    judge,
+    limits_for,
+    prune,
+    run_state,
+)
+from outrig.watching.lines import crash_hint, death_hint, heartbeat_line
+from outrig.watching.notify import Notifier
 
 FENCE_EVERY = 5  # probe periods between two looks at a box a run was moved from
 CONFIRM_FLOOR = 7.5  # seconds: a confirming TCP connect outlasts SYN retries at 0, 1, 3, 7 s
@@ -556,7 +557,12 @@ class Watcher:
     def check_spare(self, spare: str) -> str | None:
         """Why ``spare`` cannot take the job (its ``check`` failed, or a GPU of it is
         ``bad``: a job moved there would be refused, or run on a sick card), or None."""
-        return check_box(self.project, self.journal, spare)
+        # a fresh book: a spare's host file may have been written (rented) since watch began
+        try:
+            host = HostBook(self.project.hosts_dir)(spare)
+        except OutrigError as exc:  # its host file is gone or broken: a reason, as a
+            return str(exc).split(". ")[0]  # failed check is
+        return check_box(self.project, self.journal, spare, host)
 
     def migrate_to(self, old_host: str, old_run: str, spare: str,
                    probe: bool = False) -> dict[str, Any] | None:

@@ -19,12 +19,12 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError, RemoteError
-from outrig.health import DEFAULT_THRESHOLD
 from outrig.inventory import HostBook
 from outrig.journal import Journal, atomic_write_json, read_json, safe_name
 from outrig.ops.nodes import refuse_node_run
 from outrig.ops.watch_lock import WatchLock
 from outrig.session import HostSession, Project
+from outrig.watching.health import DEFAULT_THRESHOLD
 
 BEAT_EVERY = 30.0  # seconds: at most this long between two heartbeat lines on a terminal
 WATCH_DIR = "watches"

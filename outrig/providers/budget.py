@@ -32,7 +32,7 @@ class Budget:
 
 def budget_for(root: Path) -> Budget:
     """``budget:`` of the project's outrig.yaml (no limits when absent)."""
-    from outrig.project_file import PROJECT_FILE, read_project_file
+    from outrig.formats.project_file import PROJECT_FILE, read_project_file
 
     where = root / PROJECT_FILE
     section = read_project_file(root).get("budget") or {}

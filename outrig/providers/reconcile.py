@@ -101,7 +101,7 @@ def boxes_lines(doc: dict[str, Any], *, show_all: bool = False) -> list[str]:
     """``outrig boxes`` for people: the rented boxes (released ones with ``--all``), each
     with its runs and cost; then orphans and providers that did not answer."""
     from outrig.progress import format_duration
-    from outrig.textlayout import columns
+    from outrig.text.layout import columns
 
     shown = [b for b in doc["boxes"] if show_all or b["state"] in ledger.LIVE]
     out: list[str] = []

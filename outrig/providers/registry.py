@@ -22,7 +22,7 @@ PROVIDERS = {
 
 def provider_settings(root: Path, name: str) -> dict[str, Any]:
     """``providers: NAME:`` of the project's outrig.yaml ({} when absent)."""
-    from outrig.project_file import PROJECT_FILE, read_project_file
+    from outrig.formats.project_file import PROJECT_FILE, read_project_file
 
     section = read_project_file(root).get("providers") or {}
     if not isinstance(section, dict):

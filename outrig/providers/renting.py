@@ -19,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from outrig import gpu_health
 from outrig.console import Reporter
 from outrig.errors import ConfigError, OutrigError
+from outrig.hosts import gpu_health
+from outrig.inventory import Host, HostBook
 from outrig.journal import Journal
 from outrig.providers import ledger
 from outrig.providers.base import (
@@ -77,12 +78,12 @@ def choose_offers(provider: Provider, spec_text: str, max_price: float | None) -
     return within
 
 
-def check_box(project: Project, journal: Journal, host: str) -> str | None:
-    """Why the new box cannot take a job (``check`` failed, workdir not writable, a GPU
-    judged bad), or None."""
+def check_box(project: Project, journal: Journal, host_spec: str, host: Host) -> str | None:
+    """Why the new box ``host`` (``host_spec`` as named) cannot take a job (``check``
+    failed, workdir not writable, a GPU judged bad), or None."""
     quiet = Reporter(quiet=True, out=io.StringIO(), err=io.StringIO())
     try:
-        with host_session(project, host, quiet, journal) as session:
+        with host_session(project, host_spec, quiet, journal, host=host) as session:
             result = session.call("check", stream=False)
             verdicts, _ = gpu_health.look(journal, session.host.name,
                                           result.get("facts") or {})
@@ -190,7 +191,8 @@ def _try_offer(project: Project, journal: Journal, provider: Provider, offer: Of
     if problem is None:
         write_host_file(host_file, instance.host, provider.name, instance.instance_id,
                         offer.price_per_hour)
-        problem = check_box(project, journal, name)
+        # the file just written, read once: the box is checked as every later command sees it
+        problem = check_box(project, journal, name, HostBook(project.hosts_dir)(name))
     if problem is not None:
         _terminate(provider, journal, key, instance.instance_id, problem, send)
         host_file.unlink(missing_ok=True)

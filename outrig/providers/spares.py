@@ -50,7 +50,7 @@ class SpareSpec:
 
 
 def _project_file(project: Project) -> dict[str, Any]:
-    from outrig.project_file import read_project_file
+    from outrig.formats.project_file import read_project_file
 
     return read_project_file(project.root)
 
@@ -58,7 +58,7 @@ def _project_file(project: Project) -> dict[str, Any]:
 def spare_spec(project: Project, playbook: str | None = None) -> SpareSpec | None:
     """``spares:`` of the playbook (when it has one), else of outrig.yaml; checked (a
     ConfigError names the file, the key and the fix)."""
-    from outrig.project_file import PROJECT_FILE
+    from outrig.formats.project_file import PROJECT_FILE
 
     if playbook:
         found = _playbook_spares(project, playbook)

@@ -197,7 +197,7 @@ def describe_up(state: dict[str, Any], host: str, *, down: str,
     how to use it and exactly how to stop it (``down`` is the command that does)."""
     import shlex
 
-    from outrig.textlayout import labelled
+    from outrig.text.layout import labelled
 
     server, sshd = state.get("server") or {}, state.get("sshd") or {}
     what = "already up" if state.get("already_up") else "up"

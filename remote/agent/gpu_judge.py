@@ -6,7 +6,7 @@ Why here, in the agent's package: the same judge decides on both sides. The box'
 refuses a ``bad`` GPU before it takes the workdir lock (nothing stopped, written or started,
 no extra round trip), and the workstation judges the very same raw fields for ``check``,
 ``status``, ``plan``, ``watch`` and ``migrate`` (``outrig/agent_code.py`` imports this module,
-``outrig/gpu_health.py`` shows its verdicts and remembers counters between looks). Pure: no
+``outrig/hosts/gpu_health.py`` shows its verdicts and remembers counters between looks). Pure: no
 I/O, no clock; stdlib only, Python 3.8.
 
 The rules, and why each:

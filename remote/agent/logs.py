@@ -120,7 +120,7 @@ READY_SCAN_MAX = 4 << 20  # status: how much of a log's start may show its ready
 #
 # What ``status`` adds for the workstation's progress parser and GPU table. The agent stays
 # dumb: it ships raw text (the log's last bytes, the last line holding a marker) and facts
-# (checkpoint dirs, HTTP answers); outrig/progress.py on the workstation does the parsing.
+# (checkpoint dirs, HTTP answers); outrig/metrics/progress.py on the workstation does the parsing.
 
 
 def tail_text(path: str, nbytes: int) -> str:

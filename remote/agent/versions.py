@@ -4,7 +4,7 @@
 Good enough for pins and driver or Python versions, not full PEP 440: release numbers (trailing
 zeros dropped), then pre-release < final < post, a local label (``+cu130``) ignored unless a pin
 names one. The workstation checks the same forms when the playbook loads
-(outrig/environments.py); these are the box's own checks of what it finds installed.
+(outrig/formats/environments.py); these are the box's own checks of what it finds installed.
 """
 
 from __future__ import annotations

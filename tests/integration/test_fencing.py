@@ -28,7 +28,6 @@ from outrig.errors import ConfigError
 from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.moves import moved_runs
-from outrig.notify import Notifier
 from outrig.ops.cleanup import cleanup, fence_on
 from outrig.ops.deploy import deploy
 from outrig.ops.migrate import migrate
@@ -36,6 +35,7 @@ from outrig.ops.stage import mirror_root, sync_checkpoints
 from outrig.ops.status import status
 from outrig.sandbox.box import SandboxBox
 from outrig.session import HostSession, Project
+from outrig.watching.notify import Notifier
 from tests.support.network import free_port
 from tests.support.processes import ProcessTracker, alive, marked
 from tests.support.runs import kill_run, wait_checkpoints, write_playbooks

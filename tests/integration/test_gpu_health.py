@@ -24,7 +24,6 @@ import tests.integration.test_watch as watch_tests
 from outrig.console import Reporter
 from outrig.errors import RemoteError
 from outrig.journal import Journal, read_json
-from outrig.notify import Notifier
 from outrig.ops.check import check
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import deploy
@@ -38,6 +37,7 @@ from outrig.sandbox.dmesg import write_kernel_log, xid_line
 from outrig.sandbox.nvidia_smi import bus_id, make_inventory, set_gpu_health, write_inventory
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project, host_session
+from outrig.watching.notify import Notifier
 from tests.support.runs import box_workdir, write_playbook
 
 pytestmark = [pytest.mark.integration,

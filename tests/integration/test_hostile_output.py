@@ -31,7 +31,7 @@ from outrig.ops.status import print_status, status
 from outrig.ops.watch import watch
 from outrig.ops.watch_record import WatchOptions
 from outrig.session import Project
-from outrig.textlayout import visible
+from outrig.text.layout import visible
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -504,7 +504,7 @@ def test_a_watch_keeps_its_unused_spares_for_the_next_move_then_says_they_are_sp
     deployed = deploy_nodes(project, ["b", "a"], load_job(standin_playbook(tmp_path)),
                             Reporter(quiet=True), journal=journal())
     write_checkpoint(tmp_path / "work-b" / "ckpt", 2)
-    from outrig.notify import Notifier
+    from outrig.watching.notify import Notifier
 
     events: list[tuple[str, dict[str, Any]]] = []
     spent = threading.Event()

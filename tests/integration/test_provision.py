@@ -20,7 +20,7 @@ import yaml
 from outrig import session as session_module
 from outrig.console import Reporter
 from outrig.errors import RemoteError
-from outrig.hub_source import parse_hub_source
+from outrig.formats.hub_source import parse_hub_source
 from outrig.inventory import HostBook
 from outrig.journal import Journal
 from outrig.ops.hub_download import hub_download, hub_probe

@@ -78,7 +78,7 @@ def test_other_key_is_refused(sandbox: SandboxBox, tmp_path: Path, ssh_keygen: s
 
 @pytest.mark.integration
 def test_host_file_is_valid_for_outrig(box_host: Path, sandbox: SandboxBox) -> None:
-    from outrig.hostfile_model import HostFile
+    from outrig.hosts.file_model import HostFile
 
     data = yaml.safe_load(box_host.read_text())
     spec = HostFile(**data)

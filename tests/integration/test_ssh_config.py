@@ -1,4 +1,4 @@
-"""The SSH configuration followed as OpenSSH follows it (outrig/ssh_config.py), on the real
+"""The SSH configuration followed as OpenSSH follows it (outrig/hosts/ssh_config.py), on the real
 sshd: a ``ProxyCommand`` kept in an ``Include``d file carries every connection outrig makes,
 and none goes to the box directly (issue 40, item 1: it connected straight to HostName:Port,
 four times, while ``ssh`` used the relay)."""

@@ -28,9 +28,7 @@ import outrig.ops.migrate as migrate_module
 from outrig.connectors.ssh.transport import probe_port
 from outrig.console import Reporter
 from outrig.errors import OutrigError
-from outrig.health import limits_for
 from outrig.journal import Journal, read_json
-from outrig.notify import EVENTS, Notifier
 from outrig.ops.cleanup import cleanup
 from outrig.ops.deploy import DeployResult, deploy
 from outrig.ops.watch import watch
@@ -38,6 +36,8 @@ from outrig.ops.watch_record import WatchOptions, watch_file
 from outrig.sandbox.box import SandboxBox
 from outrig.sandbox.proxy import LatencyProxy
 from outrig.session import Project
+from outrig.watching.health import limits_for
+from outrig.watching.notify import EVENTS, Notifier
 from tests.support.network import free_port
 from tests.support.processes import alive
 from tests.support.runs import (

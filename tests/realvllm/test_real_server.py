@@ -26,7 +26,7 @@ from outrig.ops.deploy import DeployResult, deploy_on
 from outrig.ops.status import status_on
 from outrig.playbook import find_playbook, load_job
 from outrig.session import host_session
-from outrig.textlayout import status_lines
+from outrig.text.layout import status_lines
 from tests.realvllm.serving import (
     PROJECT,
     cmdline_of,

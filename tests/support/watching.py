@@ -10,10 +10,10 @@ from typing import Any
 
 from outrig.console import Reporter
 from outrig.journal import Journal, read_json
-from outrig.notify import Notifier
 from outrig.ops.watch import watch
 from outrig.ops.watch_record import WatchOptions, watch_file
 from outrig.session import Project
+from outrig.watching.notify import Notifier
 
 
 class Running:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from outrig.environments import EnvironmentSpec, RequiresSpec
+from outrig.formats.environments import EnvironmentSpec, RequiresSpec
 from outrig.playbook import (
     CheckpointsSpec,
     ParallelSpec,

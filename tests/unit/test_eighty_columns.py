@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from outrig.cli.starter import PLAYBOOK_YAML
-from outrig.textlayout import command_lines, status_lines
+from outrig.text.layout import command_lines, status_lines
 from tests.support.cli import outrig
 from tests.support.hosts import write_host_file
 from tests.support.terminal import on_a_terminal as run_on_a_terminal

@@ -18,7 +18,7 @@ from outrig.moves import mark_moved, moved_runs
 from outrig.ops.cleanup import fence_stopped
 from outrig.ops.stage import moved_refusal
 from outrig.session import HostSession, Project
-from outrig.textlayout import status_lines
+from outrig.text.layout import status_lines
 
 
 def journal_with_run(tmp_path: Path, status: str = "running") -> Journal:

@@ -1,7 +1,7 @@
 """The GPU health judge (remote/agent/gpu_judge.py) over the real H200 capture and over each
 fault a rented box comes with; the sandbox's fake nvidia-smi and dmesg checked field for
 field against the same capture; the agent's probe (one nvidia-smi query, dmesg beside it)
-against them; and the workstation's memory of the last look (outrig/gpu_health.py)."""
+against them; and the workstation's memory of the last look (outrig/hosts/gpu_health.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from outrig import gpu_health
 from outrig._box.agent import gpu_judge, gpus
+from outrig.hosts import gpu_health
 from outrig.journal import Journal
 from outrig.sandbox import dmesg, nvidia_smi
 

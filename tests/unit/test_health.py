@@ -1,5 +1,5 @@
-"""outrig.health judges synthetic timelines: a slow, jittery or stalled link is never a dead
-box; a death is called only after the threshold and a failed confirmation; a crash on an
+"""outrig.watching.health judges synthetic timelines: a slow, jittery or stalled link is never
+a dead box; a death is called only after the threshold and a failed confirmation; a crash on an
 answering box is a crash."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from outrig.health import (
+from outrig.watching.health import (
     DEFAULT_THRESHOLD,
     Limits,
     Observation,

@@ -180,7 +180,7 @@ def test_ssh_config_aliases_are_found_without_importing_paramiko(tmp_path: Path)
 
 
 # The plain reader (outrig.inventory.plain_host_file) against the model it stands in for
-# (outrig.hostfile_model.HostFile): every document it reads, it reads to the model's values;
+# (outrig.hosts.file_model.HostFile): every document it reads, it reads to the model's values;
 # every document the model refuses or converts, it leaves to the model.
 _BASE = {"hostname": "box", "workdir": "/w"}
 _DOCS = [
@@ -231,7 +231,7 @@ def test_the_plain_host_file_reader_reads_only_what_the_model_takes_unchanged(do
                                                                               ) -> None:
     from pydantic import ValidationError
 
-    from outrig.hostfile_model import HostFile
+    from outrig.hosts.file_model import HostFile
     from outrig.inventory import plain_host_file
 
     plain = plain_host_file(doc)

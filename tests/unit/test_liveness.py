@@ -16,15 +16,15 @@ from outrig.connectors.local import LocalTransport
 from outrig.connectors.ssh.transport import SSHTransport
 from outrig.console import Reporter
 from outrig.errors import ConfigError, ConnectRefused
-from outrig.health import Limits, Observation
 from outrig.inventory import Host
 from outrig.journal import Journal
-from outrig.notify import Notifier
 from outrig.ops import migrate as migrate_module
 from outrig.ops.watch import Watcher
 from outrig.ops.watch_record import WatchOptions, WatchRecord
 from outrig.session import Project
 from outrig.transport import AgentChannel, Registration, Transport
+from outrig.watching.health import Limits, Observation
+from outrig.watching.notify import Notifier
 from tests.support.replay import ReplayConnector
 
 

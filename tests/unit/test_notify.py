@@ -1,4 +1,5 @@
-"""The ``on_event`` hook (outrig/notify.py): a real local command gets each event as JSON."""
+"""The ``on_event`` hook (outrig/watching/notify.py): a real local command gets each event as
+JSON."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from outrig.cli.settings import Settings
 from outrig.errors import ConfigError
-from outrig.notify import Notifier, hook_argv
 from outrig.session import Project
+from outrig.watching.notify import Notifier, hook_argv
 from tests.support.processes import wait_gone
 
 

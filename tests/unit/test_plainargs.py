@@ -17,7 +17,7 @@ from invoke.parser.context import to_flag
 from outrig.cli import TASKS, make_collection
 from outrig.cli.plainargs import PlainConfig, config_files, plain_call
 from outrig.cli.taskspec import TaskSpec
-from outrig.project_file import SETTINGS
+from outrig.formats.project_file import SETTINGS
 
 NONE: list[Path] = []  # no Invoke config file
 

@@ -15,7 +15,7 @@ from outrig._box.agent import events as box_events
 from outrig._box.agent import provision as box_provision
 from outrig._box.agent import versions as box_versions
 from outrig.errors import ConfigError
-from outrig.hub_source import HubSource, is_hub_source, parse_hub_source
+from outrig.formats.hub_source import HubSource, is_hub_source, parse_hub_source
 from outrig.playbook import load_job
 
 

@@ -22,9 +22,9 @@ import pytest
 from outrig.console import Reporter
 from outrig.journal import Journal
 from outrig.metrics.store import remember_samples
-from outrig.notify import Notifier
 from outrig.ops.metrics import write_report
 from outrig.ops.watch_record import WatchRecord, watch_file
+from outrig.watching.notify import Notifier
 from tests.support.browser import Browser, find_chromium
 from tests.unit.test_metrics import GPUS, H200, MIGRATE, START, make_run, status_answer
 

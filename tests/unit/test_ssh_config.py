@@ -1,4 +1,4 @@
-"""The SSH configuration read as OpenSSH reads it (outrig/ssh_config.py): ``Include`` (globs,
+"""The SSH configuration read as OpenSSH reads it (outrig/hosts/ssh_config.py): ``Include`` (globs,
 relative paths, inside blocks), ``Host`` and ``Match``, first value wins, ProxyCommand and
 ProxyJump from any file, and a refusal, naming file and line, of what cannot be judged.
 Where this machine has ``ssh``, the route is compared with ``ssh -G`` on the same files."""
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from outrig import ssh_config
 from outrig.errors import ConfigError
+from outrig.hosts import ssh_config
+from outrig.hosts.ssh_config import split_words, ssh_route
 from outrig.inventory import ssh_config_hostnames
-from outrig.ssh_config import split_words, ssh_route
 
 
 @pytest.fixture

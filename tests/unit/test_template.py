@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outrig.template import UndefinedName, names_in, substitute
+from outrig.formats.template import UndefinedName, names_in, substitute
 
 
 def test_defined_names_are_substituted() -> None:

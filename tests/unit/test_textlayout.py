@@ -17,7 +17,7 @@ from outrig.inventory import Host
 from outrig.ops.status import enrich_status, print_status
 from outrig.plan import HostFacts, Plan, make_plan
 from outrig.playbook import load_job
-from outrig.textlayout import command_lines, gpu_summary, ranges
+from outrig.text.layout import command_lines, gpu_summary, ranges
 
 REPO = Path(__file__).resolve().parents[2]
 TWO = REPO / "tests" / "fixtures" / "h200x2"

@@ -4,7 +4,7 @@ promised only when a process declares ``checkpoints:``)."""
 
 from __future__ import annotations
 
-from outrig.watchlines import crash_hint, death_hint, heartbeat_line
+from outrig.watching.lines import crash_hint, death_hint, heartbeat_line
 
 RECORD = {"host": "sandbox", "run_id": "hello-1", "playbook": "hello"}
 

@@ -54,7 +54,9 @@ from outrig.connectors.keeper.wire import (
     NoKeeper,
     UnsafePlace,
     check_socket_file,
+    dial,
     identity,
+    of_this_wire,
     peer_credentials,
     private_dir,
     recv_frame,
@@ -624,23 +626,22 @@ def rebuilt_error(error: Any) -> Exception | None:
 def keepers(folder: Path | None = None) -> list[dict[str, Any]]:
     """The live keepers of this user: each one's record plus ``idle_left`` and ``age`` as
     it reports them, with the pid recorded when it is the socket's own listener
-    (``SO_PEERCRED``). Records and sockets whose keeper no longer answers are removed."""
+    (``SO_PEERCRED``). Records and sockets whose keeper no longer answers are removed.
+    Keepers of another wire are not among them (:func:`older_keepers`)."""
     place = folder or runtime_dir()
     if not place.is_dir():
         return []
     private_dir(place)
     found = []
     for record in sorted(place.glob("*.json")):
+        if not of_this_wire(record):
+            continue
         sock_path = record.with_suffix(".sock")
         try:
             recorded = json.loads(record.read_text()).get("pid")
             sock, body = request(sock_path, {"op": "info"}, 5.0)
         except (KeeperGone, ValueError, OSError):
-            with contextlib.suppress(OSError):  # its keeper is gone: forget it
-                if sock_path.exists():
-                    check_socket_file(sock_path)
-                    sock_path.unlink()
-                record.unlink()
+            _forget(record, sock_path)
             continue
         except (KeeperRefused, UnsafePlace):
             continue
@@ -654,14 +655,59 @@ def keepers(folder: Path | None = None) -> list[dict[str, Any]]:
     return found
 
 
+def older_keepers(folder: Path | None = None) -> list[dict[str, Any]]:
+    """The keepers an outrig of another wire left running (a record not of
+    :data:`~outrig.connectors.keeper.wire.WIRE`): never spoken to, since their frames are not
+    ours; each is its record (name, host, started), with ``older: True`` and the pid when it
+    is the socket's own listener (``SO_PEERCRED`` needs a connection, not a frame). They close
+    themselves after their idle time; ``outrig connections --close`` stops them by that pid.
+    Records whose socket nobody listens on are removed, as :func:`keepers` does."""
+    place = folder or runtime_dir()
+    if not place.is_dir():
+        return []
+    private_dir(place)
+    found = []
+    for record in sorted(place.glob("*.json")):
+        if of_this_wire(record):
+            continue
+        sock_path = record.with_suffix(".sock")
+        try:
+            entry = json.loads(record.read_text())
+            sock = dial(sock_path)
+        except (KeeperGone, ValueError, OSError):
+            _forget(record, sock_path)
+            continue
+        except UnsafePlace:
+            continue
+        pid, _uid = peer_credentials(sock)
+        sock.close()
+        if not isinstance(entry, dict) or pid != entry.get("pid"):
+            continue
+        found.append({"name": str(entry.get("name")), "host": str(entry.get("host")),
+                      "hostname": entry.get("hostname"), "started": entry.get("started"),
+                      "pid": pid, "socket": str(sock_path), "older": True})
+    return found
+
+
+def _forget(record: Path, sock_path: Path) -> None:
+    """A keeper that is gone: its socket (when it is a keeper socket of this user) and its
+    record go."""
+    with contextlib.suppress(OSError):
+        if sock_path.exists():
+            check_socket_file(sock_path)
+            sock_path.unlink()
+        record.unlink()
+
+
 def close_keepers(host: str | None = None, folder: Path | None = None) -> list[dict[str, Any]]:
     """Stop the live keepers (of ``host``: its ``--host`` name or address). A process whose
     keepers are all to stop gets SIGTERM, by the pid recorded and confirmed as the socket's
     own listener through ``SO_PEERCRED``; a keeper that shares its process with others that
-    stay (a fan-out's hosting process) is asked on its socket to close."""
+    stay (a fan-out's hosting process) is asked on its socket to close; an older outrig's
+    keeper in such a process is left to close itself (it speaks another wire)."""
     import signal
 
-    found = keepers(folder)
+    found = keepers(folder) + older_keepers(folder)
     chosen = [e for e in found if host is None or host in (e.get("name"), e.get("host"),
                                                            e.get("hostname"))]
     closed = []
@@ -672,6 +718,8 @@ def close_keepers(host: str | None = None, folder: Path | None = None) -> list[d
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
                 closed.append(entry)
+            continue
+        if entry.get("older"):
             continue
         with contextlib.suppress(KeeperGone, KeeperRefused, UnsafePlace, OSError):
             sock, _ = request(Path(entry["socket"]), {"op": "close"}, 5.0)
@@ -692,7 +740,8 @@ def wait_closed(entry: dict[str, Any], timeout: float, folder: Path | None = Non
         except ProcessLookupError:
             return True
         if not any(e["socket"] == entry["socket"] and e["pid"] == pid
-                   and e.get("started") == started for e in keepers(folder)):
+                   and e.get("started") == started
+                   for e in keepers(folder) + older_keepers(folder)):
             return True
         time.sleep(0.05)
     return False

@@ -12,7 +12,9 @@ from outrig.connectors.keeper.client import (
     close_keepers,
     env_keep_seconds,
     keepers,
+    older_keepers,
     wait_closed,
 )
 
-__all__ = ["KEEP_ENV", "close_keepers", "env_keep_seconds", "keepers", "wait_closed"]
+__all__ = ["KEEP_ENV", "close_keepers", "env_keep_seconds", "keepers", "older_keepers",
+           "wait_closed"]

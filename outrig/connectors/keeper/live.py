@@ -47,7 +47,7 @@ from typing import Any
 
 from outrig.agent_code import bundle as agent_bundle
 from outrig.agent_code import encode_request, serve
-from outrig.connectors.keeper.wire import HEADER
+from outrig.connectors.keeper.wire import encode
 from outrig.connectors.ssh.transport import exec_pipelined
 from outrig.timing import live_silence_limit, probe_idle_after
 from outrig.transport import LIVE_WINDOW
@@ -101,7 +101,7 @@ class Route:
     def send(self, kind: bytes, payload: bytes = b"") -> bool:
         """Queue one frame for the client; ``False`` when the client is gone or has left
         :data:`ROUTE_BUFFER` bytes untaken (then it is dropped)."""
-        data = HEADER.pack(kind, len(payload)) + payload
+        data = encode(kind, payload)
         with self._cond:
             if self.failed:
                 return False

@@ -4,19 +4,27 @@ The client (:mod:`outrig.connectors.keeper.client`, in every command) and the ke
 (:mod:`outrig.connectors.keeper.daemon`) import this module and not each other's, so the two ends
 of one protocol share it from below.
 
-- **Places.** The socket of a host's keeper is ``<folder>/<digest>.sock`` with its record
-  ``<digest>.json`` beside it; the digest is of the host's :func:`identity` (address, port,
-  user, key, known_hosts), so two commands share a keeper only for the same identity. The
-  folder is :func:`runtime_dir`, made and checked private by :func:`private_dir`; a socket
-  file is checked by :func:`check_socket_file` before anyone connects to it.
+- **Places.** The socket of a host's keeper is ``<folder>/<digest>.w2.sock`` with its
+  record ``<digest>.w2.json`` beside it; the digest is of the host's :func:`identity`
+  (address, port, user, key, known_hosts), so two commands share a keeper only for the same
+  identity, and ``w2`` is the wire (:data:`WIRE`), so a command never speaks to a keeper of
+  another framing: an older outrig's keeper (``<digest>.sock``, ``>cI`` frames) is left to
+  close itself after its idle time (``outrig connections`` names it and ``--close`` stops it
+  by its pid, which needs no frame). The folder is :func:`runtime_dir`, made and checked
+  private by :func:`private_dir`; a socket file is checked by :func:`check_socket_file`
+  before anyone connects to it.
 - **Who is at the other end.** :func:`peer_credentials` (``SO_PEERCRED``): each end checks
   the other's uid.
-- **Frames.** One type byte and a 4-byte length, then the payload (:func:`send_frame`,
-  :func:`recv_frame`, at most :data:`MAX_FRAME`). A connection starts with the client's
-  ``h`` (the request header, JSON) and the keeper's ``k`` (its answer, JSON) or ``f`` (a
-  refusal: ``kind``, ``message`` and ``silent``). An ``exec`` then relays the channel: ``i``
-  (stdin bytes) and ``e`` (stdin's end) from the client; ``o`` (stdout), ``r`` (stderr),
-  ``x`` (the exit status, JSON) and ``L`` (the link was lost) from the keeper.
+- **Frames.** The live agent's own frames (``remote/agent/serve.py``: one type byte, a
+  4-byte request id, a 4-byte length, then the payload; at most :data:`MAX_FRAME`), with
+  the id always 0: one connection is one request. One codec means a frame the keeper relays
+  from the box's live agent to a client is re-addressed, never re-encoded by a second set of
+  rules (:func:`encode`, :func:`send_frame`, :func:`recv_frame`). A connection starts with
+  the client's ``h`` (the request header, JSON) and the keeper's ``k`` (its answer, JSON)
+  or ``f`` (a refusal: ``kind``, ``message`` and ``silent``). An ``exec`` then relays the
+  channel: ``i`` (stdin bytes) and ``e`` (stdin's end) from the client; ``o`` (stdout),
+  ``r`` (stderr), ``x`` (the exit status, JSON) and ``L`` (the link was lost) from the
+  keeper.
 - **The client's calls.** :func:`dial` and :func:`request`; their failures are
   :class:`KeeperGone` (nobody answers: start a fresh keeper), :class:`KeeperRefused` (the
   keeper said no) and :class:`UnsafePlace` (the folder or socket is not this user's alone).
@@ -33,6 +41,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from outrig.agent_code import serve
 from outrig.errors import ConnectError
 from outrig.inventory import Host
 from outrig.journal import make_private_dir
@@ -41,8 +50,9 @@ from outrig.transport import known_hosts_path
 RUNTIME_ENV = "OUTRIG_RUNTIME_DIR"
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer path cannot be bound
 
-HEADER = struct.Struct(">cI")  # frame: one type byte, payload length
-MAX_FRAME = 1 << 20
+WIRE = "w2"  # the framing's tag in socket and record names (1: ``>cI``, no tag)
+HEADER = serve.FRAME  # kind, request id (0 here), payload length
+MAX_FRAME = serve.MAX_PAYLOAD
 
 
 # ------------------------------------------------------------------------------ places
@@ -94,7 +104,14 @@ def key_of(host: Host) -> str:
 
 
 def socket_path(host: Host, folder: Path) -> Path:
-    return folder / f"{key_of(host)}.sock"
+    """Where the keeper of ``host`` listens (its record: the same name, ``.json``)."""
+    return folder / f"{key_of(host)}.{WIRE}.sock"
+
+
+def of_this_wire(record: Path) -> bool:
+    """Whether a keeper's record (``<digest>.<wire>.json``) names a keeper of this framing;
+    a record of another is never spoken to, only listed and stopped by its pid."""
+    return record.name.endswith(f".{WIRE}.json")
 
 
 def check_socket_file(path: Path) -> None:
@@ -118,8 +135,13 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ framing
 
 
+def encode(kind: bytes, payload: bytes = b"") -> bytes:
+    """One frame of the keeper's socket: the live agent's frame with request id 0."""
+    return serve.frame(kind, 0, payload)
+
+
 def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
-    sock.sendall(HEADER.pack(kind, len(payload)) + payload)
+    sock.sendall(encode(kind, payload))
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
@@ -133,12 +155,13 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
 
 
 def recv_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
-    """One frame, or ``None`` when the other end closed (or sent garbage)."""
+    """One frame, or ``None`` when the other end closed or sent garbage (a request id other
+    than 0, a length over :data:`MAX_FRAME`)."""
     head = _recv_exact(sock, HEADER.size)
     if head is None:
         return None
-    kind, size = HEADER.unpack(head)
-    if size > MAX_FRAME:
+    kind, rid, size = HEADER.unpack(head)
+    if rid != 0 or size > MAX_FRAME:
         return None
     payload = _recv_exact(sock, size) if size else b""
     if payload is None:

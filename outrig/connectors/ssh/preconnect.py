@@ -16,7 +16,7 @@ writing it a second time. Nothing else is sent ahead: the key exchange, the host
 and the login are paramiko's, unchanged.
 
 Where it goes: to the address and port the SSH configuration gives the host, read first as
-OpenSSH reads it (:func:`outrig.ssh_config.ssh_route`: ``Include``, ``Match``, ``HostName``,
+OpenSSH reads it (:func:`outrig.hosts.ssh_config.ssh_route`: ``Include``, ``Match``, ``HostName``,
 ``Port``; pure Python, about a millisecond). When it is not used (the connect goes the
 ordinary way): where that configuration sends the connection through a proxy
 (``ProxyCommand``, ``ProxyJump``, from any file): then nothing connects to the box directly,

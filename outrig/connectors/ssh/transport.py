@@ -50,7 +50,6 @@ from outrig.errors import (
     LinkLost,
     OutrigError,
 )
-from outrig.health import Observation
 from outrig.inventory import Host
 from outrig.timing import (
     channel_timeout_for,
@@ -66,9 +65,10 @@ from outrig.transport import (
     Transport,
     known_hosts_path,
 )
+from outrig.watching.health import Observation
 
 if TYPE_CHECKING:
-    from outrig.ssh_config import SSHRoute
+    from outrig.hosts.ssh_config import SSHRoute
 
 # paramiko logs its own tracebacks (banner timeouts, resets) through the root logger's
 # last-resort handler; outrig reports those failures itself, in one paragraph.
@@ -424,9 +424,9 @@ class SSHTransport(Transport):
 
     def route(self) -> SSHRoute:
         """Where the connection goes after the SSH configuration, read as OpenSSH reads it
-        (:mod:`outrig.ssh_config`: ``Include``, ``Match``, a proxy from any file). Imported
+        (:mod:`outrig.hosts.ssh_config`: ``Include``, ``Match``, a proxy from any file). Imported
         here: a command through a live keeper connects nothing and reads none of it."""
-        from outrig.ssh_config import ssh_route
+        from outrig.hosts.ssh_config import ssh_route
 
         return ssh_route(self.host.hostname, port=self.host.port, user=self.host.user)
 
@@ -434,7 +434,7 @@ class SSHTransport(Transport):
         import fabric
         import paramiko
 
-        # NOTE: the SSH configuration is read by outrig.ssh_config (paramiko's reading, which
+        # NOTE: the SSH configuration is read by outrig.hosts.ssh_config (paramiko's reading, which
         # Fabric would use, has no Include: a ProxyCommand kept in an included file was
         # skipped); Fabric is given an empty one and the route's values.
         config = fabric.Config(ssh_config=paramiko.SSHConfig())

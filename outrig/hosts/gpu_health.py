@@ -20,7 +20,7 @@ from typing import Any
 
 from outrig.agent_code import gpu_judge
 from outrig.journal import Journal
-from outrig.textlayout import ranges
+from outrig.text.layout import ranges
 
 OK, UNKNOWN, WARN, BAD = gpu_judge.OK, gpu_judge.UNKNOWN, gpu_judge.WARN, gpu_judge.BAD
 JOURNAL_KEY = "gpu_health"
