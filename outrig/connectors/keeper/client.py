@@ -628,15 +628,8 @@ def keepers(folder: Path | None = None) -> list[dict[str, Any]]:
     it reports them, with the pid recorded when it is the socket's own listener
     (``SO_PEERCRED``). Records and sockets whose keeper no longer answers are removed.
     Keepers of another wire are not among them (:func:`older_keepers`)."""
-    place = folder or runtime_dir()
-    if not place.is_dir():
-        return []
-    private_dir(place)
     found = []
-    for record in sorted(place.glob("*.json")):
-        if not of_this_wire(record):
-            continue
-        sock_path = record.with_suffix(".sock")
+    for record, sock_path in _records(folder, this_wire=True):
         try:
             recorded = json.loads(record.read_text()).get("pid")
             sock, body = request(sock_path, {"op": "info"}, 5.0)
@@ -662,15 +655,8 @@ def older_keepers(folder: Path | None = None) -> list[dict[str, Any]]:
     is the socket's own listener (``SO_PEERCRED`` needs a connection, not a frame). They close
     themselves after their idle time; ``outrig connections --close`` stops them by that pid.
     Records whose socket nobody listens on are removed, as :func:`keepers` does."""
-    place = folder or runtime_dir()
-    if not place.is_dir():
-        return []
-    private_dir(place)
     found = []
-    for record in sorted(place.glob("*.json")):
-        if of_this_wire(record):
-            continue
-        sock_path = record.with_suffix(".sock")
+    for record, sock_path in _records(folder, this_wire=False):
         try:
             entry = json.loads(record.read_text())
             sock = dial(sock_path)
@@ -687,6 +673,17 @@ def older_keepers(folder: Path | None = None) -> list[dict[str, Any]]:
                       "hostname": entry.get("hostname"), "started": entry.get("started"),
                       "pid": pid, "socket": str(sock_path), "older": True})
     return found
+
+
+def _records(folder: Path | None, *, this_wire: bool) -> list[tuple[Path, Path]]:
+    """The keeper records (and their sockets' paths) in the runtime folder, checked private
+    first: those of this wire, or those of any other."""
+    place = folder or runtime_dir()
+    if not place.is_dir():
+        return []
+    private_dir(place)
+    return [(record, record.with_suffix(".sock")) for record in sorted(place.glob("*.json"))
+            if of_this_wire(record) == this_wire]
 
 
 def _forget(record: Path, sock_path: Path) -> None:
