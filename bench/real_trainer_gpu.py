@@ -66,11 +66,13 @@ def wait(pred: Any, timeout: float, what: str) -> None:
 
 
 def trainer_project(out: Path, *, cpu: bool = False, loss: str = "eager",
-                    epochs: int = 20, extra_keys: dict[str, Any] | None = None) -> Path:
+                    epochs: int = 20, extra_keys: dict[str, Any] | None = None,
+                    python: str | None = None) -> Path:
     """A fresh project under ``out`` whose playbook ``real-trainer`` runs the recipe's trainer
     command on GPU 0 (the hidden-state stand-in as its server, the real prepare-data): the
     host file ``gpu-box`` (``hostname: local``), the verifier, the conversations. Returns
-    the trainer's save path. ``extra_keys``: top-level playbook keys added (``hang:``)."""
+    the trainer's save path. ``extra_keys``: top-level playbook keys added (``hang:``);
+    ``python``: the interpreter with torch and speculators (default: this one)."""
     from make_verifier import make_verifier, write_conversations
 
     if out.exists():
@@ -89,7 +91,7 @@ def trainer_project(out: Path, *, cpu: bool = False, loss: str = "eager",
         "import os, sys\nos.execv(sys.executable, [sys.executable, "
         f"{str(REPO / 'tests' / 'standins' / 'hs_vllm.py')!r}, *sys.argv[1:]])\n")
     port = free_port()
-    py = sys.executable
+    py = python or sys.executable
     torchrun = str(Path(py).with_name("torchrun"))
     if not Path(torchrun).exists():
         torchrun = shutil.which("torchrun") or "torchrun"

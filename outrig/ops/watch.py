@@ -326,6 +326,9 @@ class Watcher:
         except Exception as exc:  # OutrigError, or a local file error: report, go on
             text = str(exc).split(". ")[0] if isinstance(exc, OutrigError) else \
                 f"{type(exc).__name__}: {exc}"
+            # tried: the next try is the next new checkpoint's, as the warning says (not
+            # every heartbeat's, which said the same warning once a second)
+            self.record.update(mirror_tried=newest)
             results.put((time.monotonic(), ("mirror_error", text)))
             return
         finally:

@@ -118,3 +118,41 @@ def test_migrates_last_probe_reports_what_the_connector_saw(
     assert len(tried) == 2 and tried[0].startswith("ssh attempt 1: ")
     assert tried[-1] == "tcp door:old:22: the door's own words"
     assert [what for what, _ in made[-1].asked] == ["probe"]
+
+
+def test_a_failed_mirror_is_tried_again_at_the_next_checkpoint_not_every_heartbeat(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on a real GPU: a playbook whose trainer declares ``checkpoints:`` but has no
+    stage item to mirror them said "mirroring the newest checkpoint failed ...; trying again
+    after the next one" at every heartbeat (once a second). It is tried once per new
+    checkpoint, as the warning says."""
+    from outrig.ops import stage as stage_module
+
+    tries: list[str] = []
+
+    def failing(session: Any, **kw: Any) -> dict[str, Any]:
+        tries.append(str(kw.get("run_id")))
+        raise ConfigError("playbook p has no checkpoints item (stage: ...). Fix it")
+
+    monkeypatch.setattr(stage_module, "sync_checkpoints_on", failing)
+    record = WatchRecord(tmp_path / "w.json", {"run_id": "r1", "playbook": "p", "host": "h",
+                                               "mirror_tried": None, "mirrored": None})
+    warned: list[str] = []
+    reporter = Reporter(quiet=True)
+    reporter.warn = warned.append  # type: ignore[method-assign]
+    watcher = Watcher(Project(tmp_path), reporter, Journal(tmp_path / "j"), Notifier(),
+                      record, WatchOptions())
+    watcher.hangs = SimpleNamespace(request=None)  # type: ignore[assignment]
+    watcher.on_status = lambda at, result: []  # type: ignore[method-assign]
+
+    def answer(newest: str) -> dict[str, Any]:
+        return {"runs": [{"run_id": "r1", "processes": [
+            {"name": "trainer", "state": "running", "checkpoint": {"name": newest}}]}]}
+
+    for newest in ("0", "0", "0", "1", "1"):
+        session: Any = SimpleNamespace(call=lambda *a, n=newest, **k: answer(n))
+        watcher.heartbeat(session, watcher.results)
+        watcher.drain(session)
+    assert tries == ["r1", "r1"], "one try per new checkpoint (0, then 1)"
+    assert len(warned) == 2 and all("trying again after the next one" in w for w in warned)
+    assert record["mirror_tried"] == 1
