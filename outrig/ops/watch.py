@@ -107,6 +107,7 @@ class Watcher:
         self._fencing: threading.Thread | None = None
         self.mirroring = threading.Event()  # the worker is copying a checkpoint
         self._mirror_lock = threading.Lock()  # one mirror at a time into the one folder
+        self._mirror_warned: int | None = None  # the checkpoint a failed mirror was said of
         self.last_answer: float | None = None  # monotonic time of the box's last answer
         self.latest: dict[str, Any] = {}  # the newest progress shown (state, step, loss, ...)
         self._beat_at = time.monotonic()
@@ -326,10 +327,7 @@ class Watcher:
         except Exception as exc:  # OutrigError, or a local file error: report, go on
             text = str(exc).split(". ")[0] if isinstance(exc, OutrigError) else \
                 f"{type(exc).__name__}: {exc}"
-            # tried: the next try is the next new checkpoint's, as the warning says (not
-            # every heartbeat's, which said the same warning once a second)
-            self.record.update(mirror_tried=newest)
-            results.put((time.monotonic(), ("mirror_error", text)))
+            results.put((time.monotonic(), ("mirror_error", (newest, text))))
             return
         finally:
             self.mirroring.clear()
@@ -359,9 +357,12 @@ class Watcher:
                 newest = max(value)
                 self.record.update(mirrored=max(newest, int(self.record["mirrored"] or -1)))
                 self.emit_progress({"mirrored": newest})
-            elif kind == "mirror_error":
-                self.reporter.warn(f"mirroring the newest checkpoint failed: {value}; "
-                                   "trying again after the next one")
+            elif kind == "mirror_error" and value[0] != self._mirror_warned:
+                # tried again at each heartbeat (a blip must not cost a checkpoint), said
+                # once per checkpoint (a playbook with nothing to mirror said it every second)
+                self._mirror_warned = value[0]
+                self.reporter.warn(f"mirroring checkpoint {value[0]} failed: {value[1]}; "
+                                   "trying again at each heartbeat")
 
     def on_status(self, at: float, result: dict[str, Any]) -> list[Observation]:
         runs = [r for r in result.get("runs") or [] if isinstance(r, dict)]

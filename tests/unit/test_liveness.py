@@ -120,12 +120,13 @@ def test_migrates_last_probe_reports_what_the_connector_saw(
     assert [what for what, _ in made[-1].asked] == ["probe"]
 
 
-def test_a_failed_mirror_is_tried_again_at_the_next_checkpoint_not_every_heartbeat(
+def test_a_failed_mirror_is_said_once_per_checkpoint_and_tried_at_each_heartbeat(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found on a real GPU: a playbook whose trainer declares ``checkpoints:`` but has no
-    stage item to mirror them said "mirroring the newest checkpoint failed ...; trying again
-    after the next one" at every heartbeat (once a second). It is tried once per new
-    checkpoint, as the warning says."""
+    """Found on a dry run of the real-GPU watch bench: a playbook whose trainer declares
+    ``checkpoints:`` but has no stage item to mirror them said "mirroring the newest
+    checkpoint failed ...; trying again after the next one" at every heartbeat (once a
+    second). The mirror is still tried at each heartbeat (a blip must not cost a checkpoint),
+    and the failure is said once per checkpoint."""
     from outrig.ops import stage as stage_module
 
     tries: list[str] = []
@@ -153,6 +154,7 @@ def test_a_failed_mirror_is_tried_again_at_the_next_checkpoint_not_every_heartbe
         session: Any = SimpleNamespace(call=lambda *a, n=newest, **k: answer(n))
         watcher.heartbeat(session, watcher.results)
         watcher.drain(session)
-    assert tries == ["r1", "r1"], "one try per new checkpoint (0, then 1)"
-    assert len(warned) == 2 and all("trying again after the next one" in w for w in warned)
-    assert record["mirror_tried"] == 1
+    assert tries == ["r1"] * 5, "tried at each heartbeat until it works"
+    assert [w.split(" failed")[0] for w in warned] == ["mirroring checkpoint 0",
+                                                      "mirroring checkpoint 1"]
+    assert record["mirror_tried"] is None
