@@ -56,6 +56,7 @@ from outrig.ops.nodes import (
     deploy_nodes,
     find_job,
     node_run_id,
+    on_every_node,
     plan_nodes,
 )
 from outrig.ops.nodes_watch import watch_nodes
@@ -238,12 +239,7 @@ def _probe_old(project: Project, olds: Sequence[_OldNode], reporter: Reporter,
                                        attempts=max(1, options.probe_attempts),
                                        pause=options.probe_pause, host=host)
 
-    threads = [threading.Thread(target=one, args=(o,), daemon=True,
-                                name=f"outrig-probe {o.node.host}") for o in olds]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    on_every_node(one, olds, lambda o: f"probe {o.node.host}")
     for old in olds:
         state = "answers" if old.session is not None else "is unreachable"
         reporter.info(f"• {old.node.label()} {state} ({'; '.join(old.tried)})")

@@ -20,7 +20,7 @@ from outrig.fanout import HostOutcome, run_fanout
 from outrig.journal import Journal
 from outrig.ops.cleanup import cleanup_on
 from outrig.ops.logs import TailResult, tail_logs
-from outrig.ops.nodes import STOP_TIMEOUT, NodeRun, NodesFailed, job_nodes
+from outrig.ops.nodes import STOP_TIMEOUT, NodeRun, NodesFailed, job_nodes, on_every_node
 from outrig.ops.status import status_on
 from outrig.session import HostSession, Project
 from outrig.watching.health import run_state
@@ -188,12 +188,7 @@ def tail_nodes(project: Project, ident: str, reporter: Reporter, *, lines: int |
         except OutrigError as exc:
             errors[node.rank] = str(exc)
 
-    threads = [threading.Thread(target=one, args=(n,), daemon=True,
-                                name=f"outrig-tail {n.host}") for n in nodes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    on_every_node(one, nodes, lambda n: f"tail {n.host}")
     if errors:
         raise NodesFailed("tail-logs failed on " + "; ".join(
             f"{nodes[rank].label()}: {why}" for rank, why in sorted(errors.items())))

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from outrig.agent.client import CANCEL_LINE, AgentCall, raise_for_result
 from outrig.console import Reporter, describe_event
@@ -52,6 +52,7 @@ from outrig.redeploy.record import RECORD_KEY, move_record
 from outrig.session import HostSession, Project, remember_facts
 
 NODE_SUFFIX = "-node"
+Item = TypeVar("Item")
 STOP_TIMEOUT = 60.0  # seconds each node's cleanup may wait for its GPUs to come back
 
 
@@ -95,6 +96,19 @@ class JobOrigin:
 
     job: dict[str, Any]
     runs: dict[int, dict[str, Any]]
+
+
+def on_every_node(work: Callable[[Item], None], items: Sequence[Item],
+                  name: Callable[[Item], str]) -> None:
+    """``work`` on every item at once, a thread each (named ``outrig-<name(item)>``), and
+    back when all are done: a node's box costs round trips that the others need not wait
+    for. ``work`` keeps its own results and errors (each op reports them its own way)."""
+    threads = [threading.Thread(target=work, args=(item,), daemon=True,
+                                name=f"outrig-{name(item)}") for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def node_run_id(job_id: str, rank: int) -> str:
@@ -246,13 +260,8 @@ def plan_nodes(sessions: Sequence[HostSession], job: Job, nodes: Sequence[NodeRu
         except OutrigError as exc:
             problems[node.rank] = [str(exc)]
 
-    threads = [threading.Thread(target=plan_one, args=(s, n), daemon=True,
-                                name=f"outrig-plan {n.host}")
-               for s, n in zip(sessions, nodes, strict=True)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    on_every_node(lambda pair: plan_one(*pair), list(zip(sessions, nodes, strict=True)),
+                  lambda pair: f"plan {pair[1].host}")
     if problems:
         raise PlanError([f"{nodes[rank].label()}: {line}" for rank in sorted(problems)
                          for line in problems[rank]],
