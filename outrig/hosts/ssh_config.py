@@ -146,19 +146,15 @@ def _lines(path: str) -> list[_Line]:
 
 
 def _pattern_list_matches(value: str, patterns: str) -> bool:
-    """OpenSSH's ``match_pattern_list``: comma-separated patterns, ``!`` negates and a
-    negated match wins; case-insensitive (host names are lowered before matching)."""
-    found = False
-    for pattern in patterns.split(","):
-        negated = pattern.startswith("!")
-        if fnmatch.fnmatchcase(value.lower(), pattern[negated:].lower()):
-            if negated:
-                return False
-            found = True
-    return found
+    """OpenSSH's ``match_pattern_list``: comma-separated patterns (a ``Match`` criterion's
+    value), judged as :func:`_host_line_matches` judges a ``Host`` line's words."""
+    return _host_line_matches(value, patterns.split(","))
 
 
 def _host_line_matches(host: str, patterns: list[str]) -> bool:
+    """Whether ``host`` matches the patterns: ``!`` negates and a negated match wins;
+    case-insensitive (host names are lowered before matching). A ``Host`` line's words are
+    each one pattern, so a comma there is no separator."""
     found = False
     for pattern in patterns:
         negated = pattern.startswith("!")
