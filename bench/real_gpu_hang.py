@@ -41,7 +41,7 @@ import yaml
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from real_trainer_gpu import trainer_project, wait  # noqa: E402
+from real_trainer_gpu import leave_nothing_behind, trainer_project, wait  # noqa: E402
 
 from outrig.console import Reporter  # noqa: E402
 from outrig.journal import Journal  # noqa: E402
@@ -253,17 +253,5 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    finally:  # never leave a run behind, whatever failed (SIGCONT first: a stopped group
-        # cannot act on the stop's SIGTERM)
-        for target in STOPPED:
-            try:
-                os.kill(target, signal.SIGCONT)  # negative: the whole group
-            except OSError:
-                pass
-        out_dir = Path(sys.argv[sys.argv.index("--out") + 1]).resolve()
-        if (out_dir / "hosts").is_dir():
-            try:
-                cleanup(Project(out_dir), "gpu-box", Reporter(quiet=True), all_runs=True,
-                        journal=Journal(out_dir / "state"))
-            except Exception as exc:  # report, do not mask the first error
-                print(f"final cleanup: {exc}", file=sys.stderr)
+    finally:  # never leave a run behind, whatever failed
+        leave_nothing_behind(STOPPED)

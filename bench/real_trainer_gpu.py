@@ -20,10 +20,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,16 +208,30 @@ def main() -> int:
     return 0
 
 
+def leave_nothing_behind(stopped: Sequence[int] = ()) -> Path:
+    """What a bench script's ``finally`` does, whatever failed: continue what it SIGSTOPped
+    (a pid, or a negative process group; first, since a stopped process cannot act on the
+    stop's SIGTERM), then stop every run of the project under ``--out``. Returns that
+    folder. A failing cleanup is printed, never raised over the first error."""
+    for target in stopped:
+        try:
+            os.kill(target, signal.SIGCONT)  # negative: the whole group
+        except OSError:
+            pass
+    out_dir = Path(sys.argv[sys.argv.index("--out") + 1]).resolve()
+    if (out_dir / "hosts").is_dir():
+        try:
+            cleanup(Project(out_dir), "gpu-box", Reporter(quiet=True), all_runs=True,
+                    journal=Journal(out_dir / "state"))
+        except Exception as exc:  # report, do not mask the first error
+            print(f"final cleanup: {exc}", file=sys.stderr)
+    return out_dir
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
     finally:  # never leave the run behind, whatever failed
-        out_dir = Path(sys.argv[sys.argv.index("--out") + 1]).resolve()
-        if (out_dir / "hosts").is_dir():
-            try:
-                cleanup(Project(out_dir), "gpu-box", Reporter(quiet=True), all_runs=True,
-                        journal=Journal(out_dir / "state"))
-            except Exception as exc:  # report, do not mask the first error
-                print(f"final cleanup: {exc}", file=sys.stderr)
-            for index, log in enumerate(sorted(out_dir.glob("box/runs/*/logs/trainer.log"))):
-                shutil.copy(log, out_dir / f"trainer-run{index + 1}.log")
+        out_dir = leave_nothing_behind()
+        for index, log in enumerate(sorted(out_dir.glob("box/runs/*/logs/trainer.log"))):
+            shutil.copy(log, out_dir / f"trainer-run{index + 1}.log")
