@@ -726,19 +726,20 @@ def close_keepers(host: str | None = None, folder: Path | None = None) -> list[d
 
 
 def wait_closed(entry: dict[str, Any], timeout: float, folder: Path | None = None) -> bool:
-    """Whether the keeper of ``entry`` (as :func:`keepers` listed it) is gone within
-    ``timeout``: its process, or, in a process that hosts others, that keeper (no keeper
-    answers at its socket any more, or a fresh one that another command started)."""
+    """Whether the keeper of ``entry`` (as :func:`keepers` or :func:`older_keepers` listed
+    it) is gone within ``timeout``: its process, or, in a process that hosts others, that
+    keeper (no keeper answers at its socket any more, or a fresh one that another command
+    started). Only the listing of ``entry``'s own wire is read again at each look."""
     deadline = time.monotonic() + timeout
     pid, started = int(entry["pid"]), entry.get("started")
+    listing = older_keepers if entry.get("older") else keepers
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
         if not any(e["socket"] == entry["socket"] and e["pid"] == pid
-                   and e.get("started") == started
-                   for e in keepers(folder) + older_keepers(folder)):
+                   and e.get("started") == started for e in listing(folder)):
             return True
         time.sleep(0.05)
     return False
